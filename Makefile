@@ -1,0 +1,37 @@
+# Two commands a new user needs: `make demo` and `make test`. CI calls `make test` too.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip
+
+.PHONY: demo test lint typecheck bench clean
+
+$(VENV)/bin/python:
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+
+$(VENV)/.installed: pyproject.toml | $(VENV)/bin/python
+	$(PIP) install -q -e .
+	touch $@
+
+$(VENV)/.installed-dev: pyproject.toml | $(VENV)/bin/python
+	$(PIP) install -q -e '.[dev]'
+	touch $(VENV)/.installed $@
+
+demo: $(VENV)/.installed
+	$(VENV)/bin/fairgate demo
+
+test: $(VENV)/.installed-dev
+	$(VENV)/bin/ruff check src tests benchmarks
+	$(VENV)/bin/mypy
+	PATH="$(abspath $(VENV))/bin:$$PATH" bash scripts/with_redis.sh $(PY) -m pytest $(PYTEST_ARGS)
+
+lint: $(VENV)/.installed-dev
+	$(VENV)/bin/ruff check src tests benchmarks
+	$(VENV)/bin/mypy
+
+bench: $(VENV)/.installed-dev
+	bash scripts/with_redis.sh $(PY) benchmarks/admission.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

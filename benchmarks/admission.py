@@ -1,0 +1,197 @@
+"""Admission cost: µs per admit+settle for the pure decision, the SQLite and the Redis driver,
+and how it changes from 10 to 100,000 keys in a pool. Prints figures; asserts nothing.
+
+Run: ``make bench`` (or ``python benchmarks/admission.py [--quick]``). Uses the Redis at
+``FAIRGATE_TEST_REDIS_URL`` (else 127.0.0.1:6379) under a unique key prefix it deletes afterwards.
+Absolute numbers are this machine's; compare the rows of one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import math
+import os
+import random
+import statistics
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+from fairgate.clock import ManualClock
+from fairgate.quota.decision import compile_checks, evaluate
+from fairgate.quota.engine import QuotaEngine
+from fairgate.quota.model import Allocation, Dimension, Policy, Pool
+from fairgate.quota.units import Unit, Window
+from fairgate.store.base import QuotaStore, UsageItem
+from fairgate.store.sqlite import SqliteQuotaStore
+
+T0 = 1_700_002_800_000
+COST = {Unit.REQUESTS: 1.0, Unit.TOKENS: 500.0}
+
+
+def make_pool(n_keys: int) -> Pool:
+    allocs = tuple(
+        Allocation(f"k{i}", 100 / n_keys, policy=(Policy.HARD, Policy.SOFT, Policy.BURST)[i % 3])
+        for i in range(n_keys)
+    )
+    return Pool(
+        id=f"bench{n_keys}",
+        name="bench",
+        provider="kimi",
+        connections=("c1",),
+        dimensions=(
+            Dimension(Unit.REQUESTS, Window.HOURLY, 1e12),
+            Dimension(Unit.TOKENS, Window.FIVE_HOURS, 1e15),
+        ),
+        allocations=allocs,
+    )
+
+
+def bench_pure(pool: Pool, ops: int) -> float:
+    rng = random.Random(1)
+    keys = [a.key_id for a in pool.allocations]
+    values = [(1e6, 10.0), (1e9, 1e4)]
+    start = time.perf_counter_ns()
+    for _ in range(ops):
+        alloc = pool.allocation(rng.choice(keys))
+        assert alloc is not None
+        checks = compile_checks(pool, alloc, COST)
+        evaluate(checks, values, alloc.policy, 0.5)
+    return (time.perf_counter_ns() - start) / ops / 1000
+
+
+async def prefill(store: QuotaStore, pool: Pool) -> None:
+    """One recorded use per key, so the counters of every key exist (as in a busy pool)."""
+    sem = asyncio.Semaphore(64)
+
+    async def one(key: str) -> None:
+        async with sem:
+            await store.record(
+                pool.id,
+                key,
+                [UsageItem(d.key, d.window_ms, 1.0) for d in pool.dimensions],
+                T0,
+            )
+
+    await asyncio.gather(*(one(a.key_id) for a in pool.allocations))
+
+
+async def bench_store(store: QuotaStore, pool: Pool, ops: int) -> tuple[float, float]:
+    """Returns (mean µs per admit+settle, p99 µs) measured sequentially on one event loop."""
+    clock = ManualClock(T0 + 1000)
+    engine = QuotaEngine(store, clock=clock)
+    rng = random.Random(2)
+    keys = [a.key_id for a in pool.allocations]
+    samples: list[float] = []
+    for _ in range(ops):
+        key = rng.choice(keys)
+        t = time.perf_counter_ns()
+        adm = await engine.admit(pool, key, COST)
+        await engine.settle(adm.ticket, COST)
+        samples.append((time.perf_counter_ns() - t) / 1000)
+        clock.advance(1)
+    assert engine.fail_open_count == 0, "the benchmark must not measure fail-open"
+    samples.sort()
+    return statistics.fmean(samples), samples[int(len(samples) * 0.99) - 1]
+
+
+async def redis_round_trips(url: str, prefix: str, pool: Pool, ops: int) -> tuple[float, float]:
+    """(EVALSHA calls per admit = round trips, commands run inside the script per admit), from
+    the server's INFO commandstats deltas."""
+    import redis.asyncio as aioredis
+
+    from fairgate.store.redis import RedisQuotaStore
+
+    probe = aioredis.Redis.from_url(url)
+
+    async def calls() -> tuple[int, int]:
+        info = await probe.info("commandstats")
+        total = sum(int(v["calls"]) for v in info.values() if isinstance(v, dict))
+        return int(info.get("cmdstat_evalsha", {}).get("calls", 0)), total
+
+    store = RedisQuotaStore(url, prefix=prefix)
+    engine = QuotaEngine(store, clock=ManualClock(T0))
+    await engine.admit(pool, pool.allocations[0].key_id, COST)  # load scripts first
+    before = await calls()
+    for i in range(ops):
+        await engine.admit(pool, pool.allocations[i % len(pool.allocations)].key_id, COST)
+    after = await calls()
+    await store.close()
+    await probe.aclose()
+    evalsha = (after[0] - before[0]) / ops
+    inside = (after[1] - before[1] - 1 - (after[0] - before[0])) / ops  # minus INFO and EVALSHA
+    return evalsha, inside
+
+
+async def cleanup(url: str, prefix: str) -> None:
+    import redis.asyncio as aioredis
+
+    r = aioredis.Redis.from_url(url)
+    batch = [k async for k in r.scan_iter(match=f"{prefix}:*", count=2000)]
+    for i in range(0, len(batch), 1000):
+        await r.delete(*batch[i : i + 1000])
+    await r.aclose()
+
+
+async def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--quick", action="store_true", help="fewer ops and keys (a smoke run)")
+    args = ap.parse_args()
+    sizes = [10, 1000, 10_000] if args.quick else [10, 1000, 100_000]
+    ops = 500 if args.quick else 3000
+    url = os.environ.get("FAIRGATE_TEST_REDIS_URL") or "redis://127.0.0.1:6379/0"
+    prefix = f"fgbench:{uuid.uuid4().hex[:8]}"
+    have_redis = True
+    try:
+        from fairgate.store.redis import RedisQuotaStore
+
+        probe = RedisQuotaStore(url, prefix=prefix)
+        have_redis = await probe.ping()
+        await probe.close()
+    except Exception:
+        have_redis = False
+
+    rows: list[tuple[str, int, float, float]] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for n in sizes:
+            pool = make_pool(n)
+            rows.append(("pure decision", n, bench_pure(pool, ops * 10), float("nan")))
+            sqlite = SqliteQuotaStore(Path(tmp) / f"q{n}.sqlite")
+            await prefill(sqlite, pool)
+            # the prefill is a burst of one transaction per key; give the background WAL
+            # checkpoint a moment so we measure the steady state, not the burst's backlog
+            await asyncio.sleep(1.0)
+            mean, p99 = await bench_store(sqlite, pool, ops)
+            rows.append(("sqlite admit+settle", n, mean, p99))
+            await sqlite.close()
+            if have_redis:
+                redis_store = RedisQuotaStore(url, prefix=prefix)
+                await prefill(redis_store, pool)
+                mean, p99 = await bench_store(redis_store, pool, ops)
+                rows.append(("redis admit+settle", n, mean, p99))
+                await redis_store.close()
+            print(f"  measured {n:,} keys", flush=True)
+        trips = await redis_round_trips(url, prefix, make_pool(10), 200) if have_redis else None
+    if have_redis:
+        await cleanup(url, prefix)
+
+    print()
+    print(f"{'path':<22} {'keys':>8} {'mean µs':>9} {'p99 µs':>9} {'vs 10 keys':>11}")
+    base: dict[str, float] = {}
+    for name, n, mean, p99 in rows:
+        base.setdefault(name, mean)
+        p99s = "" if math.isnan(p99) else f"{p99:9.1f}"
+        print(f"{name:<22} {n:>8,} {mean:9.1f} {p99s:>9} {mean / base[name]:10.2f}x")
+    if trips is not None:
+        print(f"\nredis round trips (EVALSHA) per admit: {trips[0]:.2f}; "
+              f"commands run inside the script per admit: {trips[1]:.1f}")
+    else:
+        print("\nredis: not reachable, driver not measured")
+    print("targets: pure ≤ 20 µs, sqlite admit+settle ≤ 150 µs, redis 1 round trip per admit, "
+          "100,000 keys within 1.3x of 10 keys")
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

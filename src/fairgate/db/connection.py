@@ -1,0 +1,49 @@
+"""The metadata database: one SQLite file, WAL, migrations applied idempotently on open."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from pathlib import Path
+
+from fairgate.db.schema import MIGRATIONS
+
+
+def open_db(path: str | os.PathLike[str]) -> sqlite3.Connection:
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    conn = sqlite3.connect(p, isolation_level=None, check_same_thread=False)
+    conn.row_factory = sqlite3.Row
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("PRAGMA synchronous=NORMAL")
+    conn.execute("PRAGMA busy_timeout=5000")
+    conn.execute("PRAGMA foreign_keys=ON")
+    migrate(conn)
+    return conn
+
+
+def migrate(conn: sqlite3.Connection) -> int:
+    """Apply the migrations not applied yet, each in its own transaction; returns the version."""
+    conn.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
+    row = conn.execute("SELECT MAX(version) FROM schema_version").fetchone()
+    current = int(row[0] or 0)
+    for version, sql in enumerate(MIGRATIONS, start=1):
+        if version <= current:
+            continue
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            # re-check under the write lock: another process may have migrated meanwhile
+            row = conn.execute("SELECT MAX(version) FROM schema_version").fetchone()
+            if int(row[0] or 0) >= version:
+                conn.execute("COMMIT")
+                continue
+            for stmt in sql.split(";\n"):
+                if stmt.strip():
+                    conn.execute(stmt)
+            conn.execute("INSERT INTO schema_version(version) VALUES (?)", (version,))
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        current = version
+    return current

@@ -1,0 +1,63 @@
+"""Burn rate and time to exhaustion (SPEC §6).
+
+An exponential moving average (α 0.3) of the consumption rate between timestamped samples of a
+monotonic cumulative counter. Fewer than two usable samples → rate 0 and no time to exhaustion,
+so a new pool shows "no data" rather than a made-up forecast.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+ALPHA = 0.3
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    t_ms: int
+    value: float
+
+
+def ema_rate(samples: list[Sample] | tuple[Sample, ...], alpha: float = ALPHA) -> float:
+    """Units per second. Samples with Δt = 0 are skipped; a decrease (counter reset) counts 0."""
+    rate: float | None = None
+    prev: Sample | None = None
+    for s in samples:
+        if prev is not None:
+            dt = s.t_ms - prev.t_ms
+            if dt <= 0:
+                continue
+            r = max(0.0, s.value - prev.value) / (dt / 1000.0)
+            rate = r if rate is None else alpha * r + (1 - alpha) * rate
+        prev = s
+    return rate or 0.0
+
+
+def time_to_exhaustion_ms(remaining: float, rate_per_s: float) -> int | None:
+    if rate_per_s <= 0:
+        return None
+    return int(max(0.0, remaining) / rate_per_s * 1000)
+
+
+class BurnSeries:
+    """A bounded series of samples for one pool counter; old samples fall off the front."""
+
+    def __init__(self, maxlen: int = 120, min_interval_ms: int = 5_000) -> None:
+        self._samples: deque[Sample] = deque(maxlen=maxlen)
+        self._min_interval = min_interval_ms
+
+    def due(self, now_ms: int) -> bool:
+        return not self._samples or now_ms - self._samples[-1].t_ms >= self._min_interval
+
+    def add(self, t_ms: int, value: float) -> None:
+        if self._samples and t_ms <= self._samples[-1].t_ms:
+            return
+        self._samples.append(Sample(t_ms, value))
+
+    @property
+    def samples(self) -> tuple[Sample, ...]:
+        return tuple(self._samples)
+
+    def rate(self) -> float:
+        return ema_rate(self.samples)

@@ -1,0 +1,136 @@
+"""Plain, immutable domain data of the quota engine: dimensions, plans, allocations, pools.
+
+Nothing here does I/O or reads the time; the engine and the stores pass these values around.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from fairgate.quota.units import UNKNOWN_LIMIT, Unit, Window
+
+
+class Policy(StrEnum):
+    HARD = "hard"
+    SOFT = "soft"
+    BURST = "burst"
+
+    @classmethod
+    def parse(cls, value: object) -> Policy:
+        """Any stored value that is not a known policy is enforced as hard (the safe reading)."""
+        if isinstance(value, str):
+            try:
+                return cls(value.strip().lower())
+            except ValueError:
+                return cls.HARD
+        return cls.HARD
+
+
+class ShareMode(StrEnum):
+    STATIC = "static"
+    ACTIVE = "active"
+
+
+@dataclass(frozen=True, slots=True)
+class Dimension:
+    unit: Unit
+    window: Window
+    limit: float
+
+    @property
+    def key(self) -> str:
+        """Stable name used by the counters, e.g. ``requests/hourly``."""
+        return f"{self.unit.value}/{self.window.value}"
+
+    @property
+    def known(self) -> bool:
+        return self.limit > UNKNOWN_LIMIT
+
+    @property
+    def window_ms(self) -> int:
+        return self.window.ms
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    dimensions: tuple[Dimension, ...]
+    source: str  # "override" | "catalog" | "empty"
+
+
+@dataclass(frozen=True, slots=True)
+class ModelCap:
+    """A per-(key, model) cap over an hourly window; blocks only that model for that key."""
+
+    model: str
+    unit: Unit
+    limit: float
+
+    @property
+    def key(self) -> str:
+        return f"model:{self.model}:{self.unit.value}/hourly"
+
+
+@dataclass(frozen=True, slots=True)
+class Allocation:
+    key_id: str
+    weight: float = 0.0
+    cap_value: float | None = None
+    cap_unit: Unit | None = None
+    policy: Policy = Policy.HARD
+    model_caps: tuple[ModelCap, ...] = ()
+
+    def cap_for(self, unit: Unit) -> float | None:
+        """The absolute cap applies only to dimensions of its own unit."""
+        if self.cap_value is not None and self.cap_value > 0 and self.cap_unit == unit:
+            return self.cap_value
+        return None
+
+    def model_cap(self, model: str | None) -> tuple[ModelCap, ...]:
+        if model is None:
+            return ()
+        return tuple(c for c in self.model_caps if c.model == model and c.limit > 0)
+
+
+@dataclass(frozen=True, slots=True)
+class Pool:
+    id: str
+    name: str
+    provider: str
+    connections: tuple[str, ...]
+    dimensions: tuple[Dimension, ...]
+    allocations: tuple[Allocation, ...] = ()
+    share_mode: ShareMode = ShareMode.STATIC
+    active_window_ms: int = 15 * 60_000
+    _by_key: Mapping[str, Allocation] = field(default_factory=dict, compare=False, repr=False)
+    _equal_weight: float | None = field(default=None, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        # derived once so per-request lookups stay O(1) however many keys share the pool
+        object.__setattr__(self, "_by_key", {a.key_id: a for a in self.allocations})
+        if self.allocations and all(a.weight <= 0 for a in self.allocations):
+            object.__setattr__(self, "_equal_weight", 100.0 / len(self.allocations))
+
+    @property
+    def members(self) -> int:
+        return max(1, len(self.connections))
+
+    def effective_limit(self, dim: Dimension) -> float:
+        """A pool of n member connections has n times the plan's limit."""
+        return dim.limit * self.members
+
+    def allocation(self, key_id: str) -> Allocation | None:
+        return self._by_key.get(key_id)
+
+    def weight_of(self, key_id: str) -> float:
+        """Weight in percent; if every allocation is 0, each counts as 100/n."""
+        alloc = self._by_key.get(key_id)
+        if alloc is None:
+            return 0.0
+        if self._equal_weight is not None:
+            return self._equal_weight
+        return max(0.0, alloc.weight)
+
+    def enforced_dimensions(self) -> tuple[Dimension, ...]:
+        return tuple(d for d in self.dimensions if d.known)

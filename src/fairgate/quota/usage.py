@@ -1,0 +1,98 @@
+"""The pool usage snapshot the dashboard and the admin API show (pure)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from fairgate.quota.burn import time_to_exhaustion_ms
+from fairgate.quota.decision import static_fair_share
+from fairgate.quota.model import Pool
+from fairgate.quota.window import Count
+
+
+@dataclass(frozen=True, slots=True)
+class KeyUsage:
+    key_id: str
+    weight: float
+    policy: str
+    consumed: float
+    fair_share: float
+    surplus: float  # fair share minus consumed: > 0 unused, < 0 borrowed beyond the share
+    borrowing: bool
+    cap: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class DimensionUsage:
+    key: str
+    unit: str
+    window: str
+    limit: float
+    enforced: bool
+    total: float
+    used_fraction: float
+    strict: bool
+    keys: tuple[KeyUsage, ...]
+    burn_rate_per_s: float
+    time_to_exhaustion_ms: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class PoolUsage:
+    pool_id: str
+    at_ms: int
+    dimensions: tuple[DimensionUsage, ...]
+
+
+def build_usage(
+    pool: Pool,
+    totals: Mapping[str, Count],
+    per_key: Mapping[str, Mapping[str, Count]],
+    now_ms: int,
+    threshold: float,
+    rates: Mapping[str, float],
+    signals: Mapping[str, float] | None = None,
+) -> PoolUsage:
+    dims: list[DimensionUsage] = []
+    for dim in pool.dimensions:
+        w = dim.window_ms
+        limit = pool.effective_limit(dim)
+        total = totals.get(dim.key, Count()).value(now_ms, w)
+        used = total / limit if dim.known else 0.0
+        used = max(used, (signals or {}).get(dim.key, 0.0))
+        keys: list[KeyUsage] = []
+        for alloc in pool.allocations:
+            consumed = per_key.get(alloc.key_id, {}).get(dim.key, Count()).value(now_ms, w)
+            share = static_fair_share(pool, alloc.key_id, dim)
+            keys.append(
+                KeyUsage(
+                    key_id=alloc.key_id,
+                    weight=pool.weight_of(alloc.key_id),
+                    policy=alloc.policy.value,
+                    consumed=consumed,
+                    fair_share=share,
+                    surplus=share - consumed,
+                    borrowing=dim.known and consumed > share,
+                    cap=alloc.cap_for(dim.unit),
+                )
+            )
+        rate = rates.get(dim.key, 0.0)
+        dims.append(
+            DimensionUsage(
+                key=dim.key,
+                unit=dim.unit.value,
+                window=dim.window.value,
+                limit=limit,
+                enforced=dim.known,
+                total=total,
+                used_fraction=used,
+                strict=dim.known and used >= threshold,
+                keys=tuple(keys),
+                burn_rate_per_s=rate,
+                time_to_exhaustion_ms=(
+                    time_to_exhaustion_ms(limit - total, rate) if dim.known else None
+                ),
+            )
+        )
+    return PoolUsage(pool.id, now_ms, tuple(dims))

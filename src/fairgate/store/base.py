@@ -1,0 +1,139 @@
+"""The ``QuotaStore`` port: counters that admit, settle and release atomically.
+
+Drivers: ``sqlite`` (default) and ``redis``. Both keep, per (pool, key, counter), two buckets of
+the sliding window (SPEC §2), pool totals kept incrementally beside them, reservations with a
+lease, a per-pool active set (``active`` share mode) and a monotonic cumulative total per pool
+counter (burn rate).
+
+Contract of ``admit`` (the promise tested on every driver): in ONE atomic step, reclaim a few
+expired reservations of the pool, read every check's pool total and key count, evaluate the rule of
+:func:`fairgate.quota.decision.evaluate`, and, when allowed, add each check's cost to the current
+bucket (key, and pool total for pool-scope checks) and record the reservation. Because the
+reservation is visible to the next admission, N concurrent admissions cannot all see the same
+headroom: with a limit of 5 requests exactly 5 of 100 racers win.
+
+Edges both drivers agree on (the contract suite pins them): a reservation is expired when
+``expires_ms <= now``; re-using a reservation id that is still held raises ``ValueError``; the key
+id ``*`` is reserved for pool totals (``ValueError``); ``admit`` and ``settle`` mark the key active,
+``record`` does not; un-reserving never takes a counter below zero; ``gc`` also reclaims expired
+reservations of pools nobody admits to any more.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+from fairgate.quota.decision import DimensionCheck, Verdict
+from fairgate.quota.model import Policy
+from fairgate.quota.window import Count
+
+#: Reservations not settled within this lease are reclaimed (SPEC §4).
+DEFAULT_LEASE_MS = 10 * 60_000
+#: Expired reservations reclaimed per admission at most (bounded work on the hot path).
+RECLAIM_BATCH = 16
+#: Pool-total rows/keys use this key id.
+TOTAL_KEY = "*"
+
+
+@dataclass(frozen=True, slots=True)
+class AdmitRequest:
+    pool_id: str
+    key_id: str
+    checks: tuple[DimensionCheck, ...]
+    policy: Policy
+    threshold: float
+    reservation_id: str
+    now_ms: int
+    lease_ms: int = DEFAULT_LEASE_MS
+
+
+@dataclass(frozen=True, slots=True)
+class AdmitResult:
+    verdict: Verdict
+    totals: tuple[Count, ...]  # per check: the pool total's buckets as read, before reserving
+    mine: tuple[Count, ...]  # per check: this key's buckets as read, before reserving
+    reserved: bool
+
+
+@dataclass(frozen=True, slots=True)
+class UsageItem:
+    """Actual use of one counter. ``scope`` ``model`` counts only for the key, never the pool."""
+
+    key: str
+    window_ms: int
+    amount: float
+    scope: str = "pool"
+
+
+@dataclass(frozen=True, slots=True)
+class CounterRef:
+    key: str
+    window_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class PoolCounts:
+    totals: Mapping[str, Count]
+    per_key: Mapping[str, Mapping[str, Count]] = field(default_factory=dict)
+
+
+@runtime_checkable
+class QuotaStore(Protocol):
+    name: str
+
+    async def admit(self, req: AdmitRequest) -> AdmitResult: ...
+
+    async def settle(
+        self,
+        pool_id: str,
+        key_id: str,
+        reservation_id: str,
+        usage: Sequence[UsageItem],
+        now_ms: int,
+    ) -> None:
+        """Replace the reservation with the actual use (the reservation may have expired)."""
+        ...
+
+    async def release(self, pool_id: str, reservation_id: str, now_ms: int) -> bool:
+        """Drop a reservation on failure; True if it was still held."""
+        ...
+
+    async def record(
+        self, pool_id: str, key_id: str, usage: Sequence[UsageItem], now_ms: int
+    ) -> None:
+        """Add use that had no reservation (e.g. percent attributed after the fact)."""
+        ...
+
+    async def peek(
+        self, pool_id: str, key_id: str, counters: Sequence[CounterRef], now_ms: int
+    ) -> dict[str, Count]: ...
+
+    async def pool_usage(
+        self,
+        pool_id: str,
+        key_ids: Sequence[str],
+        counters: Sequence[CounterRef],
+        now_ms: int,
+    ) -> PoolCounts:
+        """Pool totals and each listed key's counts (for the dashboard; not the hot path)."""
+        ...
+
+    async def active_keys(self, pool_id: str, since_ms: int) -> list[str]: ...
+
+    async def cumulative(self, pool_id: str, counter_keys: Sequence[str]) -> dict[str, float]:
+        """Monotonic total of everything ever settled or recorded per pool counter."""
+        ...
+
+    async def clear(self, pool_id: str) -> None:
+        """Delete every counter, reservation and sample of a pool (pool deletion)."""
+        ...
+
+    async def gc(self, now_ms: int, retention_ms: int) -> int:
+        """Delete buckets older than the retention but never one within 2 × its window."""
+        ...
+
+    async def ping(self) -> bool: ...
+
+    async def close(self) -> None: ...

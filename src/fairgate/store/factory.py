@@ -1,0 +1,95 @@
+"""Choosing the quota store driver: DB setting > ``QUOTA_STORE_DRIVER`` > sqlite.
+
+Redis asked for but unusable at start (no URL, the client library missing, the server not
+answering) falls back to SQLite with a warning: a gateway that refuses to start because its
+counter cache is down would turn a degraded mode into an outage.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from fairgate.store.base import QuotaStore
+from fairgate.store.sqlite import SqliteQuotaStore
+
+log = logging.getLogger("fairgate.store")
+
+DRIVERS = ("sqlite", "redis")
+
+
+@dataclass(frozen=True, slots=True)
+class StoreChoice:
+    requested: str
+    driver: str
+    fallback_reason: str | None = None
+
+
+def requested_driver(env: Mapping[str, str], db: Mapping[str, str]) -> str:
+    for raw in (db.get("quotaStore.driver"), env.get("QUOTA_STORE_DRIVER")):
+        if raw and raw.strip().lower() in DRIVERS:
+            return raw.strip().lower()
+    return "sqlite"
+
+
+def redis_url(env: Mapping[str, str], db: Mapping[str, str]) -> str | None:
+    for raw in (db.get("quotaStore.redisUrl"), env.get("QUOTA_STORE_REDIS_URL")):
+        if raw and raw.strip():
+            return raw.strip()
+    return None
+
+
+async def create_store(
+    sqlite_path: str | os.PathLike[str],
+    *,
+    env: Mapping[str, str] | None = None,
+    db: Mapping[str, str] | None = None,
+    redis_prefix: str = "fairgate",
+) -> tuple[QuotaStore, StoreChoice]:
+    env = os.environ if env is None else env
+    db = db or {}
+    wanted = requested_driver(env, db)
+    if wanted == "redis":
+        reason = await _try_redis(env, db, redis_prefix)
+        if isinstance(reason, str):
+            log.warning("quota store: redis unavailable (%s); falling back to sqlite", reason)
+            return _sqlite(sqlite_path), StoreChoice("redis", "sqlite", reason)
+        return reason, StoreChoice("redis", "redis")
+    return _sqlite(sqlite_path), StoreChoice(wanted, "sqlite")
+
+
+def _sqlite(path: str | os.PathLike[str]) -> QuotaStore:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    return SqliteQuotaStore(path)
+
+
+async def _try_redis(
+    env: Mapping[str, str], db: Mapping[str, str], prefix: str
+) -> QuotaStore | str:
+    """The store when Redis works, else the reason it does not (never the URL: it may hold a
+    password)."""
+    url = redis_url(env, db)
+    if not url:
+        return "QUOTA_STORE_REDIS_URL is not set"
+    try:
+        from fairgate.store.redis import RedisQuotaStore
+    except ImportError:
+        return "the redis client library is not installed (pip install 'fairgate[redis]')"
+    try:
+        store = RedisQuotaStore(url, prefix=prefix)
+    except Exception as exc:
+        return f"bad redis URL ({type(exc).__name__})"
+    try:
+        ok = await store.ping()
+    except Exception as exc:
+        ok = False
+        err = type(exc).__name__
+    else:
+        err = "no PONG"
+    if not ok:
+        await store.close()
+        return f"redis server not reachable ({err})"
+    return store

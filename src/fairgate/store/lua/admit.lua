@@ -1,0 +1,157 @@
+-- admit: reclaim expired reservations, read every check, decide, reserve: one atomic step.
+-- Mirrors fairgate.quota.decision.evaluate line for line (a parity test holds them together).
+--
+-- KEYS[1]  "<prefix>:{<pool>}"; carries the pool's hash tag. Keys of reclaimed reservations are
+--          built from it (KEYS[1] .. ':r:' .. id) and their parts name bucket keys admit.lua wrote
+--          earlier; all share the hash tag of KEYS[1], so they live in its cluster slot.
+-- KEYS[2]  rz: ZSET reservation id -> expires_ms
+-- KEYS[3]  act: ZSET key id -> last admission ms
+-- KEYS[4]  this reservation's key
+-- KEYS[5 + 4*(i-1) ..] per check i: total prev, total curr, key prev, key curr
+-- ARGV[1] now_ms  ARGV[2] key id  ARGV[3] reservation id  ARGV[4] policy code (POLICY_CODES)
+-- ARGV[5] threshold  ARGV[6] lease_ms  ARGV[7] reservation TTL ms  ARGV[8] reclaim batch
+-- ARGV[9] number of checks, then 7 per check: scope ('pool' | 'model'), window_ms, limit,
+--         fair_share, cap ('' = none), cost, signal
+-- Returns {outcome (0 allow, 1 penalize, 2 block), reason code (REASON_CODES index),
+--          blocking index (0-based, -1 none), then per check the raw strings of
+--          total prev, total curr, key prev, key curr} -- strings, so floats survive the reply
+--          (Redis would truncate a Lua number to an integer). {-1} if the admission would reserve
+--          under an id that is already held: nothing is written then but the reclaim.
+
+local now = tonumber(ARGV[1])
+local key_id = ARGV[2]
+local rid = ARGV[3]
+local policy = tonumber(ARGV[4])
+local threshold = tonumber(ARGV[5])
+local lease_ms = tonumber(ARGV[6])
+local res_ttl = tonumber(ARGV[7])
+local batch = tonumber(ARGV[8])
+local n = tonumber(ARGV[9])
+
+local HARD, SOFT = 0, 1
+local CAP_ABSOLUTE, GLOBAL_SATURATED, FAIR_SHARE, MODEL_CAP = 1, 2, 3, 4
+
+-- 1. Reclaim a bounded batch of expired reservations of this pool.
+local expired = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'LIMIT', 0, batch)
+for _, id in ipairs(expired) do
+  drop_reservation(KEYS[1] .. ':r:' .. id, now)
+  redis.call('ZREM', KEYS[2], id)
+end
+
+-- 2. Read and decide.
+local checks = {}
+local raw = {}
+for i = 1, n do
+  local a = 10 + 7 * (i - 1)
+  local c = {
+    -- As in the SQLite driver: the pool total is read and written for scope 'pool' only, and
+    -- evaluate() applies the model rule for scope 'model' only.
+    pool = ARGV[a] == 'pool',
+    model = ARGV[a] == 'model',
+    window = tonumber(ARGV[a + 1]),
+    limit = tonumber(ARGV[a + 2]),
+    fair_share = tonumber(ARGV[a + 3]),
+    cap = ARGV[a + 4] ~= '' and tonumber(ARGV[a + 4]) or nil,
+    cost_s = ARGV[a + 5],
+    cost = tonumber(ARGV[a + 5]),
+    signal = tonumber(ARGV[a + 6]),
+  }
+  local k = 5 + 4 * (i - 1)
+  c.tkey, c.kkey = KEYS[k + 1], KEYS[k + 3]
+  local tp, tc = '0', '0'
+  if c.pool then
+    tp = redis.call('GET', KEYS[k]) or '0'
+    tc = redis.call('GET', KEYS[k + 1]) or '0'
+  end
+  local kp = redis.call('GET', KEYS[k + 2]) or '0'
+  local kc = redis.call('GET', KEYS[k + 3]) or '0'
+  -- window.sliding_value: prev * (1 - elapsed / W) + curr, elapsed = now - floor(now / W) * W
+  local elapsed = now - math.floor(now / c.window) * c.window
+  local frac = 1.0 - elapsed / c.window
+  c.total = tonumber(tp) * frac + tonumber(tc)
+  c.mine = tonumber(kp) * frac + tonumber(kc)
+  checks[i] = c
+  raw[#raw + 1] = tp
+  raw[#raw + 1] = tc
+  raw[#raw + 1] = kp
+  raw[#raw + 1] = kc
+end
+
+local function evaluate()
+  local penalized = false
+  for i, c in ipairs(checks) do
+    local total, mine = c.total, c.mine
+    if c.model then
+      if mine >= c.limit then
+        return 2, MODEL_CAP, i - 1
+      end
+    else
+      if c.cap ~= nil and mine >= c.cap then
+        return 2, CAP_ABSOLUTE, i - 1
+      end
+      local limit = c.limit
+      if total >= limit or total + c.cost > limit then
+        return 2, GLOBAL_SATURATED, i - 1
+      end
+      -- Python's max(a, b) keeps a unless b > a; so does this.
+      local used = total / limit
+      if c.signal > used then
+        used = c.signal
+      end
+      if used >= threshold then -- strict
+        if policy == HARD and mine >= c.fair_share then
+          return 2, FAIR_SHARE, i - 1
+        end
+        if policy == SOFT and mine >= c.fair_share then
+          penalized = true
+        end
+      else -- generous: borrow up to the limit
+        if policy == HARD and mine >= limit then
+          return 2, GLOBAL_SATURATED, i - 1
+        end
+        if policy == SOFT and mine >= c.fair_share then
+          penalized = true
+        end
+      end
+    end
+  end
+  if penalized then
+    return 1, 0, -1
+  end
+  return 0, 0, -1
+end
+
+local outcome, reason, index = evaluate()
+
+if outcome ~= 2 and redis.call('EXISTS', KEYS[4]) == 1 then
+  return { -1 }
+end
+
+-- 3. The key was active now, even if it is blocked (GT: a late clock never moves it back).
+redis.call('ZADD', KEYS[3], 'GT', now, key_id)
+
+-- 4. Reserve: add each cost to the current bucket (pool total only for pool scope) and remember
+-- the parts so settle/release/reclaim can take exactly them back.
+if outcome ~= 2 then
+  local parts = {}
+  for _, c in ipairs(checks) do
+    if c.cost ~= 0 then
+      local bucket = tostring(math.floor(now / c.window))
+      local w = tostring(c.window)
+      add_to(c.kkey, c.cost, c.window)
+      parts[#parts + 1] = { c.kkey, c.cost_s, w, bucket }
+      if c.pool then
+        add_to(c.tkey, c.cost, c.window)
+        parts[#parts + 1] = { c.tkey, c.cost_s, w, bucket }
+      end
+    end
+  end
+  redis.call('SET', KEYS[4], cjson.encode({ k = key_id, p = parts }), 'PX', res_ttl)
+  redis.call('ZADD', KEYS[2], now + lease_ms, rid)
+end
+
+local out = { outcome, reason, index }
+for _, v in ipairs(raw) do
+  out[#out + 1] = v
+end
+return out

@@ -1,0 +1,49 @@
+-- Helpers shared by every fairgate quota script. redis.py prepends this file to admit.lua,
+-- settle.lua and release.lua before registering them, so the reclaim arithmetic exists once.
+--
+-- Counters are plain strings holding a double printed with '%.17g' (exact round trip) and
+-- updated with GET + SET inside the script, not INCRBYFLOAT: INCRBYFLOAT adds in long double and
+-- prints 17 fixed decimals (0.1 + 0.2 -> "0.3"), so Redis sums would drift from the SQLite
+-- driver's IEEE doubles (0.30000000000000004). Lua numbers are the same doubles as Python floats,
+-- so both drivers hold bit-identical counts. The script is atomic, so GET + SET is as safe as
+-- INCRBYFLOAT.
+
+local function fmt(x)
+  return string.format('%.17g', x)
+end
+
+-- Add `amount` (a number) to a counter bucket and give it a TTL of 2 x its window (refreshed on
+-- every write): a bucket is read while it is current or previous, never after.
+local function add_to(key, amount, window_ms)
+  local old = tonumber(redis.call('GET', key) or '0')
+  redis.call('SET', key, fmt(old + amount), 'PX', 2 * window_ms)
+end
+
+-- Undo a reservation: subtract each part from its bucket while that bucket still counts (current
+-- or previous for its window). An older bucket is no longer read and may have expired; a missing
+-- bucket (expired, or the pool was cleared) is skipped too, so no negative key is ever created.
+-- The clamp at 0 (as in the SQLite driver) only absorbs float residue (0.1 + 0.2 - 0.1 - 0.2).
+-- Parts are {bucket key, amount, window_ms, bucket index}; admit.lua wrote those bucket keys
+-- under the same pool hash tag as the reservation. Returns true if the reservation was held.
+local function drop_reservation(rkey, now)
+  local raw = redis.call('GET', rkey)
+  if not raw then
+    return false
+  end
+  local res = cjson.decode(raw)
+  for _, p in ipairs(res['p']) do
+    local w = tonumber(p[3])
+    if tonumber(p[4]) >= math.floor(now / w) - 1 then
+      local old = redis.call('GET', p[1])
+      if old then
+        local v = tonumber(old) - tonumber(p[2])
+        if v < 0 then
+          v = 0.0
+        end
+        redis.call('SET', p[1], fmt(v), 'PX', 2 * w)
+      end
+    end
+  end
+  redis.call('DEL', rkey)
+  return true
+end

@@ -1,0 +1,360 @@
+"""The Redis driver of :class:`~fairgate.store.base.QuotaStore`: counters shared by replicas.
+
+Every multi-step update is one Lua script (``store/lua/*.lua``) run with EVALSHA, so an admission
+is one round trip and atomic across every gateway process that shares the server. Time is an
+argument of the scripts, never Redis ``TIME``: the caller's clock is the one the decision and the
+SQLite driver use, and tests can pin it.
+
+Key layout (the pool id is the hash tag, so a cluster keeps a pool's keys in one slot and a
+script may touch all of them)::
+
+    <prefix>:{<pool>}:c:<key id>:<counter>:<bucket>   counter bucket (key id "*" = pool total)
+    <prefix>:{<pool>}:r:<reservation id>              reservation parts (JSON)
+    <prefix>:{<pool>}:rz                              ZSET reservation id -> expires_ms
+    <prefix>:{<pool>}:act                             ZSET key id -> last admission ms
+    <prefix>:{<pool>}:cum                             HASH counter -> cumulative use
+
+Worked example: with prefix ``fairgate``, pool ``p1``, key ``k1``, counter ``requests/hourly`` at
+``T0 = 1_700_002_800_000`` (bucket ``T0 // 3_600_000 = 472223``) an admission reads
+``fairgate:{p1}:c:*:requests/hourly:472222`` and ``...:472223`` (pool total) and the same two for
+``k1``, and writes the ``472223`` buckets with a TTL of two hours.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.resources
+import math
+from collections.abc import Sequence
+from typing import Any, Final, cast
+
+import redis.asyncio
+from redis.commands.core import AsyncScript
+from redis.exceptions import RedisError
+
+from fairgate.quota.decision import POLICY_CODES, REASON_CODES, Outcome, Verdict
+from fairgate.quota.window import Count, bucket_index
+from fairgate.store.base import (
+    RECLAIM_BATCH,
+    TOTAL_KEY,
+    AdmitRequest,
+    AdmitResult,
+    CounterRef,
+    PoolCounts,
+    UsageItem,
+)
+
+#: Outcome codes returned by admit.lua.
+_OUTCOMES: Final = (Outcome.ALLOW, Outcome.PENALIZE, Outcome.BLOCK)
+#: Beyond the lease, a reservation's key lives this long so a late reclaim still finds its parts.
+_RESERVATION_MARGIN_MS: Final = 60_000
+_SCAN_COUNT: Final = 1000
+_DELETE_BATCH: Final = 500
+
+
+@functools.cache
+def _script_source(name: str) -> str:
+    """The script ``name`` with the shared helpers in front (read once per process)."""
+    lua = importlib.resources.files("fairgate.store") / "lua"
+    lib = (lua / "lib.lua").read_text(encoding="utf-8")
+    return lib + "\n" + (lua / name).read_text(encoding="utf-8")
+
+
+def _check_id(kind: str, value: str) -> str:
+    """Refuse ids that could break the hash tag: a ``{``/``}`` would move the slot a key hashes to,
+    and whitespace is never a legitimate id (it usually means a parsing slip upstream)."""
+    if not value or any(ch in "{}" or ch.isspace() for ch in value):
+        raise ValueError(f"invalid {kind} {value!r}: must be non-empty, without braces or spaces")
+    return value
+
+
+def _check_key_id(key_id: str) -> str:
+    _check_id("key id", key_id)
+    if key_id == TOTAL_KEY:
+        raise ValueError(f"key id {TOTAL_KEY!r} is reserved for the pool total")
+    if ":" in key_id:
+        # counter names may hold ':' (model caps), so a ':' in a key id could make two
+        # (key, counter) pairs spell the same Redis key
+        raise ValueError(f"invalid key id {key_id!r}: ':' is not allowed")
+    return key_id
+
+
+def _num(value: float) -> str:
+    """A float as the exact text Lua's ``tonumber`` reads back bit for bit."""
+    return repr(float(value))
+
+
+def _finite(value: float) -> float:
+    if not math.isfinite(value):
+        raise ValueError(f"cost and usage amounts must be finite, got {value!r}")
+    return float(value)
+
+
+def _text(value: object) -> str:
+    """Reply values as str whether or not the client decodes responses."""
+    if isinstance(value, bytes):
+        return value.decode()
+    return str(value)
+
+
+def _float(value: object) -> float:
+    return 0.0 if value is None else float(_text(value))
+
+
+def _glob_escape(text: str) -> str:
+    return "".join("\\" + ch if ch in "*?[]\\" else ch for ch in text)
+
+
+class RedisQuotaStore:
+    """Quota counters in Redis; see the module docstring for the key layout."""
+
+    name = "redis"
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        prefix: str = "fairgate",
+        client: redis.asyncio.Redis | None = None,
+    ) -> None:
+        self._prefix = _check_id("prefix", prefix)
+        self._owns_client = client is None
+        self._client: redis.asyncio.Redis = (
+            client if client is not None else redis.asyncio.Redis.from_url(url)
+        )
+        self._admit = self._register("admit.lua")
+        self._settle = self._register("settle.lua")
+        self._release = self._register("release.lua")
+
+    def _register(self, name: str) -> AsyncScript:
+        # register_script only hashes the text; the server loads it on the first NOSCRIPT.
+        return self._client.register_script(_script_source(name))
+
+    @property
+    def script_shas(self) -> dict[str, str]:
+        """SHA1 of each script, as EVALSHA sends it (the same for every instance and process)."""
+        return {"admit": self._admit.sha, "settle": self._settle.sha, "release": self._release.sha}
+
+    # -- keys -----------------------------------------------------------------------------------
+
+    def _base(self, pool_id: str) -> str:
+        return f"{self._prefix}:{{{_check_id('pool id', pool_id)}}}"
+
+    @staticmethod
+    def _counter(base: str, key_id: str, counter: str, bucket: int) -> str:
+        return f"{base}:c:{key_id}:{counter}:{bucket}"
+
+    def _buckets(self, base: str, key_id: str, ref: CounterRef, now_ms: int) -> tuple[str, str]:
+        curr = bucket_index(now_ms, ref.window_ms)
+        return (
+            self._counter(base, key_id, ref.key, curr - 1),
+            self._counter(base, key_id, ref.key, curr),
+        )
+
+    # -- hot path -------------------------------------------------------------------------------
+
+    async def admit(self, req: AdmitRequest) -> AdmitResult:
+        base = self._base(req.pool_id)
+        key_id = _check_key_id(req.key_id)
+        keys = [base, f"{base}:rz", f"{base}:act", f"{base}:r:{req.reservation_id}"]
+        args: list[str | int] = [
+            req.now_ms,
+            key_id,
+            req.reservation_id,
+            POLICY_CODES[req.policy],
+            _num(req.threshold),
+            req.lease_ms,
+            self._reservation_ttl(req),
+            RECLAIM_BATCH,
+            len(req.checks),
+        ]
+        for check in req.checks:
+            ref = CounterRef(check.key, check.window_ms)
+            keys.extend(self._buckets(base, TOTAL_KEY, ref, req.now_ms))
+            keys.extend(self._buckets(base, key_id, ref, req.now_ms))
+            args.extend(
+                (
+                    check.scope,
+                    check.window_ms,
+                    _num(check.limit),
+                    _num(check.fair_share),
+                    "" if check.cap is None else _num(check.cap),
+                    _num(_finite(check.cost)),
+                    _num(check.signal),
+                )
+            )
+        reply = cast(list[Any], await self._admit(keys=keys, args=args))
+        if int(reply[0]) < 0:  # nothing was reserved (as the SQLite driver's rollback)
+            msg = f"reservation id {req.reservation_id!r} already exists"
+            raise ValueError(msg)
+        outcome = _OUTCOMES[int(reply[0])]
+        index = int(reply[2])
+        verdict = Verdict(
+            outcome,
+            REASON_CODES[int(reply[1])],
+            None if index < 0 else index,
+        )
+        raw = [_float(v) for v in reply[3:]]
+        totals = tuple(Count(raw[i], raw[i + 1]) for i in range(0, len(raw), 4))
+        mine = tuple(Count(raw[i + 2], raw[i + 3]) for i in range(0, len(raw), 4))
+        return AdmitResult(verdict, totals, mine, reserved=outcome is not Outcome.BLOCK)
+
+    @staticmethod
+    def _reservation_ttl(req: AdmitRequest) -> int:
+        """Lease plus a margin long enough that a reclaim arriving late (an idle pool admits
+        nothing for a while) still finds the parts: they matter while their buckets are current or
+        previous, i.e. up to 2 x the longest window after the admission."""
+        longest = max((c.window_ms for c in req.checks), default=0)
+        return max(req.lease_ms, 2 * longest) + _RESERVATION_MARGIN_MS
+
+    async def settle(
+        self,
+        pool_id: str,
+        key_id: str,
+        reservation_id: str,
+        usage: Sequence[UsageItem],
+        now_ms: int,
+    ) -> None:
+        await self._apply("settle", pool_id, key_id, reservation_id, usage, now_ms)
+
+    async def release(self, pool_id: str, reservation_id: str, now_ms: int) -> bool:
+        base = self._base(pool_id)
+        keys = [f"{base}:rz", f"{base}:r:{reservation_id}"]
+        reply = await self._release(keys=keys, args=[now_ms, reservation_id])
+        return int(cast(int, reply)) == 1
+
+    async def record(
+        self, pool_id: str, key_id: str, usage: Sequence[UsageItem], now_ms: int
+    ) -> None:
+        await self._apply("record", pool_id, key_id, "", usage, now_ms)
+
+    async def _apply(
+        self,
+        mode: str,
+        pool_id: str,
+        key_id: str,
+        reservation_id: str,
+        usage: Sequence[UsageItem],
+        now_ms: int,
+    ) -> bool:
+        """settle.lua: drop the reservation (``settle`` only) and add the actual use."""
+        base = self._base(pool_id)
+        key_id = _check_key_id(key_id)
+        keys = [f"{base}:rz", f"{base}:r:{reservation_id}", f"{base}:cum", f"{base}:act"]
+        args: list[str | int] = [now_ms, mode, reservation_id, key_id, len(usage)]
+        for item in usage:
+            curr = bucket_index(now_ms, item.window_ms)
+            keys.append(self._counter(base, key_id, item.key, curr))
+            keys.append(self._counter(base, TOTAL_KEY, item.key, curr))
+            args.extend(
+                (
+                    item.window_ms,
+                    _num(_finite(item.amount)),
+                    item.scope,
+                    item.key,
+                )
+            )
+        reply = await self._settle(keys=keys, args=args)
+        return int(cast(int, reply)) == 1
+
+    # -- reads ----------------------------------------------------------------------------------
+
+    async def _mget(self, keys: Sequence[str]) -> list[float]:
+        """One MGET: one round trip however many counters are read."""
+        if not keys:
+            return []
+        values = await self._client.mget(list(keys))
+        return [_float(v) for v in cast(list[object], values)]
+
+    async def peek(
+        self, pool_id: str, key_id: str, counters: Sequence[CounterRef], now_ms: int
+    ) -> dict[str, Count]:
+        base = self._base(pool_id)
+        key_id = _check_key_id(key_id)
+        keys = [k for ref in counters for k in self._buckets(base, key_id, ref, now_ms)]
+        values = await self._mget(keys)
+        return {ref.key: Count(values[2 * i], values[2 * i + 1]) for i, ref in enumerate(counters)}
+
+    async def pool_usage(
+        self,
+        pool_id: str,
+        key_ids: Sequence[str],
+        counters: Sequence[CounterRef],
+        now_ms: int,
+    ) -> PoolCounts:
+        base = self._base(pool_id)
+        owners = [TOTAL_KEY, *(_check_key_id(k) for k in key_ids)]
+        keys = [
+            k
+            for owner in owners
+            for ref in counters
+            for k in self._buckets(base, owner, ref, now_ms)
+        ]
+        values = iter(await self._mget(keys))
+        counts: dict[str, dict[str, Count]] = {}
+        for owner in owners:
+            counts[owner] = {ref.key: Count(next(values), next(values)) for ref in counters}
+        totals = counts.pop(TOTAL_KEY)
+        return PoolCounts(totals=totals, per_key=counts)
+
+    async def active_keys(self, pool_id: str, since_ms: int) -> list[str]:
+        base = self._base(pool_id)
+        members = await self._client.zrangebyscore(f"{base}:act", since_ms, "+inf")
+        return sorted(_text(m) for m in cast(list[object], members))
+
+    async def cumulative(self, pool_id: str, counter_keys: Sequence[str]) -> dict[str, float]:
+        if not counter_keys:
+            return {}
+        base = self._base(pool_id)
+        values = await self._client.hmget(f"{base}:cum", list(counter_keys))
+        return {k: _float(v) for k, v in zip(counter_keys, cast(list[object], values), strict=True)}
+
+    # -- maintenance ----------------------------------------------------------------------------
+
+    async def clear(self, pool_id: str) -> None:
+        """Delete the pool's keys by SCAN: pool deletion is rare, so a scan is acceptable here."""
+        pattern = _glob_escape(self._base(pool_id)) + ":*"
+        batch: list[str | bytes] = []
+        async for key in self._client.scan_iter(match=pattern, count=_SCAN_COUNT):
+            batch.append(cast(str | bytes, key))
+            if len(batch) >= _DELETE_BATCH:
+                await self._client.delete(*batch)
+                batch = []
+        if batch:
+            await self._client.delete(*batch)
+
+    async def gc(self, now_ms: int, retention_ms: int) -> int:
+        """Always 0: no bucket needs deleting, since each bucket has a TTL of 2 × its window,
+        refreshed on every write. Redis drops a bucket once it can no longer be the previous
+        bucket, which is when nothing reads it any more. That is never inside 2 × its window
+        (the rule), and when the retention is longer it is only earlier than the rule requires,
+        which does no harm.
+
+        What TTLs cannot do, gc does as the SQLite driver does: undo the expired reservations
+        of pools nobody admits to any more (their amounts would otherwise stay on the dashboard
+        until the bucket expires, 60 days for a monthly window) and forget keys inactive for
+        longer than the retention. It finds the pools with a SCAN over their ZSETs, which is
+        acceptable because gc runs off the hot path.
+        """
+        head = f"{self._prefix}:{{"
+        pattern = _glob_escape(head) + "*}:*"
+        async for raw in self._client.scan_iter(match=pattern, count=_SCAN_COUNT, _type="zset"):
+            name = _text(raw)
+            pool_id, _, kind = name[len(head) :].partition("}:")
+            if kind == "rz":
+                expired = await self._client.zrangebyscore(name, "-inf", now_ms)
+                for rid in cast(list[object], expired):
+                    await self.release(pool_id, _text(rid), now_ms)
+            elif kind == "act":
+                await self._client.zremrangebyscore(name, "-inf", f"({now_ms - retention_ms}")
+        return 0
+
+    async def ping(self) -> bool:
+        try:
+            return bool(await self._client.ping())
+        except (RedisError, OSError):
+            return False
+
+    async def close(self) -> None:
+        if self._owns_client:
+            await self._client.aclose()

@@ -1,0 +1,38 @@
+"""The ``store`` fixture: every contract test runs once per driver on a real backend."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+
+from fairgate.store.base import QuotaStore
+from fairgate.store.sqlite import SqliteQuotaStore
+
+
+@pytest_asyncio.fixture(
+    params=[
+        pytest.param("sqlite", id="sqlite"),
+        pytest.param("redis", id="redis", marks=pytest.mark.redis),
+    ]
+)
+async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[QuotaStore]:
+    """An open store on a fresh SQLite file or a unique Redis prefix.
+
+    The Redis fixtures are requested only for the redis param, so SQLite runs never need a server.
+    """
+    s: QuotaStore
+    if request.param == "sqlite":
+        s = SqliteQuotaStore(tmp_path / "quota.sqlite")
+    else:
+        url: str = request.getfixturevalue("redis_url")
+        prefix: str = request.getfixturevalue("redis_prefix")
+        from fairgate.store.redis import RedisQuotaStore
+
+        s = RedisQuotaStore(url, prefix=prefix)
+    try:
+        yield s
+    finally:
+        await s.close()

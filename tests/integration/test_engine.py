@@ -1,0 +1,167 @@
+"""The engine end to end over real stores: admission flow, fail-open, usage snapshot, GC."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from fairgate.clock import ManualClock
+from fairgate.quota.decision import Outcome, Reason
+from fairgate.quota.engine import QuotaEngine
+from fairgate.quota.model import Allocation, Dimension, Policy, Pool
+from fairgate.quota.units import Unit, Window
+from fairgate.store.base import QuotaStore
+from fairgate.store.sqlite import SqliteQuotaStore
+
+HOUR = 3_600_000
+
+
+def pool_3() -> Pool:
+    return Pool(
+        id="p1",
+        name="shared",
+        provider="kimi",
+        connections=("k1",),
+        dimensions=(Dimension(Unit.REQUESTS, Window.HOURLY, 100),),
+        allocations=(
+            Allocation("a", 50, policy=Policy.HARD),
+            Allocation("b", 30, policy=Policy.SOFT),
+            Allocation("c", 20, policy=Policy.BURST),
+        ),
+    )
+
+
+async def _send(engine: QuotaEngine, pool: Pool, key: str, n: int) -> list[Outcome]:
+    out = []
+    for _ in range(n):
+        adm = await engine.admit(pool, key, {Unit.REQUESTS: 1})
+        out.append(adm.outcome)
+        if adm.allowed:
+            await engine.settle(adm.ticket, {Unit.REQUESTS: 1})
+    return out
+
+
+async def test_borrow_then_strict_share_then_others_still_served(
+    store: QuotaStore, clock: ManualClock
+) -> None:
+    engine = QuotaEngine(store, clock=clock)
+    pool = pool_3()
+    # a borrows freely while the pool is generous, up to its share once strict (50 %)
+    outcomes = await _send(engine, pool, "a", 70)
+    assert outcomes.count(Outcome.ALLOW) == 50
+    blocked = await engine.admit(pool, "a", {Unit.REQUESTS: 1})
+    assert blocked.reason is Reason.FAIR_SHARE
+    assert blocked.dimension == "requests/hourly"
+    assert blocked.retry_after_ms is not None
+    assert 0 < blocked.retry_after_ms <= 2 * HOUR
+    # b (soft) gets through, penalised beyond its 30
+    outs = await _send(engine, pool, "b", 35)
+    assert outs.count(Outcome.ALLOW) == 30
+    assert outs.count(Outcome.PENALIZE) == 5
+    # c (burst) takes what is left, then the ceiling holds for everyone
+    outs = await _send(engine, pool, "c", 30)
+    assert outs.count(Outcome.BLOCK) == 30 - 15
+    last = await engine.admit(pool, "b", {Unit.REQUESTS: 1})
+    assert last.reason is Reason.GLOBAL_SATURATED
+    usage = await engine.usage(pool)
+    (dim,) = usage.dimensions
+    assert dim.total == pytest.approx(100)
+    assert dim.strict
+    by_key = {k.key_id: k for k in dim.keys}
+    assert by_key["a"].consumed == pytest.approx(50)
+    assert by_key["b"].consumed == pytest.approx(35)
+    assert by_key["b"].borrowing
+    assert by_key["c"].surplus == pytest.approx(20 - 15)
+
+
+async def test_status_reports_remaining_share(store: QuotaStore, clock: ManualClock) -> None:
+    engine = QuotaEngine(store, clock=clock)
+    pool = pool_3()
+    adm = await engine.admit(pool, "a", {Unit.REQUESTS: 1})
+    (st,) = adm.status
+    assert st.key == "requests/hourly"
+    assert st.limit == 100  # generous: the pool is the limit
+    assert st.remaining == 99
+    assert 0 < st.reset_ms <= HOUR
+    await _send(engine, pool, "b", 60)  # pool now strict
+    adm = await engine.admit(pool, "a", {Unit.REQUESTS: 1})
+    assert adm.status[0].limit == 50
+    # a has 2 (one reserved earlier, one now): 48 left of its share, but the pool (62/100)
+    # has only 38 left, and remaining never promises more than the pool has
+    assert adm.status[0].remaining == pytest.approx(38)
+
+
+async def test_release_frees_the_reservation(store: QuotaStore, clock: ManualClock) -> None:
+    engine = QuotaEngine(store, clock=clock)
+    pool = pool_3()
+    adm = await engine.admit(pool, "a", {Unit.REQUESTS: 1})
+    await engine.release(adm.ticket)
+    usage = await engine.usage(pool)
+    assert usage.dimensions[0].total == 0
+
+
+async def test_unallocated_key_borrows_only_while_generous(
+    store: QuotaStore, clock: ManualClock
+) -> None:
+    engine = QuotaEngine(store, clock=clock)
+    pool = pool_3()
+    outs = await _send(engine, pool, "guest", 60)
+    assert outs.count(Outcome.ALLOW) == 50  # strict from 50 on: a guest's share is 0
+
+
+async def test_empty_plan_is_ungoverned(store: QuotaStore, clock: ManualClock) -> None:
+    engine = QuotaEngine(store, clock=clock)
+    pool = Pool("e", "e", "openai", ("o1",), (Dimension(Unit.TOKENS, Window.DAILY, 0),))
+    adm = await engine.admit(pool, "x", {Unit.TOKENS: 10})
+    assert adm.allowed
+    assert adm.ticket is None
+    await engine.settle(adm.ticket, {Unit.TOKENS: 10})  # no-op
+
+
+async def test_burn_rate_from_real_samples(store: QuotaStore, clock: ManualClock) -> None:
+    engine = QuotaEngine(store, clock=clock)
+    pool = pool_3()
+    usage = await engine.usage(pool)
+    assert usage.dimensions[0].burn_rate_per_s == 0
+    assert usage.dimensions[0].time_to_exhaustion_ms is None
+    for _ in range(4):
+        await _send(engine, pool, "c", 5)
+        clock.advance(10_000)
+    usage = await engine.usage(pool)
+    dim = usage.dimensions[0]
+    assert dim.burn_rate_per_s == pytest.approx(0.5, rel=0.2)
+    assert dim.time_to_exhaustion_ms is not None
+    assert dim.time_to_exhaustion_ms > 0
+
+
+async def test_forget_pool_clears_counters(store: QuotaStore, clock: ManualClock) -> None:
+    engine = QuotaEngine(store, clock=clock)
+    pool = pool_3()
+    other = Pool("p2", "other", "kimi", ("k2",), pool.dimensions, pool.allocations)
+    await _send(engine, pool, "a", 3)
+    await _send(engine, other, "a", 2)
+    await engine.forget_pool(pool.id)
+    assert (await engine.usage(pool)).dimensions[0].total == 0
+    assert (await engine.usage(other)).dimensions[0].total == 2
+
+
+class BrokenStore(SqliteQuotaStore):
+    async def admit(self, req):  # type: ignore[no-untyped-def]
+        raise ConnectionError("store down")
+
+    async def settle(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        raise ConnectionError("store down")
+
+
+async def test_fail_open_on_store_error(
+    tmp_path: Path, clock: ManualClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = BrokenStore(tmp_path / "q.sqlite")
+    engine = QuotaEngine(store, clock=clock)
+    adm = await engine.admit(pool_3(), "a", {Unit.REQUESTS: 1})
+    assert adm.allowed
+    assert adm.fail_open
+    assert engine.fail_open_count == 1
+    assert any("fail-open" in r.getMessage() for r in caplog.records)
+    await store.close()

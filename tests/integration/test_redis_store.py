@@ -1,0 +1,485 @@
+"""What only the Redis driver promises: key layout, TTLs, one round trip, scripts, real races.
+
+The behaviour shared with SQLite is in ``test_store_contract.py``; these tests look at the Redis
+side of it with a real server, each under its own key prefix (``redis_prefix``). Time is always
+an argument (``T0``); nothing sleeps.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+import queue
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import pytest
+import pytest_asyncio
+import redis
+import redis.asyncio
+from redis.crc import key_slot
+
+from fairgate.quota.decision import DimensionCheck, Outcome, Reason, Verdict
+from fairgate.quota.model import Policy
+from fairgate.quota.units import Unit
+from fairgate.quota.window import Count
+from fairgate.store.base import (
+    DEFAULT_LEASE_MS,
+    AdmitRequest,
+    CounterRef,
+    UsageItem,
+)
+from fairgate.store.redis import RedisQuotaStore
+
+pytestmark = pytest.mark.redis
+
+#: Same instant as ``tests/conftest.py``'s ``T0`` (hour-aligned); that module is not importable
+#: as a package here, and the spawned workers need the value anyway.
+T0 = 1_700_002_800_000
+HOUR = 3_600_000
+DAY = 24 * HOUR
+MONTH = 30 * DAY
+REQ = "requests/hourly"
+TOK = "tokens/hourly"
+USD_MONTH = "usd/monthly"
+
+
+def check(
+    key: str = REQ,
+    *,
+    window_ms: int = HOUR,
+    limit: float = 100,
+    fair_share: float | None = None,
+    cap: float | None = None,
+    cost: float = 1.0,
+    unit: Unit = Unit.REQUESTS,
+    scope: str = "pool",
+) -> DimensionCheck:
+    return DimensionCheck(
+        key=key,
+        unit=unit,
+        window_ms=window_ms,
+        limit=limit,
+        fair_share=limit if fair_share is None else fair_share,
+        cap=cap,
+        cost=cost,
+        scope=scope,
+    )
+
+
+def request(
+    *checks: DimensionCheck,
+    pool: str = "p1",
+    key: str = "k1",
+    now_ms: int = T0,
+    policy: Policy = Policy.BURST,
+    rid: str | None = None,
+    lease_ms: int = DEFAULT_LEASE_MS,
+) -> AdmitRequest:
+    return AdmitRequest(
+        pool_id=pool,
+        key_id=key,
+        checks=checks or (check(),),
+        policy=policy,
+        threshold=0.5,
+        reservation_id=rid or uuid.uuid4().hex,
+        now_ms=now_ms,
+        lease_ms=lease_ms,
+    )
+
+
+class Wire:
+    """Counts what really crosses the network: packets sent, replies read, commands issued."""
+
+    def __init__(self) -> None:
+        self.sent = 0
+        self.read = 0
+        self.commands: list[str] = []
+
+    def reset(self) -> None:
+        self.sent = self.read = 0
+        self.commands = []
+
+
+def counting_client(url: str, wire: Wire) -> redis.asyncio.Redis:
+    class CountingConnection(redis.asyncio.Connection):
+        async def send_packed_command(self, command: Any, check_health: bool = True) -> None:
+            wire.sent += 1
+            await super().send_packed_command(command, check_health)
+
+        async def read_response(self, *args: Any, **kwargs: Any) -> Any:
+            wire.read += 1
+            return await super().read_response(*args, **kwargs)
+
+    client = redis.asyncio.Redis.from_url(url, connection_class=CountingConnection)
+    execute = client.execute_command
+
+    async def counted(*args: Any, **options: Any) -> Any:
+        wire.commands.append(str(args[0]).upper())
+        return await execute(*args, **options)
+
+    client.execute_command = counted  # type: ignore[method-assign]
+    return client
+
+
+@pytest.fixture
+def raw(redis_url: str) -> Iterator[redis.Redis]:
+    """A plain synchronous client to inspect what the store wrote."""
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    try:
+        yield client
+    finally:
+        client.close()
+
+
+@pytest_asyncio.fixture
+async def store(redis_url: str, redis_prefix: str) -> AsyncIterator[RedisQuotaStore]:
+    s = RedisQuotaStore(redis_url, prefix=redis_prefix)
+    try:
+        yield s
+    finally:
+        await s.close()
+
+
+def keys_under(client: redis.Redis, prefix: str) -> list[str]:
+    return sorted(str(k) for k in client.scan_iter(match=f"{prefix}:*", count=1000))
+
+
+# -- key layout and TTLs ----------------------------------------------------------------------
+
+
+async def test_every_key_is_under_the_prefix_and_carries_the_pool_hash_tag(
+    store: RedisQuotaStore, raw: redis.Redis, redis_prefix: str
+) -> None:
+    checks = (
+        check(REQ, cost=1),
+        check(TOK, limit=100_000, cost=500, unit=Unit.TOKENS),
+        check("model:m1:requests/hourly", limit=3, scope="model"),
+    )
+    for pool in ("p1", "p2"):
+        held = request(*checks, pool=pool)
+        await store.admit(held)
+        released = request(*checks, pool=pool, key="k2")
+        await store.admit(released)
+        await store.release(pool, released.reservation_id, T0 + 1)
+        await store.record(pool, "k2", [UsageItem(TOK, HOUR, 7)], T0 + 2)
+        await store.admit(request(*checks, pool=pool, key="k3"))
+        await store.settle(pool, "k3", held.reservation_id, [UsageItem(REQ, HOUR, 1)], T0 + 3)
+
+    keys = keys_under(raw, redis_prefix)
+    for pool in ("p1", "p2"):
+        mine = [k for k in keys if k.startswith(f"{redis_prefix}:{{{pool}}}:")]
+        assert {key_slot(k.encode()) for k in mine} == {key_slot(pool.encode())}
+        assert {f"{redis_prefix}:{{{pool}}}:{s}" for s in ("rz", "act", "cum")} <= set(mine)
+    assert all(k.startswith((f"{redis_prefix}:{{p1}}:", f"{redis_prefix}:{{p2}}:")) for k in keys)
+    bucket = T0 // HOUR
+    assert f"{redis_prefix}:{{p1}}:c:*:{REQ}:{bucket}" in keys  # pool total
+    assert f"{redis_prefix}:{{p1}}:c:k1:{REQ}:{bucket}" in keys
+    # A model cap is the key's alone: no pool-total key is ever written for it.
+    assert not any(":c:*:model:" in k for k in keys)
+
+
+async def test_counter_keys_live_at_most_two_windows_and_reservations_outlive_their_buckets(
+    store: RedisQuotaStore, raw: redis.Redis, redis_prefix: str
+) -> None:
+    req = request(check(REQ), check(USD_MONTH, window_ms=MONTH, cost=0.25, unit=Unit.USD))
+    await store.admit(req)
+    await store.record("p1", "k1", [UsageItem(TOK, HOUR, 10)], T0)
+
+    base = f"{redis_prefix}:{{p1}}"
+    for counter, window in ((REQ, HOUR), (USD_MONTH, MONTH), (TOK, HOUR)):
+        for owner in ("*", "k1"):
+            ttl = raw.pttl(f"{base}:c:{owner}:{counter}:{T0 // window}")
+            assert 0 < ttl <= 2 * window, (counter, owner, ttl)
+    # The parts matter while their buckets count (2 × the longest window), so the reservation
+    # key lives at least that long, beyond the lease.
+    assert raw.pttl(f"{base}:r:{req.reservation_id}") > 2 * MONTH
+    assert raw.zscore(f"{base}:rz", req.reservation_id) == T0 + DEFAULT_LEASE_MS
+
+
+async def test_counters_hold_exact_doubles_like_the_sqlite_driver(
+    store: RedisQuotaStore, raw: redis.Redis, redis_prefix: str
+) -> None:
+    # INCRBYFLOAT would store "0.3" (long double); the drivers must agree with Python floats.
+    for amount in (0.1, 0.2):
+        await store.record("p1", "k1", [UsageItem(USD_MONTH, MONTH, amount)], T0)
+    counts = await store.peek("p1", "k1", [CounterRef(USD_MONTH, MONTH)], T0)
+    assert counts[USD_MONTH] == Count(0.0, 0.1 + 0.2)
+    assert await store.cumulative("p1", [USD_MONTH]) == {USD_MONTH: 0.1 + 0.2}
+    assert raw.get(f"{redis_prefix}:{{p1}}:c:k1:{USD_MONTH}:{T0 // MONTH}") == repr(0.1 + 0.2)
+
+
+# -- round trips and scripts --------------------------------------------------------------------
+
+
+async def test_an_admission_is_exactly_one_round_trip(redis_url: str, redis_prefix: str) -> None:
+    wire = Wire()
+    client = counting_client(redis_url, wire)
+    store = RedisQuotaStore(redis_url, prefix=redis_prefix, client=client)
+    try:
+        checks = (
+            check(REQ),
+            check(TOK, limit=1e5, cost=800, unit=Unit.TOKENS),
+            check(USD_MONTH, cost=0.5),
+        )
+        await store.admit(request(*checks))  # connects and, on a fresh server, loads the script
+        for i in range(5):
+            wire.reset()
+            result = await store.admit(request(*checks, key=f"k{i}", now_ms=T0 + i))
+            assert result.reserved
+            assert (wire.commands, wire.sent, wire.read) == (["EVALSHA"], 1, 1)
+
+        held = request(*checks)
+        await store.admit(held)
+        usage = [UsageItem(REQ, HOUR, 1), UsageItem(TOK, HOUR, 300)]
+        for op in (
+            store.settle("p1", "k1", held.reservation_id, usage, T0 + 10),
+            store.record("p1", "k1", usage, T0 + 11),
+            store.release("p1", "nope", T0 + 12),
+            store.peek("p1", "k1", [CounterRef(REQ, HOUR), CounterRef(TOK, HOUR)], T0),
+            store.pool_usage("p1", ["k1", "k2"], [CounterRef(REQ, HOUR)], T0),
+        ):
+            wire.reset()
+            await op
+            assert (wire.sent, wire.read) == (1, 1), wire.commands
+    finally:
+        await store.close()
+        await client.aclose()
+
+
+async def test_a_second_store_reuses_the_loaded_scripts(redis_url: str, redis_prefix: str) -> None:
+    # SCRIPT FLUSH would disturb everyone sharing the server, so the cold path is not tested here;
+    # what matters is that the sha is stable and a new instance never loads again.
+    first = RedisQuotaStore(redis_url, prefix=redis_prefix)
+    wire = Wire()
+    client = counting_client(redis_url, wire)
+    second = RedisQuotaStore(redis_url, prefix=redis_prefix, client=client)
+    try:
+        await first.admit(request())
+        await first.settle("p1", "k1", "none", [], T0)
+        await first.release("p1", "none", T0)
+        assert second.script_shas == first.script_shas
+        shas = list(first.script_shas.values())
+        assert await client.script_exists(*shas) == [True, True, True]
+        await second.ping()  # connect
+        wire.reset()
+        await second.admit(request(key="k2"))
+        await second.settle("p1", "k2", "none", [], T0)
+        await second.release("p1", "none", T0)
+        assert wire.commands == ["EVALSHA"] * 3
+    finally:
+        await first.close()
+        await second.close()
+        await client.aclose()
+
+
+# -- ids -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("bad", ["a{b", "a}b", "{p}", "a b", "a\tb", "a\nb", ""])
+async def test_ids_that_could_break_the_hash_tag_are_rejected(
+    store: RedisQuotaStore, raw: redis.Redis, redis_prefix: str, bad: str
+) -> None:
+    with pytest.raises(ValueError, match="invalid pool id"):
+        await store.admit(request(pool=bad))
+    if bad:
+        with pytest.raises(ValueError, match="invalid key id"):
+            await store.admit(request(key=bad))
+        with pytest.raises(ValueError, match="invalid key id"):
+            await store.record("p1", bad, [UsageItem(REQ, HOUR, 1)], T0)
+        with pytest.raises(ValueError, match="invalid prefix"):
+            RedisQuotaStore("redis://127.0.0.1", prefix=bad)
+    with pytest.raises(ValueError, match="invalid pool id"):
+        await store.peek(bad, "k1", [CounterRef(REQ, HOUR)], T0)
+    with pytest.raises(ValueError, match="invalid pool id"):
+        await store.clear(bad)
+    assert keys_under(raw, redis_prefix) == []
+
+
+async def test_the_pool_total_key_id_is_reserved(store: RedisQuotaStore) -> None:
+    with pytest.raises(ValueError, match="reserved"):
+        await store.admit(request(key="*"))
+    with pytest.raises(ValueError, match="reserved"):
+        await store.settle("p1", "*", "r", [UsageItem(REQ, HOUR, 1)], T0)
+
+
+async def test_duplicate_reservation_id_is_rejected_without_double_reserving(
+    store: RedisQuotaStore,
+) -> None:
+    await store.admit(request(rid="dup"))
+    with pytest.raises(ValueError, match="dup"):
+        await store.admit(request(rid="dup"))
+    assert await store.peek("p1", "k1", [CounterRef(REQ, HOUR)], T0) == {REQ: Count(0.0, 1.0)}
+    # A blocked admission reserves nothing, so its id is never checked (as in SQLite).
+    blocked = await store.admit(request(check(limit=1), rid="dup"))
+    assert blocked.verdict.reason is Reason.GLOBAL_SATURATED
+
+
+# -- reclaim and gc -----------------------------------------------------------------------------
+
+
+async def test_gc_undoes_expired_reservations_of_idle_pools(
+    store: RedisQuotaStore, raw: redis.Redis, redis_prefix: str
+) -> None:
+    month = check(USD_MONTH, window_ms=MONTH, cost=2.0, unit=Unit.USD)
+    await store.admit(request(month, pool="idle", lease_ms=60_000))
+    kept = request(month, pool="busy", lease_ms=600_000)
+    await store.admit(kept)
+
+    assert await store.gc(T0 + 60_000, 14 * DAY) == 0
+
+    ref = [CounterRef(USD_MONTH, MONTH)]
+    assert await store.peek("idle", "k1", ref, T0 + 60_000) == {USD_MONTH: Count()}
+    assert (await store.pool_usage("idle", [], ref, T0 + 60_000)).totals == {USD_MONTH: Count()}
+    assert raw.zcard(f"{redis_prefix}:{{idle}}:rz") == 0
+    assert await store.peek("busy", "k1", ref, T0 + 60_000) == {USD_MONTH: Count(0.0, 2.0)}
+    assert await store.release("busy", kept.reservation_id, T0 + 60_000)
+
+
+async def test_gc_forgets_keys_inactive_for_longer_than_the_retention(
+    store: RedisQuotaStore,
+) -> None:
+    await store.admit(request(key="old", now_ms=T0))
+    await store.admit(request(key="new", now_ms=T0 + 2 * DAY))
+    await store.gc(T0 + 15 * DAY, 14 * DAY)
+    assert await store.active_keys("p1", 0) == ["new"]
+
+
+async def test_reclaim_is_bounded_per_admission(
+    store: RedisQuotaStore, raw: redis.Redis, redis_prefix: str
+) -> None:
+    for i in range(40):
+        await store.admit(request(key=f"k{i}", lease_ms=1_000))
+    rz = f"{redis_prefix}:{{p1}}:rz"
+    assert raw.zcard(rz) == 40
+
+    first = await store.admit(request(now_ms=T0 + 5_000, lease_ms=HOUR))
+    assert raw.zcard(rz) == 40 - 16 + 1
+    assert first.totals == (Count(0.0, 24.0),)  # read after the reclaim
+    await store.admit(request(now_ms=T0 + 5_000, lease_ms=HOUR))
+    await store.admit(request(now_ms=T0 + 5_000, lease_ms=HOUR))
+    assert raw.zcard(rz) == 3
+    usage = await store.pool_usage("p1", [], [CounterRef(REQ, HOUR)], T0 + 5_000)
+    assert usage.totals == {REQ: Count(0.0, 3.0)}
+
+
+async def test_clear_leaves_other_prefixes_and_pools_alone(
+    redis_url: str, redis_prefix: str, raw: redis.Redis
+) -> None:
+    a = RedisQuotaStore(redis_url, prefix=f"{redis_prefix}:a")
+    b = RedisQuotaStore(redis_url, prefix=f"{redis_prefix}:b")
+    try:
+        for s in (a, b):
+            for pool in ("p*", "p"):  # a glob character in a pool id is matched literally
+                await s.admit(request(pool=pool))
+                await s.record(pool, "k1", [UsageItem(REQ, HOUR, 2)], T0)
+        await a.clear("p*")
+        left = keys_under(raw, redis_prefix)
+        assert not any(k.startswith(f"{redis_prefix}:a:{{p*}}") for k in left)
+        assert any(k.startswith(f"{redis_prefix}:a:{{p}}") for k in left)
+        assert any(k.startswith(f"{redis_prefix}:b:{{p*}}") for k in left)
+        assert await b.peek("p*", "k1", [CounterRef(REQ, HOUR)], T0) == {REQ: Count(0.0, 3.0)}
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def test_ping_fails_soft_when_the_server_is_unreachable() -> None:
+    store = RedisQuotaStore("redis://127.0.0.1:1/0")
+    try:
+        assert not await store.ping()
+    finally:
+        await store.close()
+
+
+async def test_a_client_passed_in_is_not_closed(redis_url: str, redis_prefix: str) -> None:
+    client = redis.asyncio.Redis.from_url(redis_url)
+    try:
+        store = RedisQuotaStore(redis_url, prefix=redis_prefix, client=client)
+        await store.close()
+        assert await client.ping()
+    finally:
+        await client.aclose()
+
+
+# -- races ---------------------------------------------------------------------------------------
+
+RACE_LIMIT = 5
+
+
+def race_request(pool: str, i: int) -> AdmitRequest:
+    return request(
+        check(limit=RACE_LIMIT, fair_share=1),
+        pool=pool,
+        key=f"k{i % 7}",
+        policy=Policy.BURST,
+        rid=f"race-{i}",
+    )
+
+
+async def test_100_concurrent_admissions_vs_a_limit_of_5_exactly_5_win(
+    store: RedisQuotaStore,
+) -> None:
+    results = await asyncio.gather(*(store.admit(race_request("p1", i)) for i in range(100)))
+
+    assert sum(r.reserved for r in results) == RACE_LIMIT
+    losers = [r.verdict for r in results if not r.reserved]
+    assert losers == [Verdict(Outcome.BLOCK, Reason.GLOBAL_SATURATED, 0)] * (100 - RACE_LIMIT)
+    usage = await store.pool_usage("p1", [], [CounterRef(REQ, HOUR)], T0)
+    assert usage.totals == {REQ: Count(0.0, float(RACE_LIMIT))}
+
+
+def _race_worker(
+    url: str, prefix: str, pool: str, ids: list[int], start: Any, out: Any
+) -> None:  # pragma: no cover - runs in a spawned process
+    async def run() -> int:
+        store = RedisQuotaStore(url, prefix=prefix)
+        try:
+            await store.ping()  # connected before the start line
+            start.wait(30)  # every worker is connected: they all go at once
+            results = await asyncio.gather(*(store.admit(race_request(pool, i)) for i in ids))
+            return sum(r.reserved for r in results)
+        finally:
+            await store.close()
+
+    try:
+        out.put(("ok", asyncio.run(run())))
+    except BaseException as exc:
+        out.put(("error", repr(exc)))
+
+
+@pytest.mark.slow
+async def test_4_processes_racing_100_admissions_vs_a_limit_of_5_exactly_5_win(
+    store: RedisQuotaStore, redis_url: str, redis_prefix: str
+) -> None:
+    ctx = multiprocessing.get_context("spawn")
+    start = ctx.Barrier(4)
+    out = ctx.Queue()
+    procs = [
+        ctx.Process(
+            target=_race_worker,
+            args=(redis_url, redis_prefix, "p1", list(range(w, 100, 4)), start, out),
+        )
+        for w in range(4)
+    ]
+    for p in procs:
+        p.start()
+    try:
+        reports = []
+        for _ in procs:
+            reports.append(await asyncio.to_thread(out.get, True, 60))
+    except queue.Empty:
+        pytest.fail("a racing process did not report within 60 s")
+    finally:
+        for p in procs:
+            await asyncio.to_thread(p.join, 30)
+            if p.is_alive():
+                p.kill()
+        out.close()
+        out.join_thread()
+
+    assert [r[0] for r in reports] == ["ok"] * 4, reports
+    assert sum(int(r[1]) for r in reports) == RACE_LIMIT
+    usage = await store.pool_usage("p1", [], [CounterRef(REQ, HOUR)], T0)
+    assert usage.totals == {REQ: Count(0.0, float(RACE_LIMIT))}

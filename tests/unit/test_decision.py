@@ -1,0 +1,240 @@
+"""The fair-share rule of SPEC §3, case by case: every policy × mode × cap and the edges."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from fairgate.quota.decision import (
+    DimensionCheck,
+    Outcome,
+    Reason,
+    active_fair_share,
+    compile_checks,
+    evaluate,
+    retry_after_ms,
+    static_fair_share,
+    water_fill_level,
+)
+from fairgate.quota.model import Allocation, Dimension, ModelCap, Policy, Pool, ShareMode
+from fairgate.quota.units import Unit, Window
+from fairgate.quota.window import Count
+
+H, S, B = Policy.HARD, Policy.SOFT, Policy.BURST
+ALLOW, PEN, BLOCK = Outcome.ALLOW, Outcome.PENALIZE, Outcome.BLOCK
+CAP, SAT, FAIR = Reason.CAP_ABSOLUTE, Reason.GLOBAL_SATURATED, Reason.FAIR_SHARE
+
+
+def chk(
+    *,
+    limit: float = 100,
+    fair: float = 50,
+    cap: float | None = None,
+    cost: float = 1,
+    signal: float = 0.0,
+    scope: str = "pool",
+) -> DimensionCheck:
+    return DimensionCheck("requests/hourly", Unit.REQUESTS, 3_600_000, limit, fair, cap, cost,
+                          signal, scope)
+
+
+# (case id, check kwargs, (total, mine), policy, expected outcome, expected reason)
+TABLE = [
+    # generous mode (pool below 50 %): borrowing allowed
+    ("generous hard under share", {}, (30, 10), H, ALLOW, None),
+    ("generous hard over share borrows", {"fair": 20}, (40, 30), H, ALLOW, None),
+    ("generous soft over share penalised", {"fair": 20}, (40, 30), S, PEN, None),
+    ("generous soft at share penalised (>=)", {"fair": 20}, (40, 20), S, PEN, None),
+    ("generous soft under share", {"fair": 20}, (40, 19.99), S, ALLOW, None),
+    ("generous burst over share", {"fair": 20}, (40, 30), B, ALLOW, None),
+    ("generous hard own use >= limit (drift edge)", {}, (40, 100), H, BLOCK, SAT),
+    # strict mode (pool at or above 50 %)
+    ("strict starts at exactly the threshold", {}, (50, 50), H, BLOCK, FAIR),
+    ("strict hard at share blocks (>=)", {}, (60, 50), H, BLOCK, FAIR),
+    ("strict hard just under share", {}, (60, 49.99), H, ALLOW, None),
+    ("strict soft at share penalised", {}, (60, 50), S, PEN, None),
+    ("strict soft under share", {}, (60, 10), S, ALLOW, None),
+    ("strict burst over share passes", {}, (90, 80), B, ALLOW, None),
+    ("provider signal makes strict", {"signal": 0.8}, (10, 50), H, BLOCK, FAIR),
+    ("provider signal below threshold", {"signal": 0.3}, (10, 50), H, ALLOW, None),
+    # ceiling: every policy
+    ("ceiling total >= limit hard", {}, (100, 0), H, BLOCK, SAT),
+    ("ceiling total >= limit soft", {}, (100, 0), S, BLOCK, SAT),
+    ("ceiling total >= limit burst", {}, (100, 0), B, BLOCK, SAT),
+    ("ceiling total + cost > limit", {}, (99.5, 0), B, BLOCK, SAT),
+    ("ceiling total + cost == limit passes", {}, (99, 0), B, ALLOW, None),
+    ("big request over remaining", {"cost": 30}, (80, 0), B, BLOCK, SAT),
+    # absolute cap: before everything, any mode, any policy
+    ("cap reached generous burst", {"cap": 10}, (20, 10), B, BLOCK, CAP),
+    ("cap reached strict soft", {"cap": 10}, (80, 10), S, BLOCK, CAP),
+    ("cap just under", {"cap": 10}, (20, 9.99), B, ALLOW, None),
+    ("cap wins over ceiling", {"cap": 10}, (100, 10), H, BLOCK, CAP),
+]
+
+
+@pytest.mark.parametrize(
+    ("kw", "values", "policy", "outcome", "reason"),
+    [pytest.param(*row[1:], id=row[0]) for row in TABLE],
+)
+def test_rule_table(
+    kw: dict[str, float],
+    values: tuple[float, float],
+    policy: Policy,
+    outcome: Outcome,
+    reason: Reason | None,
+) -> None:
+    v = evaluate([chk(**kw)], [values], policy, 0.5)  # type: ignore[arg-type]
+    assert (v.outcome, v.reason) == (outcome, reason)
+    assert v.index == (0 if outcome is BLOCK else None)
+
+
+def test_first_blocking_dimension_wins_and_penalty_does_not_mask_a_block() -> None:
+    a, b = chk(fair=20), chk(limit=10, fair=5)
+    v = evaluate([a, b], [(40, 30), (10, 0)], S, 0.5)
+    assert (v.outcome, v.reason, v.index) == (BLOCK, SAT, 1)
+    v = evaluate([chk(), chk(cap=3)], [(60, 50), (60, 3)], H, 0.5)
+    assert (v.reason, v.index) == (FAIR, 0)
+    v = evaluate([a, chk()], [(40, 30), (10, 1)], S, 0.5)
+    assert v.outcome is PEN
+
+
+def test_model_scope_blocks_on_own_count_only() -> None:
+    m = chk(limit=5, fair=5, scope="model")
+    assert evaluate([m], [(0, 5)], B, 0.5).reason is Reason.MODEL_CAP
+    assert evaluate([m], [(1000, 4)], B, 0.5).outcome is ALLOW
+
+
+def test_unknown_policy_is_hard() -> None:
+    assert Policy.parse("greedy") is H
+    assert Policy.parse(None) is H
+    assert Policy.parse(" Soft ") is S
+    assert Policy.parse("burst") is B
+
+
+def _pool(allocs: tuple[Allocation, ...], dims: tuple[Dimension, ...] | None = None,
+          members: int = 1, mode: ShareMode = ShareMode.STATIC) -> Pool:
+    return Pool(
+        id="p",
+        name="p",
+        provider="kimi",
+        connections=tuple(f"c{i}" for i in range(members)),
+        dimensions=dims or (Dimension(Unit.REQUESTS, Window.HOURLY, 100),),
+        allocations=allocs,
+        share_mode=mode,
+    )
+
+
+def test_all_zero_weights_split_equally() -> None:
+    pool = _pool((Allocation("a", 0), Allocation("b", 0), Allocation("c", 0)))
+    dim = pool.dimensions[0]
+    assert static_fair_share(pool, "a", dim) == pytest.approx(100 / 3)
+
+
+def test_weights_need_not_sum_to_100_and_zero_weight_key_gets_nothing() -> None:
+    pool = _pool((Allocation("a", 80), Allocation("b", 80), Allocation("z", 0)))
+    dim = pool.dimensions[0]
+    assert static_fair_share(pool, "a", dim) == 80
+    assert static_fair_share(pool, "z", dim) == 0
+    assert static_fair_share(pool, "stranger", dim) == 0
+
+
+def test_limit_times_member_count() -> None:
+    pool = _pool((Allocation("a", 50),), members=3)
+    (c,) = compile_checks(pool, pool.allocations[0], {Unit.REQUESTS: 1})
+    assert (c.limit, c.fair_share) == (300, 150)
+
+
+def test_unknown_limit_dimensions_are_skipped_and_cap_only_on_its_unit() -> None:
+    dims = (
+        Dimension(Unit.TOKENS, Window.FIVE_HOURS, 0),  # unknown → never enforced
+        Dimension(Unit.REQUESTS, Window.HOURLY, 100),
+        Dimension(Unit.TOKENS, Window.WEEKLY, 1e6),
+    )
+    alloc = Allocation("a", 50, cap_value=1000, cap_unit=Unit.TOKENS)
+    pool = _pool((alloc,), dims)
+    checks = compile_checks(pool, alloc, {Unit.REQUESTS: 1, Unit.TOKENS: 400})
+    assert [c.key for c in checks] == ["requests/hourly", "tokens/weekly"]
+    assert [c.cap for c in checks] == [None, 1000]
+    assert [c.cost for c in checks] == [1, 400]
+
+
+def test_non_positive_cap_is_no_cap() -> None:
+    assert Allocation("a", cap_value=0, cap_unit=Unit.REQUESTS).cap_for(Unit.REQUESTS) is None
+
+
+def test_model_caps_compile_only_for_that_model() -> None:
+    alloc = Allocation("a", 50, model_caps=(ModelCap("gpt-x", Unit.REQUESTS, 5),))
+    pool = _pool((alloc,))
+    assert len(compile_checks(pool, alloc, {Unit.REQUESTS: 1}, model="other")) == 1
+    checks = compile_checks(pool, alloc, {Unit.REQUESTS: 1}, model="gpt-x")
+    assert checks[-1].scope == "model"
+    assert checks[-1].key == "model:gpt-x:requests/hourly"
+
+
+def test_signal_is_passed_per_dimension() -> None:
+    pool = _pool((Allocation("a", 50),))
+    (c,) = compile_checks(pool, pool.allocations[0], {}, signals={"requests/hourly": 0.9})
+    assert c.signal == 0.9
+    assert c.cost == 0
+
+
+# -- active mode: weighted water-filling ------------------------------------------------------
+
+
+def test_water_fill_level_examples() -> None:
+    # two unbounded members of weight 1 and 3 share 100: level 25 → 25 and 75
+    assert water_fill_level(100, [(1, None), (3, None)]) == 25
+    # a member bounded at 10 (its cap) leaves 90 for the other
+    assert water_fill_level(100, [(1, 10), (1, None)]) == 90
+    # everyone bounded and it fits: no constraint
+    assert math.isinf(water_fill_level(100, [(1, 10), (1, 20)]))
+    assert math.isinf(water_fill_level(100, []))
+
+
+def test_active_share_lone_key_gets_whole_pool() -> None:
+    pool = _pool((Allocation("a", 20), Allocation("b", 50), Allocation("c", 30)),
+                 mode=ShareMode.ACTIVE)
+    dim = pool.dimensions[0]
+    assert active_fair_share(pool, "a", dim, []) == 100
+    assert active_fair_share(pool, "a", dim, ["b"]) == pytest.approx(100 * 20 / 70)
+    assert active_fair_share(pool, "a", dim, ["a", "b", "c"]) == pytest.approx(20)
+
+
+def test_active_share_redistributes_a_capped_keys_surplus() -> None:
+    pool = _pool((Allocation("a", 50), Allocation("b", 50, cap_value=10, cap_unit=Unit.REQUESTS)),
+                 mode=ShareMode.ACTIVE)
+    assert active_fair_share(pool, "a", pool.dimensions[0], ["b"]) == 90
+
+
+# -- retry_after --------------------------------------------------------------------------------
+
+HOUR = 3_600_000
+T = 1_700_002_800_000  # hour-aligned
+
+
+def test_retry_after_ceiling_waits_for_prev_bucket_to_fade() -> None:
+    c = chk()
+    # at the start of a bucket: 100 in prev, 0 in curr → value 100; needs <= 99 → 1 % of an hour
+    wait = retry_after_ms(c, SAT, Count(100, 0), Count(0, 0), T, 0.5)
+    assert wait == pytest.approx(HOUR * 0.01, abs=2)
+
+
+def test_retry_after_fair_share_is_the_earlier_of_own_decay_and_leaving_strict() -> None:
+    c = chk(fair=20)
+    now = T + HOUR // 2  # half way through the hour; everything is in the current bucket
+    # key at 55 (share 20) would fade below 20 only at W/2 + W × (1 - 20/55) ...
+    # ... but the pool (60) leaves strict mode (< 50) sooner: W/2 + W/6
+    wait = retry_after_ms(c, FAIR, Count(0, 60), Count(0, 55), now, 0.5)
+    assert wait == pytest.approx(HOUR / 2 + HOUR / 6, abs=2)
+    # a key just at its share is free again as soon as its count starts to fade
+    c2 = chk(fair=50)
+    wait2 = retry_after_ms(c2, FAIR, Count(0, 90), Count(0, 50), now, 0.5)
+    assert wait2 == pytest.approx(HOUR / 2, abs=2)
+
+
+def test_retry_after_cap_uses_own_count() -> None:
+    c = chk(cap=10)
+    wait = retry_after_ms(c, CAP, Count(0, 90), Count(20, 0), T + HOUR // 4, 0.5)
+    # 20 × (1 - e/W) < 10 → e > W/2, we are at W/4 → W/4 more
+    assert wait == pytest.approx(HOUR / 4, abs=2)
