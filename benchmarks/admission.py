@@ -185,12 +185,16 @@ async def main() -> None:
         p99s = "" if math.isnan(p99) else f"{p99:9.1f}"
         print(f"{name:<22} {n:>8,} {mean:9.1f} {p99s:>9} {mean / base[name]:10.2f}x")
     if trips is not None:
-        print(f"\nredis round trips (EVALSHA) per admit: {trips[0]:.2f}; "
-              f"commands run inside the script per admit: {trips[1]:.1f}")
+        print(
+            f"\nredis round trips (EVALSHA) per admit: {trips[0]:.2f}; "
+            f"commands run inside the script per admit: {trips[1]:.1f}"
+        )
     else:
         print("\nredis: not reachable, driver not measured")
-    print("targets: pure ≤ 20 µs, sqlite admit+settle ≤ 150 µs, redis 1 round trip per admit, "
-          "100,000 keys within 1.3x of 10 keys")
+    print(
+        "targets: pure ≤ 20 µs, sqlite admit+settle ≤ 150 µs, redis 1 round trip per admit, "
+        "100,000 keys within 1.3x of 10 keys"
+    )
 
 
 if __name__ == "__main__":

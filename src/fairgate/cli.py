@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import socket
 import tempfile
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, NoReturn
 
 import typer
 from rich.console import Console
@@ -49,13 +51,13 @@ def plans() -> None:
     console.print(table)
 
 
-@app.command()
-def demo(
+@app.command("engine-demo")
+def engine_demo(
     data_dir: Annotated[
         Path | None, typer.Option(help="Where the demo's SQLite file goes (default: a temp dir).")
     ] = None,
 ) -> None:
-    """Three keys share a 100 requests/hour pool; watch the engine decide, on the real store."""
+    """Three keys share a 100 requests/hour pool; watch the engine decide (no HTTP)."""
     if data_dir is None:
         with tempfile.TemporaryDirectory(prefix="fairgate-demo-") as tmp:
             asyncio.run(_engine_demo(Path(tmp)))
@@ -127,6 +129,201 @@ async def _engine_demo(data_dir: Path) -> None:
         )
     console.print(t2)
     await store.close()
+
+
+def _fail(message: str) -> NoReturn:
+    console.print(f"[red]error:[/] {message}")
+    raise typer.Exit(2)
+
+
+def _port_free(host: str, port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def _free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def _run_server(app: object, host: str, port: int) -> None:
+    import uvicorn
+
+    uvicorn.run(
+        app,  # type: ignore[arg-type]
+        host=host,
+        port=port,
+        loop="uvloop",
+        http="httptools",
+        log_level="warning",
+        timeout_graceful_shutdown=30,
+    )
+
+
+@app.command()
+def serve(
+    config: Annotated[Path | None, typer.Option(help="YAML config file (FAIRGATE_CONFIG).")] = None,
+    host: Annotated[str | None, typer.Option(help="Bind address (config server.host).")] = None,
+    port: Annotated[
+        int | None, typer.Option(help="Port (FAIRGATE_PORT, config server.port).")
+    ] = None,
+    data_dir: Annotated[
+        Path | None, typer.Option(help="Data directory (FAIRGATE_DATA_DIR).")
+    ] = None,
+) -> None:
+    """Run the gateway."""
+    from fairgate.config import Config, ConfigError, load_config
+    from fairgate.server.app import create_app
+    from fairgate.server.state import Gateway
+
+    env = dict(os.environ)
+    path = config or (Path(env["FAIRGATE_CONFIG"]) if env.get("FAIRGATE_CONFIG") else None)
+    try:
+        cfg = load_config(path, env) if path is not None else Config.default()
+    except ConfigError as exc:
+        _fail(f"invalid config {path}:\n{exc}")
+    except OSError as exc:
+        _fail(f"cannot read config {path}: {exc.strerror}")
+    bind = host or cfg.server.host
+    try:
+        chosen = port or int(env.get("FAIRGATE_PORT") or cfg.server.port)
+    except ValueError:
+        _fail("FAIRGATE_PORT must be a number")
+    if not _port_free(bind, chosen):
+        _fail(f"port {chosen} on {bind} is already in use (choose another with --port)")
+    ddir = data_dir or Path(env.get("FAIRGATE_DATA_DIR") or "data")
+    gw = Gateway(data_dir=ddir, config=cfg, env=env)
+    console.print(f"fairgate {__version__} on http://{bind}:{chosen} (data in {ddir})")
+    _run_server(create_app(gw), bind, chosen)
+
+
+@app.command("mock-upstream")
+def mock_upstream(
+    port: Annotated[int, typer.Option(help="Port to listen on.")] = 9999,
+    host: Annotated[str, typer.Option(help="Bind address.")] = "127.0.0.1",
+    latency_ms: Annotated[float, typer.Option(help="Latency before the first byte.")] = 0.0,
+    completion_tokens: Annotated[int, typer.Option(help="Tokens per answer.")] = 16,
+    stream_chunks: Annotated[int, typer.Option(help="Content chunks per stream.")] = 4,
+    secret: Annotated[str | None, typer.Option(help="Require this upstream API key.")] = None,
+) -> None:
+    """Run the built-in mock LLM provider (OpenAI and Anthropic wire formats, fault injection)."""
+    from fairgate.providers.mock import MockConfig, run_mock_upstream
+
+    if not _port_free(host, port):
+        _fail(f"port {port} on {host} is already in use")
+    run_mock_upstream(
+        host,
+        port,
+        MockConfig(
+            latency_ms=latency_ms,
+            completion_tokens=completion_tokens,
+            stream_chunks=stream_chunks,
+            secret=secret,
+        ),
+    )
+
+
+DEMO_KEYS = (("alice", 50, "hard"), ("bob", 30, "soft"), ("carol", 20, "burst"))
+
+
+def demo_config_yaml(mock_url: str, upstream_secret: str, keys: dict[str, str]) -> str:
+    """The demo's config: one mock connection per wire format, a pool, three keys."""
+    lines = [
+        "server: {default_provider: mock}",
+        "connections:",
+        f"  - {{id: mock-1, provider: mock, base_url: '{mock_url}/v1',",
+        f"      secret: '{upstream_secret}', models: [gpt-4o-mini, mock-large]}}",
+        f"  - {{id: mock-claude, provider: mock-anthropic, protocol: anthropic,"
+        f" base_url: '{mock_url}/v1', secret: '{upstream_secret}', models: [claude-sonnet-4]}}",
+        "keys:",
+        *(f"  - {{id: {k}, name: {k.title()}, secret: '{keys[k]}'}}" for k, _, _ in DEMO_KEYS),
+        "pools:",
+        "  - id: demo",
+        "    name: Demo pool",
+        "    connections: [mock-1]",
+        "    dimensions:",
+        "      - {unit: requests, window: hourly, limit: 100}",
+        "      - {unit: tokens, window: hourly, limit: 200000}",
+        "    allocations:",
+        *(f"      - {{key: {k}, weight: {w}, policy: {p}}}" for k, w, p in DEMO_KEYS),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+@app.command()
+def demo(
+    port: Annotated[int | None, typer.Option(help="Gateway port (FAIRGATE_PORT, 20128).")] = None,
+    data_dir: Annotated[
+        Path | None, typer.Option(help="Data directory (default: a fresh temp dir).")
+    ] = None,
+) -> None:
+    """Run the gateway on its embedded defaults: SQLite, the built-in mock upstream, a demo pool."""
+    import secrets as _secrets
+
+    from fairgate.config import load_config_text
+    from fairgate.providers.mock import MockConfig, MockUpstream
+    from fairgate.server.app import create_app
+    from fairgate.server.state import Gateway
+
+    host = "127.0.0.1"
+    try:
+        chosen = port or int(os.environ.get("FAIRGATE_PORT") or 20128)
+    except ValueError:
+        _fail("FAIRGATE_PORT must be a number")
+    if not _port_free(host, chosen):
+        _fail(f"port {chosen} is already in use (try: fairgate demo --port 20129)")
+    ddir = data_dir or Path(tempfile.mkdtemp(prefix="fairgate-demo-"))
+    mock_port = _free_port()
+    upstream_secret = "mock-upstream-" + _secrets.token_hex(8)
+    keys = {k: "fg-demo-" + _secrets.token_urlsafe(18) for k, _, _ in DEMO_KEYS}
+    admin_key = "fg-admin-" + _secrets.token_urlsafe(18)
+    cfg = load_config_text(demo_config_yaml(f"http://{host}:{mock_port}", upstream_secret, keys))
+    mock = MockUpstream(MockConfig(secret=upstream_secret, latency_ms=20, completion_tokens=24))
+
+    async def start_mock() -> None:
+        await mock.start(host, mock_port)
+
+    gw = Gateway(data_dir=ddir, config=cfg, admin_key=admin_key)
+    app_ = create_app(gw, on_startup=[start_mock], on_shutdown=[mock.stop])
+    base = f"http://{host}:{chosen}"
+    table = Table(title="Demo client keys (pool 'demo': 100 requests/hour, 200k tokens/hour)")
+    for col in ("key", "share", "policy", "API key"):
+        table.add_column(col)
+    for k, w, p in DEMO_KEYS:
+        table.add_row(k, f"{w} %", p, keys[k])
+    console.print(
+        f"[bold]fairgate demo[/] on {base} (mock upstream on :{mock_port}, data in {ddir})"
+    )
+    console.print(table)
+    console.print(f"admin key: {admin_key}")
+    console.print(f"dashboard: {base}/dashboard")
+    console.print("\n[bold]curl[/]")
+    console.print(
+        f"curl {base}/v1/chat/completions -H 'Authorization: Bearer {keys['alice']}' "
+        "-H 'Content-Type: application/json' "
+        '-d \'{"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}]}\'',
+        soft_wrap=True,
+    )
+    console.print("\n[bold]python (openai SDK)[/]")
+    console.print(
+        "from openai import OpenAI\n"
+        f"client = OpenAI(base_url='{base}/v1', api_key='{keys['bob']}')\n"
+        "print(client.chat.completions.create(model='gpt-4o-mini',"
+        " messages=[{'role': 'user', 'content': 'hi'}]).choices[0].message.content)",
+        soft_wrap=True,
+    )
+    console.print(
+        f"\npool usage: curl {base}/api/quota/pools/demo/usage "
+        f"-H 'Authorization: Bearer {admin_key}'",
+        soft_wrap=True,
+    )
+    console.print("\nCtrl-C stops it.")
+    _run_server(app_, host, chosen)
 
 
 def main() -> None:

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from fairgate.db.connection import open_db
+from fairgate.db.schema import MIGRATIONS
 from fairgate.db.settings import SettingsRepo
 from fairgate.store.factory import create_store, requested_driver
 
@@ -79,7 +80,7 @@ def test_migrations_are_idempotent(tmp_path: Path) -> None:
     conn.close()
     conn = open_db(path)  # second open applies nothing and keeps data
     assert SettingsRepo(conn).get("a") == "1"
-    assert conn.execute("SELECT COUNT(*) FROM schema_version").fetchone()[0] == 1
+    assert conn.execute("SELECT COUNT(*) FROM schema_version").fetchone()[0] == len(MIGRATIONS)
     assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     repo = SettingsRepo(conn)
     repo.set("a", "2")

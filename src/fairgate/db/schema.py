@@ -16,4 +16,58 @@ MIGRATIONS: tuple[str, ...] = (
         updated_ms INTEGER NOT NULL DEFAULT 0
     )
     """,
+    # 2: the metadata the registry is built from. JSON columns hold small lists; ids follow
+    # config.ID_PATTERN. A connection belongs to at most one pool (UNIQUE(connection_id)), and
+    # ``position`` keeps the member order (the first member's plan is the pool's default).
+    """
+    CREATE TABLE IF NOT EXISTS connections (
+        id TEXT PRIMARY KEY,
+        provider TEXT NOT NULL,
+        base_url TEXT NOT NULL,
+        secret TEXT NOT NULL DEFAULT '',
+        protocol TEXT,
+        auth_type TEXT NOT NULL DEFAULT 'apikey',
+        weight REAL NOT NULL DEFAULT 1,
+        max_concurrent INTEGER,
+        models TEXT NOT NULL DEFAULT '[]',
+        enabled INTEGER NOT NULL DEFAULT 1,
+        created_ms INTEGER NOT NULL DEFAULT 0
+    );
+    CREATE TABLE IF NOT EXISTS client_keys (
+        id TEXT PRIMARY KEY,
+        name TEXT NOT NULL DEFAULT '',
+        key_hash TEXT NOT NULL UNIQUE,
+        prefix TEXT NOT NULL DEFAULT '',
+        enabled INTEGER NOT NULL DEFAULT 1,
+        allowed_models TEXT NOT NULL DEFAULT '[]',
+        created_ms INTEGER NOT NULL DEFAULT 0
+    );
+    CREATE TABLE IF NOT EXISTS pools (
+        id TEXT PRIMARY KEY,
+        name TEXT NOT NULL DEFAULT '',
+        provider TEXT NOT NULL,
+        share_mode TEXT NOT NULL DEFAULT 'static',
+        active_window_ms INTEGER NOT NULL DEFAULT 900000,
+        dimensions TEXT NOT NULL DEFAULT '[]',
+        created_ms INTEGER NOT NULL DEFAULT 0,
+        updated_ms INTEGER NOT NULL DEFAULT 0
+    );
+    CREATE TABLE IF NOT EXISTS pool_connections (
+        pool_id TEXT NOT NULL REFERENCES pools(id) ON DELETE CASCADE,
+        connection_id TEXT NOT NULL UNIQUE REFERENCES connections(id) ON DELETE CASCADE,
+        position INTEGER NOT NULL DEFAULT 0,
+        PRIMARY KEY (pool_id, connection_id)
+    );
+    CREATE TABLE IF NOT EXISTS allocations (
+        pool_id TEXT NOT NULL REFERENCES pools(id) ON DELETE CASCADE,
+        key_id TEXT NOT NULL REFERENCES client_keys(id) ON DELETE CASCADE,
+        weight REAL NOT NULL DEFAULT 0,
+        cap_value REAL,
+        cap_unit TEXT,
+        policy TEXT NOT NULL DEFAULT 'hard',
+        model_caps TEXT NOT NULL DEFAULT '[]',
+        PRIMARY KEY (pool_id, key_id)
+    );
+    CREATE INDEX IF NOT EXISTS allocations_by_key ON allocations (key_id)
+    """,
 )

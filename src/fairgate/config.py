@@ -1,0 +1,401 @@
+"""The YAML config file: connections, client keys, plans, pools, prices (validated by pydantic).
+
+Why a strict schema (``extra="forbid"``, enums, ranges): a typo in a quota config silently turns a
+hard limit into "no limit". Every problem is reported at once, each as ``<dotted.path>: <message>``
+so the operator can fix the file in one pass; the CLI prints :class:`ConfigError` and exits 2.
+
+``${VAR}`` and ``${VAR:-default}`` are expanded in every string value (never in mapping keys)
+from an injected environment, so secrets stay out of the file; ``$${`` is a literal ``${``.
+
+The config file is the lowest-precedence source of metadata: it is seeded into the metadata DB at
+start (``db.repos.seed_from_config``), and the admin API edits the DB from then on.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections import Counter
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Annotated, Any, Literal, Self
+
+import yaml
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from fairgate.quota.model import Policy, ShareMode
+from fairgate.quota.units import Unit, Window
+from fairgate.registry import hash_key
+
+#: Ids of connections, keys and pools. No ':' '{' '}' or spaces: the Redis store builds keys and
+#: hash tags from them.
+ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
+
+ID_MESSAGE = (
+    "must be 1-64 characters: letters, digits, '_', '.' or '-', starting with a letter or digit"
+)
+
+Id = Annotated[str, StringConstraints(pattern=ID_PATTERN)]
+#: A model name as clients send it (``gpt-4o``, ``claude-sonnet-4``, ``org/model``).
+ModelName = Annotated[str, StringConstraints(min_length=1, max_length=200, pattern=r"^\S+$")]
+Weight = Annotated[float, Field(ge=0, le=100, allow_inf_nan=False)]
+#: Upper bound of limits and caps: far above any real quota (4.1e9 tokens/month is the largest
+#: catalog entry) and small enough that n members × limit never overflows to infinity.
+MAX_LIMIT = 1e15
+Limit = Annotated[float, Field(ge=0, le=MAX_LIMIT, allow_inf_nan=False)]
+CapValue = Annotated[float, Field(gt=0, le=MAX_LIMIT, allow_inf_nan=False)]
+HttpUrl = Annotated[str, StringConstraints(pattern=r"^https?://[^\s/?#]+[^\s]*$", max_length=2000)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ServerConfig(_Strict):
+    port: int = Field(default=20128, ge=1, le=65535)
+    host: str = Field(default="127.0.0.1", min_length=1)
+    max_body_bytes: int = Field(default=10 * 1024 * 1024, ge=1)
+    default_provider: Id | None = None
+    upstream_timeout_s: float = Field(default=600.0, gt=0, allow_inf_nan=False)
+    default_max_tokens: int = Field(default=1024, ge=1)
+
+
+class ConnectionConfig(_Strict):
+    id: Id
+    provider: Id
+    base_url: HttpUrl
+    secret: str = ""
+    auth_type: Literal["apikey", "oauth"] = "apikey"
+    weight: Weight = 1.0
+    max_concurrent: int | None = Field(default=None, ge=0)
+    models: list[ModelName] = Field(default_factory=list)
+    protocol: Literal["openai", "anthropic"] | None = None
+    enabled: bool = True
+
+
+class KeyConfig(_Strict):
+    """A client key given either by its secret (hashed on seeding) or by its SHA-256 hash."""
+
+    id: Id
+    name: str = Field(default="", max_length=200)
+    secret: str | None = Field(default=None, min_length=8)
+    key_hash: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
+    allowed_models: list[ModelName] = Field(default_factory=list)
+    enabled: bool = True
+
+    @model_validator(mode="after")
+    def _one_credential(self) -> Self:
+        if (self.secret is None) == (self.key_hash is None):
+            raise ValueError("give exactly one of 'secret' or 'key_hash'")
+        return self
+
+
+class DimensionConfig(_Strict):
+    unit: Unit
+    window: Window
+    limit: Limit
+
+
+class ModelCapConfig(_Strict):
+    model: ModelName
+    unit: Unit
+    limit: Limit
+
+
+class AllocationConfig(_Strict):
+    key: Id
+    weight: Weight = 0.0
+    policy: Policy = Policy.HARD
+    cap_value: CapValue | None = None
+    cap_unit: Unit | None = None
+    model_caps: list[ModelCapConfig] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _cap_pair(self) -> Self:
+        if (self.cap_value is None) != (self.cap_unit is None):
+            raise ValueError("cap_value and cap_unit must be given together")
+        return self
+
+    @field_validator("model_caps")
+    @classmethod
+    def _unique_caps(cls, v: list[ModelCapConfig]) -> list[ModelCapConfig]:
+        _no_duplicates([f"{c.model} {c.unit.value}" for c in v], "model cap")
+        return v
+
+
+class PoolConfig(_Strict):
+    id: Id
+    name: str = Field(default="", max_length=200)
+    connections: list[Id] = Field(min_length=1)
+    share_mode: ShareMode = ShareMode.STATIC
+    active_window_s: float = Field(default=900.0, ge=1, le=30 * 86_400, allow_inf_nan=False)
+    dimensions: list[DimensionConfig] = Field(default_factory=list)
+    allocations: list[AllocationConfig] = Field(default_factory=list)
+
+    @field_validator("connections")
+    @classmethod
+    def _unique_connections(cls, v: list[str]) -> list[str]:
+        _no_duplicates(v, "connection")
+        return v
+
+    @field_validator("dimensions")
+    @classmethod
+    def _unique_dimensions(cls, v: list[DimensionConfig]) -> list[DimensionConfig]:
+        return unique_dimensions(v)
+
+    @field_validator("allocations")
+    @classmethod
+    def _unique_allocations(cls, v: list[AllocationConfig]) -> list[AllocationConfig]:
+        _no_duplicates([a.key for a in v], "allocation for key")
+        return v
+
+
+class PriceConfig(_Strict):
+    """USD per million tokens."""
+
+    input: Limit = 0.0
+    output: Limit = 0.0
+    cached_input: Limit | None = None
+
+
+class Config(_Strict):
+    server: ServerConfig = Field(default_factory=ServerConfig)
+    connections: list[ConnectionConfig] = Field(default_factory=list)
+    keys: list[KeyConfig] = Field(default_factory=list)
+    plans: dict[Id, list[DimensionConfig]] = Field(default_factory=dict)
+    pools: list[PoolConfig] = Field(default_factory=list)
+    prices: dict[ModelName, PriceConfig] = Field(default_factory=dict)
+    combos: list[dict[str, Any]] = Field(default_factory=list)
+
+    @classmethod
+    def default(cls) -> Config:
+        """The empty config: a gateway with nothing configured yet (all through the admin API)."""
+        return cls()
+
+    @field_validator("plans")
+    @classmethod
+    def _unique_plan_dims(
+        cls, v: dict[str, list[DimensionConfig]]
+    ) -> dict[str, list[DimensionConfig]]:
+        for dims in v.values():
+            unique_dimensions(dims)
+        return v
+
+
+def unique_dimensions(dims: list[DimensionConfig]) -> list[DimensionConfig]:
+    """Two dimensions with the same unit and window would share one counter."""
+    _no_duplicates([f"{d.unit.value}/{d.window.value}" for d in dims], "dimension")
+    return dims
+
+
+def _no_duplicates(values: list[str], what: str) -> None:
+    dups = sorted(v for v, n in Counter(values).items() if n > 1)
+    if dups:
+        raise ValueError(f"duplicate {what}: {', '.join(dups)}")
+
+
+# -- errors -----------------------------------------------------------------------------------
+
+
+class ConfigError(Exception):
+    """Every problem of a config file; ``str()`` is one ``<path>: <message>`` per line (a problem
+    of the whole file, such as malformed YAML, has no path). ``source`` is the file, if any."""
+
+    def __init__(self, problems: list[tuple[str, str]], source: str | None = None) -> None:
+        self.problems = problems
+        self.source = source
+        super().__init__(str(self))
+
+    def __str__(self) -> str:
+        return "\n".join(f"{path}: {msg}" if path else msg for path, msg in self.problems)
+
+
+def dotted(loc: tuple[int | str, ...]) -> str:
+    return ".".join(str(p) for p in loc)
+
+
+def pydantic_problems(
+    exc: ValidationError, skip_prefix: tuple[int | str, ...] = ()
+) -> list[tuple[str, str]]:
+    """(dotted path, message) per error; pydantic's ``Value error, `` prefix dropped. Input values
+    are never included: they may be secrets."""
+    out: list[tuple[str, str]] = []
+    for err in exc.errors(include_url=False, include_input=False):
+        loc = tuple(err["loc"])[len(skip_prefix) :]
+        if loc and loc[-1] == "[key]":  # a bad mapping key: name the key itself
+            loc = loc[:-1]
+        msg = str(err["msg"]).removeprefix("Value error, ")
+        if (
+            err["type"] == "string_pattern_mismatch"
+            and (err.get("ctx") or {}).get("pattern") == ID_PATTERN
+        ):
+            msg = ID_MESSAGE
+        out.append((dotted(loc), msg))
+    return out
+
+
+# -- env expansion ----------------------------------------------------------------------------
+
+_VAR = re.compile(r"\$\$\{|\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+
+
+def expand_string(value: str, env: Mapping[str, str]) -> tuple[str, list[str]]:
+    """Expand ``${VAR}``/``${VAR:-default}``; returns the text and the missing variable names.
+
+    ``${VAR:-default}`` uses the default when VAR is unset or empty (the shell's rule).
+    """
+    missing: list[str] = []
+
+    def sub(m: re.Match[str]) -> str:
+        if m.group(0) == "$${":
+            return "${"
+        name, default = m.group(1), m.group(2)
+        got = env.get(name)
+        if got:
+            return got
+        if default is not None:
+            return default
+        if got is None:
+            missing.append(name)
+            return ""
+        return got
+
+    return _VAR.sub(sub, value), missing
+
+
+def expand_env(
+    data: object, env: Mapping[str, str], path: tuple[int | str, ...] = ()
+) -> tuple[object, list[tuple[str, str]]]:
+    """Expand every string value of a parsed YAML tree; problems name the field."""
+    problems: list[tuple[str, str]] = []
+    if isinstance(data, str):
+        text, missing = expand_string(data, env)
+        problems.extend(
+            (dotted(path), f"environment variable {name} is not set") for name in missing
+        )
+        return text, problems
+    if isinstance(data, list):
+        items = []
+        for i, item in enumerate(data):
+            v, p = expand_env(item, env, (*path, i))
+            items.append(v)
+            problems.extend(p)
+        return items, problems
+    if isinstance(data, dict):
+        out: dict[object, object] = {}
+        for k, item in data.items():
+            v, p = expand_env(item, env, (*path, str(k)))
+            out[k] = v
+            problems.extend(p)
+        return out, problems
+    return data, problems
+
+
+# -- loading ----------------------------------------------------------------------------------
+
+
+def parse_config(data: object, env: Mapping[str, str], source: str | None = None) -> Config:
+    """Validate a parsed YAML tree: env expansion, field rules, then cross-references."""
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError([("", "the top level must be a mapping")], source)
+    expanded, problems = expand_env(data, env)
+    try:
+        config = Config.model_validate(expanded)
+    except ValidationError as exc:
+        seen = {p for p, _ in problems}
+        problems.extend(p for p in pydantic_problems(exc) if p[0] not in seen)
+        raise ConfigError(problems, source) from None
+    problems.extend(cross_check(config))
+    if problems:
+        raise ConfigError(problems, source)
+    return config
+
+
+def load_config_text(
+    text: str, env: Mapping[str, str] | None = None, source: str | None = None
+) -> Config:
+    """Parse and validate YAML text (``env`` defaults to the process environment)."""
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or "malformed YAML"
+        raise ConfigError([("", f"malformed YAML{where}: {problem}")], source) from None
+    return parse_config(data, os.environ if env is None else env, source)
+
+
+def load_config(path: str | Path, env: Mapping[str, str]) -> Config:
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError([("", f"cannot read the file ({exc.strerror or exc})")], str(p)) from None
+    return load_config_text(text, env, str(p))
+
+
+def cross_check(config: Config) -> list[tuple[str, str]]:
+    """Rules that span sections: unique ids, references that must exist, one provider per pool,
+    a connection in at most one pool."""
+    problems: list[tuple[str, str]] = []
+
+    def unique(section: str, ids: list[str]) -> None:
+        seen: set[str] = set()
+        for i, ident in enumerate(ids):
+            if ident in seen:
+                problems.append((f"{section}.{i}.id", f"duplicate id '{ident}'"))
+            seen.add(ident)
+
+    unique("connections", [c.id for c in config.connections])
+    unique("keys", [k.id for k in config.keys])
+    unique("pools", [p.id for p in config.pools])
+    hashes: set[str] = set()
+    for i, k in enumerate(config.keys):
+        digest = k.key_hash or hash_key(k.secret or "")
+        if digest in hashes:
+            problems.append((f"keys.{i}", "the same secret is used by another key"))
+        hashes.add(digest)
+
+    conns = {c.id: c for c in config.connections}
+    keys = {k.id for k in config.keys}
+    for cid in config.plans:
+        if cid not in conns:
+            problems.append((f"plans.{cid}", f"unknown connection '{cid}'"))
+    owner: dict[str, str] = {}
+    for i, pool in enumerate(config.pools):
+        providers: set[str] = set()
+        for j, cid in enumerate(pool.connections):
+            conn = conns.get(cid)
+            if conn is None:
+                problems.append((f"pools.{i}.connections.{j}", f"unknown connection '{cid}'"))
+                continue
+            providers.add(conn.provider)
+            if cid in owner and owner[cid] != pool.id:
+                problems.append(
+                    (
+                        f"pools.{i}.connections.{j}",
+                        f"connection '{cid}' already belongs to pool '{owner[cid]}'",
+                    )
+                )
+            owner.setdefault(cid, pool.id)
+        if len(providers) > 1:
+            problems.append(
+                (
+                    f"pools.{i}.connections",
+                    f"connections of a pool must share one provider (got {sorted(providers)})",
+                )
+            )
+        for j, alloc in enumerate(pool.allocations):
+            if alloc.key not in keys:
+                problems.append((f"pools.{i}.allocations.{j}.key", f"unknown key '{alloc.key}'"))
+    return problems

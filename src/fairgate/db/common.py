@@ -1,0 +1,105 @@
+"""What every repository shares: its errors, the transaction helper and JSON columns.
+
+Repositories raise :class:`NotFound`, :class:`Conflict` or :class:`Invalid` instead of leaking
+``sqlite3`` errors, so the admin API can map them to 404 / 409 / 422 without knowing SQL, and a
+rejected write never leaves half a change behind (:func:`transaction` rolls back).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from itertools import count
+from typing import Any
+
+import orjson
+
+from fairgate.quota.model import Dimension, ModelCap
+from fairgate.quota.units import Unit, Window
+
+
+class RepoError(Exception):
+    """Base of the repository errors; the message is safe to show (no secrets, no SQL)."""
+
+
+class NotFound(RepoError):
+    pass
+
+
+class Conflict(RepoError):
+    pass
+
+
+class Invalid(RepoError):
+    """A write refers to something that does not exist or breaks a cross-row rule.
+
+    ``problems`` are ``(field path, message)`` pairs, the field relative to the written object.
+    """
+
+    def __init__(self, problems: Sequence[tuple[str, str]]) -> None:
+        self.problems = list(problems)
+        super().__init__("; ".join(f"{f}: {m}" if f else m for f, m in self.problems))
+
+
+_savepoints = count()
+
+
+@contextmanager
+def transaction(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
+    """One write transaction (``BEGIN IMMEDIATE``: the write lock is taken before reading, so a
+    check-then-write cannot race another process). Nested use becomes a savepoint, so a repository
+    method can be called alone or inside a larger unit (seeding, import) with the same code."""
+    if conn.in_transaction:
+        name = f"sp{next(_savepoints)}"
+        conn.execute(f"SAVEPOINT {name}")
+        try:
+            yield conn
+        except BaseException:
+            conn.execute(f"ROLLBACK TO {name}")
+            conn.execute(f"RELEASE {name}")
+            raise
+        conn.execute(f"RELEASE {name}")
+        return
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        yield conn
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    conn.execute("COMMIT")
+
+
+def dumps(value: Any) -> str:
+    return orjson.dumps(value).decode("utf-8")
+
+
+def loads_list(raw: object) -> list[Any]:
+    if not raw:
+        return []
+    value = orjson.loads(str(raw))
+    return value if isinstance(value, list) else []
+
+
+def dims_to_json(dims: Sequence[Dimension]) -> str:
+    return dumps([{"unit": d.unit.value, "window": d.window.value, "limit": d.limit} for d in dims])
+
+
+def dims_from_json(raw: object) -> tuple[Dimension, ...]:
+    return tuple(
+        Dimension(Unit(d["unit"]), Window(d["window"]), float(d["limit"])) for d in loads_list(raw)
+    )
+
+
+def caps_to_json(caps: Sequence[ModelCap]) -> str:
+    return dumps([{"model": c.model, "unit": c.unit.value, "limit": c.limit} for c in caps])
+
+
+def caps_from_json(raw: object) -> tuple[ModelCap, ...]:
+    return tuple(
+        ModelCap(str(c["model"]), Unit(c["unit"]), float(c["limit"])) for c in loads_list(raw)
+    )
+
+
+def strings_from_json(raw: object) -> tuple[str, ...]:
+    return tuple(str(s) for s in loads_list(raw))

@@ -1,0 +1,132 @@
+"""Repository of upstream connections (``registry.Connection``).
+
+The upstream secret is stored as given (the gateway must send it upstream) and never leaves this
+module except inside the domain object, whose ``repr`` hides it.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+
+from fairgate.clock import SYSTEM_CLOCK, Clock
+from fairgate.db.common import Conflict, NotFound, dumps, strings_from_json, transaction
+from fairgate.registry import Connection, protocol_for
+
+_COLUMNS = (
+    "id, provider, base_url, secret, protocol, auth_type, weight, max_concurrent, models, enabled"
+)
+
+
+def _row_to_connection(row: sqlite3.Row) -> Connection:
+    return Connection(
+        id=row["id"],
+        provider=row["provider"],
+        base_url=row["base_url"],
+        secret=row["secret"],
+        protocol=protocol_for(row["provider"], row["protocol"]),
+        auth_type=row["auth_type"],
+        weight=float(row["weight"]),
+        max_concurrent=None if row["max_concurrent"] is None else int(row["max_concurrent"]),
+        models=strings_from_json(row["models"]),
+        enabled=bool(row["enabled"]),
+    )
+
+
+def _values(c: Connection) -> tuple[object, ...]:
+    return (
+        c.provider,
+        c.base_url,
+        c.secret,
+        c.protocol.value,
+        c.auth_type,
+        c.weight,
+        c.max_concurrent,
+        dumps(list(c.models)),
+        int(c.enabled),
+    )
+
+
+class ConnectionRepo:
+    def __init__(self, conn: sqlite3.Connection, clock: Clock = SYSTEM_CLOCK) -> None:
+        self._conn = conn
+        self._clock = clock
+
+    def all(self) -> list[Connection]:
+        rows = self._conn.execute(f"SELECT {_COLUMNS} FROM connections ORDER BY id")
+        return [_row_to_connection(r) for r in rows]
+
+    def find(self, connection_id: str) -> Connection | None:
+        row = self._conn.execute(
+            f"SELECT {_COLUMNS} FROM connections WHERE id = ?", (connection_id,)
+        ).fetchone()
+        return None if row is None else _row_to_connection(row)
+
+    def get(self, connection_id: str) -> Connection:
+        found = self.find(connection_id)
+        if found is None:
+            raise NotFound(f"connection '{connection_id}' not found")
+        return found
+
+    def pool_of(self, connection_id: str) -> str | None:
+        row = self._conn.execute(
+            "SELECT pool_id FROM pool_connections WHERE connection_id = ?", (connection_id,)
+        ).fetchone()
+        return None if row is None else str(row[0])
+
+    def create(self, c: Connection) -> Connection:
+        with transaction(self._conn):
+            if self.find(c.id) is not None:
+                raise Conflict(f"connection '{c.id}' already exists")
+            self._conn.execute(
+                f"INSERT INTO connections ({_COLUMNS}, created_ms) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (c.id, *_values(c), self._clock.now_ms()),
+            )
+        return c
+
+    def update(self, c: Connection) -> Connection:
+        """Replace every field. A pool member may not change provider: a pool shares one
+        provider's quota, so that would silently merge two unrelated quotas."""
+        with transaction(self._conn):
+            old = self.get(c.id)
+            pool_id = self.pool_of(c.id)
+            if pool_id is not None and old.provider != c.provider:
+                raise Conflict(
+                    f"connection '{c.id}' belongs to pool '{pool_id}' of provider "
+                    f"'{old.provider}'; remove it from the pool before changing its provider"
+                )
+            self._conn.execute(
+                "UPDATE connections SET provider = ?, base_url = ?, secret = ?, protocol = ?, "
+                "auth_type = ?, weight = ?, max_concurrent = ?, models = ?, enabled = ? "
+                "WHERE id = ?",
+                (*_values(c), c.id),
+            )
+        return c
+
+    def upsert(self, c: Connection) -> str:
+        """``created``, ``updated`` or ``unchanged`` (nothing written)."""
+        with transaction(self._conn):
+            old = self.find(c.id)
+            if old is None:
+                self.create(c)
+                return "created"
+            if old == c:  # the secret is compared too (it is a dataclass field)
+                return "unchanged"
+            self.update(c)
+            return "updated"
+
+    def delete(self, connection_id: str) -> None:
+        """Refused while the connection is a pool member (the pool would silently lose
+        capacity); its plan override goes with it."""
+        with transaction(self._conn):
+            self.get(connection_id)
+            pool_id = self.pool_of(connection_id)
+            if pool_id is not None:
+                raise Conflict(
+                    f"connection '{connection_id}' belongs to pool '{pool_id}'; "
+                    "remove it from the pool first"
+                )
+            self._conn.execute(
+                "DELETE FROM provider_plans WHERE connection_id = ?", (connection_id,)
+            )
+            self._conn.execute("DELETE FROM connections WHERE id = ?", (connection_id,))

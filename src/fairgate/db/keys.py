@@ -1,0 +1,162 @@
+"""Repository of client keys (``registry.ClientKey``).
+
+Only ``hash_key(secret)`` and a short display prefix are stored: a leaked database must not hand
+out working keys. A generated secret is returned once by :meth:`KeyRepo.create` and is
+unrecoverable afterwards.
+"""
+
+from __future__ import annotations
+
+import secrets
+import sqlite3
+from collections.abc import Sequence
+
+from fairgate.clock import SYSTEM_CLOCK, Clock
+from fairgate.db.common import Conflict, NotFound, dumps, strings_from_json, transaction
+from fairgate.registry import ClientKey, hash_key
+
+SECRET_PREFIX = "fg-"
+#: Characters of the secret kept for display (``fg-AbCd``): enough to tell keys apart.
+DISPLAY_PREFIX_LEN = 7
+
+_COLUMNS = "id, name, key_hash, prefix, enabled, allowed_models"
+
+
+def new_secret() -> str:
+    return SECRET_PREFIX + secrets.token_urlsafe(32)
+
+
+def display_prefix(secret: str) -> str:
+    return secret[:DISPLAY_PREFIX_LEN]
+
+
+def _row_to_key(row: sqlite3.Row) -> ClientKey:
+    return ClientKey(
+        id=row["id"],
+        name=row["name"],
+        key_hash=row["key_hash"],
+        prefix=row["prefix"],
+        enabled=bool(row["enabled"]),
+        allowed_models=strings_from_json(row["allowed_models"]),
+    )
+
+
+class KeyRepo:
+    def __init__(self, conn: sqlite3.Connection, clock: Clock = SYSTEM_CLOCK) -> None:
+        self._conn = conn
+        self._clock = clock
+
+    def all(self) -> list[ClientKey]:
+        rows = self._conn.execute(f"SELECT {_COLUMNS} FROM client_keys ORDER BY id")
+        return [_row_to_key(r) for r in rows]
+
+    def find(self, key_id: str) -> ClientKey | None:
+        row = self._conn.execute(
+            f"SELECT {_COLUMNS} FROM client_keys WHERE id = ?", (key_id,)
+        ).fetchone()
+        return None if row is None else _row_to_key(row)
+
+    def get(self, key_id: str) -> ClientKey:
+        found = self.find(key_id)
+        if found is None:
+            raise NotFound(f"key '{key_id}' not found")
+        return found
+
+    def by_hash(self, key_hash: str) -> ClientKey | None:
+        row = self._conn.execute(
+            f"SELECT {_COLUMNS} FROM client_keys WHERE key_hash = ?", (key_hash,)
+        ).fetchone()
+        return None if row is None else _row_to_key(row)
+
+    def create(
+        self,
+        name: str,
+        allowed_models: Sequence[str] = (),
+        *,
+        key_id: str | None = None,
+        enabled: bool = True,
+    ) -> tuple[ClientKey, str]:
+        """A new key with a generated secret; returns ``(key, secret)``, the only time the
+        secret exists outside the client. Without ``key_id`` an id ``key-<8 hex>`` is chosen."""
+        secret = new_secret()
+        with transaction(self._conn):
+            if key_id is None:
+                key_id = self._free_id()
+            key = ClientKey(
+                id=key_id,
+                name=name or key_id,
+                key_hash=hash_key(secret),
+                prefix=display_prefix(secret),
+                enabled=enabled,
+                allowed_models=tuple(allowed_models),
+            )
+            self.insert(key)
+        return key, secret
+
+    def insert(self, key: ClientKey) -> ClientKey:
+        """Store a key whose hash is already known (seeding, import)."""
+        with transaction(self._conn):
+            if self.find(key.id) is not None:
+                raise Conflict(f"key '{key.id}' already exists")
+            self._check_hash_free(key)
+            self._conn.execute(
+                f"INSERT INTO client_keys ({_COLUMNS}, created_ms) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (
+                    key.id,
+                    key.name,
+                    key.key_hash,
+                    key.prefix,
+                    int(key.enabled),
+                    dumps(list(key.allowed_models)),
+                    self._clock.now_ms(),
+                ),
+            )
+        return key
+
+    def update(self, key: ClientKey) -> ClientKey:
+        with transaction(self._conn):
+            self.get(key.id)
+            self._check_hash_free(key)
+            self._conn.execute(
+                "UPDATE client_keys SET name = ?, key_hash = ?, prefix = ?, enabled = ?, "
+                "allowed_models = ? WHERE id = ?",
+                (
+                    key.name,
+                    key.key_hash,
+                    key.prefix,
+                    int(key.enabled),
+                    dumps(list(key.allowed_models)),
+                    key.id,
+                ),
+            )
+        return key
+
+    def upsert(self, key: ClientKey) -> str:
+        """``created``, ``updated`` or ``unchanged`` (nothing written)."""
+        with transaction(self._conn):
+            old = self.find(key.id)
+            if old is None:
+                self.insert(key)
+                return "created"
+            if old == key:
+                return "unchanged"
+            self.update(key)
+            return "updated"
+
+    def delete(self, key_id: str) -> None:
+        """Its allocations go with it (ON DELETE CASCADE): a deleted key holds no share."""
+        with transaction(self._conn):
+            self.get(key_id)
+            self._conn.execute("DELETE FROM client_keys WHERE id = ?", (key_id,))
+
+    def _check_hash_free(self, key: ClientKey) -> None:
+        other = self.by_hash(key.key_hash)
+        if other is not None and other.id != key.id:
+            # never say which key: that would confirm a guessed secret
+            raise Conflict(f"key '{key.id}': this secret is already used by another key")
+
+    def _free_id(self) -> str:
+        while True:
+            candidate = f"key-{secrets.token_hex(4)}"
+            if self.find(candidate) is None:
+                return candidate

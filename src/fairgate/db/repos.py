@@ -1,0 +1,199 @@
+"""The repositories of the metadata DB, seeding from the config file and building the registry.
+
+One repository per table lives in its own module (``connections``, ``keys``, ``plans``,
+``pools``); this module gathers them and holds the two operations that span them.
+
+Seeding rule: every object the config file names is upserted to what the file says, so editing
+the file and restarting applies the edit; objects created through the admin API are left alone,
+and so are the members and allocations the admin API added to a config pool (the file is merged
+into the DB, not mirrored). Unchanged objects are not written: seeding twice changes nothing.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from dataclasses import dataclass, field
+
+from fairgate.clock import SYSTEM_CLOCK, Clock
+from fairgate.config import (
+    AllocationConfig,
+    Config,
+    ConnectionConfig,
+    DimensionConfig,
+    KeyConfig,
+    PoolConfig,
+)
+from fairgate.db.common import Conflict, Invalid, NotFound, RepoError, transaction
+from fairgate.db.connections import ConnectionRepo
+from fairgate.db.keys import KeyRepo, display_prefix
+from fairgate.db.plans import PlanRepo
+from fairgate.db.pools import PoolRecord, PoolRepo, resolve_pool
+from fairgate.quota.model import Allocation, Dimension, ModelCap
+from fairgate.registry import ClientKey, Connection, Registry, hash_key, protocol_for
+
+__all__ = [
+    "Conflict",
+    "ConnectionRepo",
+    "Invalid",
+    "KeyRepo",
+    "NotFound",
+    "PlanRepo",
+    "PoolRecord",
+    "PoolRepo",
+    "RepoError",
+    "SeedReport",
+    "allocation_from_config",
+    "connection_from_config",
+    "dimension_from_config",
+    "key_from_config",
+    "load_registry",
+    "pool_record_from_config",
+    "seed_from_config",
+    "transaction",
+]
+
+
+# -- config → domain --------------------------------------------------------------------------
+
+
+def dimension_from_config(d: DimensionConfig) -> Dimension:
+    return Dimension(d.unit, d.window, d.limit)
+
+
+def connection_from_config(c: ConnectionConfig) -> Connection:
+    return Connection(
+        id=c.id,
+        provider=c.provider,
+        base_url=c.base_url,
+        secret=c.secret,
+        protocol=protocol_for(c.provider, c.protocol),
+        auth_type=c.auth_type,
+        weight=c.weight,
+        max_concurrent=c.max_concurrent,
+        models=tuple(c.models),
+        enabled=c.enabled,
+    )
+
+
+def key_from_config(k: KeyConfig, existing: ClientKey | None = None) -> ClientKey:
+    """A key given by secret keeps only its hash and display prefix; given by hash, the prefix
+    is unknown (kept from the DB when the hash did not change)."""
+    if k.secret is not None:
+        digest, prefix = hash_key(k.secret), display_prefix(k.secret)
+    else:
+        digest = k.key_hash or ""
+        prefix = existing.prefix if existing and existing.key_hash == digest else ""
+    return ClientKey(
+        id=k.id,
+        name=k.name or k.id,
+        key_hash=digest,
+        prefix=prefix,
+        enabled=k.enabled,
+        allowed_models=tuple(k.allowed_models),
+    )
+
+
+def allocation_from_config(a: AllocationConfig) -> Allocation:
+    return Allocation(
+        key_id=a.key,
+        weight=a.weight,
+        cap_value=a.cap_value,
+        cap_unit=a.cap_unit,
+        policy=a.policy,
+        model_caps=tuple(ModelCap(c.model, c.unit, c.limit) for c in a.model_caps),
+    )
+
+
+def pool_record_from_config(p: PoolConfig) -> PoolRecord:
+    return PoolRecord(
+        id=p.id,
+        name=p.name or p.id,
+        connections=tuple(p.connections),
+        dimensions=tuple(dimension_from_config(d) for d in p.dimensions),
+        allocations=tuple(allocation_from_config(a) for a in p.allocations),
+        share_mode=p.share_mode,
+        active_window_ms=round(p.active_window_s * 1000),
+    )
+
+
+# -- seeding ----------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class SeedReport:
+    created: int = 0
+    updated: int = 0
+    unchanged: int = 0
+    changes: list[str] = field(default_factory=list)
+
+    @property
+    def changed(self) -> int:
+        return self.created + self.updated
+
+    def count(self, what: str, outcome: str) -> None:
+        if outcome == "created":
+            self.created += 1
+        elif outcome == "updated":
+            self.updated += 1
+        else:
+            self.unchanged += 1
+            return
+        self.changes.append(f"{outcome} {what}")
+
+
+def seed_from_config(
+    conn: sqlite3.Connection, config: Config, clock: Clock = SYSTEM_CLOCK
+) -> SeedReport:
+    """Upsert the config file into the DB in one transaction (all or nothing)."""
+    report = SeedReport()
+    conns, keys = ConnectionRepo(conn, clock), KeyRepo(conn, clock)
+    plans, pools = PlanRepo(conn, clock), PoolRepo(conn, clock)
+    with transaction(conn):
+        for c in config.connections:
+            report.count(f"connection {c.id}", conns.upsert(connection_from_config(c)))
+        for k in config.keys:
+            report.count(f"key {k.id}", keys.upsert(key_from_config(k, keys.find(k.id))))
+        for cid, dims in config.plans.items():
+            if dims:
+                changed = plans.set(cid, [dimension_from_config(d) for d in dims])
+                report.count(f"plan {cid}", "updated" if changed else "unchanged")
+        for p in config.pools:
+            rec = pool_record_from_config(p)
+            old = pools.find_record(p.id)
+            if old is not None:
+                rec = _merged(rec, old)
+            report.count(f"pool {p.id}", pools.upsert(rec))
+    return report
+
+
+def _merged(rec: PoolRecord, old: PoolRecord) -> PoolRecord:
+    """The config's pool plus the members and allocations the DB has beyond it."""
+    members = rec.connections + tuple(c for c in old.connections if c not in rec.connections)
+    named = {a.key_id for a in rec.allocations}
+    allocs = rec.allocations + tuple(a for a in old.allocations if a.key_id not in named)
+    return PoolRecord(
+        id=rec.id,
+        name=rec.name,
+        connections=members,
+        dimensions=rec.dimensions,
+        allocations=allocs,
+        share_mode=rec.share_mode,
+        active_window_ms=rec.active_window_ms,
+    )
+
+
+# -- registry ---------------------------------------------------------------------------------
+
+
+def load_registry(
+    conn: sqlite3.Connection, default_provider: str | None = None, *, version: int = 0
+) -> Registry:
+    """Read every table once and build the hot path's snapshot (pool dimensions resolved)."""
+    overrides = PlanRepo(conn).all()
+    return Registry.build(
+        ConnectionRepo(conn).all(),
+        KeyRepo(conn).all(),
+        [resolve_pool(r, overrides) for r in PoolRepo(conn).records()],
+        default_provider=default_provider,
+        version=version,
+    )

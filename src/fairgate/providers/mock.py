@@ -1,0 +1,935 @@
+"""A real HTTP mock upstream speaking the OpenAI and Anthropic wire formats.
+
+Why a real server and not a patched client: the gateway's value is in its real code paths —
+connection pooling, SSE pass-through, Retry-After parsing, rate-limit header signals, failure
+classification, client disconnects. Only bytes on a socket exercise all of them, so tests,
+benchmarks and ``fairgate demo`` point real connections at this server (``fairgate mock-upstream``).
+
+What it serves (all deterministic, so tests can assert exact numbers):
+
+- ``POST /v1/chat/completions`` (OpenAI), ``POST /v1/messages`` (Anthropic), streaming or not.
+  The reply is ``"mock reply: "`` followed by words of the last user message; one word counts as
+  one token, so ``usage`` equals ``min(max_tokens, completion_tokens)`` exactly. Prompt tokens are
+  ``ceil(characters of all message contents / 4)`` (at least 1).
+- ``POST /v1/embeddings`` (unit vectors from a hash of each input; ``float`` or ``base64``) and
+  ``GET /v1/models`` (OpenAI list, or Anthropic's when an ``anthropic-version`` header is sent).
+- Rate-limit headers on every normal answer, with ``remaining`` counted over a rolling minute.
+- Faults per request (header ``x-mock-fault``) or by schedule (``POST /_mock/schedule``); see
+  :mod:`fairgate.providers.mock_faults` for the specs.
+- Control endpoints without auth: ``/_mock/schedule``, ``/_mock/config``, ``/_mock/stats``,
+  ``/_mock/reset``. Credentials the mock receives are compared, never stored or echoed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import hashlib
+import hmac
+import itertools
+import math
+import re
+import signal
+import socket
+import struct
+import sys
+from collections import Counter, deque
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field, fields
+from types import TracebackType
+from typing import Any, Self
+
+import orjson
+from aiohttp import web
+
+from fairgate.clock import Clock, SystemClock
+from fairgate.providers.mock_faults import (
+    NO_FAULT,
+    Fault,
+    FaultSpecError,
+    Limits,
+    RateWindow,
+    Wire,
+    auth_error,
+    error_200_body,
+    error_body,
+    exhausted_headers,
+    parse_fault,
+    rate_limit_headers,
+    rfc3339,
+    status_fault,
+)
+
+JSON = dict[str, Any]
+
+#: Model ids ``GET /v1/models`` lists. Any model id is accepted and echoed back, though.
+MOCK_MODELS = (
+    "mock-gpt-4o",
+    "mock-gpt-4o-mini",
+    "mock-claude-sonnet-4",
+    "mock-claude-haiku-4",
+    "mock-text-embedding-3-small",
+)
+
+#: Header carrying a per-request fault spec.
+FAULT_HEADER = "x-mock-fault"
+
+_FILLER = ("lorem", "ipsum", "dolor", "sit", "amet")
+_CREATED = 1_700_000_000  # the models' fixed creation time, so listings are deterministic
+
+
+@dataclass
+class MockConfig:
+    """Behaviour knobs of the mock; changeable at run time through ``POST /_mock/config``."""
+
+    latency_ms: float = 0.0  # before the first byte of every data-route answer
+    chunk_delay_ms: float = 0.0  # between two stream events
+    completion_tokens: int = 16  # reply length when the request sets no smaller max_tokens
+    stream_chunks: int = 4  # content events per stream
+    secret: str | None = None  # required key: Bearer (OpenAI), x-api-key or Bearer (Anthropic)
+    requests_limit: int = 1500  # per minute, for the rate-limit headers
+    tokens_limit: int = 1_000_000  # per minute; Anthropic output tokens get a fifth of it
+    unified_5h_utilization: float | None = None  # fraction 0..1, as Anthropic subscriptions send
+    unified_7d_utilization: float | None = None
+    unified_5h_reset_s: float = 3600.0  # seconds until the unified 5h window resets
+    unified_7d_reset_s: float = 259_200.0
+    embedding_dimensions: int = 8  # when the request has no `dimensions`
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            _check_field(f.name, getattr(self, f.name))
+
+    def update(self, changes: Mapping[str, object]) -> None:
+        """Apply a partial change; all fields are checked before any is set."""
+        checked = {name: _check_field(name, value) for name, value in changes.items()}
+        for name, value in checked.items():
+            setattr(self, name, value)
+
+    def public(self) -> JSON:
+        """The settings as JSON, the secret masked (the mock never echoes credentials)."""
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out["secret"] = None if self.secret is None else "***"
+        return out
+
+
+# field -> (type, nullable, minimum)
+_FIELD_RULES: dict[str, tuple[type, bool, float]] = {
+    "latency_ms": (float, False, 0),
+    "chunk_delay_ms": (float, False, 0),
+    "completion_tokens": (int, False, 0),
+    "stream_chunks": (int, False, 1),
+    "secret": (str, True, 0),
+    "requests_limit": (int, False, 1),
+    "tokens_limit": (int, False, 5),
+    "unified_5h_utilization": (float, True, 0),
+    "unified_7d_utilization": (float, True, 0),
+    "unified_5h_reset_s": (float, False, 0),
+    "unified_7d_reset_s": (float, False, 0),
+    "embedding_dimensions": (int, False, 1),
+}
+
+
+def _check_field(name: str, value: object) -> object:
+    rule = _FIELD_RULES.get(name)
+    if rule is None:
+        raise ValueError(f"unknown config field {name!r}")
+    kind, nullable, minimum = rule
+    if value is None and nullable:
+        return None
+    if kind is str:
+        if not isinstance(value, str) or not value:
+            raise ValueError(f"{name} must be a non-empty string or null")
+        return value
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"{name} must be a number")
+    if kind is int and not isinstance(value, int):
+        raise ValueError(f"{name} must be an integer")
+    if not math.isfinite(value) or value < minimum:
+        raise ValueError(f"{name} must be >= {minimum:g}")
+    return float(value) if kind is float else value
+
+
+@dataclass
+class _Stats:
+    requests: int = 0
+    by_route: Counter[str] = field(default_factory=Counter)
+    by_fault: Counter[str] = field(default_factory=Counter)
+    by_model: Counter[str] = field(default_factory=Counter)
+    by_status: Counter[str] = field(default_factory=Counter)
+    last_auth_ok: bool | None = None
+    last_auth_scheme: str | None = None  # "bearer" | "x-api-key" | None, never the value
+    in_flight: int = 0
+    max_in_flight: int = 0
+
+
+class MockState:
+    """Everything the mock remembers: config, fault schedule, stats and the rate window."""
+
+    def __init__(self, config: MockConfig, clock: Clock) -> None:
+        self.config = config
+        self.clock = clock
+        self.schedule: deque[Fault] = deque()
+        self.stats = _Stats()
+        self.window = RateWindow()
+        self._seq = 0
+
+    def now_s(self) -> float:
+        return self.clock.now_ms() / 1000.0
+
+    def next_seq(self) -> int:
+        self._seq += 1
+        return self._seq
+
+    def take_fault(self, header: str | None) -> Fault:
+        """The header's fault wins (and leaves the schedule alone); else the next scheduled one."""
+        if header is not None and header.strip():
+            return parse_fault(header)
+        return self.schedule.popleft() if self.schedule else NO_FAULT
+
+    def set_schedule(self, specs: list[str], *, append: bool = False) -> None:
+        parsed = [parse_fault(s) for s in specs]  # all or nothing
+        if not append:
+            self.schedule.clear()
+        self.schedule.extend(parsed)
+
+    def reset(self) -> None:
+        """Forget stats, schedule and rate counters; requests still running stay counted."""
+        in_flight = self.stats.in_flight
+        self.stats = _Stats(in_flight=in_flight, max_in_flight=in_flight)
+        self.schedule.clear()
+        self.window.clear()
+        self._seq = 0
+
+    def stats_json(self) -> JSON:
+        s = self.stats
+        return {
+            "requests": s.requests,
+            "by_route": dict(s.by_route),
+            "by_fault": dict(s.by_fault),
+            "by_model": dict(s.by_model),
+            "by_status": dict(s.by_status),
+            "last_auth_ok": s.last_auth_ok,
+            "last_auth_scheme": s.last_auth_scheme,
+            "in_flight": s.in_flight,
+            "max_in_flight": s.max_in_flight,
+            "scheduled": [f.spec for f in self.schedule],
+        }
+
+
+STATE_KEY = web.AppKey("fairgate_mock_state", MockState)
+
+
+# ---------------------------------------------------------------------------------------------
+# Small helpers: ids, headers, text and token accounting
+
+
+def _id_headers(wire: Wire, request_id: str) -> JSON:
+    return {"request-id" if wire == "anthropic" else "x-request-id": request_id}
+
+
+def _json(status: int, payload: JSON, headers: Mapping[str, str]) -> web.Response:
+    return web.Response(
+        status=status, body=orjson.dumps(payload), headers=headers, content_type="application/json"
+    )
+
+
+def _text_of(content: object) -> str:
+    """Text of a message content: a string, or the ``text`` of a list of content parts."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(
+            p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str)
+        )
+    return ""
+
+
+def _estimate_tokens(chars: int) -> int:
+    return max(1, math.ceil(chars / 4))
+
+
+def _prompt_tokens(messages: list[Any], system: object = None) -> int:
+    chars = len(_text_of(system))
+    chars += sum(len(_text_of(m.get("content"))) for m in messages if isinstance(m, dict))
+    return _estimate_tokens(chars)
+
+
+def _last_user_text(messages: list[Any]) -> str:
+    for m in reversed(messages):
+        if isinstance(m, dict) and m.get("role") == "user":
+            return _text_of(m.get("content"))
+    return ""
+
+
+def _token_cap(body: JSON, names: tuple[str, ...]) -> int | None:
+    for name in names:
+        value = body.get(name)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive integer")
+        return value
+    return None
+
+
+def _reply(
+    cfg: MockConfig, messages: list[Any], cap: int | None, fault: Fault
+) -> tuple[str, int, bool]:
+    """(text, tokens, truncated): one word per token, words taken from the last user message."""
+    if fault.kind == "empty":
+        return "", 0, False
+    n = cfg.completion_tokens if cap is None else min(cap, cfg.completion_tokens)
+    words = re.findall(r"[a-z0-9]+", _last_user_text(messages).lower()) or list(_FILLER)
+    chosen = list(itertools.islice(itertools.chain(("mock", "reply:"), itertools.cycle(words)), n))
+    return " ".join(chosen), n, cap is not None and cap < cfg.completion_tokens
+
+
+def _pieces(text: str, k: int) -> list[str]:
+    """``k`` stream pieces that concatenate to ``text``, split at word boundaries."""
+    if not text:
+        return []
+    words = text.split(" ")
+    n = len(words)
+    out = []
+    for i in range(k):
+        seg = words[i * n // k : (i + 1) * n // k]
+        piece = " ".join(seg)
+        out.append(" " + piece if seg and i * n // k > 0 else piece)
+    return out
+
+
+def _sse(payload: JSON, event: str | None = None) -> bytes:
+    head = f"event: {event}\n".encode() if event else b""
+    return head + b"data: " + orjson.dumps(payload) + b"\n\n"
+
+
+# ---------------------------------------------------------------------------------------------
+# Connection faults and stream writing
+
+
+async def _abort(request: web.Request) -> None:
+    """Reset the TCP connection (RST, not FIN) after what was written has left the process."""
+    transport = request.transport
+    if transport is None:
+        return
+    for _ in range(100):  # a bounded wait for the write buffer to drain
+        if transport.get_write_buffer_size() == 0:
+            break
+        await asyncio.sleep(0.005)
+    sock = transport.get_extra_info("socket")
+    with contextlib.suppress(AttributeError, OSError, TypeError):
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    transport.abort()
+
+
+def _aborted_response() -> web.Response:
+    """Returned by a handler whose connection is gone; nothing of it reaches the wire."""
+    return web.Response(status=499, reason="Client Closed Request")
+
+
+@dataclass
+class _Call:
+    """One data-route request, once auth, body and fault are settled."""
+
+    request: web.Request
+    state: MockState
+    wire: Wire
+    fault: Fault
+    body: JSON
+    request_id: str
+
+    def bad_request(self, message: str, param: str | None = None) -> web.Response:
+        body = error_body(self.wire, 400, message, self.request_id)
+        if self.wire == "openai":
+            body["error"]["param"] = param
+        return _json(400, body, _id_headers(self.wire, self.request_id))
+
+    def headers(self, input_tokens: int, output_tokens: int) -> JSON:
+        """Count this answer in the rolling minute; rate-limit and request-id headers."""
+        state, cfg = self.state, self.state.config
+        now = state.now_s()
+        state.window.record(now, input_tokens, output_tokens)
+        limits = Limits(
+            cfg.requests_limit,
+            cfg.tokens_limit,
+            {
+                "5h": (cfg.unified_5h_utilization, cfg.unified_5h_reset_s),
+                "7d": (cfg.unified_7d_utilization, cfg.unified_7d_reset_s),
+            },
+        )
+        h: JSON = rate_limit_headers(self.wire, now, limits, state.window.totals(now))
+        h.update(_id_headers(self.wire, self.request_id))
+        return h
+
+    async def partial_json(self, payload: JSON, headers: JSON) -> web.StreamResponse:
+        """``reset-mid-stream`` on a non-streaming request: half a body, then a reset."""
+        data = orjson.dumps(payload)
+        resp = web.StreamResponse(status=200, headers=headers)
+        resp.content_type = "application/json"
+        resp.content_length = len(data)
+        await resp.prepare(self.request)
+        await resp.write(data[: len(data) // 2])
+        await _abort(self.request)
+        return resp
+
+    async def stream(self, events: list[bytes], headers: JSON) -> web.StreamResponse:
+        """Send SSE events with the configured delay; ``reset-mid-stream:k`` aborts after k."""
+        resp = web.StreamResponse(status=200, headers=headers)
+        resp.content_type = "text/event-stream"
+        resp.charset = "utf-8"
+        resp.headers["Cache-Control"] = "no-cache"
+        delay = self.state.config.chunk_delay_ms / 1000.0
+        stop_after = int(self.fault.value) if self.fault.kind == "reset-mid-stream" else None
+        try:
+            await resp.prepare(self.request)
+            for i, event in enumerate(events):
+                if stop_after is not None and i >= stop_after:
+                    break
+                if i and delay > 0:
+                    await asyncio.sleep(delay)
+                await resp.write(event)
+            if stop_after is not None:
+                await _abort(self.request)
+                return resp
+            await resp.write_eof()
+        except ConnectionError:  # the client went away mid-stream: nothing left to do
+            pass
+        return resp
+
+
+# ---------------------------------------------------------------------------------------------
+# Route implementations
+
+
+async def _chat(call: _Call) -> web.StreamResponse:
+    body = call.body
+    model, messages = body.get("model"), body.get("messages")
+    if not isinstance(model, str) or not model:
+        return call.bad_request("you must provide a model parameter", "model")
+    if not isinstance(messages, list) or not messages:
+        return call.bad_request("'messages' must be a non-empty array", "messages")
+    try:
+        cap = _token_cap(body, ("max_completion_tokens", "max_tokens"))
+    except ValueError as exc:
+        return call.bad_request(str(exc), "max_tokens")
+    prompt = _prompt_tokens(messages)
+    text, completion, truncated = _reply(call.state.config, messages, cap, call.fault)
+    finish = None if call.fault.kind == "no-finish" else ("length" if truncated else "stop")
+    headers = call.headers(prompt, completion)
+    usage = {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": 0},
+        "completion_tokens_details": {"reasoning_tokens": 0},
+    }
+    seq = call.state.next_seq()
+    base = {
+        "id": f"chatcmpl-mock{seq:08d}",
+        "created": int(call.state.now_s()),
+        "model": model,
+        "system_fingerprint": "fp_mock",
+    }
+    if body.get("stream") is not True:
+        if call.fault.kind == "error-200":
+            return _json(200, error_200_body("openai", call.request_id), headers)
+        message = {"role": "assistant", "content": text, "refusal": None}
+        choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish}
+        payload = {**base, "object": "chat.completion", "choices": [choice], "usage": usage}
+        if call.fault.kind == "reset-mid-stream":
+            return await call.partial_json(payload, headers)
+        return _json(200, payload, headers)
+
+    options = body.get("stream_options")
+    include_usage = isinstance(options, dict) and options.get("include_usage") is True
+
+    def chunk(delta: JSON, finish_reason: str | None) -> bytes:
+        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+        payload = {**base, "object": "chat.completion.chunk", "choices": [choice]}
+        if include_usage:  # the official API then puts "usage": null on every other chunk
+            payload["usage"] = None
+        return _sse(payload)
+
+    if call.fault.kind == "error-200":
+        return await call.stream([_sse(error_200_body("openai", call.request_id))], headers)
+    events = [chunk({"role": "assistant", "content": "", "refusal": None}, None)]
+    events += [chunk({"content": p}, None) for p in _pieces(text, call.state.config.stream_chunks)]
+    if finish is not None:
+        events.append(chunk({}, finish))
+        if include_usage:
+            events.append(
+                _sse({**base, "object": "chat.completion.chunk", "choices": [], "usage": usage})
+            )
+        events.append(b"data: [DONE]\n\n")
+    return await call.stream(events, headers)
+
+
+async def _messages(call: _Call) -> web.StreamResponse:
+    body = call.body
+    model, messages = body.get("model"), body.get("messages")
+    if not isinstance(model, str) or not model:
+        return call.bad_request("model: Field required")
+    if not isinstance(messages, list) or not messages:
+        return call.bad_request("messages: at least one message is required")
+    try:
+        cap = _token_cap(body, ("max_tokens",))
+    except ValueError as exc:
+        return call.bad_request(f"max_tokens: {exc}")
+    if cap is None:
+        return call.bad_request("max_tokens: Field required")
+    prompt = _prompt_tokens(messages, body.get("system"))
+    text, completion, truncated = _reply(call.state.config, messages, cap, call.fault)
+    stop = None if call.fault.kind == "no-finish" else ("max_tokens" if truncated else "end_turn")
+    headers = call.headers(prompt, completion)
+    message: JSON = {
+        "id": f"msg_mock{call.state.next_seq():08d}",
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": [{"type": "text", "text": text}],
+        "stop_reason": stop,
+        "stop_sequence": None,
+        "usage": {
+            "input_tokens": prompt,
+            "output_tokens": completion,
+            "cache_read_input_tokens": 0,
+            "cache_creation_input_tokens": 0,
+        },
+    }
+    if body.get("stream") is not True:
+        if call.fault.kind == "error-200":
+            return _json(200, error_200_body("anthropic", call.request_id), headers)
+        if call.fault.kind == "reset-mid-stream":
+            return await call.partial_json(message, headers)
+        return _json(200, message, headers)
+
+    if call.fault.kind == "error-200":
+        event = _sse(error_200_body("anthropic", call.request_id), "error")
+        return await call.stream([event], headers)
+    start = {
+        **message,
+        "content": [],
+        "stop_reason": None,
+        "usage": {**message["usage"], "output_tokens": 1},
+    }
+    block = {"type": "text", "text": ""}
+    events = [
+        _sse({"type": "message_start", "message": start}, "message_start"),
+        _sse(
+            {"type": "content_block_start", "index": 0, "content_block": block},
+            "content_block_start",
+        ),
+        _sse({"type": "ping"}, "ping"),
+    ]
+    for piece in _pieces(text, call.state.config.stream_chunks):
+        delta = {"type": "text_delta", "text": piece}
+        events.append(
+            _sse({"type": "content_block_delta", "index": 0, "delta": delta}, "content_block_delta")
+        )
+    if stop is not None:
+        events += [
+            _sse({"type": "content_block_stop", "index": 0}, "content_block_stop"),
+            _sse(
+                {
+                    "type": "message_delta",
+                    "delta": {"stop_reason": stop, "stop_sequence": None},
+                    "usage": {"output_tokens": completion},
+                },
+                "message_delta",
+            ),
+            _sse({"type": "message_stop"}, "message_stop"),
+        ]
+    return await call.stream(events, headers)
+
+
+def _embedding_inputs(raw: object) -> list[tuple[bytes, int]] | None:
+    """(bytes to hash, tokens) per input: a string, strings, a token array or token arrays."""
+
+    def is_tokens(x: object) -> bool:
+        return isinstance(x, list) and bool(x) and all(type(t) is int for t in x)
+
+    if isinstance(raw, str):
+        return [(raw.encode(), _estimate_tokens(len(raw)))]
+    if not isinstance(raw, list) or not raw:
+        return None
+    if all(isinstance(x, str) for x in raw):
+        return [(x.encode(), _estimate_tokens(len(x))) for x in raw]
+    if is_tokens(raw):
+        return [(orjson.dumps(raw), len(raw))]
+    if all(is_tokens(x) for x in raw):
+        return [(orjson.dumps(x), len(x)) for x in raw]
+    return None
+
+
+def _embedding(item: bytes, dims: int) -> bytes:
+    """A deterministic unit vector as little-endian float32 (OpenAI's base64 encoding)."""
+    raw = hashlib.shake_256(b"fairgate-mock-embedding\0" + item).digest(4 * dims)
+    values = [u / 2**31 - 1.0 for u in struct.unpack(f"<{dims}I", raw)]
+    norm = math.sqrt(sum(v * v for v in values)) or 1.0
+    return struct.pack(f"<{dims}f", *(v / norm for v in values))
+
+
+async def _embeddings(call: _Call) -> web.StreamResponse:
+    body = call.body
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        return call.bad_request("you must provide a model parameter", "model")
+    inputs = _embedding_inputs(body.get("input"))
+    if inputs is None:
+        return call.bad_request("'input' must be a string, strings or token arrays", "input")
+    dims = body.get("dimensions", call.state.config.embedding_dimensions)
+    if type(dims) is not int or not 1 <= dims <= 4096:
+        return call.bad_request("'dimensions' must be an integer in 1..4096", "dimensions")
+    encoding = body.get("encoding_format", "float")
+    if encoding not in ("float", "base64"):
+        return call.bad_request("'encoding_format' must be 'float' or 'base64'", "encoding_format")
+    tokens = sum(t for _, t in inputs)
+    headers = call.headers(tokens, 0)
+    if call.fault.kind == "error-200":
+        return _json(200, error_200_body("openai", call.request_id), headers)
+    data = []
+    if call.fault.kind != "empty":
+        for i, (item, _) in enumerate(inputs):
+            packed = _embedding(item, dims)
+            vector: object = (
+                base64.b64encode(packed).decode()
+                if encoding == "base64"
+                else list(struct.unpack(f"<{dims}f", packed))
+            )
+            data.append({"object": "embedding", "index": i, "embedding": vector})
+    payload = {
+        "object": "list",
+        "data": data,
+        "model": model,
+        "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+    }
+    if call.fault.kind == "reset-mid-stream":
+        return await call.partial_json(payload, headers)
+    return _json(200, payload, headers)
+
+
+async def _models(call: _Call) -> web.StreamResponse:
+    headers = call.headers(0, 0)
+    if call.fault.kind == "error-200":
+        return _json(200, error_200_body(call.wire, call.request_id), headers)
+    ids = [] if call.fault.kind == "empty" else list(MOCK_MODELS)
+    payload: JSON
+    if call.wire == "anthropic":
+        created = rfc3339(_CREATED)
+        data: list[JSON] = [
+            {"type": "model", "id": m, "display_name": m, "created_at": created} for m in ids
+        ]
+        first, last = (ids[0], ids[-1]) if ids else (None, None)
+        payload = {"data": data, "has_more": False, "first_id": first, "last_id": last}
+    else:
+        data = [
+            {"id": m, "object": "model", "created": _CREATED, "owned_by": "fairgate-mock"}
+            for m in ids
+        ]
+        payload = {"object": "list", "data": data}
+    if call.fault.kind == "reset-mid-stream":
+        return await call.partial_json(payload, headers)
+    return _json(200, payload, headers)
+
+
+# ---------------------------------------------------------------------------------------------
+# The request pipeline shared by data routes
+
+
+def _bearer(value: str | None) -> str | None:
+    if value is None:
+        return None
+    scheme, _, token = value.strip().partition(" ")
+    return token.strip() if scheme.lower() == "bearer" else None
+
+
+def _check_auth(request: web.Request, wire: Wire, secret: str | None) -> tuple[bool, str | None]:
+    """(ok, scheme seen). OpenAI routes take ``Authorization: Bearer``. Anthropic routes take
+    ``x-api-key`` or, when it is absent, ``Authorization: Bearer`` (OAuth tokens, and what the
+    ``anthropic`` SDK 2.x sends for an API key)."""
+    h = request.headers
+    key: str | None = None
+    scheme = "bearer"
+    if wire == "anthropic" and "x-api-key" in h:
+        key, scheme = h["x-api-key"], "x-api-key"
+    else:
+        key = _bearer(h.get("authorization"))
+    seen = scheme if key is not None else None
+    if secret is None:
+        return True, seen
+    return key is not None and hmac.compare_digest(key.encode(), secret.encode()), seen
+
+
+def _wire_of(request: web.Request, route: str) -> Wire:
+    if route == "/v1/messages":
+        return "anthropic"
+    if route == "/v1/models" and "anthropic-version" in request.headers:
+        return "anthropic"
+    return "openai"
+
+
+_Impl = Callable[[_Call], Awaitable[web.StreamResponse]]
+
+
+async def _serve(
+    request: web.Request, state: MockState, route: str, impl: _Impl
+) -> web.StreamResponse:
+    """latency → auth → body → fault → the route. Scheduled faults are not spent on 401s/400s."""
+    wire = _wire_of(request, route)
+    request_id = f"req_mock{state.next_seq():012d}"
+    ids = _id_headers(wire, request_id)
+    if state.config.latency_ms > 0:
+        await asyncio.sleep(state.config.latency_ms / 1000.0)
+    ok, scheme = _check_auth(request, wire, state.config.secret)
+    state.stats.last_auth_ok, state.stats.last_auth_scheme = ok, scheme
+    if not ok:
+        return _json(401, auth_error(wire, request_id), ids)
+    body: JSON = {}
+    if request.method == "POST":
+        try:
+            parsed = orjson.loads(await request.read())
+        except orjson.JSONDecodeError:
+            parsed = None
+        if not isinstance(parsed, dict):
+            return _json(400, error_body(wire, 400, "body must be a JSON object", request_id), ids)
+        body = parsed
+    try:
+        fault = state.take_fault(request.headers.get(FAULT_HEADER))
+    except FaultSpecError as exc:
+        return _json(400, error_body(wire, 400, str(exc), request_id), ids)
+    if isinstance(body.get("model"), str):
+        state.stats.by_model[body["model"]] += 1
+    if fault.kind != "ok":
+        state.stats.by_fault[fault.kind] += 1
+    if fault.kind in ("latency", "timeout"):  # a client disconnect cancels this sleep
+        await asyncio.sleep(fault.value / 1000.0 if fault.kind == "latency" else fault.value)
+    if fault.kind == "reset":
+        await _abort(request)
+        return _aborted_response()
+    if fault.is_status:
+        status, payload, headers = status_fault(fault, wire, request_id, state.now_s())
+        if status == 429 and fault.kind != "quota":
+            limit = state.config.requests_limit
+            headers.update(exhausted_headers(wire, state.now_s(), limit, fault.value))
+        return _json(status, payload, {**headers, **ids})
+    return await impl(_Call(request, state, wire, fault, body, request_id))
+
+
+def _data_route(route: str, impl: _Impl) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+    async def handler(request: web.Request) -> web.StreamResponse:
+        state = request.app[STATE_KEY]
+        stats = state.stats
+        stats.requests += 1
+        stats.by_route[route] += 1
+        stats.in_flight += 1
+        stats.max_in_flight = max(stats.max_in_flight, stats.in_flight)
+        outcome = "aborted"
+        try:
+            resp = await _serve(request, state, route, impl)
+            transport = request.transport
+            if transport is not None and not transport.is_closing():  # else reset or gone
+                outcome = str(resp.status)
+            return resp
+        finally:
+            state.stats.in_flight = max(0, state.stats.in_flight - 1)
+            state.stats.by_status[outcome] += 1
+
+    return handler
+
+
+# ---------------------------------------------------------------------------------------------
+# Control endpoints (no auth: they exist for tests and benchmarks on loopback)
+
+
+async def _control_body(request: web.Request) -> JSON:
+    try:
+        parsed = orjson.loads(await request.read() or b"{}")
+    except orjson.JSONDecodeError:
+        parsed = None
+    if not isinstance(parsed, dict):
+        raise web.HTTPBadRequest(
+            body=orjson.dumps({"error": "body must be a JSON object"}),
+            content_type="application/json",
+        )
+    return parsed
+
+
+def _control_error(message: str) -> web.Response:
+    return _json(400, {"error": message}, {})
+
+
+async def _post_schedule(request: web.Request) -> web.Response:
+    state = request.app[STATE_KEY]
+    body = await _control_body(request)
+    faults = body.get("faults")
+    if not isinstance(faults, list) or not all(isinstance(f, str) for f in faults):
+        return _control_error("'faults' must be a list of fault specs")
+    try:
+        state.set_schedule(faults, append=body.get("append") is True)
+    except FaultSpecError as exc:
+        return _control_error(str(exc))
+    return _json(200, {"scheduled": [f.spec for f in state.schedule]}, {})
+
+
+async def _get_config(request: web.Request) -> web.Response:
+    return _json(200, request.app[STATE_KEY].config.public(), {})
+
+
+async def _post_config(request: web.Request) -> web.Response:
+    state = request.app[STATE_KEY]
+    body = await _control_body(request)
+    try:
+        state.config.update(body)
+    except ValueError as exc:
+        return _control_error(str(exc))
+    return _json(200, state.config.public(), {})
+
+
+async def _get_stats(request: web.Request) -> web.Response:
+    return _json(200, request.app[STATE_KEY].stats_json(), {})
+
+
+async def _post_reset(request: web.Request) -> web.Response:
+    request.app[STATE_KEY].reset()
+    return _json(200, {"reset": True}, {})
+
+
+def create_mock_app(
+    config: MockConfig | None = None, *, clock: Clock | None = None
+) -> web.Application:
+    """The mock's aiohttp application. Run it with ``handler_cancellation=True`` (as
+    :class:`MockUpstream` does) so a client that leaves ends its held request at once."""
+    app = web.Application(client_max_size=64 * 1024 * 1024)
+    app[STATE_KEY] = MockState(
+        config if config is not None else MockConfig(), clock or SystemClock()
+    )
+    r = app.router
+    r.add_post("/v1/chat/completions", _data_route("/v1/chat/completions", _chat))
+    r.add_post("/v1/messages", _data_route("/v1/messages", _messages))
+    r.add_post("/v1/embeddings", _data_route("/v1/embeddings", _embeddings))
+    r.add_get("/v1/models", _data_route("/v1/models", _models))
+    r.add_post("/_mock/schedule", _post_schedule)
+    r.add_get("/_mock/config", _get_config)
+    r.add_post("/_mock/config", _post_config)
+    r.add_get("/_mock/stats", _get_stats)
+    r.add_post("/_mock/reset", _post_reset)
+    return app
+
+
+# ---------------------------------------------------------------------------------------------
+# Running it
+
+
+class MockUpstream:
+    """The mock on a real socket: ``async with MockUpstream(cfg) as up: ... up.url ...``."""
+
+    def __init__(self, config: MockConfig | None = None, *, clock: Clock | None = None) -> None:
+        self.app = create_mock_app(config, clock=clock)
+        self._runner: web.AppRunner | None = None
+        self._host = "127.0.0.1"
+        self._port: int | None = None
+
+    @property
+    def state(self) -> MockState:
+        return self.app[STATE_KEY]
+
+    @property
+    def config(self) -> MockConfig:
+        """The live config: changes apply to the next request."""
+        return self.state.config
+
+    @property
+    def port(self) -> int:
+        if self._port is None:
+            raise RuntimeError("the mock upstream is not started")
+        return self._port
+
+    @property
+    def url(self) -> str:
+        """Base URL without ``/v1`` (OpenAI clients add ``/v1``, Anthropic's SDK adds it itself)."""
+        host = {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1"}.get(self._host, self._host)
+        if ":" in host:
+            host = f"[{host}]"
+        return f"http://{host}:{self.port}"
+
+    async def start(self, host: str = "127.0.0.1", port: int = 0) -> None:
+        """Listen on ``host:port``; port 0 picks a free port (read it from :attr:`port`)."""
+        if self._runner is not None:
+            raise RuntimeError("the mock upstream is already started")
+        runner = web.AppRunner(
+            self.app, handler_cancellation=True, access_log=None, shutdown_timeout=0.5
+        )
+        await runner.setup()
+        try:
+            family, kind, proto, _, addr = socket.getaddrinfo(
+                host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+            )[0]
+            sock = socket.socket(family, kind, proto)
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                sock.bind(addr)
+                sock.setblocking(False)
+                await web.SockSite(runner, sock).start()
+            except BaseException:
+                sock.close()
+                raise
+        except BaseException:
+            await runner.cleanup()
+            raise
+        self._runner, self._host, self._port = runner, host, int(sock.getsockname()[1])
+
+    async def stop(self) -> None:
+        """Stop listening; requests still held are cancelled after half a second."""
+        runner, self._runner, self._port = self._runner, None, None
+        if runner is not None:
+            await runner.cleanup()
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.stop()
+
+    # in-process shortcuts to the control endpoints
+    def schedule(self, *specs: str, append: bool = False) -> None:
+        self.state.set_schedule(list(specs), append=append)
+
+    def stats(self) -> JSON:
+        return self.state.stats_json()
+
+    def reset(self) -> None:
+        self.state.reset()
+
+
+async def _serve_until_signal(host: str, port: int, config: MockConfig) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    handled = []
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop.set)
+            handled.append(sig)
+    upstream = MockUpstream(config)
+    await upstream.start(host, port)
+    try:
+        shown = f"[{host}]" if ":" in host else host
+        sys.stdout.write(f"mock upstream listening on http://{shown}:{upstream.port}\n")
+        sys.stdout.flush()
+        await stop.wait()
+    finally:
+        await upstream.stop()
+        for sig in handled:
+            loop.remove_signal_handler(sig)
+
+
+def run_mock_upstream(host: str, port: int, config: MockConfig) -> None:
+    """Serve until SIGINT or SIGTERM (``fairgate mock-upstream``); prints the URL once."""
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(_serve_until_signal(host, port, config))

@@ -1,0 +1,194 @@
+"""Rate-limit headers of upstream responses → one ``RateLimitSnapshot`` (SPEC §5).
+
+The snapshot feeds two consumers: the fair-share engine's saturation signal (how full the
+provider says the account is, ``used_fractions``) and the account buckets that push a saturated
+connection to the tail of a quota-share combo. Every reset goes through the one Retry-After
+parser, so it is an absolute epoch-ms deadline whatever form the upstream used.
+
+Header families understood (names are case-insensitive):
+
+- OpenAI style: ``x-ratelimit-{limit,remaining,reset}-{requests,tokens}`` (resets are Go
+  durations such as ``6m0s``); the suffix-less ``x-ratelimit-{limit,remaining,reset}`` some
+  OpenAI-compatible providers send counts as requests.
+- Anthropic: ``anthropic-ratelimit-{requests,tokens,input-tokens,output-tokens}-
+  {limit,remaining,reset}`` (RFC 3339 resets) and the subscription headers
+  ``anthropic-ratelimit-unified-{5h,7d}-{utilization,reset,status}``.
+- ``retry-after`` (any form) and ``retry-after-ms`` (milliseconds, as OpenAI sends).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from fairgate.resilience.retry_after import parse_reset
+
+__all__ = ["RateLimitSnapshot", "parse_rate_limit_headers", "used_fractions"]
+
+
+@dataclass(frozen=True, slots=True)
+class RateLimitSnapshot:
+    """What one response said about the account's limits; None = not reported.
+
+    ``*_reset_ms`` and ``retry_after_ms`` are absolute epoch milliseconds; utilizations are
+    fractions (1.0 = the window is exhausted).
+    """
+
+    requests_limit: int | None = None
+    requests_remaining: int | None = None
+    requests_reset_ms: int | None = None
+    tokens_limit: int | None = None
+    tokens_remaining: int | None = None
+    tokens_reset_ms: int | None = None
+    input_tokens_limit: int | None = None
+    input_tokens_remaining: int | None = None
+    input_tokens_reset_ms: int | None = None
+    output_tokens_limit: int | None = None
+    output_tokens_remaining: int | None = None
+    output_tokens_reset_ms: int | None = None
+    unified_5h_utilization: float | None = None
+    unified_5h_reset_ms: int | None = None
+    unified_7d_utilization: float | None = None
+    unified_7d_reset_ms: int | None = None
+    retry_after_ms: int | None = None
+
+
+_COUNT = "count"
+_RESET = "reset"
+_UTIL = "util"
+
+# header name → (snapshot field, kind)
+_HEADERS: dict[str, tuple[str, str]] = {}
+for _dim in ("requests", "tokens"):
+    _HEADERS[f"x-ratelimit-limit-{_dim}"] = (f"{_dim}_limit", _COUNT)
+    _HEADERS[f"x-ratelimit-remaining-{_dim}"] = (f"{_dim}_remaining", _COUNT)
+    _HEADERS[f"x-ratelimit-reset-{_dim}"] = (f"{_dim}_reset_ms", _RESET)
+for _dim in ("requests", "tokens", "input-tokens", "output-tokens"):
+    _f = _dim.replace("-", "_")
+    _HEADERS[f"anthropic-ratelimit-{_dim}-limit"] = (f"{_f}_limit", _COUNT)
+    _HEADERS[f"anthropic-ratelimit-{_dim}-remaining"] = (f"{_f}_remaining", _COUNT)
+    _HEADERS[f"anthropic-ratelimit-{_dim}-reset"] = (f"{_f}_reset_ms", _RESET)
+for _w in ("5h", "7d"):
+    _HEADERS[f"anthropic-ratelimit-unified-{_w}-utilization"] = (f"unified_{_w}_utilization", _UTIL)
+    _HEADERS[f"anthropic-ratelimit-unified-{_w}-reset"] = (f"unified_{_w}_reset_ms", _RESET)
+_HEADERS["retry-after"] = ("retry_after_ms", _RESET)
+# suffix-less generic form: applied only where the specific header is absent
+_GENERIC = {
+    "x-ratelimit-limit": ("requests_limit", _COUNT),
+    "x-ratelimit-remaining": ("requests_remaining", _COUNT),
+    "x-ratelimit-reset": ("requests_reset_ms", _RESET),
+}
+_STATUS = {
+    "anthropic-ratelimit-unified-5h-status": "unified_5h_utilization",
+    "anthropic-ratelimit-unified-7d-status": "unified_7d_utilization",
+}
+_PREFIXES = ("x-ratelimit-", "anthropic-ratelimit-", "retry-after")
+
+
+def _count(value: str) -> int | None:
+    try:
+        f = float(value.strip())
+    except ValueError:
+        return None
+    if not math.isfinite(f) or f < 0:
+        return None
+    return int(f)
+
+
+def _utilization(value: str) -> float | None:
+    """A used fraction: Anthropic sends 0..1; a value above 1 (or with ``%``) is a percentage."""
+    text = value.strip()
+    percent = text.endswith("%")
+    try:
+        f = float(text.rstrip("%"))
+    except ValueError:
+        return None
+    if not math.isfinite(f) or f < 0:
+        return None
+    return f / 100 if percent or f > 1 else f
+
+
+def parse_rate_limit_headers(headers: Mapping[str, str], now_ms: int) -> RateLimitSnapshot | None:
+    """Parse the rate-limit headers of one response; None when it carries none we understand.
+
+    A ``-status: rejected`` unified header marks that window exhausted (utilization at least
+    1.0) even when the utilization header is missing.
+    """
+    values: dict[str, Any] = {}
+    generic: dict[str, str] = {}
+    rejected: list[str] = []
+    for raw_name, raw_value in headers.items():
+        name = raw_name.lower()
+        if not name.startswith(_PREFIXES) or not isinstance(raw_value, str):
+            continue
+        spec = _HEADERS.get(name)
+        if spec is not None:
+            field, kind = spec
+            parsed: float | None
+            if kind == _COUNT:
+                parsed = _count(raw_value)
+            elif kind == _RESET:
+                parsed = parse_reset(raw_value, now_ms)
+            else:
+                parsed = _utilization(raw_value)
+            if parsed is not None:
+                values[field] = parsed
+        elif name in _GENERIC:
+            generic[name] = raw_value
+        elif name in _STATUS and raw_value.strip().lower() == "rejected":
+            rejected.append(_STATUS[name])
+        elif name == "retry-after-ms":
+            generic[name] = raw_value
+    for name, raw_value in generic.items():
+        if name == "retry-after-ms":  # more precise than retry-after: it wins
+            ms = _count(raw_value)
+            if ms is not None:
+                values["retry_after_ms"] = parse_reset(f"{ms}ms", now_ms)
+            continue
+        field, kind = _GENERIC[name]
+        if field not in values:
+            parsed = _count(raw_value) if kind == _COUNT else parse_reset(raw_value, now_ms)
+            if parsed is not None:
+                values[field] = parsed
+    for field in rejected:
+        values[field] = max(float(values.get(field, 1.0)), 1.0)
+    if not values:
+        return None
+    return RateLimitSnapshot(**values)
+
+
+def _used(limit: int | None, remaining: int | None) -> float | None:
+    if limit is None or remaining is None or limit <= 0:
+        return None
+    return min(max(1.0 - remaining / limit, 0.0), 1.0)
+
+
+def used_fractions(snap: RateLimitSnapshot) -> dict[str, float]:
+    """How full each reported limit is, keyed for the quota engine: ``requests``, ``tokens``,
+    ``percent/5h``, ``percent/weekly``; only keys the snapshot knows are present.
+
+    ``tokens`` is the fullest of the combined, input and output token limits (Anthropic splits
+    them; whichever runs out first stops the account).
+    """
+    out: dict[str, float] = {}
+    req = _used(snap.requests_limit, snap.requests_remaining)
+    if req is not None:
+        out["requests"] = req
+    tok = [
+        u
+        for u in (
+            _used(snap.tokens_limit, snap.tokens_remaining),
+            _used(snap.input_tokens_limit, snap.input_tokens_remaining),
+            _used(snap.output_tokens_limit, snap.output_tokens_remaining),
+        )
+        if u is not None
+    ]
+    if tok:
+        out["tokens"] = max(tok)
+    if snap.unified_5h_utilization is not None:
+        out["percent/5h"] = snap.unified_5h_utilization
+    if snap.unified_7d_utilization is not None:
+        out["percent/weekly"] = snap.unified_7d_utilization
+    return out

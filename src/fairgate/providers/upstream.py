@@ -1,0 +1,81 @@
+"""Sending a request to a connection: one pooled aiohttp session, per-protocol auth headers.
+
+This is the small transport interface the proxy talks to (as httpx's transports are to its
+client): tests and the mock upstream exercise the real one over loopback.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import aiohttp
+
+from fairgate.registry import Connection, Protocol
+
+ANTHROPIC_VERSION = "2023-06-01"
+
+#: Client headers worth passing upstream (everything else, auth above all, is ours to set).
+_FORWARD = ("anthropic-beta", "openai-organization", "openai-project")
+
+
+def upstream_headers(conn: Connection, client_headers: Mapping[str, str]) -> dict[str, str]:
+    headers = {"content-type": "application/json", "accept-encoding": "identity"}
+    if conn.protocol is Protocol.ANTHROPIC:
+        headers["x-api-key"] = conn.secret
+        headers["anthropic-version"] = client_headers.get("anthropic-version", ANTHROPIC_VERSION)
+    else:
+        headers["authorization"] = f"Bearer {conn.secret}"
+    for name in _FORWARD:
+        value = client_headers.get(name)
+        if value:
+            headers[name] = value
+    if conn.provider == "mock":
+        # the mock upstream takes fault-injection instructions from x-mock-* headers
+        for name, value in client_headers.items():
+            if name.startswith("x-mock-"):
+                headers[name] = value
+    return headers
+
+
+def upstream_url(conn: Connection, path: str) -> str:
+    """``base_url`` ends with the API version (``.../v1``) as in the official SDKs."""
+    return conn.base_url.rstrip("/") + path
+
+
+class UpstreamClient:
+    """One keep-alive connection pool for every upstream; created inside the running loop."""
+
+    def __init__(self, *, timeout_s: float = 600.0, connect_timeout_s: float = 10.0) -> None:
+        self._timeout = aiohttp.ClientTimeout(
+            total=None, connect=connect_timeout_s, sock_read=timeout_s
+        )
+        self._session: aiohttp.ClientSession | None = None
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, keepalive_timeout=60)
+            self._session = aiohttp.ClientSession(
+                connector=connector,
+                timeout=self._timeout,
+                auto_decompress=False,
+                skip_auto_headers=("User-Agent",),
+            )
+        return self._session
+
+    async def post(
+        self,
+        conn: Connection,
+        path: str,
+        body: bytes,
+        client_headers: Mapping[str, str],
+    ) -> aiohttp.ClientResponse:
+        return await self.session.post(
+            upstream_url(conn, path),
+            data=body,
+            headers=upstream_headers(conn, client_headers),
+        )
+
+    async def close(self) -> None:
+        if self._session is not None and not self._session.closed:
+            await self._session.close()

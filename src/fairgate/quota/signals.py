@@ -1,0 +1,272 @@
+"""Provider saturation signals and account buckets (SPEC §5). Pure apart from the injected clock.
+
+Our counters only see traffic that went through this gateway; the provider sees everything
+(other tools on the same account, other replicas before they synced). Its rate-limit headers are
+therefore the better judge of how full an account is:
+
+- ``SaturationSignals`` keeps the latest used fractions per connection for 30 s and hands the
+  fair-share engine, per pool dimension, the fullest member's fraction; the engine takes the max
+  of that and its own total/limit, so a pool goes strict when the provider says it is filling.
+- ``AccountBuckets`` remembers, per connection, whether the 5-hour, 7-day or per-model-family
+  7-day subscription window is exhausted, so quota-share routing moves that connection to the
+  tail until the window resets.
+- ``SingleFlight`` lets concurrent requests that miss a signal share one fetch of it.
+
+Memory is bounded: both stores are plain dicts keyed by connection id, capped at
+``max_connections`` entries; past the cap the least recently updated connection is dropped (a
+dict keeps insertion order and an update re-inserts). Buckets per connection are capped at
+``MAX_BUCKETS_PER_CONNECTION`` by dropping the least recently observed ``7d:<family>`` bucket;
+``5h`` and ``7d`` are never dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import re
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar, cast
+
+from fairgate.clock import Clock
+from fairgate.providers.ratelimit import RateLimitSnapshot, used_fractions
+
+__all__ = ["AccountBuckets", "BucketState", "SaturationSignals", "SingleFlight", "family_of"]
+
+T = TypeVar("T")
+
+DEFAULT_TTL_MS = 30_000
+DEFAULT_MAX_CONNECTIONS = 10_000
+MAX_BUCKETS_PER_CONNECTION = 32
+_CORE_BUCKETS = frozenset({"5h", "7d"})
+
+
+def _touch(store: dict[str, Any], key: str, value: Any, cap: int) -> None:
+    """Insert ``key`` as the most recent entry, evicting the least recent past ``cap``."""
+    store.pop(key, None)
+    store[key] = value
+    while len(store) > cap:
+        del store[next(iter(store))]
+
+
+@dataclass(frozen=True, slots=True)
+class _Reading:
+    at_ms: int
+    fractions: dict[str, float]
+
+
+# percent dimension window → the used_fractions key that feeds it
+_PERCENT_KEYS = {"5h": "percent/5h", "weekly": "percent/weekly"}
+
+
+class SaturationSignals:
+    """The provider's used fraction per connection and dimension, valid for ``ttl_ms``."""
+
+    __slots__ = ("_clock", "_max", "_readings", "ttl_ms")
+
+    def __init__(
+        self,
+        clock: Clock,
+        ttl_ms: int = DEFAULT_TTL_MS,
+        *,
+        max_connections: int = DEFAULT_MAX_CONNECTIONS,
+    ) -> None:
+        self._clock = clock
+        self.ttl_ms = ttl_ms
+        self._max = max_connections
+        self._readings: dict[str, _Reading] = {}
+
+    def update(self, connection_id: str, snap: RateLimitSnapshot) -> None:
+        """Record a response's snapshot. A snapshot reporting nothing usable keeps the previous
+        reading (its age still counts from when it was taken)."""
+        fractions = used_fractions(snap)
+        if fractions:
+            _touch(
+                self._readings, connection_id, _Reading(self._clock.now_ms(), fractions), self._max
+            )
+
+    def _fresh(self, connection_id: str, now_ms: int) -> dict[str, float] | None:
+        reading = self._readings.get(connection_id)
+        if reading is None:
+            return None
+        if now_ms - reading.at_ms > self.ttl_ms:
+            del self._readings[connection_id]  # expired: drop lazily
+            return None
+        return reading.fractions
+
+    @staticmethod
+    def _pick(fractions: dict[str, float], unit: str, window: str) -> float:
+        if unit == "percent":
+            key = _PERCENT_KEYS.get(window)
+            return fractions.get(key, 0.0) if key else 0.0
+        if unit in ("requests", "tokens"):
+            return fractions.get(unit, 0.0)
+        return 0.0
+
+    def fraction(self, connection_id: str, unit: str, window: str) -> float:
+        """Used fraction the provider reported for ``unit``/``window`` on this connection.
+
+        ``percent/5h`` ← unified 5h utilization, ``percent/weekly`` ← unified 7d; ``requests/*``
+        and ``tokens/*`` ← 1 - remaining/limit (the provider's own window, whatever ours is).
+        0.0 when unknown or older than the ttl.
+        """
+        fractions = self._fresh(connection_id, self._clock.now_ms())
+        return 0.0 if fractions is None else self._pick(fractions, unit, window)
+
+    def for_pool(
+        self, connection_ids: Sequence[str], dimension_keys: Sequence[str]
+    ) -> dict[str, float]:
+        """``{"<unit>/<window>": fraction}`` for every key: the fullest member connection wins,
+        because a pool's members share one plan and the first to fill limits the pool."""
+        now = self._clock.now_ms()
+        readings = [f for c in connection_ids if (f := self._fresh(c, now)) is not None]
+        out: dict[str, float] = {}
+        for key in dimension_keys:
+            unit, _, window = key.partition("/")
+            out[key] = max((self._pick(f, unit, window) for f in readings), default=0.0)
+        return out
+
+    def forget(self, connection_id: str) -> None:
+        self._readings.pop(connection_id, None)
+
+
+class SingleFlight:
+    """Concurrent calls for the same key share one execution of ``fn``.
+
+    The fetch runs in its own task, so a caller that is cancelled (its client went away) does
+    not cancel the fetch the other callers are waiting for. The key is free again as soon as the
+    fetch ends, so later calls fetch afresh (caching the result is the caller's business).
+    """
+
+    __slots__ = ("_inflight",)
+
+    def __init__(self) -> None:
+        self._inflight: dict[str, asyncio.Future[Any]] = {}
+
+    @property
+    def inflight(self) -> int:
+        return len(self._inflight)
+
+    async def do(self, key: str, fn: Callable[[], Awaitable[T]]) -> T:
+        fut = self._inflight.get(key)
+        if fut is None:
+            fut = asyncio.ensure_future(fn())
+            self._inflight[key] = fut
+            fut.add_done_callback(functools.partial(self._done, key))
+        return cast(T, await asyncio.shield(fut))
+
+    def _done(self, key: str, fut: asyncio.Future[Any]) -> None:
+        if self._inflight.get(key) is fut:
+            del self._inflight[key]
+        if not fut.cancelled():
+            fut.exception()  # mark retrieved: every waiter may have gone away
+
+
+# -- account buckets ----------------------------------------------------------------------------
+
+_DATE_SUFFIX = re.compile(r"(?:[-@_](?:\d{8}|\d{4}-\d{2}-\d{2}|\d{4})|-latest)$")
+_CLAUDE_FAMILY = re.compile(r"(?:^|[-_.])(opus|sonnet|haiku)(?:$|[-_.])")
+
+
+def family_of(model: str) -> str | None:
+    """The model's family codename, for the per-family weekly bucket ``7d:<family>``.
+
+    Claude models → ``opus`` / ``sonnet`` / ``haiku`` whatever the version and naming order
+    (``claude-3-5-sonnet-20241022``, ``claude-opus-4-1``). Other models → the id without its
+    ``provider/`` prefix, date or ``-latest`` suffix, lower-cased (``gpt-4o-2024-08-06`` →
+    ``gpt-4o``, ``o3-2025-04-16`` → ``o3``, ``gpt-4o-mini`` stays ``gpt-4o-mini``: it has its own
+    limits). None for an empty id.
+    """
+    name = model.strip().lower().rpartition("/")[2]
+    name = name.partition(":")[0]  # Bedrock-style "...-v1:0" or Ollama-style ":8b" tags
+    m = _CLAUDE_FAMILY.search(name)
+    if m is not None:
+        return m.group(1)
+    prev = None
+    while prev != name:
+        prev = name
+        name = _DATE_SUFFIX.sub("", name)
+    return name or None
+
+
+@dataclass(frozen=True, slots=True)
+class BucketState:
+    """One window's last reading: used fraction, and when it resets (None = unknown)."""
+
+    used: float
+    reset_ms: int | None
+    at_ms: int
+
+    @property
+    def saturated(self) -> bool:
+        return self.used >= 1.0
+
+
+class AccountBuckets:
+    """Per-connection 5h / 7d / 7d:<family> saturation (SPEC §5).
+
+    A bucket is saturated when its last reading is ≥ 1.0. It clears lazily: when its reset time
+    has passed (checked on read), or when a reading < 1.0 arrives. A saturated bucket with an
+    unknown reset stays saturated until a lower reading comes.
+    """
+
+    __slots__ = ("_buckets", "_clock", "_max")
+
+    def __init__(self, clock: Clock, *, max_connections: int = DEFAULT_MAX_CONNECTIONS) -> None:
+        self._clock = clock
+        self._max = max_connections
+        self._buckets: dict[str, dict[str, BucketState]] = {}
+
+    def observe(
+        self, connection_id: str, bucket: str, used_fraction: float, reset_ms: int | None
+    ) -> None:
+        buckets = self._buckets.get(connection_id)
+        if buckets is None:
+            buckets = {}
+        state = BucketState(float(used_fraction), reset_ms, self._clock.now_ms())
+        buckets.pop(bucket, None)
+        buckets[bucket] = state
+        if len(buckets) > MAX_BUCKETS_PER_CONNECTION:
+            # drop the least recently observed family bucket; 5h and 7d always stay
+            oldest = next(k for k in buckets if k not in _CORE_BUCKETS)
+            del buckets[oldest]
+        _touch(self._buckets, connection_id, buckets, self._max)
+
+    def observe_snapshot(self, connection_id: str, model: str, snap: RateLimitSnapshot) -> None:
+        """Unified 5h → ``5h``; unified 7d → ``7d`` and, when the model has a family,
+        ``7d:<family>``."""
+        if snap.unified_5h_utilization is not None:
+            self.observe(connection_id, "5h", snap.unified_5h_utilization, snap.unified_5h_reset_ms)
+        if snap.unified_7d_utilization is not None:
+            util, reset = snap.unified_7d_utilization, snap.unified_7d_reset_ms
+            self.observe(connection_id, "7d", util, reset)
+            family = family_of(model)
+            if family is not None:
+                self.observe(connection_id, f"7d:{family}", util, reset)
+
+    def _saturated(self, buckets: dict[str, BucketState], name: str, now_ms: int) -> bool:
+        state = buckets.get(name)
+        if state is None or not state.saturated:
+            return False
+        if state.reset_ms is not None and now_ms >= state.reset_ms:
+            del buckets[name]  # the window reset: clear lazily
+            return False
+        return True
+
+    def is_saturated(self, connection_id: str, model: str) -> bool:
+        """Whether any of ``5h``, ``7d`` or ``7d:<family(model)>`` is exhausted right now."""
+        buckets = self._buckets.get(connection_id)
+        if not buckets:
+            return False
+        now = self._clock.now_ms()
+        if self._saturated(buckets, "5h", now) or self._saturated(buckets, "7d", now):
+            return True
+        family = family_of(model)
+        return family is not None and self._saturated(buckets, f"7d:{family}", now)
+
+    def buckets(self, connection_id: str) -> dict[str, BucketState]:
+        """A copy of the connection's buckets (for the dashboard and health API)."""
+        return dict(self._buckets.get(connection_id, {}))
+
+    def forget(self, connection_id: str) -> None:
+        self._buckets.pop(connection_id, None)

@@ -1,0 +1,138 @@
+"""What the hot path reads: an immutable, in-memory snapshot of the metadata DB.
+
+The proxy never queries the metadata DB per request: connections, client keys (by hash) and pools
+(by member connection) are loaded into a :class:`Registry` and swapped atomically whenever the
+admin API changes something. Lookups are dict hits, so a request costs O(1) whatever the number
+of keys, pools or connections.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from fairgate.quota.model import Pool
+
+
+class Protocol(StrEnum):
+    """The wire format a connection speaks upstream."""
+
+    OPENAI = "openai"  # chat completions: openai, codex, kimi, glm, minimax, deepseek, mock, ...
+    ANTHROPIC = "anthropic"  # messages: anthropic, claude
+
+
+#: Providers that speak the Anthropic messages API; every other provider is OpenAI-compatible.
+ANTHROPIC_PROVIDERS = frozenset({"anthropic", "claude"})
+
+
+def protocol_for(provider: str, explicit: str | None = None) -> Protocol:
+    if explicit:
+        return Protocol(explicit)
+    return Protocol.ANTHROPIC if provider in ANTHROPIC_PROVIDERS else Protocol.OPENAI
+
+
+@dataclass(frozen=True, slots=True)
+class Connection:
+    """One upstream account. ``secret`` is the upstream credential: never logged or returned."""
+
+    id: str
+    provider: str
+    base_url: str
+    secret: str = field(repr=False)
+    protocol: Protocol = Protocol.OPENAI
+    auth_type: str = "apikey"  # apikey | oauth
+    weight: float = 1.0
+    max_concurrent: int | None = None
+    models: tuple[str, ...] = ()  # models this connection serves; empty = any
+    enabled: bool = True
+
+    def serves(self, model: str) -> bool:
+        return not self.models or model in self.models
+
+
+@dataclass(frozen=True, slots=True)
+class ClientKey:
+    """A gateway API key. Only the SHA-256 of the secret is kept; ``prefix`` is for display."""
+
+    id: str
+    name: str
+    key_hash: str
+    prefix: str
+    enabled: bool = True
+    allowed_models: tuple[str, ...] = ()  # empty = any
+
+
+def hash_key(secret: str) -> str:
+    return hashlib.sha256(secret.encode("utf-8")).hexdigest()
+
+
+@dataclass(frozen=True)
+class Registry:
+    connections: Mapping[str, Connection] = field(default_factory=dict)
+    keys_by_hash: Mapping[str, ClientKey] = field(default_factory=dict)
+    pools: Mapping[str, Pool] = field(default_factory=dict)
+    pool_by_connection: Mapping[str, Pool] = field(default_factory=dict)
+    by_provider: Mapping[str, tuple[Connection, ...]] = field(default_factory=dict)
+    default_provider: str | None = None
+    version: int = 0
+
+    @classmethod
+    def build(
+        cls,
+        connections: Iterable[Connection],
+        keys: Iterable[ClientKey],
+        pools: Iterable[Pool],
+        *,
+        default_provider: str | None = None,
+        version: int = 0,
+    ) -> Registry:
+        conns = {c.id: c for c in connections}
+        by_provider: dict[str, list[Connection]] = {}
+        for c in conns.values():
+            if c.enabled:
+                by_provider.setdefault(c.provider, []).append(c)
+        pool_map = {p.id: p for p in pools}
+        by_conn: dict[str, Pool] = {}
+        for p in pool_map.values():
+            for cid in p.connections:
+                by_conn.setdefault(cid, p)
+        return cls(
+            connections=conns,
+            keys_by_hash={k.key_hash: k for k in keys},
+            pools=pool_map,
+            pool_by_connection=by_conn,
+            by_provider={k: tuple(v) for k, v in by_provider.items()},
+            default_provider=default_provider,
+            version=version,
+        )
+
+    def authenticate(self, secret: str) -> ClientKey | None:
+        """The enabled key whose hash matches. The dict lookup is by hash (no secret prefix is
+        ever compared), and the final compare is constant-time."""
+        digest = hash_key(secret)
+        key = self.keys_by_hash.get(digest)
+        if key is None or not hmac.compare_digest(key.key_hash, digest) or not key.enabled:
+            return None
+        return key
+
+    def candidates(self, model: str) -> tuple[str, tuple[Connection, ...]]:
+        """Resolve ``provider/model`` or a bare model to (upstream model name, connections).
+
+        A bare model goes to the connections that list it, else to the default provider.
+        """
+        provider, sep, name = model.partition("/")
+        if sep and provider in self.by_provider:
+            return name, tuple(c for c in self.by_provider[provider] if c.serves(name))
+        listed = tuple(
+            c for conns in self.by_provider.values() for c in conns if model in c.models
+        )
+        if listed:
+            return model, listed
+        if self.default_provider and self.default_provider in self.by_provider:
+            return model, tuple(
+                c for c in self.by_provider[self.default_provider] if c.serves(model)
+            )
+        return model, ()

@@ -1,0 +1,194 @@
+"""The ``/api`` admin app (FastAPI): pools, plans, usage, preview, connections, keys, settings.
+
+Mounted by the main app at ``/api``; routes are declared without the prefix and the schema is at
+``/openapi.json`` (``/api/openapi.json`` once mounted).
+
+Authentication happens in :class:`AdminGuard`, an ASGI middleware, *before* the body is read, so
+an unauthenticated caller learns nothing, not even whether its JSON parses. The same guard turns
+any unexpected exception into a sanitized 500 (no traceback, path or secret), so a bad input can
+never surface as a stack trace. The route-level security dependency only documents the two
+accepted headers in the OpenAPI schema (and re-checks, should the guard ever be removed).
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+from typing import Annotated
+
+import orjson
+from fastapi import Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
+from starlette.datastructures import Headers
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.responses import Response
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from fairgate import __version__
+from fairgate.config import dotted
+from fairgate.db.common import Conflict, Invalid, NotFound, RepoError
+from fairgate.server.admin_common import AdminError, error_response
+from fairgate.server.admin_pools import router as pools_router
+from fairgate.server.admin_resources import router as resources_router
+from fairgate.server.state import Gateway
+
+log = logging.getLogger("fairgate.admin")
+
+OPENAPI_PATH = "/openapi.json"
+_PUBLIC = frozenset({OPENAPI_PATH})
+
+_bearer = HTTPBearer(auto_error=False, description="Authorization: Bearer <admin key>")
+_header = APIKeyHeader(name="x-admin-key", auto_error=False, description="The admin key")
+
+
+def admin_problem(gw: Gateway, headers: Headers) -> str | None:
+    """Why this request may not use the admin API, or None. The compare is constant-time."""
+    if not gw.admin_key:
+        return "The admin API is disabled: set FAIRGATE_ADMIN_KEY to enable it"
+    presented = headers.get("x-admin-key")
+    if not presented:
+        scheme, _, token = headers.get("authorization", "").partition(" ")
+        presented = token.strip() if scheme.lower() == "bearer" else ""
+    if not presented:
+        return "Missing admin key: send 'Authorization: Bearer <admin key>' or 'x-admin-key'"
+    if hmac.compare_digest(presented.encode("utf-8"), gw.admin_key.encode("utf-8")):
+        return None
+    if gw.registry.authenticate(presented) is not None:
+        return "Client keys cannot use the admin API; use the admin key"
+    return "Invalid admin key"
+
+
+def _route_path(scope: Scope) -> str:
+    """The path inside this app (Starlette keeps the full path and sets ``root_path``)."""
+    path: str = scope.get("path", "")
+    root: str = scope.get("root_path", "")
+    return path[len(root) :] if root and path.startswith(root) else path
+
+
+class AdminGuard:
+    """Admin key check before anything else, and the last-resort 500."""
+
+    def __init__(self, app: ASGIApp, gw: Gateway) -> None:
+        self.app = app
+        self.gw = gw
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        if _route_path(scope) not in _PUBLIC:
+            problem = admin_problem(self.gw, Headers(scope=scope))
+            if problem is not None:
+                resp = error_response(401, problem, headers={"WWW-Authenticate": "Bearer"})
+                await resp(scope, receive, send)
+                return
+        started = False
+
+        async def tracked(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracked)
+        except Exception as exc:
+            log.error(
+                "admin API error",
+                extra={"path": _route_path(scope), "error": type(exc).__name__},
+                exc_info=True,
+            )
+            if started:
+                raise
+            resp = error_response(500, "Internal error in the admin API")
+            await resp(scope, receive, send)
+
+
+async def require_admin(
+    request: Request,
+    _bearer_cred: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+    _header_key: Annotated[str | None, Depends(_header)],
+) -> None:
+    problem = admin_problem(request.app.state.gateway, request.headers)
+    if problem is not None:
+        raise AdminError(401, problem)
+
+
+def _validation_fields(exc: RequestValidationError) -> tuple[bool, list[tuple[str, str]]]:
+    """(is malformed JSON, [(field, message)]). The location's first part (body, query, path)
+    is dropped; the rejected input is never echoed."""
+    fields: list[tuple[str, str]] = []
+    malformed = False
+    for err in exc.errors():
+        if err.get("type") == "json_invalid":
+            malformed = True
+            continue
+        loc = tuple(err.get("loc", ()))
+        if loc and loc[0] in ("body", "query", "path", "header") and len(loc) > 1:
+            loc = loc[1:]
+        msg = str(err.get("msg", "invalid value")).removeprefix("Value error, ")
+        fields.append((dotted(loc), msg))
+    return malformed, fields
+
+
+def _install_error_handlers(app: FastAPI) -> None:
+    async def on_validation(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, RequestValidationError)
+        malformed, fields = _validation_fields(exc)
+        if malformed:
+            return error_response(400, "Malformed JSON in the request body")
+        if isinstance(exc.body, bytes | str) and exc.body:
+            # the body was not parsed: not JSON, or JSON sent without a JSON content type
+            try:
+                orjson.loads(exc.body)
+            except orjson.JSONDecodeError:
+                return error_response(400, "Malformed JSON in the request body")
+            return error_response(400, "Send the body as JSON (Content-Type: application/json)")
+        summary = "; ".join(f"{f}: {m}" for f, m in fields) or "invalid request"
+        return error_response(422, summary, fields)
+
+    async def on_http(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, StarletteHTTPException)
+        if exc.status_code == 404:
+            message = f"No route for {request.method} {_route_path(request.scope)}"
+        elif exc.status_code == 405:
+            message = f"Method {request.method} not allowed here"
+        else:
+            message = str(exc.detail) if isinstance(exc.detail, str) else "request failed"
+        return error_response(exc.status_code, message, headers=dict(exc.headers or {}))
+
+    async def on_admin(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, AdminError)
+        headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
+        return error_response(exc.status, exc.message, exc.fields, headers)
+
+    async def on_repo(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, RepoError)
+        if isinstance(exc, Invalid):
+            return error_response(422, str(exc), exc.problems)
+        status = 404 if isinstance(exc, NotFound) else 409 if isinstance(exc, Conflict) else 400
+        return error_response(status, str(exc))
+
+    app.add_exception_handler(RequestValidationError, on_validation)
+    app.add_exception_handler(StarletteHTTPException, on_http)
+    app.add_exception_handler(AdminError, on_admin)
+    app.add_exception_handler(RepoError, on_repo)
+
+
+def create_admin_app(gw: Gateway) -> FastAPI:
+    """The admin app over ``gw`` (which may not be started yet: routes read it per request)."""
+    app = FastAPI(
+        title="fairgate admin API",
+        version=__version__,
+        openapi_url=OPENAPI_PATH,
+        docs_url=None,
+        redoc_url=None,
+        dependencies=[Depends(require_admin)],
+    )
+    app.state.gateway = gw
+    _install_error_handlers(app)
+    app.include_router(pools_router)
+    app.include_router(resources_router)
+    app.add_middleware(AdminGuard, gw=gw)
+    return app

@@ -1,0 +1,533 @@
+"""Request and response bodies of the admin API (pydantic), and their mapping to domain types.
+
+Why a model for every body, responses included: the OpenAPI schema is generated from them and is
+fuzzed, so it must say exactly what the API accepts and returns. JSON is camelCase (the
+dashboard's convention); request bodies also accept the snake_case names of the config file, so
+a pool from the YAML file can be POSTed as is. Secrets are write-only: no response model has a
+field that could carry one.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from typing import Annotated, Any, Literal, Self
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    field_validator,
+    model_validator,
+)
+from pydantic.alias_generators import to_camel
+
+from fairgate.config import CapValue, HttpUrl, Id, Limit, ModelName, Weight
+from fairgate.db.pools import PoolRecord
+from fairgate.quota.decision import Outcome, Reason
+from fairgate.quota.model import Allocation, Dimension, ModelCap, Policy, ShareMode
+from fairgate.quota.units import Unit, Window
+from fairgate.quota.usage import PoolUsage
+from fairgate.registry import ClientKey, Connection
+
+Name = Annotated[str, StringConstraints(max_length=200)]
+Fraction = Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)]
+RedisUrl = Annotated[
+    str, StringConstraints(pattern=r"^(redis|rediss|unix)://\S+$", max_length=2000)
+]
+
+
+class ApiModel(BaseModel):
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        validate_by_name=True,
+        validate_by_alias=True,
+        serialize_by_alias=True,
+        extra="forbid",
+    )
+
+
+def _no_duplicates(values: Sequence[str], what: str) -> None:
+    dups = sorted(v for v, n in Counter(values).items() if n > 1)
+    if dups:
+        raise ValueError(f"duplicate {what}: {', '.join(dups)}")
+
+
+# -- quota building blocks --------------------------------------------------------------------
+
+
+class DimensionIn(ApiModel):
+    unit: Unit
+    window: Window
+    limit: Limit
+
+    def to_domain(self) -> Dimension:
+        return Dimension(self.unit, self.window, self.limit)
+
+    @classmethod
+    def of(cls, d: Dimension) -> DimensionIn:
+        return cls(unit=d.unit, window=d.window, limit=d.limit)
+
+
+def _unique_dims(dims: list[DimensionIn]) -> list[DimensionIn]:
+    """Two dimensions with the same unit and window would share one counter."""
+    _no_duplicates([f"{d.unit.value}/{d.window.value}" for d in dims], "dimension")
+    return dims
+
+
+class DimensionOut(ApiModel):
+    key: str
+    unit: Unit
+    window: Window
+    limit: float
+    enforced: bool = Field(description="False when the limit is unknown (0): shown, not enforced")
+
+    @classmethod
+    def of(cls, d: Dimension) -> DimensionOut:
+        return cls(key=d.key, unit=d.unit, window=d.window, limit=d.limit, enforced=d.known)
+
+
+class ModelCapIn(ApiModel):
+    model: ModelName
+    unit: Unit
+    limit: Limit
+
+    def to_domain(self) -> ModelCap:
+        return ModelCap(self.model, self.unit, self.limit)
+
+    @classmethod
+    def of(cls, c: ModelCap) -> ModelCapIn:
+        return cls(model=c.model, unit=c.unit, limit=c.limit)
+
+
+def unique_caps(caps: Sequence[ModelCapIn]) -> None:
+    _no_duplicates([f"{c.model} {c.unit.value}" for c in caps], "model cap")
+
+
+class AllocationIn(ApiModel):
+    key: Id
+    weight: Weight = 0.0
+    policy: Policy = Policy.HARD
+    cap_value: CapValue | None = None
+    cap_unit: Unit | None = None
+    model_caps: list[ModelCapIn] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _cap_pair(self) -> Self:
+        if (self.cap_value is None) != (self.cap_unit is None):
+            raise ValueError("capValue and capUnit must be given together")
+        return self
+
+    @field_validator("model_caps")
+    @classmethod
+    def _caps(cls, v: list[ModelCapIn]) -> list[ModelCapIn]:
+        unique_caps(v)
+        return v
+
+    def to_domain(self) -> Allocation:
+        return Allocation(
+            key_id=self.key,
+            weight=self.weight,
+            cap_value=self.cap_value,
+            cap_unit=self.cap_unit,
+            policy=self.policy,
+            model_caps=tuple(c.to_domain() for c in self.model_caps),
+        )
+
+    @classmethod
+    def of(cls, a: Allocation) -> AllocationIn:
+        return cls(
+            key=a.key_id,
+            weight=a.weight,
+            policy=a.policy,
+            cap_value=a.cap_value,
+            cap_unit=a.cap_unit,
+            model_caps=[ModelCapIn.of(c) for c in a.model_caps],
+        )
+
+
+def _unique_allocs(allocs: list[AllocationIn]) -> list[AllocationIn]:
+    _no_duplicates([a.key for a in allocs], "allocation for key")
+    return allocs
+
+
+ActiveWindowS = Annotated[float, Field(ge=1, le=30 * 86_400, allow_inf_nan=False)]
+
+
+class PoolIn(ApiModel):
+    """A pool as created, exported and imported (the config file's pool, camelCase)."""
+
+    id: Id
+    name: Name = ""
+    connections: list[Id] = Field(min_length=1)
+    share_mode: ShareMode = ShareMode.STATIC
+    active_window_s: ActiveWindowS = 900.0
+    dimensions: list[DimensionIn] = Field(
+        default_factory=list,
+        description="Empty: the resolved plan of the first member connection",
+    )
+    allocations: list[AllocationIn] = Field(default_factory=list)
+
+    @field_validator("connections")
+    @classmethod
+    def _members(cls, v: list[str]) -> list[str]:
+        _no_duplicates(v, "connection")
+        return v
+
+    @field_validator("dimensions")
+    @classmethod
+    def _dims(cls, v: list[DimensionIn]) -> list[DimensionIn]:
+        return _unique_dims(v)
+
+    @field_validator("allocations")
+    @classmethod
+    def _allocs(cls, v: list[AllocationIn]) -> list[AllocationIn]:
+        return _unique_allocs(v)
+
+    def to_record(self) -> PoolRecord:
+        return PoolRecord(
+            id=self.id,
+            name=self.name or self.id,
+            connections=tuple(self.connections),
+            dimensions=tuple(d.to_domain() for d in self.dimensions),
+            allocations=tuple(a.to_domain() for a in self.allocations),
+            share_mode=self.share_mode,
+            active_window_ms=round(self.active_window_s * 1000),
+        )
+
+    @classmethod
+    def of(cls, rec: PoolRecord) -> PoolIn:
+        return cls(
+            id=rec.id,
+            name=rec.name,
+            connections=list(rec.connections),
+            share_mode=rec.share_mode,
+            active_window_s=rec.active_window_ms / 1000,
+            dimensions=[DimensionIn.of(d) for d in rec.dimensions],
+            allocations=[AllocationIn.of(a) for a in rec.allocations],
+        )
+
+
+class PoolPatch(ApiModel):
+    """Fields given replace the stored ones (lists are replaced whole); absent fields stay."""
+
+    name: Name | None = None
+    share_mode: ShareMode | None = None
+    active_window_s: ActiveWindowS | None = None
+    dimensions: list[DimensionIn] | None = None
+    connections: list[Id] | None = Field(default=None, min_length=1)
+    allocations: list[AllocationIn] | None = None
+
+    @field_validator("connections")
+    @classmethod
+    def _members(cls, v: list[str] | None) -> list[str] | None:
+        _no_duplicates(v or [], "connection")
+        return v
+
+    @field_validator("dimensions")
+    @classmethod
+    def _dims(cls, v: list[DimensionIn] | None) -> list[DimensionIn] | None:
+        return None if v is None else _unique_dims(v)
+
+    @field_validator("allocations")
+    @classmethod
+    def _allocs(cls, v: list[AllocationIn] | None) -> list[AllocationIn] | None:
+        return None if v is None else _unique_allocs(v)
+
+
+class PoolOut(PoolIn):
+    provider: str
+    effective_dimensions: list[DimensionOut] = Field(
+        description="What the engine enforces: the pool's dimensions, else the plan's"
+    )
+    plan_source: Literal["pool", "override", "catalog", "empty"]
+
+
+class PoolsExport(ApiModel):
+    version: Literal[1] = 1
+    pools: list[PoolIn] = Field(default_factory=list)
+
+    @field_validator("pools")
+    @classmethod
+    def _ids(cls, v: list[PoolIn]) -> list[PoolIn]:
+        _no_duplicates([p.id for p in v], "pool id")
+        return v
+
+
+class ImportResult(ApiModel):
+    created: int
+    updated: int
+    unchanged: int
+
+
+# -- usage, log, preview ----------------------------------------------------------------------
+
+
+class KeyUsageOut(ApiModel):
+    key_id: str
+    weight: float
+    policy: str
+    consumed: float
+    fair_share: float
+    surplus: float
+    borrowing: bool
+    cap: float | None
+
+
+class DimensionUsageOut(ApiModel):
+    key: str
+    unit: str
+    window: str
+    limit: float
+    enforced: bool
+    total: float
+    used_fraction: float
+    strict: bool
+    burn_rate_per_s: float
+    time_to_exhaustion_ms: int | None
+    keys: list[KeyUsageOut]
+
+
+class PoolUsageOut(ApiModel):
+    pool_id: str
+    at_ms: int
+    dimensions: list[DimensionUsageOut]
+
+    @classmethod
+    def of(cls, u: PoolUsage) -> PoolUsageOut:
+        return cls(
+            pool_id=u.pool_id,
+            at_ms=u.at_ms,
+            dimensions=[
+                DimensionUsageOut(
+                    key=d.key,
+                    unit=d.unit,
+                    window=d.window,
+                    limit=d.limit,
+                    enforced=d.enforced,
+                    total=d.total,
+                    used_fraction=d.used_fraction,
+                    strict=d.strict,
+                    burn_rate_per_s=d.burn_rate_per_s,
+                    time_to_exhaustion_ms=d.time_to_exhaustion_ms,
+                    keys=[
+                        KeyUsageOut(
+                            key_id=k.key_id,
+                            weight=k.weight,
+                            policy=k.policy,
+                            consumed=k.consumed,
+                            fair_share=k.fair_share,
+                            surplus=k.surplus,
+                            borrowing=k.borrowing,
+                            cap=k.cap,
+                        )
+                        for k in d.keys
+                    ],
+                )
+                for d in u.dimensions
+            ],
+        )
+
+
+class PoolLogOut(ApiModel):
+    pool_id: str
+    events: list[dict[str, Any]]
+
+
+class PreviewDimensionOut(ApiModel):
+    key: str
+    unit: Unit
+    scope: Literal["pool", "model"]
+    limit: float
+    total: float
+    consumed: float
+    fair_share: float
+    cap: float | None
+    cost: float
+    used_fraction: float
+    strict: bool
+
+
+class PreviewOut(ApiModel):
+    pool: str
+    key: str
+    model: str | None
+    allocated: bool = Field(description="False: the key has no allocation (weight 0, hard)")
+    policy: Policy
+    outcome: Outcome
+    reason: Reason | None
+    dimension: str | None
+    retry_after_ms: int | None
+    threshold: float
+    dimensions: list[PreviewDimensionOut]
+
+
+# -- plans ------------------------------------------------------------------------------------
+
+
+class PlanIn(ApiModel):
+    dimensions: list[DimensionIn] = Field(min_length=1)
+
+    @field_validator("dimensions")
+    @classmethod
+    def _dims(cls, v: list[DimensionIn]) -> list[DimensionIn]:
+        return _unique_dims(v)
+
+
+class PlanOut(ApiModel):
+    connection_id: str
+    provider: str
+    source: Literal["override", "catalog", "empty"]
+    dimensions: list[DimensionOut]
+
+
+# -- connections and keys ---------------------------------------------------------------------
+
+
+class ConnectionIn(ApiModel):
+    id: Id
+    provider: Id
+    base_url: HttpUrl
+    secret: str = Field(default="", max_length=10_000, repr=False, description="Write-only")
+    auth_type: Literal["apikey", "oauth"] = "apikey"
+    weight: Weight = 1.0
+    max_concurrent: int | None = Field(default=None, ge=0, le=1_000_000)
+    models: list[ModelName] = Field(default_factory=list)
+    protocol: Literal["openai", "anthropic"] | None = None
+    enabled: bool = True
+
+
+class ConnectionPatch(ApiModel):
+    provider: Id | None = None
+    base_url: HttpUrl | None = None
+    secret: str | None = Field(default=None, max_length=10_000, repr=False)
+    auth_type: Literal["apikey", "oauth"] | None = None
+    weight: Weight | None = None
+    max_concurrent: int | None = Field(default=None, ge=0, le=1_000_000)
+    models: list[ModelName] | None = None
+    protocol: Literal["openai", "anthropic"] | None = None
+    enabled: bool | None = None
+
+
+class ConnectionOut(ApiModel):
+    id: str
+    provider: str
+    base_url: str
+    protocol: str
+    auth_type: str
+    weight: float
+    max_concurrent: int | None
+    models: list[str]
+    enabled: bool
+    has_secret: bool
+    pool: str | None
+
+    @classmethod
+    def of(cls, c: Connection, pool: str | None) -> ConnectionOut:
+        return cls(
+            id=c.id,
+            provider=c.provider,
+            base_url=c.base_url,
+            protocol=c.protocol.value,
+            auth_type=c.auth_type,
+            weight=c.weight,
+            max_concurrent=c.max_concurrent,
+            models=list(c.models),
+            enabled=c.enabled,
+            has_secret=bool(c.secret),
+            pool=pool,
+        )
+
+
+class KeyIn(ApiModel):
+    id: Id | None = Field(default=None, description="Generated (key-xxxxxxxx) when omitted")
+    name: Name = ""
+    allowed_models: list[ModelName] = Field(default_factory=list)
+    enabled: bool = True
+
+
+class KeyPatch(ApiModel):
+    name: Name | None = None
+    allowed_models: list[ModelName] | None = None
+    enabled: bool | None = None
+
+
+class KeyOut(ApiModel):
+    id: str
+    name: str
+    prefix: str = Field(description="The first characters of the secret, for display")
+    enabled: bool
+    allowed_models: list[str]
+
+    @classmethod
+    def of(cls, k: ClientKey) -> KeyOut:
+        return cls(
+            id=k.id,
+            name=k.name,
+            prefix=k.prefix,
+            enabled=k.enabled,
+            allowed_models=list(k.allowed_models),
+        )
+
+
+class KeyCreated(KeyOut):
+    secret: str = Field(description="Shown once, never again: store it now")
+
+
+# -- settings ---------------------------------------------------------------------------------
+
+
+class QuotaStoreSettingsIn(ApiModel):
+    """``null`` clears the DB setting (the environment or the default applies again)."""
+
+    driver: Literal["sqlite", "redis"] | None = None
+    redis_url: RedisUrl | None = Field(default=None, repr=False)
+
+
+class QuotaKnobsIn(ApiModel):
+    saturation_threshold: Fraction | None = None
+    soft_deprioritize_factor: Fraction | None = None
+    consumption_retention_days: (
+        Annotated[float, Field(ge=0, le=3650, allow_inf_nan=False)] | None
+    ) = None
+
+
+class SettingsIn(ApiModel):
+    quota_store: QuotaStoreSettingsIn | None = None
+    quota: QuotaKnobsIn | None = None
+
+
+class QuotaStoreSettingsOut(ApiModel):
+    requested_driver: str
+    active_driver: str
+    fallback_reason: str | None
+    redis_url_configured: bool = Field(description="The URL itself is never returned")
+    redis_url_source: Literal["db", "env"] | None
+    driver_source: Literal["db", "env", "default"]
+
+
+class QuotaKnobsOut(ApiModel):
+    saturation_threshold: float
+    soft_deprioritize_factor: float
+    consumption_retention_days: float
+
+
+class SettingsOut(ApiModel):
+    quota_store: QuotaStoreSettingsOut
+    quota: QuotaKnobsOut
+
+
+class ErrorField(ApiModel):
+    field: str
+    message: str
+
+
+class ErrorDetail(ApiModel):
+    message: str
+    type: str
+    fields: list[ErrorField] | None = None
+
+
+class ErrorBody(ApiModel):
+    error: ErrorDetail

@@ -1,0 +1,266 @@
+"""Admin routes of connections, client keys and settings.
+
+Secrets are write-only: a connection's upstream secret is accepted but only ``hasSecret`` is ever
+returned; a client key's secret is returned once, in the 201 of its creation, and only its hash is
+stored; the Redis URL (it may hold a password) is reported as ``redisUrlConfigured`` only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Literal
+
+from fastapi import APIRouter, Response
+
+from fairgate.db.common import transaction
+from fairgate.db.connections import ConnectionRepo
+from fairgate.db.keys import KeyRepo
+from fairgate.db.settings import SettingsRepo
+from fairgate.registry import Connection, protocol_for
+from fairgate.server.admin_common import (
+    ERROR_RESPONSES,
+    GW,
+    STORE_RESPONSES,
+    AdminError,
+    invalid,
+)
+from fairgate.server.admin_models import (
+    ConnectionIn,
+    ConnectionOut,
+    ConnectionPatch,
+    KeyCreated,
+    KeyIn,
+    KeyOut,
+    KeyPatch,
+    QuotaKnobsOut,
+    QuotaStoreSettingsOut,
+    SettingsIn,
+    SettingsOut,
+)
+from fairgate.server.state import Gateway
+from fairgate.store.factory import DRIVERS
+
+router = APIRouter(responses=ERROR_RESPONSES)
+
+
+def _no_nulls(body: ConnectionPatch | KeyPatch, nullable: frozenset[str] = frozenset()) -> None:
+    """PATCH: an absent field stays; ``null`` is only meaningful where the field is nullable."""
+    fields = type(body).model_fields
+    nulls = [n for n in body.model_fields_set if getattr(body, n) is None and n not in nullable]
+    if nulls:
+        raise invalid([(fields[n].alias or n, "may not be null") for n in nulls])
+
+
+# -- connections ------------------------------------------------------------------------------
+
+
+def _conn_out(gw: Gateway, c: Connection) -> ConnectionOut:
+    return ConnectionOut.of(c, ConnectionRepo(gw.db).pool_of(c.id))
+
+
+@router.get("/connections", tags=["connections"])
+async def list_connections(gw: GW) -> list[ConnectionOut]:
+    return [_conn_out(gw, c) for c in ConnectionRepo(gw.db).all()]
+
+
+@router.post("/connections", status_code=201, tags=["connections"])
+async def create_connection(body: ConnectionIn, gw: GW) -> ConnectionOut:
+    conn = Connection(
+        id=body.id,
+        provider=body.provider,
+        base_url=body.base_url,
+        secret=body.secret,
+        protocol=protocol_for(body.provider, body.protocol),
+        auth_type=body.auth_type,
+        weight=body.weight,
+        max_concurrent=body.max_concurrent,
+        models=tuple(body.models),
+        enabled=body.enabled,
+    )
+    ConnectionRepo(gw.db).create(conn)
+    gw.reload()
+    return _conn_out(gw, conn)
+
+
+@router.get("/connections/{connection_id}", tags=["connections"])
+async def get_connection(connection_id: str, gw: GW) -> ConnectionOut:
+    return _conn_out(gw, ConnectionRepo(gw.db).get(connection_id))
+
+
+@router.patch("/connections/{connection_id}", tags=["connections"])
+async def patch_connection(connection_id: str, body: ConnectionPatch, gw: GW) -> ConnectionOut:
+    """Fields given replace the stored ones; ``maxConcurrent: null`` means unlimited,
+    ``protocol: null`` means "by provider"."""
+    _no_nulls(body, frozenset({"max_concurrent", "protocol"}))
+    given = body.model_fields_set
+    repo = ConnectionRepo(gw.db)
+    with transaction(gw.db):
+        c = repo.get(connection_id)
+        provider = body.provider or c.provider
+        if "protocol" in given:
+            protocol = protocol_for(provider, body.protocol)
+        elif c.protocol is not protocol_for(c.provider):
+            protocol = c.protocol  # it was set explicitly: keep it
+        else:
+            protocol = protocol_for(provider)  # it followed the provider: follow the new one
+        c = replace(
+            c,
+            provider=provider,
+            base_url=body.base_url or c.base_url,
+            secret=c.secret if body.secret is None else body.secret,
+            auth_type=body.auth_type or c.auth_type,
+            weight=c.weight if body.weight is None else body.weight,
+            max_concurrent=body.max_concurrent if "max_concurrent" in given else c.max_concurrent,
+            models=c.models if body.models is None else tuple(body.models),
+            enabled=c.enabled if body.enabled is None else body.enabled,
+            protocol=protocol,
+        )
+        repo.update(c)
+    gw.reload()
+    return _conn_out(gw, c)
+
+
+@router.delete("/connections/{connection_id}", status_code=204, tags=["connections"])
+async def delete_connection(connection_id: str, gw: GW) -> Response:
+    """Refused (409) while the connection is a pool member; its plan override goes with it."""
+    ConnectionRepo(gw.db).delete(connection_id)
+    gw.reload()
+    return Response(status_code=204)
+
+
+# -- client keys ------------------------------------------------------------------------------
+
+
+@router.get("/keys", tags=["keys"])
+async def list_keys(gw: GW) -> list[KeyOut]:
+    return [KeyOut.of(k) for k in KeyRepo(gw.db).all()]
+
+
+@router.post("/keys", status_code=201, tags=["keys"])
+async def create_key(body: KeyIn, gw: GW) -> KeyCreated:
+    """Creates a key; the response carries its secret, the only time it is ever shown."""
+    key, secret = KeyRepo(gw.db).create(
+        body.name, body.allowed_models, key_id=body.id, enabled=body.enabled
+    )
+    gw.reload()
+    out = KeyOut.of(key)
+    return KeyCreated(
+        id=out.id,
+        name=out.name,
+        prefix=out.prefix,
+        enabled=out.enabled,
+        allowed_models=out.allowed_models,
+        secret=secret,
+    )
+
+
+@router.get("/keys/{key_id}", tags=["keys"])
+async def get_key(key_id: str, gw: GW) -> KeyOut:
+    return KeyOut.of(KeyRepo(gw.db).get(key_id))
+
+
+@router.patch("/keys/{key_id}", tags=["keys"])
+async def patch_key(key_id: str, body: KeyPatch, gw: GW) -> KeyOut:
+    _no_nulls(body)
+    repo = KeyRepo(gw.db)
+    with transaction(gw.db):
+        k = repo.get(key_id)
+        k = replace(
+            k,
+            name=k.name if body.name is None else (body.name or k.id),
+            allowed_models=k.allowed_models
+            if body.allowed_models is None
+            else tuple(body.allowed_models),
+            enabled=k.enabled if body.enabled is None else body.enabled,
+        )
+        repo.update(k)
+    gw.reload()
+    return KeyOut.of(k)
+
+
+@router.delete("/keys/{key_id}", status_code=204, tags=["keys"])
+async def delete_key(key_id: str, gw: GW) -> Response:
+    """The key stops working at once; its allocations go with it."""
+    KeyRepo(gw.db).delete(key_id)
+    gw.reload()
+    return Response(status_code=204)
+
+
+# -- settings ---------------------------------------------------------------------------------
+
+_DB_KEYS = {
+    ("quota_store", "driver"): "quotaStore.driver",
+    ("quota_store", "redis_url"): "quotaStore.redisUrl",
+    ("quota", "saturation_threshold"): "quota.saturationThreshold",
+    ("quota", "soft_deprioritize_factor"): "quota.softDeprioritizeFactor",
+    ("quota", "consumption_retention_days"): "quota.consumptionRetentionDays",
+}
+
+
+def _source(db_value: str | None, env_value: str | None) -> Literal["db", "env"] | None:
+    if db_value and db_value.strip():
+        return "db"
+    if env_value and env_value.strip():
+        return "env"
+    return None
+
+
+def _settings_out(gw: Gateway) -> SettingsOut:
+    db = SettingsRepo(gw.db).all()
+    choice, q = gw.store_choice, gw.quota_settings
+    driver_db = db.get("quotaStore.driver", "").strip().lower()
+    driver_env = gw.env.get("QUOTA_STORE_DRIVER", "").strip().lower()
+    driver_source: Literal["db", "env", "default"] = (
+        "db" if driver_db in DRIVERS else "env" if driver_env in DRIVERS else "default"
+    )
+    url_source = _source(db.get("quotaStore.redisUrl"), gw.env.get("QUOTA_STORE_REDIS_URL"))
+    return SettingsOut(
+        quota_store=QuotaStoreSettingsOut(
+            requested_driver=choice.requested,
+            active_driver=choice.driver,
+            fallback_reason=choice.fallback_reason,
+            redis_url_configured=url_source is not None,
+            redis_url_source=url_source,
+            driver_source=driver_source,
+        ),
+        quota=QuotaKnobsOut(
+            saturation_threshold=q.saturation_threshold,
+            soft_deprioritize_factor=q.soft_deprioritize_factor,
+            consumption_retention_days=q.retention_days,
+        ),
+    )
+
+
+@router.get("/settings", tags=["settings"])
+async def get_settings(gw: GW) -> SettingsOut:
+    return _settings_out(gw)
+
+
+@router.put("/settings", tags=["settings"], responses=STORE_RESPONSES)
+async def put_settings(body: SettingsIn, gw: GW) -> SettingsOut:
+    """Store the given settings (``null`` clears one: the environment or the default applies),
+    then re-choose the quota store and re-read the knobs, without a restart. A Redis that cannot
+    be reached falls back to SQLite; the response says so in ``fallbackReason``."""
+    repo = SettingsRepo(gw.db)
+    with transaction(gw.db):
+        for section_name in body.model_fields_set:
+            section = getattr(body, section_name)
+            if section is None:
+                alias = SettingsIn.model_fields[section_name].alias or section_name
+                raise invalid([(alias, "may not be null")])
+            for name in section.model_fields_set:
+                db_key = _DB_KEYS[(section_name, name)]
+                value = getattr(section, name)
+                if value is None:
+                    repo.delete(db_key)
+                else:
+                    repo.set(db_key, str(value))
+    if "quota_store" not in body.model_fields_set:
+        gw.refresh_settings()
+        return _settings_out(gw)
+    try:
+        await gw.reload_store()
+    except Exception as exc:
+        reason = type(exc).__name__
+        raise AdminError(503, f"The quota store could not be reopened ({reason})") from None
+    return _settings_out(gw)

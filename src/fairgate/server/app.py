@@ -1,0 +1,102 @@
+"""The ASGI application: the ``/v1`` proxy, the ``/api`` admin app, health and metrics.
+
+Startup opens the Gateway state (metadata DB, quota store, registry) and the pooled upstream
+client; shutdown waits for nothing by itself (uvicorn drains in-flight requests first), then
+releases any reservation still held, so a stopped gateway never leaves quota reserved.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import orjson
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Mount, Route
+
+from fairgate.providers.pricing import PriceTable
+from fairgate.providers.upstream import UpstreamClient
+from fairgate.server import proxy
+from fairgate.server.admin import create_admin_app
+from fairgate.server.errors import ApiError, error_response
+from fairgate.server.provider_signals import ProviderSignals
+from fairgate.server.state import Gateway
+
+log = logging.getLogger("fairgate.server")
+
+Hook = Callable[[], Awaitable[None]]
+
+
+def create_app(
+    gw: Gateway,
+    *,
+    on_startup: list[Hook] | None = None,
+    on_shutdown: list[Hook] | None = None,
+) -> Starlette:
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        for hook in on_startup or ():
+            await hook()
+        await gw.start()
+        services = proxy.Services(
+            gw=gw,
+            upstream=UpstreamClient(timeout_s=gw.config.server.upstream_timeout_s),
+            signals=ProviderSignals(gw.clock),
+            prices=PriceTable().with_overrides(
+                {k: v.model_dump() for k, v in gw.config.prices.items()}
+            ),
+        )
+        gw.signals_source = services.signals.for_pool
+        app.state.services = services
+        try:
+            yield
+        finally:
+            for ticket in list(services.inflight):
+                await gw.engine.release(ticket)
+            services.inflight.clear()
+            await services.upstream.close()
+            await gw.stop()
+            for hook in on_shutdown or ():
+                await hook()
+
+    async def health(request: Request) -> Response:
+        svc: proxy.Services = request.app.state.services
+        ok = await gw.engine.store.ping()
+        body = {
+            "status": "ok" if ok else "degraded",
+            "store": {"driver": gw.store_choice.driver, "reachable": ok},
+            "failOpen": gw.engine.fail_open_count,
+            "inflight": len(svc.inflight),
+        }
+        return Response(
+            orjson.dumps(body), media_type="application/json", status_code=200 if ok else 503
+        )
+
+    routes = [
+        Route("/v1/chat/completions", proxy.chat_completions, methods=["POST"]),
+        Route("/v1/messages", proxy.messages, methods=["POST"]),
+        Route("/v1/embeddings", proxy.embeddings, methods=["POST"]),
+        Route("/v1/models", proxy.models, methods=["GET"]),
+        Route("/health", health, methods=["GET"]),
+        Mount("/api", app=create_admin_app(gw)),
+    ]
+
+    async def not_found(request: Request, exc: Exception) -> Response:
+        return error_response(ApiError(404, f"No route for {request.method} {request.url.path}"))
+
+    async def method_not_allowed(request: Request, exc: Exception) -> Response:
+        return error_response(ApiError(405, f"Method {request.method} not allowed here"))
+
+    async def crashed(request: Request, exc: Exception) -> Response:
+        # never a stack trace, a path or a secret in the answer; the log has the type only
+        log.error("unhandled error", extra={"path": request.url.path, "error": type(exc).__name__})
+        return error_response(ApiError(500, "Internal error in the gateway", code="internal_error"))
+
+    return Starlette(
+        routes=routes,
+        lifespan=lifespan,
+        exception_handlers={404: not_found, 405: method_not_allowed, Exception: crashed},
+    )

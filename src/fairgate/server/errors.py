@@ -1,0 +1,78 @@
+"""Error bodies clients' SDKs understand: OpenAI format on the OpenAI routes, Anthropic format on
+``/v1/messages``. Always JSON, always sanitized: a message we wrote, never a stack trace, a local
+path or a secret.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import orjson
+from starlette.responses import Response
+
+_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    500: "api_error",
+    502: "api_error",
+    503: "overloaded_error",
+    504: "timeout_error",
+}
+
+
+class ApiError(Exception):
+    """Raised anywhere in request handling; rendered by :func:`error_response`."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        code: str | None = None,
+        param: str | None = None,
+        type_: str | None = None,
+        extra: Mapping[str, Any] | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.code = code
+        self.param = param
+        self.type = type_ or _TYPES.get(status, "api_error")
+        self.extra = dict(extra or {})
+        self.headers = dict(headers or {})
+
+
+def openai_error_body(err: ApiError) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "message": err.message,
+        "type": err.type,
+        "param": err.param,
+        "code": err.code,
+    }
+    body.update(err.extra)
+    return {"error": body}
+
+
+def anthropic_error_body(err: ApiError) -> dict[str, Any]:
+    inner: dict[str, Any] = {"type": err.type, "message": err.message}
+    if err.code:
+        inner["code"] = err.code
+    inner.update(err.extra)
+    return {"type": "error", "error": inner}
+
+
+def error_response(
+    err: ApiError, *, anthropic: bool = False, headers: Mapping[str, str] | None = None
+) -> Response:
+    body = anthropic_error_body(err) if anthropic else openai_error_body(err)
+    merged = {**err.headers, **(headers or {})}
+    return Response(
+        orjson.dumps(body), status_code=err.status, media_type="application/json", headers=merged
+    )

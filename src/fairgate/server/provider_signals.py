@@ -1,0 +1,73 @@
+"""What providers tell us in their headers, turned into inputs of the quota engine (SPEC §4–§5).
+
+- Saturation: the provider's own used fraction per dimension makes a pool strict even when our
+  counters (which only see traffic through this gateway) say it is not.
+- Account buckets: 5h / 7d / 7d:<family> saturation per connection, for quota-share gating.
+- Percent attribution: a subscription plan reports one global percent; every rise is charged to
+  the keys that used tokens since the previous reading, in proportion (``PercentAttributor``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from fairgate.clock import Clock
+from fairgate.providers.ratelimit import RateLimitSnapshot, parse_rate_limit_headers
+from fairgate.quota.attribution import PercentAttributor
+from fairgate.quota.model import Pool
+from fairgate.quota.signals import AccountBuckets, SaturationSignals
+
+#: Which reading of a snapshot feeds which percent dimension.
+_PERCENT_READINGS = {
+    "percent/5h": "unified_5h_utilization",
+    "percent/weekly": "unified_7d_utilization",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class PercentCharge:
+    key_id: str
+    counter: str  # e.g. "percent/5h"
+    amount: float  # percent points
+
+
+class ProviderSignals:
+    def __init__(self, clock: Clock) -> None:
+        self.clock = clock
+        self.saturation = SaturationSignals(clock)
+        self.buckets = AccountBuckets(clock)
+        self._attr: dict[tuple[str, str], PercentAttributor] = {}
+
+    def observe(
+        self, connection_id: str, model: str, headers: Mapping[str, str]
+    ) -> tuple[RateLimitSnapshot | None, list[PercentCharge]]:
+        """Feed one upstream response's headers; returns the snapshot and percent charges due."""
+        snap = parse_rate_limit_headers(headers, self.clock.now_ms())
+        if snap is None:
+            return None, []
+        self.saturation.update(connection_id, snap)
+        self.buckets.observe_snapshot(connection_id, model, snap)
+        charges: list[PercentCharge] = []
+        for counter, field_name in _PERCENT_READINGS.items():
+            reading = getattr(snap, field_name, None)
+            if reading is None:
+                continue
+            attr = self._attr.setdefault((connection_id, counter), PercentAttributor())
+            for key_id, pct in attr.observe(float(reading) * 100.0).items():
+                charges.append(PercentCharge(key_id, counter, pct))
+        return snap, charges
+
+    def add_tokens(self, connection_id: str, key_id: str, tokens: float) -> None:
+        for counter in _PERCENT_READINGS:
+            attr = self._attr.get((connection_id, counter))
+            if attr is not None:
+                attr.add_tokens(key_id, tokens)
+
+    def percent_estimate(self, connection_id: str, tokens: float) -> float:
+        """Percent a request of ``tokens`` is expected to cost, from the observed rate."""
+        found = (self._attr.get((connection_id, c)) for c in _PERCENT_READINGS)
+        return max((a.estimate(tokens) for a in found if a is not None), default=0.0)
+
+    def for_pool(self, pool: Pool) -> Mapping[str, float]:
+        return self.saturation.for_pool(pool.connections, [d.key for d in pool.dimensions])

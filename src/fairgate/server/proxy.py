@@ -1,0 +1,639 @@
+"""The hot path: ``/v1/chat/completions``, ``/v1/messages``, ``/v1/embeddings``, ``/v1/models``.
+
+One request: authenticate the key (hash lookup) → parse the body once → resolve the model to
+candidate connections → for each candidate, atomically admit against its pool (block → next
+candidate; soft → prefer an unpenalised one) → send upstream (translating between the OpenAI and
+Anthropic formats when the connection speaks the other one) → stream or return the answer →
+settle the reservation with the real usage (release it on failure). Headers carry the key's
+remaining share. Nothing here scans all keys, pools or connections.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+import aiohttp
+import anyio
+import orjson
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+
+from fairgate.providers.pricing import PriceTable
+from fairgate.providers.translate import (
+    anthropic_to_openai_request,
+    anthropic_to_openai_response,
+    openai_to_anthropic_request,
+    openai_to_anthropic_response,
+)
+from fairgate.providers.upstream import UpstreamClient
+from fairgate.providers.usage import Usage, estimate_prompt_tokens, estimate_text_tokens
+from fairgate.providers.usage import usage_from_anthropic as _usage_anthropic
+from fairgate.providers.usage import usage_from_openai as _usage_openai
+from fairgate.quota.engine import ALLOW_UNGOVERNED, Admission, Ticket
+from fairgate.quota.messages import block_message
+from fairgate.quota.model import Pool
+from fairgate.quota.units import Unit
+from fairgate.registry import ClientKey, Connection, Protocol
+from fairgate.server import relay
+from fairgate.server.bodies import optional_bool, optional_int, read_json_object, require_str
+from fairgate.server.errors import ApiError, error_response
+from fairgate.server.provider_signals import ProviderSignals
+from fairgate.server.state import Gateway
+
+log = logging.getLogger("fairgate.proxy")
+
+#: Upstream statuses after which another candidate connection may well succeed.
+RETRYABLE = frozenset({408, 409, 425, 429, 500, 502, 503, 504, 529})
+
+
+class Route(StrEnum):
+    CHAT = "chat"
+    MESSAGES = "messages"
+    EMBEDDINGS = "embeddings"
+
+
+_UPSTREAM_PATH = {
+    (Route.CHAT, Protocol.OPENAI): "/chat/completions",
+    (Route.CHAT, Protocol.ANTHROPIC): "/messages",
+    (Route.MESSAGES, Protocol.ANTHROPIC): "/messages",
+    (Route.MESSAGES, Protocol.OPENAI): "/chat/completions",
+    (Route.EMBEDDINGS, Protocol.OPENAI): "/embeddings",
+}
+
+
+@dataclass
+class Services:
+    """Long-lived things the proxy needs besides the Gateway state."""
+
+    gw: Gateway
+    upstream: UpstreamClient
+    signals: ProviderSignals
+    prices: PriceTable
+    inflight: set[Ticket] = field(default_factory=set)
+    counters: dict[str, int] = field(default_factory=dict)
+
+    def count(self, name: str) -> None:
+        self.counters[name] = self.counters.get(name, 0) + 1
+
+
+@dataclass
+class Call:
+    """One client request as it moves through the hot path."""
+
+    svc: Services
+    request: Request
+    key: ClientKey
+    body: dict[str, Any]
+    route: Route
+    model: str
+    stream: bool
+    prompt_estimate: int
+    max_output: int
+    t0: float
+    headers: Mapping[str, str]
+
+    @property
+    def anthropic_client(self) -> bool:
+        return self.route is Route.MESSAGES
+
+
+# -- entry points --------------------------------------------------------------------------
+
+
+def _services(request: Request) -> Services:
+    svc: Services = request.app.state.services
+    return svc
+
+
+def _client_secret(request: Request) -> str | None:
+    auth = request.headers.get("authorization")
+    if auth:
+        scheme, _, token = auth.partition(" ")
+        if scheme.lower() == "bearer" and token.strip():
+            return token.strip()
+    key = request.headers.get("x-api-key")
+    return key.strip() if key and key.strip() else None
+
+
+def authenticate(svc: Services, request: Request) -> ClientKey:
+    secret = _client_secret(request)
+    if secret is None:
+        raise ApiError(
+            401,
+            "Missing API key: send 'Authorization: Bearer <key>' or 'x-api-key'",
+            code="missing_api_key",
+        )
+    key = svc.gw.registry.authenticate(secret)
+    if key is None:
+        raise ApiError(401, "Invalid API key", code="invalid_api_key")
+    return key
+
+
+async def chat_completions(request: Request) -> Response:
+    return await _handle(request, Route.CHAT)
+
+
+async def messages(request: Request) -> Response:
+    return await _handle(request, Route.MESSAGES)
+
+
+async def embeddings(request: Request) -> Response:
+    return await _handle(request, Route.EMBEDDINGS)
+
+
+async def models(request: Request) -> Response:
+    svc = _services(request)
+    try:
+        key = authenticate(svc, request)
+    except ApiError as err:
+        return error_response(err)
+    reg = svc.gw.registry
+    seen: dict[str, str] = {}
+    for provider, conns in reg.by_provider.items():
+        for conn in conns:
+            for m in conn.models:
+                seen.setdefault(f"{provider}/{m}", provider)
+                if reg.default_provider == provider:
+                    seen.setdefault(m, provider)
+    if key.allowed_models:
+        seen = {m: p for m, p in seen.items() if m in key.allowed_models}
+    data = [
+        {"id": m, "object": "model", "created": 0, "owned_by": p} for m, p in sorted(seen.items())
+    ]
+    return Response(orjson.dumps({"object": "list", "data": data}), media_type="application/json")
+
+
+async def _handle(request: Request, route: Route) -> Response:
+    svc = _services(request)
+    t0 = time.perf_counter()
+    svc.count("requests")
+    try:
+        key = authenticate(svc, request)
+        body = await read_json_object(request, svc.gw.config.server.max_body_bytes)
+        call = _parse(svc, request, key, body, route, t0)
+        return await _dispatch(call)
+    except ApiError as err:
+        svc.count(f"status_{err.status}")
+        return error_response(err, anthropic=route is Route.MESSAGES)
+
+
+def _parse(
+    svc: Services, request: Request, key: ClientKey, body: dict[str, Any], route: Route, t0: float
+) -> Call:
+    model = require_str(body, "model")
+    default_out = svc.gw.config.server.default_max_tokens
+    if route is Route.EMBEDDINGS:
+        inp = body.get("input")
+        if isinstance(inp, str):
+            texts = [inp]
+        elif isinstance(inp, list) and inp and all(isinstance(x, str) for x in inp):
+            texts = list(inp)
+        elif isinstance(inp, list) and inp and all(isinstance(x, int) for x in inp):
+            texts = ["x" * 4 * len(inp)]  # a token array: ~4 characters a token
+        else:
+            raise ApiError(400, "'input' must be a string or an array of strings", param="input")
+        prompt = sum(estimate_text_tokens(t) for t in texts)
+        return Call(svc, request, key, body, route, model, False, prompt, 0, t0, request.headers)
+    msgs = body.get("messages")
+    if not isinstance(msgs, list) or not msgs:
+        raise ApiError(
+            400, "'messages' is required and must be a non-empty array", param="messages"
+        )
+    for i, m in enumerate(msgs):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            raise ApiError(
+                400,
+                f"'messages[{i}]' must be an object with a string 'role'",
+                param=f"messages[{i}]",
+            )
+    stream = optional_bool(body, "stream")
+    if route is Route.MESSAGES:
+        max_out = optional_int(body, "max_tokens", minimum=1)
+        if max_out is None:
+            raise ApiError(400, "'max_tokens' is required", param="max_tokens")
+    else:
+        max_out = optional_int(body, "max_completion_tokens", minimum=1) or optional_int(
+            body, "max_tokens", minimum=1
+        )
+    return Call(
+        svc,
+        request,
+        key,
+        body,
+        route,
+        model,
+        stream,
+        estimate_prompt_tokens(body),
+        max_out or default_out,
+        t0,
+        request.headers,
+    )
+
+
+# -- admission over candidates -------------------------------------------------------------
+
+
+@dataclass
+class Blocked:
+    conn: Connection
+    admission: Admission
+
+
+async def _dispatch(call: Call) -> Response:
+    svc = call.svc
+    reg = svc.gw.registry
+    if call.key.allowed_models and call.model not in call.key.allowed_models:
+        raise ApiError(
+            403,
+            f"This API key may not use model '{call.model}'",
+            code="model_not_allowed",
+            param="model",
+        )
+    upstream_model, conns = reg.candidates(call.model)
+    if call.route is Route.EMBEDDINGS:
+        conns = tuple(c for c in conns if c.protocol is Protocol.OPENAI)
+    if not conns:
+        raise ApiError(
+            404,
+            f"The model '{call.model}' does not exist or has no enabled connection",
+            code="model_not_found",
+            param="model",
+        )
+    order = sorted(conns, key=lambda c: -c.weight)
+    blocked: list[Blocked] = []
+    last_error: ApiError | None = None
+    held: tuple[Connection, Pool | None, Admission] | None = None  # a penalised admission
+    blocked_pools: set[str] = set()
+    for i, conn in enumerate(order):
+        pool = reg.pool_by_connection.get(conn.id)
+        if pool is not None and pool.id in blocked_pools:
+            continue  # counters are per pool: its other members would block this request too
+        adm = await _admit(call, conn, pool, upstream_model)
+        if not adm.allowed:
+            blocked.append(Blocked(conn, adm))
+            if pool is not None:
+                blocked_pools.add(pool.id)
+            continue
+        if adm.penalized and held is None and i + 1 < len(order):
+            held = (conn, pool, adm)  # soft: look for an unpenalised candidate first
+            continue
+        if held is not None and not adm.penalized:
+            await svc.gw.engine.release(held[2].ticket)
+            held = None
+        result = await _attempt(call, conn, pool, adm, upstream_model, more=i + 1 < len(order))
+        if isinstance(result, Response):
+            return result
+        last_error = result
+    if held is not None:
+        conn, pool, adm = held
+        result = await _attempt(call, conn, pool, adm, upstream_model, more=False)
+        if isinstance(result, Response):
+            return result
+        last_error = result
+    if last_error is not None:
+        raise last_error
+    raise _quota_blocked(blocked, call)
+
+
+async def _admit(call: Call, conn: Connection, pool: Pool | None, upstream_model: str) -> Admission:
+    if pool is None:
+        return ALLOW_UNGOVERNED
+    svc = call.svc
+    tokens = float(call.prompt_estimate + call.max_output)
+    cost = {
+        Unit.REQUESTS: 1.0,
+        Unit.TOKENS: tokens,
+        Unit.USD: svc.prices.cost_usd(
+            upstream_model,
+            Usage(prompt_tokens=call.prompt_estimate, completion_tokens=call.max_output),
+        ),
+        Unit.PERCENT: svc.signals.percent_estimate(conn.id, tokens),
+    }
+    adm = await svc.gw.engine.admit(pool, call.key.id, cost, model=upstream_model)
+    svc.count(f"admission_{adm.outcome.value}")
+    if adm.fail_open:
+        svc.count("fail_open")
+    svc.gw.pool_log.log(
+        pool.id,
+        {
+            "ts": svc.gw.clock.now_ms(),
+            "keyId": call.key.id,
+            "model": upstream_model,
+            "connectionId": conn.id,
+            "outcome": adm.outcome.value,
+            "reason": adm.reason.value if adm.reason else None,
+            "dimension": adm.dimension,
+            "retryAfterMs": adm.retry_after_ms,
+            "failOpen": adm.fail_open,
+        },
+    )
+    return adm
+
+
+def _quota_blocked(blocked: list[Blocked], call: Call) -> ApiError:
+    best = min(blocked, key=lambda b: b.admission.retry_after_ms or math.inf)
+    adm = best.admission
+    assert adm.reason is not None
+    retry_s = max(1, math.ceil((adm.retry_after_ms or 1000) / 1000))
+    return ApiError(
+        429,
+        block_message(adm.reason, best.conn.provider, call.model),
+        code="rate_limit_exceeded",
+        type_="rate_limit_error",
+        extra={
+            "reason": adm.reason.value,
+            "dimension": adm.dimension,
+            "retry_after_seconds": retry_s,
+        },
+        headers={"retry-after": str(retry_s), **_quota_headers(adm)},
+    )
+
+
+def _quota_headers(adm: Admission) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for st in adm.status:
+        suffix = st.key.replace("/", "-").replace(":", "-")
+        out[f"x-ratelimit-limit-{suffix}"] = f"{st.limit:g}"
+        out[f"x-ratelimit-remaining-{suffix}"] = f"{st.remaining:g}"
+        out[f"x-ratelimit-reset-{suffix}"] = f"{math.ceil(st.reset_ms / 1000)}s"
+        # the unsuffixed names SDK users know, from the first dimension of each unit
+        out.setdefault(f"x-ratelimit-limit-{st.unit}", f"{st.limit:g}")
+        out.setdefault(f"x-ratelimit-remaining-{st.unit}", f"{st.remaining:g}")
+    return out
+
+
+# -- one attempt on one connection -----------------------------------------------------------
+
+
+def _upstream_body(call: Call, conn: Connection, upstream_model: str) -> tuple[bytes, bool]:
+    """The request body for this connection, and whether the client asked for stream usage."""
+    body = call.body
+    wants_usage = False
+    if call.route is Route.MESSAGES:
+        if conn.protocol is Protocol.ANTHROPIC:
+            payload = {**body, "model": upstream_model}
+        else:
+            payload = anthropic_to_openai_request(body, upstream_model)
+            wants_usage = True
+    elif call.route is Route.CHAT and conn.protocol is Protocol.ANTHROPIC:
+        payload = openai_to_anthropic_request(
+            body, upstream_model, default_max_tokens=call.svc.gw.config.server.default_max_tokens
+        )
+        opts = body.get("stream_options")
+        wants_usage = isinstance(opts, dict) and bool(opts.get("include_usage"))
+    else:
+        payload = {**body, "model": upstream_model}
+        if call.stream:
+            opts = body.get("stream_options")
+            wants_usage = isinstance(opts, dict) and bool(opts.get("include_usage"))
+            # always ask for the usage chunk: settlement needs the real token counts
+            payload["stream_options"] = {
+                **(opts if isinstance(opts, dict) else {}),
+                "include_usage": True,
+            }
+    return orjson.dumps(payload), wants_usage
+
+
+async def _attempt(
+    call: Call,
+    conn: Connection,
+    pool: Pool | None,
+    adm: Admission,
+    upstream_model: str,
+    *,
+    more: bool,
+) -> Response | ApiError:
+    """Response on success (or an error the client must see); ApiError to try the next one."""
+    svc = call.svc
+    engine = svc.gw.engine
+    ticket = adm.ticket
+    if ticket is not None:
+        svc.inflight.add(ticket)
+    path = _UPSTREAM_PATH[(call.route, conn.protocol)]
+    payload, wants_usage = _upstream_body(call, conn, upstream_model)
+    t_send = time.perf_counter()
+    try:
+        resp = await svc.upstream.post(conn, path, payload, call.headers)
+    except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+        await _release(svc, ticket)
+        svc.count("upstream_connect_error")
+        log.warning(
+            "upstream unreachable", extra={"connection": conn.id, "error": type(exc).__name__}
+        )
+        return ApiError(
+            502,
+            f"Upstream connection '{conn.id}' failed ({type(exc).__name__})",
+            code="upstream_error",
+        )
+    t_headers = time.perf_counter()
+    _, charges = svc.signals.observe(conn.id, upstream_model, resp.headers)
+    if pool is not None:
+        for ch in charges:
+            await engine.record(pool, ch.key_id, {Unit.PERCENT: ch.amount})
+    if resp.status >= 400:
+        err = await _upstream_error(resp, conn)
+        await _release(svc, ticket)
+        svc.count(f"upstream_{resp.status}")
+        if resp.status in RETRYABLE and more:
+            return err
+        return error_response(err, anthropic=call.anthropic_client)
+    headers = {**_quota_headers(adm), "x-fairgate-connection": conn.id}
+    if call.stream:
+        overhead = (t_send - call.t0) * 1000
+        headers["x-fairgate-overhead-ms"] = f"{overhead:.3f}"
+        return _stream_response(
+            call, conn, pool, ticket, resp, upstream_model, wants_usage, headers
+        )
+    try:
+        raw = await resp.read()
+    except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+        await _release(svc, ticket)
+        return ApiError(
+            502,
+            f"Upstream connection '{conn.id}' failed mid-answer ({type(exc).__name__})",
+            code="upstream_error",
+        )
+    finally:
+        resp.release()
+    t_body = time.perf_counter()
+    out, usage = _translate_answer(call, conn, raw, upstream_model)
+    await _settle(svc, ticket, conn, call, upstream_model, usage)
+    overhead = (time.perf_counter() - call.t0 - (t_body - t_send)) * 1000
+    headers["x-fairgate-overhead-ms"] = f"{overhead:.3f}"
+    del t_headers
+    return Response(out, status_code=200, media_type="application/json", headers=headers)
+
+
+def _translate_answer(
+    call: Call, conn: Connection, raw: bytes, upstream_model: str
+) -> tuple[bytes, Usage | None]:
+    try:
+        obj = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return raw, None
+    if not isinstance(obj, dict):
+        return raw, None
+    if conn.protocol is Protocol.ANTHROPIC:
+        usage = _usage_anthropic(obj)
+        if call.route is Route.CHAT:
+            return orjson.dumps(anthropic_to_openai_response(obj, call.model)), usage
+        return raw, usage
+    usage = _usage_openai(obj)
+    if call.route is Route.MESSAGES:
+        return orjson.dumps(openai_to_anthropic_response(obj, call.model)), usage
+    return raw, usage
+
+
+async def _upstream_error(resp: aiohttp.ClientResponse, conn: Connection) -> ApiError:
+    """The upstream's error, made safe to show: its message (never our credentials) and status.
+
+    The upstream rejecting our credentials is our misconfiguration, not the client's: 502.
+    """
+    try:
+        raw = await resp.content.read(64 * 1024)
+    except (TimeoutError, aiohttp.ClientError, OSError):
+        raw = b""
+    finally:
+        resp.release()
+    message = ""
+    try:
+        obj = orjson.loads(raw) if raw else None
+    except orjson.JSONDecodeError:
+        obj = None
+    if isinstance(obj, dict):
+        err = obj.get("error")
+        if isinstance(err, dict) and isinstance(err.get("message"), str):
+            message = err["message"]
+        elif isinstance(err, str):
+            message = err
+    message = _redact(message, conn)[:500] or f"Upstream returned HTTP {resp.status}"
+    headers: dict[str, str] = {}
+    if resp.status in (401, 403):
+        return ApiError(
+            502,
+            f"Upstream connection '{conn.id}' rejected the gateway's credentials",
+            code="upstream_auth_error",
+        )
+    retry_after = resp.headers.get("retry-after")
+    if retry_after and resp.status in (429, 503, 529):
+        headers["retry-after"] = retry_after
+    status = resp.status if resp.status < 600 else 502
+    if status == 529:
+        status = 503
+    return ApiError(status, message, code="upstream_error", headers=headers)
+
+
+def _redact(text: str, conn: Connection) -> str:
+    if conn.secret and conn.secret in text:
+        text = text.replace(conn.secret, "[redacted]")
+    return text
+
+
+async def _release(svc: Services, ticket: Ticket | None) -> None:
+    if ticket is not None:
+        svc.inflight.discard(ticket)
+        await svc.gw.engine.release(ticket)
+
+
+async def _settle(
+    svc: Services,
+    ticket: Ticket | None,
+    conn: Connection,
+    call: Call,
+    upstream_model: str,
+    usage: Usage | None,
+) -> None:
+    if usage is None:
+        usage = Usage(prompt_tokens=call.prompt_estimate, completion_tokens=call.max_output)
+    tokens = float(usage.prompt_tokens + usage.completion_tokens)
+    svc.signals.add_tokens(conn.id, call.key.id, tokens)
+    if ticket is None:
+        return
+    svc.inflight.discard(ticket)
+    await svc.gw.engine.settle(
+        ticket,
+        {
+            Unit.REQUESTS: 1.0,
+            Unit.TOKENS: tokens,
+            Unit.USD: svc.prices.cost_usd(upstream_model, usage),
+            Unit.PERCENT: 0.0,  # charged by attribution when the provider's reading moves
+        },
+    )
+
+
+def _stream_response(
+    call: Call,
+    conn: Connection,
+    pool: Pool | None,
+    ticket: Ticket | None,
+    resp: aiohttp.ClientResponse,
+    upstream_model: str,
+    wants_usage: bool,
+    headers: dict[str, str],
+) -> StreamingResponse:
+    svc = call.svc
+    tally = relay.StreamTally(prompt_estimate=call.prompt_estimate)
+    sid = uuid.uuid4().hex[:24]
+    source: AsyncIterator[bytes]
+    if call.route is Route.MESSAGES:
+        if conn.protocol is Protocol.ANTHROPIC:
+            source = relay.anthropic_to_anthropic(resp, tally)
+        else:
+            source = relay.openai_to_anthropic(resp, tally, model=call.model, id_=f"msg_{sid}")
+    elif conn.protocol is Protocol.ANTHROPIC:
+        source = relay.anthropic_to_openai(
+            resp,
+            tally,
+            model=call.model,
+            client_wants_usage=wants_usage,
+            created=int(time.time()),
+            id_=f"chatcmpl-{sid}",
+        )
+    else:
+        source = relay.openai_to_openai(resp, tally, client_wants_usage=wants_usage)
+    anthropic_client = call.anthropic_client
+
+    async def body() -> AsyncIterator[bytes]:
+        try:
+            async for chunk in source:
+                yield chunk
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+            svc.count("upstream_stream_error")
+            log.warning(
+                "upstream stream broke", extra={"connection": conn.id, "error": type(exc).__name__}
+            )
+            yield _stream_error_event(anthropic_client, type(exc).__name__)
+        finally:
+            # the client may be gone (this generator cancelled): settle regardless, shielded
+            with anyio.CancelScope(shield=True):
+                resp.release()
+                await _settle(svc, ticket, conn, call, upstream_model, tally.effective_usage())
+
+    return StreamingResponse(
+        body(),
+        status_code=200,
+        media_type="text/event-stream",
+        headers={**headers, "cache-control": "no-cache"},
+    )
+
+
+def _stream_error_event(anthropic_client: bool, what: str) -> bytes:
+    msg = f"Upstream stream interrupted ({what})"
+    if anthropic_client:
+        data = {"type": "error", "error": {"type": "api_error", "message": msg}}
+        return b"event: error\ndata: " + orjson.dumps(data) + b"\n\n"
+    return (
+        b"data: "
+        + orjson.dumps({"error": {"message": msg, "type": "api_error", "code": "upstream_error"}})
+        + b"\n\n"
+    )
+
+
+RouteHandler = Callable[[Request], Any]

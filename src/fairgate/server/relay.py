@@ -1,0 +1,195 @@
+"""Stream relays: upstream SSE → client SSE, event by event, never buffering the stream.
+
+Each relay is an async generator of bytes for a ``StreamingResponse`` and fills a
+:class:`StreamTally` as it goes (usage, text length, whether the stream finished), so that the
+caller can settle the quota reservation with what was really streamed, also when the client goes
+away mid-stream (the generator is then cancelled; settlement happens in the caller's ``finally``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+import orjson
+
+from fairgate.providers.sse import SSEParser, encode_event
+from fairgate.providers.translate import AnthropicToOpenAIStream, OpenAIToAnthropicStream
+from fairgate.providers.usage import (
+    Usage,
+    estimate_text_tokens,
+    usage_from_anthropic,
+    usage_from_openai,
+)
+
+
+@dataclass
+class StreamTally:
+    usage: Usage | None = None
+    text_chars: int = 0
+    finished: bool = False
+    chunks: int = 0
+    first_chunk_at: float | None = None
+    prompt_estimate: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def effective_usage(self) -> Usage:
+        """The provider's usage block when it came; otherwise what we saw (a client disconnect
+        or a cut stream must still be charged for the text already produced)."""
+        if self.usage is not None and (self.usage.prompt_tokens or self.usage.completion_tokens):
+            return self.usage
+        completion = estimate_text_tokens("x" * self.text_chars) if self.text_chars else 0
+        return Usage(prompt_tokens=self.prompt_estimate, completion_tokens=completion)
+
+    def mark_chunk(self) -> None:
+        self.chunks += 1
+        if self.first_chunk_at is None:
+            self.first_chunk_at = time.perf_counter()
+
+
+async def _events(resp: aiohttp.ClientResponse) -> AsyncIterator[tuple[str | None, str]]:
+    parser = SSEParser()
+    async for raw in resp.content.iter_any():
+        for ev in parser.feed(raw):
+            yield ev.event, ev.data
+    for ev in parser.flush():  # a last event whose closing blank line never came
+        yield ev.event, ev.data
+
+
+def _openai_text(obj: dict[str, Any]) -> tuple[int, bool]:
+    """(characters of content in this chunk, whether it carries a finish_reason)."""
+    n = 0
+    finished = False
+    for choice in obj.get("choices") or ():
+        if not isinstance(choice, dict):
+            continue
+        delta = choice.get("delta") or {}
+        if isinstance(delta, dict):
+            for k in ("content", "reasoning_content"):
+                v = delta.get(k)
+                if isinstance(v, str):
+                    n += len(v)
+        if choice.get("finish_reason"):
+            finished = True
+    return n, finished
+
+
+async def openai_to_openai(
+    resp: aiohttp.ClientResponse, tally: StreamTally, *, client_wants_usage: bool
+) -> AsyncIterator[bytes]:
+    """Pass OpenAI chunks through; drop the usage-only chunk we asked for on the client's behalf."""
+    async for _event, data in _events(resp):
+        if data == "[DONE]":
+            yield b"data: [DONE]\n\n"
+            continue
+        try:
+            obj = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            yield encode_event(data)
+            continue
+        if isinstance(obj, dict):
+            u = usage_from_openai(obj)
+            if u is not None:
+                tally.usage = u
+                if not obj.get("choices") and not client_wants_usage:
+                    continue
+            n, finished = _openai_text(obj)
+            tally.text_chars += n
+            tally.finished = tally.finished or finished
+        tally.mark_chunk()
+        yield encode_event(data)
+
+
+async def anthropic_to_anthropic(
+    resp: aiohttp.ClientResponse, tally: StreamTally
+) -> AsyncIterator[bytes]:
+    prompt: Usage | None = None
+    async for event, data in _events(resp):
+        try:
+            obj = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            obj = None
+        if isinstance(obj, dict):
+            kind = obj.get("type")
+            if kind == "message_start":
+                msg = obj.get("message")
+                prompt = usage_from_anthropic(msg) if isinstance(msg, dict) else None
+                tally.usage = prompt
+            elif kind == "content_block_delta":
+                delta = obj.get("delta") or {}
+                if isinstance(delta, dict):
+                    for k in ("text", "thinking", "partial_json"):
+                        v = delta.get(k)
+                        if isinstance(v, str):
+                            tally.text_chars += len(v)
+            elif kind == "message_delta":
+                out = usage_from_anthropic(obj)
+                if out is not None:
+                    tally.usage = Usage(
+                        prompt_tokens=(prompt.prompt_tokens if prompt else out.prompt_tokens),
+                        completion_tokens=out.completion_tokens,
+                        cached_tokens=(prompt.cached_tokens if prompt else out.cached_tokens),
+                    )
+            elif kind == "message_stop":
+                tally.finished = True
+        tally.mark_chunk()
+        yield encode_event(data, event)
+
+
+async def anthropic_to_openai(
+    resp: aiohttp.ClientResponse,
+    tally: StreamTally,
+    *,
+    model: str,
+    client_wants_usage: bool,
+    created: int,
+    id_: str,
+) -> AsyncIterator[bytes]:
+    tr = AnthropicToOpenAIStream(model, client_wants_usage, created, id_)
+    async for event, data in _events(resp):
+        try:
+            obj = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            continue
+        if not isinstance(obj, dict):
+            continue
+        for chunk in tr.feed(event, obj):
+            n, finished = _openai_text(chunk)
+            tally.text_chars += n
+            tally.finished = tally.finished or finished
+            tally.mark_chunk()
+            yield encode_event(orjson.dumps(chunk))
+        tally.usage = tr.usage
+    for chunk in tr.finish():  # an upstream that stopped without message_stop
+        yield encode_event(orjson.dumps(chunk))
+    tally.usage = tr.usage
+    yield b"data: [DONE]\n\n"
+
+
+async def openai_to_anthropic(
+    resp: aiohttp.ClientResponse, tally: StreamTally, *, model: str, id_: str
+) -> AsyncIterator[bytes]:
+    tr = OpenAIToAnthropicStream(model, id_)
+    async for _event, data in _events(resp):
+        if data == "[DONE]":
+            continue
+        try:
+            obj = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            continue
+        if not isinstance(obj, dict):
+            continue
+        n, _ = _openai_text(obj)
+        tally.text_chars += n
+        for name, payload in tr.feed(obj):
+            tally.finished = tally.finished or name == "message_stop"
+            tally.mark_chunk()
+            yield encode_event(orjson.dumps(payload), name)
+        tally.usage = tr.usage
+    for name, payload in tr.finish():
+        tally.finished = tally.finished or name == "message_stop"
+        yield encode_event(orjson.dumps(payload), name)
+    tally.usage = tr.usage

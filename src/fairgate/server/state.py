@@ -1,0 +1,206 @@
+"""The gateway's runtime state, shared by the ``/v1`` proxy and the ``/api`` admin app.
+
+Why one object: the proxy reads an immutable :class:`~fairgate.registry.Registry` snapshot per
+request (no DB query on the hot path), the admin API writes the metadata DB and then calls
+:meth:`Gateway.reload` to swap in a fresh snapshot. The engine, the store choice and the settings
+live here too so that a settings change (say, a new Redis URL) takes effect without a restart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import os
+import sqlite3
+from collections import OrderedDict, deque
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from fairgate.clock import SYSTEM_CLOCK, Clock
+from fairgate.config import Config, ConfigError
+from fairgate.db.common import RepoError
+from fairgate.db.connection import open_db
+from fairgate.db.repos import load_registry, seed_from_config
+from fairgate.db.settings import SettingsRepo
+from fairgate.quota.engine import QuotaEngine
+from fairgate.quota.model import Pool
+from fairgate.quota.settings import QuotaSettings
+from fairgate.registry import Registry
+from fairgate.store.factory import StoreChoice, create_store
+
+log = logging.getLogger("fairgate.server")
+
+SignalsSource = Callable[[Pool], Mapping[str, float]]
+
+
+class PoolLog:
+    """Recent admission events per pool, for the dashboard and ``GET /quota/pools/{id}/log``.
+
+    Bounded twice so that it can never grow with traffic: ``per_pool`` events per pool (oldest
+    dropped) and ``max_pools`` pools (the least recently logged pool dropped).
+    """
+
+    def __init__(self, per_pool: int = 500, max_pools: int = 1000) -> None:
+        self.per_pool = per_pool
+        self.max_pools = max_pools
+        self._events: OrderedDict[str, deque[dict[str, Any]]] = OrderedDict()
+
+    def log(self, pool_id: str, event: Mapping[str, Any]) -> None:
+        events = self._events.get(pool_id)
+        if events is None:
+            events = self._events[pool_id] = deque(maxlen=self.per_pool)
+            while len(self._events) > self.max_pools:
+                self._events.popitem(last=False)
+        else:
+            self._events.move_to_end(pool_id)
+        events.append(dict(event))
+
+    def recent(self, pool_id: str, limit: int = 100) -> list[dict[str, Any]]:
+        """The newest ``limit`` events, newest first (copies: callers may not edit the log)."""
+        events = self._events.get(pool_id)
+        if not events or limit <= 0:
+            return []
+        n = min(limit, len(events))
+        return [dict(events[-1 - i]) for i in range(n)]
+
+    def forget(self, pool_id: str) -> None:
+        self._events.pop(pool_id, None)
+
+
+class Gateway:
+    """Runtime state. Construct, ``await start()``, use, ``await stop()``.
+
+    ``registry``, ``engine``, ``db``, ``store_choice`` and ``quota_settings`` exist after
+    :meth:`start`; ``registry`` is an empty snapshot before it.
+    """
+
+    registry: Registry
+    engine: QuotaEngine
+    store_choice: StoreChoice
+    quota_settings: QuotaSettings
+    db: sqlite3.Connection
+
+    def __init__(
+        self,
+        *,
+        data_dir: Path,
+        config: Config | None = None,
+        env: Mapping[str, str] | None = None,
+        clock: Clock = SYSTEM_CLOCK,
+        admin_key: str | None = None,
+    ) -> None:
+        self.data_dir = Path(data_dir)
+        self.config = config if config is not None else Config.default()
+        self.env: Mapping[str, str] = os.environ if env is None else env
+        self.clock = clock
+        self.admin_key: str | None = admin_key or self.env.get("FAIRGATE_ADMIN_KEY") or None
+        self.pool_log = PoolLog()
+        self.signals_source: SignalsSource | None = None
+        self.registry = Registry(default_provider=self.config.server.default_provider)
+        self.quota_settings = self._settings_from({})
+        self._store_lock = asyncio.Lock()
+        self._started = False
+
+    @property
+    def db_path(self) -> Path:
+        return self.data_dir / "fairgate.sqlite"
+
+    @property
+    def quota_store_path(self) -> Path:
+        return self.data_dir / "quota.sqlite"
+
+    async def start(self) -> None:
+        """Open the DB, seed it from the config file, open the quota store, build the registry.
+
+        Raises :class:`ConfigError` when the config file cannot be seeded (for example it puts a
+        connection in a pool while the DB has it in another, moved there by the admin API)."""
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.db = open_db(self.db_path)
+        try:
+            try:
+                report = seed_from_config(self.db, self.config, self.clock)
+            except RepoError as exc:
+                # the file is valid but disagrees with what the admin API stored meanwhile
+                raise ConfigError(
+                    [("", f"the config file conflicts with the database: {exc}")]
+                ) from None
+            if report.changed:
+                log.info("seeded from config: %s", ", ".join(report.changes))
+            db_settings = SettingsRepo(self.db).all()
+            self.quota_settings = self._settings_from(db_settings)
+            store, self.store_choice = await create_store(
+                self.quota_store_path, env=self.env, db=db_settings,
+                redis_prefix=self.redis_prefix,
+            )
+        except BaseException:
+            self.db.close()
+            raise
+        self.engine = QuotaEngine(
+            store, clock=self.clock, settings=self.quota_settings, signals=self.pool_signals
+        )
+        self._started = True
+        self.reload()
+
+    async def stop(self) -> None:
+        """Close the quota store and the DB; safe to call twice."""
+        if not self._started:
+            return
+        self._started = False
+        try:
+            await self.engine.store.close()
+        finally:
+            self.db.close()
+
+    @property
+    def redis_prefix(self) -> str:
+        """Key prefix in Redis (``QUOTA_STORE_REDIS_PREFIX``): several gateways or test runs can
+        share one server without touching each other's counters."""
+        return self.env.get("QUOTA_STORE_REDIS_PREFIX") or "fairgate"
+
+    def pool_signals(self, pool: Pool) -> Mapping[str, float]:
+        """Provider saturation per dimension key, from ``signals_source`` when one is set."""
+        source = self.signals_source
+        return source(pool) if source is not None else {}
+
+    def reload(self) -> None:
+        """Rebuild the registry from the DB and swap it in (one assignment: readers see the old
+        or the new snapshot, never a mix)."""
+        self.registry = load_registry(
+            self.db,
+            self.config.server.default_provider,
+            version=self.registry.version + 1,
+        )
+
+    def refresh_settings(self) -> QuotaSettings:
+        """Re-read the quota knobs (DB > env > default) into ``quota_settings`` and the engine."""
+        self.quota_settings = self._settings_from(SettingsRepo(self.db).all())
+        self.engine.settings = self.quota_settings
+        return self.quota_settings
+
+    async def reload_store(self) -> StoreChoice:
+        """Re-choose the quota store from the current DB settings and swap it into the engine,
+        then close the old one: the Redis URL or the driver can change without a restart.
+
+        A request admitted on the old store and settled on the new one settles a reservation the
+        new store does not know; the store contract treats that like an expired lease.
+        """
+        async with self._store_lock:
+            store, choice = await create_store(
+                self.quota_store_path, env=self.env, db=SettingsRepo(self.db).all(),
+                redis_prefix=self.redis_prefix,
+            )
+            old = self.engine.store
+            self.engine.store = store
+            self.store_choice = choice
+            self.refresh_settings()
+            try:
+                await old.close()
+            except Exception as exc:  # the old store may be the one that broke
+                log.warning("closing the previous quota store failed (%s)", type(exc).__name__)
+            return choice
+
+    def _settings_from(self, db_settings: Mapping[str, str]) -> QuotaSettings:
+        base = QuotaSettings.from_sources(self.env, db_settings)
+        return dataclasses.replace(base, default_max_tokens=self.config.server.default_max_tokens)
