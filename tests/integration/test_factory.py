@@ -88,3 +88,26 @@ def test_migrations_are_idempotent(tmp_path: Path) -> None:
     repo.delete("a")
     assert repo.get("a") is None
     conn.close()
+
+
+async def test_sqlite_synchronous_setting(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    store, _ = await create_store(tmp_path / "a.sqlite", env={})
+    row = store._conn.execute("PRAGMA synchronous").fetchone()  # type: ignore[attr-defined]
+    assert row[0] == 0  # OFF: no fsync on the event loop (counters survive process crashes)
+    await store.close()
+    store, _ = await create_store(
+        tmp_path / "b.sqlite", env={"QUOTA_SQLITE_SYNCHRONOUS": "normal"}
+    )
+    row = store._conn.execute("PRAGMA synchronous").fetchone()  # type: ignore[attr-defined]
+    assert row[0] == 1
+    await store.close()
+    store, _ = await create_store(tmp_path / "c.sqlite", env={"QUOTA_SQLITE_SYNCHRONOUS": "x"})
+    assert any("QUOTA_SQLITE_SYNCHRONOUS" in r.getMessage() for r in caplog.records)
+    await store.close()
+
+
+def test_sqlite_store_rejects_unknown_synchronous(tmp_path: Path) -> None:
+    from fairgate.store.sqlite import SqliteQuotaStore
+
+    with pytest.raises(ValueError, match="synchronous"):
+        SqliteQuotaStore(tmp_path / "d.sqlite", synchronous="sometimes")

@@ -193,13 +193,14 @@ async def test_expired_reservation_is_reclaimed_by_a_later_admit(store: QuotaSto
     )
     assert early.totals == (Count(0.0, 1.0), Count(0.0, 1000.0))
 
-    # Expired: the next admission of the pool takes it back before reading.
+    # Expired: an admission of the pool a second later takes it back before reading (a driver
+    # may look for expired leases at most once a second per pool: leases last minutes).
     late = await store.admit(
-        admit_request(pool, "b", T0 + lease + 1, cost={Unit.REQUESTS: 1.0, Unit.TOKENS: 10.0})
+        admit_request(pool, "b", T0 + lease + 1000, cost={Unit.REQUESTS: 1.0, Unit.TOKENS: 10.0})
     )
     assert late.totals == (Count(0.0, 1.0), Count(0.0, 10.0))
     counters = [ref(REQ_HOURLY), ref(TOK_HOURLY)]
-    assert await store.peek(pool.id, "a", counters, T0 + lease + 1) == {
+    assert await store.peek(pool.id, "a", counters, T0 + lease + 1000) == {
         REQ_HOURLY.key: Count(),
         TOK_HOURLY.key: Count(),
     }

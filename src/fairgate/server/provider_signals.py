@@ -33,17 +33,34 @@ class PercentCharge:
 
 
 class ProviderSignals:
-    def __init__(self, clock: Clock) -> None:
+    def __init__(self, clock: Clock, *, min_interval_ms: int = 1_000) -> None:
         self.clock = clock
+        self.min_interval_ms = min_interval_ms
+        self._parsed: dict[str, int] = {}  # bounded by the number of connections
         self.saturation = SaturationSignals(clock)
         self.buckets = AccountBuckets(clock)
         self._attr: dict[tuple[str, str], PercentAttributor] = {}
 
     def observe(
-        self, connection_id: str, model: str, headers: Mapping[str, str]
+        self,
+        connection_id: str,
+        model: str,
+        headers: Mapping[str, str],
+        *,
+        force: bool = False,
     ) -> tuple[RateLimitSnapshot | None, list[PercentCharge]]:
-        """Feed one upstream response's headers; returns the snapshot and percent charges due."""
-        snap = parse_rate_limit_headers(headers, self.clock.now_ms())
+        """Feed one upstream response's headers; returns the snapshot and percent charges due.
+
+        Readings live 30 s and move slowly, so a connection's headers are parsed at most once
+        per ``min_interval_ms`` (parsing every answer cost more than the rest of the hot path's
+        bookkeeping); ``force`` (error answers) always parses.
+        """
+        now = self.clock.now_ms()
+        last = self._parsed.get(connection_id)
+        if not force and last is not None and 0 <= now - last < self.min_interval_ms:
+            return None, []
+        self._parsed[connection_id] = now
+        snap = parse_rate_limit_headers(headers, now)
         if snap is None:
             return None, []
         self.saturation.update(connection_id, snap)

@@ -10,18 +10,19 @@ remaining share. Nothing here scans all keys, pools or connections.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
 import aiohttp
-import anyio
 import orjson
+from starlette.background import BackgroundTask
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
@@ -78,9 +79,20 @@ class Services:
     prices: PriceTable
     inflight: set[Ticket] = field(default_factory=set)
     counters: dict[str, int] = field(default_factory=dict)
+    tasks: set[asyncio.Task[None]] = field(default_factory=set)
 
     def count(self, name: str) -> None:
         self.counters[name] = self.counters.get(name, 0) + 1
+
+    def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        """Run bookkeeping off the response path; shutdown waits for what is still running."""
+        task = asyncio.get_running_loop().create_task(coro)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    async def drain(self) -> None:
+        while self.tasks:
+            await asyncio.gather(*list(self.tasks), return_exceptions=True)
 
 
 @dataclass
@@ -432,8 +444,9 @@ async def _attempt(
             f"Upstream connection '{conn.id}' failed ({type(exc).__name__})",
             code="upstream_error",
         )
-    t_headers = time.perf_counter()
-    _, charges = svc.signals.observe(conn.id, upstream_model, resp.headers)
+    _, charges = svc.signals.observe(
+        conn.id, upstream_model, resp.headers, force=resp.status >= 400
+    )
     if pool is not None:
         for ch in charges:
             await engine.record(pool, ch.key_id, {Unit.PERCENT: ch.amount})
@@ -464,11 +477,17 @@ async def _attempt(
         resp.release()
     t_body = time.perf_counter()
     out, usage = _translate_answer(call, conn, raw, upstream_model)
-    await _settle(svc, ticket, conn, call, upstream_model, usage)
     overhead = (time.perf_counter() - call.t0 - (t_body - t_send)) * 1000
     headers["x-fairgate-overhead-ms"] = f"{overhead:.3f}"
-    del t_headers
-    return Response(out, status_code=200, media_type="application/json", headers=headers)
+    # settle after the answer is on its way: the client need not wait for our bookkeeping
+    # (the reservation holds the quota meanwhile, so nothing can overshoot)
+    return Response(
+        out,
+        status_code=200,
+        media_type="application/json",
+        headers=headers,
+        background=BackgroundTask(_settle, svc, ticket, conn, call, upstream_model, usage),
+    )
 
 
 def _translate_answer(
@@ -611,10 +630,10 @@ def _stream_response(
             )
             yield _stream_error_event(anthropic_client, type(exc).__name__)
         finally:
-            # the client may be gone (this generator cancelled): settle regardless, shielded
-            with anyio.CancelScope(shield=True):
-                resp.release()
-                await _settle(svc, ticket, conn, call, upstream_model, tally.effective_usage())
+            # runs also when the client went away (this generator is then cancelled): the
+            # settlement is its own task, so neither the cancellation nor the client waits on it
+            resp.release()
+            svc.spawn(_settle(svc, ticket, conn, call, upstream_model, tally.effective_usage()))
 
     return StreamingResponse(
         body(),

@@ -131,7 +131,9 @@ class Gateway:
             db_settings = SettingsRepo(self.db).all()
             self.quota_settings = self._settings_from(db_settings)
             store, self.store_choice = await create_store(
-                self.quota_store_path, env=self.env, db=db_settings,
+                self.quota_store_path,
+                env=self.env,
+                db=db_settings,
                 redis_prefix=self.redis_prefix,
             )
         except BaseException:
@@ -188,7 +190,9 @@ class Gateway:
         """
         async with self._store_lock:
             store, choice = await create_store(
-                self.quota_store_path, env=self.env, db=SettingsRepo(self.db).all(),
+                self.quota_store_path,
+                env=self.env,
+                db=SettingsRepo(self.db).all(),
                 redis_prefix=self.redis_prefix,
             )
             old = self.engine.store

@@ -13,10 +13,12 @@ reservation is visible to the next admission, N concurrent admissions cannot all
 headroom: with a limit of 5 requests exactly 5 of 100 racers win.
 
 Edges both drivers agree on (the contract suite pins them): a reservation is expired when
-``expires_ms <= now``; re-using a reservation id that is still held raises ``ValueError``; the key
-id ``*`` is reserved for pool totals (``ValueError``); ``admit`` and ``settle`` mark the key active,
-``record`` does not; un-reserving never takes a counter below zero; ``gc`` also reclaims expired
-reservations of pools nobody admits to any more.
+``expires_ms <= now`` and is reclaimed by an admission of its pool at most about a second
+later (a driver may look at most once a second per pool); re-using a reservation id that is
+still held raises ``ValueError``; the key id ``*`` is reserved for pool totals
+(``ValueError``); ``admit`` and ``settle`` mark the key active, ``record`` does not;
+un-reserving never takes a counter below zero; ``gc`` also reclaims expired reservations of
+pools nobody admits to any more.
 """
 
 from __future__ import annotations

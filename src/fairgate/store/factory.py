@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fairgate.store.base import QuotaStore
-from fairgate.store.sqlite import SqliteQuotaStore
+from fairgate.store.sqlite import SYNCHRONOUS_MODES, SqliteQuotaStore
 
 log = logging.getLogger("fairgate.store")
 
@@ -56,14 +56,22 @@ async def create_store(
         reason = await _try_redis(env, db, redis_prefix)
         if isinstance(reason, str):
             log.warning("quota store: redis unavailable (%s); falling back to sqlite", reason)
-            return _sqlite(sqlite_path), StoreChoice("redis", "sqlite", reason)
+            return _sqlite(sqlite_path, env), StoreChoice("redis", "sqlite", reason)
         return reason, StoreChoice("redis", "redis")
-    return _sqlite(sqlite_path), StoreChoice(wanted, "sqlite")
+    return _sqlite(sqlite_path, env), StoreChoice(wanted, "sqlite")
 
 
-def _sqlite(path: str | os.PathLike[str]) -> QuotaStore:
+def _sqlite(path: str | os.PathLike[str], env: Mapping[str, str]) -> QuotaStore:
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    return SqliteQuotaStore(path)
+    sync = (env.get("QUOTA_SQLITE_SYNCHRONOUS") or "OFF").strip().upper()
+    if sync not in SYNCHRONOUS_MODES:
+        log.warning(
+            "QUOTA_SQLITE_SYNCHRONOUS=%r is not one of %s; using OFF",
+            sync,
+            "/".join(SYNCHRONOUS_MODES),
+        )
+        sync = "OFF"
+    return SqliteQuotaStore(path, synchronous=sync)
 
 
 async def _try_redis(
