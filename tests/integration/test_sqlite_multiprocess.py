@@ -143,7 +143,7 @@ async def test_sqlite_file_is_in_wal_mode(tmp_path: Path) -> None:
             db.close()
         conn = store._conn  # the store's own connection settings
         assert conn.execute("PRAGMA busy_timeout").fetchone() == (1234,)
-        assert conn.execute("PRAGMA synchronous").fetchone() == (1,)  # NORMAL
+        assert conn.execute("PRAGMA synchronous").fetchone() == (0,)  # OFF, the default
     finally:
         await store.close()
 
