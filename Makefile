@@ -15,7 +15,7 @@ $(VENV)/.installed: pyproject.toml | $(VENV)/bin/python
 	touch $@
 
 $(VENV)/.installed-dev: pyproject.toml | $(VENV)/bin/python
-	$(PIP) install -q -e '.[dev]'
+	PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 $(PIP) install -q -e '.[dev]'
 	touch $(VENV)/.installed $@
 
 demo: $(VENV)/.installed
@@ -24,7 +24,8 @@ demo: $(VENV)/.installed
 test: $(VENV)/.installed-dev
 	$(VENV)/bin/ruff check src tests benchmarks
 	$(VENV)/bin/mypy
-	PATH="$(abspath $(VENV))/bin:$$PATH" bash scripts/with_redis.sh $(PY) -m pytest $(PYTEST_ARGS)
+	bash scripts/ensure_chromium.sh
+	PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 PATH="$(abspath $(VENV))/bin:$$PATH" bash scripts/with_redis.sh $(PY) -m pytest $(PYTEST_ARGS)
 
 lint: $(VENV)/.installed-dev
 	$(VENV)/bin/ruff check src tests benchmarks

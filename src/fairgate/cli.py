@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import socket
 import tempfile
@@ -151,6 +152,16 @@ def _free_port(host: str = "127.0.0.1") -> int:
         return int(sock.getsockname()[1])
 
 
+def _secrets_of(cfg: object, *more: str) -> list[str]:
+    """The secrets a config file holds, so the log redactor masks them verbatim."""
+    from fairgate.config import Config
+
+    assert isinstance(cfg, Config)
+    out = [c.secret for c in cfg.connections if c.secret]
+    out += [k.secret for k in cfg.keys if k.secret]
+    return out + [m for m in more if m]
+
+
 def _run_server(app: object, host: str, port: int) -> None:
     import uvicorn
 
@@ -161,6 +172,7 @@ def _run_server(app: object, host: str, port: int) -> None:
         loop="uvloop",
         http="httptools",
         log_level="warning",
+        log_config=None,  # uvicorn's loggers propagate to our JSON handler (configure_logging)
         timeout_graceful_shutdown=30,
     )
 
@@ -197,8 +209,18 @@ def serve(
     if not _port_free(bind, chosen):
         _fail(f"port {chosen} on {bind} is already in use (choose another with --port)")
     ddir = data_dir or Path(env.get("FAIRGATE_DATA_DIR") or "data")
+    from fairgate.server.logs import configure_from_env
+
+    configure_from_env(env, _secrets_of(cfg, env.get("FAIRGATE_ADMIN_KEY", "")))
     gw = Gateway(data_dir=ddir, config=cfg, env=env)
-    console.print(f"fairgate {__version__} on http://{bind}:{chosen} (data in {ddir})")
+    # one JSON event, like every other line this process writes
+    logging.getLogger("fairgate.cli").info(
+        "fairgate %s on http://%s:%s",
+        __version__,
+        bind,
+        chosen,
+        extra={"version": __version__, "url": f"http://{bind}:{chosen}", "data_dir": str(ddir)},
+    )
     _run_server(create_app(gw), bind, chosen)
 
 
@@ -288,6 +310,10 @@ def demo(
     async def start_mock() -> None:
         await mock.start(host, mock_port)
 
+    from fairgate.server.logs import configure_from_env
+
+    # the demo prints its keys for the user on stdout; the logs (stderr) never show them
+    configure_from_env(None, _secrets_of(cfg, admin_key, upstream_secret))
     gw = Gateway(data_dir=ddir, config=cfg, admin_key=admin_key)
     app_ = create_app(gw, on_startup=[start_mock], on_shutdown=[mock.stop])
     base = f"http://{host}:{chosen}"
@@ -324,6 +350,49 @@ def demo(
     )
     console.print("\nCtrl-C stops it.")
     _run_server(app_, host, chosen)
+
+
+@app.command()
+def simulate(
+    scenario_file: Annotated[
+        Path | None, typer.Argument(help="A YAML scenario file (see docs/fairness.md).")
+    ] = None,
+    builtin: Annotated[
+        str | None,
+        typer.Option("--builtin", help="A built-in scenario: steady, greedy, bursty, on-off, …"),
+    ] = None,
+    run_all: Annotated[bool, typer.Option("--all", help="Every built-in scenario.")] = False,
+    driver: Annotated[str, typer.Option(help="Quota store for the engine: sqlite or redis.")] = (
+        "sqlite"
+    ),
+    seed: Annotated[int, typer.Option(help="Workload seed (same seed, same figures).")] = 1,
+    out: Annotated[Path, typer.Option(help="Where the PNGs and results.json go.")] = Path(
+        "sim-results"
+    ),
+    duration: Annotated[
+        str | None, typer.Option(help="Override the scenario's duration (e.g. 3h).")
+    ] = None,
+    redis_url: Annotated[
+        str | None, typer.Option(help="Redis for --driver redis (QUOTA_STORE_REDIS_URL).")
+    ] = None,
+) -> None:
+    """Replay a workload through the real engine under four sharing policies and compare them
+    with the max-min fair ideal: Jain's index, utilisation, overshoot, refusals."""
+    from fairgate.sim.command import run_simulate
+
+    code = run_simulate(
+        console,
+        scenario_file=scenario_file,
+        builtin_name=builtin,
+        run_all=run_all,
+        driver=driver,
+        seed=seed,
+        out=out,
+        duration=duration,
+        redis_url=redis_url,
+    )
+    if code:
+        raise typer.Exit(code)
 
 
 def main() -> None:

@@ -1,4 +1,4 @@
-"""The YAML config file: connections, client keys, plans, pools, prices (validated by pydantic).
+"""The YAML config file: connections, client keys, plans, pools, prices, combos (validated).
 
 Why a strict schema (``extra="forbid"``, enums, ranges): a typo in a quota config silently turns a
 hard limit into "no limit". Every problem is reported at once, each as ``<dotted.path>: <message>``
@@ -30,10 +30,13 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from pydantic.alias_generators import to_camel
 
 from fairgate.quota.model import Policy, ShareMode
 from fairgate.quota.units import Unit, Window
 from fairgate.registry import hash_key
+from fairgate.routing.model import GLOBAL_MAX_ATTEMPTS, QTSD_PREFIX, Combo, ComboConfig, Target
+from fairgate.routing.registry import PUBLIC_STRATEGIES, resolve_strategy, validate_options
 
 #: Ids of connections, keys and pools. No ':' '{' '}' or spaces: the Redis store builds keys and
 #: hash tags from them.
@@ -166,6 +169,243 @@ class PriceConfig(_Strict):
     cached_input: Limit | None = None
 
 
+# -- combos -----------------------------------------------------------------------------------
+#
+# A combo is a named virtual model routed over several targets (SPEC §8). The same models
+# validate the ``combos:`` section of the file and the admin API's bodies, so a combo copied from
+# one to the other means the same thing. Keys are camelCase (the admin API's convention, and how
+# SPEC §8 spells ``maxRetries``); the snake_case names are accepted too. Everything checkable
+# without the rest of the file is checked here; :meth:`ComboSpec.to_combo` then runs the routing
+# layer's own checks (``fairgate.routing.model``) and :meth:`ComboSpec.reference_problems` the
+# references to connections, each problem naming its field.
+
+#: A user combo's name: an id, so it has no ``/`` and can never look like ``provider/model``
+#: or like the ``qtSd/<pool>/<model>`` combos fairgate mints itself.
+ComboName = Annotated[str, StringConstraints(pattern=ID_PATTERN)]
+#: A target's connection: an id, or ``*`` for every connection of the provider.
+TargetConnection = Annotated[
+    str, StringConstraints(pattern=r"^(\*|[A-Za-z0-9][A-Za-z0-9_.-]{0,63})$")
+]
+Tag = Annotated[str, StringConstraints(min_length=1, max_length=64, pattern=r"^\S+$")]
+SampleRate = Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)]
+DelayMs = Annotated[int, Field(ge=0, le=600_000)]
+
+
+class _CamelStrict(BaseModel):
+    """Strict like the rest of the file, camelCase like the admin API (same settings as the
+    admin API's models, so these are used there as they are)."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        validate_by_name=True,
+        validate_by_alias=True,
+        serialize_by_alias=True,
+        extra="forbid",
+    )
+
+
+class InvalidCombo(ValueError):
+    """A combo the routing layer refuses; ``problems`` are ``(field, message)`` pairs, the field
+    relative to the combo (``strategy``, ``targets.1``, ``config.options``)."""
+
+    def __init__(self, problems: list[tuple[str, str]]) -> None:
+        self.problems = problems
+        super().__init__("; ".join(f"{f}: {m}" if f else m for f, m in problems))
+
+
+class ComboTargetSpec(_CamelStrict):
+    """One target of a combo. ``model: "*"`` means every model the provider's connections list
+    (``provider/*``); ``connection: "*"`` every connection of the provider serving the model;
+    no connection: the provider's connections as the gateway picks them. Prices are USD per
+    million tokens; a lower ``tier`` is preferred."""
+
+    provider: Id
+    model: ModelName
+    connection: TargetConnection | None = None
+    weight: Weight = 1.0
+    price_in: Limit | None = None
+    price_out: Limit | None = None
+    tier: int = Field(default=0, ge=0, le=1000)
+    context_window: int | None = Field(default=None, ge=1, le=100_000_000)
+    tags: list[Tag] = Field(default_factory=list, max_length=50)
+
+    def to_target(self) -> Target:
+        return Target(
+            provider=self.provider,
+            model=self.model,
+            connection_id=self.connection,
+            weight=self.weight,
+            price_in=self.price_in,
+            price_out=self.price_out,
+            tier=self.tier,
+            context_window=self.context_window,
+            tags=frozenset(self.tags),
+        )
+
+    @classmethod
+    def of(cls, t: Target) -> ComboTargetSpec:
+        return cls(
+            provider=t.provider,
+            model=t.model,
+            connection=t.connection_id,
+            weight=t.weight,
+            price_in=t.price_in,
+            price_out=t.price_out,
+            tier=t.tier,
+            context_window=t.context_window,
+            tags=sorted(t.tags),
+        )
+
+
+class ComboShadowSpec(_CamelStrict):
+    """Shadow routing: a sampled copy of each answered request goes to these targets."""
+
+    targets: list[ComboTargetSpec] = Field(default_factory=list, max_length=20)
+    sample_rate: SampleRate = 0.0
+    timeout_ms: int = Field(default=30_000, ge=1, le=3_600_000)
+
+
+class ComboSettingsSpec(_CamelStrict):
+    """A combo's own settings. A field left out (or null) is not set by the combo and inherits
+    from the layers below it (built-in default → global settings → per provider), so storing
+    only what the combo sets keeps the cascade alive."""
+
+    max_retries: int | None = Field(
+        default=None, ge=0, le=10, description="Retries per target on transient failures (1)"
+    )
+    retry_delay_ms: DelayMs | None = None
+    fallback_delay_ms: DelayMs | None = None
+    timeout_ms: int | None = Field(default=None, ge=1, le=86_400_000)
+    max_attempts: int | None = Field(default=None, ge=1, le=GLOBAL_MAX_ATTEMPTS)
+    quality_validation: bool | None = None
+    shadow: ComboShadowSpec | None = None
+    judge: ComboTargetSpec | None = Field(
+        default=None, description="fusion's judge model (default: the first target)"
+    )
+    options: dict[str, Any] | None = Field(
+        default=None, description="Strategy options (sticky, weights, exploration, budgetUsd, …)"
+    )
+
+    def layer(self) -> dict[str, Any]:
+        """The settings this combo sets (JSON, camelCase): its layer of the config cascade."""
+        return self.model_dump(mode="json", exclude_none=True)
+
+
+class ComboBody(_CamelStrict):
+    """A combo without its name: what ``PUT /combos/{name}`` replaces."""
+
+    strategy: str = Field(
+        default="priority",
+        max_length=64,
+        description="One of: " + ", ".join(PUBLIC_STRATEGIES),
+    )
+    targets: list[ComboTargetSpec] = Field(min_length=1, max_length=200)
+    config: ComboSettingsSpec = Field(default_factory=ComboSettingsSpec)
+
+    @field_validator("strategy")
+    @classmethod
+    def _known_strategy(cls, v: str) -> str:
+        """Unknown names are refused here, never silently routed as priority; stored in the
+        canonical spelling (an alias such as ``weighted-sticky`` stays an alias)."""
+        resolve_strategy(v)
+        return v.strip().lower().replace("_", "-")
+
+
+class ComboSpec(ComboBody):
+    """A user combo as configured: in the file's ``combos:`` list or an admin API body."""
+
+    name: ComboName
+
+    @field_validator("name", mode="before")
+    @classmethod
+    def _not_internal(cls, v: object) -> object:
+        # checked before the pattern so the message says why, not just "bad characters"
+        if isinstance(v, str) and v.startswith(QTSD_PREFIX):
+            raise ValueError(
+                f"the '{QTSD_PREFIX}' prefix is reserved for the quota-share combos fairgate "
+                "mints for pools; they are internal, not user-selectable"
+            )
+        return v
+
+    def to_combo(self, *layers: Mapping[str, object]) -> Combo:
+        """The routing layer's combo (``layers``: the config layers below this combo's own).
+        Raises :class:`InvalidCombo` naming every field the routing layer refuses."""
+        problems: list[tuple[str, str]] = []
+        canonical: str | None = None
+        implied: Mapping[str, object] = {}
+        try:
+            canonical, implied = resolve_strategy(self.strategy)
+        except ValueError as exc:
+            problems.append(("strategy", str(exc)))
+        targets: list[Target] = []
+        first: dict[str, int] = {}
+        for j, spec in enumerate(self.targets):
+            try:
+                t = spec.to_target()
+            except ValueError as exc:
+                problems.append((f"targets.{j}", str(exc)))
+                continue
+            if t.key in first:
+                problems.append(
+                    (f"targets.{j}", f"duplicate target '{t.key}' (also targets.{first[t.key]})")
+                )
+                continue
+            first[t.key] = j
+            targets.append(t)
+        config: ComboConfig | None = None
+        try:
+            config = ComboConfig.from_layers(*layers, self.config.layer())
+        except ValueError as exc:
+            problems.append(("config", str(exc)))
+        if canonical is not None and config is not None:
+            try:
+                validate_options(canonical, {**implied, **config.options}, n_targets=len(targets))
+            except ValueError as exc:
+                problems.append(("config.options", str(exc)))
+        if problems or config is None:
+            raise InvalidCombo(problems)
+        try:
+            return Combo(
+                name=self.name, strategy=self.strategy, targets=tuple(targets), config=config
+            )
+        except ValueError as exc:
+            raise InvalidCombo([("", str(exc))]) from None
+
+    def reference_problems(self, providers: Mapping[str, str]) -> list[tuple[str, str]]:
+        """Targets whose provider has no connection, or whose connection is unknown or of
+        another provider. ``providers``: provider by connection id. A wildcard is fine as long
+        as the provider has a connection (it may match nothing yet; routing reports that)."""
+        known = set(providers.values())
+        problems: list[tuple[str, str]] = []
+
+        def check(path: str, t: ComboTargetSpec) -> None:
+            if t.provider not in known:
+                problems.append(
+                    (f"{path}.provider", f"no connection of provider '{t.provider}' exists")
+                )
+            elif t.connection is not None and t.connection != "*":
+                owner = providers.get(t.connection)
+                if owner is None:
+                    problems.append((f"{path}.connection", f"unknown connection '{t.connection}'"))
+                elif owner != t.provider:
+                    problems.append(
+                        (
+                            f"{path}.connection",
+                            f"connection '{t.connection}' is of provider '{owner}', "
+                            f"not '{t.provider}'",
+                        )
+                    )
+
+        for j, t in enumerate(self.targets):
+            check(f"targets.{j}", t)
+        if self.config.judge is not None:
+            check("config.judge", self.config.judge)
+        if self.config.shadow is not None:
+            for k, t in enumerate(self.config.shadow.targets):
+                check(f"config.shadow.targets.{k}", t)
+        return problems
+
+
 class Config(_Strict):
     server: ServerConfig = Field(default_factory=ServerConfig)
     connections: list[ConnectionConfig] = Field(default_factory=list)
@@ -173,7 +413,7 @@ class Config(_Strict):
     plans: dict[Id, list[DimensionConfig]] = Field(default_factory=dict)
     pools: list[PoolConfig] = Field(default_factory=list)
     prices: dict[ModelName, PriceConfig] = Field(default_factory=dict)
-    combos: list[dict[str, Any]] = Field(default_factory=list)
+    combos: list[ComboSpec] = Field(default_factory=list)
 
     @classmethod
     def default(cls) -> Config:
@@ -346,7 +586,7 @@ def load_config(path: str | Path, env: Mapping[str, str]) -> Config:
 
 def cross_check(config: Config) -> list[tuple[str, str]]:
     """Rules that span sections: unique ids, references that must exist, one provider per pool,
-    a connection in at most one pool."""
+    a connection in at most one pool, combos the routing layer accepts."""
     problems: list[tuple[str, str]] = []
 
     def unique(section: str, ids: list[str]) -> None:
@@ -398,4 +638,28 @@ def cross_check(config: Config) -> list[tuple[str, str]]:
         for j, alloc in enumerate(pool.allocations):
             if alloc.key not in keys:
                 problems.append((f"pools.{i}.allocations.{j}.key", f"unknown key '{alloc.key}'"))
+    problems.extend(combo_problems(config))
+    return problems
+
+
+def combo_problems(config: Config) -> list[tuple[str, str]]:
+    """Each combo: a unique name, accepted by the routing layer, targets whose provider (and
+    connection) the file configures."""
+    problems: list[tuple[str, str]] = []
+    providers = {c.id: c.provider for c in config.connections}
+    names: dict[str, int] = {}
+    for i, combo in enumerate(config.combos):
+        if combo.name in names:
+            problems.append(
+                (
+                    f"combos.{i}.name",
+                    f"duplicate combo name '{combo.name}' (also combos.{names[combo.name]})",
+                )
+            )
+        names.setdefault(combo.name, i)
+        try:
+            combo.to_combo()
+        except InvalidCombo as exc:
+            problems.extend((f"combos.{i}.{f}" if f else f"combos.{i}", m) for f, m in exc.problems)
+        problems.extend((f"combos.{i}.{f}", m) for f, m in combo.reference_problems(providers))
     return problems

@@ -1,8 +1,9 @@
 """What the hot path reads: an immutable, in-memory snapshot of the metadata DB.
 
-The proxy never queries the metadata DB per request: connections, client keys (by hash) and pools
-(by member connection) are loaded into a :class:`Registry` and swapped atomically whenever the
-admin API changes something. Lookups are dict hits, so a request costs O(1) whatever the number
+The proxy never queries the metadata DB per request: connections, client keys (by hash), pools
+(by member connection) and combos (user ones, plus the ``qtSd/<pool>/<model>`` quota-share ones
+minted here from the pools) are loaded into a :class:`Registry` and swapped atomically whenever
+the admin API changes something. Lookups are dict hits, so a request costs O(1) whatever the number
 of keys, pools or connections.
 """
 
@@ -15,6 +16,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from fairgate.quota.model import Pool
+from fairgate.routing.model import Combo
+from fairgate.routing.quota_share import quota_share_combo
 
 
 class Protocol(StrEnum):
@@ -78,6 +81,10 @@ class Registry:
     by_provider: Mapping[str, tuple[Connection, ...]] = field(default_factory=dict)
     default_provider: str | None = None
     version: int = 0
+    #: user combos by name (admin API / config file)
+    combos: Mapping[str, Combo] = field(default_factory=dict)
+    #: the minted ``qtSd/<pool>/<model>`` quota-share combos, by name
+    internal_combos: Mapping[str, Combo] = field(default_factory=dict)
 
     @classmethod
     def build(
@@ -88,6 +95,7 @@ class Registry:
         *,
         default_provider: str | None = None,
         version: int = 0,
+        combos: Iterable[Combo] = (),
     ) -> Registry:
         conns = {c.id: c for c in connections}
         by_provider: dict[str, list[Connection]] = {}
@@ -107,7 +115,14 @@ class Registry:
             by_provider={k: tuple(v) for k, v in by_provider.items()},
             default_provider=default_provider,
             version=version,
+            combos={c.name: c for c in combos},
+            internal_combos=mint_quota_share_combos(pool_map.values(), conns),
         )
+
+    def combo(self, name: str) -> Combo | None:
+        """The user or internal combo called ``name``, or None."""
+        found = self.combos.get(name)
+        return found if found is not None else self.internal_combos.get(name)
 
     def authenticate(self, secret: str) -> ClientKey | None:
         """The enabled key whose hash matches. The dict lookup is by hash (no secret prefix is
@@ -126,9 +141,7 @@ class Registry:
         provider, sep, name = model.partition("/")
         if sep and provider in self.by_provider:
             return name, tuple(c for c in self.by_provider[provider] if c.serves(name))
-        listed = tuple(
-            c for conns in self.by_provider.values() for c in conns if model in c.models
-        )
+        listed = tuple(c for conns in self.by_provider.values() for c in conns if model in c.models)
         if listed:
             return model, listed
         if self.default_provider and self.default_provider in self.by_provider:
@@ -136,3 +149,21 @@ class Registry:
                 c for c in self.by_provider[self.default_provider] if c.serves(model)
             )
         return model, ()
+
+
+def mint_quota_share_combos(
+    pools: Iterable[Pool], connections: Mapping[str, Connection]
+) -> dict[str, Combo]:
+    """One ``qtSd/<pool>/<model>`` combo per (pool, model listed by a member connection), one
+    target per enabled member serving the model, weighted like the connection. Minted with the
+    snapshot, never stored, so they always match the pools (a pool edit reloads the registry).
+    A member listing no models serves anything: it joins every combo of its pool but cannot name
+    one itself."""
+    out: dict[str, Combo] = {}
+    for pool in pools:
+        members = [connections[cid] for cid in pool.connections if cid in connections]
+        for model in dict.fromkeys(m for c in members for m in c.models):
+            combo = quota_share_combo(pool.id, model, members)
+            if combo is not None:
+                out[combo.name] = combo
+    return out

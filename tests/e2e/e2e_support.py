@@ -48,7 +48,7 @@ class Proc:
         return self.log.read_text(errors="replace") if self.log.exists() else ""
 
 
-def _wait_ready(proc: Proc, path: str, timeout: float = 30) -> None:
+def wait_ready(proc: Proc, path: str, timeout: float = 30) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.proc.poll() is not None:
@@ -83,7 +83,7 @@ def mock_upstream(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Proc]:
         f"http://127.0.0.1:{port}",
         log,
     )
-    _wait_ready(p, "/_mock/stats")
+    wait_ready(p, "/_mock/stats")
     yield p
     p.stop()
 
@@ -135,7 +135,7 @@ def launch_gateway(
         ddir,
         full_env,
     )
-    _wait_ready(p, "/health")
+    wait_ready(p, "/health")
     return p
 
 

@@ -1,7 +1,7 @@
 """The repositories of the metadata DB, seeding from the config file and building the registry.
 
 One repository per table lives in its own module (``connections``, ``keys``, ``plans``,
-``pools``); this module gathers them and holds the two operations that span them.
+``pools``, ``combos``); this module gathers them and holds the two operations that span them.
 
 Seeding rule: every object the config file names is upserted to what the file says, so editing
 the file and restarting applies the edit; objects created through the admin API are left alone,
@@ -23,6 +23,7 @@ from fairgate.config import (
     KeyConfig,
     PoolConfig,
 )
+from fairgate.db.combos import ComboRecord, ComboRepo
 from fairgate.db.common import Conflict, Invalid, NotFound, RepoError, transaction
 from fairgate.db.connections import ConnectionRepo
 from fairgate.db.keys import KeyRepo, display_prefix
@@ -32,6 +33,8 @@ from fairgate.quota.model import Allocation, Dimension, ModelCap
 from fairgate.registry import ClientKey, Connection, Registry, hash_key, protocol_for
 
 __all__ = [
+    "ComboRecord",
+    "ComboRepo",
     "Conflict",
     "ConnectionRepo",
     "Invalid",
@@ -163,6 +166,9 @@ def seed_from_config(
             if old is not None:
                 rec = _merged(rec, old)
             report.count(f"pool {p.id}", pools.upsert(rec))
+        combos = ComboRepo(conn, clock)
+        for spec in config.combos:
+            report.count(f"combo {spec.name}", combos.upsert(spec))
     return report
 
 
@@ -196,4 +202,5 @@ def load_registry(
         [resolve_pool(r, overrides) for r in PoolRepo(conn).records()],
         default_provider=default_provider,
         version=version,
+        combos=ComboRepo(conn).combos(),
     )

@@ -70,4 +70,37 @@ MIGRATIONS: tuple[str, ...] = (
     );
     CREATE INDEX IF NOT EXISTS allocations_by_key ON allocations (key_id)
     """,
+    # 3: resilience state that must survive a restart (resilience/persistence.py): active
+    # cooldowns (kind 'cooldown'), model lockouts ('lockout'), open breakers ('breaker') with
+    # their absolute deadline, and permanent blocks ('permanent', until_ms NULL) that only an
+    # admin clears. ``scope`` is the entry's unique name; expired rows are pruned lazily.
+    """
+    CREATE TABLE IF NOT EXISTS resilience_state (
+        scope TEXT PRIMARY KEY,
+        kind TEXT NOT NULL,
+        provider TEXT NOT NULL DEFAULT '',
+        connection_id TEXT NOT NULL DEFAULT '',
+        model TEXT NOT NULL DEFAULT '',
+        until_ms INTEGER,
+        level INTEGER NOT NULL DEFAULT 0,
+        reason TEXT NOT NULL DEFAULT '',
+        permanent INTEGER NOT NULL DEFAULT 0,
+        data TEXT NOT NULL DEFAULT '{}',
+        updated_ms INTEGER NOT NULL DEFAULT 0
+    );
+    CREATE INDEX IF NOT EXISTS resilience_state_expiry ON resilience_state (permanent, until_ms)
+    """,
+    # 4: user combos (db/combos.py). ``targets`` and ``config`` are JSON as the admin API shows
+    # them (camelCase); ``config`` holds only the settings the combo sets itself, so the others
+    # keep following the defaults below it. The minted qtSd/ combos are never stored.
+    """
+    CREATE TABLE IF NOT EXISTS combos (
+        name TEXT PRIMARY KEY,
+        strategy TEXT NOT NULL,
+        targets TEXT NOT NULL,
+        config TEXT NOT NULL DEFAULT '{}',
+        created_ms INTEGER NOT NULL DEFAULT 0,
+        updated_ms INTEGER NOT NULL DEFAULT 0
+    )
+    """,
 )

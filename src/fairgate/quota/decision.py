@@ -15,13 +15,13 @@ pool is generous: A may borrow up to the whole pool minus what the others used.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
 from fairgate.quota.model import Allocation, Dimension, Policy, Pool, ShareMode
 from fairgate.quota.units import Unit, Window
-from fairgate.quota.window import Count, ms_until_at_most
+from fairgate.quota.window import Count, bucket_index, ms_until_at_most
 
 
 class Outcome(StrEnum):
@@ -139,28 +139,128 @@ def water_fill_level(limit: float, members: Sequence[tuple[float, float | None]]
     return max(0.0, remaining) / weight_left
 
 
-def active_levels(pool: Pool, active_keys: Sequence[str]) -> dict[str, float]:
+def active_levels(
+    pool: Pool,
+    active_keys: Sequence[str],
+    demand: Mapping[str, Mapping[str, float]] | None = None,
+) -> dict[str, float]:
     """Water-filling level λ per pool dimension over the keys active recently.
 
     Keys that sent nothing within ``active_window`` hold no share, so a lone active key may use
     the whole pool; an absolute cap in the dimension's unit bounds a key's demand and its surplus
     flows to the others. Computed when the active set is refreshed, not per request: a key's
     share is then ``min(limit, λ × weight)``, O(1) on the hot path.
+
+    ``demand`` (optional, from :func:`demand_bounds`) bounds a key's claim further: per key, per
+    dimension key, what the key is known to want. A key absent from it is bounded only by its
+    cap. The bound never lowers the key's own share (that stays ``λ × weight``); it only stops
+    a share the key is not using from being held back from the others.
     """
     levels: dict[str, float] = {}
     allocs = [a for a in (pool.allocation(k) for k in dict.fromkeys(active_keys)) if a]
     for dim in pool.enforced_dimensions():
-        members = [(pool.weight_of(a.key_id), a.cap_for(dim.unit)) for a in allocs]
+        members = [(pool.weight_of(a.key_id), _demand_bound(a, dim, demand)) for a in allocs]
         levels[dim.key] = water_fill_level(pool.effective_limit(dim), members)
     return levels
 
 
+def demand_bounds(
+    pool: Pool,
+    active_keys: Sequence[str],
+    used: Mapping[str, Mapping[str, Count]],
+    now_ms: int,
+    age_ms: Mapping[str, int],
+    pressed: Collection[str] = (),
+) -> dict[str, dict[str, float]]:
+    """How much each *satisfied* active key wants, per dimension (``active`` mode).
+
+    A key is satisfied when nothing refused it lately (it is not ``pressed``): whatever it asked
+    for, it got, so its use is its demand. Its bound is that demand as estimated by
+    :func:`demand_rate` from its two counter buckets (``used``) and how long it has been active
+    (``age_ms``). Water-filling with these bounds (:func:`active_levels`) leaves each satisfied
+    key what it uses and shares the rest among the pressed keys by weight: weighted max-min
+    fairness over demand, which is work-conserving where the plain weighted shares are not.
+    Pressed keys, and keys with no estimate yet, are bounded only by weight and cap. A key
+    whose estimate is above its weighted level is not held back by its bound either: in the
+    water-filling it counts as unbounded.
+
+    Worked example: 300 requests/hour, keys A, B, C of equal weight, all active for over an
+    hour. A is refused all the time; B and C used 50 each in the last hour and were not
+    refused. Plain shares are 100 each and 100 requests an hour would go unused while A is
+    refused (utilisation 2/3). With the bounds, B and C are satisfied at 50, λ = (300 − 100) /
+    1 = 200: A may use 200 and the pool is fully used. If B's demand then grows, B meets the
+    pool ceiling and is refused, so it is pressed (unbounded) at the next refresh: λ =
+    (300 − 50) / 2 = 125, A is held at 125 and B takes what A's decaying count frees, up to 125:
+    the max-min split of the 250 left between two keys that both want more.
+    """
+    out: dict[str, dict[str, float]] = {}
+    dims = pool.enforced_dimensions()
+    for key in dict.fromkeys(active_keys):
+        if key in pressed or key not in used or pool.allocation(key) is None:
+            continue
+        mine: dict[str, float] = {}
+        for dim in dims:
+            count = used[key].get(dim.key)
+            if count is None:
+                continue
+            rate = demand_rate(count, now_ms, dim.window_ms, age_ms.get(key, 0))
+            if math.isfinite(rate):
+                mine[dim.key] = rate
+        if mine:
+            out[key] = mine
+    return out
+
+
+def demand_rate(count: Count, now_ms: int, window_ms: int, age_ms: int) -> float:
+    """A key's demand per window, estimated from its two buckets and its time in the active set.
+
+    - A key active for a whole window or longer: its sliding count, what it used over the last
+      window.
+    - A younger one: the count projected over a window, ``count × window / age``, so a key that
+      has just started is not mistaken for a small one (10 requests in its first 10 minutes of
+      an hourly window project to 60; a key seen for no time at all projects to infinity).
+    - From a quarter into the current bucket, the current bucket's own rate
+      ``curr × window / elapsed`` when lower: a key whose demand is falling is seen falling
+      within the bucket instead of a window later (at 30 minutes, 300 in the previous hour
+      and 90 since the hour began estimate 180, not 195). Earlier than a quarter the bucket is
+      too short to say anything.
+
+    Underestimates are cheap (the key meets the ceiling, is refused once and is then pressed
+    until it is admitted); overestimates would keep unused share from the keys that want it,
+    so the lower of the estimates wins.
+    """
+    if age_ms <= 0:
+        return math.inf
+    span = min(age_ms, window_ms)
+    est = max(0.0, count.value(now_ms, window_ms)) * window_ms / span
+    elapsed = now_ms - bucket_index(now_ms, window_ms) * window_ms
+    if elapsed * 4 >= window_ms and age_ms >= elapsed:
+        est = min(est, max(0.0, count.curr) * window_ms / elapsed)
+    return est
+
+
+def _demand_bound(
+    alloc: Allocation, dim: Dimension, demand: Mapping[str, Mapping[str, float]] | None
+) -> float | None:
+    """The tightest known bound on a key's use of one dimension: its cap, its recent demand."""
+    cap = alloc.cap_for(dim.unit)
+    want = None if demand is None else demand.get(alloc.key_id, {}).get(dim.key)
+    if want is None:
+        return cap
+    want = max(0.0, want)
+    return want if cap is None else min(cap, want)
+
+
 def active_fair_share(
-    pool: Pool, key_id: str, dim: Dimension, active_keys: Sequence[str]
+    pool: Pool,
+    key_id: str,
+    dim: Dimension,
+    active_keys: Sequence[str],
+    demand: Mapping[str, Mapping[str, float]] | None = None,
 ) -> float:
     """Fair share in ``active`` mode; the requesting key always counts as active."""
     keys = [*active_keys, key_id]
-    level = active_levels(pool, keys).get(dim.key, math.inf)
+    level = active_levels(pool, keys, demand).get(dim.key, math.inf)
     return _share_at_level(pool, key_id, dim, level)
 
 

@@ -25,6 +25,7 @@ from fairgate.quota.decision import (
     Reason,
     active_levels,
     compile_checks,
+    demand_bounds,
     retry_after_ms,
 )
 from fairgate.quota.model import Allocation, Policy, Pool, ShareMode
@@ -81,6 +82,23 @@ class Admission:
 
 ALLOW_UNGOVERNED = Admission(Outcome.ALLOW)
 
+#: How long a refusal keeps a key counted as wanting more (active mode), at least.
+PRESSURE_HOLD_MS = 60_000
+
+#: Above this many active keys an active-mode refresh skips the per-key demand bounds: reading
+#: every key's counters once a second would cost more than the bounds are worth.
+DEMAND_BOUND_MAX_KEYS = 2_000
+
+
+@dataclass(frozen=True, slots=True)
+class _ActiveCache:
+    """An active-mode pool's last refresh: when, which keys, their levels and demand bounds."""
+
+    at_ms: int
+    keys: frozenset[str]
+    levels: dict[str, float]
+    demand: dict[str, dict[str, float]] | None
+
 
 def _status(
     checks: tuple[DimensionCheck, ...],
@@ -133,7 +151,11 @@ class QuotaEngine:
         self.settings = settings or QuotaSettings()
         self.signals = signals
         self._new_id = new_id or _id_source()
-        self._active: dict[str, tuple[int, frozenset[str], dict[str, float]]] = {}
+        self._active: dict[str, _ActiveCache] = {}
+        # per pool (active mode): keys refused lately, with unmet demand → until when it counts
+        self._pressed: dict[str, dict[str, int]] = {}
+        # per pool (active mode): when this process first saw each key active (demand estimate)
+        self._joined: dict[str, dict[str, int]] = {}
         self._burn: dict[tuple[str, str], BurnSeries] = {}
         self.fail_open_count = 0
         self.store_errors = 0
@@ -193,9 +215,13 @@ class QuotaEngine:
             wait = retry_after_ms(
                 check, v.reason, res.totals[v.index], res.mine[v.index], now, threshold
             )
-            return Admission(v.outcome, v.reason, check.key, wait, None, status)
-        ticket = Ticket(pool.id, key_id, req.reservation_id, checks)
-        return Admission(v.outcome, ticket=ticket, status=status)
+            adm = Admission(v.outcome, v.reason, check.key, wait, None, status)
+        else:
+            ticket = Ticket(pool.id, key_id, req.reservation_id, checks)
+            adm = Admission(v.outcome, ticket=ticket, status=status)
+        if levels is not None:
+            self._note_pressure(pool, key_id, adm, now)
+        return adm
 
     async def settle(self, ticket: Ticket | None, actual: Mapping[Unit, float]) -> None:
         if ticket is None:
@@ -267,6 +293,8 @@ class QuotaEngine:
         """Pool deleted: drop its counters and everything cached about it."""
         await self.store.clear(pool_id)
         self._active.pop(pool_id, None)
+        self._pressed.pop(pool_id, None)
+        self._joined.pop(pool_id, None)
         for k in [k for k in self._burn if k[0] == pool_id]:
             del self._burn[k]
 
@@ -278,19 +306,96 @@ class QuotaEngine:
     async def _active_levels(self, pool: Pool, key_id: str, now: int) -> dict[str, float]:
         """The active set changes slowly; refresh it (and its water-filling levels) at most once
         per ``active_refresh_ms`` so the hot path stays O(checks), not O(active keys). A key not
-        in the cached set forces a refresh: its arrival changes everyone's share."""
+        in the cached set forces a refresh: its arrival changes everyone's share.
+
+        A full refresh also reads every active key's counter buckets (one ``pool_usage`` call)
+        and lets :func:`~fairgate.quota.decision.demand_bounds` bound each key that nothing
+        refused lately by its demand (its recent use): its unused share goes to the keys that
+        want more. Without this a key sending a trickle holds its full weighted share and the
+        pool runs below its limit while others are refused (worked example there). What it
+        needs beyond the counters is kept here, O(1) per admission: which keys were refused
+        lately (``_note_pressure``) and when this process first saw each key active. Both are
+        per process: with several replicas each bounds only what it saw, and after a restart
+        every key counts as new for one window (its use projected from a short time, so at
+        first unbounded: the plain weighted shares). Pools with more than
+        :data:`DEMAND_BOUND_MAX_KEYS` active keys skip the bounds (the refresh would read too
+        many counters), and a refresh forced by a newcomer between two full ones reuses the
+        last bounds (the newcomer is unbounded).
+
+        Measured with ``fairgate simulate`` (docs/fairness.md): over the built-in scenarios
+        this takes active mode from a utilisation of 70-83 % of what demand allowed (the same
+        as static shares) to ≥ 99 %, with Jain's index ≥ 0.99 against the max-min ideal.
+        """
         cached = self._active.get(pool.id)
-        if (
-            cached is not None
-            and now - cached[0] < self.settings.active_refresh_ms
-            and key_id in cached[1]
-        ):
-            return cached[2]
+        fresh = cached is not None and now - cached.at_ms < self.settings.active_refresh_ms
+        if cached is not None and fresh and key_id in cached.keys:
+            return cached.levels
         keys = set(await self.store.active_keys(pool.id, now - pool.active_window_ms))
         keys.add(key_id)
-        levels = active_levels(pool, sorted(keys))
-        self._active[pool.id] = (now, frozenset(keys), levels)
+        pressed = self._pressed.setdefault(pool.id, {})
+        for k in [k for k, until in pressed.items() if until <= now or k not in keys]:
+            del pressed[k]  # it stopped asking, or left the active set (no share at all)
+        seen = self._joined.setdefault(pool.id, {})
+        if len(seen) > 2 * DEMAND_BOUND_MAX_KEYS:
+            # bounded memory; a key that comes back later counts as new (unbounded) at first.
+            # Below that a key keeps its first sighting when it leaves the active set: its
+            # counts still hold what it used before, so restarting its age would inflate them
+            for k in [k for k in seen if k not in keys]:
+                del seen[k]
+        for k in keys:
+            seen.setdefault(k, now)
+        ordered = sorted(keys)
+        if cached is not None and fresh:
+            demand = cached.demand  # a newcomer between two full refreshes
+            at = cached.at_ms
+        else:
+            used = await self._recent_use(pool, keys, now)
+            demand = None
+            if used is not None:
+                ages = {k: now - seen[k] for k in keys}
+                demand = demand_bounds(pool, ordered, used, now, ages, pressed)
+            at = now
+        if demand is not None and pressed:
+            demand = {k: v for k, v in demand.items() if k not in pressed}
+        levels = active_levels(pool, ordered, demand)
+        self._active[pool.id] = _ActiveCache(at, frozenset(keys), levels, demand)
         return levels
+
+    async def _recent_use(
+        self, pool: Pool, keys: set[str], now: int
+    ) -> Mapping[str, Mapping[str, Count]] | None:
+        """Each key's counter buckets per enforced dimension, or None when there are too many
+        keys to read every refresh or the read failed (then no demand bounds apply)."""
+        dims = pool.enforced_dimensions()
+        if not dims or len(keys) > DEMAND_BOUND_MAX_KEYS:
+            return None
+        refs = [CounterRef(d.key, d.window_ms) for d in dims]
+        try:
+            counts = await self.store.pool_usage(pool.id, sorted(keys), refs, now)
+        except Exception as exc:  # bounds are an optimisation: share by weight without them
+            self._store_error("pool_usage", exc)
+            return None
+        return counts.per_key
+
+    def _note_pressure(self, pool: Pool, key_id: str, adm: Admission, now: int) -> None:
+        """O(1) per admission: remember which keys want more than they get (active mode).
+
+        A key refused by its share or by the pool ceiling is *pressed*: unbounded at the next
+        refresh, so the others are held to the max-min level and what their decaying counts
+        free goes to it. The pressure ends when the key is admitted again (its demand is being
+        met; the next refresh bounds it by its use) or when it has not been refused for
+        ``max(PRESSURE_HOLD_MS, retry_after)``: long enough for a client honouring Retry-After
+        to come back and find the room its pressure made, short enough that a key that gave
+        up does not keep the others held to their plain shares. Refusals by a cap or a model
+        cap say nothing about the pool."""
+        if adm.outcome is Outcome.BLOCK:
+            if adm.reason in (Reason.FAIR_SHARE, Reason.GLOBAL_SATURATED):
+                hold = min(max(PRESSURE_HOLD_MS, adm.retry_after_ms or 0), pool.active_window_ms)
+                self._pressed.setdefault(pool.id, {})[key_id] = now + hold
+            return
+        pressed = self._pressed.get(pool.id)
+        if pressed:
+            pressed.pop(key_id, None)
 
     async def _maybe_sample(
         self, pool_id: str, checks: tuple[DimensionCheck, ...], now: int

@@ -1,4 +1,5 @@
-"""The ``/api`` admin app (FastAPI): pools, plans, usage, preview, connections, keys, settings.
+"""The ``/api`` admin app (FastAPI): pools, plans, usage, preview, connections, keys, combos,
+settings.
 
 Mounted by the main app at ``/api``; routes are declared without the prefix and the schema is at
 ``/openapi.json`` (``/api/openapi.json`` once mounted).
@@ -28,8 +29,10 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from fairgate import __version__
 from fairgate.config import dotted
 from fairgate.db.common import Conflict, Invalid, NotFound, RepoError
+from fairgate.server.admin_combos import router as combos_router
 from fairgate.server.admin_common import AdminError, error_response
 from fairgate.server.admin_pools import router as pools_router
+from fairgate.server.admin_resilience import router as resilience_router
 from fairgate.server.admin_resources import router as resources_router
 from fairgate.server.state import Gateway
 
@@ -189,6 +192,8 @@ def create_admin_app(gw: Gateway) -> FastAPI:
     app.state.gateway = gw
     _install_error_handlers(app)
     app.include_router(pools_router)
+    app.include_router(combos_router)
     app.include_router(resources_router)
+    app.include_router(resilience_router)
     app.add_middleware(AdminGuard, gw=gw)
     return app

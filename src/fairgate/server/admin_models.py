@@ -23,7 +23,19 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 
-from fairgate.config import CapValue, HttpUrl, Id, Limit, ModelName, Weight
+from fairgate.config import (
+    CapValue,
+    ComboBody,
+    ComboName,
+    ComboSettingsSpec,
+    ComboSpec,
+    ComboTargetSpec,
+    HttpUrl,
+    Id,
+    Limit,
+    ModelName,
+    Weight,
+)
 from fairgate.db.pools import PoolRecord
 from fairgate.quota.decision import Outcome, Reason
 from fairgate.quota.model import Allocation, Dimension, ModelCap, Policy, ShareMode
@@ -275,6 +287,11 @@ class KeyUsageOut(ApiModel):
     cap: float | None
 
 
+class BurnSampleOut(ApiModel):
+    t_ms: int
+    value: float
+
+
 class DimensionUsageOut(ApiModel):
     key: str
     unit: str
@@ -287,6 +304,10 @@ class DimensionUsageOut(ApiModel):
     burn_rate_per_s: float
     time_to_exhaustion_ms: int | None
     keys: list[KeyUsageOut]
+    burn_samples: list[BurnSampleOut] = Field(
+        default_factory=list,
+        description="Recent samples of the pool's cumulative consumption (the burn-rate chart)",
+    )
 
 
 class PoolUsageOut(ApiModel):
@@ -516,6 +537,35 @@ class QuotaKnobsOut(ApiModel):
 class SettingsOut(ApiModel):
     quota_store: QuotaStoreSettingsOut
     quota: QuotaKnobsOut
+
+
+# -- combos -----------------------------------------------------------------------------------
+# The bodies are the config file's combo models (fairgate.config), so a combo means the same in
+# both places; they share ApiModel's camelCase settings.
+
+
+class ComboIn(ComboSpec):
+    """A combo as created: name, strategy, targets and the settings it sets itself."""
+
+
+class ComboReplace(ComboBody):
+    """The whole combo but its name, which the path gives (``name`` may be repeated: it must
+    then equal the path's)."""
+
+    name: ComboName | None = None
+
+
+class ComboOut(ApiModel):
+    name: str
+    strategy: str
+    targets: list[ComboTargetSpec]
+    config: ComboSettingsSpec = Field(
+        description="The settings the combo sets; null ones follow the defaults"
+    )
+    internal: bool = Field(description="A minted qtSd/<pool>/<model> combo: read-only")
+    pool: str | None = Field(default=None, description="The pool of an internal combo")
+    created_ms: int | None = None
+    updated_ms: int | None = None
 
 
 class ErrorField(ApiModel):

@@ -41,6 +41,7 @@ from fairgate.server.admin_common import (
 )
 from fairgate.server.admin_models import (
     AllocationIn,
+    BurnSampleOut,
     DimensionOut,
     ImportResult,
     ModelCapIn,
@@ -202,7 +203,12 @@ async def pool_usage(pool_id: str, gw: GW) -> PoolUsageOut:
         usage = await gw.engine.usage(pool)
     except Exception as exc:
         raise _store_unavailable(exc) from None
-    return PoolUsageOut.of(usage)
+    out = PoolUsageOut.of(usage)
+    for dim in out.dimensions:
+        series = gw.engine.burn_samples(pool.id, dim.key)
+        samples = series.samples if series is not None else ()
+        dim.burn_samples = [BurnSampleOut(t_ms=s.t_ms, value=s.value) for s in samples]
+    return out
 
 
 @router.get("/quota/pools/{pool_id}/log", tags=["pools"])

@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import orjson
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Mount, Route
@@ -22,7 +23,10 @@ from fairgate.providers.pricing import PriceTable
 from fairgate.providers.upstream import UpstreamClient
 from fairgate.server import proxy
 from fairgate.server.admin import create_admin_app
+from fairgate.server.dashboard import dashboard_mount
 from fairgate.server.errors import ApiError, error_response
+from fairgate.server.logs import REDACTOR, RequestIdMiddleware
+from fairgate.server.metrics import Metrics, metrics_endpoint
 from fairgate.server.provider_signals import ProviderSignals
 from fairgate.server.state import Gateway
 
@@ -37,11 +41,18 @@ def create_app(
     on_startup: list[Hook] | None = None,
     on_shutdown: list[Hook] | None = None,
 ) -> Starlette:
+    metrics = Metrics()
+
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         for hook in on_startup or ():
             await hook()
         await gw.start()
+        # the exact secrets the gateway holds are masked in every log line, whatever logs them
+        REDACTOR.set_source(
+            lambda: [gw.admin_key or "", *(c.secret for c in gw.registry.connections.values())]
+        )
+        app.state.metrics = metrics
         services = proxy.Services(
             gw=gw,
             upstream=UpstreamClient(timeout_s=gw.config.server.upstream_timeout_s),
@@ -49,6 +60,7 @@ def create_app(
             prices=PriceTable().with_overrides(
                 {k: v.model_dump() for k, v in gw.config.prices.items()}
             ),
+            metrics=metrics,
         )
         gw.signals_source = services.signals.for_pool
         app.state.services = services
@@ -90,6 +102,8 @@ def create_app(
         Route("/v1/models", proxy.models, methods=["GET"]),
         Route("/health", health, methods=["GET"]),
         Mount("/api", app=create_admin_app(gw)),
+        Route("/metrics", metrics_endpoint(gw, metrics), methods=["GET"]),
+        dashboard_mount(),
     ]
 
     async def not_found(request: Request, exc: Exception) -> Response:
@@ -106,5 +120,6 @@ def create_app(
     return Starlette(
         routes=routes,
         lifespan=lifespan,
+        middleware=[Middleware(RequestIdMiddleware)],
         exception_handlers={404: not_found, 405: method_not_allowed, Exception: crashed},
     )

@@ -38,8 +38,12 @@ class ApiError(Exception):
         type_: str | None = None,
         extra: Mapping[str, Any] | None = None,
         headers: Mapping[str, str] | None = None,
+        diagnostics: Mapping[str, Any] | None = None,
     ) -> None:
         super().__init__(message)
+        self.diagnostics = dict(diagnostics) if diagnostics is not None else None
+        #: True when trying another target cannot help (the request itself is at fault)
+        self.final = False
         self.status = status
         self.message = message
         self.code = code
@@ -72,6 +76,8 @@ def error_response(
     err: ApiError, *, anthropic: bool = False, headers: Mapping[str, str] | None = None
 ) -> Response:
     body = anthropic_error_body(err) if anthropic else openai_error_body(err)
+    if err.diagnostics is not None:
+        body["diagnostics"] = err.diagnostics
     merged = {**err.headers, **(headers or {})}
     return Response(
         orjson.dumps(body), status_code=err.status, media_type="application/json", headers=merged

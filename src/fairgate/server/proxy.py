@@ -42,9 +42,13 @@ from fairgate.quota.messages import block_message
 from fairgate.quota.model import Pool
 from fairgate.quota.units import Unit
 from fairgate.registry import ClientKey, Connection, Protocol
+from fairgate.resilience.classify import classify
+from fairgate.resilience.manager import Exclusion, all_rate_limited
 from fairgate.server import relay
 from fairgate.server.bodies import optional_bool, optional_int, read_json_object, require_str
+from fairgate.server.diagnostics import Diagnostics, Terminal
 from fairgate.server.errors import ApiError, error_response
+from fairgate.server.metrics import Metrics
 from fairgate.server.provider_signals import ProviderSignals
 from fairgate.server.state import Gateway
 
@@ -80,6 +84,7 @@ class Services:
     inflight: set[Ticket] = field(default_factory=set)
     counters: dict[str, int] = field(default_factory=dict)
     tasks: set[asyncio.Task[None]] = field(default_factory=set)
+    metrics: Metrics = field(default_factory=Metrics)
 
     def count(self, name: str) -> None:
         self.counters[name] = self.counters.get(name, 0) + 1
@@ -186,14 +191,18 @@ async def _handle(request: Request, route: Route) -> Response:
     svc = _services(request)
     t0 = time.perf_counter()
     svc.count("requests")
+    key: ClientKey | None = None
+    body: dict[str, Any] | None = None
     try:
         key = authenticate(svc, request)
         body = await read_json_object(request, svc.gw.config.server.max_body_bytes)
         call = _parse(svc, request, key, body, route, t0)
-        return await _dispatch(call)
+        resp = await _dispatch(call)
     except ApiError as err:
         svc.count(f"status_{err.status}")
-        return error_response(err, anthropic=route is Route.MESSAGES)
+        resp = error_response(err, anthropic=route is Route.MESSAGES)
+    svc.metrics.observe_request(svc.gw.registry, key, body, resp, t0)
+    return resp
 
 
 def _parse(
@@ -258,9 +267,20 @@ class Blocked:
     admission: Admission
 
 
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """One concrete place a request may go: a connection and the model name it knows."""
+
+    conn: Connection
+    model: str
+
+    @property
+    def label(self) -> str:
+        return f"{self.conn.provider}/{self.model}@{self.conn.id}"
+
+
 async def _dispatch(call: Call) -> Response:
-    svc = call.svc
-    reg = svc.gw.registry
+    reg = call.svc.gw.registry
     if call.key.allowed_models and call.model not in call.key.allowed_models:
         raise ApiError(
             403,
@@ -278,40 +298,116 @@ async def _dispatch(call: Call) -> Response:
             code="model_not_found",
             param="model",
         )
-    order = sorted(conns, key=lambda c: -c.weight)
+    cands = [Candidate(c, upstream_model) for c in sorted(conns, key=lambda c: -c.weight)]
+    return await _execute(call, cands, Diagnostics(pool_size=len(cands)))
+
+
+async def _execute(call: Call, cands: list[Candidate], diag: Diagnostics) -> Response:
+    """Try the candidates in order until one answers.
+
+    A candidate is skipped when resilience excludes it (breaker open, cooling down, model locked,
+    permanently blocked, rate-limited until a learned reset) or its pool blocks the key; a soft
+    admission waits while an unpenalised candidate is looked for; upstream failures fall through
+    to the next candidate. When nothing answers, the error says why, with diagnostics.
+    """
+    svc = call.svc
+    reg = svc.gw.registry
+    mgr = svc.gw.resilience
     blocked: list[Blocked] = []
+    exclusions: list[Exclusion] = []
     last_error: ApiError | None = None
-    held: tuple[Connection, Pool | None, Admission] | None = None  # a penalised admission
+    held: tuple[Candidate, Pool | None, Admission] | None = None  # a penalised admission
     blocked_pools: set[str] = set()
-    for i, conn in enumerate(order):
+    for i, cand in enumerate(cands):
+        conn = cand.conn
+        now = svc.gw.clock.now_ms()
+        if mgr is not None:
+            excl = await mgr.check(conn.provider, conn.id, cand.model, conn.auth_type)
+            if excl is not None:
+                exclusions.append(excl)
+                diag.exclude(cand.label, excl.reason, excl.until_ms, now)
+                continue
         pool = reg.pool_by_connection.get(conn.id)
         if pool is not None and pool.id in blocked_pools:
+            diag.exclude(cand.label, "quota:pool-blocked")
             continue  # counters are per pool: its other members would block this request too
-        adm = await _admit(call, conn, pool, upstream_model)
+        adm = await _admit(call, conn, pool, cand.model)
         if not adm.allowed:
             blocked.append(Blocked(conn, adm))
+            reason = adm.reason.value if adm.reason else "blocked"
+            until = None if adm.retry_after_ms is None else now + adm.retry_after_ms
+            diag.exclude(cand.label, f"quota:{reason}", until, now)
             if pool is not None:
                 blocked_pools.add(pool.id)
             continue
-        if adm.penalized and held is None and i + 1 < len(order):
-            held = (conn, pool, adm)  # soft: look for an unpenalised candidate first
+        if adm.penalized and held is None and i + 1 < len(cands):
+            held = (cand, pool, adm)  # soft: look for an unpenalised candidate first
             continue
         if held is not None and not adm.penalized:
             await svc.gw.engine.release(held[2].ticket)
             held = None
-        result = await _attempt(call, conn, pool, adm, upstream_model, more=i + 1 < len(order))
+        result = await _attempt(call, conn, pool, adm, cand.model, diag=diag)
         if isinstance(result, Response):
             return result
         last_error = result
+        if result.final:
+            if held is not None:
+                await svc.gw.engine.release(held[2].ticket)
+            diag.terminal = Terminal.CLIENT_ERROR
+            result.diagnostics = diag.body()
+            result.headers.update(diag.headers())
+            raise result
     if held is not None:
-        conn, pool, adm = held
-        result = await _attempt(call, conn, pool, adm, upstream_model, more=False)
+        cand, pool, adm = held
+        result = await _attempt(call, cand.conn, pool, adm, cand.model, diag=diag)
         if isinstance(result, Response):
             return result
         last_error = result
+    raise _no_answer(call, diag, blocked, exclusions, last_error)
+
+
+def _no_answer(
+    call: Call,
+    diag: Diagnostics,
+    blocked: list[Blocked],
+    exclusions: list[Exclusion],
+    last_error: ApiError | None,
+) -> ApiError:
+    """The error for a request nothing could serve, with its diagnostics."""
+    now = call.svc.gw.clock.now_ms()
     if last_error is not None:
-        raise last_error
-    raise _quota_blocked(blocked, call)
+        diag.terminal = Terminal.UPSTREAM_FAILED
+        if not blocked and exclusions == [] and last_error.status == 429:
+            diag.retry_after_ms = _retry_ms(last_error)
+        last_error.diagnostics = diag.body()
+        last_error.headers.update(diag.headers())
+        return last_error
+    if blocked and not exclusions:
+        diag.terminal = Terminal.QUOTA_BLOCKED
+        err = _quota_blocked(blocked, call)
+        diag.retry_after_ms = int(err.headers["retry-after"]) * 1000
+        err.diagnostics = diag.body()
+        err.headers.update(diag.headers())
+        return err
+    # every candidate excluded by resilience (maybe some by quota): the earliest one to free
+    waits = [e.until_ms - now for e in exclusions if e.until_ms is not None]
+    waits += [b.admission.retry_after_ms for b in blocked if b.admission.retry_after_ms]
+    rate_limited = all_rate_limited(exclusions)
+    diag.terminal = Terminal.ALL_RATE_LIMITED if rate_limited else Terminal.ALL_UNAVAILABLE
+    headers = diag.headers()
+    if waits:
+        diag.retry_after_ms = max(0, min(waits))
+        headers["retry-after"] = str(max(1, math.ceil(diag.retry_after_ms / 1000)))
+    status = 429 if rate_limited else 503
+    what = "rate limited" if rate_limited else "unavailable (cooling down, locked or failing)"
+    return ApiError(
+        status,
+        f"Every upstream for '{call.model}' is {what}",
+        code="all_targets_unavailable",
+        type_="rate_limit_error" if rate_limited else "overloaded_error",
+        headers=headers,
+        diagnostics=diag.body(),
+    )
 
 
 async def _admit(call: Call, conn: Connection, pool: Pool | None, upstream_model: str) -> Admission:
@@ -330,8 +426,21 @@ async def _admit(call: Call, conn: Connection, pool: Pool | None, upstream_model
     }
     adm = await svc.gw.engine.admit(pool, call.key.id, cost, model=upstream_model)
     svc.count(f"admission_{adm.outcome.value}")
+    svc.metrics.observe_admission(adm)
     if adm.fail_open:
         svc.count("fail_open")
+    if not adm.allowed:
+        log.info(
+            "admission blocked",
+            extra={
+                "pool": pool.id,
+                "key": call.key.id,
+                "connection": conn.id,
+                "reason": adm.reason.value if adm.reason else None,
+                "dimension": adm.dimension,
+                "retry_after_ms": adm.retry_after_ms,
+            },
+        )
     svc.gw.pool_log.log(
         pool.id,
         {
@@ -420,11 +529,16 @@ async def _attempt(
     adm: Admission,
     upstream_model: str,
     *,
-    more: bool,
+    diag: Diagnostics,
 ) -> Response | ApiError:
-    """Response on success (or an error the client must see); ApiError to try the next one."""
+    """Response on success (or an error the client must see); ApiError to try the next one.
+
+    Every outcome is reported to the resilience manager (cooldowns, lockouts, breakers learn
+    from it) and recorded in the diagnostics.
+    """
     svc = call.svc
     engine = svc.gw.engine
+    label = f"{conn.provider}/{upstream_model}@{conn.id}"
     ticket = adm.ticket
     if ticket is not None:
         svc.inflight.add(ticket)
@@ -439,6 +553,8 @@ async def _attempt(
         log.warning(
             "upstream unreachable", extra={"connection": conn.id, "error": type(exc).__name__}
         )
+        await _report_failure(call, conn, upstream_model, None, None, None, exc)
+        diag.attempt(label, "connect_error", latency_ms=_ms_since(t_send), error=type(exc).__name__)
         return ApiError(
             502,
             f"Upstream connection '{conn.id}' failed ({type(exc).__name__})",
@@ -451,12 +567,20 @@ async def _attempt(
         for ch in charges:
             await engine.record(pool, ch.key_id, {Unit.PERCENT: ch.amount})
     if resp.status >= 400:
-        err = await _upstream_error(resp, conn)
+        err, raw_err = await _upstream_error(resp, conn)
         await _release(svc, ticket)
         svc.count(f"upstream_{resp.status}")
-        if resp.status in RETRYABLE and more:
-            return err
-        return error_response(err, anthropic=call.anthropic_client)
+        log.warning("upstream error", extra={"connection": conn.id, "status": resp.status})
+        cls = await _report_failure(
+            call, conn, upstream_model, resp.status, raw_err, resp.headers, None
+        )
+        diag.attempt(label, cls, status=resp.status, latency_ms=_ms_since(t_send))
+        # a client error no other target would fix (a malformed request) ends the request
+        err.final = resp.status not in RETRYABLE and resp.status not in (401, 403, 404)
+        return err
+    if svc.gw.resilience is not None:
+        await svc.gw.resilience.on_success(conn.provider, conn.id, upstream_model, resp.headers)
+    diag.attempt(label, "ok", status=resp.status, latency_ms=_ms_since(t_send))
     headers = {**_quota_headers(adm), "x-fairgate-connection": conn.id}
     if call.stream:
         overhead = (t_send - call.t0) * 1000
@@ -468,6 +592,7 @@ async def _attempt(
         raw = await resp.read()
     except (TimeoutError, aiohttp.ClientError, OSError) as exc:
         await _release(svc, ticket)
+        await _report_failure(call, conn, upstream_model, None, None, None, exc)
         return ApiError(
             502,
             f"Upstream connection '{conn.id}' failed mid-answer ({type(exc).__name__})",
@@ -510,7 +635,7 @@ def _translate_answer(
     return raw, usage
 
 
-async def _upstream_error(resp: aiohttp.ClientResponse, conn: Connection) -> ApiError:
+async def _upstream_error(resp: aiohttp.ClientResponse, conn: Connection) -> tuple[ApiError, bytes]:
     """The upstream's error, made safe to show: its message (never our credentials) and status.
 
     The upstream rejecting our credentials is our misconfiguration, not the client's: 502.
@@ -535,18 +660,53 @@ async def _upstream_error(resp: aiohttp.ClientResponse, conn: Connection) -> Api
     message = _redact(message, conn)[:500] or f"Upstream returned HTTP {resp.status}"
     headers: dict[str, str] = {}
     if resp.status in (401, 403):
-        return ApiError(
+        err = ApiError(
             502,
             f"Upstream connection '{conn.id}' rejected the gateway's credentials",
             code="upstream_auth_error",
         )
+        return err, raw
     retry_after = resp.headers.get("retry-after")
     if retry_after and resp.status in (429, 503, 529):
         headers["retry-after"] = retry_after
     status = resp.status if resp.status < 600 else 502
     if status == 529:
         status = 503
-    return ApiError(status, message, code="upstream_error", headers=headers)
+    return ApiError(status, message, code="upstream_error", headers=headers), raw
+
+
+def _retry_ms(err: ApiError) -> int | None:
+    raw = err.headers.get("retry-after")
+    return int(raw) * 1000 if raw and raw.isdigit() else None
+
+
+async def _report_stream_failure(
+    call: Call, conn: Connection, model: str, exc: BaseException
+) -> None:
+    await _report_failure(call, conn, model, None, None, None, exc)
+
+
+def _ms_since(t: float) -> float:
+    return (time.perf_counter() - t) * 1000
+
+
+async def _report_failure(
+    call: Call,
+    conn: Connection,
+    model: str,
+    status: int | None,
+    body: bytes | None,
+    headers: Mapping[str, str] | None,
+    exc: BaseException | None,
+) -> str:
+    """Classify a failed attempt and let cooldowns, lockouts and breakers learn from it."""
+    mgr = call.svc.gw.resilience
+    cls = classify(
+        status, body, headers, exception=exc, model=model, now_ms=call.svc.gw.clock.now_ms()
+    )
+    if mgr is not None:
+        await mgr.on_failure(conn.provider, conn.id, model, conn.auth_type, cls)
+    return cls.cls.value
 
 
 def _redact(text: str, conn: Connection) -> str:
@@ -625,6 +785,7 @@ def _stream_response(
                 yield chunk
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:
             svc.count("upstream_stream_error")
+            svc.spawn(_report_stream_failure(call, conn, upstream_model, exc))
             log.warning(
                 "upstream stream broke", extra={"connection": conn.id, "error": type(exc).__name__}
             )

@@ -28,7 +28,10 @@ from fairgate.quota.engine import QuotaEngine
 from fairgate.quota.model import Pool
 from fairgate.quota.settings import QuotaSettings
 from fairgate.registry import Registry
-from fairgate.store.factory import StoreChoice, create_store
+from fairgate.resilience.factory import build_manager
+from fairgate.resilience.manager import RateLimitManager
+from fairgate.resilience.settings import ResilienceSettings
+from fairgate.store.factory import StoreChoice, create_store, redis_url
 
 log = logging.getLogger("fairgate.server")
 
@@ -98,6 +101,9 @@ class Gateway:
         self.admin_key: str | None = admin_key or self.env.get("FAIRGATE_ADMIN_KEY") or None
         self.pool_log = PoolLog()
         self.signals_source: SignalsSource | None = None
+        #: cooldowns, lockouts, breakers (built at start; shared through Redis when the quota
+        #: store is Redis, persisted in the metadata DB so a restart keeps them)
+        self.resilience: RateLimitManager | None = None
         self.registry = Registry(default_provider=self.config.server.default_provider)
         self.quota_settings = self._settings_from({})
         self._store_lock = asyncio.Lock()
@@ -142,6 +148,15 @@ class Gateway:
         self.engine = QuotaEngine(
             store, clock=self.clock, settings=self.quota_settings, signals=self.pool_signals
         )
+        self.resilience = await build_manager(
+            settings=ResilienceSettings.from_sources(self.env, db_settings),
+            clock=self.clock,
+            redis_url=redis_url(self.env, db_settings)
+            if self.store_choice.driver == "redis"
+            else None,
+            redis_prefix=self.redis_prefix,
+            db=self.db,
+        )
         self._started = True
         self.reload()
 
@@ -151,6 +166,8 @@ class Gateway:
             return
         self._started = False
         try:
+            if self.resilience is not None:
+                await self.resilience.close()
             await self.engine.store.close()
         finally:
             self.db.close()

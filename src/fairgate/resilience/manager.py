@@ -1,0 +1,653 @@
+"""The resilience facade the proxy calls: may this target take a request, and what did we learn.
+
+Three layers, each at its own scope (SPEC §9, the rate-limiting seed):
+
+- provider circuit breaker (all connections and models of a provider): fed by server errors and
+  timeouts, opens at ≥ 50 % failures over 60 s with ≥ 5 requests, half-open with one probe;
+- connection cooldown (one account / key): exponential backoff after rate limits, server errors,
+  auth failures; the upstream's hint wins;
+- model lockout (provider, connection, model): a limit that names one model (OpenAI's per-model
+  TPM, Gemini's per-model quota), a model the connection does not have, and what the rate-limit
+  headers say (``remaining: 0`` until the reset) so we stop before the 429 instead of after it.
+
+Plus permanent blocks (billing, monthly quota, deactivated account): only :meth:`clear` (the
+admin API) lifts them.
+
+How the proxy uses it, per request::
+
+    for target in candidates:
+        excl = await mgr.check(target.provider, target.conn_id, target.model, target.auth_type)
+        if excl is not None:
+            skipped.append(excl)            # diagnostics; try the next target
+            continue
+        ... send upstream ...
+        if ok:   await mgr.on_success(provider, conn_id, model, response_headers)
+        else:    await mgr.on_failure(provider, conn_id, model, auth_type,
+                                      classify(status, body, headers, model=model, now_ms=now))
+    # nothing admitted: 429 if all_rate_limited(skipped) else 503,
+    # Retry-After = retry_after_seconds(skipped, now)
+
+Rate-limit scope rule: a 429 (or temporary quota) that names the model locks that model only
+(other models of the account keep working); one that does not cools the whole connection down.
+Rate limits do not feed the breaker by default (``breaker_counts_rate_limits``): they are one
+account's limit, and a breaker opened by them would black out the provider's healthy accounts.
+
+Everything expires lazily on read: no background task. Store errors (Redis down) fail open:
+logged, counted in the health snapshot, and the request proceeds as if no state were set.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import sqlite3
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Final, Literal, TypeVar
+
+from fairgate.clock import SYSTEM_CLOCK, Clock
+from fairgate.providers.ratelimit import parse_rate_limit_headers
+from fairgate.resilience.backoff import Cooldown, next_cooldown_ms
+from fairgate.resilience.breaker import BreakerRecord, BreakerState, CircuitBreaker
+from fairgate.resilience.classify import Classification, FailureClass
+from fairgate.resilience.persistence import SqlitePersistence
+from fairgate.resilience.settings import ResilienceSettings
+from fairgate.resilience.state import (
+    MemoryResilienceStore,
+    ResilienceStore,
+    TargetState,
+    connection_scope,
+    describe,
+    model_scope,
+)
+
+__all__ = [
+    "Exclusion",
+    "ExclusionReason",
+    "RateLimitManager",
+    "RateLimitWarning",
+    "ResilienceSettings",
+    "all_rate_limited",
+    "earliest_free",
+    "retry_after_seconds",
+]
+
+log = logging.getLogger("fairgate.resilience")
+
+ExclusionReason = Literal["breaker_open", "cooldown", "lockout", "permanent", "rate_limited"]
+ClearKind = Literal["cooldown", "lockout", "permanent", "breaker"]
+
+#: Reason stored on a lockout learned from rate-limit headers (remaining 0 until the reset).
+HEADER_REASON: Final = "rate_limited"
+#: Stored reasons that mean "a rate limit": they make an exclusion count toward the 429.
+RATE_LIMIT_REASONS: Final = frozenset(
+    {FailureClass.RATE_LIMIT.value, FailureClass.QUOTA_TEMPORARY.value, HEADER_REASON}
+)
+#: While another caller holds the half-open probe, a skipped target is worth retrying this soon.
+PROBE_WAIT_MS: Final = 1_000
+#: A soft warning without a reset time lasts this long.
+WARNING_TTL_MS: Final = 60_000
+_DIMENSIONS: Final = ("requests", "tokens", "input_tokens", "output_tokens")
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class Exclusion:
+    """Why a target must be skipped now and until when (absolute epoch ms; None = until an
+    admin clears it). ``rate_limit`` is True when the cause is a rate limit or temporary quota,
+    which makes the final answer a 429 instead of a 503."""
+
+    reason: ExclusionReason
+    until_ms: int | None
+    rate_limit: bool
+    detail: str = ""
+
+    def to_dict(self, now_ms: int) -> dict[str, Any]:
+        """The diagnostics entry for this skipped target."""
+        return {
+            "reason": self.reason,
+            "until_ms": self.until_ms,
+            "retry_after_ms": None if self.until_ms is None else max(0, self.until_ms - now_ms),
+            "rate_limit": self.rate_limit,
+            "detail": self.detail,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class RateLimitWarning:
+    """A soft over-limit signal: the headers said less than ``warn_fraction`` is left."""
+
+    provider: str
+    connection_id: str
+    model: str
+    dimension: str
+    remaining: int
+    limit: int
+    reset_ms: int | None
+    expires_ms: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "provider": self.provider,
+            "connection_id": self.connection_id,
+            "model": self.model,
+            "dimension": self.dimension,
+            "remaining": self.remaining,
+            "limit": self.limit,
+            "reset_ms": self.reset_ms,
+        }
+
+
+def earliest_free(exclusions: Iterable[Exclusion | None]) -> int | None:
+    """When the first excluded target frees (min deadline); None if none ever frees by itself
+    (all permanent) or there is nothing."""
+    deadlines = [e.until_ms for e in exclusions if e is not None and e.until_ms is not None]
+    return min(deadlines) if deadlines else None
+
+
+def all_rate_limited(exclusions: Iterable[Exclusion | None]) -> bool:
+    """True when there is at least one exclusion and every one is a rate limit (→ 429)."""
+    found = [e for e in exclusions if e is not None]
+    return bool(found) and all(e.rate_limit for e in found)
+
+
+def retry_after_seconds(exclusions: Iterable[Exclusion | None], now_ms: int) -> int | None:
+    """The ``Retry-After`` value (whole seconds, rounded up, at least 1) for the earliest free
+    target; None when no exclusion ends by itself."""
+    until = earliest_free(exclusions)
+    if until is None:
+        return None
+    return max(1, math.ceil((until - now_ms) / 1000))
+
+
+def _lock_key(provider: str, conn_id: str, model: str) -> tuple[str, ...]:
+    return ("lk", provider, conn_id, model)
+
+
+def _cd_key(conn_id: str) -> tuple[str, ...]:
+    return ("cd", conn_id)
+
+
+class RateLimitManager:
+    """The facade; see the module docstring. One per gateway process.
+
+    ``store`` defaults to a :class:`MemoryResilienceStore`; pass a ``RedisResilienceStore``
+    to share state between replicas (give it the same ``level_memory_ms`` as the settings).
+    ``persistence`` (a :class:`SqlitePersistence`) keeps active entries across restarts: call
+    :meth:`load` once at start.
+    """
+
+    def __init__(
+        self,
+        store: ResilienceStore | None = None,
+        *,
+        clock: Clock = SYSTEM_CLOCK,
+        settings: ResilienceSettings | None = None,
+        persistence: SqlitePersistence | None = None,
+        max_tracked: int = 100_000,
+    ) -> None:
+        self._settings = settings or ResilienceSettings()
+        self._clock = clock
+        self._store: ResilienceStore = store or MemoryResilienceStore(
+            clock=clock, level_memory_ms=self._settings.level_memory_ms
+        )
+        self._persistence = persistence
+        self._breakers: dict[str, CircuitBreaker] = {}
+        # entries this process knows exist, with their deadline: a success only pays a store
+        # round trip to reset the level when there is something to reset
+        self._tracked: dict[tuple[str, ...], int] = {}
+        self._max_tracked = max_tracked
+        self._warnings: dict[str, dict[tuple[str, str, str], RateLimitWarning]] = {}
+        self._store_errors = 0
+
+    # -- configuration --------------------------------------------------------------------------
+
+    @property
+    def settings(self) -> ResilienceSettings:
+        return self._settings
+
+    @property
+    def store(self) -> ResilienceStore:
+        return self._store
+
+    def update_settings(self, settings: ResilienceSettings) -> None:
+        """Apply new settings (admin API) from now on; breakers keep their state."""
+        self._settings = settings
+        for provider, br in self._breakers.items():
+            br.reconfigure(settings.for_provider(provider).breaker_config())
+
+    def breaker(self, provider: str) -> CircuitBreaker:
+        """This process's breaker for ``provider`` (created closed on first use)."""
+        br = self._breakers.get(provider)
+        if br is None:
+            br = CircuitBreaker(self._clock, self._settings.for_provider(provider).breaker_config())
+            self._breakers[provider] = br
+        return br
+
+    async def load(self) -> int:
+        """Restore persisted active entries into the store (once, at start); returns how many."""
+        if self._persistence is None:
+            return 0
+        state = await self._persistence.restore(self._store)
+        for provider, record in state.breakers.items():
+            self.breaker(provider).adopt(record)
+        for conn_id, cd in state.cooldowns.items():
+            self._track(_cd_key(conn_id), cd.until_ms)
+        for key, cd in state.lockouts.items():
+            self._track(_lock_key(*key), cd.until_ms)
+        return len(state)
+
+    # -- plumbing -------------------------------------------------------------------------------
+
+    async def _safe(self, op: str, call: Callable[[], Awaitable[T]], default: T) -> T:
+        """Run a store call; on error fail open (log, count, return ``default``)."""
+        try:
+            return await call()
+        except Exception as exc:  # a store outage must not fail the request
+            self._store_errors += 1
+            log.warning("resilience store %s failed (failing open): %s", op, exc)
+            return default
+
+    def _persist(self, op: str, call: Callable[[SqlitePersistence], object]) -> None:
+        if self._persistence is None:
+            return
+        try:
+            call(self._persistence)
+        except sqlite3.Error as exc:
+            log.warning("resilience persistence %s failed: %s", op, exc)
+
+    def _track(self, key: tuple[str, ...], until_ms: int) -> None:
+        if key not in self._tracked and len(self._tracked) >= self._max_tracked:
+            self._tracked.clear()  # losing the hints only costs a missed level reset
+        self._tracked[key] = until_ms
+
+    async def _share_breaker(self, provider: str, br: CircuitBreaker) -> None:
+        """Publish a transition: other replicas adopt it, the probe token is freed."""
+        record = br.export()
+        await self._safe("put_breaker", lambda: self._store.put_breaker(provider, record), False)
+        await self._safe("release_probe", lambda: self._store.release_probe(provider), None)
+        self._persist("save_breaker", lambda p: p.save_breaker(provider, record))
+
+    async def _release_probe(self, provider: str) -> None:
+        """The outcome said nothing about the provider's health: give the probe back."""
+        br = self._breakers.get(provider)
+        if br is not None and br.probe_in_flight():
+            br.release_probe()
+            await self._safe("release_probe", lambda: self._store.release_probe(provider), None)
+
+    # -- admission ------------------------------------------------------------------------------
+
+    async def check(
+        self, provider: str, conn_id: str, model: str, auth_type: str = "apikey"
+    ) -> Exclusion | None:
+        """None when the target may take a request now, else why not and until when.
+
+        Permanent blocks win; otherwise the exclusion that ends last is returned (the target is
+        free only when every block is over). A half-open provider admits exactly one caller, the
+        probe, across every replica sharing the store. ``auth_type`` is accepted for symmetry
+        with :meth:`on_failure`; admission does not depend on it.
+        """
+        del auth_type
+        now = self._clock.now_ms()
+        ts = await self._safe(
+            "read_target", lambda: self._store.read_target(provider, conn_id, model), TargetState()
+        )
+        br = self.breaker(provider)
+        if ts.breaker is not None:
+            br.adopt(ts.breaker)
+        if ts.permanent is not None:
+            return Exclusion("permanent", None, False, ts.permanent.reason)
+        found: list[Exclusion] = []
+        if ts.cooldown is not None:
+            self._track(_cd_key(conn_id), ts.cooldown.until_ms)
+            if ts.cooldown.active(now):
+                found.append(self._exclusion("cooldown", ts.cooldown))
+        if ts.lockout is not None:
+            self._track(_lock_key(provider, conn_id, model), ts.lockout.until_ms)
+            if ts.lockout.active(now):
+                kind: ExclusionReason = (
+                    "rate_limited" if ts.lockout.reason == HEADER_REASON else "lockout"
+                )
+                found.append(self._exclusion(kind, ts.lockout))
+        state = br.state(now)
+        if state is BreakerState.OPEN:
+            found.append(Exclusion("breaker_open", br.open_until_ms, False, "circuit open"))
+        if found:
+            return max(found, key=lambda e: e.until_ms or 0)
+        if state is BreakerState.HALF_OPEN:
+            return await self._probe(provider, br, now)
+        return None
+
+    @staticmethod
+    def _exclusion(kind: ExclusionReason, cd: Cooldown) -> Exclusion:
+        return Exclusion(kind, cd.until_ms, cd.reason in RATE_LIMIT_REASONS, cd.reason)
+
+    async def _probe(self, provider: str, br: CircuitBreaker, now: int) -> Exclusion | None:
+        busy = Exclusion("breaker_open", now + PROBE_WAIT_MS, False, "half-open: probe in flight")
+        if not br.try_acquire():  # synchronous: no other coroutine can interleave
+            return busy
+        lease = br.config.probe_lease_ms
+        granted = await self._safe(
+            "try_probe", lambda: self._store.try_probe(provider, lease), True
+        )
+        if not granted:  # another replica is probing
+            br.release_probe()
+            return busy
+        return None
+
+    # -- outcomes -------------------------------------------------------------------------------
+
+    async def on_success(
+        self, provider: str, conn_id: str, model: str, headers: Mapping[str, str] | None = None
+    ) -> None:
+        """A request succeeded: close a half-open breaker, reset backoff levels of entries that
+        are over, and learn from the rate-limit headers."""
+        now = self._clock.now_ms()
+        br = self.breaker(provider)
+        if br.record(True) is not None:
+            await self._share_breaker(provider, br)
+        await self._reset_level(_cd_key(conn_id), now)
+        await self._reset_level(_lock_key(provider, conn_id, model), now)
+        if headers:
+            await self._learn(provider, conn_id, model, headers, now)
+
+    async def _reset_level(self, key: tuple[str, ...], now: int) -> None:
+        until = self._tracked.get(key)
+        if until is None or until > now:
+            return  # nothing known, or still running: a late success must not cut it short
+        del self._tracked[key]
+        if key[0] == "cd":
+            conn_id = key[1]
+            cleared = await self._safe(
+                "clear_cooldown",
+                lambda: self._store.clear_cooldown(conn_id, unless_active_at=now),
+                False,
+            )
+            if cleared:
+                self._persist("delete_cooldown", lambda p: p.delete_cooldown(conn_id))
+        else:
+            _, provider, conn_id, model = key
+            cleared = await self._safe(
+                "clear_lockout",
+                lambda: self._store.clear_lockout(provider, conn_id, model, unless_active_at=now),
+                False,
+            )
+            if cleared:
+                self._persist(
+                    "delete_lockout", lambda p: p.delete_lockout(provider, conn_id, model)
+                )
+
+    async def _learn(
+        self, provider: str, conn_id: str, model: str, headers: Mapping[str, str], now: int
+    ) -> None:
+        """Remaining 0 with a reset → lock the model until the reset; below ``warn_fraction``
+        → a soft warning; otherwise drop the warning for that dimension."""
+        snap = parse_rate_limit_headers(headers, now)
+        if snap is None:
+            return
+        fraction = self._settings.for_provider(provider).warn_fraction
+        warnings = self._warnings.setdefault(conn_id, {})
+        for dim in _DIMENSIONS:
+            remaining: int | None = getattr(snap, f"{dim}_remaining")
+            limit: int | None = getattr(snap, f"{dim}_limit")
+            reset: int | None = getattr(snap, f"{dim}_reset_ms")
+            key = (provider, model, dim)
+            if remaining is None:
+                continue
+            if remaining == 0 and reset is not None and reset > now:
+                await self._set_lockout(provider, conn_id, model, reset, 0, HEADER_REASON)
+            if limit and remaining < fraction * limit:
+                warnings[key] = RateLimitWarning(
+                    provider,
+                    conn_id,
+                    model,
+                    dim,
+                    remaining,
+                    limit,
+                    reset,
+                    reset if reset is not None and reset > now else now + WARNING_TTL_MS,
+                )
+            else:
+                warnings.pop(key, None)
+        if not warnings:
+            del self._warnings[conn_id]
+        elif len(self._warnings) > self._max_tracked:
+            self._warnings.pop(next(iter(self._warnings)))
+
+    def warnings(self, conn_id: str) -> list[RateLimitWarning]:
+        """Soft over-limit warnings for a connection (expired ones dropped lazily)."""
+        table = self._warnings.get(conn_id)
+        if not table:
+            return []
+        now = self._clock.now_ms()
+        for key in [k for k, w in table.items() if w.expires_ms <= now]:
+            del table[key]
+        if not table:
+            del self._warnings[conn_id]
+            return []
+        return sorted(table.values(), key=lambda w: (w.model, w.dimension))
+
+    async def on_failure(
+        self,
+        provider: str,
+        conn_id: str,
+        model: str,
+        auth_type: str,
+        classification: Classification,
+    ) -> None:
+        """Apply the rules for one classified failure (see the module docstring)."""
+        c = classification
+        s = self._settings.for_provider(provider)
+        cls = c.cls
+        if cls in (FailureClass.RATE_LIMIT, FailureClass.QUOTA_TEMPORARY):
+            if self._model_scoped(c, model):
+                await self._lockout(provider, conn_id, model, auth_type, c.retry_after_ms, cls, s)
+            else:
+                await self._cooldown(conn_id, auth_type, c.retry_after_ms, cls, s)
+            if s.breaker_counts_rate_limits:
+                await self._breaker_failure(provider)
+            else:
+                await self._release_probe(provider)
+        elif cls is FailureClass.QUOTA_PERMANENT:
+            scope = (
+                model_scope(provider, conn_id, model)
+                if self._model_scoped(c, model)
+                else connection_scope(conn_id)
+            )
+            reason = f"{cls.value}: {c.message}"[:300]
+            block = await self._safe(
+                "set_permanent", lambda: self._store.set_permanent(scope, reason), None
+            )
+            if block is not None:
+                self._persist("save_permanent", lambda p: p.save_permanent(block))
+            await self._release_probe(provider)
+        elif cls is FailureClass.AUTH:
+            await self._cooldown(
+                conn_id, auth_type, c.retry_after_ms, cls, s, floor_ms=s.auth_cooldown_ms
+            )
+            await self._release_probe(provider)
+        elif cls is FailureClass.MODEL_NOT_FOUND:
+            floor = s.model_not_found_lockout_ms
+            await self._lockout(provider, conn_id, model, auth_type, None, cls, s, floor_ms=floor)
+            await self._release_probe(provider)
+        elif cls in (FailureClass.SERVER_ERROR, FailureClass.TIMEOUT) and c.provider_failure:
+            await self._breaker_failure(provider)
+            await self._cooldown(conn_id, auth_type, c.retry_after_ms, cls, s)
+        else:  # client disconnect, bad request, context overflow, our own bug: nothing
+            await self._release_probe(provider)
+
+    @staticmethod
+    def _model_scoped(c: Classification, model: str) -> bool:
+        return c.model_scoped or (bool(model) and model.lower() in c.message.lower())
+
+    async def _breaker_failure(self, provider: str) -> None:
+        br = self.breaker(provider)
+        if br.record(False) is not None:
+            await self._share_breaker(provider, br)
+
+    def _duration(
+        self,
+        existing: Cooldown | None,
+        now: int,
+        auth_type: str,
+        hint_ms: int | None,
+        s: ResilienceSettings,
+        floor_ms: int,
+    ) -> tuple[int, int]:
+        """(level, duration) of the next block. Failures that arrive while a block is still
+        running (requests sent before it began) keep its level: only a failure after the
+        deadline climbs the backoff, so a burst of in-flight 429s cannot jump to the cap."""
+        if existing is None:
+            level = 0
+        elif existing.active(now):
+            level = existing.level
+        else:
+            level = existing.level + 1
+        duration = next_cooldown_ms(
+            level,
+            auth_type,
+            hint_ms,
+            base_oauth=s.oauth_base_cooldown_ms,
+            base_apikey=s.apikey_base_cooldown_ms,
+            max_ms=s.max_cooldown_ms,
+            max_hint_ms=s.max_hint_ms,
+        )
+        return level, max(duration, floor_ms)
+
+    async def _cooldown(
+        self,
+        conn_id: str,
+        auth_type: str,
+        hint_ms: int | None,
+        cls: FailureClass,
+        s: ResilienceSettings,
+        *,
+        floor_ms: int = 0,
+    ) -> None:
+        now = self._clock.now_ms()
+        existing = await self._safe("get_cooldown", lambda: self._store.get_cooldown(conn_id), None)
+        level, duration = self._duration(existing, now, auth_type, hint_ms, s, floor_ms)
+        merged = await self._safe(
+            "set_cooldown",
+            lambda: self._store.set_cooldown(conn_id, now + duration, level, cls.value),
+            None,
+        )
+        if merged is not None:
+            self._track(_cd_key(conn_id), merged.until_ms)
+            self._persist("save_cooldown", lambda p: p.save_cooldown(conn_id, merged))
+
+    async def _lockout(
+        self,
+        provider: str,
+        conn_id: str,
+        model: str,
+        auth_type: str,
+        hint_ms: int | None,
+        cls: FailureClass,
+        s: ResilienceSettings,
+        *,
+        floor_ms: int = 0,
+    ) -> None:
+        now = self._clock.now_ms()
+        existing = await self._safe(
+            "get_lockout", lambda: self._store.get_lockout(provider, conn_id, model), None
+        )
+        level, duration = self._duration(existing, now, auth_type, hint_ms, s, floor_ms)
+        await self._set_lockout(provider, conn_id, model, now + duration, level, cls.value)
+
+    async def _set_lockout(
+        self, provider: str, conn_id: str, model: str, until_ms: int, level: int, reason: str
+    ) -> None:
+        merged = await self._safe(
+            "set_lockout",
+            lambda: self._store.set_lockout(provider, conn_id, model, until_ms, level, reason),
+            None,
+        )
+        if merged is not None:
+            self._track(_lock_key(provider, conn_id, model), merged.until_ms)
+            self._persist(
+                "save_lockout", lambda p: p.save_lockout(provider, conn_id, model, merged)
+            )
+
+    # -- admin and health -----------------------------------------------------------------------
+
+    async def clear(
+        self,
+        kind: ClearKind,
+        *,
+        provider: str | None = None,
+        connection_id: str | None = None,
+        model: str | None = None,
+        scope: str | None = None,
+    ) -> bool:
+        """Admin delete. ``cooldown`` needs ``connection_id``; ``lockout`` needs provider,
+        connection and model; ``permanent`` takes a ``scope`` or builds it from the connection
+        (and provider + model for a model-scoped block); ``breaker`` needs ``provider`` and
+        closes it for every replica. True if something was removed."""
+        if kind == "cooldown":
+            conn_id = _need(connection_id, "connection_id")
+            self._tracked.pop(_cd_key(conn_id), None)
+            self._persist("delete_cooldown", lambda p: p.delete_cooldown(conn_id))
+            return await self._store.clear_cooldown(conn_id)
+        if kind == "lockout":
+            prov, conn_id = _need(provider, "provider"), _need(connection_id, "connection_id")
+            mdl = _need(model, "model")
+            self._tracked.pop(_lock_key(prov, conn_id, mdl), None)
+            self._persist("delete_lockout", lambda p: p.delete_lockout(prov, conn_id, mdl))
+            return await self._store.clear_lockout(prov, conn_id, mdl)
+        if kind == "permanent":
+            if scope is None:
+                conn_id = _need(connection_id, "connection_id")
+                scope = (
+                    model_scope(_need(provider, "provider"), conn_id, model)
+                    if model
+                    else connection_scope(conn_id)
+                )
+            target = scope
+            self._persist("delete_permanent", lambda p: p.delete_permanent(target))
+            return await self._store.clear_permanent(target)
+        if kind == "breaker":
+            prov = _need(provider, "provider")
+            br = self.breaker(prov)
+            was_open = br.state() is not BreakerState.CLOSED
+            br.reset()
+            await self._share_breaker(prov, br)
+            return was_open
+        raise ValueError(f"unknown kind {kind!r}")
+
+    async def snapshot(self) -> dict[str, Any]:
+        """The resilience part of ``GET /api/monitoring/health``: breakers per provider with
+        their state and remaining cool-down, active cooldowns and lockouts with remaining ms,
+        permanent blocks, soft warnings and the store's status."""
+        now = self._clock.now_ms()
+        ok = await self._safe("ping", self._store.ping, False)
+        snap = await self._safe("snapshot", self._store.snapshot, None)
+        shared: dict[str, BreakerRecord] = {} if snap is None else snap.breakers
+        breakers: dict[str, Any] = {}
+        for provider, record in shared.items():
+            self.breaker(provider).adopt(record)
+        for provider in sorted(self._breakers):
+            breakers[provider] = self._breakers[provider].snapshot(now)
+        body: dict[str, Any] = {
+            "now_ms": now,
+            "store": {"driver": self._store.name, "ok": ok, "errors": self._store_errors},
+            "breakers": breakers,
+        }
+        if snap is not None:
+            body.update(describe(snap, now))
+        else:
+            body.update({"cooldowns": [], "lockouts": [], "permanent": []})
+        body["warnings"] = [
+            w.to_dict() for conn_id in sorted(self._warnings) for w in self.warnings(conn_id)
+        ]
+        return body
+
+    async def close(self) -> None:
+        await self._store.close()
+
+
+def _need(value: str | None, name: str) -> str:
+    if not value:
+        raise ValueError(f"{name} is required")
+    return value

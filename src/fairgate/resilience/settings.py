@@ -1,0 +1,203 @@
+"""Resilience settings (SPEC §9 defaults) and where they come from.
+
+Precedence, as for every fairgate setting: DB setting (admin API) > environment variable >
+built-in default, per knob. Per-provider overrides (a provider whose 429s mean something
+different, an upstream that needs a longer breaker cool-down) come from the config file or the
+admin API as ``{provider: {field: value}}``; the DB key ``resilience.providers`` (a JSON object
+of the same shape) wins over the config file, field by field.
+
+A value that does not parse or lies outside its range is ignored (the next source wins) rather
+than crashing the gateway at start: a typo in an env var must not take the proxy down.
+
+=====================================  ===================================  ========
+field                                  environment variable                 default
+=====================================  ===================================  ========
+breaker_threshold                      RESILIENCE_BREAKER_THRESHOLD         0.5
+breaker_min_requests                   RESILIENCE_BREAKER_MIN_REQUESTS      5
+breaker_window_ms                      RESILIENCE_BREAKER_WINDOW_MS         60000
+breaker_cooldown_ms                    RESILIENCE_BREAKER_COOLDOWN_MS       30000
+breaker_max_cooldown_ms                RESILIENCE_BREAKER_MAX_COOLDOWN_MS   300000
+breaker_probe_lease_ms                 RESILIENCE_BREAKER_PROBE_LEASE_MS    120000
+breaker_counts_rate_limits             RESILIENCE_BREAKER_COUNTS_RATE_LIMITS false
+oauth_base_cooldown_ms                 RESILIENCE_OAUTH_BASE_COOLDOWN_MS    5000
+apikey_base_cooldown_ms                RESILIENCE_APIKEY_BASE_COOLDOWN_MS   3000
+max_cooldown_ms                        RESILIENCE_MAX_COOLDOWN_MS           300000
+max_hint_ms                            RESILIENCE_MAX_HINT_MS               3600000
+auth_cooldown_ms                       RESILIENCE_AUTH_COOLDOWN_MS          300000
+model_not_found_lockout_ms             RESILIENCE_MODEL_NOT_FOUND_LOCKOUT_MS 300000
+level_memory_ms                        RESILIENCE_LEVEL_MEMORY_MS           600000
+warn_fraction                          RESILIENCE_WARN_FRACTION             0.1
+=====================================  ===================================  ========
+
+DB keys are ``resilience.<camelCaseField>`` (``resilience.breakerThreshold``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from fairgate.resilience.breaker import BreakerConfig
+
+__all__ = ["ResilienceSettings"]
+
+_DAY_MS = 86_400_000
+
+# field -> (lowest, highest) accepted value; bools are listed separately
+_RANGES: dict[str, tuple[float, float]] = {
+    "breaker_threshold": (1e-9, 1.0),
+    "breaker_min_requests": (1, 1_000_000),
+    "breaker_window_ms": (1_000, _DAY_MS),
+    "breaker_cooldown_ms": (0, _DAY_MS),
+    "breaker_max_cooldown_ms": (0, 7 * _DAY_MS),
+    "breaker_probe_lease_ms": (1_000, _DAY_MS),
+    "oauth_base_cooldown_ms": (0, _DAY_MS),
+    "apikey_base_cooldown_ms": (0, _DAY_MS),
+    "max_cooldown_ms": (0, 7 * _DAY_MS),
+    "max_hint_ms": (0, 8 * _DAY_MS),
+    "auth_cooldown_ms": (0, 7 * _DAY_MS),
+    "model_not_found_lockout_ms": (0, 7 * _DAY_MS),
+    "level_memory_ms": (0, 7 * _DAY_MS),
+    "warn_fraction": (0.0, 1.0),
+}
+_BOOLS = frozenset({"breaker_counts_rate_limits"})
+_TRUE = frozenset({"1", "true", "yes", "on"})
+_FALSE = frozenset({"0", "false", "no", "off"})
+
+
+def _camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(p.capitalize() for p in rest)
+
+
+def _snake(name: str) -> str:
+    return "".join("_" + c.lower() if c.isupper() else c for c in name).lstrip("_")
+
+
+def _parse(name: str, raw: object) -> float | bool | None:
+    """The value of knob ``name`` from ``raw`` (str, number or bool), or None if unusable."""
+    if name in _BOOLS:
+        if isinstance(raw, bool):
+            return raw
+        text = str(raw).strip().lower()
+        if text in _TRUE:
+            return True
+        if text in _FALSE:
+            return False
+        return None
+    if isinstance(raw, bool) or raw is None:
+        return None
+    try:
+        value = float(raw) if isinstance(raw, int | float) else float(str(raw).strip())
+    except ValueError:
+        return None
+    lo, hi = _RANGES[name]
+    if not math.isfinite(value) or not lo <= value <= hi:
+        return None
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class ResilienceSettings:
+    """Every resilience knob; ``providers`` holds per-provider overrides (field -> value)."""
+
+    breaker_threshold: float = 0.5
+    breaker_min_requests: int = 5
+    breaker_window_ms: int = 60_000
+    breaker_cooldown_ms: int = 30_000
+    breaker_max_cooldown_ms: int = 300_000
+    breaker_probe_lease_ms: int = 120_000
+    #: A 429 is one account's limit, handled by that connection's cooldown; counting it in the
+    #: provider breaker would let one exhausted account black out its healthy siblings.
+    breaker_counts_rate_limits: bool = False
+    oauth_base_cooldown_ms: int = 5_000
+    apikey_base_cooldown_ms: int = 3_000
+    max_cooldown_ms: int = 300_000
+    max_hint_ms: int = 3_600_000
+    auth_cooldown_ms: int = 300_000
+    model_not_found_lockout_ms: int = 300_000
+    #: How long a cooldown record outlives its deadline so the next failure continues the
+    #: backoff (3, 6, 12 s …) instead of starting over; a success forgets it at once.
+    level_memory_ms: int = 600_000
+    warn_fraction: float = 0.1
+    providers: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+
+    def breaker_config(self) -> BreakerConfig:
+        return BreakerConfig(
+            threshold=self.breaker_threshold,
+            min_requests=self.breaker_min_requests,
+            window_ms=self.breaker_window_ms,
+            cooldown_ms=self.breaker_cooldown_ms,
+            max_cooldown_ms=max(self.breaker_max_cooldown_ms, self.breaker_cooldown_ms),
+            probe_lease_ms=self.breaker_probe_lease_ms,
+        )
+
+    def for_provider(self, provider: str) -> ResilienceSettings:
+        """These settings with ``provider``'s overrides applied (unknown or invalid fields are
+        ignored)."""
+        overrides = self.providers.get(provider)
+        if not overrides:
+            return self
+        return dataclasses.replace(self, **_valid(overrides))
+
+    @classmethod
+    def from_sources(
+        cls,
+        env: Mapping[str, str],
+        db: Mapping[str, str] | None = None,
+        overrides: Mapping[str, Mapping[str, Any]] | None = None,
+    ) -> ResilienceSettings:
+        """Each knob from the DB settings, else ``RESILIENCE_*`` env, else the default;
+        ``overrides`` are per-provider (config file), merged under ``resilience.providers``."""
+        db = db or {}
+        values: dict[str, Any] = {}
+        for name in (*_RANGES, *_BOOLS):
+            for raw in (
+                db.get(f"resilience.{_camel(name)}"),
+                env.get(f"RESILIENCE_{name.upper()}"),
+            ):
+                if raw is None or str(raw).strip() == "":
+                    continue
+                parsed = _parse(name, raw)
+                if parsed is not None:
+                    values[name] = _typed(name, parsed)
+                    break
+        providers: dict[str, dict[str, Any]] = {
+            p: _valid(o) for p, o in (overrides or {}).items() if isinstance(o, Mapping)
+        }
+        raw_providers = db.get("resilience.providers")
+        if raw_providers:
+            try:
+                stored = json.loads(raw_providers)
+            except ValueError:
+                stored = None
+            if isinstance(stored, dict):
+                for p, o in stored.items():
+                    if isinstance(o, Mapping):
+                        providers.setdefault(str(p), {}).update(_valid(o))
+        return cls(**values, providers={p: o for p, o in providers.items() if o})
+
+
+def _typed(name: str, value: float | bool) -> Any:
+    """Keep the declared type: ints for ``*_ms`` and counts, floats for fractions."""
+    if name in _BOOLS or isinstance(value, bool):
+        return bool(value)
+    if name in ("breaker_threshold", "warn_fraction"):
+        return float(value)
+    return int(value)
+
+
+def _valid(overrides: Mapping[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, raw in overrides.items():
+        name = _snake(str(key))
+        if name not in _RANGES and name not in _BOOLS:
+            continue
+        parsed = _parse(name, raw)
+        if parsed is not None:
+            out[name] = _typed(name, parsed)
+    return out

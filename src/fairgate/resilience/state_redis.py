@@ -1,0 +1,367 @@
+"""The Redis :class:`~fairgate.resilience.state.ResilienceStore`: state shared by replicas.
+
+Every gateway process that points at the same Redis and prefix sees a cooldown, a lockout, a
+permanent block or a breaker transition as soon as the writing process's command returns: reads
+go to Redis on every check (one pipelined round trip per target, :meth:`read_target`), nothing
+is cached locally. Updates that read before they write are Lua scripts (``resilience/lua``), so
+two replicas racing to set a cooldown cannot shorten each other's deadline.
+
+Deadlines are absolute epoch ms from the caller's clock, and each key's TTL is its remaining
+time plus the level memory (so Redis drops what the lazy reads already ignore).
+
+Key layout (one hash tag, ``{rs}``, so a cluster keeps every resilience key in one slot and the
+scripts may touch the index beside the entry)::
+
+    <prefix>:{rs}:cd:<conn>                       HASH cooldown {until, level, reason, updated}
+    <prefix>:{rs}:lk:<provider>:<conn>:<model>    HASH model lockout (same fields)
+    <prefix>:{rs}:br:<provider>                   HASH breaker {state, until, cooldown, updated}
+    <prefix>:{rs}:probe:<provider>                STRING half-open probe token (SET NX PX)
+    <prefix>:{rs}:perm                            HASH scope -> JSON {reason, since_ms}
+    <prefix>:{rs}:idx                             ZSET "cd:…" / "lk:…" / "br:…" -> forget_ms
+
+Provider and connection ids may not hold ``:`` (config ids never do), so a lockout key parses
+back unambiguously; a model id may hold anything.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.resources
+from typing import Any, Final, cast
+
+import orjson
+import redis.asyncio
+from redis.commands.core import AsyncScript
+from redis.exceptions import RedisError
+
+from fairgate.clock import SYSTEM_CLOCK, Clock
+from fairgate.resilience.backoff import Cooldown
+from fairgate.resilience.breaker import BreakerRecord
+from fairgate.resilience.state import (
+    DEFAULT_LEVEL_MEMORY_MS,
+    LockoutKey,
+    PermanentBlock,
+    StoreSnapshot,
+    TargetState,
+    connection_scope,
+    model_scope,
+)
+
+__all__ = ["RedisResilienceStore"]
+
+#: The most index entries one health snapshot reads.
+SNAPSHOT_LIMIT: Final = 10_000
+#: Connections of the pool the store opens itself (callers beyond it wait up to the timeout).
+DEFAULT_MAX_CONNECTIONS: Final = 64
+POOL_TIMEOUT_S: Final = 5.0
+
+
+@functools.cache
+def _script_source(name: str) -> str:
+    return (importlib.resources.files("fairgate.resilience") / "lua" / name).read_text(
+        encoding="utf-8"
+    )
+
+
+def _text(value: object) -> str:
+    """Reply values as str whether or not the client decodes responses."""
+    if isinstance(value, bytes):
+        return value.decode()
+    return str(value)
+
+
+def _check_id(kind: str, value: str) -> str:
+    """Ids become parts of keys: refuse those that would make two keys alias or move the slot."""
+    if not value or any(ch in "{}:" or ch.isspace() for ch in value):
+        raise ValueError(
+            f"invalid {kind} {value!r}: must be non-empty, without ':', braces or spaces"
+        )
+    return value
+
+
+def _cooldown(raw: list[object]) -> Cooldown | None:
+    """A Cooldown from HMGET until, level, reason (None when the hash is absent)."""
+    if raw[0] is None:
+        return None
+    return Cooldown(int(_text(raw[0])), int(_text(raw[1] or "0")), _text(raw[2] or ""))
+
+
+def _breaker(raw: list[object]) -> BreakerRecord | None:
+    """A BreakerRecord from HMGET state, until, cooldown, updated."""
+    if raw[0] is None:
+        return None
+    return BreakerRecord(
+        state=_text(raw[0]),
+        until_ms=int(_text(raw[1] or "0")),
+        cooldown_ms=int(_text(raw[2] or "0")),
+        updated_ms=int(_text(raw[3] or "0")),
+    )
+
+
+def _permanent(scope: str, raw: object) -> PermanentBlock | None:
+    if raw is None:
+        return None
+    data = orjson.loads(_text(raw))
+    return PermanentBlock(scope, str(data.get("reason", "")), int(data.get("since_ms", 0)))
+
+
+_BLOCK_FIELDS: Final = ("until", "level", "reason")
+_BREAKER_FIELDS: Final = ("state", "until", "cooldown", "updated")
+
+
+class RedisResilienceStore:
+    """Resilience state in Redis; see the module docstring for the key layout.
+
+    Build it from a URL (it then owns and closes its client, whose blocking pool of
+    ``max_connections`` makes bursts wait instead of failing) or share an existing
+    ``redis.asyncio.Redis`` client (bytes or decoded responses both work; size its pool for the
+    number of concurrent checks, or use a ``BlockingConnectionPool``).
+    """
+
+    name = "redis"
+
+    def __init__(
+        self,
+        url: str | None = None,
+        *,
+        prefix: str = "fairgate",
+        client: redis.asyncio.Redis | None = None,
+        clock: Clock = SYSTEM_CLOCK,
+        level_memory_ms: int = DEFAULT_LEVEL_MEMORY_MS,
+        max_connections: int = DEFAULT_MAX_CONNECTIONS,
+    ) -> None:
+        if client is None and not url:
+            raise ValueError("RedisResilienceStore needs a url or a client")
+        if not prefix or any(ch in "{}" or ch.isspace() for ch in prefix):
+            raise ValueError(f"invalid prefix {prefix!r}")
+        self._base = f"{prefix}:{{rs}}"
+        self._owns_client = client is None
+        self._client: redis.asyncio.Redis = (
+            client if client is not None else self._own_client(cast(str, url), max_connections)
+        )
+        self._clock = clock
+        self._memory = level_memory_ms
+        self._idx = f"{self._base}:idx"
+        self._perm = f"{self._base}:perm"
+        self._set_block = self._register("set_block.lua")
+        self._clear_block = self._register("clear_block.lua")
+        self._put_breaker = self._register("put_breaker.lua")
+
+    @staticmethod
+    def _own_client(url: str, max_connections: int) -> redis.asyncio.Redis:
+        """A client whose pool waits for a free connection under a burst of checks (the
+        default pool raises "Too many connections" past its size instead)."""
+        pool = redis.asyncio.BlockingConnectionPool.from_url(
+            url, max_connections=max_connections, timeout=POOL_TIMEOUT_S
+        )
+        return redis.asyncio.Redis.from_pool(pool)
+
+    def _register(self, name: str) -> AsyncScript:
+        # register_script only hashes the text; the server loads it on the first NOSCRIPT.
+        return self._client.register_script(_script_source(name))
+
+    # -- keys -----------------------------------------------------------------------------------
+
+    @staticmethod
+    def _cd_member(conn_id: str) -> str:
+        return f"cd:{_check_id('connection id', conn_id)}"
+
+    @staticmethod
+    def _lk_member(provider: str, conn_id: str, model: str) -> str:
+        if not model:
+            raise ValueError("model must be non-empty")
+        return f"lk:{_check_id('provider', provider)}:{_check_id('connection id', conn_id)}:{model}"
+
+    @staticmethod
+    def _br_member(provider: str) -> str:
+        return f"br:{_check_id('provider', provider)}"
+
+    def _key(self, member: str) -> str:
+        return f"{self._base}:{member}"
+
+    def _probe_key(self, provider: str) -> str:
+        return f"{self._base}:probe:{_check_id('provider', provider)}"
+
+    def _forget_before(self) -> int:
+        return self._clock.now_ms() - self._memory
+
+    def _live(self, cd: Cooldown | None) -> Cooldown | None:
+        """Lazy expiry by the caller's clock (Redis may not have dropped the key yet)."""
+        if cd is None or cd.until_ms <= self._forget_before():
+            return None
+        return cd
+
+    def _live_breaker(self, rec: BreakerRecord | None) -> BreakerRecord | None:
+        if rec is None or max(rec.until_ms, rec.updated_ms) <= self._forget_before():
+            return None
+        return rec
+
+    # -- cooldowns and lockouts -----------------------------------------------------------------
+
+    async def _get_block(self, member: str) -> Cooldown | None:
+        raw = await self._client.hmget(self._key(member), list(_BLOCK_FIELDS))
+        return self._live(_cooldown(cast(list[object], raw)))
+
+    async def _set(self, member: str, until_ms: int, level: int, reason: str) -> Cooldown:
+        reply = await self._set_block(
+            keys=[self._key(member), self._idx],
+            args=[self._clock.now_ms(), int(until_ms), int(level), reason, self._memory, member],
+        )
+        until, lvl, why = cast(list[object], reply)
+        return Cooldown(int(_text(until)), int(_text(lvl)), _text(why))
+
+    async def _clear(self, member: str, unless_active_at: int | None) -> bool:
+        reply = await self._clear_block(
+            keys=[self._key(member), self._idx],
+            args=[
+                member,
+                "" if unless_active_at is None else int(unless_active_at),
+                self._forget_before(),
+            ],
+        )
+        return int(cast(int, reply)) == 1
+
+    async def get_cooldown(self, conn_id: str) -> Cooldown | None:
+        return await self._get_block(self._cd_member(conn_id))
+
+    async def set_cooldown(self, conn_id: str, until_ms: int, level: int, reason: str) -> Cooldown:
+        return await self._set(self._cd_member(conn_id), until_ms, level, reason)
+
+    async def clear_cooldown(self, conn_id: str, *, unless_active_at: int | None = None) -> bool:
+        return await self._clear(self._cd_member(conn_id), unless_active_at)
+
+    async def get_lockout(self, provider: str, conn_id: str, model: str) -> Cooldown | None:
+        return await self._get_block(self._lk_member(provider, conn_id, model))
+
+    async def set_lockout(
+        self, provider: str, conn_id: str, model: str, until_ms: int, level: int, reason: str
+    ) -> Cooldown:
+        return await self._set(self._lk_member(provider, conn_id, model), until_ms, level, reason)
+
+    async def clear_lockout(
+        self, provider: str, conn_id: str, model: str, *, unless_active_at: int | None = None
+    ) -> bool:
+        return await self._clear(self._lk_member(provider, conn_id, model), unless_active_at)
+
+    # -- permanent blocks -----------------------------------------------------------------------
+
+    async def set_permanent(
+        self, scope: str, reason: str, *, since_ms: int | None = None
+    ) -> PermanentBlock:
+        if not scope:
+            raise ValueError("scope must be non-empty")
+        since = self._clock.now_ms() if since_ms is None else since_ms
+        value = orjson.dumps({"reason": reason, "since_ms": since})
+        pipe = self._client.pipeline(transaction=True)
+        pipe.hsetnx(self._perm, scope, value)
+        pipe.hget(self._perm, scope)
+        _, stored = cast(list[object], await pipe.execute())
+        block = _permanent(scope, stored)
+        return block if block is not None else PermanentBlock(scope, reason, since)
+
+    async def clear_permanent(self, scope: str) -> bool:
+        return int(await self._client.hdel(self._perm, scope)) == 1
+
+    async def list_permanent(self) -> list[PermanentBlock]:
+        raw = cast(dict[object, object], await self._client.hgetall(self._perm))
+        blocks = [_permanent(_text(k), v) for k, v in raw.items()]
+        return sorted((b for b in blocks if b is not None), key=lambda b: (b.since_ms, b.scope))
+
+    # -- breakers -------------------------------------------------------------------------------
+
+    async def get_breaker(self, provider: str) -> BreakerRecord | None:
+        raw = await self._client.hmget(self._key(self._br_member(provider)), list(_BREAKER_FIELDS))
+        return self._live_breaker(_breaker(cast(list[object], raw)))
+
+    async def put_breaker(self, provider: str, record: BreakerRecord) -> bool:
+        member = self._br_member(provider)
+        reply = await self._put_breaker(
+            keys=[self._key(member), self._idx],
+            args=[
+                self._clock.now_ms(),
+                record.state,
+                record.until_ms,
+                record.cooldown_ms,
+                record.updated_ms,
+                self._memory,
+                member,
+            ],
+        )
+        return int(cast(int, reply)) == 1
+
+    async def try_probe(self, provider: str, lease_ms: int) -> bool:
+        ok = await self._client.set(self._probe_key(provider), "1", nx=True, px=max(1, lease_ms))
+        return bool(ok)
+
+    async def release_probe(self, provider: str) -> None:
+        await self._client.delete(self._probe_key(provider))
+
+    # -- reads ----------------------------------------------------------------------------------
+
+    async def read_target(self, provider: str, conn_id: str, model: str) -> TargetState:
+        """Cooldown, lockout, permanent blocks and breaker of one target: one round trip."""
+        pipe = self._client.pipeline(transaction=False)
+        pipe.hmget(self._key(self._cd_member(conn_id)), list(_BLOCK_FIELDS))
+        pipe.hmget(self._key(self._lk_member(provider, conn_id, model)), list(_BLOCK_FIELDS))
+        conn_scope, m_scope = connection_scope(conn_id), model_scope(provider, conn_id, model)
+        pipe.hmget(self._perm, [conn_scope, m_scope])
+        pipe.hmget(self._key(self._br_member(provider)), list(_BREAKER_FIELDS))
+        cd, lk, perm, br = cast(list[list[object]], await pipe.execute())
+        permanent = _permanent(conn_scope, perm[0]) or _permanent(m_scope, perm[1])
+        return TargetState(
+            cooldown=self._live(_cooldown(cd)),
+            lockout=self._live(_cooldown(lk)),
+            permanent=permanent,
+            breaker=self._live_breaker(_breaker(br)),
+        )
+
+    async def snapshot(self) -> StoreSnapshot:
+        """Every remembered entry, found through the index (never a SCAN); the index is pruned
+        of forgotten members on the way."""
+        now = self._clock.now_ms()
+        members = [
+            _text(m)
+            for m in cast(
+                list[object],
+                await self._client.zrangebyscore(
+                    self._idx, f"({now}", "+inf", start=0, num=SNAPSHOT_LIMIT
+                ),
+            )
+        ]
+        await self._client.zremrangebyscore(self._idx, "-inf", now)
+        pipe = self._client.pipeline(transaction=False)
+        for member in members:
+            fields = _BREAKER_FIELDS if member.startswith("br:") else _BLOCK_FIELDS
+            pipe.hmget(self._key(member), list(fields))
+        replies = cast(list[list[object]], await pipe.execute()) if members else []
+        out = StoreSnapshot(permanent=await self.list_permanent())
+        for member, raw in zip(members, replies, strict=True):
+            kind, _, rest = member.partition(":")
+            if kind == "br":
+                rec = self._live_breaker(_breaker(raw))
+                if rec is not None:
+                    out.breakers[rest] = rec
+                continue
+            cd = self._live(_cooldown(raw))
+            if cd is None:
+                continue
+            if kind == "cd":
+                out.cooldowns[rest] = cd
+            elif kind == "lk":
+                provider, _, tail = rest.partition(":")
+                conn_id, _, model = tail.partition(":")
+                out.lockouts[LockoutKey(provider, conn_id, model)] = cd
+        return out
+
+    async def ping(self) -> bool:
+        try:
+            return bool(await self._client.ping())
+        except (RedisError, OSError):
+            return False
+
+    async def close(self) -> None:
+        if self._owns_client:
+            await self._client.aclose()
+
+    def info(self) -> dict[str, Any]:
+        return {"driver": self.name, "base": self._base}

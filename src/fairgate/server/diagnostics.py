@@ -1,0 +1,101 @@
+"""What a request went through, for the error body when nothing could serve it (SPEC §8).
+
+Clients (and the people debugging them) get the attempt order, the targets that were skipped and
+why, a terminal reason from a fixed set, and a recovery hint — never a stack trace or a secret.
+The same facts go into ``x-fairgate-combo-*`` headers.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+
+class Terminal(StrEnum):
+    """Why a request ended without an answer (an enumerated code clients can switch on)."""
+
+    NO_TARGETS = "no_targets"
+    QUOTA_BLOCKED = "quota_blocked"
+    ALL_RATE_LIMITED = "all_rate_limited"
+    ALL_UNAVAILABLE = "all_unavailable"
+    UPSTREAM_FAILED = "upstream_failed"
+    CLIENT_ERROR = "client_error"
+    TIMEOUT = "timeout"
+
+
+@dataclass
+class Diagnostics:
+    pool_size: int = 0
+    combo: str | None = None
+    strategy: str | None = None
+    attempted: list[dict[str, Any]] = field(default_factory=list)
+    excluded: list[dict[str, Any]] = field(default_factory=list)
+    terminal: Terminal | None = None
+    retry_after_ms: int | None = None
+
+    def exclude(
+        self, target: str, reason: str, until_ms: int | None = None, now_ms: int | None = None
+    ) -> None:
+        entry: dict[str, Any] = {"target": target, "reason": reason}
+        if until_ms is not None and now_ms is not None:
+            entry["retryAfterMs"] = max(0, until_ms - now_ms)
+        self.excluded.append(entry)
+
+    def attempt(
+        self,
+        target: str,
+        outcome: str,
+        *,
+        status: int | None = None,
+        latency_ms: float | None = None,
+        error: str | None = None,
+    ) -> None:
+        entry: dict[str, Any] = {"target": target, "outcome": outcome}
+        if status is not None:
+            entry["status"] = status
+        if latency_ms is not None:
+            entry["latencyMs"] = round(latency_ms, 3)
+        if error:
+            entry["error"] = error
+        self.attempted.append(entry)
+
+    def hint(self) -> dict[str, Any]:
+        retry_s = (
+            None if self.retry_after_ms is None else max(1, math.ceil(self.retry_after_ms / 1000))
+        )
+        action = {
+            Terminal.NO_TARGETS: "check the model name and that a connection serves it",
+            Terminal.QUOTA_BLOCKED: "wait for your share to free up, or ask for a larger weight",
+            Terminal.ALL_RATE_LIMITED: "retry after the indicated time",
+            Terminal.ALL_UNAVAILABLE: "retry after the indicated time; upstreams are recovering",
+            Terminal.UPSTREAM_FAILED: "retry later; every upstream attempt failed",
+            Terminal.CLIENT_ERROR: "fix the request; no upstream would accept it",
+            Terminal.TIMEOUT: "retry, or raise the combo timeout",
+            None: "retry later",
+        }[self.terminal]
+        return {"action": action, "retry_after_seconds": retry_s}
+
+    def body(self) -> dict[str, Any]:
+        return {
+            "poolSize": self.pool_size,
+            "combo": self.combo,
+            "strategy": self.strategy,
+            "attemptOrder": [a["target"] for a in self.attempted],
+            "attempted": self.attempted,
+            "excluded": self.excluded,
+            "terminalReason": self.terminal.value if self.terminal else None,
+            "recoveryHint": self.hint(),
+        }
+
+    def headers(self) -> dict[str, str]:
+        out = {
+            "x-fairgate-combo-attempts": str(len(self.attempted)),
+            "x-fairgate-combo-excluded": str(len(self.excluded)),
+        }
+        if self.combo:
+            out["x-fairgate-combo"] = self.combo
+        if self.terminal:
+            out["x-fairgate-combo-terminal"] = self.terminal.value
+        return out

@@ -1,0 +1,392 @@
+"""Prometheus metrics of one gateway app: ``GET /metrics``.
+
+Why a registry per :class:`Metrics` (not prometheus_client's global one): every app, and every
+test that builds one, gets counters of its own, so two apps in one process never collide.
+
+What is counted on the hot path (counters and histograms, O(1) each): requests by key, model,
+connection and status; admission decisions by outcome and reason; fail-open admissions; upstream
+latency and gateway overhead. What is read at scrape time (gauges): pool usage per dimension,
+store reachability and the resilience state (breakers, cooldowns, lockouts) from an optional
+callback. A Prometheus collector is synchronous while the quota store is async, so the
+``/metrics`` handler refreshes a cached snapshot first and the collector only reads it.
+
+Label cardinality is bounded by configuration, never by traffic: key ids, connection ids and pool
+ids come from the metadata DB; a model is its own label only when a connection lists it or it names
+a combo (user or ``qtSd/...``); anything else a client sends is ``other``.
+"""
+
+from __future__ import annotations
+
+import hmac
+import inspect
+import logging
+import time
+from collections.abc import Awaitable, Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.exposition import generate_latest
+from prometheus_client.registry import Collector
+from starlette.requests import Request
+from starlette.responses import Response
+
+if TYPE_CHECKING:
+    from fairgate.quota.engine import Admission
+    from fairgate.registry import ClientKey, Registry
+    from fairgate.server.state import Gateway
+
+log = logging.getLogger("fairgate.metrics")
+
+#: Label value when there is nothing to name (no key authenticated, no connection chosen).
+NONE = "none"
+#: Label value of every model no connection lists: clients cannot mint new series.
+OTHER = "other"
+
+BREAKER_STATES = ("closed", "open", "half_open")
+
+#: Upstream answers take from milliseconds (a mock, a cache) to minutes (long generations).
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+#: What the gateway adds is sub-millisecond when healthy; the upper buckets catch a slow store.
+OVERHEAD_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5)
+
+
+@dataclass(frozen=True, slots=True)
+class ResilienceGauges:
+    """The resilience state at scrape time, as the health source reports it.
+
+    ``breakers``: target (provider or connection id) → ``closed`` | ``open`` | ``half_open``;
+    ``cooldowns``: connection id → seconds left; ``lockouts``: (connection id, model) → seconds
+    left. Only entries that exist need be given: an absent cooldown is no cooldown.
+    """
+
+    breakers: Mapping[str, str] = field(default_factory=dict)
+    cooldowns: Mapping[str, float] = field(default_factory=dict)
+    lockouts: Mapping[tuple[str, str], float] = field(default_factory=dict)
+
+
+#: Sync or async: called once per scrape, in the ``/metrics`` handler (never in the collector).
+HealthSource = Callable[[], ResilienceGauges | Awaitable[ResilienceGauges]]
+
+
+def gauges_from_snapshot(snap: Mapping[str, Any]) -> ResilienceGauges:
+    """The gauges in a resilience manager's ``snapshot()`` (the ``/api/monitoring/health``
+    shape: ``breakers`` by provider with a ``state``, ``cooldowns`` and ``lockouts`` as lists with
+    ``connection_id``, ``model`` and ``remaining_ms``). Unknown or malformed entries are skipped."""
+    breakers: dict[str, str] = {}
+    raw_breakers = snap.get("breakers")
+    if isinstance(raw_breakers, Mapping):
+        for target, b in raw_breakers.items():
+            if isinstance(b, Mapping) and isinstance(b.get("state"), str):
+                breakers[str(target)] = b["state"]
+    cooldowns: dict[str, float] = {}
+    for c in snap.get("cooldowns") or ():
+        if isinstance(c, Mapping) and isinstance(c.get("remaining_ms"), int | float):
+            cooldowns[str(c.get("connection_id"))] = c["remaining_ms"] / 1000.0
+    lockouts: dict[tuple[str, str], float] = {}
+    for lo in snap.get("lockouts") or ():
+        if isinstance(lo, Mapping) and isinstance(lo.get("remaining_ms"), int | float):
+            key = (str(lo.get("connection_id")), str(lo.get("model")))
+            lockouts[key] = lo["remaining_ms"] / 1000.0
+    return ResilienceGauges(breakers, cooldowns, lockouts)
+
+
+@dataclass(frozen=True, slots=True)
+class _DimensionGauge:
+    pool: str
+    dimension: str
+    used_fraction: float
+    total: float
+    limit: float
+    burn_rate_per_s: float
+    consumed: Mapping[str, float]
+
+
+@dataclass(frozen=True, slots=True)
+class _Snapshot:
+    dimensions: tuple[_DimensionGauge, ...] = ()
+    store_driver: str = ""
+    store_up: bool | None = None
+    inflight: int | None = None
+    resilience: ResilienceGauges | None = None
+
+
+class _StateCollector(Collector):
+    """Scrape-time gauges from the last snapshot and the health source (never raises)."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self._metrics = metrics
+
+    def collect(self) -> Iterator[Metric]:
+        snap = self._metrics.snapshot
+        usage = GaugeMetricFamily(
+            "fairgate_pool_usage",
+            "Used fraction of the pool limit per dimension (1 = exhausted)",
+            labels=["pool", "dimension"],
+        )
+        total = GaugeMetricFamily(
+            "fairgate_pool_total",
+            "Consumption in the current window per pool dimension, in the dimension's unit",
+            labels=["pool", "dimension"],
+        )
+        limit = GaugeMetricFamily(
+            "fairgate_pool_limit",
+            "Pool limit per dimension (plan limit × member connections; 0 = unknown)",
+            labels=["pool", "dimension"],
+        )
+        burn = GaugeMetricFamily(
+            "fairgate_pool_burn_rate_per_second",
+            "EMA consumption rate per pool dimension, in the dimension's unit per second",
+            labels=["pool", "dimension"],
+        )
+        consumed = GaugeMetricFamily(
+            "fairgate_pool_key_consumed",
+            "Consumption in the current window per allocated key",
+            labels=["pool", "dimension", "key"],
+        )
+        for d in snap.dimensions:
+            labels = [d.pool, d.dimension]
+            usage.add_metric(labels, d.used_fraction)
+            total.add_metric(labels, d.total)
+            limit.add_metric(labels, d.limit)
+            burn.add_metric(labels, d.burn_rate_per_s)
+            for key_id, value in d.consumed.items():
+                consumed.add_metric([d.pool, d.dimension, key_id], value)
+        yield from (usage, total, limit, burn, consumed)
+        if snap.store_up is not None:
+            up = GaugeMetricFamily(
+                "fairgate_quota_store_up",
+                "1 when the quota store answered a ping at the last scrape",
+                labels=["driver"],
+            )
+            up.add_metric([snap.store_driver], 1.0 if snap.store_up else 0.0)
+            yield up
+        if snap.inflight is not None:
+            yield GaugeMetricFamily(
+                "fairgate_inflight_requests",
+                "Requests holding a quota reservation now",
+                value=snap.inflight,
+            )
+        yield from self._resilience()
+
+    def _resilience(self) -> Iterator[Metric]:
+        state = self._metrics.snapshot.resilience
+        if state is None:
+            return
+        breaker = GaugeMetricFamily(
+            "fairgate_breaker_state",
+            "Circuit breaker state per target: 1 for the current state, 0 for the others",
+            labels=["target", "state"],
+        )
+        for target, current in sorted(state.breakers.items()):
+            states = BREAKER_STATES if current in BREAKER_STATES else (*BREAKER_STATES, current)
+            for s in states:
+                breaker.add_metric([target, s], 1.0 if s == current else 0.0)
+        cooldown = GaugeMetricFamily(
+            "fairgate_cooldown_seconds",
+            "Seconds left in a connection's cooldown",
+            labels=["connection"],
+        )
+        for conn, secs in sorted(state.cooldowns.items()):
+            cooldown.add_metric([conn], max(0.0, secs))
+        lockout = GaugeMetricFamily(
+            "fairgate_lockout_seconds",
+            "Seconds left in a model lockout on a connection",
+            labels=["connection", "model"],
+        )
+        for (conn, model), secs in sorted(state.lockouts.items()):
+            lockout.add_metric([conn, model], max(0.0, secs))
+        yield from (breaker, cooldown, lockout)
+
+
+class Metrics:
+    """The gateway's metrics. One per app; the hot path calls the ``observe_*`` methods."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.requests = Counter(
+            "fairgate_requests",
+            "Proxied requests by client key, requested model, serving connection and status",
+            ["key", "model", "connection", "status"],
+            registry=self.registry,
+        )
+        self.admissions = Counter(
+            "fairgate_admissions",
+            "Quota admission decisions by outcome (allow, penalize, block) and reason",
+            ["outcome", "reason"],
+            registry=self.registry,
+        )
+        self.fail_open = Counter(
+            "fairgate_fail_open",
+            "Admissions allowed because the quota engine or store failed (fail-open)",
+            registry=self.registry,
+        )
+        self.upstream_latency = Histogram(
+            "fairgate_upstream_latency_seconds",
+            "Time upstream: until the whole answer (non-stream) or its headers (stream)",
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.overhead = Histogram(
+            "fairgate_overhead_seconds",
+            "Time the gateway itself adds to a request (auth, parsing, admission, translation)",
+            buckets=OVERHEAD_BUCKETS,
+            registry=self.registry,
+        )
+        self.snapshot = _Snapshot()
+        self.health_source: HealthSource | None = None
+        self._models_of: Registry | None = None
+        self._models: frozenset[str] = frozenset()
+        self.registry.register(_StateCollector(self))
+
+    def set_health_source(self, source: HealthSource | None) -> None:
+        """Report breakers, cooldowns and lockouts at scrape time. Without one, the Gateway's
+        resilience manager (``gw.resilience``, when it has one) is read through
+        :func:`gauges_from_snapshot`."""
+        self.health_source = source
+
+    # -- hot path -------------------------------------------------------------------------
+
+    def model_label(self, reg: Registry, model: object) -> str:
+        """The model as a label: itself when configuration knows it, else ``other``."""
+        if not isinstance(model, str) or not model:
+            return NONE
+        if reg is not self._models_of:
+            known: set[str] = {f"qtSd/{pool_id}" for pool_id in reg.pools}
+            for combos in (getattr(reg, "combos", None), getattr(reg, "internal_combos", None)):
+                known.update(str(name) for name in combos or ())  # user and minted combos
+            for conn in reg.connections.values():
+                for m in conn.models:
+                    known.add(m)
+                    known.add(f"{conn.provider}/{m}")
+            self._models, self._models_of = frozenset(known), reg
+        return model if model in self._models else OTHER
+
+    def observe_request(
+        self,
+        reg: Registry,
+        key: ClientKey | None,
+        body: Mapping[str, Any] | None,
+        resp: Response,
+        t0: float,
+    ) -> None:
+        """Count one finished ``/v1`` request (for a stream: once its headers are decided).
+
+        The overhead comes from the ``x-fairgate-overhead-ms`` header the proxy computed; the
+        upstream time is what remains of the elapsed time, so the proxy needs no extra clock.
+        """
+        headers = resp.headers
+        self.requests.labels(
+            key.id if key is not None else NONE,
+            self.model_label(reg, body.get("model") if body is not None else None),
+            headers.get("x-fairgate-connection") or NONE,
+            str(resp.status_code),
+        ).inc()
+        raw = headers.get("x-fairgate-overhead-ms")
+        if raw is None:
+            return
+        try:
+            overhead = float(raw) / 1000.0
+        except ValueError:
+            return
+        self.overhead.observe(overhead)
+        self.upstream_latency.observe(max(0.0, time.perf_counter() - t0 - overhead))
+
+    def observe_admission(self, adm: Admission) -> None:
+        self.admissions.labels(adm.outcome.value, adm.reason.value if adm.reason else NONE).inc()
+        if adm.fail_open:
+            self.fail_open.inc()
+
+    # -- scrape ---------------------------------------------------------------------------
+
+    async def refresh(self, gw: Gateway, inflight: int | None = None) -> None:
+        """Re-read pool usage and store health into the snapshot the collector serves.
+
+        A pool whose usage cannot be read is left out (and the store is reported down): the
+        scrape still answers, so an outage of the store is visible instead of a failed scrape.
+        """
+        dims: list[_DimensionGauge] = []
+        store_up = True
+        for pool in list(gw.registry.pools.values()):
+            try:
+                usage = await gw.engine.usage(pool)
+            except Exception as exc:
+                store_up = False
+                log.warning(
+                    "metrics: pool usage unavailable",
+                    extra={"pool": pool.id, "error": type(exc).__name__},
+                )
+                continue
+            for d in usage.dimensions:
+                dims.append(
+                    _DimensionGauge(
+                        pool=pool.id,
+                        dimension=d.key,
+                        used_fraction=d.used_fraction,
+                        total=d.total,
+                        limit=d.limit,
+                        burn_rate_per_s=d.burn_rate_per_s,
+                        consumed={k.key_id: k.consumed for k in d.keys},
+                    )
+                )
+        try:
+            store_up = store_up and await gw.engine.store.ping()
+        except Exception:
+            store_up = False
+        self.snapshot = _Snapshot(
+            tuple(dims), gw.store_choice.driver, store_up, inflight, await self._read_health(gw)
+        )
+
+    async def _read_health(self, gw: Gateway) -> ResilienceGauges | None:
+        """The resilience gauges, or None (no source, or it failed: the scrape still answers)."""
+        source = self.health_source
+        try:
+            if source is not None:
+                got = source()
+                return await got if inspect.isawaitable(got) else got
+            manager = getattr(gw, "resilience", None)
+            snapshot = getattr(manager, "snapshot", None)
+            if snapshot is None:
+                return None
+            raw = snapshot()
+            raw = await raw if inspect.isawaitable(raw) else raw
+            return gauges_from_snapshot(raw) if isinstance(raw, Mapping) else None
+        except Exception as exc:
+            log.warning("metrics: health source failed", extra={"error": type(exc).__name__})
+            return None
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+def metrics_key_problem(gw: Gateway, request: Request) -> str | None:
+    """``FAIRGATE_METRICS_KEY`` set → ``/metrics`` wants it as a Bearer token; unset → open."""
+    wanted = gw.env.get("FAIRGATE_METRICS_KEY") or ""
+    if not wanted:
+        return None
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    presented = token.strip() if scheme.lower() == "bearer" else ""
+    if presented and hmac.compare_digest(presented.encode(), wanted.encode()):
+        return None
+    return "Send 'Authorization: Bearer <FAIRGATE_METRICS_KEY>' to read the metrics"
+
+
+def metrics_endpoint(gw: Gateway, metrics: Metrics) -> Callable[[Request], Any]:
+    """The ``GET /metrics`` handler over ``gw`` and ``metrics``."""
+
+    async def handler(request: Request) -> Response:
+        problem = metrics_key_problem(gw, request)
+        if problem is not None:
+            return Response(
+                problem + "\n",
+                status_code=401,
+                media_type="text/plain",
+                headers={"WWW-Authenticate": "Bearer"},
+            )
+        svc = getattr(request.app.state, "services", None)
+        inflight = len(svc.inflight) if svc is not None else None
+        await metrics.refresh(gw, inflight)
+        return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    return handler

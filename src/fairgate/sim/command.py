@@ -1,0 +1,109 @@
+"""``fairgate simulate``: the command's work, kept out of ``cli.py`` (which only parses options).
+
+Bad input (an unknown built-in, an unreadable or invalid scenario file, a bad option) is
+reported in one clear message with exit code 2, like every other ``fairgate`` command; so is a
+store that cannot be used, because the numbers would not be a measurement of the engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from fairgate.sim.report import print_results, write_chart, write_json
+from fairgate.sim.runner import DRIVERS, ScenarioResult, SimError, run_scenario
+from fairgate.sim.scenario import (
+    Scenario,
+    ScenarioError,
+    builtin,
+    builtin_names,
+    builtins,
+    load_scenario,
+    parse_duration_ms,
+)
+
+EXIT_BAD_INPUT = 2
+
+
+def pick_scenarios(
+    scenario_file: Path | None, builtin_name: str | None, run_all: bool
+) -> list[Scenario]:
+    chosen = sum(x for x in (scenario_file is not None, builtin_name is not None, run_all))
+    if chosen != 1:
+        names = ", ".join(builtin_names())
+        raise ScenarioError(
+            f"give exactly one of SCENARIO_FILE, --builtin NAME or --all (built-ins: {names})"
+        )
+    if scenario_file is not None:
+        return [load_scenario(scenario_file)]
+    if builtin_name is not None:
+        return [builtin(builtin_name)]
+    return list(builtins())
+
+
+def run_simulate(
+    console: Console,
+    *,
+    scenario_file: Path | None = None,
+    builtin_name: str | None = None,
+    run_all: bool = False,
+    driver: str = "sqlite",
+    seed: int = 1,
+    out: Path = Path("sim-results"),
+    duration: str | None = None,
+    redis_url: str | None = None,
+) -> int:
+    """Run, print, write ``<out>/<scenario>.png`` and ``<out>/results.json``; the exit code."""
+    try:
+        scenarios = pick_scenarios(scenario_file, builtin_name, run_all)
+        if duration is not None:
+            ms = parse_duration_ms(duration)
+            scenarios = [s.with_duration(max(ms, s.tick)) for s in scenarios]
+    except (ScenarioError, ValueError) as exc:
+        console.print(f"[red]error:[/] {exc}")
+        return EXIT_BAD_INPUT
+    if driver not in DRIVERS:
+        console.print(f"[red]error:[/] --driver must be one of {', '.join(DRIVERS)}")
+        return EXIT_BAD_INPUT
+    url = redis_url or os.environ.get("QUOTA_STORE_REDIS_URL") or None
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        console.print(f"[red]error:[/] cannot create {out}: {exc.strerror or exc}")
+        return EXIT_BAD_INPUT
+    try:
+        results = asyncio.run(_run(scenarios, console, driver, seed, url))
+    except SimError as exc:
+        console.print(f"[red]error:[/] {exc}")
+        return EXIT_BAD_INPUT
+    print_results(results, console)
+    for r in results:
+        write_chart(r, out / f"{r.scenario.name}.png")
+    write_json(results, out / "results.json")
+    pngs = ", ".join(f"{r.scenario.name}.png" for r in results)
+    console.print(f"wrote {out / 'results.json'} and {pngs} in {out}")
+    return 0
+
+
+async def _run(
+    scenarios: list[Scenario], console: Console, driver: str, seed: int, url: str | None
+) -> list[ScenarioResult]:
+    results: list[ScenarioResult] = []
+    with Progress(
+        TextColumn("{task.description:<28}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("ticks"),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+    ) as progress:
+        for sc in scenarios:
+            results.append(
+                await run_scenario(sc, seed=seed, driver=driver, redis_url=url, progress=progress)
+            )
+    return results

@@ -1,0 +1,285 @@
+"""Showing the results: a rich table per scenario, a PNG chart, and JSON for anyone's tools.
+
+The chart is drawn with matplotlib's Agg backend (no display needed) and kept small: usage over
+time per key under each policy (the key's sliding-window count, what the limits act on), then
+each key's admitted/ideal ratio per policy, then Jain's index and utilisation per policy beside
+the targets.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from fairgate.sim.runner import PolicyRun, ScenarioResult
+
+TARGET_JAIN = 0.99
+TARGET_UTILISATION = 0.99
+
+
+def request_overshoot(run: PolicyRun) -> float:
+    """Worst overshoot over the request-unit dimensions (the ones promised to be exact)."""
+    vals = [v for k, v in run.metrics.overshoot.items() if k.startswith("requests/")]
+    return max(vals, default=0.0)
+
+
+def targets(result: ScenarioResult, policy: str = "active") -> dict[str, bool]:
+    run = result.runs[policy]
+    return {
+        "jain": run.metrics.jain >= TARGET_JAIN,
+        "utilisation": run.metrics.utilisation >= TARGET_UTILISATION,
+        "overshoot": request_overshoot(run) == 0.0,
+    }
+
+
+def _duration(ms: int | None) -> str:
+    if ms is None:
+        return "never"
+    s = ms / 1000
+    if s < 120:
+        return f"{s:.0f} s"
+    if s < 7200:
+        return f"{s / 60:.0f} min"
+    return f"{s / 3600:.1f} h"
+
+
+def _pct(x: float) -> str:
+    return f"{x * 100:.1f} %"
+
+
+def scenario_table(result: ScenarioResult) -> Table:
+    """One row per policy; narrow enough for an 80-column terminal."""
+    sc = result.scenario
+    dim = sc.primary
+    title = (
+        f"[bold]{sc.name}[/]: {sc.description or 'scenario'}\n"
+        f"{dim.limit * sc.pool.members:g} {dim.unit.value}/{dim.window.value}, "
+        f"{len(sc.keys)} keys, {sc.duration / 3_600_000:g} h, seed {result.seed}, "
+        f"{result.driver}"
+    )
+    table = Table(title=title, title_justify="left")
+    for col, just in (
+        ("policy", "left"),
+        ("Jain", "right"),
+        ("worst\nwindow", "right"),
+        ("utilis-\nation", "right"),
+        ("over-\nshoot", "right"),
+        ("refused", "right"),
+        ("well-\nbehaved\nrefused", "right"),
+        ("first\nrefusal", "right"),
+    ):
+        table.add_column(col, justify=just)  # type: ignore[arg-type]
+    for name, run in result.runs.items():
+        m = run.metrics
+        worst_over = max(m.overshoot.values(), default=0.0)
+        wb_refused = sum(m.blocked.get(k, 0) for k in m.well_behaved)
+        ok_j = "green" if m.jain >= TARGET_JAIN else "yellow"
+        ok_u = "green" if m.utilisation >= TARGET_UTILISATION else "yellow"
+        table.add_row(
+            name,
+            f"[{ok_j}]{m.jain:.4f}[/]",
+            f"{m.jain_worst_window:.3f}",
+            f"[{ok_u}]{_pct(m.utilisation)}[/]",
+            "0" if worst_over == 0 else _pct(worst_over),
+            str(m.blocked_total),
+            str(wb_refused) if m.well_behaved else "-",
+            _duration(m.first_block_well_behaved_ms) if m.well_behaved else "-",
+        )
+    return table
+
+
+def ratio_table(result: ScenarioResult) -> Table:
+    """Each key's admitted ÷ ideal under each policy (1 = exactly its max-min fair share)."""
+    keys = [k.id for k in result.scenario.keys]
+    table = Table(title="admitted ÷ ideal per key", title_justify="left")
+    table.add_column("policy")
+    for k in keys:
+        table.add_column(k, justify="right")
+    for name, run in result.runs.items():
+        table.add_row(
+            name, *(f"{run.metrics.ratio[k]:.3f}" if k in run.metrics.ratio else "-" for k in keys)
+        )
+    return table
+
+
+def print_results(results: Sequence[ScenarioResult], console: Console) -> None:
+    for result in results:
+        console.print(scenario_table(result))
+        console.print(ratio_table(result))
+        if "active" in result.runs:
+            t = targets(result)
+            marks = ", ".join(f"{k} {'✓' if ok else '✗'}" for k, ok in t.items())
+            console.print(
+                f"  active targets (Jain ≥ {TARGET_JAIN}, utilisation ≥ "
+                f"{TARGET_UTILISATION:.0%}, no request overshoot): {marks}\n"
+            )
+    console.print(
+        "[dim]Jain: over keys with demand, of admitted ÷ ideal summed over the run; worst "
+        "window: the same per window. Utilisation: admitted ÷ the most demand allowed, "
+        "min(capacity, capped demand) per window. Overshoot: peak sliding count above the "
+        "limit (worst dimension). Well-behaved: keys that never asked more than their "
+        "weighted share in a window.[/]"
+    )
+
+
+# -- JSON -----------------------------------------------------------------------------------------
+
+
+def _clean(value: Any) -> Any:
+    """JSON has no infinity; round floats so the file stays readable."""
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            return None
+        return round(value, 6)
+    if isinstance(value, dict):
+        return {str(k): _clean(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_clean(v) for v in value]
+    return value
+
+
+def result_dict(result: ScenarioResult) -> dict[str, Any]:
+    runs: dict[str, Any] = {}
+    for name, run in result.runs.items():
+        metrics = asdict(run.metrics)
+        metrics["first_block_well_behaved_ms"] = run.metrics.first_block_well_behaved_ms
+        metrics["request_overshoot"] = request_overshoot(run)
+        runs[name] = {
+            "metrics": metrics,
+            "admissions": run.admissions,
+            "wall_s": run.wall_s,
+            "windows": [
+                {
+                    "index": w.index,
+                    "capacity": w.capacity,
+                    "jain": w.jain(),
+                    "demand": w.demand,
+                    "ideal": w.ideal,
+                    "admitted": w.admitted,
+                }
+                for w in run.windows
+            ],
+            "series": {
+                "hours": [round(t, 4) for t in run.times_h],
+                "usage": {k: [round(v, 2) for v in vs] for k, vs in run.usage.items()},
+            },
+        }
+    out: dict[str, Any] = {
+        "scenario": result.scenario.model_dump(mode="json"),
+        "seed": result.seed,
+        "driver": result.driver,
+        "windows": result.windows,
+        "capacity_per_window": result.capacity,
+        "weighted_shares": result.shares,
+        "policies": runs,
+    }
+    if "active" in result.runs:
+        out["active_targets"] = targets(result)
+    return _clean(out)  # type: ignore[no-any-return]
+
+
+def write_json(results: Sequence[ScenarioResult], path: Path) -> None:
+    doc = {
+        "targets": {
+            "jain": TARGET_JAIN,
+            "utilisation": TARGET_UTILISATION,
+            "request_overshoot": 0.0,
+        },
+        "scenarios": [result_dict(r) for r in results],
+    }
+    path.write_text(json.dumps(doc, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+# -- chart ----------------------------------------------------------------------------------------
+
+
+def write_chart(result: ScenarioResult, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sc = result.scenario
+    keys = [k.id for k in sc.keys]
+    colors = {k: plt.get_cmap("tab10")(i % 10) for i, k in enumerate(keys)}
+    policies = list(result.runs)
+    limit = sc.primary.limit * sc.pool.members
+    unit = f"{sc.primary.unit.value}/{sc.primary.window.value}"
+
+    fig = plt.figure(figsize=(13, 7.2), dpi=80)
+    grid = fig.add_gridspec(2, max(2, len(policies)), height_ratios=(1.15, 1), hspace=0.42)
+    top_axes: list[Any] = []
+    for i, name in enumerate(policies):
+        ax = fig.add_subplot(grid[0, i], sharey=top_axes[0] if top_axes else None)
+        top_axes.append(ax)
+        run = result.runs[name]
+        total = [sum(vals) for vals in zip(*run.usage.values(), strict=True)]
+        ax.plot(run.times_h, total, color="0.55", lw=1.2, label="pool")
+        for k in keys:
+            ax.plot(run.times_h, run.usage[k], color=colors[k], lw=1.4, label=k)
+        ax.axhline(limit, color="0.2", ls="--", lw=0.9)
+        m = run.metrics
+        ax.set_title(
+            f"{name}: Jain {m.jain:.3f}, util {m.utilisation:.1%}", fontsize=10, loc="left"
+        )
+        ax.set_xlabel("hours", fontsize=9)
+        if i == 0:
+            ax.set_ylabel(f"sliding use ({unit})", fontsize=9)
+        else:
+            ax.tick_params(labelleft=False)
+        ax.tick_params(labelsize=8)
+        ax.grid(alpha=0.25)
+    top_axes[0].legend(fontsize=7, loc="upper left", ncol=2, framealpha=0.8)
+    top_axes[0].set_ylim(0, limit * 1.12)
+
+    half = max(1, len(policies) // 2)
+    ax_ratio = fig.add_subplot(grid[1, :half])
+    width = 0.8 / max(1, len(keys))
+    for j, k in enumerate(keys):
+        xs = [i + (j - (len(keys) - 1) / 2) * width for i in range(len(policies))]
+        ys = [result.runs[p].metrics.ratio.get(k, math.nan) for p in policies]
+        ax_ratio.bar(xs, ys, width=width * 0.95, color=colors[k], label=k)
+    ax_ratio.axhline(1.0, color="0.2", ls="--", lw=0.9)
+    top = max([1.0, *(v for p in policies for v in result.runs[p].metrics.ratio.values())])
+    ax_ratio.set_ylim(0, top * 1.3)
+    ax_ratio.set_xticks(range(len(policies)), policies, fontsize=9)
+    ax_ratio.set_title(
+        "admitted ÷ ideal per key (1 = its max-min fair share)", fontsize=10, loc="left"
+    )
+    ax_ratio.tick_params(labelsize=8)
+    ax_ratio.legend(fontsize=7, ncol=len(keys), loc="upper center")
+    ax_ratio.grid(axis="y", alpha=0.25)
+
+    ax_fair = fig.add_subplot(grid[1, half:])
+    pos = list(range(len(policies)))
+    jain = [result.runs[p].metrics.jain for p in policies]
+    util = [result.runs[p].metrics.utilisation for p in policies]
+    ax_fair.bar([x - 0.2 for x in pos], jain, width=0.38, color="#4c72b0", label="Jain's index")
+    ax_fair.bar([x + 0.2 for x in pos], util, width=0.38, color="#55a868", label="utilisation")
+    for x, jv, uv in zip(pos, jain, util, strict=True):
+        ax_fair.text(x - 0.2, jv + 0.005, f"{jv:.3f}", ha="center", fontsize=7)
+        ax_fair.text(x + 0.2, uv + 0.005, f"{uv:.1%}", ha="center", fontsize=7)
+    ax_fair.axhline(TARGET_JAIN, color="0.2", ls="--", lw=0.9)
+    lo = min([*jain, *util, 0.9])
+    ax_fair.set_ylim(max(0.0, lo - 0.08), 1.0 + (1.0 - max(0.0, lo - 0.08)) * 0.22)
+    ax_fair.set_xticks(pos, policies, fontsize=9)
+    ax_fair.set_title("fairness and utilisation (target 0.99)", fontsize=10, loc="left")
+    ax_fair.tick_params(labelsize=8)
+    ax_fair.legend(fontsize=7, ncol=2, loc="upper center")
+    ax_fair.grid(axis="y", alpha=0.25)
+
+    fig.suptitle(
+        f"{sc.name}: {sc.description}  ({limit:g} {unit}, seed {result.seed}, {result.driver})",
+        fontsize=11,
+        x=0.01,
+        ha="left",
+    )
+    fig.savefig(path, format="png", dpi=80, bbox_inches="tight")
+    plt.close(fig)

@@ -1,0 +1,446 @@
+"""Scenario files: a pool, the keys that share it and how each key's demand moves over time.
+
+A scenario is YAML validated by pydantic, so a typo names its field instead of producing a
+silently wrong run. Rates are requests per hour (independent of the pool's window); durations
+are ``"30s"``, ``"15m"``, ``"6h"``, ``"2d"`` or a number of seconds. The first dimension of the
+pool is the one fairness and utilisation are measured on; the built-in scenarios make it the
+binding one.
+
+Example::
+
+    name: greedy
+    duration: 6h
+    tick: 30s
+    pool:
+      dimensions: [{unit: requests, window: hourly, limit: 600}]
+    keys:
+      - {id: hog, weight: 25, demand: {kind: greedy, factor: 10}}
+      - {id: app, weight: 25, demand: {kind: steady, rate: 100}}
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+from typing import Annotated, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from fairgate.quota.model import Allocation, Dimension, Policy, Pool, ShareMode
+from fairgate.quota.units import Unit, Window
+
+HOUR_MS = 3_600_000
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
+_UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": HOUR_MS, "d": 24 * HOUR_MS, None: 1000}
+
+
+class ScenarioError(ValueError):
+    """A scenario that cannot be run: unknown built-in, unreadable or invalid file."""
+
+
+def parse_duration_ms(value: object) -> int:
+    """``"90m"`` → 5,400,000. A bare number is seconds."""
+    if isinstance(value, bool):
+        raise ValueError("a duration must be a number of seconds or a string like '30s'")
+    if isinstance(value, int | float):
+        ms = float(value) * 1000
+    elif isinstance(value, str) and (m := _DURATION.match(value)):
+        ms = float(m.group(1)) * _UNIT_MS[m.group(2)]
+    else:
+        raise ValueError(f"not a duration: {value!r} (use e.g. 30s, 15m, 6h, 2d)")
+    if not math.isfinite(ms) or ms <= 0:
+        raise ValueError("a duration must be positive")
+    return round(ms)
+
+
+def _offset(value: object) -> int:
+    """Like a duration, but 0 is allowed (no offset)."""
+    if value in (0, "0", 0.0):
+        return 0
+    return parse_duration_ms(value)
+
+
+Duration = Annotated[int, Field(gt=0)]
+Offset = Annotated[int, Field(ge=0)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class _Timed(_Strict):
+    """Every pattern may start late and stop early (offsets from the start of the run)."""
+
+    start: Offset = 0
+    stop: Duration | None = None
+
+    @field_validator("start", mode="before")
+    @classmethod
+    def _start(cls, v: object) -> int:
+        return _offset(v)
+
+    @field_validator("stop", mode="before")
+    @classmethod
+    def _stop(cls, v: object) -> int | None:
+        return None if v is None else parse_duration_ms(v)
+
+
+class Steady(_Timed):
+    """Evenly spaced requests at ``rate`` per hour."""
+
+    kind: Literal["steady"] = "steady"
+    rate: float = Field(gt=0)
+
+
+class Bursty(_Timed):
+    """Random bursts averaging ``rate`` requests per hour, ``burst`` requests each on average."""
+
+    kind: Literal["bursty"] = "bursty"
+    rate: float = Field(gt=0)
+    burst: float = Field(default=20, ge=1)
+
+
+class OnOff(_Timed):
+    """``rate`` per hour for ``on``, nothing for ``off``, repeating; ``phase`` shifts the cycle."""
+
+    kind: Literal["on_off"] = "on_off"
+    rate: float = Field(gt=0)
+    on: Duration
+    off: Duration
+    phase: Offset = 0
+
+    @field_validator("on", "off", mode="before")
+    @classmethod
+    def _dur(cls, v: object) -> int:
+        return parse_duration_ms(v)
+
+    @field_validator("phase", mode="before")
+    @classmethod
+    def _phase(cls, v: object) -> int:
+        return _offset(v)
+
+
+class Greedy(_Timed):
+    """Asks ``factor`` times its weighted share of the pool's first dimension, steadily."""
+
+    kind: Literal["greedy"] = "greedy"
+    factor: float = Field(default=10, gt=0)
+
+
+class Late(_Timed):
+    """Steady at ``rate`` per hour from ``start`` on (a key that joins a busy pool)."""
+
+    kind: Literal["late"] = "late"
+    rate: float = Field(gt=0)
+
+    @model_validator(mode="after")
+    def _needs_start(self) -> Late:
+        if self.start <= 0:
+            raise ValueError("a late pattern needs a start > 0")
+        return self
+
+
+class Diurnal(_Timed):
+    """A daily cycle: ``rate × (1 + amplitude × sin(2π (t / period + phase)))`` per hour.
+
+    ``period`` defaults to the whole run (one compressed day); ``phase`` is a fraction of it.
+    """
+
+    kind: Literal["diurnal"] = "diurnal"
+    rate: float = Field(gt=0)
+    amplitude: float = Field(default=0.8, ge=0, le=1)
+    period: Duration | None = None
+    phase: float = 0.0
+
+    @field_validator("period", mode="before")
+    @classmethod
+    def _period(cls, v: object) -> int | None:
+        return None if v is None else parse_duration_ms(v)
+
+
+Pattern = Annotated[Steady | Bursty | OnOff | Greedy | Late | Diurnal, Field(discriminator="kind")]
+
+
+class Tokens(_Strict):
+    """Token sizes of a key's requests (log-normal around these means)."""
+
+    prompt: float = Field(default=600, gt=0)
+    completion: float = Field(default=250, gt=0)
+    max_tokens: int = Field(default=1024, gt=0)
+
+
+class Cap(_Strict):
+    value: float = Field(gt=0)
+    unit: Unit
+
+
+class KeySpec(_Strict):
+    id: Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")]
+    weight: float = Field(default=0, ge=0, le=100)
+    policy: Policy = Policy.HARD
+    cap: Cap | None = None
+    demand: Pattern
+    tokens: Tokens = Tokens()
+    #: a refused request is retried each tick until it is this old, then abandoned (a client's
+    #: timeout); and at most ``backlog`` requests wait at once (older ones are abandoned)
+    max_wait: Duration = 120_000
+    backlog: int = Field(default=200, ge=1)
+
+    @field_validator("max_wait", mode="before")
+    @classmethod
+    def _max_wait(cls, v: object) -> int:
+        return parse_duration_ms(v)
+
+    @field_validator("policy", mode="before")
+    @classmethod
+    def _policy(cls, v: object) -> object:
+        if isinstance(v, str) and v.strip().lower() not in {p.value for p in Policy}:
+            raise ValueError("policy must be hard, soft or burst")
+        return v
+
+
+class DimensionSpec(_Strict):
+    unit: Unit
+    window: Window
+    limit: float = Field(gt=0)
+
+    @field_validator("unit")
+    @classmethod
+    def _unit(cls, v: Unit) -> Unit:
+        # simulated requests carry a request count and token sizes, nothing priced or reported
+        if v not in (Unit.REQUESTS, Unit.TOKENS):
+            raise ValueError("the simulator models requests and tokens dimensions only")
+        return v
+
+
+class PoolSpec(_Strict):
+    dimensions: list[DimensionSpec] = Field(min_length=1)
+    members: int = Field(default=1, ge=1)
+    active_window: Duration = 15 * 60_000
+
+    @field_validator("active_window", mode="before")
+    @classmethod
+    def _aw(cls, v: object) -> int:
+        return parse_duration_ms(v)
+
+
+class Scenario(_Strict):
+    name: Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")]
+    description: str = ""
+    duration: Duration
+    tick: Duration = 30_000
+    pool: PoolSpec
+    keys: list[KeySpec] = Field(min_length=1)
+
+    @field_validator("duration", "tick", mode="before")
+    @classmethod
+    def _dur(cls, v: object) -> int:
+        return parse_duration_ms(v)
+
+    @model_validator(mode="after")
+    def _check(self) -> Scenario:
+        ids = [k.id for k in self.keys]
+        if len(set(ids)) != len(ids):
+            raise ValueError("key ids must be unique")
+        if self.tick > self.duration:
+            raise ValueError("tick must not be longer than the duration")
+        if self.duration // self.tick > 200_000:
+            raise ValueError("too many ticks (duration / tick > 200,000)")
+        keys = {(d.unit, d.window) for d in self.pool.dimensions}
+        if len(keys) != len(self.pool.dimensions):
+            raise ValueError("pool dimensions must differ in unit or window")
+        return self
+
+    # -- derived ----------------------------------------------------------------------------
+
+    @property
+    def primary(self) -> DimensionSpec:
+        """The dimension fairness and utilisation are measured on."""
+        return self.pool.dimensions[0]
+
+    @property
+    def ticks(self) -> int:
+        return max(1, self.duration // self.tick)
+
+    def weight_of(self, key_id: str) -> float:
+        """Weight in percent, with the pool rule: all weights 0 → 100/n each."""
+        if all(k.weight <= 0 for k in self.keys):
+            return 100.0 / len(self.keys)
+        return next(k.weight for k in self.keys if k.id == key_id)
+
+    def share_limit(self, key_id: str) -> float:
+        """The key's static weighted share of the primary dimension's (effective) limit."""
+        return self.primary.limit * self.pool.members * self.weight_of(key_id) / 100.0
+
+    def with_duration(self, duration_ms: int) -> Scenario:
+        return self.model_copy(update={"duration": duration_ms})
+
+    def to_pool(self, pool_id: str, mode: ShareMode) -> Pool:
+        return Pool(
+            id=pool_id,
+            name=self.name,
+            provider="sim",
+            connections=tuple(f"sim-{i}" for i in range(self.pool.members)),
+            dimensions=tuple(Dimension(d.unit, d.window, d.limit) for d in self.pool.dimensions),
+            allocations=tuple(
+                Allocation(
+                    k.id,
+                    k.weight,
+                    cap_value=k.cap.value if k.cap else None,
+                    cap_unit=k.cap.unit if k.cap else None,
+                    policy=k.policy,
+                )
+                for k in self.keys
+            ),
+            share_mode=mode,
+            active_window_ms=self.pool.active_window,
+        )
+
+
+# -- loading ------------------------------------------------------------------------------------
+
+
+def parse_scenario(data: object, source: str = "scenario") -> Scenario:
+    try:
+        return Scenario.model_validate(data)
+    except ValidationError as exc:
+        lines = [f"{source} is not a valid scenario:"]
+        for err in exc.errors():
+            where = ".".join(str(p) for p in err["loc"]) or "(top level)"
+            lines.append(f"  {where}: {err['msg']}")
+        raise ScenarioError("\n".join(lines)) from None
+
+
+def load_scenario(path: str | Path) -> Scenario:
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ScenarioError(f"cannot read {p}: {exc.strerror or exc}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ScenarioError(f"{p} is not valid YAML: {exc}") from None
+    return parse_scenario(data, str(p))
+
+
+# -- built-ins ------------------------------------------------------------------------------------
+
+#: One hour of 600 requests, keys weighted 40/30/20/10 (or equal), six hours, 30 s ticks: long
+#: enough for several windows, short enough to run every policy in seconds.
+_BASE_POOL = {
+    "dimensions": [
+        {"unit": "requests", "window": "hourly", "limit": 600},
+        {"unit": "tokens", "window": "hourly", "limit": 2_000_000},
+    ]
+}
+
+_BUILTIN_DATA: dict[str, dict[str, object]] = {
+    "steady": {
+        "description": "four keys at constant rates, two above their share and two below",
+        "duration": "6h",
+        "keys": [
+            {"id": "alpha", "weight": 40, "demand": {"kind": "steady", "rate": 400}},
+            {"id": "beta", "weight": 30, "demand": {"kind": "steady", "rate": 100}},
+            {"id": "gamma", "weight": 20, "demand": {"kind": "steady", "rate": 200}},
+            {
+                "id": "delta",
+                "weight": 10,
+                "cap": {"value": 40, "unit": "requests"},
+                "demand": {"kind": "steady", "rate": 30},
+            },
+        ],
+    },
+    "greedy": {
+        "description": "one key asks ten times its share; three well-behaved keys stay below",
+        "duration": "6h",
+        "keys": [
+            {"id": "hog", "weight": 25, "demand": {"kind": "greedy", "factor": 10}},
+            {"id": "app1", "weight": 25, "demand": {"kind": "steady", "rate": 100}},
+            {"id": "app2", "weight": 25, "demand": {"kind": "steady", "rate": 80}},
+            {"id": "app3", "weight": 25, "demand": {"kind": "steady", "rate": 120}},
+        ],
+    },
+    "bursty": {
+        "description": "two keys send random bursts beside a steady and a greedy key",
+        "duration": "6h",
+        "keys": [
+            {
+                "id": "batch",
+                "weight": 30,
+                "max_wait": "15m",
+                "demand": {"kind": "bursty", "rate": 240, "burst": 30},
+            },
+            {
+                "id": "jobs",
+                "weight": 20,
+                "max_wait": "15m",
+                "demand": {"kind": "bursty", "rate": 90, "burst": 15},
+            },
+            {"id": "web", "weight": 30, "demand": {"kind": "steady", "rate": 150}},
+            {"id": "crawler", "weight": 20, "demand": {"kind": "greedy", "factor": 5}},
+        ],
+    },
+    "on-off": {
+        "description": "keys switch on and off for hours at a time, out of phase",
+        "duration": "8h",
+        "keys": [
+            {
+                "id": "east",
+                "weight": 30,
+                "demand": {"kind": "on_off", "rate": 500, "on": "2h", "off": "2h"},
+            },
+            {
+                "id": "west",
+                "weight": 30,
+                "demand": {"kind": "on_off", "rate": 500, "on": "2h", "off": "2h", "phase": "2h"},
+            },
+            {"id": "ops", "weight": 20, "demand": {"kind": "steady", "rate": 150}},
+            {"id": "etl", "weight": 20, "demand": {"kind": "greedy", "factor": 4}},
+        ],
+    },
+    "late-arrival": {
+        "description": "three keys fill the pool; a fourth joins after two hours",
+        "duration": "6h",
+        "keys": [
+            {"id": "first", "weight": 25, "demand": {"kind": "greedy", "factor": 3}},
+            {"id": "second", "weight": 25, "demand": {"kind": "greedy", "factor": 3}},
+            {"id": "third", "weight": 25, "demand": {"kind": "steady", "rate": 100}},
+            {
+                "id": "newcomer",
+                "weight": 25,
+                "demand": {"kind": "late", "rate": 400, "start": "2h"},
+            },
+        ],
+    },
+    "diurnal": {
+        "description": "a compressed day: demand swells and ebbs, peaks in different time zones",
+        "duration": "8h",
+        "keys": [
+            {"id": "emea", "weight": 35, "demand": {"kind": "diurnal", "rate": 260, "phase": 0}},
+            {"id": "amer", "weight": 35, "demand": {"kind": "diurnal", "rate": 260, "phase": 0.33}},
+            {"id": "apac", "weight": 20, "demand": {"kind": "diurnal", "rate": 150, "phase": 0.66}},
+            {"id": "cron", "weight": 10, "demand": {"kind": "steady", "rate": 40}},
+        ],
+    },
+}
+
+
+def builtin_names() -> tuple[str, ...]:
+    return tuple(_BUILTIN_DATA)
+
+
+def builtin(name: str) -> Scenario:
+    data = _BUILTIN_DATA.get(name)
+    if data is None:
+        known = ", ".join(builtin_names())
+        raise ScenarioError(f"unknown built-in scenario {name!r} (known: {known})")
+    full: dict[str, object] = {"name": name, "tick": "30s", "pool": _BASE_POOL, **data}
+    return parse_scenario(full, f"built-in {name}")
+
+
+def builtins() -> tuple[Scenario, ...]:
+    return tuple(builtin(n) for n in builtin_names())

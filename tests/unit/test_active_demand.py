@@ -1,0 +1,94 @@
+"""Active share mode, demand-bounded water-filling: the pure rules behind the engine's refresh."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from fairgate.quota.decision import (
+    active_fair_share,
+    active_levels,
+    demand_bounds,
+    demand_rate,
+)
+from fairgate.quota.model import Allocation, Dimension, Pool, ShareMode
+from fairgate.quota.units import Unit, Window
+from fairgate.quota.window import Count
+
+HOUR = 3_600_000
+T = 1_700_002_800_000  # hour-aligned
+DIM = "requests/hourly"
+
+
+def _pool(*allocs: Allocation, limit: float = 300) -> Pool:
+    return Pool(
+        id="p",
+        name="p",
+        provider="mock",
+        connections=("c",),
+        dimensions=(Dimension(Unit.REQUESTS, Window.HOURLY, limit),),
+        allocations=allocs,
+        share_mode=ShareMode.ACTIVE,
+    )
+
+
+ABC = _pool(Allocation("a", 1), Allocation("b", 1), Allocation("c", 1))
+
+
+def test_worked_example_satisfied_keys_leave_their_share_to_the_refused_one() -> None:
+    # B and C used 50 each over the last hour (in the previous bucket, at the top of the hour)
+    used = {k: {DIM: Count(prev=50, curr=0)} for k in ("b", "c")}
+    used["a"] = {DIM: Count(prev=100, curr=0)}
+    ages = dict.fromkeys("abc", 2 * HOUR)
+    bounds = demand_bounds(ABC, ["a", "b", "c"], used, T, ages, pressed={"a"})
+    assert bounds == {"b": {DIM: 50}, "c": {DIM: 50}}
+    levels = active_levels(ABC, ["a", "b", "c"], bounds)
+    assert levels[DIM] == 200  # A may use 200, not its plain 100
+    assert active_fair_share(ABC, "a", ABC.dimensions[0], ["b", "c"], bounds) == 200
+    # without bounds: the plain weighted shares
+    assert active_levels(ABC, ["a", "b", "c"])[DIM] == 100
+
+
+def test_a_pressed_key_is_unbounded_and_gets_its_max_min_share_back() -> None:
+    used = {k: {DIM: Count(prev=50, curr=0)} for k in ("b", "c")}
+    ages = dict.fromkeys("abc", 2 * HOUR)
+    bounds = demand_bounds(ABC, ["a", "b", "c"], used, T, ages, pressed={"a", "b"})
+    assert bounds == {"c": {DIM: 50}}
+    assert active_levels(ABC, ["a", "b", "c"], bounds)[DIM] == 125
+
+
+def test_bounds_never_lower_a_keys_own_share() -> None:
+    # B is bounded at 50, but its own share is still λ × weight: it is never refused for
+    # asking more than its estimate, only by the ceiling
+    bounds = {"b": {DIM: 50.0}}
+    assert active_fair_share(ABC, "b", ABC.dimensions[0], ["a", "c"], bounds) == 125
+
+
+def test_a_cap_still_bounds_a_key_whose_estimate_is_higher() -> None:
+    pool = _pool(Allocation("a", 1), Allocation("b", 1, cap_value=10, cap_unit=Unit.REQUESTS))
+    assert active_levels(pool, ["a", "b"], {"b": {DIM: 80.0}})[DIM] == 290
+
+
+def test_demand_rate_of_a_key_seen_for_a_whole_window_is_its_sliding_count() -> None:
+    # at 10 minutes past: 60 × 5/6 + 10 = 60
+    assert demand_rate(Count(60, 10), T + HOUR // 6, HOUR, 3 * HOUR) == pytest.approx(60)
+
+
+def test_demand_rate_projects_a_young_key_over_the_window() -> None:
+    # 10 requests in its first 10 minutes: 60 per hour, not 10
+    assert demand_rate(Count(0, 10), T + HOUR // 6, HOUR, HOUR // 6) == pytest.approx(60)
+    assert math.isinf(demand_rate(Count(0, 1), T + 1000, HOUR, 0))
+
+
+def test_demand_rate_follows_a_falling_rate_within_the_bucket() -> None:
+    # half past: 300 in the previous hour, 90 since the hour began → 180 per hour, not 240
+    assert demand_rate(Count(300, 90), T + HOUR // 2, HOUR, 5 * HOUR) == pytest.approx(180)
+    # earlier than a quarter in, the bucket is too short to judge: the sliding count stands
+    assert demand_rate(Count(300, 10), T + HOUR // 10, HOUR, 5 * HOUR) == pytest.approx(280)
+
+
+def test_keys_without_counts_or_allocation_are_left_unbounded() -> None:
+    used = {"zz": {DIM: Count(0, 5)}, "b": {}}
+    ages = {"zz": HOUR, "b": HOUR}
+    assert demand_bounds(ABC, ["zz", "b"], used, T, ages) == {}

@@ -1,0 +1,147 @@
+"""The Metrics object on its own: its own registry, bounded labels, the resilience gauges from the
+health source, and an exposition that the Prometheus parser reads back."""
+
+from __future__ import annotations
+
+import time
+from types import SimpleNamespace
+from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
+from starlette.responses import Response
+
+from fairgate.quota.decision import Outcome, Reason
+from fairgate.quota.engine import Admission
+from fairgate.registry import ClientKey, Connection, Registry
+from fairgate.server.metrics import Metrics, ResilienceGauges, gauges_from_snapshot
+
+REG = Registry.build(
+    [
+        Connection("c1", "mock", "http://x/v1", "s", models=("gpt-4o-mini",)),
+        Connection("c2", "kimi", "http://x/v1", "s"),  # serves any model: not a label source
+    ],
+    [],
+    [],
+)
+KEY = ClientKey("alice", "Alice", "0" * 64, "fg-abcd")
+
+
+def samples(m: Metrics) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    out = {}
+    for fam in text_string_to_metric_families(m.render().decode()):
+        for s in fam.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def test_each_metrics_object_has_its_own_registry() -> None:
+    a, b = Metrics(), Metrics()
+    a.observe_admission(Admission(Outcome.ALLOW))
+    assert samples(a)[("fairgate_admissions_total", (("outcome", "allow"), ("reason", "none")))]
+    assert ("fairgate_admissions_total", (("outcome", "allow"), ("reason", "none"))) not in (
+        samples(b)
+    )
+
+
+def test_model_labels_are_bounded_by_configuration() -> None:
+    m = Metrics()
+    assert m.model_label(REG, "gpt-4o-mini") == "gpt-4o-mini"
+    assert m.model_label(REG, "mock/gpt-4o-mini") == "mock/gpt-4o-mini"
+    assert m.model_label(REG, "kimi/anything-a-client-types") == "other"
+    assert m.model_label(REG, "x" * 500) == "other"
+    assert m.model_label(REG, None) == "none"
+    assert m.model_label(REG, 42) == "none"
+
+
+def test_request_counter_and_histograms_from_the_response() -> None:
+    m = Metrics()
+    ok = Response(b"{}", headers={"x-fairgate-connection": "c1", "x-fairgate-overhead-ms": "0.5"})
+    t0 = time.perf_counter() - 0.02
+    m.observe_request(REG, KEY, {"model": "gpt-4o-mini"}, ok, t0)
+    m.observe_request(REG, None, None, Response(b"", status_code=401), time.perf_counter())
+    m.observe_admission(Admission(Outcome.BLOCK, Reason.FAIR_SHARE))
+    m.observe_admission(Admission(Outcome.ALLOW, fail_open=True))
+    got = samples(m)
+    labels = (("connection", "c1"), ("key", "alice"), ("model", "gpt-4o-mini"), ("status", "200"))
+    assert got[("fairgate_requests_total", labels)] == 1
+    unauth = (("connection", "none"), ("key", "none"), ("model", "none"), ("status", "401"))
+    assert got[("fairgate_requests_total", unauth)] == 1
+    assert got[("fairgate_overhead_seconds_count", ())] == 1
+    assert got[("fairgate_overhead_seconds_sum", ())] == 0.0005
+    assert got[("fairgate_upstream_latency_seconds_count", ())] == 1
+    assert got[("fairgate_upstream_latency_seconds_sum", ())] >= 0.019
+    assert got[("fairgate_admissions_total", (("outcome", "block"), ("reason", "fair-share")))]
+    assert got[("fairgate_fail_open_total", ())] == 1
+
+
+class _Store:
+    async def ping(self) -> bool:
+        return True
+
+
+def fake_gateway(resilience: Any = None) -> Any:
+    """What ``Metrics.refresh`` reads of a Gateway, with no pool (no store I/O)."""
+    return SimpleNamespace(
+        registry=REG,
+        engine=SimpleNamespace(store=_Store()),
+        store_choice=SimpleNamespace(driver="sqlite"),
+        resilience=resilience,
+    )
+
+
+async def test_resilience_gauges_come_from_the_health_source() -> None:
+    m = Metrics()
+    await m.refresh(fake_gateway())
+    assert not any(k[0].startswith("fairgate_breaker") for k in samples(m))
+    assert samples(m)[("fairgate_quota_store_up", (("driver", "sqlite"),))] == 1
+    m.set_health_source(
+        lambda: ResilienceGauges(
+            breakers={"openai": "open", "c1": "closed"},
+            cooldowns={"c1": 12.5},
+            lockouts={("c1", "gpt-4o-mini"): 30.0},
+        )
+    )
+    await m.refresh(fake_gateway(), inflight=3)
+    got = samples(m)
+    assert got[("fairgate_breaker_state", (("state", "open"), ("target", "openai")))] == 1
+    assert got[("fairgate_breaker_state", (("state", "closed"), ("target", "openai")))] == 0
+    assert got[("fairgate_breaker_state", (("state", "closed"), ("target", "c1")))] == 1
+    assert got[("fairgate_cooldown_seconds", (("connection", "c1"),))] == 12.5
+    assert got[("fairgate_lockout_seconds", (("connection", "c1"), ("model", "gpt-4o-mini")))] == 30
+    assert got[("fairgate_inflight_requests", ())] == 3
+
+
+async def test_without_a_source_the_resilience_manager_snapshot_is_read() -> None:
+    class Manager:
+        async def snapshot(self) -> dict[str, Any]:
+            return {
+                "breakers": {"mock": {"state": "half_open", "remaining_ms": 0}},
+                "cooldowns": [{"connection_id": "c1", "remaining_ms": 4000, "level": 1}],
+                "lockouts": [{"connection_id": "c1", "model": "m", "remaining_ms": 1500}],
+                "permanent": [],
+            }
+
+    m = Metrics()
+    await m.refresh(fake_gateway(Manager()))
+    got = samples(m)
+    assert got[("fairgate_breaker_state", (("state", "half_open"), ("target", "mock")))] == 1
+    assert got[("fairgate_cooldown_seconds", (("connection", "c1"),))] == 4
+    assert got[("fairgate_lockout_seconds", (("connection", "c1"), ("model", "m")))] == 1.5
+
+
+def test_gauges_from_a_malformed_snapshot_skip_what_they_cannot_read() -> None:
+    g = gauges_from_snapshot({"breakers": {"x": "open"}, "cooldowns": [1, {"remaining_ms": "x"}]})
+    assert g == ResilienceGauges()
+
+
+async def test_a_broken_health_source_does_not_break_the_scrape() -> None:
+    m = Metrics()
+
+    def broken() -> ResilienceGauges:
+        raise RuntimeError("manager gone")
+
+    m.set_health_source(broken)
+    await m.refresh(fake_gateway())
+    got = samples(m)
+    assert ("fairgate_fail_open_total", ()) in got
+    assert not any(k[0].startswith("fairgate_breaker") for k in got)

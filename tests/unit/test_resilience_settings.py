@@ -1,0 +1,81 @@
+"""Resilience settings: SPEC §9 defaults, DB > env > default, per-provider overrides."""
+
+from __future__ import annotations
+
+import json
+
+from fairgate.resilience.breaker import BreakerConfig
+from fairgate.resilience.settings import ResilienceSettings
+
+
+def test_defaults_are_the_spec() -> None:
+    s = ResilienceSettings.from_sources({})
+    assert s == ResilienceSettings()
+    assert (s.breaker_threshold, s.breaker_min_requests, s.breaker_window_ms) == (0.5, 5, 60_000)
+    assert (s.oauth_base_cooldown_ms, s.apikey_base_cooldown_ms, s.max_cooldown_ms) == (
+        5_000,
+        3_000,
+        300_000,
+    )
+    assert s.breaker_config() == BreakerConfig()
+
+
+def test_env_names() -> None:
+    env = {
+        "RESILIENCE_BREAKER_THRESHOLD": "0.75",
+        "RESILIENCE_BREAKER_MIN_REQUESTS": "10",
+        "RESILIENCE_BREAKER_WINDOW_MS": "120000",
+        "RESILIENCE_BREAKER_COOLDOWN_MS": "15000",
+        "RESILIENCE_OAUTH_BASE_COOLDOWN_MS": "7000",
+        "RESILIENCE_APIKEY_BASE_COOLDOWN_MS": "2000",
+        "RESILIENCE_MAX_COOLDOWN_MS": "600000",
+        "RESILIENCE_BREAKER_COUNTS_RATE_LIMITS": "true",
+    }
+    s = ResilienceSettings.from_sources(env)
+    assert s.breaker_threshold == 0.75
+    assert s.breaker_min_requests == 10
+    assert isinstance(s.breaker_min_requests, int)
+    assert s.breaker_window_ms == 120_000
+    assert s.breaker_cooldown_ms == 15_000
+    assert s.oauth_base_cooldown_ms == 7_000
+    assert s.apikey_base_cooldown_ms == 2_000
+    assert s.max_cooldown_ms == 600_000
+    assert s.breaker_counts_rate_limits is True
+
+
+def test_db_wins_over_env_and_bad_values_fall_through() -> None:
+    env = {"RESILIENCE_BREAKER_THRESHOLD": "0.6", "RESILIENCE_MAX_COOLDOWN_MS": "120000"}
+    db = {"resilience.breakerThreshold": "0.9", "resilience.maxCooldownMs": "not a number"}
+    s = ResilienceSettings.from_sources(env, db)
+    assert s.breaker_threshold == 0.9
+    assert s.max_cooldown_ms == 120_000
+
+
+def test_out_of_range_values_are_ignored() -> None:
+    env = {
+        "RESILIENCE_BREAKER_THRESHOLD": "1.5",
+        "RESILIENCE_BREAKER_MIN_REQUESTS": "0",
+        "RESILIENCE_WARN_FRACTION": "nan",
+        "RESILIENCE_BREAKER_COUNTS_RATE_LIMITS": "perhaps",
+    }
+    assert ResilienceSettings.from_sources(env) == ResilienceSettings()
+
+
+def test_per_provider_overrides_from_config_and_db() -> None:
+    overrides = {
+        "anthropic": {"breaker_cooldown_ms": 60_000, "apikeyBaseCooldownMs": 1_000},
+        "glm": {"unknown_field": 1, "breaker_threshold": 7},
+    }
+    db = {"resilience.providers": json.dumps({"anthropic": {"breakerCooldownMs": 90_000}})}
+    s = ResilienceSettings.from_sources({}, db, overrides)
+    a = s.for_provider("anthropic")
+    assert a.breaker_cooldown_ms == 90_000  # the DB wins
+    assert a.apikey_base_cooldown_ms == 1_000
+    assert a.breaker_config().cooldown_ms == 90_000
+    assert s.for_provider("glm") == s  # nothing valid to apply
+    assert s.for_provider("openai") is s
+
+
+def test_broken_providers_json_is_ignored() -> None:
+    s = ResilienceSettings.from_sources({}, {"resilience.providers": "{not json"})
+    assert s.providers == {}

@@ -1,0 +1,89 @@
+"""The ideal the simulator measures against: weighted max-min fairness, on hand-worked cases."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from fairgate.quota.decision import water_fill_level
+from fairgate.sim.ideal import max_min_fair, water_level
+
+
+def test_equal_weights_unbounded_demand_split_equally() -> None:
+    assert max_min_fair(300, [1, 1, 1], [1000, 1000, 1000]) == [100, 100, 100]
+
+
+def test_weights_split_in_proportion() -> None:
+    # 1:3 of 100 → 25 and 75
+    assert max_min_fair(100, [1, 3], [500, 500]) == [25, 75]
+
+
+def test_worked_example_from_the_module_docstring() -> None:
+    # capacity 600, weights 40/30/20/10, demands 400/100/200/30: the 30- and 10-weight keys want
+    # less than their shares (180, 60) and are satisfied; the 470 left is split 40:20 between the
+    # other two (λ = 470 / 60): 313.33 and 156.67, both below what they asked.
+    alloc = max_min_fair(600, [40, 30, 20, 10], [400, 100, 200, 30])
+    assert alloc == pytest.approx([470 * 40 / 60, 100, 470 * 20 / 60, 30])
+    assert sum(alloc) == pytest.approx(600)
+
+
+def test_demand_below_share_is_met_and_surplus_flows_to_the_others() -> None:
+    # equal weights, 300: shares 100 each; B and C want 50, so A gets 200 (not 100)
+    assert max_min_fair(300, [1, 1, 1], [1000, 50, 50]) == [200, 50, 50]
+
+
+def test_everyone_below_capacity_gets_their_demand() -> None:
+    assert max_min_fair(600, [50, 30, 20], [100, 80, 20]) == [100, 80, 20]
+
+
+def test_cascading_satisfaction() -> None:
+    # weights 1/1/1/1, capacity 100: D wants 10 → satisfied; level (90/3 = 30): C wants 25 →
+    # satisfied; level (65/2 = 32.5): A and B get 32.5 each
+    assert max_min_fair(100, [1, 1, 1, 1], [80, 90, 25, 10]) == pytest.approx([32.5, 32.5, 25, 10])
+
+
+def test_zero_weight_keys_only_get_leftovers() -> None:
+    assert max_min_fair(100, [50, 0], [30, 100]) == [30, 70]
+    assert max_min_fair(100, [50, 0], [300, 100]) == [100, 0]
+
+
+def test_no_demand_no_capacity() -> None:
+    assert max_min_fair(0, [1, 1], [5, 5]) == [0, 0]
+    assert max_min_fair(10, [1, 1], [0, 0]) == [0, 0]
+    assert max_min_fair(10, [], []) == []
+    with pytest.raises(ValueError, match="same length"):
+        max_min_fair(10, [1], [1, 2])
+
+
+def test_water_level() -> None:
+    assert water_level(300, [1, 1, 1], [1000, 50, 50]) == 200
+    assert math.isinf(water_level(300, [1, 1], [10, 10]))
+
+
+@given(
+    capacity=st.floats(0, 1e6),
+    members=st.lists(st.tuples(st.floats(0.5, 100), st.floats(0, 1e5)), min_size=1, max_size=8),
+)
+def test_max_min_properties(capacity: float, members: list[tuple[float, float]]) -> None:
+    weights = [w for w, _ in members]
+    demands = [d for _, d in members]
+    alloc = max_min_fair(capacity, weights, demands)
+    # feasible and work-conserving: nobody above its demand, capacity used up to total demand
+    assert all(a <= d * (1 + 1e-9) + 1e-9 for a, d in zip(alloc, demands, strict=True))
+    assert sum(alloc) == pytest.approx(min(capacity, sum(demands)), rel=1e-9, abs=1e-6)
+    # max-min: a key left short sits at the highest level of anyone (per unit of weight)
+    short = [a / w for a, w, d in zip(alloc, weights, demands, strict=True) if a < d - 1e-6]
+    if short:
+        top = max(a / w for a, w in zip(alloc, weights, strict=True))
+        assert all(s == pytest.approx(top, rel=1e-9) for s in short)
+
+
+def test_agrees_with_the_engines_water_filling() -> None:
+    # the engine's level (demand bounds as members) gives the same shares as the exact ideal
+    weights, demands = [40, 30, 20, 10], [400, 100, 200, 30]
+    level = water_fill_level(600, list(zip(weights, demands, strict=True)))
+    engine_alloc = [min(d, level * w) for w, d in zip(weights, demands, strict=True)]
+    assert engine_alloc == pytest.approx(max_min_fair(600, weights, demands))
