@@ -27,8 +27,14 @@ ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
 def mock_b(tmp_path: Path) -> Iterator[Proc]:
     """A second, healthy upstream (the module's ``mock_upstream`` plays the faulty one)."""
     port = free_port()
-    p = Proc(spawn(["mock-upstream", "--port", str(port), "--secret", UPSTREAM_SECRET],
-                   tmp_path / "mock-b.log"), f"http://127.0.0.1:{port}", tmp_path / "mock-b.log")
+    p = Proc(
+        spawn(
+            ["mock-upstream", "--port", str(port), "--secret", UPSTREAM_SECRET],
+            tmp_path / "mock-b.log",
+        ),
+        f"http://127.0.0.1:{port}",
+        tmp_path / "mock-b.log",
+    )
     wait_ready(p, "/_mock/stats")
     yield p
     p.stop()
@@ -49,8 +55,11 @@ def chat(gw: Proc, secret: str) -> httpx.Response:
     return httpx.post(
         gw.url + "/v1/chat/completions",
         headers={"Authorization": f"Bearer {secret}"},
-        json={"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "x"}],
-              "max_tokens": 3},
+        json={
+            "model": "gpt-4o-mini",
+            "messages": [{"role": "user", "content": "x"}],
+            "max_tokens": 3,
+        },
         timeout=10,
     )
 
@@ -81,8 +90,11 @@ def test_429_puts_connection_in_cooldown_and_traffic_falls_over(
         assert (r.status_code, r.headers["x-fairgate-connection"]) == (200, "conn-b")
     assert count(mock_a) == 1
     health = httpx.get(gw.url + "/api/monitoring/health", headers=ADMIN).json()
-    cooling = [c for c in health["resilience"]["cooldowns"] if c.get("connection_id") == "conn-a"
-               or "conn-a" in str(c)]
+    cooling = [
+        c
+        for c in health["resilience"]["cooldowns"]
+        if c.get("connection_id") == "conn-a" or "conn-a" in str(c)
+    ]
     assert cooling
     time.sleep(2.2)
     back = chat(gw, secret)
@@ -102,14 +114,18 @@ def test_all_cooling_down_is_429_with_earliest_retry_after_and_diagnostics(
     body = first.json()
     assert body["diagnostics"]["terminalReason"] == "upstream_failed"
     assert [a["target"] for a in body["diagnostics"]["attempted"]] == [
-        "mock/gpt-4o-mini@conn-a", "mock/gpt-4o-mini@conn-b"]
+        "mock/gpt-4o-mini@conn-a",
+        "mock/gpt-4o-mini@conn-b",
+    ]
     second = chat(gw, secret)  # now both are cooling down: nothing is sent anywhere
     assert second.status_code == 429
     assert 1 <= int(second.headers["retry-after"]) <= 3  # the earliest to free (conn-b)
     diag = second.json()["diagnostics"]
     assert diag["terminalReason"] == "all_rate_limited"
     assert {e["target"] for e in diag["excluded"]} == {
-        "mock/gpt-4o-mini@conn-a", "mock/gpt-4o-mini@conn-b"}
+        "mock/gpt-4o-mini@conn-a",
+        "mock/gpt-4o-mini@conn-b",
+    }
     assert diag["recoveryHint"]["retry_after_seconds"] >= 1
     assert second.headers["x-fairgate-combo-terminal"] == "all_rate_limited"
     assert "Traceback" not in second.text
@@ -149,12 +165,53 @@ def test_restart_keeps_cooldowns_and_permanent_blocks_until_an_admin_clears_them
     assert count(mock_a) == 1  # the permanent block survived the restart
     health = httpx.get(again.url + "/api/monitoring/health", headers=ADMIN).json()
     assert health["resilience"]["permanent"]
-    r = httpx.delete(again.url + "/api/resilience/permanent",
-                     params={"connectionId": "conn-a"}, headers=ADMIN)
+    r = httpx.delete(
+        again.url + "/api/resilience/permanent", params={"connectionId": "conn-a"}, headers=ADMIN
+    )
     assert r.status_code == 204
     assert chat(again, secret).headers["x-fairgate-connection"] == "conn-a"
-    r = httpx.delete(again.url + "/api/resilience/permanent",
-                     params={"connectionId": "conn-a"}, headers=ADMIN)
+    r = httpx.delete(
+        again.url + "/api/resilience/permanent", params={"connectionId": "conn-a"}, headers=ADMIN
+    )
     assert r.status_code == 404
     r = httpx.delete(again.url + "/api/resilience/lockout", headers=ADMIN)
     assert r.status_code == 422
+    # a timed cooldown survives a restart too
+    httpx.post(mock_a.url + "/_mock/schedule", json={"faults": ["429:30"]})
+    assert chat(again, secret).headers["x-fairgate-connection"] == "conn-b"
+    seen = count(mock_a)
+    again.stop()
+    third = start_gateway(cfg, data_dir=gw.data_dir)
+    assert chat(third, secret).headers["x-fairgate-connection"] == "conn-b"
+    assert count(mock_a) == seen
+
+
+def test_resilience_settings_through_the_admin_api(
+    mock_a: Proc, mock_b: Proc, start_gateway: GatewayFactory
+) -> None:
+    secret = new_secret()
+    gw = start_gateway(
+        two_upstreams(mock_a.url, mock_b.url, secret),
+        extra_env={"RESILIENCE_BREAKER_MIN_REQUESTS": "7"},
+    )
+    url = gw.url + "/api/resilience/settings"
+    current = httpx.get(url, headers=ADMIN).json()["settings"]
+    assert current["breaker_min_requests"] == 7  # from the environment
+    r = httpx.put(
+        url,
+        headers=ADMIN,
+        json={
+            "settings": {"breakerMinRequests": 9},
+            "providers": {"mock": {"apikeyBaseCooldownMs": 500}},
+        },
+    )
+    assert r.status_code == 200
+    assert r.json()["settings"]["breaker_min_requests"] == 9  # the DB setting wins over env
+    assert r.json()["settings"]["providers"]["mock"]["apikey_base_cooldown_ms"] == 500
+    bad = httpx.put(url, headers=ADMIN, json={"settings": {"breakerThreshold": 7, "noSuchKnob": 1}})
+    assert bad.status_code == 422
+    fields = {f["field"] for f in bad.json()["error"]["fields"]}
+    assert fields == {"settings.breakerThreshold", "settings.noSuchKnob"}
+    after = httpx.get(url, headers=ADMIN).json()["settings"]
+    assert after["breaker_min_requests"] == 9  # the rejected request changed nothing
+    assert httpx.put(url, json={"settings": {}}).status_code == 401

@@ -201,3 +201,18 @@ def _valid(overrides: Mapping[str, Any]) -> dict[str, Any]:
         if parsed is not None:
             out[name] = _typed(name, parsed)
     return out
+
+
+def knob_names() -> tuple[str, ...]:
+    """The camelCase names the admin API and DB settings use (``resilience.<name>``)."""
+    return tuple(_camel(n) for n in (*_RANGES, *_BOOLS))
+
+
+def parse_knob(camel_name: str, raw: object) -> float | bool | None:
+    """A knob's value from ``raw``, or None when the name is unknown or the value unusable
+    (out of range, wrong type): the admin API turns None into a 422 naming the field."""
+    name = _snake(camel_name)
+    if name not in _RANGES and name not in _BOOLS:
+        return None
+    parsed = _parse(name, raw)
+    return None if parsed is None else _typed(name, parsed)

@@ -7,10 +7,15 @@ expire by themselves; clearing them is for "I fixed it, try now".
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from typing import Any, Literal
 
 from fastapi import APIRouter, Query, Response
+from pydantic import BaseModel, Field
 
+from fairgate.db.settings import SettingsRepo
+from fairgate.resilience.settings import ResilienceSettings, knob_names, parse_knob
 from fairgate.server.admin_common import ERROR_RESPONSES, GW, AdminError
 
 router = APIRouter(responses=ERROR_RESPONSES)
@@ -65,3 +70,49 @@ async def clear(
     if not cleared:
         raise AdminError(404, f"no {kind} to clear for {given}")
     return Response(status_code=204)
+
+
+class ResilienceSettingsIn(BaseModel):
+    """Knobs by camelCase name (``breakerThreshold``, ``apikeyBaseCooldownMs``, ...) and
+    per-provider overrides of the same knobs. A null value removes the DB setting."""
+
+    settings: dict[str, float | bool | None] = Field(default_factory=dict)
+    providers: dict[str, dict[str, float | bool]] | None = None
+
+
+def _effective(gw: Any) -> dict[str, Any]:
+    mgr = gw.resilience
+    current = mgr.settings if mgr is not None else ResilienceSettings()
+    return {"settings": dataclasses.asdict(current), "knobs": list(knob_names())}
+
+
+@router.get("/resilience/settings", tags=["monitoring"])
+async def get_settings(gw: GW) -> dict[str, Any]:
+    return _effective(gw)
+
+
+@router.put("/resilience/settings", tags=["monitoring"])
+async def put_settings(body: ResilienceSettingsIn, gw: GW) -> dict[str, Any]:
+    """Validate everything first (422 naming each bad field, nothing written), then store in
+    the DB settings (which win over ``RESILIENCE_*`` env) and apply without a restart."""
+    problems: list[tuple[str, str]] = []
+    for name, raw in body.settings.items():
+        if raw is not None and parse_knob(name, raw) is None:
+            problems.append((f"settings.{name}", "unknown knob or value out of range"))
+    for provider, knobs in (body.providers or {}).items():
+        for name, raw in knobs.items():
+            if parse_knob(name, raw) is None:
+                problems.append((f"providers.{provider}.{name}", "unknown knob or bad value"))
+    if problems:
+        raise AdminError(422, "invalid resilience settings", problems)
+    repo = SettingsRepo(gw.db)
+    for name, raw in body.settings.items():
+        if raw is None:
+            repo.delete(f"resilience.{name}")
+        else:
+            repo.set(f"resilience.{name}", json.dumps(raw))
+    if body.providers is not None:
+        repo.set("resilience.providers", json.dumps(body.providers))
+    if gw.resilience is not None:
+        gw.resilience.update_settings(ResilienceSettings.from_sources(gw.env, repo.all()))
+    return _effective(gw)
