@@ -135,25 +135,30 @@ async def cleanup(url: str, prefix: str) -> None:
     await r.aclose()
 
 
-async def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--quick", action="store_true", help="fewer ops and keys (a smoke run)")
-    args = ap.parse_args()
-    sizes = [10, 1000, 10_000] if args.quick else [10, 1000, 100_000]
-    ops = 500 if args.quick else 3000
-    url = os.environ.get("FAIRGATE_TEST_REDIS_URL") or "redis://127.0.0.1:6379/0"
-    prefix = f"fgbench:{uuid.uuid4().hex[:8]}"
-    have_redis = True
+Row = tuple[str, int, float, float]  # (path, keys, mean µs, p99 µs or nan)
+
+
+async def redis_available(url: str) -> bool:
     try:
         from fairgate.store.redis import RedisQuotaStore
 
-        probe = RedisQuotaStore(url, prefix=prefix)
-        have_redis = await probe.ping()
+        probe = RedisQuotaStore(url, prefix=f"fgbench:{uuid.uuid4().hex[:8]}")
+        ok = await probe.ping()
         await probe.close()
     except Exception:
-        have_redis = False
+        return False
+    return bool(ok)
 
-    rows: list[tuple[str, int, float, float]] = []
+
+async def measure(
+    sizes: list[int], ops: int, url: str, progress: bool = True
+) -> tuple[list[Row], tuple[float, float] | None]:
+    """Every row of the table, and Redis round trips per admit (None: Redis not reachable).
+
+    Callable from ``benchmarks/run_all.py``; nothing is printed but progress."""
+    prefix = f"fgbench:{uuid.uuid4().hex[:8]}"
+    have_redis = await redis_available(url)
+    rows: list[Row] = []
     with tempfile.TemporaryDirectory() as tmp:
         for n in sizes:
             pool = make_pool(n)
@@ -167,15 +172,29 @@ async def main() -> None:
             rows.append(("sqlite admit+settle", n, mean, p99))
             await sqlite.close()
             if have_redis:
+                from fairgate.store.redis import RedisQuotaStore
+
                 redis_store = RedisQuotaStore(url, prefix=prefix)
                 await prefill(redis_store, pool)
                 mean, p99 = await bench_store(redis_store, pool, ops)
                 rows.append(("redis admit+settle", n, mean, p99))
                 await redis_store.close()
-            print(f"  measured {n:,} keys", flush=True)
+            if progress:
+                print(f"  measured {n:,} keys", flush=True)
         trips = await redis_round_trips(url, prefix, make_pool(10), 200) if have_redis else None
     if have_redis:
         await cleanup(url, prefix)
+    return rows, trips
+
+
+async def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--quick", action="store_true", help="fewer ops and keys (a smoke run)")
+    args = ap.parse_args()
+    sizes = [10, 1000, 10_000] if args.quick else [10, 1000, 100_000]
+    ops = 500 if args.quick else 3000
+    url = os.environ.get("FAIRGATE_TEST_REDIS_URL") or "redis://127.0.0.1:6379/0"
+    rows, trips = await measure(sizes, ops, url)
 
     print()
     print(f"{'path':<22} {'keys':>8} {'mean µs':>9} {'p99 µs':>9} {'vs 10 keys':>11}")

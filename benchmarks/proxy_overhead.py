@@ -6,13 +6,15 @@ with requests and tokens dimensions). Non-stream and stream, fixed concurrency.
 Prints requests/s and p50/p99 latency, and fairgate's added latency and its throughput relative
 to the bare pass-through. Each server is its own process; absolute numbers are this machine's.
 
-Run: ``.venv/bin/python benchmarks/proxy_overhead.py [--requests N] [--concurrency C]``
+Run: ``.venv/bin/python benchmarks/proxy_overhead.py [--requests N] [--concurrency C]``.
+``benchmarks/run_all.py`` reuses :func:`servers` and :func:`measure` (the numbers, no printing).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import signal
 import socket
@@ -23,6 +25,8 @@ import tempfile
 import time
 import urllib.request
 from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import aiohttp
@@ -50,6 +54,17 @@ def wait_http(url: str, timeout: float = 30) -> None:
                 return
             time.sleep(0.05)
     raise RuntimeError(f"{url} not ready")
+
+
+def post_json(url: str, payload: object) -> None:
+    req = urllib.request.Request(
+        url,
+        data=json.dumps(payload).encode(),
+        headers={"content-type": "application/json"},
+        method="POST",
+    )
+    with urllib.request.urlopen(req, timeout=5):
+        pass
 
 
 # -- (b) the bare pass-through, run as its own process via ``--bare PORT UPSTREAM`` ----------
@@ -134,20 +149,90 @@ def pct(xs: list[float], p: float) -> float:
     return xs[min(len(xs) - 1, int(len(xs) * p))]
 
 
-def main() -> None:
-    if len(sys.argv) >= 2 and sys.argv[1] == "--bare":
-        run_bare(int(sys.argv[2]), sys.argv[3])
-        return
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--requests", type=int, default=3000)
-    ap.add_argument("--concurrency", type=int, default=16)
-    args = ap.parse_args()
+@dataclass
+class Servers:
+    """The three endpoints of one run, each its own process: mock, bare pass-through, fairgate."""
 
+    mock: str
+    bare: str
+    fairgate: str
+    fairgate_pid: int
+    tmp: Path
+    procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+
+    def targets(self) -> list[tuple[str, str, str]]:
+        """(name, base URL, API key) in the order the results are printed."""
+        return [
+            ("direct to mock", self.mock, SECRET),
+            ("bare aiohttp proxy", self.bare, SECRET),
+            ("fairgate", self.fairgate, CLIENT_KEY),
+        ]
+
+
+def extra_key_secret(i: int) -> str:
+    return f"fg-bench-extra-key-{i:06d}"
+
+
+def bench_config(mock: str, extra_keys: int = 0) -> str:
+    """The gateway's config: one mock connection, the bench key, and ``extra_keys`` more keys
+    with allocations in the same pool (for the memory-per-key figure)."""
+    weight = 100 / (1 + extra_keys)
+    keys = [f"  - {{id: bench, name: bench, secret: '{CLIENT_KEY}'}}"]
+    allocs = [f"      - {{key: bench, weight: {weight:g}}}"]
+    for i in range(extra_keys):
+        keys.append(f"  - {{id: k{i}, name: k{i}, secret: '{extra_key_secret(i)}'}}")
+        allocs.append(f"      - {{key: k{i}, weight: {weight:g}}}")
+    return (
+        "connections:\n"
+        f"  - {{id: m1, provider: mock, base_url: '{mock}/v1', secret: '{SECRET}',"
+        " models: [gpt-4o-mini]}\n"
+        "keys:\n" + "\n".join(keys) + "\n"
+        "pools:\n  - id: bp\n    name: bench\n    connections: [m1]\n"
+        "    dimensions: [{unit: requests, window: hourly, limit: 1e12},"
+        " {unit: tokens, window: hourly, limit: 1e15}]\n"
+        "    allocations:\n" + "\n".join(allocs) + "\n"
+    )
+
+
+def start_fairgate(
+    mock: str, tmp: Path, name: str = "fg", extra_keys: int = 0
+) -> tuple[str, subprocess.Popen[bytes]]:
+    """A fairgate process on a free port in front of ``mock``; returns its URL and process."""
+    port = free_port()
+    cfg = tmp / f"{name}.yaml"
+    cfg.write_text(bench_config(mock, extra_keys))
+    env = {**os.environ, "FAIRGATE_ADMIN_KEY": ADMIN}
+    cmd = [sys.executable, "-m", "fairgate", "serve", "--config", str(cfg)]
+    cmd += ["--port", str(port), "--data-dir", str(tmp / f"{name}-data")]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, env=env)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_http(url + "/health", timeout=180)
+    except BaseException:
+        stop([proc])
+        raise
+    return url, proc
+
+
+def stop(procs: list[subprocess.Popen[bytes]]) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    for p in procs:
+        try:
+            p.wait(10)
+        except subprocess.TimeoutExpired:
+            p.kill()
+
+
+@contextmanager
+def servers() -> Iterator[Servers]:
+    """Start the mock upstream, the bare pass-through and fairgate; stop them afterwards."""
     py = sys.executable
     procs: list[subprocess.Popen[bytes]] = []
     tmp = Path(tempfile.mkdtemp(prefix="fairgate-bench-"))
     try:
-        mport, bport, fport = free_port(), free_port(), free_port()
+        mport, bport = free_port(), free_port()
         mock = f"http://127.0.0.1:{mport}"
         procs.append(
             subprocess.Popen(
@@ -157,6 +242,9 @@ def main() -> None:
             )
         )
         wait_http(mock + "/_mock/stats")
+        # the mock's rate-limit headers count every request of the run (direct and bare too);
+        # a benchmark must not trip the gateway's provider-signal backoff
+        post_json(mock + "/_mock/config", {"requests_limit": 10**12, "tokens_limit": 10**15})
         procs.append(
             subprocess.Popen(
                 [py, __file__, "--bare", str(bport), mock + ""],
@@ -165,96 +253,106 @@ def main() -> None:
             )
         )
         wait_http(f"http://127.0.0.1:{bport}/ready")
-        cfg = tmp / "bench.yaml"
-        cfg.write_text(
-            "connections:\n"
-            f"  - {{id: m1, provider: mock, base_url: '{mock}/v1', secret: '{SECRET}',"
-            " models: [gpt-4o-mini]}\n"
-            f"keys:\n  - {{id: bench, name: bench, secret: '{CLIENT_KEY}'}}\n"
-            "pools:\n  - id: bp\n    name: bench\n    connections: [m1]\n"
-            "    dimensions: [{unit: requests, window: hourly, limit: 1e12},"
-            " {unit: tokens, window: hourly, limit: 1e15}]\n"
-            "    allocations: [{key: bench, weight: 100}]\n"
-        )
-        env = {**os.environ, "FAIRGATE_ADMIN_KEY": ADMIN}
-        procs.append(
-            subprocess.Popen(
-                [
-                    py,
-                    "-m",
-                    "fairgate",
-                    "serve",
-                    "--config",
-                    str(cfg),
-                    "--port",
-                    str(fport),
-                    "--data-dir",
-                    str(tmp / "data"),
-                ],
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.STDOUT,
-                env=env,
-            )
-        )
-        wait_http(f"http://127.0.0.1:{fport}/health")
-        targets = [
-            ("direct to mock", mock, SECRET),
-            ("bare aiohttp proxy", f"http://127.0.0.1:{bport}", SECRET),
-            ("fairgate", f"http://127.0.0.1:{fport}", CLIENT_KEY),
-        ]
-        results: dict[tuple[str, bool], tuple[float, list[float]]] = {}
-        for stream in (False, True):
-            for name, url, key in targets:
-                print(f"  {name:<20} {'stream' if stream else 'non-stream'} ...", flush=True)
-                results[(name, stream)] = asyncio.run(
-                    load(url, args.requests, args.concurrency, stream, key)
-                )
-        print()
-        print(f"{args.requests} requests per row, concurrency {args.concurrency}, this machine")
-        print(f"{'path':<20} {'mode':<11} {'req/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'+p50 ms':>8}")
-        for stream in (False, True):
-            base = results[("direct to mock", stream)][1]
-            for name, _, _ in targets:
-                rps, lat = results[(name, stream)]
-                print(
-                    f"{name:<20} {'stream' if stream else 'non-stream':<11} {rps:8.0f} "
-                    f"{pct(lat, 0.5):8.2f} {pct(lat, 0.99):8.2f} "
-                    f"{pct(lat, 0.5) - pct(base, 0.5):8.2f}"
-                )
-        print()
-        for stream in (False, True):
-            f_rps, f_lat = results[("fairgate", stream)]
-            b_rps, b_lat = results[("bare aiohttp proxy", stream)]
-            mode = "stream" if stream else "non-stream"
-            print(
-                f"fairgate vs bare pass-through ({mode}): throughput "
-                f"{f_rps / b_rps * 100:.0f} %, added p50 vs bare "
-                f"{pct(f_lat, 0.5) - pct(b_lat, 0.5):.2f} ms, "
-                f"mean added vs bare {statistics.fmean(f_lat) - statistics.fmean(b_lat):.2f} ms"
-            )
-        # added latency without queueing: one request at a time
-        print("\nadded latency at concurrency 1 (no queueing), p50 vs direct to the mock:")
-        for stream in (False, True):
-            lat1 = {
-                name: asyncio.run(load(url, max(500, args.requests // 4), 1, stream, key))[1]
-                for name, url, key in targets
-            }
-            base1 = pct(lat1["direct to mock"], 0.5)
-            mode = "stream" if stream else "non-stream"
-            print(
-                f"  {mode:<11} bare +{pct(lat1['bare aiohttp proxy'], 0.5) - base1:.3f} ms, "
-                f"fairgate +{pct(lat1['fairgate'], 0.5) - base1:.3f} ms "
-                f"(fairgate p99 {pct(lat1['fairgate'], 0.99):.2f} ms)"
-            )
-        print("targets: fairgate's added p50 ≤ 1 ms; throughput ≥ 60 % of the bare pass-through")
+        url, proc = start_fairgate(mock, tmp)
+        procs.append(proc)
+        yield Servers(mock, f"http://127.0.0.1:{bport}", url, proc.pid, tmp, procs)
     finally:
-        for p in procs:
-            p.send_signal(signal.SIGTERM)
-        for p in procs:
-            try:
-                p.wait(10)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        stop(procs)
+
+
+@dataclass(frozen=True)
+class Overhead:
+    """Everything :func:`measure` found; latencies in ms, sorted."""
+
+    requests: int
+    concurrency: int
+    loaded: dict[tuple[str, bool], tuple[float, list[float]]]  # (target, stream) → (rps, lat)
+    single: dict[tuple[str, bool], list[float]]  # concurrency 1: (target, stream) → lat
+
+    def p50(self, name: str, stream: bool, single: bool = False) -> float:
+        lat = self.single[(name, stream)] if single else self.loaded[(name, stream)][1]
+        return pct(lat, 0.5)
+
+    def rps(self, name: str, stream: bool) -> float:
+        return self.loaded[(name, stream)][0]
+
+
+def measure(
+    srv: Servers, requests: int, concurrency: int, progress: bool = True, rounds: int = 1
+) -> Overhead:
+    """Load every target (non-stream and stream) at ``concurrency``, then one at a time.
+
+    With ``rounds`` > 1 the loaded runs are repeated, the targets taking turns, and each keeps
+    its median round (by throughput): on a small machine the load generator and three servers
+    share the cores, and one unlucky round should not decide a ratio."""
+    runs: dict[tuple[str, bool], list[tuple[float, list[float]]]] = {}
+    for r in range(rounds):
+        for stream in (False, True):
+            for name, url, key in srv.targets():
+                if progress:
+                    mode = "stream" if stream else "non-stream"
+                    print(f"  {name:<20} {mode:<11} round {r + 1}/{rounds} ...", flush=True)
+                result = asyncio.run(load(url, requests, concurrency, stream, key))
+                runs.setdefault((name, stream), []).append(result)
+    loaded = {k: sorted(v, key=lambda x: x[0])[len(v) // 2] for k, v in runs.items()}
+    single: dict[tuple[str, bool], list[float]] = {}
+    for stream in (False, True):
+        for name, url, key in srv.targets():
+            single[(name, stream)] = asyncio.run(
+                load(url, max(500, requests // 4), 1, stream, key)
+            )[1]
+    return Overhead(requests, concurrency, loaded, single)
+
+
+def report(o: Overhead) -> None:
+    names = ["direct to mock", "bare aiohttp proxy", "fairgate"]
+    print()
+    print(f"{o.requests} requests per row, concurrency {o.concurrency}, this machine")
+    print(f"{'path':<20} {'mode':<11} {'req/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'+p50 ms':>8}")
+    for stream in (False, True):
+        base = o.loaded[("direct to mock", stream)][1]
+        for name in names:
+            rps, lat = o.loaded[(name, stream)]
+            print(
+                f"{name:<20} {'stream' if stream else 'non-stream':<11} {rps:8.0f} "
+                f"{pct(lat, 0.5):8.2f} {pct(lat, 0.99):8.2f} "
+                f"{pct(lat, 0.5) - pct(base, 0.5):8.2f}"
+            )
+    print()
+    for stream in (False, True):
+        f_rps, f_lat = o.loaded[("fairgate", stream)]
+        b_rps, b_lat = o.loaded[("bare aiohttp proxy", stream)]
+        mode = "stream" if stream else "non-stream"
+        print(
+            f"fairgate vs bare pass-through ({mode}): throughput "
+            f"{f_rps / b_rps * 100:.0f} %, added p50 vs bare "
+            f"{pct(f_lat, 0.5) - pct(b_lat, 0.5):.2f} ms, "
+            f"mean added vs bare {statistics.fmean(f_lat) - statistics.fmean(b_lat):.2f} ms"
+        )
+    # added latency without queueing: one request at a time
+    print("\nadded latency at concurrency 1 (no queueing), p50 vs direct to the mock:")
+    for stream in (False, True):
+        base1 = o.p50("direct to mock", stream, single=True)
+        mode = "stream" if stream else "non-stream"
+        print(
+            f"  {mode:<11} bare +{o.p50('bare aiohttp proxy', stream, True) - base1:.3f} ms, "
+            f"fairgate +{o.p50('fairgate', stream, True) - base1:.3f} ms "
+            f"(fairgate p99 {pct(o.single[('fairgate', stream)], 0.99):.2f} ms)"
+        )
+    print("targets: fairgate's added p50 ≤ 1 ms; throughput ≥ 60 % of the bare pass-through")
+
+
+def main() -> None:
+    if len(sys.argv) >= 2 and sys.argv[1] == "--bare":
+        run_bare(int(sys.argv[2]), sys.argv[3])
+        return
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--requests", type=int, default=3000)
+    ap.add_argument("--concurrency", type=int, default=16)
+    ap.add_argument("--rounds", type=int, default=1, help="repeat, keep each row's median")
+    args = ap.parse_args()
+    with servers() as srv:
+        report(measure(srv, args.requests, args.concurrency, rounds=args.rounds))
 
 
 if __name__ == "__main__":

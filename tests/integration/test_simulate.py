@@ -134,3 +134,15 @@ def test_cli_invalid_yaml_exits_2(tmp_path: Path) -> None:
     res = CliRunner().invoke(app, ["simulate", str(bad), "--out", str(tmp_path)])
     assert res.exit_code == 2
     assert "not valid YAML" in res.output
+
+
+@pytest.mark.redis
+async def test_redis_driver_gives_the_same_figures(redis_url: str, tmp_path: Path) -> None:
+    """Both drivers evaluate the same rule atomically, so a seed decides identically on each."""
+    sc = builtin("late-arrival").with_duration(parse_duration_ms("150m"))
+    on_sqlite = await run_scenario(sc, seed=2, data_dir=tmp_path, policies=("active",))
+    on_redis = await run_scenario(
+        sc, seed=2, driver="redis", redis_url=redis_url, policies=("active",)
+    )
+    assert on_redis.driver == "redis"
+    assert on_redis.runs["active"].metrics == on_sqlite.runs["active"].metrics

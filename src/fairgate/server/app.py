@@ -90,6 +90,7 @@ def create_app(
             "store": {"driver": gw.store_choice.driver, "reachable": ok},
             "failOpen": gw.engine.fail_open_count,
             "inflight": len(svc.inflight),
+            "inflightLeases": svc.tracker.total,
         }
         return Response(
             orjson.dumps(body), media_type="application/json", status_code=200 if ok else 503

@@ -44,6 +44,8 @@ class ApiError(Exception):
         self.diagnostics = dict(diagnostics) if diagnostics is not None else None
         #: True when trying another target cannot help (the request itself is at fault)
         self.final = False
+        #: the failure class of the attempt that produced it (``server_error``, ``rate_limit``…)
+        self.failure: str | None = None
         self.status = status
         self.message = message
         self.code = code

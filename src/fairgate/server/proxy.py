@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import random
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
@@ -44,6 +45,15 @@ from fairgate.quota.units import Unit
 from fairgate.registry import ClientKey, Connection, Protocol
 from fairgate.resilience.classify import classify
 from fairgate.resilience.manager import Exclusion, all_rate_limited
+from fairgate.routing import (
+    DrrState,
+    DrrTicket,
+    InflightTracker,
+    Lease,
+    StrategyState,
+    Target,
+    TargetMetrics,
+)
 from fairgate.server import relay
 from fairgate.server.bodies import optional_bool, optional_int, read_json_object, require_str
 from fairgate.server.diagnostics import Diagnostics, Terminal
@@ -84,6 +94,11 @@ class Services:
     inflight: set[Ticket] = field(default_factory=set)
     counters: dict[str, int] = field(default_factory=dict)
     tasks: set[asyncio.Task[None]] = field(default_factory=set)
+    tracker: InflightTracker = field(default_factory=InflightTracker)
+    drr: DrrState = field(default_factory=DrrState)
+    strategy_state: StrategyState = field(default_factory=StrategyState)
+    target_metrics: TargetMetrics = field(default_factory=TargetMetrics)
+    rng: random.Random = field(default_factory=random.Random)
     metrics: Metrics = field(default_factory=Metrics)
 
     def count(self, name: str) -> None:
@@ -179,6 +194,8 @@ async def models(request: Request) -> Response:
                 seen.setdefault(f"{provider}/{m}", provider)
                 if reg.default_provider == provider:
                     seen.setdefault(m, provider)
+    for name in reg.combos:  # user combos; the internal qtSd/ ones are not selectable
+        seen.setdefault(name, "fairgate-combo")
     if key.allowed_models:
         seen = {m: p for m, p in seen.items() if m in key.allowed_models}
     data = [
@@ -269,14 +286,37 @@ class Blocked:
 
 @dataclass(frozen=True, slots=True)
 class Candidate:
-    """One concrete place a request may go: a connection and the model name it knows."""
+    """One concrete place a request may go: a connection and the model name it knows, as the
+    routing target it came from (metrics, in-flight counts and DRR are kept per target)."""
 
     conn: Connection
     model: str
+    target: Target
+
+    @classmethod
+    def of(cls, conn: Connection, model: str) -> Candidate:
+        return cls(conn, model, Target(conn.provider, model, conn.id, weight=conn.weight))
 
     @property
     def label(self) -> str:
         return f"{self.conn.provider}/{self.model}@{self.conn.id}"
+
+
+@dataclass
+class ExecOptions:
+    """How :func:`_execute` treats failures: retries on the same target for transient ones,
+    a cap on attempts, quality validation of 200s, and the quota-share DRR ticket to charge."""
+
+    max_retries: int = 0
+    retry_delay_ms: int = 0
+    attempt_cap: int = 20
+    quality: bool = True
+    drr: DrrTicket | None = None
+    combo: str | None = None
+
+
+#: Failures worth retrying on the same target (a 429 is not: it sets a cooldown instead).
+TRANSIENT = frozenset({"server_error", "timeout", "connect_error"})
 
 
 async def _dispatch(call: Call) -> Response:
@@ -286,6 +326,18 @@ async def _dispatch(call: Call) -> Response:
             403,
             f"This API key may not use model '{call.model}'",
             code="model_not_allowed",
+            param="model",
+        )
+    from fairgate.server import pipeline  # the routing shell builds on this module
+
+    combo = reg.combos.get(call.model)
+    if combo is not None:
+        return await pipeline.route_combo(call, combo)
+    if call.model.startswith("qtSd/"):
+        raise ApiError(
+            400,
+            "qtSd/ combos are internal to quota-share routing and not selectable; "
+            "ask for the model itself",
             param="model",
         )
     upstream_model, conns = reg.candidates(call.model)
@@ -298,18 +350,24 @@ async def _dispatch(call: Call) -> Response:
             code="model_not_found",
             param="model",
         )
-    cands = [Candidate(c, upstream_model) for c in sorted(conns, key=lambda c: -c.weight)]
-    return await _execute(call, cands, Diagnostics(pool_size=len(cands)))
+    return await pipeline.route_plain(call, upstream_model, conns)
 
 
-async def _execute(call: Call, cands: list[Candidate], diag: Diagnostics) -> Response:
+async def _execute(
+    call: Call,
+    cands: list[Candidate],
+    diag: Diagnostics,
+    opts: ExecOptions | None = None,
+) -> Response:
     """Try the candidates in order until one answers.
 
     A candidate is skipped when resilience excludes it (breaker open, cooling down, model locked,
     permanently blocked, rate-limited until a learned reset) or its pool blocks the key; a soft
-    admission waits while an unpenalised candidate is looked for; upstream failures fall through
-    to the next candidate. When nothing answers, the error says why, with diagnostics.
+    admission waits while an unpenalised candidate is looked for; a transient failure is retried
+    on the same target up to ``max_retries``; other failures fall through to the next candidate.
+    When nothing answers, the error says why, with diagnostics.
     """
+    opts = opts or ExecOptions()
     svc = call.svc
     reg = svc.gw.registry
     mgr = svc.gw.resilience
@@ -318,7 +376,30 @@ async def _execute(call: Call, cands: list[Candidate], diag: Diagnostics) -> Res
     last_error: ApiError | None = None
     held: tuple[Candidate, Pool | None, Admission] | None = None  # a penalised admission
     blocked_pools: set[str] = set()
+    attempts = 0
+
+    async def run(cand: Candidate, pool: Pool | None, adm: Admission) -> Response | ApiError:
+        nonlocal attempts
+        result: Response | ApiError = ApiError(502, "no attempt made")
+        for n in range(1 + max(0, opts.max_retries)):
+            if n > 0:
+                adm = await _admit(call, cand.conn, pool, cand.model)
+                if not adm.allowed:
+                    return result
+                if opts.retry_delay_ms > 0:
+                    await asyncio.sleep(opts.retry_delay_ms / 1000)
+            attempts += 1
+            result = await _attempt(call, cand, pool, adm, diag=diag, opts=opts)
+            if isinstance(result, Response) or result.final:
+                return result
+            if result.failure not in TRANSIENT or attempts >= opts.attempt_cap:
+                return result
+        return result
+
     for i, cand in enumerate(cands):
+        if attempts >= opts.attempt_cap:
+            diag.exclude(cand.label, "attempt-cap")
+            continue
         conn = cand.conn
         now = svc.gw.clock.now_ms()
         if mgr is not None:
@@ -346,7 +427,7 @@ async def _execute(call: Call, cands: list[Candidate], diag: Diagnostics) -> Res
         if held is not None and not adm.penalized:
             await svc.gw.engine.release(held[2].ticket)
             held = None
-        result = await _attempt(call, conn, pool, adm, cand.model, diag=diag)
+        result = await run(cand, pool, adm)
         if isinstance(result, Response):
             return result
         last_error = result
@@ -359,7 +440,7 @@ async def _execute(call: Call, cands: list[Candidate], diag: Diagnostics) -> Res
             raise result
     if held is not None:
         cand, pool, adm = held
-        result = await _attempt(call, cand.conn, pool, adm, cand.model, diag=diag)
+        result = await run(cand, pool, adm)
         if isinstance(result, Response):
             return result
         last_error = result
@@ -524,84 +605,172 @@ def _upstream_body(call: Call, conn: Connection, upstream_model: str) -> tuple[b
 
 async def _attempt(
     call: Call,
-    conn: Connection,
+    cand: Candidate,
     pool: Pool | None,
     adm: Admission,
-    upstream_model: str,
     *,
     diag: Diagnostics,
+    opts: ExecOptions,
 ) -> Response | ApiError:
-    """Response on success (or an error the client must see); ApiError to try the next one.
+    """Response on success; ApiError (``final`` when no other target could help) otherwise.
 
     Every outcome is reported to the resilience manager (cooldowns, lockouts, breakers learn
-    from it) and recorded in the diagnostics.
+    from it), to the per-target metrics the strategies read, and to the diagnostics. The
+    request holds an in-flight lease on the target until its answer (or stream) ends.
     """
     svc = call.svc
-    engine = svc.gw.engine
-    label = f"{conn.provider}/{upstream_model}@{conn.id}"
     ticket = adm.ticket
     if ticket is not None:
         svc.inflight.add(ticket)
+    if opts.drr is not None:
+        opts.drr.dispatch(cand.target)
+    lease = svc.tracker.acquire(cand.target)
+    try:
+        return await _attempt_on(call, cand, pool, adm, lease, diag=diag, opts=opts)
+    except asyncio.CancelledError:
+        # a combo timeout or a shadow's abort: give back the slot and the reservation
+        lease.release()
+        if ticket is not None:
+            svc.inflight.discard(ticket)
+            svc.spawn(svc.gw.engine.release(ticket))
+        raise
+
+
+async def _attempt_on(
+    call: Call,
+    cand: Candidate,
+    pool: Pool | None,
+    adm: Admission,
+    lease: Lease,
+    *,
+    diag: Diagnostics,
+    opts: ExecOptions,
+) -> Response | ApiError:
+    svc = call.svc
+    conn, upstream_model, label = cand.conn, cand.model, cand.label
+    ticket = adm.ticket
     path = _UPSTREAM_PATH[(call.route, conn.protocol)]
     payload, wants_usage = _upstream_body(call, conn, upstream_model)
     t_send = time.perf_counter()
+
+    async def fail(
+        kind: str,
+        err: ApiError,
+        *,
+        status: int | None = None,
+        body: bytes | None = None,
+        headers: Mapping[str, str] | None = None,
+        exc: BaseException | None = None,
+        settle_usage: Usage | None = None,
+    ) -> ApiError:
+        lease.release()
+        if settle_usage is not None:  # the upstream did the work: charge it even though it failed
+            await _settle(svc, ticket, conn, call, upstream_model, settle_usage)
+        else:
+            await _release(svc, ticket)
+        cls = await _report_failure(call, conn, upstream_model, status, body, headers, exc)
+        latency = _ms_since(t_send)
+        svc.target_metrics.record(cand.target.key, latency, False, svc.gw.clock.now_ms(), 0)
+        diag.attempt(
+            label,
+            kind if kind != "upstream" else cls,
+            status=status,
+            latency_ms=latency,
+            error=None if exc is None else type(exc).__name__,
+        )
+        err.failure = "connect_error" if kind == "connect_error" else cls
+        return err
+
     try:
         resp = await svc.upstream.post(conn, path, payload, call.headers)
     except (TimeoutError, aiohttp.ClientError, OSError) as exc:
-        await _release(svc, ticket)
         svc.count("upstream_connect_error")
         log.warning(
             "upstream unreachable", extra={"connection": conn.id, "error": type(exc).__name__}
         )
-        await _report_failure(call, conn, upstream_model, None, None, None, exc)
-        diag.attempt(label, "connect_error", latency_ms=_ms_since(t_send), error=type(exc).__name__)
-        return ApiError(
-            502,
-            f"Upstream connection '{conn.id}' failed ({type(exc).__name__})",
-            code="upstream_error",
+        return await fail(
+            "connect_error",
+            ApiError(
+                502,
+                f"Upstream connection '{conn.id}' failed ({type(exc).__name__})",
+                code="upstream_error",
+            ),
+            exc=exc,
         )
     _, charges = svc.signals.observe(
         conn.id, upstream_model, resp.headers, force=resp.status >= 400
     )
     if pool is not None:
         for ch in charges:
-            await engine.record(pool, ch.key_id, {Unit.PERCENT: ch.amount})
+            await svc.gw.engine.record(pool, ch.key_id, {Unit.PERCENT: ch.amount})
     if resp.status >= 400:
         err, raw_err = await _upstream_error(resp, conn)
-        await _release(svc, ticket)
         svc.count(f"upstream_{resp.status}")
         log.warning("upstream error", extra={"connection": conn.id, "status": resp.status})
-        cls = await _report_failure(
-            call, conn, upstream_model, resp.status, raw_err, resp.headers, None
-        )
-        diag.attempt(label, cls, status=resp.status, latency_ms=_ms_since(t_send))
+        err = await fail("upstream", err, status=resp.status, body=raw_err, headers=resp.headers)
         # a client error no other target would fix (a malformed request) ends the request
         err.final = resp.status not in RETRYABLE and resp.status not in (401, 403, 404)
         return err
-    if svc.gw.resilience is not None:
-        await svc.gw.resilience.on_success(conn.provider, conn.id, upstream_model, resp.headers)
-    diag.attempt(label, "ok", status=resp.status, latency_ms=_ms_since(t_send))
     headers = {**_quota_headers(adm), "x-fairgate-connection": conn.id}
+    if opts.combo:
+        headers["x-fairgate-combo"] = opts.combo
     if call.stream:
-        overhead = (t_send - call.t0) * 1000
-        headers["x-fairgate-overhead-ms"] = f"{overhead:.3f}"
+        tally = relay.StreamTally(prompt_estimate=call.prompt_estimate)
+        source = _stream_source(call, conn, resp, wants_usage, tally)
+        primed = await _prime(source, tally) if opts.quality else ([], None)
+        first, problem = primed
+        if problem is not None:
+            resp.release()
+            return await fail(
+                "quality",
+                ApiError(
+                    502,
+                    f"Upstream '{conn.id}' stream failed before any content ({problem})",
+                    code="upstream_error",
+                ),
+                status=200,
+                body=problem.encode(),
+                settle_usage=tally.effective_usage(),
+            )
+        await _report_success(call, cand, resp.headers, _ms_since(t_send))
+        diag.attempt(label, "ok", status=200, latency_ms=_ms_since(t_send))
+        headers["x-fairgate-overhead-ms"] = f"{(t_send - call.t0) * 1000:.3f}"
         return _stream_response(
-            call, conn, pool, ticket, resp, upstream_model, wants_usage, headers
+            call, conn, ticket, resp, upstream_model, headers, tally, source, first, lease
         )
     try:
         raw = await resp.read()
     except (TimeoutError, aiohttp.ClientError, OSError) as exc:
-        await _release(svc, ticket)
-        await _report_failure(call, conn, upstream_model, None, None, None, exc)
-        return ApiError(
-            502,
-            f"Upstream connection '{conn.id}' failed mid-answer ({type(exc).__name__})",
-            code="upstream_error",
+        return await fail(
+            "upstream",
+            ApiError(
+                502,
+                f"Upstream connection '{conn.id}' failed mid-answer ({type(exc).__name__})",
+                code="upstream_error",
+            ),
+            exc=exc,
         )
     finally:
         resp.release()
     t_body = time.perf_counter()
-    out, usage = _translate_answer(call, conn, raw, upstream_model)
+    out, usage, obj = _translate_answer(call, conn, raw, upstream_model)
+    problem = _quality_problem(call.route, obj) if opts.quality else None
+    if problem is not None:
+        svc.count("quality_failure")
+        return await fail(
+            "quality",
+            ApiError(
+                502,
+                f"Upstream '{conn.id}' answered 200 without a usable answer ({problem})",
+                code="upstream_error",
+            ),
+            status=200,
+            body=problem.encode(),
+            settle_usage=usage or Usage(prompt_tokens=call.prompt_estimate),
+        )
+    lease.release()
+    await _report_success(call, cand, resp.headers, (t_body - t_send) * 1000, usage)
+    diag.attempt(label, "ok", status=200, latency_ms=(t_body - t_send) * 1000)
     overhead = (time.perf_counter() - call.t0 - (t_body - t_send)) * 1000
     headers["x-fairgate-overhead-ms"] = f"{overhead:.3f}"
     # settle after the answer is on its way: the client need not wait for our bookkeeping
@@ -615,24 +784,94 @@ async def _attempt(
     )
 
 
+async def _report_success(
+    call: Call,
+    cand: Candidate,
+    headers: Mapping[str, str],
+    latency_ms: float,
+    usage: Usage | None = None,
+) -> None:
+    svc = call.svc
+    if svc.gw.resilience is not None:
+        await svc.gw.resilience.on_success(cand.conn.provider, cand.conn.id, cand.model, headers)
+    tokens = 0 if usage is None else usage.prompt_tokens + usage.completion_tokens
+    svc.target_metrics.record(cand.target.key, latency_ms, True, svc.gw.clock.now_ms(), tokens)
+
+
+def _quality_problem(route: Route, obj: dict[str, Any] | None) -> str | None:
+    """Why a 200 is not a usable answer (SPEC §8): empty, an error inside, no finish, or a
+    reasoning model that spent the whole budget thinking. None when it is fine."""
+    if obj is None:
+        return "not JSON"
+    if obj.get("error"):
+        return "error object in a 200"
+    if route is Route.EMBEDDINGS:
+        return None if obj.get("data") else "no embeddings"
+    if route is Route.MESSAGES:
+        blocks = obj.get("content") or []
+        useful = any(
+            (b.get("type") == "text" and b.get("text")) or b.get("type") == "tool_use"
+            for b in blocks
+            if isinstance(b, dict)
+        )
+        if not useful:
+            return "empty content"
+        return None if obj.get("stop_reason") else "no stop reason"
+    choices = obj.get("choices") or []
+    if not choices or not isinstance(choices[0], dict):
+        return "no choices"
+    choice = choices[0]
+    msg = choice.get("message") or {}
+    if not (isinstance(msg, dict) and (msg.get("content") or msg.get("tool_calls"))):
+        details = (obj.get("usage") or {}).get("completion_tokens_details") or {}
+        if choice.get("finish_reason") == "length" and details.get("reasoning_tokens"):
+            return "reasoning used the whole budget, no content"
+        return "empty content"
+    return None if choice.get("finish_reason") else "no finish reason"
+
+
+async def _prime(
+    source: AsyncIterator[bytes], tally: relay.StreamTally
+) -> tuple[list[bytes], str | None]:
+    """Read a stream up to its first content (SPEC §8: validate on the first content chunk,
+    then pass the rest through live). Returns what was read and, if the stream is no good
+    (ended, broke or errored before any content), why."""
+    first: list[bytes] = []
+    try:
+        async for chunk in source:
+            first.append(chunk)
+            if b'"error"' in chunk and tally.text_chars == 0:
+                return first, "error event"
+            if tally.text_chars > 0:
+                return first, None
+            if tally.finished:
+                return first, "finished without content"
+    except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+        return first, type(exc).__name__
+    return first, "ended without content"
+
+
 def _translate_answer(
     call: Call, conn: Connection, raw: bytes, upstream_model: str
-) -> tuple[bytes, Usage | None]:
+) -> tuple[bytes, Usage | None, dict[str, Any] | None]:
+    """The answer in the client's format, its usage, and the parsed answer (for validation)."""
     try:
         obj = orjson.loads(raw)
     except orjson.JSONDecodeError:
-        return raw, None
+        return raw, None, None
     if not isinstance(obj, dict):
-        return raw, None
+        return raw, None, None
     if conn.protocol is Protocol.ANTHROPIC:
         usage = _usage_anthropic(obj)
         if call.route is Route.CHAT:
-            return orjson.dumps(anthropic_to_openai_response(obj, call.model)), usage
-        return raw, usage
+            out = anthropic_to_openai_response(obj, call.model)
+            return orjson.dumps(out), usage, out
+        return raw, usage, obj
     usage = _usage_openai(obj)
     if call.route is Route.MESSAGES:
-        return orjson.dumps(openai_to_anthropic_response(obj, call.model)), usage
-    return raw, usage
+        out = openai_to_anthropic_response(obj, call.model)
+        return orjson.dumps(out), usage, out
+    return raw, usage, obj
 
 
 async def _upstream_error(resp: aiohttp.ClientResponse, conn: Connection) -> tuple[ApiError, bytes]:
@@ -747,27 +986,21 @@ async def _settle(
     )
 
 
-def _stream_response(
+def _stream_source(
     call: Call,
     conn: Connection,
-    pool: Pool | None,
-    ticket: Ticket | None,
     resp: aiohttp.ClientResponse,
-    upstream_model: str,
     wants_usage: bool,
-    headers: dict[str, str],
-) -> StreamingResponse:
-    svc = call.svc
-    tally = relay.StreamTally(prompt_estimate=call.prompt_estimate)
+    tally: relay.StreamTally,
+) -> AsyncIterator[bytes]:
+    """The relay that turns this upstream stream into the client's format."""
     sid = uuid.uuid4().hex[:24]
-    source: AsyncIterator[bytes]
     if call.route is Route.MESSAGES:
         if conn.protocol is Protocol.ANTHROPIC:
-            source = relay.anthropic_to_anthropic(resp, tally)
-        else:
-            source = relay.openai_to_anthropic(resp, tally, model=call.model, id_=f"msg_{sid}")
-    elif conn.protocol is Protocol.ANTHROPIC:
-        source = relay.anthropic_to_openai(
+            return relay.anthropic_to_anthropic(resp, tally)
+        return relay.openai_to_anthropic(resp, tally, model=call.model, id_=f"msg_{sid}")
+    if conn.protocol is Protocol.ANTHROPIC:
+        return relay.anthropic_to_openai(
             resp,
             tally,
             model=call.model,
@@ -775,12 +1008,28 @@ def _stream_response(
             created=int(time.time()),
             id_=f"chatcmpl-{sid}",
         )
-    else:
-        source = relay.openai_to_openai(resp, tally, client_wants_usage=wants_usage)
+    return relay.openai_to_openai(resp, tally, client_wants_usage=wants_usage)
+
+
+def _stream_response(
+    call: Call,
+    conn: Connection,
+    ticket: Ticket | None,
+    resp: aiohttp.ClientResponse,
+    upstream_model: str,
+    headers: dict[str, str],
+    tally: relay.StreamTally,
+    source: AsyncIterator[bytes],
+    first: list[bytes],
+    lease: Lease,
+) -> StreamingResponse:
+    svc = call.svc
     anthropic_client = call.anthropic_client
 
     async def body() -> AsyncIterator[bytes]:
         try:
+            for chunk in first:  # what was read to validate the stream, then the rest live
+                yield chunk
             async for chunk in source:
                 yield chunk
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:
@@ -794,6 +1043,7 @@ def _stream_response(
             # runs also when the client went away (this generator is then cancelled): the
             # settlement is its own task, so neither the cancellation nor the client waits on it
             resp.release()
+            lease.release()
             svc.spawn(_settle(svc, ticket, conn, call, upstream_model, tally.effective_usage()))
 
     return StreamingResponse(

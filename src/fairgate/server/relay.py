@@ -60,7 +60,8 @@ async def _events(resp: aiohttp.ClientResponse) -> AsyncIterator[tuple[str | Non
 
 
 def _openai_text(obj: dict[str, Any]) -> tuple[int, bool]:
-    """(characters of content in this chunk, whether it carries a finish_reason)."""
+    """(characters of output in this chunk, whether it carries a finish_reason). Tool-call
+    names and arguments count as output: a tool call is an answer too."""
     n = 0
     finished = False
     for choice in obj.get("choices") or ():
@@ -72,6 +73,10 @@ def _openai_text(obj: dict[str, Any]) -> tuple[int, bool]:
                 v = delta.get(k)
                 if isinstance(v, str):
                     n += len(v)
+            for call in delta.get("tool_calls") or ():
+                fn = call.get("function") if isinstance(call, dict) else None
+                if isinstance(fn, dict):
+                    n += len(fn.get("name") or "") + len(fn.get("arguments") or "")
         if choice.get("finish_reason"):
             finished = True
     return n, finished

@@ -8,6 +8,7 @@ store that cannot be used, because the numbers would not be a measurement of the
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import os
 from pathlib import Path
 
@@ -81,11 +82,18 @@ def run_simulate(
         console.print(f"[red]error:[/] {exc}")
         return EXIT_BAD_INPUT
     print_results(results, console)
-    for r in results:
-        write_chart(r, out / f"{r.scenario.name}.png")
     write_json(results, out / "results.json")
-    pngs = ", ".join(f"{r.scenario.name}.png" for r in results)
-    console.print(f"wrote {out / 'results.json'} and {pngs} in {out}")
+    written = [str(out / "results.json")]
+    if importlib.util.find_spec("matplotlib") is None:
+        console.print(
+            "[yellow]warning:[/] matplotlib is not installed, no charts drawn "
+            "(pip install 'fairgate[sim]')"
+        )
+    else:
+        for r in results:
+            write_chart(r, out / f"{r.scenario.name}.png")
+            written.append(str(out / f"{r.scenario.name}.png"))
+    console.print("wrote " + ", ".join(written))
     return 0
 
 

@@ -8,6 +8,7 @@ the targets.
 
 from __future__ import annotations
 
+import io
 import json
 import math
 from collections.abc import Sequence
@@ -281,5 +282,20 @@ def write_chart(result: ScenarioResult, path: Path) -> None:
         x=0.01,
         ha="left",
     )
-    fig.savefig(path, format="png", dpi=80, bbox_inches="tight")
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=80, bbox_inches="tight")
     plt.close(fig)
+    _write_small_png(buf.getvalue(), path)
+
+
+def _write_small_png(png: bytes, path: Path) -> None:
+    """A line chart needs few colours: a 128-colour palette PNG is a third of the size and
+    looks the same (Pillow comes with matplotlib)."""
+    try:
+        from PIL import Image
+    except ImportError:  # pragma: no cover - matplotlib depends on Pillow
+        path.write_bytes(png)
+        return
+    with Image.open(io.BytesIO(png)) as img:
+        small = img.convert("RGB").quantize(colors=128, method=Image.Quantize.MEDIANCUT)
+        small.save(path, format="PNG", optimize=True)

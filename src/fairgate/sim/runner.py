@@ -14,6 +14,7 @@ seed gives the same figures on every run and either driver.
 
 from __future__ import annotations
 
+import os
 import random
 import tempfile
 import time
@@ -95,6 +96,7 @@ async def _open_store(
     if driver == "sqlite":
         from fairgate.store.sqlite import SqliteQuotaStore
 
+        os.makedirs(data_dir, exist_ok=True)  # a blocking call, once per scenario
         return SqliteQuotaStore(data_dir / f"{name}.sqlite"), None
     if driver != "redis":
         raise SimError(f"unknown driver {driver!r} (use sqlite or redis)")

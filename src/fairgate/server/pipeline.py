@@ -1,0 +1,367 @@
+"""Routing a request to candidates: the imperative shell around the pure ``routing`` core.
+
+- A plain model whose connections are the members of one pool goes through that pool's internal
+  ``qtSd/<pool>/<model>`` combo: bucket gating, concurrency caps, DRR and P2C order the members
+  (SPEC §7); the DRR ticket is charged to the member actually dispatched.
+- A user combo is ordered by its strategy (SPEC §8) over live views (per-target metrics, breaker
+  health, in-flight counts) and executed with its config: retries, attempt cap, timeout,
+  quality validation. ``fusion`` asks a panel in parallel and has a judge combine the answers;
+  ``pipeline`` chains steps, each output feeding the next. Shadow targets get a sampled copy
+  after the answer, never touching it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+from collections.abc import Sequence
+from typing import Any, Literal
+
+import orjson
+from starlette.responses import Response
+
+from fairgate.providers.usage import estimate_prompt_tokens
+from fairgate.registry import ClientKey, Connection, Registry
+from fairgate.routing import (
+    Combo,
+    HealthView,
+    PanelAnswer,
+    RouteInput,
+    Target,
+    TargetHealth,
+    decide_fusion,
+    expand_targets,
+    get_strategy,
+    judge_messages,
+    mode_of,
+    qtsd_name,
+    saturation_gate,
+    select_quota_share,
+    step_messages,
+)
+from fairgate.routing.modes import FusionPlan, PipelinePlan, answer_text
+from fairgate.server import proxy
+from fairgate.server.diagnostics import Diagnostics, Terminal
+from fairgate.server.errors import ApiError
+
+log = logging.getLogger("fairgate.routing")
+
+
+# -- plain models ---------------------------------------------------------------------------
+
+
+async def route_plain(
+    call: proxy.Call, upstream_model: str, conns: Sequence[Connection]
+) -> Response:
+    reg = call.svc.gw.registry
+    cands = [proxy.Candidate.of(c, upstream_model) for c in sorted(conns, key=lambda c: -c.weight)]
+    diag = Diagnostics(pool_size=len(cands))
+    pools = {reg.pool_by_connection.get(c.id) for c in conns}
+    if len(conns) > 1 and len(pools) == 1:
+        pool = next(iter(pools))
+        combo = (
+            None if pool is None else reg.internal_combos.get(qtsd_name(pool.id, upstream_model))
+        )
+        if combo is not None:
+            return await _quota_share(call, combo, upstream_model, cands, diag)
+    return await proxy._execute(call, cands, diag)
+
+
+async def _quota_share(
+    call: proxy.Call,
+    combo: Combo,
+    model: str,
+    cands: list[proxy.Candidate],
+    diag: Diagnostics,
+) -> Response:
+    svc = call.svc
+    by_conn = {c.conn.id: c for c in cands}
+    res = select_quota_share(
+        combo.targets,
+        combo.name,
+        model,
+        svc.gw.clock.now_ms(),
+        saturated=saturation_gate(svc.signals.buckets, model),
+        max_concurrent={c.conn.id: c.conn.max_concurrent for c in cands},
+        inflight=svc.tracker,
+        drr=svc.drr,
+    )
+    ordered = [
+        dataclasses.replace(by_conn[t.connection_id], target=t)
+        for t in res.order
+        if t.connection_id in by_conn
+    ]
+    ordered += [c for c in cands if c.conn.id not in {o.conn.id for o in ordered}]
+    diag.combo, diag.strategy = combo.name, "quota-share"
+    with res.ticket:  # charges DRR to the member that was really dispatched
+        opts = proxy.ExecOptions(drr=res.ticket, combo=combo.name)
+        return await proxy._execute(call, ordered, diag, opts)
+
+
+# -- user combos ----------------------------------------------------------------------------
+
+
+def target_candidates(reg: Registry, t: Target) -> list[proxy.Candidate]:
+    """The connections a target may use: the named one, else every enabled connection of its
+    provider that serves the model, heaviest first."""
+    if t.connection_id and t.connection_id != "*":
+        c = reg.connections.get(t.connection_id)
+        return [proxy.Candidate(c, t.model, t)] if c is not None and c.enabled else []
+    conns = [c for c in reg.by_provider.get(t.provider, ()) if c.serves(t.model)]
+    return [proxy.Candidate(c, t.model, t) for c in sorted(conns, key=lambda c: -c.weight)]
+
+
+_BREAKER_STATES: dict[str, Literal["closed", "half-open", "open"]] = {
+    "closed": "closed",
+    "half-open": "half-open",
+    "open": "open",
+}
+
+
+def _health(call: proxy.Call, targets: Sequence[Target]) -> HealthView:
+    mgr = call.svc.gw.resilience
+    if mgr is None:
+        return HealthView()
+    now = call.svc.gw.clock.now_ms()
+    out: dict[str, TargetHealth] = {}
+    for t in targets:
+        state = str(getattr(mgr.breaker(t.provider).state(now), "value", "closed"))
+        breaker = _BREAKER_STATES.get(state.replace("_", "-").lower(), "closed")
+        out[t.key] = TargetHealth(breaker=breaker)
+    return HealthView(out)
+
+
+def order_targets(call: proxy.Call, combo: Combo, targets: Sequence[Target]) -> list[Target]:
+    svc = call.svc
+    inp = RouteInput(
+        combo=combo.name,
+        targets=tuple(targets),
+        now_ms=svc.gw.clock.now_ms(),
+        rng=svc.rng,
+        request_tokens=call.prompt_estimate,
+        output_tokens=call.max_output,
+        metrics=svc.target_metrics,
+        health=_health(call, targets),
+        inflight=svc.tracker.snapshot(targets),
+        session_key=call.key.id,
+        options=combo.config.options,
+        soft_factor=svc.gw.quota_settings.soft_deprioritize_factor,
+    )
+    return get_strategy(combo.strategy)(inp, svc.strategy_state)
+
+
+async def route_combo(call: proxy.Call, combo: Combo) -> Response:
+    reg = call.svc.gw.registry
+    targets = expand_targets(combo.targets, reg.by_provider)
+    mode = mode_of(combo.strategy)
+    if mode != "fallback":
+        if call.route is not proxy.Route.CHAT:
+            raise ApiError(
+                400, f"'{combo.strategy}' combos are served on /v1/chat/completions", param="model"
+            )
+        if mode == "fusion":
+            return await _fusion(call, combo, targets)
+        return await _pipeline(call, combo, targets)
+    ordered = order_targets(call, combo, targets)
+    response = await _run(call, combo, ordered)
+    _after_answer(call, combo, response)
+    return response
+
+
+async def _run(
+    call: proxy.Call,
+    combo: Combo,
+    ordered: Sequence[Target],
+    *,
+    stream: bool | None = None,
+) -> Response:
+    """Execute over the targets in order with the combo's config (timeout included)."""
+    reg = call.svc.gw.registry
+    cfg = combo.config
+    cands = [c for t in ordered for c in target_candidates(reg, t)]
+    diag = Diagnostics(pool_size=len(cands), combo=combo.name, strategy=combo.strategy)
+    if not cands:
+        diag.terminal = Terminal.NO_TARGETS
+        raise ApiError(
+            503,
+            f"Combo '{combo.name}' has no enabled connection for its targets",
+            code="no_targets",
+            diagnostics=diag.body(),
+            headers=diag.headers(),
+        )
+    opts = proxy.ExecOptions(
+        max_retries=cfg.max_retries,
+        retry_delay_ms=cfg.retry_delay_ms,
+        attempt_cap=cfg.attempt_cap(len(cands)),
+        quality=cfg.quality_validation,
+        combo=combo.name,
+    )
+    if cfg.timeout_ms is None:
+        return await proxy._execute(call, cands, diag, opts)
+    try:
+        async with asyncio.timeout(cfg.timeout_ms / 1000):
+            return await proxy._execute(call, cands, diag, opts)
+    except TimeoutError:
+        diag.terminal = Terminal.TIMEOUT
+        raise ApiError(
+            504,
+            f"Combo '{combo.name}' did not answer within {cfg.timeout_ms} ms",
+            code="combo_timeout",
+            diagnostics=diag.body(),
+            headers=diag.headers(),
+        ) from None
+
+
+def _after_answer(call: proxy.Call, combo: Combo, response: Response) -> None:
+    """Remember who served (lkgp, cache affinity) and send the sampled shadow copies."""
+    svc = call.svc
+    conn_id = response.headers.get("x-fairgate-connection")
+    for t in combo.targets:
+        if t.connection_id in (conn_id, None, "*"):
+            conn = svc.gw.registry.connections.get(conn_id or "")
+            if conn is not None and conn.provider == t.provider:
+                svc.strategy_state.note_success(combo.name, call.key.id, t)
+                break
+    shadow = combo.config.shadow
+    if shadow.targets and svc.rng.random() < shadow.sample_rate:
+        for t in shadow.targets:
+            svc.spawn(_shadow(call, combo, t, shadow.timeout_ms))
+
+
+async def _shadow(call: proxy.Call, combo: Combo, target: Target, timeout_ms: int) -> None:
+    """A copy of the request to a shadow target: its own metrics, a real abort on timeout, and
+    quota drawn as an unallocated key (it borrows spare capacity only, never a client's share)."""
+    svc = call.svc
+    shadow_key = ClientKey(f"{call.key.id}~shadow", "shadow", "", "")
+    sub = dataclasses.replace(
+        call, key=shadow_key, stream=False, body={**call.body, "stream": False}
+    )
+    try:
+        async with asyncio.timeout(timeout_ms / 1000):
+            resp = await proxy._execute(
+                sub,
+                target_candidates(svc.gw.registry, target),
+                Diagnostics(combo=combo.name),
+                proxy.ExecOptions(combo=combo.name),
+            )
+            if resp.background is not None:
+                await resp.background()
+        svc.count("shadow_ok")
+    except (TimeoutError, ApiError):
+        svc.count("shadow_failed")
+
+
+# -- fusion and pipeline --------------------------------------------------------------------
+
+
+async def _ask(
+    call: proxy.Call, combo: Combo, target: Target, messages: list[dict[str, Any]]
+) -> PanelAnswer:
+    """One non-stream sub-request (a panel member or a pipeline step) to one target."""
+    body = {**call.body, "messages": messages, "stream": False}
+    body.pop("stream_options", None)
+    sub = dataclasses.replace(
+        call, body=body, stream=False, prompt_estimate=estimate_prompt_tokens(body)
+    )
+    try:
+        resp = await _run(sub, combo, [target])
+    except ApiError as err:
+        return PanelAnswer(target, error=err.message)
+    if resp.background is not None:
+        await resp.background()  # settle the sub-request's usage now
+    try:
+        text = answer_text(orjson.loads(bytes(resp.body)))
+    except orjson.JSONDecodeError:
+        text = None
+    return PanelAnswer(target, content=text) if text else PanelAnswer(target, error="empty")
+
+
+async def _fusion(call: proxy.Call, combo: Combo, targets: Sequence[Target]) -> Response:
+    plan = FusionPlan.from_combo(combo, order_targets(call, combo, targets))
+    messages = list(call.body.get("messages") or [])
+    answers = await asyncio.gather(*(_ask(call, combo, t, messages) for t in plan.panel))
+    decision = decide_fusion(answers)
+    if decision.action == "fail":
+        diag = Diagnostics(
+            pool_size=len(plan.panel),
+            combo=combo.name,
+            strategy="fusion",
+            terminal=Terminal.UPSTREAM_FAILED,
+        )
+        for a in answers:
+            diag.attempt(a.target.key, "failed", error=a.error)
+        raise ApiError(
+            502,
+            f"Every panel member of '{combo.name}' failed",
+            code="upstream_error",
+            diagnostics=diag.body(),
+            headers=diag.headers(),
+        )
+    if decision.action == "single":
+        return _synthetic_answer(call, combo, decision.answers[0])
+    judged = dataclasses.replace(
+        call, body={**call.body, "messages": judge_messages(messages, decision.answers)}
+    )
+    try:
+        return await _run(judged, combo, [plan.judge])
+    except ApiError:
+        fallback = decision.fallback
+        if fallback is None:
+            raise
+        return _synthetic_answer(call, combo, fallback)
+
+
+async def _pipeline(call: proxy.Call, combo: Combo, targets: Sequence[Target]) -> Response:
+    plan = PipelinePlan.from_combo(combo)
+    messages = list(call.body.get("messages") or [])
+    previous: str | None = None
+    for step in plan.steps[:-1]:
+        ans = await _ask(call, combo, step.target, step_messages(messages, step, previous))
+        if not ans.ok:
+            diag = Diagnostics(
+                pool_size=len(plan.steps),
+                combo=combo.name,
+                strategy="pipeline",
+                terminal=Terminal.UPSTREAM_FAILED,
+            )
+            diag.attempt(step.target.key, "failed", error=ans.error)
+            raise ApiError(
+                502,
+                f"Pipeline '{combo.name}' failed at a step",
+                code="upstream_error",
+                diagnostics=diag.body(),
+                headers=diag.headers(),
+            )
+        previous = ans.content
+    last = plan.steps[-1]
+    final = dataclasses.replace(
+        call, body={**call.body, "messages": step_messages(messages, last, previous)}
+    )
+    return await _run(final, combo, [last.target])
+
+
+def _synthetic_answer(call: proxy.Call, combo: Combo, answer: PanelAnswer) -> Response:
+    """A panel answer given as the combo's answer (fusion with one survivor), in the shape the
+    client asked for (a one-chunk stream when it streams)."""
+    created = call.svc.gw.clock.now_ms() // 1000
+    msg = {"role": "assistant", "content": answer.content}
+    headers = {"x-fairgate-combo": combo.name}
+    if call.stream:
+        chunk = {
+            "id": "chatcmpl-fusion",
+            "object": "chat.completion.chunk",
+            "created": created,
+            "model": call.model,
+            "choices": [{"index": 0, "delta": msg, "finish_reason": "stop"}],
+        }
+        body = b"data: " + orjson.dumps(chunk) + b"\n\ndata: [DONE]\n\n"
+        return Response(body, media_type="text/event-stream", headers=headers)
+    out = {
+        "id": "chatcmpl-fusion",
+        "object": "chat.completion",
+        "created": created,
+        "model": call.model,
+        "choices": [{"index": 0, "message": msg, "finish_reason": "stop"}],
+    }
+    return Response(orjson.dumps(out), media_type="application/json", headers=headers)

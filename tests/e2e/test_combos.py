@@ -1,0 +1,254 @@
+"""Combos through the real gateway with the mock upstream: fallback on 429, fusion with a judge,
+a pipeline chaining outputs, the all-failed diagnostics, every public strategy in one matrix,
+and quota-share routing over a pool's members with in-flight counts back at zero."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator
+
+import httpx
+import openai
+import pytest
+from e2e_support import (
+    ADMIN_KEY,
+    UPSTREAM_SECRET,
+    GatewayFactory,
+    Proc,
+    new_secret,
+)
+
+from fairgate.routing import PUBLIC_STRATEGIES
+
+ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
+
+
+def config(mock_url: str, secret: str, combos: str, pools: str = "") -> str:
+    conns = "".join(
+        f"  - {{id: {cid}, provider: {prov}, base_url: '{mock_url}/v1', "
+        f"secret: '{UPSTREAM_SECRET}', models: [{model}]}}\n"
+        for cid, prov, model in (
+            ("oa-1", "mock", "gpt-4o-mini"),
+            ("oa-2", "mock", "gpt-4o-mini"),
+            ("judge-1", "judge", "judge-model"),
+            ("claude-1", "anthropic", "claude-sonnet-4"),
+        )
+    )
+    return (
+        f"connections:\n{conns}keys:\n  - {{id: k, name: k, secret: '{secret}'}}\n"
+        f"combos:\n{combos}{pools}"
+    )
+
+
+@pytest.fixture
+def mock(mock_upstream: Proc) -> Iterator[Proc]:
+    httpx.post(mock_upstream.url + "/_mock/reset")
+    yield mock_upstream
+    httpx.post(mock_upstream.url + "/_mock/reset")
+
+
+def client(gw: Proc, secret: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=gw.url + "/v1", api_key=secret, max_retries=0)
+
+
+def stats(mock: Proc) -> dict[str, object]:
+    return dict(httpx.get(mock.url + "/_mock/stats").json())
+
+
+def test_combo_falls_through_on_429_and_is_listed(
+    mock: Proc, start_gateway: GatewayFactory
+) -> None:
+    secret = new_secret()
+    combos = (
+        "  - {name: fast, strategy: priority, targets: [\n"
+        "      {provider: mock, model: gpt-4o-mini, connection: oa-1},\n"
+        "      {provider: mock, model: gpt-4o-mini, connection: oa-2}]}\n"
+    )
+    gw = start_gateway(config(mock.url, secret, combos))
+    httpx.post(mock.url + "/_mock/schedule", json={"faults": ["429:1"]})
+    with client(gw, secret) as c:
+        raw = c.chat.completions.with_raw_response.create(
+            model="fast", messages=[{"role": "user", "content": "hi"}], max_tokens=3
+        )
+        assert raw.parse().choices[0].message.content
+        assert raw.headers["x-fairgate-connection"] == "oa-2"
+        assert raw.headers["x-fairgate-combo"] == "fast"
+        ids = {m.id for m in c.models.list()}
+    assert "fast" in ids
+    assert not any(i.startswith("qtSd/") for i in ids)
+
+
+def test_fusion_returns_the_judges_merged_answer(mock: Proc, start_gateway: GatewayFactory) -> None:
+    secret = new_secret()
+    combos = (
+        "  - name: panel\n    strategy: fusion\n    targets:\n"
+        "      - {provider: mock, model: gpt-4o-mini, connection: oa-1}\n"
+        "      - {provider: anthropic, model: claude-sonnet-4}\n"
+        "    config: {judge: {provider: judge, model: judge-model}}\n"
+    )
+    gw = start_gateway(config(mock.url, secret, combos))
+    with client(gw, secret) as c:
+        raw = c.chat.completions.with_raw_response.create(
+            model="panel",
+            messages=[{"role": "user", "content": "what is two plus two"}],
+            max_tokens=40,
+        )
+    answer = raw.parse().choices[0].message.content or ""
+    assert raw.headers["x-fairgate-connection"] == "judge-1"  # the judge produced the answer
+    # the mock echoes its last user message: the judge saw both panel answers in its prompt
+    assert "mock" in answer
+    s = stats(mock)
+    assert s["requests"] == 3  # two panel members + one judge
+
+
+def test_pipeline_chains_outputs(mock: Proc, start_gateway: GatewayFactory) -> None:
+    secret = new_secret()
+    combos = (
+        "  - name: chain\n    strategy: pipeline\n    targets:\n"
+        "      - {provider: anthropic, model: claude-sonnet-4}\n"
+        "      - {provider: mock, model: gpt-4o-mini, connection: oa-2}\n"
+        "    config: {options: {stepPrompts: [null, 'polish this draft']}}\n"
+    )
+    gw = start_gateway(config(mock.url, secret, combos))
+    with client(gw, secret) as c:
+        raw = c.chat.completions.with_raw_response.create(
+            model="chain", messages=[{"role": "user", "content": "draft a haiku"}], max_tokens=60
+        )
+    resp = raw.parse()
+    assert raw.headers["x-fairgate-connection"] == "oa-2"  # the last step answered
+    # step 2 answered the step prompt ...
+    assert "polish" in (resp.choices[0].message.content or "")
+    # ... over a conversation that carried step 1's whole output: "draft a haiku" alone is 4
+    # prompt tokens for the mock (characters / 4), step 1's answer adds ~16 words
+    assert resp.usage is not None
+    assert resp.usage.prompt_tokens > 20
+    assert stats(mock)["requests"] == 2
+
+
+def test_all_targets_failing_returns_diagnostics(mock: Proc, start_gateway: GatewayFactory) -> None:
+    secret = new_secret()
+    combos = (
+        "  - {name: doomed, strategy: priority, config: {maxRetries: 1}, targets: [\n"
+        "      {provider: mock, model: gpt-4o-mini, connection: oa-1},\n"
+        "      {provider: mock, model: gpt-4o-mini, connection: oa-2}]}\n"
+    )
+    gw = start_gateway(config(mock.url, secret, combos))
+    httpx.post(mock.url + "/_mock/schedule", json={"faults": ["500", "500", "503", "503"]})
+    r = httpx.post(
+        gw.url + "/v1/chat/completions",
+        headers={"Authorization": f"Bearer {secret}"},
+        json={"model": "doomed", "messages": [{"role": "user", "content": "x"}]},
+    )
+    assert r.status_code in (502, 503)
+    body = r.json()
+    assert body["error"]["message"]
+    diag = body["diagnostics"]
+    assert diag["combo"] == "doomed"
+    assert diag["terminalReason"] == "upstream_failed"
+    # each target retried once on a transient 5xx before falling through
+    assert diag["attemptOrder"] == ["mock/gpt-4o-mini@oa-1"] * 2 + ["mock/gpt-4o-mini@oa-2"] * 2
+    assert diag["recoveryHint"]["action"]
+    assert r.headers["x-fairgate-combo-terminal"] == "upstream_failed"
+    assert UPSTREAM_SECRET not in r.text
+    assert "Traceback" not in r.text
+
+
+def test_empty_200_is_a_failure_that_falls_through(
+    mock: Proc, start_gateway: GatewayFactory
+) -> None:
+    secret = new_secret()
+    combos = (
+        "  - {name: q, strategy: priority, targets: [\n"
+        "      {provider: mock, model: gpt-4o-mini, connection: oa-1},\n"
+        "      {provider: mock, model: gpt-4o-mini, connection: oa-2}]}\n"
+    )
+    gw = start_gateway(config(mock.url, secret, combos))
+    httpx.post(mock.url + "/_mock/schedule", json={"faults": ["empty"]})
+    with client(gw, secret) as c:
+        raw = c.chat.completions.with_raw_response.create(
+            model="q", messages=[{"role": "user", "content": "x"}], max_tokens=3
+        )
+        assert raw.parse().choices[0].message.content
+        assert raw.headers["x-fairgate-connection"] == "oa-2"
+        # streams are validated on their first content chunk, then passed through live
+        httpx.post(mock.url + "/_mock/schedule", json={"faults": ["error-200"]})
+        raw = c.chat.completions.with_raw_response.create(
+            model="q", messages=[{"role": "user", "content": "x"}], stream=True
+        )
+        chunks = list(raw.parse())
+    assert "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+    assert raw.headers["x-fairgate-connection"] == "oa-2"
+
+
+@pytest.mark.parametrize("strategy", list(PUBLIC_STRATEGIES))
+def test_every_public_strategy_answers_through_the_pipeline(
+    strategy: str, mock: Proc, start_gateway: GatewayFactory, request: pytest.FixtureRequest
+) -> None:
+    secret = new_secret()
+    combos = (
+        f"  - {{name: m, strategy: {strategy}, targets: [\n"
+        "      {provider: mock, model: gpt-4o-mini, connection: oa-1, priceIn: 1, priceOut: 2},\n"
+        "      {provider: anthropic, model: claude-sonnet-4, priceIn: 3, priceOut: 15},\n"
+        "      {provider: mock, model: gpt-4o-mini, connection: oa-2, priceIn: 0.5}]}\n"
+    )
+    gw = start_gateway(config(mock.url, secret, combos))
+    with client(gw, secret) as c:
+        for _ in range(2):
+            resp = c.chat.completions.create(
+                model="m", messages=[{"role": "user", "content": "hello"}], max_tokens=4
+            )
+            assert resp.choices[0].message.content
+    metrics = httpx.get(gw.url + "/metrics").text
+    assert 'model="m"' in metrics  # the combo's requests were recorded
+
+
+def test_quota_share_spreads_over_pool_members_and_inflight_returns_to_zero(
+    mock: Proc, start_gateway: GatewayFactory
+) -> None:
+    secret = new_secret()
+    pools = (
+        "pools:\n  - {id: qp, name: QP, connections: [oa-1, oa-2],\n"
+        "     dimensions: [{unit: requests, window: hourly, limit: 1000}],\n"
+        "     allocations: [{key: k, weight: 100}]}\n"
+    )
+    gw = start_gateway(
+        config(mock.url, secret, "  []\n", pools).replace("combos:\n  []\n", "combos: []\n")
+    )
+    used: dict[str, int] = {}
+    with client(gw, secret) as c:
+        for i in range(12):
+            raw = c.chat.completions.with_raw_response.create(
+                model="gpt-4o-mini",
+                messages=[{"role": "user", "content": "x"}],
+                max_tokens=2,
+                stream=bool(i % 2),
+            )
+            conn = raw.headers["x-fairgate-connection"]
+            raw.parse() if not i % 2 else list(raw.parse())
+            used[conn] = used.get(conn, 0) + 1
+        # a failing stream too
+        httpx.post(mock.url + "/_mock/schedule", json={"faults": ["reset-mid-stream:2"]})
+        with contextlib.suppress(Exception):
+            list(
+                c.chat.completions.create(
+                    model="gpt-4o-mini", stream=True, messages=[{"role": "user", "content": "x"}]
+                )
+            )
+    assert used == {"oa-1": 6, "oa-2": 6}  # equal weights: DRR alternates
+    assert raw.headers.get("x-fairgate-combo") == "qtSd/qp/gpt-4o-mini"
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        health = httpx.get(gw.url + "/health").json()
+        if health["inflightLeases"] == 0 and health["inflight"] == 0:
+            break
+        time.sleep(0.05)
+    assert (health["inflightLeases"], health["inflight"]) == (0, 0)
+    r = httpx.post(
+        gw.url + "/v1/chat/completions",
+        headers={"Authorization": f"Bearer {secret}"},
+        json={"model": "qtSd/qp/gpt-4o-mini", "messages": [{"role": "user", "content": "x"}]},
+    )
+    assert r.status_code == 400  # internal, not user-selectable
+    combos = httpx.get(gw.url + "/api/combos?internal=true", headers=ADMIN).json()
+    assert any(c["name"] == "qtSd/qp/gpt-4o-mini" for c in combos)
