@@ -252,3 +252,120 @@ def test_quota_share_spreads_over_pool_members_and_inflight_returns_to_zero(
     assert r.status_code == 400  # internal, not user-selectable
     combos = httpx.get(gw.url + "/api/combos?internal=true", headers=ADMIN).json()
     assert any(c["name"] == "qtSd/qp/gpt-4o-mini" for c in combos)
+
+
+TWO = (
+    "  - {name: two, strategy: priority, targets: [\n"
+    "      {provider: mock, model: gpt-4o-mini, connection: oa-1},\n"
+    "      {provider: mock, model: gpt-4o-mini, connection: oa-2}],\n"
+    "     config: {options: {fanOut: 2}}}\n"
+    "  - {name: strict, strategy: priority, targets: [\n"
+    "      {provider: mock, model: gpt-4o-mini, connection: oa-1},\n"
+    "      {provider: mock, model: gpt-4o-mini, connection: oa-2}],\n"
+    "     config: {options: {strictPin: true}}}\n"
+)
+
+
+def test_pinned_target_and_fan_out(mock: Proc, start_gateway: GatewayFactory) -> None:
+    secret = new_secret()
+    gw = start_gateway(config(mock.url, secret, TWO))
+    h = {"Authorization": f"Bearer {secret}"}
+    body = {"model": "strict", "messages": [{"role": "user", "content": "x"}], "max_tokens": 2}
+    # fan-out: both race; the slow one loses and the answer comes from the fast one
+    httpx.post(mock.url + "/_mock/schedule", json={"faults": ["latency:800"]})
+    r = httpx.post(
+        gw.url + "/v1/chat/completions", headers=h, json={**body, "model": "two"}, timeout=10
+    )
+    assert r.status_code == 200
+    assert r.headers["x-fairgate-fan-out"] == "2"
+    assert r.elapsed.total_seconds() < 0.7
+    assert httpx.get(mock.url + "/_mock/stats").json()["requests"] == 2
+    # a pinned target goes first
+    r = httpx.post(
+        gw.url + "/v1/chat/completions",
+        json=body,
+        headers={**h, "x-fairgate-pin": "mock/gpt-4o-mini@oa-2"},
+    )
+    assert (r.status_code, r.headers["x-fairgate-connection"]) == (200, "oa-2")
+    # strict pin: the pinned target failing is the answer, nothing else is tried
+    httpx.post(mock.url + "/_mock/schedule", json={"faults": ["500", "500"]})
+    r = httpx.post(
+        gw.url + "/v1/chat/completions",
+        json=body,
+        headers={**h, "x-fairgate-pin": "mock/gpt-4o-mini@oa-2"},
+    )
+    assert r.status_code >= 500
+    assert {a["target"] for a in r.json()["diagnostics"]["attempted"]} == {"mock/gpt-4o-mini@oa-2"}
+    r = httpx.post(
+        gw.url + "/v1/chat/completions", json=body, headers={**h, "x-fairgate-pin": "nope/x"}
+    )
+    assert (r.status_code, r.json()["error"]["param"]) == (400, "x-fairgate-pin")
+
+
+def test_concurrency_cap_defers_a_busy_connection_without_dropping_it(
+    mock: Proc, start_gateway: GatewayFactory
+) -> None:
+    secret = new_secret()
+    combos = (
+        "  - {name: capped, strategy: priority, targets: [\n"
+        "      {provider: mock, model: gpt-4o-mini, connection: oa-1},\n"
+        "      {provider: mock, model: gpt-4o-mini, connection: oa-2}]}\n"
+    )
+    cfg = config(mock.url, secret, combos).replace(
+        "  - {id: oa-1, provider: mock,", "  - {id: oa-1, max_concurrent: 1, provider: mock,"
+    )
+    gw = start_gateway(cfg)
+    h = {"Authorization": f"Bearer {secret}"}
+    body = {"model": "capped", "messages": [{"role": "user", "content": "x"}], "max_tokens": 2}
+    import threading
+
+    slow: dict[str, httpx.Response] = {}
+    t = threading.Thread(
+        target=lambda: slow.setdefault(
+            "r",
+            httpx.post(
+                gw.url + "/v1/chat/completions",
+                json=body,
+                headers={**h, "x-mock-fault": "latency:800"},
+                timeout=10,
+            ),
+        )
+    )
+    t.start()
+    time.sleep(0.3)  # oa-1 now holds its one slot
+    r = httpx.post(gw.url + "/v1/chat/completions", json=body, headers=h)
+    assert (r.status_code, r.headers["x-fairgate-connection"]) == (200, "oa-2")
+    t.join(10)
+    assert slow["r"].headers["x-fairgate-connection"] == "oa-1"
+    r = httpx.post(gw.url + "/v1/chat/completions", json=body, headers=h)
+    assert r.headers["x-fairgate-connection"] == "oa-1"  # free again: back to first choice
+
+
+def test_routing_defaults_cascade_under_combo_config(
+    mock: Proc, start_gateway: GatewayFactory
+) -> None:
+    secret = new_secret()
+    combos = (
+        "  - {name: c, strategy: priority, targets: [\n"
+        "      {provider: mock, model: gpt-4o-mini, connection: oa-1}]}\n"
+    )
+    gw = start_gateway(config(mock.url, secret, combos))
+    bad = httpx.put(
+        gw.url + "/api/routing/defaults", headers=ADMIN, json={"global": {"maxRetries": -3}}
+    )
+    assert bad.status_code == 422
+    assert bad.json()["error"]["fields"][0]["field"] == "global"
+    ok = httpx.put(
+        gw.url + "/api/routing/defaults",
+        headers=ADMIN,
+        json={"global": {"maxRetries": 0}, "providers": {"mock": {"maxRetries": 2}}},
+    )
+    assert ok.status_code == 200
+    httpx.post(mock.url + "/_mock/schedule", json={"faults": ["500", "500", "500"]})
+    r = httpx.post(
+        gw.url + "/v1/chat/completions",
+        headers={"Authorization": f"Bearer {secret}"},
+        json={"model": "c", "messages": [{"role": "user", "content": "x"}]},
+    )
+    # the provider layer (2 retries) beats the global layer (0): three attempts in all
+    assert len(r.json()["diagnostics"]["attempted"]) == 3

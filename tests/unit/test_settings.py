@@ -23,3 +23,13 @@ def test_bad_values_fall_through() -> None:
     s = QuotaSettings.from_sources(env, {"quota.saturationThreshold": "abc"})
     assert s.saturation_threshold == 0.5
     assert s.retention_days == 14
+
+
+def test_lease_knob_env_db_and_range() -> None:
+    assert QuotaSettings.from_sources({}).lease_ms == 600_000
+    assert QuotaSettings.from_sources({"QUOTA_LEASE_MS": "2500"}).lease_ms == 2_500
+    both = QuotaSettings.from_sources({"QUOTA_LEASE_MS": "2500"}, {"quota.leaseMs": "90000"})
+    assert both.lease_ms == 90_000
+    # below a second, above a day or not a number: ignored, the next source wins
+    for bad in ("999", "86400001", "soon", "inf"):
+        assert QuotaSettings.from_sources({"QUOTA_LEASE_MS": bad}).lease_ms == 600_000

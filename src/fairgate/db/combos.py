@@ -82,13 +82,21 @@ class ComboRepo:
             raise NotFound(f"combo '{name}' not found")
         return found
 
-    def combos(self) -> list[Combo]:
-        """The registry's view: each stored combo built by the routing layer. One that the
-        routing layer now refuses is skipped and logged, so a reload never fails on it."""
+    def combos(
+        self,
+        global_layer: Mapping[str, object] | None = None,
+        provider_layers: Mapping[str, Mapping[str, object]] | None = None,
+    ) -> list[Combo]:
+        """The registry's view: each stored combo built by the routing layer over the config
+        cascade (built-in defaults → ``global_layer`` → the layer of its first target's
+        provider → its own config). One that the routing layer now refuses is skipped and
+        logged, so a reload never fails on it."""
         out: list[Combo] = []
         for rec in self.all():
+            provider = rec.spec.targets[0].provider if rec.spec.targets else ""
+            layers = [global_layer or {}, (provider_layers or {}).get(provider, {})]
             try:
-                out.append(rec.combo())
+                out.append(rec.combo(*layers))
             except InvalidCombo as exc:
                 log.warning("combo %r skipped: %s", rec.name, exc)
         return out

@@ -11,8 +11,11 @@ into the DB, not mirrored). Unchanged objects are not written: seeding twice cha
 
 from __future__ import annotations
 
+import json
 import sqlite3
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from fairgate.clock import SYSTEM_CLOCK, Clock
 from fairgate.config import (
@@ -29,6 +32,7 @@ from fairgate.db.connections import ConnectionRepo
 from fairgate.db.keys import KeyRepo, display_prefix
 from fairgate.db.plans import PlanRepo
 from fairgate.db.pools import PoolRecord, PoolRepo, resolve_pool
+from fairgate.db.settings import SettingsRepo
 from fairgate.quota.model import Allocation, Dimension, ModelCap
 from fairgate.registry import ClientKey, Connection, Registry, hash_key, protocol_for
 
@@ -202,5 +206,24 @@ def load_registry(
         [resolve_pool(r, overrides) for r in PoolRepo(conn).records()],
         default_provider=default_provider,
         version=version,
-        combos=ComboRepo(conn).combos(),
+        combos=ComboRepo(conn).combos(*_combo_layers(SettingsRepo(conn).all())),
     )
+
+
+def _combo_layers(
+    settings: Mapping[str, str],
+) -> tuple[dict[str, object], dict[str, dict[str, object]]]:
+    """The cascade's middle layers from DB settings: ``routing.comboDefaults`` (JSON, every
+    combo) and ``routing.providerComboDefaults`` (JSON by provider). Unreadable → ignored."""
+
+    def load(key: str) -> dict[str, Any]:
+        try:
+            value = json.loads(settings.get(key) or "{}")
+        except ValueError:
+            return {}
+        return value if isinstance(value, dict) else {}
+
+    providers = {
+        p: v for p, v in load("routing.providerComboDefaults").items() if isinstance(v, dict)
+    }
+    return load("routing.comboDefaults"), providers

@@ -57,4 +57,7 @@ class QuotaSettings:
                 0.0,
                 3650.0,
             ),
+            # how long an admission's reservation lives unsettled (a crashed replica's are
+            # reclaimed after it); at least a second, at most a day
+            lease_ms=int(pick("quota.leaseMs", "QUOTA_LEASE_MS", 10 * 60_000, 1_000, 86_400_000)),
         )

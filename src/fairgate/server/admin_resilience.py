@@ -116,3 +116,43 @@ async def put_settings(body: ResilienceSettingsIn, gw: GW) -> dict[str, Any]:
     if gw.resilience is not None:
         gw.resilience.update_settings(ResilienceSettings.from_sources(gw.env, repo.all()))
     return _effective(gw)
+
+
+class RoutingDefaultsIn(BaseModel):
+    """The middle layers of the combo config cascade (built-in defaults → ``global`` → the
+    combo's first target's provider → the combo's own config), in combo config keys."""
+
+    global_: dict[str, Any] = Field(default_factory=dict, alias="global")
+    providers: dict[str, dict[str, Any]] = Field(default_factory=dict)
+
+
+@router.get("/routing/defaults", tags=["combos"])
+async def get_routing_defaults(gw: GW) -> dict[str, Any]:
+    repo = SettingsRepo(gw.db)
+    return {
+        "global": json.loads(repo.get("routing.comboDefaults") or "{}"),
+        "providers": json.loads(repo.get("routing.providerComboDefaults") or "{}"),
+    }
+
+
+@router.put("/routing/defaults", tags=["combos"])
+async def put_routing_defaults(body: RoutingDefaultsIn, gw: GW) -> dict[str, Any]:
+    """Validated by building a combo config from the layers (422 naming the layer), then stored
+    and applied to every combo at once (the registry is rebuilt)."""
+    from fairgate.routing import ComboConfig
+
+    problems: list[tuple[str, str]] = []
+    for field_name, layer in [("global", body.global_)] + [
+        (f"providers.{p}", layer) for p, layer in body.providers.items()
+    ]:
+        try:
+            ComboConfig.from_layers(layer)
+        except (ValueError, TypeError) as exc:
+            problems.append((field_name, str(exc)))
+    if problems:
+        raise AdminError(422, "invalid routing defaults", problems)
+    repo = SettingsRepo(gw.db)
+    repo.set("routing.comboDefaults", json.dumps(body.global_))
+    repo.set("routing.providerComboDefaults", json.dumps(body.providers))
+    gw.reload()
+    return await get_routing_defaults(gw)

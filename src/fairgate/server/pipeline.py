@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 from collections.abc import Sequence
@@ -163,10 +164,80 @@ async def route_combo(call: proxy.Call, combo: Combo) -> Response:
         if mode == "fusion":
             return await _fusion(call, combo, targets)
         return await _pipeline(call, combo, targets)
-    ordered = order_targets(call, combo, targets)
-    response = await _run(call, combo, ordered)
+    ordered = _pin(call, combo, order_targets(call, combo, targets))
+    fan_out = _int_option(combo, "fan_out")
+    if fan_out >= 2 and not call.stream:
+        response = await _fan_out(call, combo, ordered[:fan_out], ordered[fan_out:])
+    else:
+        response = await _run(call, combo, ordered)
     _after_answer(call, combo, response)
     return response
+
+
+def _int_option(combo: Combo, name: str) -> int:
+    raw = combo.config.options.get(name)
+    return raw if isinstance(raw, int) and not isinstance(raw, bool) else 0
+
+
+def _pin(call: proxy.Call, combo: Combo, ordered: list[Target]) -> list[Target]:
+    """Pre-dispatch pinning: ``x-fairgate-pin: provider/model[@connection]`` puts that target
+    first (session affinity decided by the client); with the combo option ``strictPin`` it is
+    the only one tried."""
+    pin = call.headers.get("x-fairgate-pin")
+    if not pin:
+        return ordered
+    pinned = [t for t in ordered if pin in (t.key, f"{t.provider}/{t.model}")]
+    if not pinned:
+        raise ApiError(
+            400,
+            f"Pinned target '{pin}' is not a target of combo '{combo.name}'",
+            param="x-fairgate-pin",
+        )
+    if combo.config.options.get("strict_pin") is True:
+        return pinned
+    return pinned + [t for t in ordered if t not in pinned]
+
+
+async def _fan_out(
+    call: proxy.Call, combo: Combo, racers: Sequence[Target], rest: Sequence[Target]
+) -> Response:
+    """Chaos fan-out (option ``fanOut: n``): the first n targets race, the first good answer
+    wins and the others are aborted (their reservations released; an answer that arrived
+    anyway is settled, since the upstream did the work). All racers failing → the remaining
+    targets in order."""
+    tasks = [asyncio.create_task(_run(call, combo, [t])) for t in racers]
+    winner: Response | None = None
+    last: ApiError | None = None
+    pending: set[asyncio.Task[Response]] = set(tasks)
+    while pending and winner is None:
+        done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+        for task in done:
+            exc = task.exception()
+            if exc is None and winner is None:
+                winner = task.result()
+            elif exc is None:
+                await _settle_loser(task.result())
+            elif isinstance(exc, ApiError):
+                last = exc
+            else:
+                raise exc
+    for task in pending:
+        task.cancel()
+    for task in pending:
+        with contextlib.suppress(asyncio.CancelledError, ApiError):
+            await _settle_loser(await task)
+    if winner is not None:
+        winner.headers["x-fairgate-fan-out"] = str(len(racers))
+        return winner
+    if rest:
+        return await _run(call, combo, rest)
+    assert last is not None
+    raise last
+
+
+async def _settle_loser(resp: Response) -> None:
+    if resp.background is not None:
+        await resp.background()
 
 
 async def _run(

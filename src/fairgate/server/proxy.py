@@ -396,11 +396,25 @@ async def _execute(
                 return result
         return result
 
-    for i, cand in enumerate(cands):
+    deferred: list[Candidate] = []  # at their concurrency cap: tried last, never dropped
+    requeued = False
+    queue = list(cands)
+    while True:
+        if not queue:
+            if not deferred or requeued:
+                break
+            queue, requeued = list(deferred), True  # nobody with room answered: fail open
+        cand = queue.pop(0)
         if attempts >= opts.attempt_cap:
             diag.exclude(cand.label, "attempt-cap")
             continue
         conn = cand.conn
+        cap = conn.max_concurrent
+        busy = svc.tracker.snapshot([cand.target])[cand.target.key]
+        if not requeued and cap is not None and 0 < cap <= busy:
+            deferred.append(cand)
+            diag.exclude(cand.label, "concurrency-full")
+            continue
         now = svc.gw.clock.now_ms()
         if mgr is not None:
             excl = await mgr.check(conn.provider, conn.id, cand.model, conn.auth_type)
@@ -421,7 +435,7 @@ async def _execute(
             if pool is not None:
                 blocked_pools.add(pool.id)
             continue
-        if adm.penalized and held is None and i + 1 < len(cands):
+        if adm.penalized and held is None and (queue or (deferred and not requeued)):
             held = (cand, pool, adm)  # soft: look for an unpenalised candidate first
             continue
         if held is not None and not adm.penalized:

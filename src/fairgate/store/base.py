@@ -19,6 +19,12 @@ still held raises ``ValueError``; the key id ``*`` is reserved for pool totals
 (``ValueError``); ``admit`` and ``settle`` mark the key active, ``record`` does not;
 un-reserving never takes a counter below zero; ``gc`` also reclaims expired reservations of
 pools nobody admits to any more.
+
+Outages: a driver lists, in a class attribute ``unavailable_errors``, the exceptions that mean
+"the backend cannot be reached or cannot take writes right now" (as opposed to a refused
+request, such as a ``ValueError``). The engine fails open and journals writes on those only
+(:mod:`fairgate.quota.journal`); :func:`unavailable_errors` adds the OS-level ones every driver
+can raise.
 """
 
 from __future__ import annotations
@@ -37,6 +43,15 @@ DEFAULT_LEASE_MS = 10 * 60_000
 RECLAIM_BATCH = 16
 #: Pool-total rows/keys use this key id.
 TOTAL_KEY = "*"
+#: Errors that mean "unavailable" for any driver: sockets, files, timeouts (``TimeoutError`` and
+#: ``ConnectionError`` are ``OSError`` subclasses).
+BASE_UNAVAILABLE_ERRORS: tuple[type[BaseException], ...] = (OSError,)
+
+
+def unavailable_errors(store: object) -> tuple[type[BaseException], ...]:
+    """The exceptions that mean ``store`` is down rather than that it refused a request."""
+    own = getattr(store, "unavailable_errors", ())
+    return BASE_UNAVAILABLE_ERRORS + tuple(own)
 
 
 @dataclass(frozen=True, slots=True)

@@ -42,6 +42,27 @@ def redis_url(env: Mapping[str, str], db: Mapping[str, str]) -> str | None:
     return None
 
 
+#: ``QUOTA_STORE_REDIS_TIMEOUT_MS``: how long one Redis command may take before the store counts
+#: as down (the connect timeout is half of it); bounds what a request waits when Redis hangs.
+DEFAULT_REDIS_TIMEOUT_MS = 500
+_REDIS_TIMEOUT_RANGE = (50, 30_000)
+
+
+def redis_timeout_ms(env: Mapping[str, str]) -> int:
+    raw = (env.get("QUOTA_STORE_REDIS_TIMEOUT_MS") or "").strip()
+    if raw:
+        try:
+            value = int(raw)
+        except ValueError:
+            value = -1
+        lo, hi = _REDIS_TIMEOUT_RANGE
+        if lo <= value <= hi:
+            return value
+        log.warning("QUOTA_STORE_REDIS_TIMEOUT_MS=%r is not in %d..%d; using %d", raw, lo, hi,
+                    DEFAULT_REDIS_TIMEOUT_MS)
+    return DEFAULT_REDIS_TIMEOUT_MS
+
+
 async def create_store(
     sqlite_path: str | os.PathLike[str],
     *,
@@ -87,7 +108,10 @@ async def _try_redis(
     except ImportError:
         return "the redis client library is not installed (pip install 'fairgate[redis]')"
     try:
-        store = RedisQuotaStore(url, prefix=prefix)
+        timeout_s = redis_timeout_ms(env) / 1000.0
+        store = RedisQuotaStore(
+            url, prefix=prefix, connect_timeout_s=timeout_s / 2, socket_timeout_s=timeout_s
+        )
     except Exception as exc:
         return f"bad redis URL ({type(exc).__name__})"
     try:

@@ -29,8 +29,12 @@ from collections.abc import Sequence
 from typing import Any, Final, cast
 
 import redis.asyncio
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
 from redis.commands.core import AsyncScript
-from redis.exceptions import RedisError
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import ReadOnlyError, RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from fairgate.quota.decision import POLICY_CODES, REASON_CODES, Outcome, Verdict
 from fairgate.quota.window import Count, bucket_index
@@ -50,6 +54,12 @@ _OUTCOMES: Final = (Outcome.ALLOW, Outcome.PENALIZE, Outcome.BLOCK)
 _RESERVATION_MARGIN_MS: Final = 60_000
 _SCAN_COUNT: Final = 1000
 _DELETE_BATCH: Final = 500
+#: Socket timeouts of the client the store opens itself. Short on purpose: while Redis does not
+#: answer, every admission waits this long before failing open, until the engine's circuit
+#: opens (after the first failure). A loopback or LAN Redis answers in well under a millisecond,
+#: so half a second only ever trips on a dead or hung server.
+DEFAULT_CONNECT_TIMEOUT_S: Final = 0.25
+DEFAULT_SOCKET_TIMEOUT_S: Final = 0.5
 
 
 @functools.cache
@@ -109,6 +119,14 @@ class RedisQuotaStore:
     """Quota counters in Redis; see the module docstring for the key layout."""
 
     name = "redis"
+    #: what an outage looks like from here (the engine fails open and journals on these):
+    #: refused or dropped connections (also "loading the dataset" after a restart), timeouts,
+    #: and a replica that was demoted under us
+    unavailable_errors: tuple[type[BaseException], ...] = (
+        RedisConnectionError,
+        RedisTimeoutError,
+        ReadOnlyError,
+    )
 
     def __init__(
         self,
@@ -116,18 +134,37 @@ class RedisQuotaStore:
         *,
         prefix: str = "fairgate",
         client: redis.asyncio.Redis | None = None,
+        connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
+        socket_timeout_s: float = DEFAULT_SOCKET_TIMEOUT_S,
     ) -> None:
         self._prefix = _check_id("prefix", prefix)
         self._owns_client = client is None
         self._client: redis.asyncio.Redis = (
-            client if client is not None else redis.asyncio.Redis.from_url(url)
+            client
+            if client is not None
+            else self._own_client(url, connect_timeout_s, socket_timeout_s)
         )
         self._admit = self._register("admit.lua")
         self._settle = self._register("settle.lua")
         self._release = self._register("release.lua")
 
+    @staticmethod
+    def _own_client(url: str, connect_s: float, read_s: float) -> redis.asyncio.Redis:
+        """A client that gives up fast: short socket timeouts, and one immediate retry on a
+        connection error only. The retry is what makes a Redis restart invisible: the pooled
+        connections are dead then, and the retry reconnects. redis-py's default (ten retries
+        with backoff, five-second timeouts) would hold each admission for seconds during an
+        outage; retrying a *timeout* could apply a script twice and double the wait."""
+        return redis.asyncio.Redis.from_url(
+            url,
+            socket_connect_timeout=connect_s,
+            socket_timeout=read_s,
+            retry=Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)),
+        )
+
     def _register(self, name: str) -> AsyncScript:
-        # register_script only hashes the text; the server loads it on the first NOSCRIPT.
+        # register_script only hashes the text; the server loads it on the first NOSCRIPT, so
+        # a Redis restarted empty gets the scripts again on first use.
         return self._client.register_script(_script_source(name))
 
     @property

@@ -153,6 +153,8 @@ class SqliteQuotaStore:
     """:class:`~fairgate.store.base.QuotaStore` on one SQLite file."""
 
     name = "sqlite"
+    #: locked past the busy timeout, disk full, I/O error: the engine fails open and journals
+    unavailable_errors: tuple[type[BaseException], ...] = (sqlite3.OperationalError,)
 
     def __init__(
         self,
