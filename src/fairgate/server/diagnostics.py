@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from fairgate.server.errors import ApiError
+
 
 class Terminal(StrEnum):
     """Why a request ended without an answer (an enumerated code clients can switch on)."""
@@ -88,6 +90,14 @@ class Diagnostics:
             "terminalReason": self.terminal.value if self.terminal else None,
             "recoveryHint": self.hint(),
         }
+
+    def error(
+        self, status: int, message: str, *, code: str, terminal: Terminal, **kw: Any
+    ) -> ApiError:
+        """An error that carries these diagnostics (body and headers) and its terminal reason."""
+        self.terminal = terminal
+        headers = {**self.headers(), **kw.pop("headers", {})}
+        return ApiError(status, message, code=code, headers=headers, diagnostics=self.body(), **kw)
 
     def headers(self) -> dict[str, str]:
         out = {

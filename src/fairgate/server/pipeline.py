@@ -253,13 +253,11 @@ async def _run(
     cands = [c for t in ordered for c in target_candidates(reg, t)]
     diag = Diagnostics(pool_size=len(cands), combo=combo.name, strategy=combo.strategy)
     if not cands:
-        diag.terminal = Terminal.NO_TARGETS
-        raise ApiError(
+        raise diag.error(
             503,
             f"Combo '{combo.name}' has no enabled connection for its targets",
             code="no_targets",
-            diagnostics=diag.body(),
-            headers=diag.headers(),
+            terminal=Terminal.NO_TARGETS,
         )
     opts = proxy.ExecOptions(
         max_retries=cfg.max_retries,
@@ -274,13 +272,11 @@ async def _run(
         async with asyncio.timeout(cfg.timeout_ms / 1000):
             return await proxy._execute(call, cands, diag, opts)
     except TimeoutError:
-        diag.terminal = Terminal.TIMEOUT
-        raise ApiError(
+        raise diag.error(
             504,
             f"Combo '{combo.name}' did not answer within {cfg.timeout_ms} ms",
             code="combo_timeout",
-            diagnostics=diag.body(),
-            headers=diag.headers(),
+            terminal=Terminal.TIMEOUT,
         ) from None
 
 
@@ -362,12 +358,11 @@ async def _fusion(call: proxy.Call, combo: Combo, targets: Sequence[Target]) -> 
         )
         for a in answers:
             diag.attempt(a.target.key, "failed", error=a.error)
-        raise ApiError(
+        raise diag.error(
             502,
             f"Every panel member of '{combo.name}' failed",
             code="upstream_error",
-            diagnostics=diag.body(),
-            headers=diag.headers(),
+            terminal=Terminal.UPSTREAM_FAILED,
         )
     if decision.action == "single":
         return _synthetic_answer(call, combo, decision.answers[0])
@@ -397,12 +392,11 @@ async def _pipeline(call: proxy.Call, combo: Combo, targets: Sequence[Target]) -
                 terminal=Terminal.UPSTREAM_FAILED,
             )
             diag.attempt(step.target.key, "failed", error=ans.error)
-            raise ApiError(
+            raise diag.error(
                 502,
                 f"Pipeline '{combo.name}' failed at a step",
                 code="upstream_error",
-                diagnostics=diag.body(),
-                headers=diag.headers(),
+                terminal=Terminal.UPSTREAM_FAILED,
             )
         previous = ans.content
     last = plan.steps[-1]

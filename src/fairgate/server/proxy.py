@@ -55,7 +55,18 @@ from fairgate.routing import (
     TargetMetrics,
 )
 from fairgate.server import relay
-from fairgate.server.bodies import optional_bool, optional_int, read_json_object, require_str
+from fairgate.server.bodies import (
+    CHAT_FIELDS,
+    MAX_MODEL_LEN,
+    MAX_OUTPUT_TOKENS,
+    MESSAGES_FIELDS,
+    check_fields,
+    check_messages,
+    optional_bool,
+    optional_int,
+    read_json_object,
+    require_str,
+)
 from fairgate.server.diagnostics import Diagnostics, Terminal
 from fairgate.server.errors import ApiError, error_response
 from fairgate.server.metrics import Metrics
@@ -225,7 +236,7 @@ async def _handle(request: Request, route: Route) -> Response:
 def _parse(
     svc: Services, request: Request, key: ClientKey, body: dict[str, Any], route: Route, t0: float
 ) -> Call:
-    model = require_str(body, "model")
+    model = require_str(body, "model", max_len=MAX_MODEL_LEN)
     default_out = svc.gw.config.server.default_max_tokens
     if route is Route.EMBEDDINGS:
         inp = body.get("input")
@@ -239,26 +250,18 @@ def _parse(
             raise ApiError(400, "'input' must be a string or an array of strings", param="input")
         prompt = sum(estimate_text_tokens(t) for t in texts)
         return Call(svc, request, key, body, route, model, False, prompt, 0, t0, request.headers)
-    msgs = body.get("messages")
-    if not isinstance(msgs, list) or not msgs:
-        raise ApiError(
-            400, "'messages' is required and must be a non-empty array", param="messages"
-        )
-    for i, m in enumerate(msgs):
-        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
-            raise ApiError(
-                400,
-                f"'messages[{i}]' must be an object with a string 'role'",
-                param=f"messages[{i}]",
-            )
+    check_messages(body)
+    check_fields(body, MESSAGES_FIELDS if route is Route.MESSAGES else CHAT_FIELDS)
     stream = optional_bool(body, "stream")
     if route is Route.MESSAGES:
-        max_out = optional_int(body, "max_tokens", minimum=1)
+        max_out = optional_int(body, "max_tokens", minimum=1, maximum=MAX_OUTPUT_TOKENS)
         if max_out is None:
             raise ApiError(400, "'max_tokens' is required", param="max_tokens")
     else:
-        max_out = optional_int(body, "max_completion_tokens", minimum=1) or optional_int(
-            body, "max_tokens", minimum=1
+        max_cap = optional_int(body, "max_tokens", minimum=1, maximum=MAX_OUTPUT_TOKENS)
+        max_out = (
+            optional_int(body, "max_completion_tokens", minimum=1, maximum=MAX_OUTPUT_TOKENS)
+            or max_cap
         )
     return Call(
         svc,
@@ -488,20 +491,18 @@ def _no_answer(
     waits = [e.until_ms - now for e in exclusions if e.until_ms is not None]
     waits += [b.admission.retry_after_ms for b in blocked if b.admission.retry_after_ms]
     rate_limited = all_rate_limited(exclusions)
-    diag.terminal = Terminal.ALL_RATE_LIMITED if rate_limited else Terminal.ALL_UNAVAILABLE
-    headers = diag.headers()
+    retry_headers: dict[str, str] = {}
     if waits:
         diag.retry_after_ms = max(0, min(waits))
-        headers["retry-after"] = str(max(1, math.ceil(diag.retry_after_ms / 1000)))
-    status = 429 if rate_limited else 503
+        retry_headers["retry-after"] = str(max(1, math.ceil(diag.retry_after_ms / 1000)))
     what = "rate limited" if rate_limited else "unavailable (cooling down, locked or failing)"
-    return ApiError(
-        status,
+    return diag.error(
+        429 if rate_limited else 503,
         f"Every upstream for '{call.model}' is {what}",
         code="all_targets_unavailable",
+        terminal=Terminal.ALL_RATE_LIMITED if rate_limited else Terminal.ALL_UNAVAILABLE,
         type_="rate_limit_error" if rate_limited else "overloaded_error",
-        headers=headers,
-        diagnostics=diag.body(),
+        headers=retry_headers,
     )
 
 
@@ -641,8 +642,9 @@ async def _attempt(
     lease = svc.tracker.acquire(cand.target)
     try:
         return await _attempt_on(call, cand, pool, adm, lease, diag=diag, opts=opts)
-    except asyncio.CancelledError:
-        # a combo timeout or a shadow's abort: give back the slot and the reservation
+    except (asyncio.CancelledError, Exception):
+        # a combo timeout, a shadow's abort or a bug: give back the slot and the reservation
+        # (idempotent: a path that already settled or released it makes this a no-op)
         lease.release()
         if ticket is not None:
             svc.inflight.discard(ticket)
@@ -664,7 +666,16 @@ async def _attempt_on(
     conn, upstream_model, label = cand.conn, cand.model, cand.label
     ticket = adm.ticket
     path = _UPSTREAM_PATH[(call.route, conn.protocol)]
-    payload, wants_usage = _upstream_body(call, conn, upstream_model)
+    try:
+        payload, wants_usage = _upstream_body(call, conn, upstream_model)
+    except orjson.JSONEncodeError:  # e.g. nested too deeply once translated: no target helps
+        lease.release()
+        await _release(svc, ticket)
+        err = ApiError(
+            400, "The request body cannot be encoded for the upstream (nested too deeply)"
+        )
+        err.final = True
+        return err
     t_send = time.perf_counter()
 
     async def fail(
