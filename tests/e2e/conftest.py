@@ -3,5 +3,6 @@
 from __future__ import annotations
 
 from e2e_support import mock_upstream, start_gateway
+from outage_support import throwaway_redis
 
-__all__ = ["mock_upstream", "start_gateway"]
+__all__ = ["mock_upstream", "start_gateway", "throwaway_redis"]

@@ -1305,6 +1305,19 @@
     res.replaceChildren(...(sections.length ? sections : [h("p", { class: "muted" }, "Nothing to report.")]));
     const errors = monitoring.quotaStore && monitoring.quotaStore.storeErrors;
     if (errors !== undefined) $("#store-card dl").append(h("dt", {}, "Store errors"), h("dd", { id: "store-errors" }, String(errors)));
+    // outage state: the circuit (down → admissions fail open) and the journal awaiting replay
+    const outage = monitoring.quotaStore && monitoring.quotaStore.outage;
+    if (outage) {
+      const j = outage.journal || {};
+      $("#store-card dl").append(
+        h("dt", {}, "Outage"),
+        h("dd", { id: "store-outage" }, outage.down ? "down: failing open, journaling usage" : "none"),
+        h("dt", {}, "Journal"),
+        h("dd", { id: "store-journal" }, `${j.pending ?? 0} pending, ${j.replayed ?? 0} replayed, ${j.dropped ?? 0} dropped`),
+        h("dt", {}, "Last error"),
+        h("dd", { id: "store-last-error" }, outage.lastError || "none"),
+      );
+    }
   }
 
   /* Render whatever the monitoring endpoint returns, whatever its depth: scalars as a definition

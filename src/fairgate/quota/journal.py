@@ -127,7 +127,7 @@ class Journal:
         releases; then cut to half the bound if still needed (releases first, oldest first)."""
         self.compactions += 1
         releases: list[JournalEntry] = []
-        sums: dict[tuple[str, str, str, str, int, str, int], tuple[float, int]] = {}
+        sums: dict[tuple[Op, str, str, str, int, str, int], tuple[float, int]] = {}
         for e in self._entries:
             if e.reserved and e.op in ("settle", "release"):
                 releases.append(
@@ -156,16 +156,12 @@ class Journal:
             cut = min(over, len(releases))
             releases = releases[cut:]
             over -= cut
-            log.warning(
-                "quota journal full: %d reservations left to expire with their lease", cut
-            )
+            log.warning("quota journal full: %d reservations left to expire with their lease", cut)
         if over > 0:
             lost = usage[:over]
             usage = usage[over:]
             self.dropped += len(lost)
-            log.error(
-                "quota journal full: dropped %d usage records of the store outage", len(lost)
-            )
+            log.error("quota journal full: dropped %d usage records of the store outage", len(lost))
         self._entries = deque(sorted(releases + usage, key=lambda e: e.now_ms))
 
 

@@ -74,6 +74,9 @@ __all__ = [
 
 log = logging.getLogger("fairgate.resilience")
 
+#: After the shared store fails as unreachable, fail open without asking it for this long.
+STORE_RETRY_MS: Final = 1_000
+
 ExclusionReason = Literal["breaker_open", "cooldown", "lockout", "permanent", "rate_limited"]
 ClearKind = Literal["cooldown", "lockout", "permanent", "breaker"]
 
@@ -200,6 +203,7 @@ class RateLimitManager:
         self._max_tracked = max_tracked
         self._warnings: dict[str, dict[tuple[str, str, str], RateLimitWarning]] = {}
         self._store_errors = 0
+        self._store_down_until = 0  # epoch ms: skip the store until then (it just failed)
 
     # -- configuration --------------------------------------------------------------------------
 
@@ -241,13 +245,31 @@ class RateLimitManager:
     # -- plumbing -------------------------------------------------------------------------------
 
     async def _safe(self, op: str, call: Callable[[], Awaitable[T]], default: T) -> T:
-        """Run a store call; on error fail open (log, count, return ``default``)."""
+        """Run a store call; on error fail open (log, count, return ``default``).
+
+        After a failure the store declares as "unreachable" (its ``unavailable_errors``; the
+        Redis store has them, the in-memory one cannot be unreachable), the store is left alone
+        for :data:`STORE_RETRY_MS`: those calls fail open at once (counted, not logged). A hung
+        Redis would otherwise cost every request a socket timeout, several times over."""
+        if self._store_down_until:
+            now = self._clock.now_ms()
+            if now < self._store_down_until:
+                self._store_errors += 1
+                return default
+            # the wait is over: this call is the one probe, the others keep skipping meanwhile
+            self._store_down_until = now + STORE_RETRY_MS
         try:
-            return await call()
+            result = await call()
         except Exception as exc:  # a store outage must not fail the request
             self._store_errors += 1
+            if isinstance(exc, tuple(getattr(self._store, "unavailable_errors", ()))):
+                self._store_down_until = self._clock.now_ms() + STORE_RETRY_MS
+            else:
+                self._store_down_until = 0  # it answered, if with an error
             log.warning("resilience store %s failed (failing open): %s", op, exc)
             return default
+        self._store_down_until = 0
+        return result
 
     def _persist(self, op: str, call: Callable[[SqlitePersistence], object]) -> None:
         if self._persistence is None:

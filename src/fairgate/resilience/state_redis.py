@@ -31,8 +31,12 @@ from typing import Any, Final, cast
 
 import orjson
 import redis.asyncio
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
 from redis.commands.core import AsyncScript
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from fairgate.clock import SYSTEM_CLOCK, Clock
 from fairgate.resilience.backoff import Cooldown
@@ -54,6 +58,9 @@ SNAPSHOT_LIMIT: Final = 10_000
 #: Connections of the pool the store opens itself (callers beyond it wait up to the timeout).
 DEFAULT_MAX_CONNECTIONS: Final = 64
 POOL_TIMEOUT_S: Final = 5.0
+#: Read timeout of the store's own connections (the connect timeout is half of it); the same as
+#: the quota store's default (see ``fairgate.store.redis``).
+SOCKET_TIMEOUT_S: Final = 1.0
 
 
 @functools.cache
@@ -119,6 +126,9 @@ class RedisResilienceStore:
     """
 
     name = "redis"
+    #: errors that mean Redis is unreachable or hung: the manager then leaves the store alone
+    #: for a moment instead of paying a timeout on every request (see ``RateLimitManager._safe``)
+    unavailable_errors: tuple[type[BaseException], ...] = (RedisConnectionError, RedisTimeoutError)
 
     def __init__(
         self,
@@ -150,9 +160,16 @@ class RedisResilienceStore:
     @staticmethod
     def _own_client(url: str, max_connections: int) -> redis.asyncio.Redis:
         """A client whose pool waits for a free connection under a burst of checks (the
-        default pool raises "Too many connections" past its size instead)."""
+        default pool raises "Too many connections" past its size instead). Short socket
+        timeouts: every request reads this state, so a hung Redis without them would hang every
+        request; one immediate retry on a connection error reconnects after a Redis restart."""
         pool = redis.asyncio.BlockingConnectionPool.from_url(
-            url, max_connections=max_connections, timeout=POOL_TIMEOUT_S
+            url,
+            max_connections=max_connections,
+            timeout=POOL_TIMEOUT_S,
+            socket_connect_timeout=SOCKET_TIMEOUT_S / 2,
+            socket_timeout=SOCKET_TIMEOUT_S,
+            retry=Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)),
         )
         return redis.asyncio.Redis.from_pool(pool)
 

@@ -407,6 +407,10 @@ class DrrState:
         entry = self._combos.get(combo)
         return 0 if entry is None else len(entry.holds)
 
+    def hold_count(self) -> int:
+        """Open holds over every combo (each selection's hold is dropped when its request ends)."""
+        return sum(len(e.holds) for e in self._combos.values())
+
     def forget(self, combo: str) -> None:
         self._combos.pop(combo, None)
 

@@ -36,6 +36,8 @@ async def health(gw: GW) -> dict[str, Any]:
             "reachable": reachable,
             "failOpen": gw.engine.fail_open_count,
             "storeErrors": gw.engine.store_errors,
+            # circuit and journal: is the store considered down, what waits to be replayed
+            "outage": gw.engine.health().as_json(),
         },
     }
     if gw.resilience is not None:
@@ -60,6 +62,8 @@ async def clear(
         "permanent": ("connectionId",),
         "breaker": ("provider",),
     }[kind]
+    if kind == "permanent" and model:  # a model-scoped block is named by provider too
+        needs = ("connectionId", "provider")
     given = {"provider": provider, "connectionId": connection_id, "model": model}
     missing = [(f, "required for this kind") for f in needs if not given[f]]
     if missing:

@@ -23,6 +23,7 @@ from fairgate.providers.pricing import PriceTable
 from fairgate.providers.upstream import UpstreamClient
 from fairgate.server import proxy
 from fairgate.server.admin import create_admin_app
+from fairgate.server.admin_common import error_response as admin_error_response
 from fairgate.server.dashboard import dashboard_mount
 from fairgate.server.errors import ApiError, error_response
 from fairgate.server.logs import REDACTOR, RequestIdMiddleware
@@ -33,6 +34,24 @@ from fairgate.server.state import Gateway
 log = logging.getLogger("fairgate.server")
 
 Hook = Callable[[], Awaitable[None]]
+
+
+def _memory_sizes(svc: proxy.Services, gw: Gateway) -> dict[str, int]:
+    """Sizes of the gateway's in-memory maps: each is bounded by configuration (pools,
+    connections, targets, combos), never by the traffic; the soak test watches them."""
+    pools, events = gw.pool_log.size()
+    return {
+        "inflightTickets": len(svc.inflight),
+        "inflightTargets": len(svc.tracker),
+        "backgroundTasks": len(svc.tasks),
+        "drrCombos": len(svc.drr),
+        "drrHolds": svc.drr.hold_count(),
+        "targetMetrics": len(svc.target_metrics),
+        "poolLogPools": pools,
+        "poolLogEvents": events,
+        "proxyCounters": len(svc.counters),
+        **svc.signals.sizes(),
+    }
 
 
 def create_app(
@@ -83,18 +102,25 @@ def create_app(
                 await hook()
 
     async def health(request: Request) -> Response:
+        """200 while the gateway serves, also with its quota store down: admission then fails
+        open and usage is journaled (``store.outage``), so a load balancer must keep sending
+        traffic; a 503 here would turn a Redis outage into an outage of every replica."""
         svc: proxy.Services = request.app.state.services
         ok = await gw.engine.store.ping()
+        outage = gw.engine.health()
         body = {
-            "status": "ok" if ok else "degraded",
-            "store": {"driver": gw.store_choice.driver, "reachable": ok},
+            "status": "ok" if ok and not outage.down else "degraded",
+            "store": {
+                "driver": gw.store_choice.driver,
+                "reachable": ok,
+                "outage": outage.as_json(),
+            },
             "failOpen": gw.engine.fail_open_count,
             "inflight": len(svc.inflight),
             "inflightLeases": svc.tracker.total,
+            "memory": _memory_sizes(svc, gw),
         }
-        return Response(
-            orjson.dumps(body), media_type="application/json", status_code=200 if ok else 503
-        )
+        return Response(orjson.dumps(body), media_type="application/json")
 
     routes = [
         Route("/v1/chat/completions", proxy.chat_completions, methods=["POST"]),
@@ -108,7 +134,12 @@ def create_app(
     ]
 
     async def not_found(request: Request, exc: Exception) -> Response:
-        return error_response(ApiError(404, f"No route for {request.method} {request.url.path}"))
+        message = f"No route for {request.method} {request.url.path}"
+        if request.url.path == "/api" or request.url.path.startswith("/api/"):
+            # a path the /api mount does not match (Starlette's mount pattern stops at a
+            # newline): answer in the admin API's documented error shape
+            return admin_error_response(404, message)
+        return error_response(ApiError(404, message))
 
     async def method_not_allowed(request: Request, exc: Exception) -> Response:
         return error_response(ApiError(405, f"Method {request.method} not allowed here"))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -32,11 +33,45 @@ async def read_json_object(request: Request, max_bytes: int) -> dict[str, Any]:
         raise ApiError(400, "Request body is empty; expected a JSON object")
     try:
         body = orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        raise ApiError(400, "Request body is not valid JSON (or not UTF-8)") from None
+    except orjson.JSONDecodeError as exc:
+        raise _not_json(str(exc)) from None
     if not isinstance(body, dict):
         raise ApiError(400, "Request body must be a JSON object")
+    if raw.count(b"[") + raw.count(b"{") > MAX_DEPTH:  # cheap bound first: deep enough to matter?
+        _check_depth(body)
     return body
+
+
+#: Deepest nesting of arrays and objects accepted in a body. The body is re-encoded for the
+#: upstream (orjson refuses to encode more than 254 levels), and no real request comes close.
+MAX_DEPTH = 128
+
+
+def _not_json(reason: str) -> ApiError:
+    """A clear 400 for a body the parser refused (its reason names a position, never the input:
+    the body may hold secrets)."""
+    if "depth limit" in reason:
+        return _too_deep()
+    if "UTF-8" in reason:
+        return ApiError(400, "Request body is not valid UTF-8")
+    return ApiError(400, f"Request body is not valid JSON ({reason})")
+
+
+def _too_deep() -> ApiError:
+    return ApiError(400, f"Request body nests arrays or objects deeper than {MAX_DEPTH} levels")
+
+
+def _check_depth(body: object) -> None:
+    """400 when ``body`` nests deeper than :data:`MAX_DEPTH` (iterative: no recursion limit)."""
+    stack: list[tuple[object, int]] = [(body, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            raise _too_deep()
+        if isinstance(value, dict):
+            stack.extend((v, depth + 1) for v in value.values() if isinstance(v, dict | list))
+        elif isinstance(value, list):
+            stack.extend((v, depth + 1) for v in value if isinstance(v, dict | list))
 
 
 def _too_large(max_bytes: int) -> ApiError:
@@ -45,10 +80,12 @@ def _too_large(max_bytes: int) -> ApiError:
     )
 
 
-def require_str(body: dict[str, Any], field: str) -> str:
+def require_str(body: dict[str, Any], field: str, *, max_len: int | None = None) -> str:
     value = body.get(field)
     if not isinstance(value, str) or not value.strip():
         raise ApiError(400, f"'{field}' is required and must be a non-empty string", param=field)
+    if max_len is not None and len(value) > max_len:
+        raise ApiError(400, f"'{field}' is longer than {max_len} characters", param=field)
     return value
 
 
@@ -59,12 +96,20 @@ def require_list(body: dict[str, Any], field: str, *, allow_empty: bool = False)
     return value
 
 
-def optional_int(body: dict[str, Any], field: str, *, minimum: int = 0) -> int | None:
+def optional_int(
+    body: dict[str, Any], field: str, *, minimum: int = 0, maximum: int | None = None
+) -> int | None:
     value = body.get(field)
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ApiError(400, f"'{field}' must be an integer ≥ {minimum}", param=field)
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int)
+        or value < minimum
+        or (maximum is not None and value > maximum)
+    ):
+        bound = f"≥ {minimum}" if maximum is None else f"in {minimum}..{maximum}"
+        raise ApiError(400, f"'{field}' must be an integer {bound}", param=field)
     return value
 
 
@@ -75,3 +120,161 @@ def optional_bool(body: dict[str, Any], field: str) -> bool:
     if not isinstance(value, bool):
         raise ApiError(400, f"'{field}' must be a boolean", param=field)
     return value
+
+
+# -- the standard fields of the OpenAI and Anthropic request bodies ---------------------------
+#
+# The gateway re-encodes the body for the upstream and reserves quota before it sends it, so a
+# request whose standard fields have the wrong type is refused here (400 naming the field)
+# rather than spending a reservation and an upstream round trip on a certain upstream 400 -- or,
+# worse, an upstream that ignores the field and answers 200 with something the client did not
+# ask for. Only fields that are present are checked; unknown fields pass through untouched.
+
+#: Largest ``max_tokens`` accepted: far above any model's output limit, small enough that the
+#: reservation it sizes stays meaningful (a 1e18-token reservation is a malformed request, not
+#: a reason to answer "the pool is saturated").
+MAX_OUTPUT_TOKENS = 10_000_000
+
+#: The longest model name accepted (as the config file's model names).
+MAX_MODEL_LEN = 200
+
+
+@dataclass(frozen=True, slots=True)
+class FieldRule:
+    """The JSON types a field may take (``null`` means it may be null) and a numeric range."""
+
+    kinds: frozenset[str]
+    lo: float | None = None
+    hi: float | None = None
+
+    def problem(self, value: object) -> str | None:
+        kind = json_kind(value)
+        ok = kind in self.kinds or (kind == "integer" and "number" in self.kinds)
+        if not ok:
+            names = [n for k, n in _NAMES.items() if k in self.kinds]
+            listed = ", ".join(names[:-1]) + " or " + names[-1] if len(names) > 1 else names[0]
+            return "must be " + listed
+        if not isinstance(value, int | float) or isinstance(value, bool):
+            return None
+        if self.lo is not None and value < self.lo:
+            return f"must be ≥ {self.lo:g}" if self.hi is None else self._range()
+        if self.hi is not None and value > self.hi:
+            return f"must be ≤ {self.hi:g}" if self.lo is None else self._range()
+        return None
+
+    def _range(self) -> str:
+        return f"must be between {self.lo:g} and {self.hi:g}"
+
+
+_NAMES = {  # in the order error messages list them
+    "string": "a string",
+    "number": "a number",
+    "integer": "an integer",
+    "boolean": "a boolean",
+    "array": "an array",
+    "object": "an object",
+    "null": "null",
+}
+
+
+def json_kind(value: object) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int):
+        return "integer"
+    if isinstance(value, float):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    return "array" if isinstance(value, list) else "object"
+
+
+def _rule(*kinds: str, lo: float | None = None, hi: float | None = None) -> FieldRule:
+    return FieldRule(frozenset(kinds), lo, hi)
+
+
+_MESSAGE_FIELDS: dict[str, FieldRule] = {
+    "content": _rule("string", "array", "null"),
+    "name": _rule("string", "null"),
+    "tool_calls": _rule("array", "null"),
+    "tool_call_id": _rule("string", "null"),
+}
+
+#: OpenAI chat completions (``/v1/chat/completions``).
+CHAT_FIELDS: dict[str, FieldRule] = {
+    "stream_options": _rule("object", "null"),
+    "n": _rule("integer", "null", lo=1, hi=128),
+    "temperature": _rule("number", "null", lo=0, hi=2),
+    "top_p": _rule("number", "null", lo=0, hi=1),
+    "presence_penalty": _rule("number", "null", lo=-2, hi=2),
+    "frequency_penalty": _rule("number", "null", lo=-2, hi=2),
+    "stop": _rule("string", "array", "null"),
+    "logit_bias": _rule("object", "null"),
+    "logprobs": _rule("boolean", "null"),
+    "top_logprobs": _rule("integer", "null", lo=0, hi=20),
+    "user": _rule("string", "null"),
+    "seed": _rule("integer", "null"),
+    "tools": _rule("array", "null"),
+    "tool_choice": _rule("string", "object", "null"),
+    "parallel_tool_calls": _rule("boolean", "null"),
+    "response_format": _rule("object", "null"),
+    "metadata": _rule("object", "null"),
+    "store": _rule("boolean", "null"),
+    "reasoning_effort": _rule("string", "null"),
+    "modalities": _rule("array", "null"),
+    "service_tier": _rule("string", "null"),
+    "functions": _rule("array", "null"),
+    "function_call": _rule("string", "object", "null"),
+}
+
+#: Anthropic messages (``/v1/messages``).
+MESSAGES_FIELDS: dict[str, FieldRule] = {
+    "system": _rule("string", "array", "null"),
+    "stop_sequences": _rule("array", "null"),
+    "temperature": _rule("number", "null", lo=0, hi=1),
+    "top_p": _rule("number", "null", lo=0, hi=1),
+    "top_k": _rule("integer", "null", lo=0),
+    "tools": _rule("array", "null"),
+    "tool_choice": _rule("object", "null"),
+    "metadata": _rule("object", "null"),
+    "thinking": _rule("object", "null"),
+}
+
+
+def check_fields(body: dict[str, Any], rules: dict[str, FieldRule]) -> None:
+    """400 naming the first standard field of ``body`` whose type or range is wrong."""
+    for name, rule in rules.items():
+        if name in body:
+            problem = rule.problem(body[name])
+            if problem is not None:
+                raise ApiError(400, f"'{name}' {problem}", param=name)
+
+
+def check_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
+    """``messages``: a non-empty array of objects with a string ``role``, content a string, an
+    array of typed parts (objects with a string ``type``) or null."""
+    msgs = body.get("messages")
+    if not isinstance(msgs, list) or not msgs:
+        raise ApiError(
+            400, "'messages' is required and must be a non-empty array", param="messages"
+        )
+    for i, m in enumerate(msgs):
+        where = f"messages[{i}]"
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            raise ApiError(400, f"'{where}' must be an object with a string 'role'", param=where)
+        for name, rule in _MESSAGE_FIELDS.items():
+            if name in m:
+                problem = rule.problem(m[name])
+                if problem is not None:
+                    raise ApiError(400, f"'{where}.{name}' {problem}", param=f"{where}.{name}")
+        content = m.get("content")
+        if isinstance(content, list):
+            for j, part in enumerate(content):
+                if not isinstance(part, dict) or not isinstance(part.get("type"), str):
+                    param = f"{where}.content[{j}]"
+                    raise ApiError(
+                        400, f"'{param}' must be an object with a string 'type'", param=param
+                    )
+    return msgs

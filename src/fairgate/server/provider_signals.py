@@ -75,6 +75,10 @@ class ProviderSignals:
                 charges.append(PercentCharge(key_id, counter, pct))
         return snap, charges
 
+    def sizes(self) -> dict[str, int]:
+        """Entries of the per-connection maps (bounded by the connections, not the traffic)."""
+        return {"signalConnections": len(self._parsed), "percentAttributors": len(self._attr)}
+
     def add_tokens(self, connection_id: str, key_id: str, tokens: float) -> None:
         for counter in _PERCENT_READINGS:
             attr = self._attr.get((connection_id, counter))

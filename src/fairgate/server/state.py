@@ -9,6 +9,7 @@ live here too so that a settings change (say, a new Redis URL) takes effect with
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import os
@@ -71,6 +72,10 @@ class PoolLog:
     def forget(self, pool_id: str) -> None:
         self._events.pop(pool_id, None)
 
+    def size(self) -> tuple[int, int]:
+        """(pools, events) held: for ``/health``'s view of the gateway's in-memory maps."""
+        return len(self._events), sum(len(e) for e in self._events.values())
+
 
 class Gateway:
     """Runtime state. Construct, ``await start()``, use, ``await stop()``.
@@ -108,6 +113,7 @@ class Gateway:
         self.quota_settings = self._settings_from({})
         self._store_lock = asyncio.Lock()
         self._started = False
+        self._replay_task: asyncio.Task[None] | None = None
 
     @property
     def db_path(self) -> Path:
@@ -157,6 +163,10 @@ class Gateway:
             redis_prefix=self.redis_prefix,
             db=self.db,
         )
+        # probes a store that went down and replays the usage journaled meanwhile
+        self._replay_task = asyncio.get_running_loop().create_task(
+            self.engine.run_replay(), name="fairgate-quota-replay"
+        )
         self._started = True
         self.reload()
 
@@ -166,11 +176,34 @@ class Gateway:
             return
         self._started = False
         try:
+            if self._replay_task is not None:
+                self._replay_task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await self._replay_task
+                self._replay_task = None
+            await self._flush_journal()
             if self.resilience is not None:
                 await self.resilience.close()
             await self.engine.store.close()
         finally:
             self.db.close()
+
+    async def _flush_journal(self, timeout_s: float = 2.0) -> None:
+        """Last chance for usage journaled during a store outage: one bounded replay. What is
+        still pending after it is lost with the process (logged), see fairgate.quota.journal."""
+        engine = self.engine
+        if not len(engine.journal):
+            return
+        engine.circuit.reset()  # try once now, whatever the circuit's wait says
+        try:
+            await asyncio.wait_for(engine.replay_journal(), timeout_s)
+        except Exception as exc:
+            log.warning("replaying the quota journal at shutdown failed (%s)", type(exc).__name__)
+        if len(engine.journal):
+            log.error(
+                "quota store unavailable at shutdown: %d journaled writes lost",
+                len(engine.journal),
+            )
 
     @property
     def redis_prefix(self) -> str:

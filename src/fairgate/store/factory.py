@@ -44,7 +44,7 @@ def redis_url(env: Mapping[str, str], db: Mapping[str, str]) -> str | None:
 
 #: ``QUOTA_STORE_REDIS_TIMEOUT_MS``: how long one Redis command may take before the store counts
 #: as down (the connect timeout is half of it); bounds what a request waits when Redis hangs.
-DEFAULT_REDIS_TIMEOUT_MS = 500
+DEFAULT_REDIS_TIMEOUT_MS = 1_000
 _REDIS_TIMEOUT_RANGE = (50, 30_000)
 
 
@@ -58,8 +58,13 @@ def redis_timeout_ms(env: Mapping[str, str]) -> int:
         lo, hi = _REDIS_TIMEOUT_RANGE
         if lo <= value <= hi:
             return value
-        log.warning("QUOTA_STORE_REDIS_TIMEOUT_MS=%r is not in %d..%d; using %d", raw, lo, hi,
-                    DEFAULT_REDIS_TIMEOUT_MS)
+        log.warning(
+            "QUOTA_STORE_REDIS_TIMEOUT_MS=%r is not in %d..%d; using %d",
+            raw,
+            lo,
+            hi,
+            DEFAULT_REDIS_TIMEOUT_MS,
+        )
     return DEFAULT_REDIS_TIMEOUT_MS
 
 

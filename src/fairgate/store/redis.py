@@ -54,12 +54,19 @@ _OUTCOMES: Final = (Outcome.ALLOW, Outcome.PENALIZE, Outcome.BLOCK)
 _RESERVATION_MARGIN_MS: Final = 60_000
 _SCAN_COUNT: Final = 1000
 _DELETE_BATCH: Final = 500
-#: Socket timeouts of the client the store opens itself. Short on purpose: while Redis does not
-#: answer, every admission waits this long before failing open, until the engine's circuit
-#: opens (after the first failure). A loopback or LAN Redis answers in well under a millisecond,
-#: so half a second only ever trips on a dead or hung server.
-DEFAULT_CONNECT_TIMEOUT_S: Final = 0.25
-DEFAULT_SOCKET_TIMEOUT_S: Final = 0.5
+#: Socket timeouts of the client the store opens itself (``QUOTA_STORE_REDIS_TIMEOUT_MS``).
+#: Short on purpose: when Redis hangs, the admissions in flight wait this long before failing
+#: open; after that first failure the engine's circuit fails every admission open at once. Not
+#: shorter, because the read timeout also counts the time this process's event loop takes to
+#: get round to the reply: at 0.5 s the contract suite's four racing processes saw spurious
+#: timeouts on a loaded two-core host (about one run in fifteen), and a spurious timeout is a
+#: false outage (admissions fail open for a second). A dead server is detected at once anyway
+#: (connection refused), whatever the timeout.
+DEFAULT_CONNECT_TIMEOUT_S: Final = 0.5
+DEFAULT_SOCKET_TIMEOUT_S: Final = 1.0
+#: Connections of the store's own pool, and how long a caller waits for one when all are busy.
+MAX_CONNECTIONS: Final = 64
+POOL_TIMEOUT_S: Final = 5.0
 
 
 @functools.cache
@@ -154,13 +161,21 @@ class RedisQuotaStore:
         connection error only. The retry is what makes a Redis restart invisible: the pooled
         connections are dead then, and the retry reconnects. redis-py's default (ten retries
         with backoff, five-second timeouts) would hold each admission for seconds during an
-        outage; retrying a *timeout* could apply a script twice and double the wait."""
-        return redis.asyncio.Redis.from_url(
+        outage; retrying a *timeout* could apply a script twice and double the wait.
+
+        The pool is bounded and callers beyond it queue for a connection: a burst of hundreds
+        of admissions would otherwise open hundreds of connections at once, and the handshakes
+        of that storm (not Redis) are what can push a reply past the short read timeout on a
+        busy host, which would look like an outage and fail admissions open."""
+        pool = redis.asyncio.BlockingConnectionPool.from_url(
             url,
+            max_connections=MAX_CONNECTIONS,
+            timeout=POOL_TIMEOUT_S,
             socket_connect_timeout=connect_s,
             socket_timeout=read_s,
             retry=Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)),
         )
+        return redis.asyncio.Redis.from_pool(pool)
 
     def _register(self, name: str) -> AsyncScript:
         # register_script only hashes the text; the server loads it on the first NOSCRIPT, so

@@ -1,0 +1,33 @@
+"""The quota store's Redis client gives up fast (an outage must not hold requests for seconds):
+the timeout knob, and what the store's own client is built with. No server is needed."""
+
+from __future__ import annotations
+
+import pytest
+
+from fairgate.store.factory import DEFAULT_REDIS_TIMEOUT_MS, redis_timeout_ms
+from fairgate.store.redis import MAX_CONNECTIONS, RedisQuotaStore
+
+
+def test_timeout_knob_default_value_and_range(caplog: pytest.LogCaptureFixture) -> None:
+    assert redis_timeout_ms({}) == DEFAULT_REDIS_TIMEOUT_MS == 1_000
+    assert redis_timeout_ms({"QUOTA_STORE_REDIS_TIMEOUT_MS": " 250 "}) == 250
+    for bad in ("49", "30001", "fast", "1.5"):
+        assert redis_timeout_ms({"QUOTA_STORE_REDIS_TIMEOUT_MS": bad}) == 1_000
+    assert "QUOTA_STORE_REDIS_TIMEOUT_MS" in caplog.text
+
+
+async def test_own_client_short_timeouts_one_retry_bounded_pool() -> None:
+    store = RedisQuotaStore(
+        "redis://127.0.0.1:1/0", prefix="t", connect_timeout_s=0.1, socket_timeout_s=0.2
+    )
+    try:
+        pool = store._client.connection_pool
+        kwargs = pool.connection_kwargs
+        assert (kwargs["socket_connect_timeout"], kwargs["socket_timeout"]) == (0.1, 0.2)
+        assert kwargs["retry"].get_retries() == 1
+        assert pool.max_connections == MAX_CONNECTIONS
+        # nothing listens on port 1: refused at once, reported as unreachable, not raised
+        assert await store.ping() is False
+    finally:
+        await store.close()
