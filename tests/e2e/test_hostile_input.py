@@ -326,7 +326,9 @@ def raw_bodies(draw: st.DrawFn) -> tuple[str, bytes]:
             return route, body.encode()
         return route, good[:-1] + b', "metadata": ' + nested.encode() + b"}"
     if kind == "duplicate":
-        # the parser keeps the last of duplicate keys; here the last one is malformed
+        # the parser keeps the last of duplicate keys; here the last one is malformed. (A body
+        # whose last duplicate is valid is served as such: the gateway re-encodes what it parsed
+        # and checked, so the upstream never sees a different value -- no parser differential.)
         field = draw(st.sampled_from(["model", "messages", "stream", "max_tokens"]))
         return route, good[:-1] + f', "{field}": {{"dup": [1, 2]}}}}'.encode()
     noise = draw(st.binary(min_size=1, max_size=64))
