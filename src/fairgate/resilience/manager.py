@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from typing import Any, Final, Literal, TypeVar
 
 from fairgate.clock import SYSTEM_CLOCK, Clock
-from fairgate.providers.ratelimit import parse_rate_limit_headers
+from fairgate.providers.ratelimit import RateLimitSnapshot, parse_rate_limit_headers
 from fairgate.resilience.backoff import Cooldown, next_cooldown_ms
 from fairgate.resilience.breaker import BreakerRecord, BreakerState, CircuitBreaker
 from fairgate.resilience.classify import Classification, FailureClass
@@ -361,18 +361,27 @@ class RateLimitManager:
     # -- outcomes -------------------------------------------------------------------------------
 
     async def on_success(
-        self, provider: str, conn_id: str, model: str, headers: Mapping[str, str] | None = None
+        self,
+        provider: str,
+        conn_id: str,
+        model: str,
+        headers: Mapping[str, str] | None = None,
+        *,
+        snapshot: RateLimitSnapshot | None = None,
     ) -> None:
         """A request succeeded: close a half-open breaker, reset backoff levels of entries that
-        are over, and learn from the rate-limit headers."""
+        are over, and learn from the rate-limit headers. A caller that already parsed them
+        passes ``snapshot`` instead (parsing is the dearest part of a success on the hot path)."""
         now = self._clock.now_ms()
         br = self.breaker(provider)
         if br.record(True) is not None:
             await self._share_breaker(provider, br)
         await self._reset_level(_cd_key(conn_id), now)
         await self._reset_level(_lock_key(provider, conn_id, model), now)
-        if headers:
-            await self._learn(provider, conn_id, model, headers, now)
+        if snapshot is None and headers:
+            snapshot = parse_rate_limit_headers(headers, now)
+        if snapshot is not None:
+            await self._learn(provider, conn_id, model, snapshot, now)
 
     async def _reset_level(self, key: tuple[str, ...], now: int) -> None:
         until = self._tracked.get(key)
@@ -401,13 +410,10 @@ class RateLimitManager:
                 )
 
     async def _learn(
-        self, provider: str, conn_id: str, model: str, headers: Mapping[str, str], now: int
+        self, provider: str, conn_id: str, model: str, snap: RateLimitSnapshot, now: int
     ) -> None:
         """Remaining 0 with a reset → lock the model until the reset; below ``warn_fraction``
         → a soft warning; otherwise drop the warning for that dimension."""
-        snap = parse_rate_limit_headers(headers, now)
-        if snap is None:
-            return
         fraction = self._settings.for_provider(provider).warn_fraction
         warnings = self._warnings.setdefault(conn_id, {})
         for dim in _DIMENSIONS:

@@ -28,6 +28,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from fairgate.providers.pricing import PriceTable
+from fairgate.providers.ratelimit import RateLimitSnapshot
 from fairgate.providers.translate import (
     anthropic_to_openai_request,
     anthropic_to_openai_response,
@@ -722,7 +723,7 @@ async def _attempt_on(
             ),
             exc=exc,
         )
-    _, charges = svc.signals.observe(
+    snap, charges = svc.signals.observe(
         conn.id, upstream_model, resp.headers, force=resp.status >= 400
     )
     if pool is not None:
@@ -757,7 +758,7 @@ async def _attempt_on(
                 body=problem.encode(),
                 settle_usage=tally.effective_usage(),
             )
-        await _report_success(call, cand, resp.headers, _ms_since(t_send))
+        await _report_success(call, cand, snap, _ms_since(t_send))
         diag.attempt(label, "ok", status=200, latency_ms=_ms_since(t_send))
         headers["x-fairgate-overhead-ms"] = f"{(t_send - call.t0) * 1000:.3f}"
         return _stream_response(
@@ -794,7 +795,7 @@ async def _attempt_on(
             settle_usage=usage or Usage(prompt_tokens=call.prompt_estimate),
         )
     lease.release()
-    await _report_success(call, cand, resp.headers, (t_body - t_send) * 1000, usage)
+    await _report_success(call, cand, snap, (t_body - t_send) * 1000, usage)
     diag.attempt(label, "ok", status=200, latency_ms=(t_body - t_send) * 1000)
     overhead = (time.perf_counter() - call.t0 - (t_body - t_send)) * 1000
     headers["x-fairgate-overhead-ms"] = f"{overhead:.3f}"
@@ -812,13 +813,17 @@ async def _attempt_on(
 async def _report_success(
     call: Call,
     cand: Candidate,
-    headers: Mapping[str, str],
+    snap: RateLimitSnapshot | None,
     latency_ms: float,
     usage: Usage | None = None,
 ) -> None:
+    """``snap``: the rate-limit headers as parsed by the provider signals (None when they were
+    not parsed this time: readings are taken at most once a second per connection)."""
     svc = call.svc
     if svc.gw.resilience is not None:
-        await svc.gw.resilience.on_success(cand.conn.provider, cand.conn.id, cand.model, headers)
+        await svc.gw.resilience.on_success(
+            cand.conn.provider, cand.conn.id, cand.model, snapshot=snap
+        )
     tokens = 0 if usage is None else usage.prompt_tokens + usage.completion_tokens
     svc.target_metrics.record(cand.target.key, latency_ms, True, svc.gw.clock.now_ms(), tokens)
 
