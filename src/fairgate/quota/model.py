@@ -105,10 +105,12 @@ class Pool:
     active_window_ms: int = 15 * 60_000
     _by_key: Mapping[str, Allocation] = field(default_factory=dict, compare=False, repr=False)
     _equal_weight: float | None = field(default=None, compare=False, repr=False)
+    _enforced: tuple[Dimension, ...] = field(default=(), compare=False, repr=False)
 
     def __post_init__(self) -> None:
         # derived once so per-request lookups stay O(1) however many keys share the pool
         object.__setattr__(self, "_by_key", {a.key_id: a for a in self.allocations})
+        object.__setattr__(self, "_enforced", tuple(d for d in self.dimensions if d.known))
         if self.allocations and all(a.weight <= 0 for a in self.allocations):
             object.__setattr__(self, "_equal_weight", 100.0 / len(self.allocations))
 
@@ -133,4 +135,4 @@ class Pool:
         return max(0.0, alloc.weight)
 
     def enforced_dimensions(self) -> tuple[Dimension, ...]:
-        return tuple(d for d in self.dimensions if d.known)
+        return self._enforced

@@ -49,7 +49,6 @@ def _memory_sizes(svc: proxy.Services, gw: Gateway) -> dict[str, int]:
         "targetMetrics": len(svc.target_metrics),
         "poolLogPools": pools,
         "poolLogEvents": events,
-        "proxyCounters": len(svc.counters),
         **svc.signals.sizes(),
     }
 

@@ -104,7 +104,6 @@ class Services:
     signals: ProviderSignals
     prices: PriceTable
     inflight: set[Ticket] = field(default_factory=set)
-    counters: dict[str, int] = field(default_factory=dict)
     tasks: set[asyncio.Task[None]] = field(default_factory=set)
     tracker: InflightTracker = field(default_factory=InflightTracker)
     drr: DrrState = field(default_factory=DrrState)
@@ -112,9 +111,6 @@ class Services:
     target_metrics: TargetMetrics = field(default_factory=TargetMetrics)
     rng: random.Random = field(default_factory=random.Random)
     metrics: Metrics = field(default_factory=Metrics)
-
-    def count(self, name: str) -> None:
-        self.counters[name] = self.counters.get(name, 0) + 1
 
     def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         """Run bookkeeping off the response path; shutdown waits for what is still running."""
@@ -219,7 +215,6 @@ async def models(request: Request) -> Response:
 async def _handle(request: Request, route: Route) -> Response:
     svc = _services(request)
     t0 = time.perf_counter()
-    svc.count("requests")
     key: ClientKey | None = None
     body: dict[str, Any] | None = None
     try:
@@ -228,7 +223,6 @@ async def _handle(request: Request, route: Route) -> Response:
         call = _parse(svc, request, key, body, route, t0)
         resp = await _dispatch(call)
     except ApiError as err:
-        svc.count(f"status_{err.status}")
         resp = error_response(err, anthropic=route is Route.MESSAGES)
     svc.metrics.observe_request(svc.gw.registry, key, body, resp, t0)
     return resp
@@ -522,10 +516,7 @@ async def _admit(call: Call, conn: Connection, pool: Pool | None, upstream_model
         Unit.PERCENT: svc.signals.percent_estimate(conn.id, tokens),
     }
     adm = await svc.gw.engine.admit(pool, call.key.id, cost, model=upstream_model)
-    svc.count(f"admission_{adm.outcome.value}")
     svc.metrics.observe_admission(adm)
-    if adm.fail_open:
-        svc.count("fail_open")
     if not adm.allowed:
         log.info(
             "admission blocked",
@@ -710,7 +701,6 @@ async def _attempt_on(
     try:
         resp = await svc.upstream.post(conn, path, payload, call.headers)
     except (TimeoutError, aiohttp.ClientError, OSError) as exc:
-        svc.count("upstream_connect_error")
         log.warning(
             "upstream unreachable", extra={"connection": conn.id, "error": type(exc).__name__}
         )
@@ -731,7 +721,6 @@ async def _attempt_on(
             await svc.gw.engine.record(pool, ch.key_id, {Unit.PERCENT: ch.amount})
     if resp.status >= 400:
         err, raw_err = await _upstream_error(resp, conn)
-        svc.count(f"upstream_{resp.status}")
         log.warning("upstream error", extra={"connection": conn.id, "status": resp.status})
         err = await fail("upstream", err, status=resp.status, body=raw_err, headers=resp.headers)
         # a client error no other target would fix (a malformed request) ends the request
@@ -782,7 +771,6 @@ async def _attempt_on(
     out, usage, obj = _translate_answer(call, conn, raw, upstream_model)
     problem = _quality_problem(call.route, obj) if opts.quality else None
     if problem is not None:
-        svc.count("quality_failure")
         return await fail(
             "quality",
             ApiError(
@@ -1063,7 +1051,6 @@ def _stream_response(
             async for chunk in source:
                 yield chunk
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:
-            svc.count("upstream_stream_error")
             svc.spawn(_report_stream_failure(call, conn, upstream_model, exc))
             log.warning(
                 "upstream stream broke", extra={"connection": conn.id, "error": type(exc).__name__}

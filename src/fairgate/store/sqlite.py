@@ -26,7 +26,7 @@ import sqlite3
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
 import orjson
@@ -252,11 +252,11 @@ class SqliteQuotaStore:
                 c.execute(stmt)
 
     @contextmanager
-    def _write(self) -> Iterator[sqlite3.Connection]:
-        """A write transaction: the lock is taken at BEGIN, so reads inside see final state."""
+    def _tx(self, begin: str) -> Iterator[sqlite3.Connection]:
+        """One transaction on the shared connection (the lock keeps them from interleaving)."""
         with self._lock:
             conn = self._conn
-            conn.execute("BEGIN IMMEDIATE")
+            conn.execute(begin)
             try:
                 yield conn
                 conn.execute("COMMIT")
@@ -264,26 +264,22 @@ class SqliteQuotaStore:
                 if conn.in_transaction:
                     conn.execute("ROLLBACK")
                 raise
-            if self._checkpointer is not None:
-                now = time.monotonic()
-                if now - self._inline_checkpoint_at >= _INLINE_CHECKPOINT_S:
-                    self._inline_checkpoint_at = now
-                    with contextlib.suppress(sqlite3.Error):
-                        conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
 
     @contextmanager
-    def _read(self) -> Iterator[sqlite3.Connection]:
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        """A write transaction: the lock is taken at BEGIN, so reads inside see final state."""
+        with self._tx("BEGIN IMMEDIATE") as conn:
+            yield conn
+        if self._checkpointer is not None:
+            now = time.monotonic()
+            if now - self._inline_checkpoint_at >= _INLINE_CHECKPOINT_S:
+                self._inline_checkpoint_at = now
+                with self._lock, contextlib.suppress(sqlite3.Error):
+                    self._conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
+
+    def _read(self) -> AbstractContextManager[sqlite3.Connection]:
         """A read snapshot, so several queries (totals vs keys) agree with each other."""
-        with self._lock:
-            conn = self._conn
-            conn.execute("BEGIN")
-            try:
-                yield conn
-                conn.execute("COMMIT")
-            except BaseException:
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
-                raise
+        return self._tx("BEGIN")
 
     # -- hot path ---------------------------------------------------------------------------
 
