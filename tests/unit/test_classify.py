@@ -342,7 +342,8 @@ TABLE: list[tuple[str, int | None, object, dict[str, str] | None, FailureClass, 
         30_000,
     ),
     ("anthropic-prompt-too-long", 400, ANTHROPIC_PROMPT_TOO_LONG, None, F.CONTEXT_OVERFLOW, None),
-    ("anthropic-credit-balance", 400, ANTHROPIC_CREDIT, None, F.QUOTA_PERMANENT, None),
+    # the old text-only billing answer is a 400 invalid_request_error: the request's fault
+    ("anthropic-credit-balance", 400, ANTHROPIC_CREDIT, None, F.BAD_REQUEST, None),
     ("anthropic-auth", 401, ANTHROPIC_AUTH, None, F.AUTH, None),
     ("anthropic-permission", 403, ANTHROPIC_PERMISSION, None, F.AUTH, None),
     ("anthropic-not-found", 404, ANTHROPIC_NOT_FOUND, None, F.MODEL_NOT_FOUND, None),
@@ -356,29 +357,29 @@ TABLE: list[tuple[str, int | None, object, dict[str, str] | None, FailureClass, 
     ("gemini-too-many-tokens", 400, GEMINI_TOO_MANY_TOKENS, None, F.CONTEXT_OVERFLOW, None),
     ("gemini-503", 503, GEMINI_UNAVAILABLE, None, F.SERVER_ERROR, None),
     ("gemini-list-wrapped", 429, GEMINI_LIST_WRAPPED, None, F.QUOTA_TEMPORARY, None),
-    # Azure and generic text bodies
+    # Azure and generic text bodies: free text never blocks (it may echo the request)
     ("azure-429-retry-after-text", 429, AZURE_429, None, F.RATE_LIMIT, 6_000),
     ("text-429", 429, "Too Many Requests", None, F.RATE_LIMIT, None),
     ("text-429-empty", 429, b"", {"Retry-After": "20"}, F.RATE_LIMIT, 20_000),
     ("text-403-rate-limit", 403, "API rate limit exceeded for user", None, F.RATE_LIMIT, None),
-    ("text-400-throttled", 400, "Request was throttled.", None, F.RATE_LIMIT, None),
+    ("text-400-throttled", 400, "Request was throttled.", None, F.BAD_REQUEST, None),
     ("text-429-capacity", 429, "capacity exceeded, retry later", None, F.RATE_LIMIT, None),
     ("text-503-capacity", 503, "capacity exceeded", None, F.SERVER_ERROR, None),
     ("text-503-rate-limit", 503, "rate limit exceeded", None, F.RATE_LIMIT, None),
     ("text-quota-reached", 429, "Quota reached for this hour", None, F.QUOTA_TEMPORARY, None),
-    ("text-monthly-quota", 429, "Monthly quota exceeded", None, F.QUOTA_PERMANENT, None),
-    ("text-billing", 403, "Billing account not active", None, F.QUOTA_PERMANENT, None),
-    ("text-credits", 400, "You have run out of credits", None, F.QUOTA_PERMANENT, None),
-    ("text-deactivated", 403, "Your account has been deactivated", None, F.QUOTA_PERMANENT, None),
-    ("text-disabled", 401, "account disabled", None, F.QUOTA_PERMANENT, None),
+    ("text-monthly-quota", 429, "Monthly quota exceeded", None, F.QUOTA_TEMPORARY, None),
+    ("text-billing", 403, "Billing account not active", None, F.AUTH, None),
+    ("text-credits", 400, "You have run out of credits", None, F.BAD_REQUEST, None),
+    ("text-deactivated", 403, "Your account has been deactivated", None, F.AUTH, None),
+    ("text-disabled", 401, "account disabled", None, F.AUTH, None),
     ("text-402", 402, "Payment Required", None, F.QUOTA_PERMANENT, None),
     ("text-408", 408, "Request Timeout", None, F.TIMEOUT, None),
     ("text-504", 504, "Gateway Timeout", None, F.TIMEOUT, None),
     ("text-502-html", 502, "<html><body>Bad Gateway</body></html>", None, F.SERVER_ERROR, None),
     ("text-413", 413, "Payload Too Large", None, F.CONTEXT_OVERFLOW, None),
     ("text-422", 422, {"detail": "field required"}, None, F.BAD_REQUEST, None),
-    ("text-model-missing", 400, "model 'llama-9' not found", None, F.MODEL_NOT_FOUND, None),
-    ("no-status-text-rate-limit", None, "rate limit exceeded", None, F.RATE_LIMIT, None),
+    ("text-model-missing", 400, "model 'llama-9' not found", None, F.BAD_REQUEST, None),
+    ("no-status-text-rate-limit", None, "rate limit exceeded", None, F.SERVER_ERROR, None),
     ("no-status-nothing", None, None, None, F.SERVER_ERROR, None),
     ("ok-200", 200, b'{"id":"chatcmpl-1"}', None, F.OK, None),
     # headers alone
@@ -547,7 +548,11 @@ def test_exceptions(exc: BaseException, expected: FailureClass, provider_failure
 def test_client_disconnect_is_never_a_provider_failure_whatever_the_status() -> None:
     c = classify(500, OPENAI_SERVER, None, exception=ClientDisconnected(), now_ms=NOW)
     assert c == Classification(
-        F.CLIENT_DISCONNECT, message="client disconnected", status=500, provider_failure=False
+        F.CLIENT_DISCONNECT,
+        message="client disconnected",
+        status=500,
+        provider_failure=False,
+        signal="exception",
     )
     assert not c.retry_elsewhere
 

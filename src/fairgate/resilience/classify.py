@@ -2,30 +2,70 @@
 
 Every resilience decision starts here: a rate limit cools a connection down, a permanent quota
 block waits for an admin, a 5xx feeds the provider's breaker, and a client that hung up must
-change nothing at all. Upstreams say the same thing in many ways, so the class comes from four
-signals, strongest first:
+change nothing at all. Because those decisions hit every client key sharing the connection,
+**a client must not be able to steer them**. Upstreams echo request text in their errors
+(OpenAI: "Unrecognized request argument supplied: insufficient_quota"; Anthropic:
+"insufficient_quota: Extra inputs are not permitted"; Gemini: 'Unknown name
+"insufficient_quota"'), so the free-text message is never evidence of anything that blocks.
+The class comes from these signals, strongest first:
 
 1. the exception, when there was no answer (timeout, connection reset, the client went away);
-2. the message text (``error.message``, ``error.type``, ``error.code``, Gemini's ``status`` and
-   ``details``): it tells a monthly/billing quota from a per-minute limit, which no status does;
-3. the status code;
+2. the *structured* error identifiers the provider documents — ``error.type``, ``error.code``
+   (OpenAI, Anthropic, Moonshot/Kimi, Zhipu/GLM's numeric business codes, Codex), Gemini's
+   ``error.status`` and ``ErrorInfo.reason``, Anthropic's ``error.details.error_code`` — looked
+   up in :data:`CODE_TABLE`, most specific first. ``param`` and every free-text field are
+   ignored: they may echo the request;
+3. the status code (401/403 auth, 402 billing, 404 model, 408/504 timeout, 413 too large,
+   429 rate limit, 5xx server);
 4. the rate-limit headers (``retry-after``, ``retry-after-ms``, ``x-ratelimit-remaining-*: 0``
    with a reset), which give the retry hint and turn a 403 at a zero limit into a rate limit.
 
-Permanent versus temporary quota: "insufficient_quota", "credit balance", "monthly quota",
-"account deactivated" are permanent. "billing" and "credits" alone are weaker: Gemini's per-minute
-``RESOURCE_EXHAUSTED`` answer also says "check your plan and billing details", so those words
-count as permanent only when nothing marks the limit as temporary (a retry hint, a per-minute or
-per-day metric, ``RESOURCE_EXHAUSTED``). Blocking a connection until an admin clears it because of
-a one-minute limit would be far worse than retrying a billing problem a few more times.
+The message text may only *refine* within what the structure already decided, in directions
+that cannot hurt other keys: a 429 is a rate limit or a temporary quota ("daily quota",
+"per day") and its retry hint ("try again in 1.4s"); a client error is a context overflow or a
+plain bad request; a 401/403 may be softened to a rate limit. Text never yields a permanent
+block, an auth block or a model lockout, and never turns the request's fault into the
+provider's.
 
-Overload: a 429 is a rate limit whatever it says; a 5xx "overloaded" (Anthropic's 529) is a
-server error: the whole provider is short of capacity, which is the breaker's business, not one
-account's.
+The request's fault: an answer whose status is a client status (400, 404, 409, 413, 422, ...)
+and whose structure marks the request (``invalid_request_error``, ``INVALID_ARGUMENT``,
+``content_filter``, ...) is the client's error whatever its text says. Anthropic's old
+"Your credit balance is too low" answer is such a 400 ``invalid_request_error`` and is treated
+as the client's: its structured form is ``billing_error``.
+
+Account-level signals (:attr:`Classification.account_level`): a 402, or a structured billing
+code on a 401/402/403/429 (``insufficient_quota``, ``billing_error``,
+``credit_balance_too_low``, ``exceeded_current_quota_error``, GLM ``1113``, ...). The provider
+only sends those about the account, and no request text can produce them; a permanent block
+from any other answer (a billing code on a 400, Gemini's ``FAILED_PRECONDITION``) needs
+corroboration by a second client key (:mod:`fairgate.resilience.manager`).
+
+Temporary quota versus rate limit: Gemini's ``RESOURCE_EXHAUSTED``, Codex's
+``usage_limit_reached``, GLM's 1304/1308/1310 and a 429 that speaks of a (daily, hourly) quota
+are temporary quotas; a daily one without a reported reset lasts until the next day boundary
+(midnight Pacific time for Gemini, whose per-day quotas reset then; midnight UTC otherwise).
+
+Sources relied on (read, not copied): OpenAI "Error codes" guide (401 invalid_api_key, 429
+rate_limit_exceeded / insufficient_quota, 400 context_length_exceeded, content_policy);
+Anthropic "HTTP errors" (docs.claude.com/en/api/errors: the type per status, billing_error,
+429 ``details.error_code`` enforced_spend_limit_reached); Gemini API troubleshooting and
+google.rpc status codes (RESOURCE_EXHAUSTED, PERMISSION_DENIED, UNAUTHENTICATED,
+INVALID_ARGUMENT, FAILED_PRECONDITION, ErrorInfo API_KEY_INVALID, RetryInfo); Moonshot/Kimi
+error reference (invalid_authentication_error, exceeded_current_quota_error,
+rate_limit_reached_error, engine_overloaded_error, resource_not_found_error, content_filter);
+Z.AI/Zhipu "API code" (docs.z.ai/api-reference/api-code: 1000-1004 auth, 1110-1121 account,
+1211 model, 1261 prompt too long, 1301 content, 1302/1303/1305 rate, 1304/1308/1310 usage
+limits with reset time, 1309 plan expired); openai/codex (``usage_limit_reached`` with
+``resets_in_seconds`` / ``resets_at`` on a 429, ``usage_not_included``).
+
+Overload: a 429 is a rate limit; a 5xx "overloaded" (Anthropic's 529, Moonshot's
+``engine_overloaded_error``) is a server error: the whole provider is short of capacity, which
+is the breaker's business, not one account's.
 
 The retry hint is relative (milliseconds from ``now_ms``), parsed by the one parser in
-:mod:`fairgate.resilience.retry_after`; the headers win over a ``retryDelay`` in the body, which
-wins over "try again in 20s" in the message.
+:mod:`fairgate.resilience.retry_after`; the headers win over a structured reset in the body
+(``retryDelay``, ``resets_in_seconds``, ``resets_at``, GLM's reset time), which wins over
+"try again in 20s" in the message.
 """
 
 from __future__ import annotations
@@ -34,8 +74,10 @@ import asyncio
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from enum import StrEnum
-from typing import Any
+from typing import Any, Final
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import aiohttp
 import orjson
@@ -44,7 +86,7 @@ from fairgate.clock import SYSTEM_CLOCK
 from fairgate.providers.ratelimit import RateLimitSnapshot, parse_rate_limit_headers
 from fairgate.resilience.retry_after import parse_delay_ms
 
-__all__ = ["Classification", "ClientDisconnected", "FailureClass", "classify"]
+__all__ = ["CODE_TABLE", "Classification", "ClientDisconnected", "FailureClass", "classify"]
 
 #: The longest message kept on a Classification (diagnostics, logs); bodies can be huge.
 MESSAGE_MAX = 500
@@ -87,6 +129,10 @@ _RETRY_ELSEWHERE = _PROVIDER_FAILURES | {
     FailureClass.MODEL_NOT_FOUND,
     FailureClass.CONTEXT_OVERFLOW,
 }
+#: Classes that say the request itself is at fault: nothing about the upstream changes.
+_CLIENT_FAULTS = frozenset({FailureClass.BAD_REQUEST, FailureClass.CONTEXT_OVERFLOW})
+#: Statuses that only ever speak about the credentials or the account.
+_ACCOUNT_STATUSES: Final = frozenset({401, 402, 403, 429})
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,7 +143,11 @@ class Classification:
     ``provider_failure`` is True when the upstream is at fault (never for a client disconnect,
     a bad request or a context overflow). ``retry_elsewhere`` says whether another target may
     succeed (the proxy's fail-over decision). ``model_scoped`` says the limit names one model,
-    so a model lockout fits better than cooling the whole connection.
+    so a model lockout fits better than cooling the whole connection. ``account_level`` says a
+    permanent class comes from a signal the provider only sends about the account (a 402, a
+    structured billing code on a 401/402/403/429): it blocks at once, where any other permanent
+    class needs a second client key to agree. ``signal`` names what decided the class
+    (``code:insufficient_quota``, ``status:402``): for logs and the health view.
     """
 
     cls: FailureClass
@@ -108,38 +158,120 @@ class Classification:
     status: int | None = None
     model_scoped: bool = False
     retry_elsewhere: bool = False
+    account_level: bool = False
+    signal: str = ""
+
+
+F = FailureClass
+
+#: Structured error identifiers (lower-cased ``type``/``code``/Gemini ``status``/``reason``/
+#: Anthropic ``details.error_code``) and the class each one means, per provider documentation.
+CODE_TABLE: Final[Mapping[str, FailureClass]] = {
+    # OpenAI (and OpenAI-compatible servers)
+    "insufficient_quota": F.QUOTA_PERMANENT,
+    "billing_hard_limit_reached": F.QUOTA_PERMANENT,
+    "billing_not_active": F.QUOTA_PERMANENT,
+    "account_deactivated": F.QUOTA_PERMANENT,
+    "rate_limit_exceeded": F.RATE_LIMIT,
+    "invalid_api_key": F.AUTH,
+    "invalid_organization": F.AUTH,
+    "context_length_exceeded": F.CONTEXT_OVERFLOW,
+    "string_above_max_length": F.BAD_REQUEST,
+    "content_policy_violation": F.BAD_REQUEST,
+    "content_filter": F.BAD_REQUEST,  # also Moonshot's type
+    "invalid_value": F.BAD_REQUEST,
+    "model_not_found": F.MODEL_NOT_FOUND,
+    "invalid_request_error": F.BAD_REQUEST,  # also Anthropic's and Moonshot's type
+    "server_error": F.SERVER_ERROR,
+    # Anthropic
+    "authentication_error": F.AUTH,
+    "permission_error": F.AUTH,
+    "not_found_error": F.MODEL_NOT_FOUND,
+    "request_too_large": F.CONTEXT_OVERFLOW,
+    "rate_limit_error": F.RATE_LIMIT,
+    "api_error": F.SERVER_ERROR,
+    "overloaded_error": F.SERVER_ERROR,
+    "timeout_error": F.TIMEOUT,
+    "billing_error": F.QUOTA_PERMANENT,
+    "credit_balance_too_low": F.QUOTA_PERMANENT,
+    "enforced_spend_limit_reached": F.QUOTA_PERMANENT,
+    # Gemini (google.rpc status names and ErrorInfo reasons)
+    "resource_exhausted": F.QUOTA_TEMPORARY,
+    "permission_denied": F.AUTH,
+    "unauthenticated": F.AUTH,
+    "api_key_invalid": F.AUTH,
+    "api_key_expired": F.AUTH,
+    "invalid_argument": F.BAD_REQUEST,
+    "failed_precondition": F.QUOTA_PERMANENT,  # "enable billing on your project"
+    "billing_disabled": F.QUOTA_PERMANENT,
+    "not_found": F.MODEL_NOT_FOUND,
+    "unavailable": F.SERVER_ERROR,
+    "internal": F.SERVER_ERROR,
+    "deadline_exceeded": F.TIMEOUT,
+    # Moonshot / Kimi
+    "invalid_authentication_error": F.AUTH,
+    "permission_denied_error": F.AUTH,
+    "resource_not_found_error": F.MODEL_NOT_FOUND,
+    "exceeded_current_quota_error": F.QUOTA_PERMANENT,  # "check your account balance"
+    "rate_limit_reached_error": F.RATE_LIMIT,
+    "engine_overloaded_error": F.SERVER_ERROR,
+    # Zhipu / GLM business codes (sent as strings or numbers in error.code)
+    "1000": F.AUTH,
+    "1001": F.AUTH,
+    "1002": F.AUTH,
+    "1003": F.AUTH,
+    "1004": F.AUTH,
+    "1110": F.QUOTA_PERMANENT,  # account inactive
+    "1111": F.QUOTA_PERMANENT,  # account does not exist
+    "1112": F.QUOTA_PERMANENT,  # account locked
+    "1113": F.QUOTA_PERMANENT,  # in arrears: recharge
+    "1121": F.QUOTA_PERMANENT,  # locked for irregular activity
+    "1120": F.SERVER_ERROR,
+    "1210": F.BAD_REQUEST,
+    "1211": F.MODEL_NOT_FOUND,
+    "1213": F.BAD_REQUEST,
+    "1214": F.BAD_REQUEST,
+    "1215": F.BAD_REQUEST,
+    "1220": F.AUTH,  # no permission for this API
+    "1230": F.SERVER_ERROR,
+    "1234": F.SERVER_ERROR,
+    "1261": F.CONTEXT_OVERFLOW,
+    "1301": F.BAD_REQUEST,  # unsafe content in the input
+    "1302": F.RATE_LIMIT,  # concurrency
+    "1303": F.RATE_LIMIT,  # frequency
+    "1305": F.RATE_LIMIT,  # traffic limit
+    "1304": F.QUOTA_TEMPORARY,  # daily call limit
+    "1308": F.QUOTA_TEMPORARY,  # usage limit, resets at a stated time
+    "1310": F.QUOTA_TEMPORARY,  # weekly/monthly limit, resets at a stated time
+    "1309": F.QUOTA_PERMANENT,  # plan expired
+    # Codex (ChatGPT-plan backend)
+    "usage_limit_reached": F.QUOTA_TEMPORARY,
+    "usage_not_included": F.QUOTA_PERMANENT,
+}
+
+#: Identifiers that only say "the request is malformed" or "something failed" in general:
+#: a more specific status (401/402/403/429) wins over them.
+_GENERIC: Final = frozenset(
+    {"invalid_request_error", "invalid_argument", "server_error", "api_error", "internal"}
+)
+#: Codes whose message carries a wall-clock reset time in China Standard Time (GLM).
+_GLM_RESET_CODES: Final = frozenset({"1304", "1308", "1310"})
+_CST = timedelta(hours=8)
 
 
 def _rx(*parts: str) -> re.Pattern[str]:
     return re.compile("|".join(parts))
 
 
-_STRONG_PERMANENT = _rx(
-    r"insufficient[_ ]quota",
-    r"credit balance",
-    r"monthly (?:quota|limit|usage limit|spend(?:ing)? limit)",
-    r"billing[_ ]hard[_ ]limit",
-    r"account (?:has been |is |was )?(?:deactivated|disabled|suspended|terminated)",
-    r"payment required",
-)
-_WEAK_PERMANENT = _rx(r"billing", r"\bcredits?\b", r"out of credit")
-_TEMPORARY_MARKER = _rx(
-    r"resource[_ ]exhausted",
-    r"per[ _-]?(?:minute|second|hour|day)",
-    r"\b(?:rpm|tpm|rpd|tpd)\b",
-    r"(?:requests|tokens) per",
-    r"quota metric",
-    r"(?:try|retry) (?:again )?in",
-)
-_QUOTA_TEMPORARY = _rx(
-    r"quota (?:reached|exceeded|exhausted)",
-    r"exceeded (?:your |the )?(?:current )?quota",
-    r"quota[_ ]exceeded",
+# Refinements of the message text: they never decide a block, see the module docstring.
+_QUOTA_WORDS = _rx(
+    r"quota",
+    r"usage limit",
     r"resource[_ ]exhausted",
     r"resource has been exhausted",
-    r"usage limit (?:reached|exceeded)",
 )
-_RATE_LIMIT = _rx(
+_DAILY = _rx(r"\bdaily\b", r"per[ _-]?day", r"\b(?:rpd|tpd)\b", r"perday")
+_RATE_WORDS = _rx(
     r"rate[ _-]?limit",
     r"too many requests",
     r"throttl",
@@ -148,19 +280,6 @@ _RATE_LIMIT = _rx(
     r"slow down",
 )
 _OVERLOAD = _rx(r"overloaded", r"capacity exceeded", r"exceeded capacity", r"over capacity")
-_AUTH = _rx(
-    r"invalid[_ ]api[_ ]key",
-    r"incorrect api key",
-    r"api key not valid",
-    r"invalid x-api-key",
-    r"authentication[_ ]error",
-    r"invalid authentication",
-    r"\bunauthori[sz]ed\b",
-    r"\bunauthenticated\b",
-    r"permission[_ ]denied",
-    r"invalid[_ ]token",
-    r"token (?:has )?expired",
-)
 _CONTEXT = _rx(
     r"context[_ ]length",
     r"maximum context",
@@ -173,12 +292,6 @@ _CONTEXT = _rx(
     r"exceeds the maximum (?:number of )?(?:input )?tokens",
     r"input token count",
 )
-_MODEL_NOT_FOUND = _rx(
-    r"model[_ ]not[_ ]found",
-    r"no such model",
-    r"unknown model",
-    r"model\b.{0,120}?(?:does not exist|not found|is not supported|not available)",
-)
 _MODEL_SCOPED = _rx(
     r"\bmodel\b\s*[:=]",
     r"\bfor (?:the )?model\b",
@@ -190,62 +303,106 @@ _RETRY_IN = re.compile(
     r"((?:\d+(?:\.\d+)?(?:ms|h|m|s))+|\d+(?:\.\d+)? ?(?:seconds?|secs?))",
 )
 _SECONDS_WORD = re.compile(r"(\d+(?:\.\d+)?) ?(?:seconds?|secs?)")
+_WALL_TIME = re.compile(r"(\d{4}-\d{2}-\d{2})[ T](\d{2}:\d{2}:\d{2})")
 
 
 @dataclass(frozen=True, slots=True)
 class _Body:
-    message: str
-    haystack: str  # lower-cased text every pattern is matched against
+    message: str  # the human message: display only, it may echo the request
+    text: str  # lower-cased message, for refinements only
+    codes: tuple[str, ...]  # structured identifiers, most specific first, lower-cased
+    quota: str  # Gemini QuotaFailure/ErrorInfo details, lower-cased (provider-built)
     retry_delay: str | None  # Gemini RetryInfo.retryDelay
+    resets: str | None  # Codex resets_in_seconds / resets_at, as the retry parser takes them
+
+
+_EMPTY = _Body("", "", (), "", None, None)
 
 
 def _text(value: object) -> str:
     return value if isinstance(value, str) else ""
 
 
+def _ident(value: object) -> str | None:
+    """A structured identifier as a lower-cased string (GLM sends numbers or strings)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, str) and value.strip():
+        return value.strip().lower()
+    return None
+
+
+def _details(err: Mapping[str, Any]) -> tuple[list[str], str, str | None]:
+    """(ErrorInfo reasons, the quota details as text, RetryInfo.retryDelay) of a Gemini error;
+    also Anthropic's ``details.error_code``."""
+    reasons: list[str] = []
+    quota: list[str] = []
+    delay: str | None = None
+    details = err.get("details")
+    if isinstance(details, Mapping):  # Anthropic: {"error_code": "..."}
+        code = _ident(details.get("error_code"))
+        if code is not None:
+            reasons.append(code)
+    elif isinstance(details, list):
+        for item in details:
+            if not isinstance(item, Mapping):
+                continue
+            kind = _text(item.get("@type"))
+            if kind.endswith("ErrorInfo"):
+                reason = _ident(item.get("reason"))
+                if reason is not None:
+                    reasons.append(reason)
+            elif kind.endswith("QuotaFailure"):
+                quota.append(orjson.dumps(item.get("violations")).decode().lower())
+            elif kind.endswith("RetryInfo") and isinstance(item.get("retryDelay"), str):
+                delay = item["retryDelay"]
+    return reasons, " ".join(quota), delay
+
+
+def _resets(err: Mapping[str, Any]) -> str | None:
+    for field in ("resets_in_seconds", "resets_at"):
+        value = err.get(field)
+        if isinstance(value, int | float) and not isinstance(value, bool) and value >= 0:
+            return f"{value:g}" if field == "resets_in_seconds" else str(int(value))
+    return None
+
+
 def _read_body(body: bytes | str | Mapping[str, Any] | None) -> _Body:
-    """The human message, a haystack of every error field, and Gemini's retryDelay."""
+    """The human message, the structured identifiers and the reset fields of an error body."""
     if body is None:
-        return _Body("", "", None)
+        return _EMPTY
     obj: object = body
     if isinstance(body, bytes | str):
         raw = body.decode("utf-8", "replace") if isinstance(body, bytes) else body
         try:
             obj = orjson.loads(raw) if raw.strip() else None
         except orjson.JSONDecodeError:
+            obj = None
+        if not isinstance(obj, Mapping | list):
             text = raw.strip()
-            return _Body(text[:MESSAGE_MAX], text.lower(), None)
-        if isinstance(obj, str | int | float) or obj is None:
-            text = raw.strip()
-            return _Body(text[:MESSAGE_MAX], text.lower(), None)
+            return _Body(text[:MESSAGE_MAX], text.lower(), (), "", None, None)
     if isinstance(obj, list) and obj:
         obj = obj[0]  # Gemini sometimes wraps the error in a list
     if not isinstance(obj, Mapping):
-        return _Body("", "", None)
+        return _EMPTY
     err = obj.get("error", obj)
-    parts: list[str] = []
-    retry_delay: str | None = None
-    if isinstance(err, str):
-        message = err
-        parts.extend((err, _text(obj.get("message")), _text(obj.get("code"))))
-    elif isinstance(err, Mapping):
-        message = _text(err.get("message")) or _text(obj.get("message")) or _text(obj.get("detail"))
-        parts.append(message)
-        for field in ("type", "code", "status", "param"):
-            value = err.get(field)
-            if isinstance(value, str | int):
-                parts.append(str(value))
-        details = err.get("details")
-        if isinstance(details, list):
-            parts.append(orjson.dumps(details).decode())
-            for item in details:
-                if isinstance(item, Mapping) and isinstance(item.get("retryDelay"), str):
-                    retry_delay = item["retryDelay"]
-    else:
-        message = _text(obj.get("message")) or _text(obj.get("detail"))
-        parts.append(message)
+    if isinstance(err, str):  # {"error": "text", "code": ...}
+        code = _ident(obj.get("code"))
+        codes = () if code is None else (code,)
+        return _Body(err.strip()[:MESSAGE_MAX], err.lower(), codes, "", None, None)
+    if not isinstance(err, Mapping):
+        return _EMPTY
+    message = _text(err.get("message")) or _text(obj.get("message")) or _text(obj.get("detail"))
+    reasons, quota, delay = _details(err)
+    codes = [*reasons]
+    for field in ("code", "type", "status"):
+        ident = _ident(err.get(field))
+        if ident is not None and ident not in codes:
+            codes.append(ident)
     return _Body(
-        message.strip()[:MESSAGE_MAX], " ".join(p for p in parts if p).lower(), retry_delay
+        message.strip()[:MESSAGE_MAX], message.lower(), tuple(codes), quota, delay, _resets(err)
     )
 
 
@@ -274,12 +431,21 @@ def _header_hint(snap: RateLimitSnapshot | None, now_ms: int) -> tuple[int | Non
     return None, exhausted
 
 
-def _text_hint(body: _Body, now_ms: int) -> int | None:
-    if body.retry_delay is not None:
-        hint = parse_delay_ms(body.retry_delay, now_ms)
-        if hint is not None:
-            return hint
-    m = _RETRY_IN.search(body.haystack)
+def _body_hint(body: _Body, code: str | None, now_ms: int) -> int | None:
+    """The provider's structured reset (retryDelay, Codex resets, GLM's stated reset time);
+    else "try again in 20s" in the message."""
+    for value in (body.retry_delay, body.resets):
+        if value is not None:
+            hint = parse_delay_ms(value, now_ms)
+            if hint is not None:
+                return hint
+    if code in _GLM_RESET_CODES:
+        m = _WALL_TIME.search(body.message)
+        if m is not None:
+            hint = parse_delay_ms(f"{m.group(1)}T{m.group(2)}+08:00", now_ms)
+            if hint is not None:
+                return hint
+    m = _RETRY_IN.search(body.text)
     if m is None:
         return None
     value = m.group(1)
@@ -287,6 +453,20 @@ def _text_hint(body: _Body, now_ms: int) -> int | None:
     if word is not None:
         value = f"{word.group(1)}s"
     return parse_delay_ms(value, now_ms)
+
+
+def _next_day_ms(now_ms: int, gemini: bool) -> int:
+    """Milliseconds until the next day boundary: midnight Pacific time for Gemini (its per-day
+    quotas reset then), midnight UTC otherwise."""
+    tz: Any = UTC
+    if gemini:
+        try:
+            tz = ZoneInfo("America/Los_Angeles")
+        except ZoneInfoNotFoundError:  # no tz database: UTC is the documented fallback
+            tz = UTC
+    now = datetime.fromtimestamp(now_ms / 1000, tz)
+    midnight = datetime.combine(now.date() + timedelta(days=1), datetime.min.time(), now.tzinfo)
+    return max(1, int((midnight - now).total_seconds() * 1000))
 
 
 def _from_exception(exc: BaseException) -> tuple[FailureClass, bool, str] | None:
@@ -304,72 +484,87 @@ def _from_exception(exc: BaseException) -> tuple[FailureClass, bool, str] | None
     return FailureClass.SERVER_ERROR, False, message
 
 
-def _is_permanent(text: str, hinted: bool) -> bool:
-    if _STRONG_PERMANENT.search(text):
-        return True
-    return bool(_WEAK_PERMANENT.search(text)) and not hinted and not _TEMPORARY_MARKER.search(text)
-
-
-def _limit_class(text: str) -> FailureClass | None:
-    """A quota or rate-limit class when the text says so (overload words included)."""
-    if _QUOTA_TEMPORARY.search(text):
-        return FailureClass.QUOTA_TEMPORARY
-    if _RATE_LIMIT.search(text) or _OVERLOAD.search(text):
-        return FailureClass.RATE_LIMIT
+def _structured(codes: tuple[str, ...], status: int | None) -> tuple[FailureClass, str] | None:
+    """The class the most specific documented identifier names, and that identifier. A generic
+    one ("invalid_request_error") yields to an account status (401/402/403/429)."""
+    for code in codes:
+        cls = CODE_TABLE.get(code)
+        if cls is None:
+            continue
+        if code in _GENERIC and status in _ACCOUNT_STATUSES:
+            continue
+        return cls, code
     return None
 
 
-def _client_error_class(status: int, text: str, exhausted: bool) -> FailureClass:
-    """Class of a 4xx whose text named no quota or limit; ``exhausted``: the rate-limit
-    headers report a limit at 0."""
+def _by_status(status: int, exhausted: bool) -> FailureClass:
+    """Class of a 4xx that carried no documented identifier."""
     if status == 429:
-        return FailureClass.RATE_LIMIT
+        return F.RATE_LIMIT
     if status == 402:
-        return FailureClass.QUOTA_PERMANENT
+        return F.QUOTA_PERMANENT
     if status == 403 and exhausted:  # GitHub-style: a 403 with the limit at 0 is a rate limit
-        return FailureClass.RATE_LIMIT
-    if status in (401, 403) or _AUTH.search(text):
-        return FailureClass.AUTH
+        return F.RATE_LIMIT
+    if status in (401, 403):
+        return F.AUTH
     if status == 408:
-        return FailureClass.TIMEOUT
-    if status == 404 or _MODEL_NOT_FOUND.search(text):
-        return FailureClass.MODEL_NOT_FOUND
-    if status == 413 or _CONTEXT.search(text):
-        return FailureClass.CONTEXT_OVERFLOW
+        return F.TIMEOUT
+    if status == 404:
+        return F.MODEL_NOT_FOUND
+    if status == 413:
+        return F.CONTEXT_OVERFLOW
     # Not upgraded to a rate limit by exhausted headers: OpenAI sends them on every answer, and
     # a validation error must never cool a healthy connection down.
-    return FailureClass.BAD_REQUEST
+    return F.BAD_REQUEST
 
 
-def _server_error_class(status: int, text: str) -> FailureClass:
+def _refine(cls: FailureClass, text: str, daily: bool, *, by_status: bool) -> FailureClass:
+    """The text's say, in the directions that cannot hurt other keys (module docstring). An
+    auth class is softened only when the bare status decided it, never a documented code."""
+    if cls is F.RATE_LIMIT and (daily or _QUOTA_WORDS.search(text)):
+        return F.QUOTA_TEMPORARY
+    if cls is F.BAD_REQUEST and _CONTEXT.search(text):
+        return F.CONTEXT_OVERFLOW
+    if cls is F.AUTH and by_status and (daily or _QUOTA_WORDS.search(text)):
+        return F.QUOTA_TEMPORARY  # "daily limit exceeded" on a 403: milder than an auth block
+    if cls is F.AUTH and by_status and _RATE_WORDS.search(text):
+        return F.RATE_LIMIT
+    return cls
+
+
+def _server_class(
+    status: int, text: str, structured: tuple[FailureClass, str] | None
+) -> FailureClass:
     if status in (504, 524):
-        return FailureClass.TIMEOUT
-    if _QUOTA_TEMPORARY.search(text):
-        return FailureClass.QUOTA_TEMPORARY
-    if _RATE_LIMIT.search(text) and not _OVERLOAD.search(text):
-        return FailureClass.RATE_LIMIT
-    return FailureClass.SERVER_ERROR
+        return F.TIMEOUT
+    if structured is not None and structured[0] in (F.RATE_LIMIT, F.QUOTA_TEMPORARY, F.TIMEOUT):
+        return structured[0]
+    if _RATE_WORDS.search(text) and not _OVERLOAD.search(text):
+        return F.RATE_LIMIT
+    return F.SERVER_ERROR
 
 
-def _status_class(status: int | None, text: str, *, hinted: bool, exhausted: bool) -> FailureClass:
-    if status is not None and status < 400:
-        return FailureClass.OK
-    if status is not None and status >= 500:
-        return _server_error_class(status, text)
-    if _is_permanent(text, hinted):
-        return FailureClass.QUOTA_PERMANENT
-    limit = _limit_class(text)
-    if limit is not None:
-        return limit
-    if status is None:  # no status and no exception: only the text can tell
-        if _AUTH.search(text):
-            return FailureClass.AUTH
-        if _CONTEXT.search(text):
-            return FailureClass.CONTEXT_OVERFLOW
-        if _MODEL_NOT_FOUND.search(text):
-            return FailureClass.MODEL_NOT_FOUND
-        return FailureClass.RATE_LIMIT if exhausted else FailureClass.SERVER_ERROR
-    return _client_error_class(status, text, exhausted)
+def _decide(
+    status: int | None, body: _Body, exhausted: bool, daily: bool
+) -> tuple[FailureClass, str]:
+    """(class, the signal that decided it)."""
+    if status is None:  # no status and no exception: nothing structured to go by
+        return (F.RATE_LIMIT, "headers") if exhausted else (F.SERVER_ERROR, "no status")
+    if status < 400:
+        return F.OK, f"status:{status}"
+    structured = _structured(body.codes, status)
+    if status >= 500:
+        cls = _server_class(status, body.text, structured)
+        return cls, f"status:{status}"
+    if structured is not None:
+        cls, code = structured
+        if cls is F.SERVER_ERROR:  # a 4xx that says "server error": trust the 4xx
+            cls = _by_status(status, exhausted)
+        if cls in _CLIENT_FAULTS and status == 429:
+            cls = F.RATE_LIMIT  # a 429 is never the request's fault
+        return _refine(cls, body.text, daily, by_status=False), f"code:{code}"
+    cls = _by_status(status, exhausted)
+    return _refine(cls, body.text, daily, by_status=True), f"status:{status}"
 
 
 def classify(
@@ -400,18 +595,23 @@ def classify(
                 message=message,
                 status=status,
                 retry_elsewhere=provider_failure and cls in _RETRY_ELSEWHERE,
+                signal="exception",
             )
     parsed = _read_body(body)
     snap = parse_rate_limit_headers(headers, now) if headers else None
     header_hint, exhausted = _header_hint(snap, now)
-    text_hint = _text_hint(parsed, now)
-    hint = header_hint if header_hint is not None else text_hint
-    cls = _status_class(status, parsed.haystack, hinted=hint is not None, exhausted=exhausted)
+    daily = bool(_DAILY.search(parsed.text) or _DAILY.search(parsed.quota))
+    cls, signal = _decide(status, parsed, exhausted, daily)
     if cls is FailureClass.OK:
-        return Classification(cls, status=status)
+        return Classification(cls, status=status, signal=signal)
+    code = signal.removeprefix("code:") if signal.startswith("code:") else None
+    hint = header_hint if header_hint is not None else _body_hint(parsed, code, now)
+    if hint is None and cls is F.QUOTA_TEMPORARY and daily:
+        hint = _next_day_ms(now, gemini="resource_exhausted" in parsed.codes)
     message = parsed.message or (f"HTTP {status}" if status is not None else "upstream failure")
-    scoped = bool(_MODEL_SCOPED.search(parsed.haystack)) or (
-        bool(model) and model is not None and model.lower() in parsed.haystack
+    haystack = f"{parsed.text} {parsed.quota}"
+    scoped = bool(_MODEL_SCOPED.search(haystack)) or (
+        bool(model) and model is not None and model.lower() in haystack
     )
     return Classification(
         cls,
@@ -422,4 +622,6 @@ def classify(
         status=status,
         model_scoped=scoped,
         retry_elsewhere=cls in _RETRY_ELSEWHERE,
+        account_level=cls is F.QUOTA_PERMANENT and status in _ACCOUNT_STATUSES,
+        signal=signal,
     )
