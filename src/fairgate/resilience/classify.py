@@ -254,6 +254,8 @@ CODE_TABLE: Final[Mapping[str, FailureClass]] = {
 _GENERIC: Final = frozenset(
     {"invalid_request_error", "invalid_argument", "server_error", "api_error", "internal"}
 )
+#: Provider-wide overload, whatever the status (Moonshot sends it as a 429): the breaker's case.
+_OVERLOAD_CODES: Final = frozenset({"overloaded_error", "engine_overloaded_error"})
 #: Codes whose message carries a wall-clock reset time in China Standard Time (GLM).
 _GLM_RESET_CODES: Final = frozenset({"1304", "1308", "1310"})
 _CST = timedelta(hours=8)
@@ -390,13 +392,13 @@ def _read_body(body: bytes | str | Mapping[str, Any] | None) -> _Body:
     err = obj.get("error", obj)
     if isinstance(err, str):  # {"error": "text", "code": ...}
         code = _ident(obj.get("code"))
-        codes = () if code is None else (code,)
-        return _Body(err.strip()[:MESSAGE_MAX], err.lower(), codes, "", None, None)
+        only: tuple[str, ...] = () if code is None else (code,)
+        return _Body(err.strip()[:MESSAGE_MAX], err.lower(), only, "", None, None)
     if not isinstance(err, Mapping):
         return _EMPTY
     message = _text(err.get("message")) or _text(obj.get("message")) or _text(obj.get("detail"))
     reasons, quota, delay = _details(err)
-    codes = [*reasons]
+    codes: list[str] = [*reasons]
     for field in ("code", "type", "status"):
         ident = _ident(err.get(field))
         if ident is not None and ident not in codes:
@@ -558,8 +560,8 @@ def _decide(
         return cls, f"status:{status}"
     if structured is not None:
         cls, code = structured
-        if cls is F.SERVER_ERROR:  # a 4xx that says "server error": trust the 4xx
-            cls = _by_status(status, exhausted)
+        if cls is F.SERVER_ERROR and code not in _OVERLOAD_CODES:
+            cls = _by_status(status, exhausted)  # a 4xx that says "server error": trust the 4xx
         if cls in _CLIENT_FAULTS and status == 429:
             cls = F.RATE_LIMIT  # a 429 is never the request's fault
         return _refine(cls, body.text, daily, by_status=False), f"code:{code}"
