@@ -138,6 +138,18 @@ async def test_model_ids_with_colons_and_slashes(
     assert LockoutKey("openrouter", "c1", model) in snap.lockouts
 
 
+async def test_permanent_blocks_keep_the_key_and_request_that_caused_them(
+    rstore: ResilienceStore, clock: ManualClock
+) -> None:
+    t0 = clock.now_ms()
+    first = await rstore.set_permanent("conn:c1", "billing", key_id="k-1", request_id="r-1")
+    assert first == PermanentBlock("conn:c1", "billing", t0, "k-1", "r-1")
+    again = await rstore.set_permanent("conn:c1", "billing", key_id="k-2", request_id="r-2")
+    assert again == first  # the first cause stays
+    [listed] = await rstore.list_permanent()
+    assert (listed.key_id, listed.request_id) == ("k-1", "r-1")
+
+
 async def test_permanent_blocks(rstore: ResilienceStore, clock: ManualClock) -> None:
     t0 = clock.now_ms()
     first = await rstore.set_permanent("conn:c1", "quota_permanent: billing")
@@ -431,9 +443,10 @@ async def _fail(
     headers: dict[str, str] | None = None,
     model: str = "gpt-4o",
     provider: str = "openai",
+    key_id: str | None = None,
 ) -> None:
     c = classify(status, body, headers, model=model, now_ms=clock.now_ms())
-    await mgr.on_failure(provider, conn, model, "apikey", c)
+    await mgr.on_failure(provider, conn, model, "apikey", c, key_id=key_id, request_id="req-1")
 
 
 async def test_restart_keeps_active_entries_and_drops_expired_ones(
@@ -480,10 +493,13 @@ async def test_permanent_survives_restarts_until_cleared(
 ) -> None:
     db = tmp_path / "meta.sqlite"
     mgr = await _manager(db, clock)
-    await _fail(mgr, clock, "c1", 400, "Your credit balance is too low")
+    billing = {"type": "error", "error": {"type": "billing_error", "message": "credit too low"}}
+    await _fail(mgr, clock, "c1", 402, billing, key_id="k-7")
     clock.advance(90 * 86_400_000)
     mgr = await _manager(db, clock)
     assert (await mgr.check("openai", "c1", "gpt-4o")) is not None
+    [perm] = (await mgr.snapshot())["permanent"]
+    assert perm["caused_by"] == {"key_id": "k-7", "request_id": "req-1"}  # kept across restarts
     assert await mgr.clear("permanent", connection_id="c1")
     mgr = await _manager(db, clock)
     assert await mgr.check("openai", "c1", "gpt-4o") is None

@@ -11,7 +11,18 @@ Three layers, each at its own scope (SPEC §9, the rate-limiting seed):
   headers say (``remaining: 0`` until the reset) so we stop before the 429 instead of after it.
 
 Plus permanent blocks (billing, monthly quota, deactivated account): only :meth:`clear` (the
-admin API) lifts them.
+admin API) lifts them. A permanent block is set at once only on an account-level signal
+(:attr:`Classification.account_level`: a 402, or a structured billing code on a
+401/402/403/429, which no request text can produce). Any other permanent class needs
+corroboration: failures from :data:`PERMANENT_QUORUM` distinct client keys within
+:data:`PERMANENT_WINDOW_MS`; until then it is handled as a temporary quota (a cooldown with
+backoff), so one key can never switch a shared connection off for good.
+
+Who caused it: :meth:`on_failure` and :meth:`on_success` take the client key id and request
+id of the request whose answer they learn from. Every cooldown, lockout, permanent block and
+breaker opening they set is logged with both (WARNING, logger ``fairgate.resilience``) and
+shown in :meth:`snapshot` as ``caused_by`` (ids only, never a secret; permanent blocks keep
+it durably, the others in this process).
 
 How the proxy uses it, per request::
 
@@ -23,7 +34,8 @@ How the proxy uses it, per request::
         ... send upstream ...
         if ok:   await mgr.on_success(provider, conn_id, model, response_headers)
         else:    await mgr.on_failure(provider, conn_id, model, auth_type,
-                                      classify(status, body, headers, model=model, now_ms=now))
+                                      classify(status, body, headers, model=model, now_ms=now),
+                                      key_id=key.id, request_id=request_id)
     # nothing admitted: 429 if all_rate_limited(skipped) else 503,
     # Retry-After = retry_after_seconds(skipped, now)
 
@@ -90,6 +102,13 @@ RATE_LIMIT_REASONS: Final = frozenset(
 PROBE_WAIT_MS: Final = 1_000
 #: A soft warning without a reset time lasts this long.
 WARNING_TTL_MS: Final = 60_000
+#: Distinct client keys whose failures must agree before a permanent block without an
+#: account-level signal is set (one key alone never blocks a shared connection for good).
+PERMANENT_QUORUM: Final = 2
+#: The window those failures must fall in.
+PERMANENT_WINDOW_MS: Final = 600_000
+#: Stands for "no key known" (internal callers): counts as one key.
+_NO_KEY: Final = "-"
 _DIMENSIONS: Final = ("requests", "tokens", "input_tokens", "output_tokens")
 
 T = TypeVar("T")
@@ -164,6 +183,24 @@ def retry_after_seconds(exclusions: Iterable[Exclusion | None], now_ms: int) -> 
     return max(1, math.ceil((until - now_ms) / 1000))
 
 
+@dataclass(frozen=True, slots=True)
+class BlockCause:
+    """The request whose failure set (or last extended) a block: ids only, never a secret."""
+
+    key_id: str | None
+    request_id: str | None
+    signal: str
+    at_ms: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "key_id": self.key_id,
+            "request_id": self.request_id,
+            "signal": self.signal,
+            "at_ms": self.at_ms,
+        }
+
+
 def _lock_key(provider: str, conn_id: str, model: str) -> tuple[str, ...]:
     return ("lk", provider, conn_id, model)
 
@@ -204,6 +241,10 @@ class RateLimitManager:
         self._warnings: dict[str, dict[tuple[str, str, str], RateLimitWarning]] = {}
         self._store_errors = 0
         self._store_down_until = 0  # epoch ms: skip the store until then (it just failed)
+        # who set each block this process set: ("cd", conn) / ("lk", p, c, m) / ("br", p)
+        self._causes: dict[tuple[str, ...], BlockCause] = {}
+        # permanent scope -> {client key id: last failure ms}: evidence awaiting a quorum
+        self._evidence: dict[str, dict[str, int]] = {}
 
     # -- configuration --------------------------------------------------------------------------
 
@@ -368,10 +409,14 @@ class RateLimitManager:
         headers: Mapping[str, str] | None = None,
         *,
         snapshot: RateLimitSnapshot | None = None,
+        key_id: str | None = None,
+        request_id: str | None = None,
     ) -> None:
         """A request succeeded: close a half-open breaker, reset backoff levels of entries that
         are over, and learn from the rate-limit headers. A caller that already parsed them
-        passes ``snapshot`` instead (parsing is the dearest part of a success on the hot path)."""
+        passes ``snapshot`` instead (parsing is the dearest part of a success on the hot path).
+        ``key_id``/``request_id`` name the request (a lockout learned from its headers records
+        them as its cause)."""
         now = self._clock.now_ms()
         br = self.breaker(provider)
         if br.record(True) is not None:
@@ -381,13 +426,15 @@ class RateLimitManager:
         if snapshot is None and headers:
             snapshot = parse_rate_limit_headers(headers, now)
         if snapshot is not None:
-            await self._learn(provider, conn_id, model, snapshot, now)
+            cause = BlockCause(key_id, request_id, "headers", now)
+            await self._learn(provider, conn_id, model, snapshot, now, cause)
 
     async def _reset_level(self, key: tuple[str, ...], now: int) -> None:
         until = self._tracked.get(key)
         if until is None or until > now:
             return  # nothing known, or still running: a late success must not cut it short
         del self._tracked[key]
+        self._causes.pop(key, None)
         if key[0] == "cd":
             conn_id = key[1]
             cleared = await self._safe(
@@ -410,7 +457,13 @@ class RateLimitManager:
                 )
 
     async def _learn(
-        self, provider: str, conn_id: str, model: str, snap: RateLimitSnapshot, now: int
+        self,
+        provider: str,
+        conn_id: str,
+        model: str,
+        snap: RateLimitSnapshot,
+        now: int,
+        cause: BlockCause,
     ) -> None:
         """Remaining 0 with a reset → lock the model until the reset; below ``warn_fraction``
         → a soft warning; otherwise drop the warning for that dimension."""
@@ -424,7 +477,7 @@ class RateLimitManager:
             if remaining is None:
                 continue
             if remaining == 0 and reset is not None and reset > now:
-                await self._set_lockout(provider, conn_id, model, reset, 0, HEADER_REASON)
+                await self._set_lockout(provider, conn_id, model, reset, 0, HEADER_REASON, cause)
             if limit and remaining < fraction * limit:
                 warnings[key] = RateLimitWarning(
                     provider,
@@ -463,56 +516,124 @@ class RateLimitManager:
         model: str,
         auth_type: str,
         classification: Classification,
+        *,
+        key_id: str | None = None,
+        request_id: str | None = None,
     ) -> None:
-        """Apply the rules for one classified failure (see the module docstring)."""
+        """Apply the rules for one classified failure (see the module docstring).
+
+        ``key_id``/``request_id``: the client key and request whose answer this was; every
+        block set here is logged with them and shown as its cause in :meth:`snapshot`; a
+        permanent block without an account-level signal needs a quorum of distinct keys."""
         c = classification
         s = self._settings.for_provider(provider)
         cls = c.cls
+        cause = BlockCause(key_id, request_id, c.signal or cls.value, self._clock.now_ms())
+        if cls is FailureClass.QUOTA_PERMANENT:
+            scoped = self._model_scoped(c, model)
+            scope = model_scope(provider, conn_id, model) if scoped else connection_scope(conn_id)
+            if c.account_level or self._corroborated(scope, key_id, cause.at_ms):
+                await self._set_permanent(scope, c, cause)
+                await self._release_probe(provider)
+                return
+            # one key's word: a temporary quota until another key confirms it
+            cls = FailureClass.QUOTA_TEMPORARY
         if cls in (FailureClass.RATE_LIMIT, FailureClass.QUOTA_TEMPORARY):
+            hint = c.retry_after_ms
             if self._model_scoped(c, model):
-                await self._lockout(provider, conn_id, model, auth_type, c.retry_after_ms, cls, s)
+                await self._lockout(provider, conn_id, model, auth_type, hint, cls, s, cause)
             else:
-                await self._cooldown(conn_id, auth_type, c.retry_after_ms, cls, s)
+                await self._cooldown(conn_id, auth_type, hint, cls, s, cause)
             if s.breaker_counts_rate_limits:
-                await self._breaker_failure(provider)
+                await self._breaker_failure(provider, cause)
             else:
                 await self._release_probe(provider)
-        elif cls is FailureClass.QUOTA_PERMANENT:
-            scope = (
-                model_scope(provider, conn_id, model)
-                if self._model_scoped(c, model)
-                else connection_scope(conn_id)
-            )
-            reason = f"{cls.value}: {c.message}"[:300]
-            block = await self._safe(
-                "set_permanent", lambda: self._store.set_permanent(scope, reason), None
-            )
-            if block is not None:
-                self._persist("save_permanent", lambda p: p.save_permanent(block))
-            await self._release_probe(provider)
         elif cls is FailureClass.AUTH:
             await self._cooldown(
-                conn_id, auth_type, c.retry_after_ms, cls, s, floor_ms=s.auth_cooldown_ms
+                conn_id, auth_type, c.retry_after_ms, cls, s, cause, floor_ms=s.auth_cooldown_ms
             )
             await self._release_probe(provider)
         elif cls is FailureClass.MODEL_NOT_FOUND:
             floor = s.model_not_found_lockout_ms
-            await self._lockout(provider, conn_id, model, auth_type, None, cls, s, floor_ms=floor)
+            await self._lockout(
+                provider, conn_id, model, auth_type, None, cls, s, cause, floor_ms=floor
+            )
             await self._release_probe(provider)
         elif cls in (FailureClass.SERVER_ERROR, FailureClass.TIMEOUT) and c.provider_failure:
-            await self._breaker_failure(provider)
-            await self._cooldown(conn_id, auth_type, c.retry_after_ms, cls, s)
+            await self._breaker_failure(provider, cause)
+            await self._cooldown(conn_id, auth_type, c.retry_after_ms, cls, s, cause)
         else:  # client disconnect, bad request, context overflow, our own bug: nothing
             await self._release_probe(provider)
+
+    def _corroborated(self, scope: str, key_id: str | None, now: int) -> bool:
+        """Record this key's evidence against ``scope``; True once :data:`PERMANENT_QUORUM`
+        distinct keys reported it within :data:`PERMANENT_WINDOW_MS`."""
+        seen = self._evidence.get(scope)
+        if seen is None:
+            if len(self._evidence) >= self._max_tracked:
+                self._evidence.clear()  # losing evidence only delays a block
+            seen = self._evidence[scope] = {}
+        for old in [k for k, at in seen.items() if at <= now - PERMANENT_WINDOW_MS]:
+            del seen[old]
+        seen[key_id or _NO_KEY] = now
+        if len(seen) < PERMANENT_QUORUM:
+            log.warning(
+                "permanent-block evidence from one key, awaiting a second",
+                extra={"scope": scope, "key_id": key_id, "keys_seen": len(seen)},
+            )
+            return False
+        del self._evidence[scope]
+        return True
+
+    async def _set_permanent(self, scope: str, c: Classification, cause: BlockCause) -> None:
+        reason = f"{c.cls.value}: {c.message}"[:300]
+        block = await self._safe(
+            "set_permanent",
+            lambda: self._store.set_permanent(
+                scope, reason, key_id=cause.key_id, request_id=cause.request_id
+            ),
+            None,
+        )
+        if block is not None:
+            self._persist("save_permanent", lambda p: p.save_permanent(block))
+        self._log_block("permanent", scope, None, cause, c.cls.value)
+
+    @staticmethod
+    def _log_block(
+        kind: str, target: str, until_ms: int | None, cause: BlockCause, reason: str
+    ) -> None:
+        """One WARNING per block set: what, until when, and which key and request caused it."""
+        log.warning(
+            "resilience %s set on %s",
+            kind,
+            target,
+            extra={
+                "block": kind,
+                "target": target,
+                "until_ms": until_ms,
+                "reason": reason,
+                "signal": cause.signal,
+                "key_id": cause.key_id,
+                "request_id": cause.request_id,
+            },
+        )
 
     @staticmethod
     def _model_scoped(c: Classification, model: str) -> bool:
         return c.model_scoped or (bool(model) and model.lower() in c.message.lower())
 
-    async def _breaker_failure(self, provider: str) -> None:
+    async def _breaker_failure(self, provider: str, cause: BlockCause) -> None:
         br = self.breaker(provider)
         if br.record(False) is not None:
             await self._share_breaker(provider, br)
+            if br.state() is BreakerState.OPEN:
+                self._remember(("br", provider), cause)
+                self._log_block("breaker", provider, br.open_until_ms, cause, "open")
+
+    def _remember(self, key: tuple[str, ...], cause: BlockCause) -> None:
+        if key not in self._causes and len(self._causes) >= self._max_tracked:
+            self._causes.clear()  # losing a cause only blanks a health field
+        self._causes[key] = cause
 
     def _duration(
         self,
@@ -550,6 +671,7 @@ class RateLimitManager:
         hint_ms: int | None,
         cls: FailureClass,
         s: ResilienceSettings,
+        cause: BlockCause,
         *,
         floor_ms: int = 0,
     ) -> None:
@@ -564,6 +686,8 @@ class RateLimitManager:
         if merged is not None:
             self._track(_cd_key(conn_id), merged.until_ms)
             self._persist("save_cooldown", lambda p: p.save_cooldown(conn_id, merged))
+        self._remember(_cd_key(conn_id), cause)
+        self._log_block("cooldown", conn_id, now + duration, cause, cls.value)
 
     async def _lockout(
         self,
@@ -574,6 +698,7 @@ class RateLimitManager:
         hint_ms: int | None,
         cls: FailureClass,
         s: ResilienceSettings,
+        cause: BlockCause,
         *,
         floor_ms: int = 0,
     ) -> None:
@@ -582,10 +707,17 @@ class RateLimitManager:
             "get_lockout", lambda: self._store.get_lockout(provider, conn_id, model), None
         )
         level, duration = self._duration(existing, now, auth_type, hint_ms, s, floor_ms)
-        await self._set_lockout(provider, conn_id, model, now + duration, level, cls.value)
+        await self._set_lockout(provider, conn_id, model, now + duration, level, cls.value, cause)
 
     async def _set_lockout(
-        self, provider: str, conn_id: str, model: str, until_ms: int, level: int, reason: str
+        self,
+        provider: str,
+        conn_id: str,
+        model: str,
+        until_ms: int,
+        level: int,
+        reason: str,
+        cause: BlockCause,
     ) -> None:
         merged = await self._safe(
             "set_lockout",
@@ -597,6 +729,8 @@ class RateLimitManager:
             self._persist(
                 "save_lockout", lambda p: p.save_lockout(provider, conn_id, model, merged)
             )
+        self._remember(_lock_key(provider, conn_id, model), cause)
+        self._log_block("lockout", f"{provider}/{model}@{conn_id}", until_ms, cause, reason)
 
     # -- admin and health -----------------------------------------------------------------------
 
@@ -616,12 +750,14 @@ class RateLimitManager:
         if kind == "cooldown":
             conn_id = _need(connection_id, "connection_id")
             self._tracked.pop(_cd_key(conn_id), None)
+            self._causes.pop(_cd_key(conn_id), None)
             self._persist("delete_cooldown", lambda p: p.delete_cooldown(conn_id))
             return await self._store.clear_cooldown(conn_id)
         if kind == "lockout":
             prov, conn_id = _need(provider, "provider"), _need(connection_id, "connection_id")
             mdl = _need(model, "model")
             self._tracked.pop(_lock_key(prov, conn_id, mdl), None)
+            self._causes.pop(_lock_key(prov, conn_id, mdl), None)
             self._persist("delete_lockout", lambda p: p.delete_lockout(prov, conn_id, mdl))
             return await self._store.clear_lockout(prov, conn_id, mdl)
         if kind == "permanent":
@@ -633,6 +769,7 @@ class RateLimitManager:
                     else connection_scope(conn_id)
                 )
             target = scope
+            self._evidence.pop(target, None)
             self._persist("delete_permanent", lambda p: p.delete_permanent(target))
             return await self._store.clear_permanent(target)
         if kind == "breaker":
@@ -666,10 +803,26 @@ class RateLimitManager:
             body.update(describe(snap, now))
         else:
             body.update({"cooldowns": [], "lockouts": [], "permanent": []})
+        self._attach_causes(body)
         body["warnings"] = [
             w.to_dict() for conn_id in sorted(self._warnings) for w in self.warnings(conn_id)
         ]
         return body
+
+    def _attach_causes(self, body: dict[str, Any]) -> None:
+        """``caused_by`` on every cooldown, lockout and breaker this process set (None when
+        another replica or a previous run set it; permanent blocks carry theirs durably)."""
+
+        def cause(key: tuple[str, ...]) -> dict[str, Any] | None:
+            found = self._causes.get(key)
+            return None if found is None else found.to_dict()
+
+        for cd in body["cooldowns"]:
+            cd["caused_by"] = cause(_cd_key(cd["connection_id"]))
+        for lk in body["lockouts"]:
+            lk["caused_by"] = cause(_lock_key(lk["provider"], lk["connection_id"], lk["model"]))
+        for provider, br in body["breakers"].items():
+            br["caused_by"] = cause(("br", provider)) if br.get("state") != "closed" else None
 
     async def close(self) -> None:
         await self._store.close()

@@ -46,8 +46,8 @@ ON CONFLICT(scope) DO UPDATE SET
     updated_ms = excluded.updated_ms
 """
 _UPSERT_PERMANENT = """
-INSERT INTO resilience_state (scope, kind, until_ms, reason, permanent, updated_ms)
-VALUES (?, 'permanent', NULL, ?, 1, ?)
+INSERT INTO resilience_state (scope, kind, until_ms, reason, data, permanent, updated_ms)
+VALUES (?, 'permanent', NULL, ?, ?, 1, ?)
 ON CONFLICT(scope) DO NOTHING
 """
 _UPSERT_BREAKER = """
@@ -152,8 +152,9 @@ class SqlitePersistence:
         self._maybe_prune(now)
 
     def save_permanent(self, block: PermanentBlock) -> None:
+        cause = orjson.dumps({"key_id": block.key_id, "request_id": block.request_id}).decode()
         self._conn.execute(
-            _UPSERT_PERMANENT, (_perm_scope(block.scope), block.reason, block.since_ms)
+            _UPSERT_PERMANENT, (_perm_scope(block.scope), block.reason, cause, block.since_ms)
         )
 
     def save_breaker(self, provider: str, record: BreakerRecord) -> None:
@@ -199,8 +200,16 @@ class SqlitePersistence:
         for row in rows:
             scope, kind, provider, conn_id, model, until, level, reason, data, updated = tuple(row)
             if kind == "permanent":
+                cause = orjson.loads(str(data)) if data else {}
+                key_id, request_id = cause.get("key_id"), cause.get("request_id")
                 out.permanent.append(
-                    PermanentBlock(str(scope)[len("perm:") :], str(reason), int(updated))
+                    PermanentBlock(
+                        str(scope)[len("perm:") :],
+                        str(reason),
+                        int(updated),
+                        key_id if isinstance(key_id, str) else None,
+                        request_id if isinstance(request_id, str) else None,
+                    )
                 )
             elif kind == "cooldown":
                 out.cooldowns[str(conn_id)] = Cooldown(int(until), int(level), str(reason))
@@ -227,7 +236,13 @@ class SqlitePersistence:
                 key.provider, key.connection_id, key.model, cd.until_ms, cd.level, cd.reason
             )
         for block in state.permanent:
-            await store.set_permanent(block.scope, block.reason, since_ms=block.since_ms)
+            await store.set_permanent(
+                block.scope,
+                block.reason,
+                since_ms=block.since_ms,
+                key_id=block.key_id,
+                request_id=block.request_id,
+            )
         for provider, record in state.breakers.items():
             await store.put_breaker(provider, record)
         return state

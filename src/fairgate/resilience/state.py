@@ -64,9 +64,14 @@ class LockoutKey(NamedTuple):
 
 @dataclass(frozen=True, slots=True)
 class PermanentBlock:
+    """A block only an admin lifts. ``key_id``/``request_id`` name the client key and the request
+    whose failure set it (ids, never secrets), so an admin can tell who caused it."""
+
     scope: str
     reason: str
     since_ms: int
+    key_id: str | None = None
+    request_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,10 +127,17 @@ class ResilienceStore(Protocol):
     ) -> bool: ...
 
     async def set_permanent(
-        self, scope: str, reason: str, *, since_ms: int | None = None
+        self,
+        scope: str,
+        reason: str,
+        *,
+        since_ms: int | None = None,
+        key_id: str | None = None,
+        request_id: str | None = None,
     ) -> PermanentBlock:
         """Block ``scope`` until :meth:`clear_permanent`; an existing block is kept as is.
-        ``since_ms`` (default now) lets a restore keep the original time."""
+        ``since_ms`` (default now) lets a restore keep the original time; ``key_id`` and
+        ``request_id`` record what caused it."""
         ...
 
     async def clear_permanent(self, scope: str) -> bool: ...
@@ -246,12 +258,18 @@ class MemoryResilienceStore:
         return self._clear(self._lockouts, LockoutKey(provider, conn_id, model), unless_active_at)
 
     async def set_permanent(
-        self, scope: str, reason: str, *, since_ms: int | None = None
+        self,
+        scope: str,
+        reason: str,
+        *,
+        since_ms: int | None = None,
+        key_id: str | None = None,
+        request_id: str | None = None,
     ) -> PermanentBlock:
         block = self._permanent.get(scope)
         if block is None:
             since = self._clock.now_ms() if since_ms is None else since_ms
-            block = PermanentBlock(scope, reason, since)
+            block = PermanentBlock(scope, reason, since, key_id, request_id)
             self._permanent[scope] = block
         return block
 
@@ -349,7 +367,12 @@ def describe(snapshot: StoreSnapshot, now_ms: int) -> dict[str, Any]:
             if cd.active(now_ms)
         ],
         "permanent": [
-            {"scope": b.scope, "reason": b.reason, "since_ms": b.since_ms}
+            {
+                "scope": b.scope,
+                "reason": b.reason,
+                "since_ms": b.since_ms,
+                "caused_by": {"key_id": b.key_id, "request_id": b.request_id},
+            }
             for b in snapshot.permanent
         ],
     }

@@ -109,7 +109,14 @@ def _permanent(scope: str, raw: object) -> PermanentBlock | None:
     if raw is None:
         return None
     data = orjson.loads(_text(raw))
-    return PermanentBlock(scope, str(data.get("reason", "")), int(data.get("since_ms", 0)))
+    key_id, request_id = data.get("key_id"), data.get("request_id")
+    return PermanentBlock(
+        scope,
+        str(data.get("reason", "")),
+        int(data.get("since_ms", 0)),
+        key_id if isinstance(key_id, str) else None,
+        request_id if isinstance(request_id, str) else None,
+    )
 
 
 _BLOCK_FIELDS: Final = ("until", "level", "reason")
@@ -263,18 +270,28 @@ class RedisResilienceStore:
     # -- permanent blocks -----------------------------------------------------------------------
 
     async def set_permanent(
-        self, scope: str, reason: str, *, since_ms: int | None = None
+        self,
+        scope: str,
+        reason: str,
+        *,
+        since_ms: int | None = None,
+        key_id: str | None = None,
+        request_id: str | None = None,
     ) -> PermanentBlock:
         if not scope:
             raise ValueError("scope must be non-empty")
         since = self._clock.now_ms() if since_ms is None else since_ms
-        value = orjson.dumps({"reason": reason, "since_ms": since})
+        value = orjson.dumps(
+            {"reason": reason, "since_ms": since, "key_id": key_id, "request_id": request_id}
+        )
         pipe = self._client.pipeline(transaction=True)
         pipe.hsetnx(self._perm, scope, value)
         pipe.hget(self._perm, scope)
         _, stored = cast(list[object], await pipe.execute())
         block = _permanent(scope, stored)
-        return block if block is not None else PermanentBlock(scope, reason, since)
+        if block is None:
+            block = PermanentBlock(scope, reason, since, key_id, request_id)
+        return block
 
     async def clear_permanent(self, scope: str) -> bool:
         return int(await self._client.hdel(self._perm, scope)) == 1
