@@ -783,3 +783,39 @@ def test_run_mock_upstream_until_sigterm() -> None:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
+
+
+async def test_echoing_mode_answers_unknown_fields_in_the_providers_words(
+    http: aiohttp.ClientSession, oai: openai.AsyncOpenAI, ant: anthropic.AsyncAnthropic
+) -> None:
+    """``reject_unknown_fields``: the 400 repeats the field's name, as OpenAI and Anthropic do."""
+    hostile = {"insufficient_quota": True}
+    plain = await oai.chat.completions.create(model="m", messages=MESSAGES, extra_body=hostile)
+    assert plain.choices[0].message.content  # off by default: unknown fields are ignored
+    async with http.post("/_mock/config", json={"reject_unknown_fields": True}) as r:
+        assert r.status == 200
+    with pytest.raises(openai.BadRequestError) as oe:
+        await oai.chat.completions.create(model="m", messages=MESSAGES, extra_body=hostile)
+    assert oe.value.body == {
+        "message": "Unrecognized request argument supplied: insufficient_quota",
+        "type": "invalid_request_error",
+        "param": None,
+        "code": None,
+    }
+    with pytest.raises(anthropic.BadRequestError) as ae:
+        await ant.messages.create(
+            model="claude-x",
+            max_tokens=5,
+            messages=[{"role": "user", "content": "hi"}],
+            extra_body={"invalid_api_key": 1},
+        )
+    body = ae.value.body
+    assert isinstance(body, dict)
+    assert body["error"] == {
+        "type": "invalid_request_error",
+        "message": "invalid_api_key: Extra inputs are not permitted",
+    }
+    ok = await oai.chat.completions.create(model="m", messages=MESSAGES, temperature=0.5)
+    assert ok.choices[0].message.content  # known fields still pass
+    async with http.post("/_mock/config", json={"reject_unknown_fields": "yes"}) as r:
+        assert r.status == 400

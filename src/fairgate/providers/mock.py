@@ -59,6 +59,7 @@ from fairgate.providers.mock_faults import (
     rate_limit_headers,
     rfc3339,
     status_fault,
+    unknown_field_error,
 )
 
 JSON = dict[str, Any]
@@ -95,6 +96,7 @@ class MockConfig:
     unified_5h_reset_s: float = 3600.0  # seconds until the unified 5h window resets
     unified_7d_reset_s: float = 259_200.0
     embedding_dimensions: int = 8  # when the request has no `dimensions`
+    reject_unknown_fields: bool = False  # echoing mode: 400 naming an unknown field (real wording)
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -127,6 +129,7 @@ _FIELD_RULES: dict[str, tuple[type, bool, float]] = {
     "unified_5h_reset_s": (float, False, 0),
     "unified_7d_reset_s": (float, False, 0),
     "embedding_dimensions": (int, False, 1),
+    "reject_unknown_fields": (bool, False, 0),
 }
 
 
@@ -137,6 +140,10 @@ def _check_field(name: str, value: object) -> object:
     kind, nullable, minimum = rule
     if value is None and nullable:
         return None
+    if kind is bool:
+        if not isinstance(value, bool):
+            raise ValueError(f"{name} must be true or false")
+        return value
     if kind is str:
         if not isinstance(value, str) or not value:
             raise ValueError(f"{name} must be a non-empty string or null")
@@ -694,6 +701,10 @@ async def _serve(
         if not isinstance(parsed, dict):
             return _json(400, error_body(wire, 400, "body must be a JSON object", request_id), ids)
         body = parsed
+        if state.config.reject_unknown_fields:
+            echoed = unknown_field_error(wire, route, body, request_id)
+            if echoed is not None:
+                return _json(400, echoed, ids)
     try:
         fault = state.take_fault(request.headers.get(FAULT_HEADER))
     except FaultSpecError as exc:

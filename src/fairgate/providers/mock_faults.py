@@ -23,6 +23,12 @@ A fault spec is the text of an ``x-mock-fault`` header or of one ``/_mock/schedu
 ``error-200``          a 200 whose body is an error object (an ``error`` event when streaming)
 ``no-finish``          a stream that ends without ``finish_reason`` / ``message_stop``
 =====================  ==========================================================================
+
+Echoing mode (``reject_unknown_fields`` in the mock's config): a body field the real API does not
+know is refused with a 400 in the provider's own words, which repeat the field's name — OpenAI's
+"Unrecognized request argument supplied: X", Anthropic's "X: Extra inputs are not permitted". A
+client can thus put any text (``insufficient_quota``, ``invalid_api_key``) into an upstream error,
+which is how tests reproduce the attack on failure classification (issue 19).
 """
 
 from __future__ import annotations
@@ -130,6 +136,47 @@ def error_body(
         return anthropic_error(a_type, message, request_id)
     o_type = "invalid_request_error" if status < 500 else "server_error"
     return openai_error(message, o_type, code)
+
+
+def _fields(names: str) -> frozenset[str]:
+    return frozenset(names.split())
+
+
+#: Top-level body fields the real APIs accept, per route (OpenAI chat completions and
+#: embeddings, Anthropic messages); anything else is refused in echoing mode.
+KNOWN_FIELDS: Mapping[str, frozenset[str]] = {
+    "/v1/chat/completions": _fields(
+        """model messages audio frequency_penalty function_call functions logit_bias logprobs
+        max_completion_tokens max_tokens metadata modalities n parallel_tool_calls prediction
+        presence_penalty prompt_cache_key reasoning_effort response_format safety_identifier
+        seed service_tier stop store stream stream_options temperature tool_choice tools
+        top_logprobs top_p user verbosity web_search_options"""
+    ),
+    "/v1/embeddings": _fields("model input dimensions encoding_format user"),
+    "/v1/messages": _fields(
+        """model messages max_tokens metadata stop_sequences stream system temperature thinking
+        tool_choice tools top_k top_p container mcp_servers service_tier
+        context_management"""
+    ),
+}
+
+
+def unknown_field_error(
+    wire: Wire, route: str, body: Mapping[str, Any], request_id: str
+) -> dict[str, Any] | None:
+    """The provider's 400 body for the first field it does not know (None if all are known).
+    Like the real APIs, the answer repeats the field's name."""
+    known = KNOWN_FIELDS.get(route)
+    if known is None:
+        return None
+    name = next((k for k in body if k not in known), None)
+    if name is None:
+        return None
+    if wire == "anthropic":
+        return anthropic_error(
+            "invalid_request_error", f"{name}: Extra inputs are not permitted", request_id
+        )
+    return openai_error(f"Unrecognized request argument supplied: {name}", "invalid_request_error")
 
 
 def auth_error(wire: Wire, request_id: str) -> dict[str, Any]:

@@ -70,6 +70,7 @@ from fairgate.server.bodies import (
 )
 from fairgate.server.diagnostics import Diagnostics, Terminal
 from fairgate.server.errors import ApiError, error_response
+from fairgate.server.logs import REQUEST_ID
 from fairgate.server.metrics import Metrics
 from fairgate.server.provider_signals import ProviderSignals
 from fairgate.server.state import Gateway
@@ -810,7 +811,12 @@ async def _report_success(
     svc = call.svc
     if svc.gw.resilience is not None:
         await svc.gw.resilience.on_success(
-            cand.conn.provider, cand.conn.id, cand.model, snapshot=snap
+            cand.conn.provider,
+            cand.conn.id,
+            cand.model,
+            snapshot=snap,
+            key_id=call.key.id,
+            request_id=REQUEST_ID.get(),
         )
     tokens = 0 if usage is None else usage.prompt_tokens + usage.completion_tokens
     svc.target_metrics.record(cand.target.key, latency_ms, True, svc.gw.clock.now_ms(), tokens)
@@ -956,13 +962,22 @@ async def _report_failure(
     headers: Mapping[str, str] | None,
     exc: BaseException | None,
 ) -> str:
-    """Classify a failed attempt and let cooldowns, lockouts and breakers learn from it."""
+    """Classify a failed attempt and let cooldowns, lockouts and breakers learn from it, naming
+    the client key and request as the cause of any block it sets."""
     mgr = call.svc.gw.resilience
     cls = classify(
         status, body, headers, exception=exc, model=model, now_ms=call.svc.gw.clock.now_ms()
     )
     if mgr is not None:
-        await mgr.on_failure(conn.provider, conn.id, model, conn.auth_type, cls)
+        await mgr.on_failure(
+            conn.provider,
+            conn.id,
+            model,
+            conn.auth_type,
+            cls,
+            key_id=call.key.id,
+            request_id=REQUEST_ID.get(),
+        )
     return cls.cls.value
 
 
