@@ -523,6 +523,14 @@ ROWS: list[tuple[str, int, bytes, FailureClass, int | None, bool]] = [
         True,
     ),
     (
+        "glm-top-level-code-and-msg",
+        429,
+        _j({"code": 1113, "msg": "余额不足或无可用资源包,请充值。", "success": False}),
+        F.QUOTA_PERMANENT,
+        None,
+        True,
+    ),
+    (
         "glm-1302-concurrency-429",
         429,
         glm("1302", "High concurrency usage of this API, please reduce concurrency"),

@@ -396,7 +396,12 @@ def _read_body(body: bytes | str | Mapping[str, Any] | None) -> _Body:
         return _Body(err.strip()[:MESSAGE_MAX], err.lower(), only, "", None, None)
     if not isinstance(err, Mapping):
         return _EMPTY
-    message = _text(err.get("message")) or _text(obj.get("message")) or _text(obj.get("detail"))
+    message = (
+        _text(err.get("message"))
+        or _text(err.get("msg"))  # GLM's older top-level {"code": 1113, "msg": ...}
+        or _text(obj.get("message"))
+        or _text(obj.get("detail"))
+    )
     reasons, quota, delay = _details(err)
     codes: list[str] = [*reasons]
     for field in ("code", "type", "status"):
