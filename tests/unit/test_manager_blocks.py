@@ -136,6 +136,18 @@ async def test_a_cooldown_names_the_key_and_request_and_is_logged(
     assert (fields["key_id"], fields["request_id"], fields["target"]) == ("key-a", "req-42", C)
 
 
+async def test_a_shorter_failure_does_not_take_over_a_longer_blocks_cause(
+    mgr: RateLimitManager, clock: ManualClock
+) -> None:
+    await fail(mgr, clock, 429, b'{"error":{"message":"x"}}', "key-a", "req-a")  # 3 s
+    headers_long = classify(429, None, {"retry-after": "60"}, model=M, now_ms=clock.now_ms())
+    await mgr.on_failure(P, C, M, "apikey", headers_long, key_id="key-b", request_id="req-b")
+    await fail(mgr, clock, 429, None, "key-c", "req-c")  # in flight: asks for 3 s again
+    [cd] = (await mgr.snapshot())["cooldowns"]
+    assert cd["remaining_ms"] == 60 * S
+    assert cd["caused_by"]["key_id"] == "key-b"
+
+
 async def test_a_lockout_learned_from_headers_names_the_request(
     mgr: RateLimitManager, clock: ManualClock
 ) -> None:

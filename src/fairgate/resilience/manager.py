@@ -627,10 +627,16 @@ class RateLimitManager:
         if br.record(False) is not None:
             await self._share_breaker(provider, br)
             if br.state() is BreakerState.OPEN:
-                self._remember(("br", provider), cause)
+                self._remember(("br", provider), cause, None, 0)
                 self._log_block("breaker", provider, br.open_until_ms, cause, "open")
 
-    def _remember(self, key: tuple[str, ...], cause: BlockCause) -> None:
+    def _remember(
+        self, key: tuple[str, ...], cause: BlockCause, stored: Cooldown | None, asked_ms: int
+    ) -> None:
+        """Name ``cause`` as the block's cause, unless the block stored ends later than this
+        failure asked for (an earlier failure's longer block stands: its cause stays)."""
+        if key in self._causes and stored is not None and stored.until_ms > asked_ms:
+            return
         if key not in self._causes and len(self._causes) >= self._max_tracked:
             self._causes.clear()  # losing a cause only blanks a health field
         self._causes[key] = cause
@@ -686,7 +692,7 @@ class RateLimitManager:
         if merged is not None:
             self._track(_cd_key(conn_id), merged.until_ms)
             self._persist("save_cooldown", lambda p: p.save_cooldown(conn_id, merged))
-        self._remember(_cd_key(conn_id), cause)
+        self._remember(_cd_key(conn_id), cause, merged, now + duration)
         self._log_block("cooldown", conn_id, now + duration, cause, cls.value)
 
     async def _lockout(
@@ -729,7 +735,7 @@ class RateLimitManager:
             self._persist(
                 "save_lockout", lambda p: p.save_lockout(provider, conn_id, model, merged)
             )
-        self._remember(_lock_key(provider, conn_id, model), cause)
+        self._remember(_lock_key(provider, conn_id, model), cause, merged, until_ms)
         self._log_block("lockout", f"{provider}/{model}@{conn_id}", until_ms, cause, reason)
 
     # -- admin and health -----------------------------------------------------------------------
