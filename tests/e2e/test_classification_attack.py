@@ -55,23 +55,32 @@ def echoing(tmp_path: Path) -> Iterator[Proc]:
     p.stop()
 
 
-def config(url: str, attacker: str, victim: str) -> str:
-    conn = (
-        f"provider: mock, base_url: '{url}/v1', secret: '{UPSTREAM_SECRET}', models: [gpt-4o-mini]"
-    )
+def _pool(pool_id: str, members: str) -> str:
     return (
-        "connections:\n"
-        f"  - {{id: conn-a, {conn}}}\n"
-        f"  - {{id: conn-b, {conn}}}\n"
-        "pools:\n"
-        "  - id: shared\n"
-        "    name: Shared\n"
-        "    connections: [conn-a, conn-b]\n"
+        f"  - id: {pool_id}\n"
+        f"    name: {pool_id}\n"
+        f"    connections: [{members}]\n"
         "    dimensions: [{unit: requests, window: hourly, limit: 100000}]\n"
         "    allocations:\n"
         "      - {key: attacker, weight: 50}\n"
         "      - {key: victim, weight: 50}\n"
-        "keys:\n"
+    )
+
+
+def config(url: str, attacker: str, victim: str) -> str:
+    common = f"base_url: '{url}/v1', secret: '{UPSTREAM_SECRET}'"
+    conn = f"provider: mock, {common}, models: [gpt-4o-mini]"
+    claude = f"provider: anthropic, {common}, models: [claude-sonnet-4]"
+    return (
+        "connections:\n"
+        f"  - {{id: conn-a, {conn}}}\n"
+        f"  - {{id: conn-b, {conn}}}\n"
+        f"  - {{id: claude-a, {claude}}}\n"
+        f"  - {{id: claude-b, {claude}}}\n"
+        "pools:\n"
+        + _pool("shared", "conn-a, conn-b")
+        + _pool("claude", "claude-a, claude-b")
+        + "keys:\n"
         f"  - {{id: attacker, name: attacker, secret: '{attacker}'}}\n"
         f"  - {{id: victim, name: victim, secret: '{victim}'}}\n"
     )
@@ -85,6 +94,21 @@ def chat(gw: Proc, secret: str, **extra: object) -> httpx.Response:
             "model": "gpt-4o-mini",
             "messages": [{"role": "user", "content": "x"}],
             "max_tokens": 3,
+            **extra,
+        },
+        timeout=15,
+    )
+
+
+def message(gw: Proc, secret: str, **extra: object) -> httpx.Response:
+    """Anthropic's wire: the upstream's echo is "X: Extra inputs are not permitted"."""
+    return httpx.post(
+        gw.url + "/v1/messages",
+        headers={"x-api-key": secret, "anthropic-version": "2023-06-01"},
+        json={
+            "model": "claude-sonnet-4",
+            "max_tokens": 3,
+            "messages": [{"role": "user", "content": "x"}],
             **extra,
         },
         timeout=15,
@@ -118,10 +142,15 @@ def test_echoed_provider_words_block_no_connection(
             r = chat(gw, attacker, **{field: True})
             assert r.status_code == 400, r.text  # the attacker's own request fails, nothing else
             assert "Unrecognized request argument supplied" in r.text
+            r = message(gw, attacker, **{field: True})
+            assert r.status_code == 400, r.text
+            assert "Extra inputs are not permitted" in r.text
     state = health(gw)
     assert (state["cooldowns"], state["lockouts"], state["permanent"]) == ([], [], [])
     served = {chat(gw, victim).headers["x-fairgate-connection"] for _ in range(6)}
     assert served == {"conn-a", "conn-b"}  # both connections still serve the other key
+    claude = {message(gw, victim).headers["x-fairgate-connection"] for _ in range(6)}
+    assert claude == {"claude-a", "claude-b"}
     assert persisted_rows(gw.data_dir) == []
     gw.stop()
     again = start_gateway(cfg, data_dir=gw.data_dir)  # nothing comes back after a restart
