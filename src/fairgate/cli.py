@@ -254,16 +254,22 @@ DEMO_KEYS = (("alice", 50, "hard"), ("bob", 30, "soft"), ("carol", 20, "burst"))
 
 
 def demo_config_yaml(mock_url: str, upstream_secret: str, keys: dict[str, str]) -> str:
-    """The demo's config: one mock connection per wire format, a pool, three keys."""
+    """The demo's config: one mock connection per wire format, a pool, three keys. Allocations
+    are required: each key has one in the pool and may use the Anthropic-format connection,
+    which is outside every pool, because it lists it."""
     lines = [
-        "server: {default_provider: mock}",
+        "server: {default_provider: mock, require_allocation: true}",
         "connections:",
         f"  - {{id: mock-1, provider: mock, base_url: '{mock_url}/v1',",
         f"      secret: '{upstream_secret}', models: [gpt-4o-mini, mock-large]}}",
         f"  - {{id: mock-claude, provider: mock-anthropic, protocol: anthropic,"
         f" base_url: '{mock_url}/v1', secret: '{upstream_secret}', models: [claude-sonnet-4]}}",
         "keys:",
-        *(f"  - {{id: {k}, name: {k.title()}, secret: '{keys[k]}'}}" for k, _, _ in DEMO_KEYS),
+        *(
+            f"  - {{id: {k}, name: {k.title()}, secret: '{keys[k]}',"
+            " allowed_connections: [mock-claude]}"
+            for k, _, _ in DEMO_KEYS
+        ),
         "pools:",
         "  - id: demo",
         "    name: Demo pool",

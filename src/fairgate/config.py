@@ -22,6 +22,7 @@ from typing import Annotated, Any, Literal, Self
 
 import yaml
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -34,7 +35,7 @@ from pydantic.alias_generators import to_camel
 
 from fairgate.quota.model import Policy, ShareMode
 from fairgate.quota.units import Unit, Window
-from fairgate.registry import hash_key
+from fairgate.registry import ANY_MODEL, hash_key
 from fairgate.routing.model import GLOBAL_MAX_ATTEMPTS, QTSD_PREFIX, Combo, ComboConfig, Target
 from fairgate.routing.registry import PUBLIC_STRATEGIES, resolve_strategy, validate_options
 
@@ -55,7 +56,76 @@ Weight = Annotated[float, Field(ge=0, le=100, allow_inf_nan=False)]
 MAX_LIMIT = 1e15
 Limit = Annotated[float, Field(ge=0, le=MAX_LIMIT, allow_inf_nan=False)]
 CapValue = Annotated[float, Field(gt=0, le=MAX_LIMIT, allow_inf_nan=False)]
-HttpUrl = Annotated[str, StringConstraints(pattern=r"^https?://[^\s/?#]+[^\s]*$", max_length=2000)]
+
+
+def _no_password(url: str) -> str:
+    """A URL is echoed by the admin API, shown on the dashboard and logged; a password in it
+    would leak from all three. The credential belongs in the write-only ``secret``."""
+    authority = url.split("://", 1)[-1].split("/", 1)[0].split("?", 1)[0].split("#", 1)[0]
+    userinfo, at, _ = authority.rpartition("@")
+    if at and ":" in userinfo:
+        raise ValueError(
+            "must not contain a password (user:password@): give the credential as 'secret', "
+            "which is never echoed"
+        )
+    return url
+
+
+HttpUrl = Annotated[
+    str,
+    StringConstraints(pattern=r"^https?://[^\s/?#]+[^\s]*$", max_length=2000),
+    AfterValidator(_no_password),
+]
+#: A connection's models: names, or ``"*"`` (alone or in the list) for any model.
+ModelList = list[ModelName] | Literal["*"]
+
+#: Client headers a connection may forward upstream (``forward_headers``): a header name.
+HeaderName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9-]{0,63}$")]
+#: Headers the gateway sets itself (credentials, framing, hop-by-hop): never the client's.
+UNFORWARDABLE = frozenset(
+    {
+        "authorization",
+        "proxy-authorization",
+        "x-api-key",
+        "cookie",
+        "host",
+        "content-length",
+        "content-type",
+        "content-encoding",
+        "transfer-encoding",
+        "connection",
+        "keep-alive",
+        "upgrade",
+        "te",
+        "trailer",
+        "accept-encoding",
+        "x-request-id",
+    }
+)
+
+
+def checked_models(v: list[str] | str | None) -> list[str]:
+    """A connection must say what it serves: its models by name, or ``"*"`` for any. An empty
+    or missing list is refused (it used to mean "any", silently)."""
+    if v is None or not v:
+        raise ValueError(
+            f'list the models this connection serves, or "{ANY_MODEL}" for any model '
+            "(an empty list serves none)"
+        )
+    if isinstance(v, str):
+        return [v]
+    _no_duplicates(v, "model")
+    return v
+
+
+def checked_forward_headers(v: list[str]) -> list[str]:
+    """Lower-cased and unique; never a header the gateway sets itself."""
+    names = [h.lower() for h in v]
+    _no_duplicates(names, "header")
+    bad = sorted(n for n in names if n in UNFORWARDABLE or n.startswith("x-fairgate-"))
+    if bad:
+        raise ValueError(f"set by the gateway, cannot be forwarded: {', '.join(bad)}")
+    return names
 
 
 class _Strict(BaseModel):
@@ -69,6 +139,9 @@ class ServerConfig(_Strict):
     default_provider: Id | None = None
     upstream_timeout_s: float = Field(default=600.0, gt=0, allow_inf_nan=False)
     default_max_tokens: int = Field(default=1024, ge=1)
+    #: who may use what (docs/security.md): None = not set here (the DB setting, else on for a
+    #: new data dir, off with a warning for one that predates the setting)
+    require_allocation: bool | None = None
 
 
 class ConnectionConfig(_Strict):
@@ -79,9 +152,20 @@ class ConnectionConfig(_Strict):
     auth_type: Literal["apikey", "oauth"] = "apikey"
     weight: Weight = 1.0
     max_concurrent: int | None = Field(default=None, ge=0)
-    models: list[ModelName] = Field(default_factory=list)
+    models: ModelList | None = Field(default=None, validate_default=True)
     protocol: Literal["openai", "anthropic"] | None = None
     enabled: bool = True
+    forward_headers: list[HeaderName] = Field(default_factory=list, max_length=50)
+
+    @field_validator("models")
+    @classmethod
+    def _models(cls, v: list[str] | str | None) -> list[str]:
+        return checked_models(v)
+
+    @field_validator("forward_headers")
+    @classmethod
+    def _headers(cls, v: list[str]) -> list[str]:
+        return checked_forward_headers(v)
 
 
 class KeyConfig(_Strict):
@@ -92,6 +176,9 @@ class KeyConfig(_Strict):
     secret: str | None = Field(default=None, min_length=8)
     key_hash: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
     allowed_models: list[ModelName] = Field(default_factory=list)
+    #: connections outside every pool this key may use (by id, or every one of a provider)
+    allowed_connections: list[Id] = Field(default_factory=list)
+    allowed_providers: list[Id] = Field(default_factory=list)
     enabled: bool = True
 
     @model_validator(mode="after")
@@ -608,6 +695,11 @@ def cross_check(config: Config) -> list[tuple[str, str]]:
 
     conns = {c.id: c for c in config.connections}
     keys = {k.id for k in config.keys}
+    for i, k in enumerate(config.keys):
+        for j, cid in enumerate(k.allowed_connections):
+            if cid not in conns:
+                where = f"keys.{i}.allowed_connections.{j}"
+                problems.append((where, f"unknown connection '{cid}'"))
     for cid in config.plans:
         if cid not in conns:
             problems.append((f"plans.{cid}", f"unknown connection '{cid}'"))

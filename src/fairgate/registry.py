@@ -49,23 +49,50 @@ class Connection:
     auth_type: str = "apikey"  # apikey | oauth
     weight: float = 1.0
     max_concurrent: int | None = None
-    models: tuple[str, ...] = ()  # models this connection serves; empty = any
+    #: models this connection serves; ``"*"`` among them means any model (it must be said:
+    #: an empty list serves nothing)
+    models: tuple[str, ...] = ()
     enabled: bool = True
+    #: client headers passed upstream (lower-case names); none by default, so a tenant cannot
+    #: choose the organisation or project billed or switch on beta features on a shared account
+    forward_headers: tuple[str, ...] = ()
 
     def serves(self, model: str) -> bool:
-        return not self.models or model in self.models
+        return model != ANY_MODEL and (model in self.models or ANY_MODEL in self.models)
+
+    @property
+    def named_models(self) -> tuple[str, ...]:
+        """The models listed by name (what ``/v1/models`` shows and quota-share combos use)."""
+        return tuple(m for m in self.models if m != ANY_MODEL)
+
+
+#: A connection's model list entry that means "any model".
+ANY_MODEL = "*"
 
 
 @dataclass(frozen=True, slots=True)
 class ClientKey:
-    """A gateway API key. Only the SHA-256 of the secret is kept; ``prefix`` is for display."""
+    """A gateway API key. Only the SHA-256 of the secret is kept (no character of it: the key
+    is shown by its id).
+
+    ``allowed_connections`` / ``allowed_providers`` open connections outside every pool to the
+    key when ``server.require_allocation`` is on (a pooled connection needs an allocation in
+    its pool instead); frozensets so the hot path's check is a set lookup."""
 
     id: str
     name: str
     key_hash: str
-    prefix: str
     enabled: bool = True
     allowed_models: tuple[str, ...] = ()  # empty = any
+    allowed_connections: frozenset[str] = frozenset()
+    allowed_providers: frozenset[str] = frozenset()
+
+
+class Denial(StrEnum):
+    """Why a key may not use a connection (the reason code a client sees in its 403)."""
+
+    NO_ALLOCATION = "no_allocation"  # a pooled connection; the key has no allocation there
+    CONNECTION_NOT_ALLOWED = "connection_not_allowed"  # outside every pool, not in the key's lists
 
 
 def hash_key(secret: str) -> str:
@@ -85,6 +112,8 @@ class Registry:
     combos: Mapping[str, Combo] = field(default_factory=dict)
     #: the minted ``qtSd/<pool>/<model>`` quota-share combos, by name
     internal_combos: Mapping[str, Combo] = field(default_factory=dict)
+    #: ``server.require_allocation`` in force: who may use what (see :meth:`denial`)
+    require_allocation: bool = True
 
     @classmethod
     def build(
@@ -96,6 +125,7 @@ class Registry:
         default_provider: str | None = None,
         version: int = 0,
         combos: Iterable[Combo] = (),
+        require_allocation: bool = True,
     ) -> Registry:
         conns = {c.id: c for c in connections}
         by_provider: dict[str, list[Connection]] = {}
@@ -117,6 +147,7 @@ class Registry:
             version=version,
             combos={c.name: c for c in combos},
             internal_combos=mint_quota_share_combos(pool_map.values(), conns),
+            require_allocation=require_allocation,
         )
 
     def combo(self, name: str) -> Combo | None:
@@ -133,12 +164,29 @@ class Registry:
             return None
         return key
 
+    def denial(self, key: ClientKey, conn: Connection) -> Denial | None:
+        """Why ``key`` may not use ``conn``, or None when it may. O(1): the pool's allocations
+        and the key's allow-lists are dicts and sets built with the snapshot.
+
+        With ``require_allocation`` off (a deployment from before the setting that has not
+        chosen yet) every key may use every connection, as it always could."""
+        if not self.require_allocation:
+            return None
+        pool = self.pool_by_connection.get(conn.id)
+        if pool is not None:
+            return None if pool.allocation(key.id) is not None else Denial.NO_ALLOCATION
+        if conn.id in key.allowed_connections or conn.provider in key.allowed_providers:
+            return None
+        return Denial.CONNECTION_NOT_ALLOWED
+
     def candidates(self, model: str) -> tuple[str, tuple[Connection, ...]]:
         """Resolve ``provider/model`` or a bare model to (upstream model name, connections).
 
         A bare model goes to the connections that list it, else to the default provider.
         """
         provider, sep, name = model.partition("/")
+        if model == ANY_MODEL:
+            return model, ()
         if sep and provider in self.by_provider:
             return name, tuple(c for c in self.by_provider[provider] if c.serves(name))
         listed = tuple(c for conns in self.by_provider.values() for c in conns if model in c.models)
@@ -157,12 +205,11 @@ def mint_quota_share_combos(
     """One ``qtSd/<pool>/<model>`` combo per (pool, model listed by a member connection), one
     target per enabled member serving the model, weighted like the connection. Minted with the
     snapshot, never stored, so they always match the pools (a pool edit reloads the registry).
-    A member listing no models serves anything: it joins every combo of its pool but cannot name
-    one itself."""
+    A member serving ``"*"`` joins every combo of its pool but cannot name one itself."""
     out: dict[str, Combo] = {}
     for pool in pools:
         members = [connections[cid] for cid in pool.connections if cid in connections]
-        for model in dict.fromkeys(m for c in members for m in c.models):
+        for model in dict.fromkeys(m for c in members for m in c.named_models):
             combo = quota_share_combo(pool.id, model, members)
             if combo is not None:
                 out[combo.name] = combo

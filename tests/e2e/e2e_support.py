@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -13,6 +14,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -89,9 +91,13 @@ def mock_upstream(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Proc]:
 
 
 def gateway_config(mock_url: str, pools_yaml: str = "", keys: dict[str, str] | None = None) -> str:
+    """Three connections; every key may use those outside every pool (its providers are
+    listed); a pooled one needs an allocation (``server.require_allocation``, on by default)."""
     keys = keys or {}
     key_lines = "".join(
-        f"  - {{id: {kid}, name: {kid}, secret: '{secret}'}}\n" for kid, secret in keys.items()
+        f"  - {{id: {kid}, name: {kid}, secret: '{secret}',"
+        " allowed_providers: [mock, anthropic]}\n"
+        for kid, secret in keys.items()
     )
     return (
         "server: {default_provider: mock}\n"
@@ -162,6 +168,20 @@ def start_gateway(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Ga
     yield factory
     for p in started:
         p.stop()
+
+
+def logged_diagnostics(proc: Proc) -> list[dict[str, Any]]:
+    """The admin's full diagnostics of every failed request so far, oldest first, from the
+    gateway's JSON log (a client's error body carries only reason codes)."""
+    out: list[dict[str, Any]] = []
+    for line in proc.output().splitlines():
+        try:
+            event = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(event, dict) and event.get("msg") == "request failed":
+            out.append(event["diagnostics"])
+    return out
 
 
 def new_secret() -> str:

@@ -16,6 +16,7 @@ from e2e_support import (
     UPSTREAM_SECRET,
     GatewayFactory,
     Proc,
+    logged_diagnostics,
     new_secret,
 )
 
@@ -36,7 +37,8 @@ def config(mock_url: str, secret: str, combos: str, pools: str = "") -> str:
         )
     )
     return (
-        f"connections:\n{conns}keys:\n  - {{id: k, name: k, secret: '{secret}'}}\n"
+        f"connections:\n{conns}keys:\n  - {{id: k, name: k, secret: '{secret}',"
+        " allowed_providers: [mock, judge, anthropic]}\n"
         f"combos:\n{combos}{pools}"
     )
 
@@ -146,8 +148,12 @@ def test_all_targets_failing_returns_diagnostics(mock: Proc, start_gateway: Gate
     diag = body["diagnostics"]
     assert diag["combo"] == "doomed"
     assert diag["terminalReason"] == "upstream_failed"
-    # each target retried once on a transient 5xx before falling through
-    assert diag["attemptOrder"] == ["mock/gpt-4o-mini@oa-1"] * 2 + ["mock/gpt-4o-mini@oa-2"] * 2
+    # each target retried once on a transient 5xx before falling through; the client sees no
+    # connection id, the admin's log line has them
+    assert diag["attemptOrder"] == ["mock/gpt-4o-mini"] * 4
+    assert "oa-1" not in r.text
+    full = logged_diagnostics(gw)[-1]
+    assert full["attemptOrder"] == ["mock/gpt-4o-mini@oa-1"] * 2 + ["mock/gpt-4o-mini@oa-2"] * 2
     assert diag["recoveryHint"]["action"]
     assert r.headers["x-fairgate-combo-terminal"] == "upstream_failed"
     assert UPSTREAM_SECRET not in r.text
@@ -295,7 +301,10 @@ def test_pinned_target_and_fan_out(mock: Proc, start_gateway: GatewayFactory) ->
         headers={**h, "x-fairgate-pin": "mock/gpt-4o-mini@oa-2"},
     )
     assert r.status_code >= 500
-    assert {a["target"] for a in r.json()["diagnostics"]["attempted"]} == {"mock/gpt-4o-mini@oa-2"}
+    assert len(r.json()["diagnostics"]["attempted"]) == 2  # one target, retried once
+    assert {a["target"] for a in logged_diagnostics(gw)[-1]["attempted"]} == {
+        "mock/gpt-4o-mini@oa-2"
+    }
     r = httpx.post(
         gw.url + "/v1/chat/completions", json=body, headers={**h, "x-fairgate-pin": "nope/x"}
     )

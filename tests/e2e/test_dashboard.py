@@ -32,7 +32,10 @@ KEYS = {"alice": new_secret(), "bob": new_secret(), "temp": new_secret()}
 
 def _config(mock_url: str) -> str:
     conn = f"base_url: '{mock_url}/v1', secret: '{UPSTREAM_SECRET}'"
-    keys = "".join(f"  - {{id: {k}, name: {k.title()}, secret: '{s}'}}\n" for k, s in KEYS.items())
+    keys = "".join(
+        f"  - {{id: {k}, name: {k.title()}, secret: '{s}', allowed_providers: [mock, kimi]}}\n"
+        for k, s in KEYS.items()
+    )
     return (
         "server: {default_provider: mock}\n"
         "connections:\n"

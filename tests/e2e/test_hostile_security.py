@@ -82,8 +82,8 @@ def config(mock_url: str, s: Secrets) -> str:
         f"  - {{id: claude-1, provider: anthropic, base_url: '{mock_url}/v1',"
         f" secret: '{UPSTREAM_SECRET}', models: [claude-sonnet-4]}}\n"
         "keys:\n"
-        f"  - {{id: k1, name: k1, secret: '{s.k1}'}}\n"
-        f"  - {{id: k2, name: k2, secret: '{s.k2}'}}\n"
+        f"  - {{id: k1, name: k1, secret: '{s.k1}', allowed_connections: [mock-free, bad-auth]}}\n"
+        f"  - {{id: k2, name: k2, secret: '{s.k2}', allowed_connections: [claude-1]}}\n"
         "pools:\n  - {id: p1, name: P1, connections: [mock-1],\n"
         "     dimensions: [{unit: requests, window: hourly, limit: 4}],\n"
         "     allocations: [{key: k1, weight: 100}]}\n"
@@ -141,9 +141,9 @@ def mock_requests(mock: Proc) -> int:
 
 
 def tails(secret: str) -> list[str]:
-    """The secret and its last 16 characters (a truncated echo is a leak too). Not its head:
-    the first characters of a client key are shown on purpose, as its display prefix."""
-    return [secret, secret[-16:]]
+    """The secret, its first and its last 16 characters (a truncated echo is a leak too; no
+    character of a client key is shown on purpose any more: a key is shown by its id)."""
+    return [secret, secret[:16], secret[-16:]]
 
 
 def test_security_session_leaks_no_secret_and_keys_are_hashed(

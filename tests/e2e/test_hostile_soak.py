@@ -88,7 +88,7 @@ def config(mock_url: str, secret: str) -> str:
     return (
         "server: {upstream_timeout_s: 1}\n"
         f"connections:\n{conns}"
-        f"keys:\n  - {{id: k, name: k, secret: '{secret}'}}\n"
+        f"keys:\n  - {{id: k, name: k, secret: '{secret}', allowed_connections: [claude-1]}}\n"
         "pools:\n  - {id: p, name: P, connections: [mock-1, mock-2],\n"
         "     dimensions: [{unit: requests, window: hourly, limit: 100000000},\n"
         "                  {unit: tokens, window: hourly, limit: 100000000000}],\n"

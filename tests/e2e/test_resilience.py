@@ -15,6 +15,7 @@ from e2e_support import (
     GatewayFactory,
     Proc,
     free_port,
+    logged_diagnostics,
     new_secret,
     spawn,
     wait_ready,
@@ -47,7 +48,7 @@ def two_upstreams(a_url: str, b_url: str, secret: str) -> str:
         " models: [gpt-4o-mini], weight: 2}\n"
         f"  - {{id: conn-b, provider: mock, base_url: '{b_url}/v1', secret: '{UPSTREAM_SECRET}',"
         " models: [gpt-4o-mini], weight: 1}\n"
-        f"keys:\n  - {{id: k, name: k, secret: '{secret}'}}\n"
+        f"keys:\n  - {{id: k, name: k, secret: '{secret}', allowed_providers: [mock]}}\n"
     )
 
 
@@ -113,7 +114,11 @@ def test_all_cooling_down_is_429_with_earliest_retry_after_and_diagnostics(
     assert first.status_code == 429
     body = first.json()
     assert body["diagnostics"]["terminalReason"] == "upstream_failed"
-    assert [a["target"] for a in body["diagnostics"]["attempted"]] == [
+    assert body["diagnostics"]["attempted"] == [
+        {"target": "mock/gpt-4o-mini", "outcome": "failed"},
+        {"target": "mock/gpt-4o-mini", "outcome": "failed"},
+    ]
+    assert [a["target"] for a in logged_diagnostics(gw)[-1]["attempted"]] == [
         "mock/gpt-4o-mini@conn-a",
         "mock/gpt-4o-mini@conn-b",
     ]
@@ -122,9 +127,10 @@ def test_all_cooling_down_is_429_with_earliest_retry_after_and_diagnostics(
     assert 1 <= int(second.headers["retry-after"]) <= 3  # the earliest to free (conn-b)
     diag = second.json()["diagnostics"]
     assert diag["terminalReason"] == "all_rate_limited"
-    assert {e["target"] for e in diag["excluded"]} == {
-        "mock/gpt-4o-mini@conn-a",
-        "mock/gpt-4o-mini@conn-b",
+    assert [e["reason"] for e in diag["excluded"]] == ["cooling_down", "cooling_down"]
+    assert {(e["target"], e["reason"]) for e in logged_diagnostics(gw)[-1]["excluded"]} == {
+        ("mock/gpt-4o-mini@conn-a", "cooldown"),
+        ("mock/gpt-4o-mini@conn-b", "cooldown"),
     }
     assert diag["recoveryHint"]["retry_after_seconds"] >= 1
     assert second.headers["x-fairgate-combo-terminal"] == "all_rate_limited"

@@ -42,7 +42,7 @@ CONFIG: dict[str, Any] = {
             "base_url": "http://127.0.0.1:9/v1",
             "models": ["gpt-y"],
         },
-        {"id": "kimi-1", "provider": "kimi", "base_url": "http://127.0.0.1:9/v1"},
+        {"id": "kimi-1", "provider": "kimi", "base_url": "http://127.0.0.1:9/v1", "models": ["*"]},
     ],
     "pools": [{"id": "demo", "connections": ["mock-1"]}],
     "combos": [

@@ -62,7 +62,7 @@ def populated(db: sqlite3.Connection) -> sqlite3.Connection:
     conns = ConnectionRepo(db)
     conns.create(conn_("m1", models=("a", "b"), weight=2))
     conns.create(conn_("m2", models=("b", "c")))
-    conns.create(conn_("m3"))  # lists no models: serves anything
+    conns.create(conn_("m3", models=("*",)))  # serves any model
     conns.create(conn_("k1", "kimi", models=("k2",)))
     return db
 
@@ -192,7 +192,7 @@ def test_an_unreadable_row_is_skipped_not_fatal(populated: sqlite3.Connection) -
 CONFIG: dict[str, Any] = {
     "connections": [
         {"id": "m1", "provider": "mock", "base_url": "http://x/v1", "models": ["a"]},
-        {"id": "k1", "provider": "kimi", "base_url": "http://x/v1"},
+        {"id": "k1", "provider": "kimi", "base_url": "http://x/v1", "models": ["*"]},
     ],
     "combos": [
         {
@@ -246,7 +246,7 @@ def test_registry_has_user_and_minted_combos(populated: sqlite3.Connection) -> N
     fast = reg.combo("fast")
     assert fast is not None
     assert not fast.internal
-    # one per model listed by a member: a, b (m1), c (m2); m3 lists none but serves them all
+    # one per model listed by a member: a, b (m1), c (m2); m3 serves any ("*")
     assert sorted(reg.internal_combos) == ["qtSd/pm/a", "qtSd/pm/b", "qtSd/pm/c"]
     b = reg.combo("qtSd/pm/b")
     assert b is not None

@@ -50,9 +50,7 @@ def conn_(cid: str, provider: str = "mock", **kw: Any) -> Connection:
 
 
 def key_(kid: str) -> ClientKey:
-    return ClientKey(
-        id=kid, name=kid.title(), key_hash=hash_key("fg-" + kid), prefix="fg-" + kid[:4]
-    )
+    return ClientKey(id=kid, name=kid.title(), key_hash=hash_key("fg-" + kid))
 
 
 @pytest.fixture
@@ -129,12 +127,13 @@ def test_key_create_stores_only_the_hash(db: sqlite3.Connection, tmp_path: Path)
     assert secret.startswith("fg-")
     assert len(secret) > 40
     assert key.key_hash == hash_key(secret)
-    assert key.prefix == secret[:7]
     assert key.allowed_models == ("gpt-x",)
     assert repo.get("alice") == key
     assert secret not in "\n".join(dump(db))
     db.execute("PRAGMA wal_checkpoint(FULL)")
-    assert secret.encode() not in (tmp_path / "fairgate.sqlite").read_bytes()
+    raw = (tmp_path / "fairgate.sqlite").read_bytes()
+    # not the secret, and no run of its characters either (the old 7-character display prefix)
+    assert not any(secret[i : i + 8].encode() in raw for i in range(len(secret) - 7))
 
 
 def test_key_generated_id_and_name(db: sqlite3.Connection) -> None:
@@ -314,10 +313,10 @@ def test_transaction_rolls_back_nested_work(populated: sqlite3.Connection) -> No
 SEED = {
     "server": {"default_provider": "mock"},
     "connections": [
-        {"id": "m1", "provider": "mock", "base_url": "http://up/v1", "secret": "up-secret"},
-        {"id": "m2", "provider": "mock", "base_url": "http://up/v1"},
-        {"id": "k1", "provider": "kimi", "base_url": "http://kimi/v1"},
-        {"id": "a1", "provider": "anthropic", "base_url": "http://anth/v1", "enabled": False},
+        {"id": "m1", "provider": "mock", "base_url": "http://up/v1", "secret": "up-secret", "models": ["*"]},
+        {"id": "m2", "provider": "mock", "base_url": "http://up/v1", "models": ["*"]},
+        {"id": "k1", "provider": "kimi", "base_url": "http://kimi/v1", "models": ["*"]},
+        {"id": "a1", "provider": "anthropic", "base_url": "http://anth/v1", "enabled": False, "models": ["*"]},
     ],
     "keys": [
         {"id": "alice", "name": "Alice", "secret": "fg-alice-secret-value"},
@@ -363,8 +362,7 @@ def test_seed_stores_only_the_key_hash(db: sqlite3.Connection) -> None:
     assert "fg-alice-secret-value" not in text
     alice = KeyRepo(db).get("alice")
     assert alice.key_hash == hash_key("fg-alice-secret-value")
-    assert alice.prefix == "fg-alic"
-    assert KeyRepo(db).get("bob").prefix == ""
+    assert "fg-alic" not in text
 
 
 def test_seed_applies_edits_and_keeps_api_additions(db: sqlite3.Connection) -> None:

@@ -26,7 +26,7 @@ server: {port: 20128, host: 127.0.0.1, max_body_bytes: 10485760, default_provide
          upstream_timeout_s: 600, default_max_tokens: 1024}
 connections:
   - {id: mock-1, provider: mock, base_url: "http://127.0.0.1:9999/v1", secret: "${MOCK_KEY}",
-     auth_type: apikey, weight: 1, max_concurrent: null, models: [], protocol: null, enabled: true}
+     auth_type: apikey, weight: 1, max_concurrent: null, models: "*", protocol: null, enabled: true}
 keys:
   - {id: alice, name: Alice, secret: "${ALICE_KEY}", allowed_models: []}
   - {id: bob, name: Bob, key_hash: "%s"}
@@ -54,9 +54,9 @@ def _base() -> dict[str, Any]:
     """A small valid config as a parsed YAML tree, for mutation tests."""
     return {
         "connections": [
-            {"id": "c1", "provider": "mock", "base_url": "http://x/v1", "secret": "s"},
-            {"id": "c2", "provider": "mock", "base_url": "http://x/v1"},
-            {"id": "k1", "provider": "kimi", "base_url": "https://api.kimi/v1"},
+            {"id": "c1", "provider": "mock", "base_url": "http://x/v1", "secret": "s", "models": ["*"]},
+            {"id": "c2", "provider": "mock", "base_url": "http://x/v1", "models": ["*"]},
+            {"id": "k1", "provider": "kimi", "base_url": "https://api.kimi/v1", "models": ["*"]},
         ],
         "keys": [
             {"id": "alice", "secret": "fg-alice-secret"},
@@ -130,7 +130,13 @@ def test_missing_env_var_names_the_field() -> None:
     problems = _problems(
         {
             "connections": [
-                {"id": "c1", "provider": "mock", "base_url": "http://x", "secret": "${NOPE}"}
+                {
+                    "id": "c1",
+                    "provider": "mock",
+                    "base_url": "http://x",
+                    "secret": "${NOPE}",
+                    "models": ["*"],
+                }
             ]
         }
     )
@@ -139,7 +145,11 @@ def test_missing_env_var_names_the_field() -> None:
 
 def test_set_but_empty_variable_is_not_missing() -> None:
     cfg = parse_config(
-        {"connections": [{"id": "c", "provider": "m", "base_url": "http://x", "secret": "${E}"}]},
+        {
+            "connections": [
+                {"id": "c", "provider": "m", "base_url": "http://x", "secret": "${E}", "models": "*"}
+            ]
+        },
         {"E": ""},
     )
     assert cfg.connections[0].secret == ""

@@ -23,8 +23,8 @@ def _base() -> dict[str, Any]:
     return {
         "connections": [
             {"id": "c1", "provider": "mock", "base_url": "http://x/v1", "models": ["a", "b"]},
-            {"id": "c2", "provider": "mock", "base_url": "http://x/v1"},
-            {"id": "k1", "provider": "kimi", "base_url": "https://api.kimi/v1"},
+            {"id": "c2", "provider": "mock", "base_url": "http://x/v1", "models": ["*"]},
+            {"id": "k1", "provider": "kimi", "base_url": "https://api.kimi/v1", "models": ["*"]},
         ],
         "combos": [
             {
@@ -50,7 +50,7 @@ def problems_of(data: dict[str, Any], env: dict[str, str] | None = None) -> dict
 YAML = """
 connections:
   - {id: c1, provider: mock, base_url: "http://x/v1", models: [a, b], weight: 2}
-  - {id: k1, provider: kimi, base_url: "https://api.kimi/v1"}
+  - {id: k1, provider: kimi, base_url: "https://api.kimi/v1", models: "*"}
 combos:
   - name: fast
     strategy: Weighted_Sticky

@@ -329,6 +329,7 @@
     d.connections = connections;
     d.keys = keys;
     state.threshold = settings.quota.saturationThreshold;
+    state.requireAllocation = !settings.access || settings.access.requireAllocation;
     d.usage = {};
     d.usageErr = {};
     d.logs = {};
@@ -549,6 +550,7 @@
   function allocationTable(pool, d, colors, blocked) {
     const unit = UNIT_SHORT[d.unit] || d.unit;
     const rows = d.keys.map((k) => {
+      if (k.allocated === false) return unallocatedRow(k, d, blocked);
       const surplus = k.surplus;
       const atShare = Math.abs(surplus) < 0.005 * Math.max(1, k.fairShare);
       const surplusText = !d.enforced ? "–" : atShare ? "at share" : surplus > 0 ? `+${num(surplus, d.unit)} unused` : `−${num(-surplus, d.unit)} over share`;
@@ -585,9 +587,34 @@
           h("th", { scope: "col", class: "num", title: "Blocked requests among the last 500 admissions" }, "Blocked"),
         ),
       ),
-      h("tbody", {}, rows.length ? rows : h("tr", {}, h("td", { colspan: 8, class: "muted" }, "No allocations: every key is held to 0 % (hard). Edit allocations to share this pool."))),
+      h("tbody", {}, rows.length ? rows : h("tr", {}, h("td", { colspan: 8, class: "muted" }, noAllocationsText() + " Edit allocations to share this pool."))),
     );
     return h("div", { class: "table-wrap", tabindex: "0", role: "region", "aria-label": `Allocations of ${pool.name || pool.id}` }, table);
+  }
+
+  // what a key without an allocation may do depends on server.require_allocation
+  function noAllocationsText() {
+    return state.requireAllocation
+      ? "No allocations: no key may use this pool (allocations are required)."
+      : "No allocations: any key may borrow this pool's unused quota while it is generous (allocations are not required); their use shows as one row.";
+  }
+
+  // the use of keys with no allocation in the pool (only possible when allocations are not
+  // required, or from before): no share, so all of it is borrowed
+  function unallocatedRow(k, d, blocked) {
+    const unallocatedBlocked = Object.entries(blocked).filter(([id]) => !d.keys.some((x) => x.keyId === id)).reduce((s, [, n]) => s + n, 0);
+    return h(
+      "tr",
+      { "data-key": k.keyId, class: "unallocated" },
+      h("th", { scope: "row" }, h("span", { class: "keycell" }, h("span", { class: "swatch other", "aria-hidden": "true" }), "Keys without an allocation")),
+      h("td", { class: "num" }, "–"),
+      h("td", {}, state.requireAllocation ? "refused" : "borrow only"),
+      h("td", { class: "num consumed", "data-value": k.consumed }, num(k.consumed, d.unit)),
+      h("td", { class: "num fair-share", "data-value": 0 }, "none"),
+      h("td", { class: "num" }, "–"),
+      h("td", { class: "borrowing" }, k.borrowing ? h("span", { class: "badge warn" }, "borrowing") : h("span", { class: "muted" }, "no")),
+      h("td", { class: "num blocked", "data-value": unallocatedBlocked }, String(unallocatedBlocked)),
+    );
   }
 
   // -- burn-rate chart -----------------------------------------------------------------------
@@ -844,7 +871,7 @@
       prefix: "allocations",
       items: allocs,
       addLabel: "Add allocation",
-      emptyText: "No allocations yet: keys without one are held to 0 % (hard).",
+      emptyText: "No allocations yet. " + noAllocationsText(),
       onChange: () => updateTotal(),
       newItem: (items) => {
         const used = new Set(items.map((a) => a.key));

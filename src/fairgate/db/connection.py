@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import os
 import sqlite3
-from pathlib import Path
 
 from fairgate.db.schema import MIGRATIONS
+from fairgate.files import private_sqlite
 
 
 def open_db(path: str | os.PathLike[str]) -> sqlite3.Connection:
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
+    """Open (creating it 0600 in a 0700 directory: it holds upstream credentials) and migrate."""
+    p = private_sqlite(path)
     conn = sqlite3.connect(p, isolation_level=None, check_same_thread=False)
     conn.row_factory = sqlite3.Row
     conn.execute("PRAGMA journal_mode=WAL")

@@ -13,7 +13,8 @@ from fairgate.db.common import Conflict, NotFound, dumps, strings_from_json, tra
 from fairgate.registry import Connection, protocol_for
 
 _COLUMNS = (
-    "id, provider, base_url, secret, protocol, auth_type, weight, max_concurrent, models, enabled"
+    "id, provider, base_url, secret, protocol, auth_type, weight, max_concurrent, models, enabled, "
+    "forward_headers"
 )
 
 
@@ -29,6 +30,7 @@ def _row_to_connection(row: sqlite3.Row) -> Connection:
         max_concurrent=None if row["max_concurrent"] is None else int(row["max_concurrent"]),
         models=strings_from_json(row["models"]),
         enabled=bool(row["enabled"]),
+        forward_headers=strings_from_json(row["forward_headers"]),
     )
 
 
@@ -43,6 +45,7 @@ def _values(c: Connection) -> tuple[object, ...]:
         c.max_concurrent,
         dumps(list(c.models)),
         int(c.enabled),
+        dumps(list(c.forward_headers)),
     )
 
 
@@ -79,7 +82,7 @@ class ConnectionRepo:
                 raise Conflict(f"connection '{c.id}' already exists")
             self._conn.execute(
                 f"INSERT INTO connections ({_COLUMNS}, created_ms) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (c.id, *_values(c), self._clock.now_ms()),
             )
         return c
@@ -97,8 +100,8 @@ class ConnectionRepo:
                 )
             self._conn.execute(
                 "UPDATE connections SET provider = ?, base_url = ?, secret = ?, protocol = ?, "
-                "auth_type = ?, weight = ?, max_concurrent = ?, models = ?, enabled = ? "
-                "WHERE id = ?",
+                "auth_type = ?, weight = ?, max_concurrent = ?, models = ?, enabled = ?, "
+                "forward_headers = ? WHERE id = ?",
                 (*_values(c), c.id),
             )
         return c

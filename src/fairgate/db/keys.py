@@ -1,8 +1,8 @@
 """Repository of client keys (``registry.ClientKey``).
 
-Only ``hash_key(secret)`` and a short display prefix are stored: a leaked database must not hand
-out working keys. A generated secret is returned once by :meth:`KeyRepo.create` and is
-unrecoverable afterwards.
+Only ``hash_key(secret)`` is stored, no character of the secret (a key is shown by its id): a
+leaked database must not hand out working keys or narrow a guess. A generated secret is returned
+once by :meth:`KeyRepo.create` and is unrecoverable afterwards.
 """
 
 from __future__ import annotations
@@ -16,18 +16,11 @@ from fairgate.db.common import Conflict, NotFound, dumps, strings_from_json, tra
 from fairgate.registry import ClientKey, hash_key
 
 SECRET_PREFIX = "fg-"
-#: Characters of the secret kept for display (``fg-AbCd``): enough to tell keys apart.
-DISPLAY_PREFIX_LEN = 7
-
-_COLUMNS = "id, name, key_hash, prefix, enabled, allowed_models"
+_COLUMNS = "id, name, key_hash, enabled, allowed_models, allowed_connections, allowed_providers"
 
 
 def new_secret() -> str:
     return SECRET_PREFIX + secrets.token_urlsafe(32)
-
-
-def display_prefix(secret: str) -> str:
-    return secret[:DISPLAY_PREFIX_LEN]
 
 
 def _row_to_key(row: sqlite3.Row) -> ClientKey:
@@ -35,9 +28,21 @@ def _row_to_key(row: sqlite3.Row) -> ClientKey:
         id=row["id"],
         name=row["name"],
         key_hash=row["key_hash"],
-        prefix=row["prefix"],
         enabled=bool(row["enabled"]),
         allowed_models=strings_from_json(row["allowed_models"]),
+        allowed_connections=frozenset(strings_from_json(row["allowed_connections"])),
+        allowed_providers=frozenset(strings_from_json(row["allowed_providers"])),
+    )
+
+
+def _values(key: ClientKey) -> tuple[object, ...]:
+    return (
+        key.name,
+        key.key_hash,
+        int(key.enabled),
+        dumps(list(key.allowed_models)),
+        dumps(sorted(key.allowed_connections)),
+        dumps(sorted(key.allowed_providers)),
     )
 
 
@@ -75,6 +80,8 @@ class KeyRepo:
         *,
         key_id: str | None = None,
         enabled: bool = True,
+        allowed_connections: Sequence[str] = (),
+        allowed_providers: Sequence[str] = (),
     ) -> tuple[ClientKey, str]:
         """A new key with a generated secret; returns ``(key, secret)``, the only time the
         secret exists outside the client. Without ``key_id`` an id ``key-<8 hex>`` is chosen."""
@@ -86,9 +93,10 @@ class KeyRepo:
                 id=key_id,
                 name=name or key_id,
                 key_hash=hash_key(secret),
-                prefix=display_prefix(secret),
                 enabled=enabled,
                 allowed_models=tuple(allowed_models),
+                allowed_connections=frozenset(allowed_connections),
+                allowed_providers=frozenset(allowed_providers),
             )
             self.insert(key)
         return key, secret
@@ -100,16 +108,8 @@ class KeyRepo:
                 raise Conflict(f"key '{key.id}' already exists")
             self._check_hash_free(key)
             self._conn.execute(
-                f"INSERT INTO client_keys ({_COLUMNS}, created_ms) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                (
-                    key.id,
-                    key.name,
-                    key.key_hash,
-                    key.prefix,
-                    int(key.enabled),
-                    dumps(list(key.allowed_models)),
-                    self._clock.now_ms(),
-                ),
+                f"INSERT INTO client_keys ({_COLUMNS}, created_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (key.id, *_values(key), self._clock.now_ms()),
             )
         return key
 
@@ -118,16 +118,9 @@ class KeyRepo:
             self.get(key.id)
             self._check_hash_free(key)
             self._conn.execute(
-                "UPDATE client_keys SET name = ?, key_hash = ?, prefix = ?, enabled = ?, "
-                "allowed_models = ? WHERE id = ?",
-                (
-                    key.name,
-                    key.key_hash,
-                    key.prefix,
-                    int(key.enabled),
-                    dumps(list(key.allowed_models)),
-                    key.id,
-                ),
+                "UPDATE client_keys SET name = ?, key_hash = ?, enabled = ?, allowed_models = ?, "
+                "allowed_connections = ?, allowed_providers = ? WHERE id = ?",
+                (*_values(key), key.id),
             )
         return key
 

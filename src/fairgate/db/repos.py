@@ -29,10 +29,10 @@ from fairgate.config import (
 from fairgate.db.combos import ComboRecord, ComboRepo
 from fairgate.db.common import Conflict, Invalid, NotFound, RepoError, transaction
 from fairgate.db.connections import ConnectionRepo
-from fairgate.db.keys import KeyRepo, display_prefix
+from fairgate.db.keys import KeyRepo
 from fairgate.db.plans import PlanRepo
 from fairgate.db.pools import PoolRecord, PoolRepo, resolve_pool
-from fairgate.db.settings import SettingsRepo
+from fairgate.db.settings import SettingsRepo, access_policy
 from fairgate.quota.model import Allocation, Dimension, ModelCap
 from fairgate.registry import ClientKey, Connection, Registry, hash_key, protocol_for
 
@@ -77,26 +77,23 @@ def connection_from_config(c: ConnectionConfig) -> Connection:
         auth_type=c.auth_type,
         weight=c.weight,
         max_concurrent=c.max_concurrent,
-        models=tuple(c.models),
+        models=tuple(c.models or ()),
         enabled=c.enabled,
+        forward_headers=tuple(c.forward_headers),
     )
 
 
-def key_from_config(k: KeyConfig, existing: ClientKey | None = None) -> ClientKey:
-    """A key given by secret keeps only its hash and display prefix; given by hash, the prefix
-    is unknown (kept from the DB when the hash did not change)."""
-    if k.secret is not None:
-        digest, prefix = hash_key(k.secret), display_prefix(k.secret)
-    else:
-        digest = k.key_hash or ""
-        prefix = existing.prefix if existing and existing.key_hash == digest else ""
+def key_from_config(k: KeyConfig) -> ClientKey:
+    """A key given by secret keeps only its hash (no character of the secret)."""
+    digest = hash_key(k.secret) if k.secret is not None else k.key_hash or ""
     return ClientKey(
         id=k.id,
         name=k.name or k.id,
         key_hash=digest,
-        prefix=prefix,
         enabled=k.enabled,
         allowed_models=tuple(k.allowed_models),
+        allowed_connections=frozenset(k.allowed_connections),
+        allowed_providers=frozenset(k.allowed_providers),
     )
 
 
@@ -159,7 +156,7 @@ def seed_from_config(
         for c in config.connections:
             report.count(f"connection {c.id}", conns.upsert(connection_from_config(c)))
         for k in config.keys:
-            report.count(f"key {k.id}", keys.upsert(key_from_config(k, keys.find(k.id))))
+            report.count(f"key {k.id}", keys.upsert(key_from_config(k)))
         for cid, dims in config.plans.items():
             if dims:
                 changed = plans.set(cid, [dimension_from_config(d) for d in dims])
@@ -196,17 +193,24 @@ def _merged(rec: PoolRecord, old: PoolRecord) -> PoolRecord:
 
 
 def load_registry(
-    conn: sqlite3.Connection, default_provider: str | None = None, *, version: int = 0
+    conn: sqlite3.Connection,
+    default_provider: str | None = None,
+    *,
+    version: int = 0,
+    require_allocation: bool | None = None,
 ) -> Registry:
-    """Read every table once and build the hot path's snapshot (pool dimensions resolved)."""
+    """Read every table once and build the hot path's snapshot (pool dimensions resolved).
+    ``require_allocation``: the config file's ``server.require_allocation`` (None: not set)."""
     overrides = PlanRepo(conn).all()
+    settings = SettingsRepo(conn).all()
     return Registry.build(
         ConnectionRepo(conn).all(),
         KeyRepo(conn).all(),
         [resolve_pool(r, overrides) for r in PoolRepo(conn).records()],
         default_provider=default_provider,
         version=version,
-        combos=ComboRepo(conn).combos(*_combo_layers(SettingsRepo(conn).all())),
+        combos=ComboRepo(conn).combos(*_combo_layers(settings)),
+        require_allocation=access_policy(settings, require_allocation).required,
     )
 
 

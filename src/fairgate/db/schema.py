@@ -103,4 +103,21 @@ MIGRATIONS: tuple[str, ...] = (
         updated_ms INTEGER NOT NULL DEFAULT 0
     )
     """,
+    # 5: tenancy (docs/security.md). Keys name the connections outside every pool they may use
+    # (by id or provider); a connection lists the client headers it forwards. No character of a
+    # client key is kept: the display prefix is blanked (the column stays, unused). A connection
+    # with no model list served any model; it must now say so, so existing rows get ["*"] and
+    # keep serving what they served. A DB that already holds connections or keys predates
+    # server.require_allocation: it is marked, and keeps open access (with a warning at start)
+    # until the setting is chosen; a new DB enforces allocations.
+    """
+    ALTER TABLE client_keys ADD COLUMN allowed_connections TEXT NOT NULL DEFAULT '[]';
+    ALTER TABLE client_keys ADD COLUMN allowed_providers TEXT NOT NULL DEFAULT '[]';
+    ALTER TABLE connections ADD COLUMN forward_headers TEXT NOT NULL DEFAULT '[]';
+    UPDATE client_keys SET prefix = '' WHERE prefix != '';
+    UPDATE connections SET models = '["*"]' WHERE models IN ('', '[]');
+    INSERT OR IGNORE INTO settings (key, value)
+        SELECT 'access.legacyOpen', '1'
+        WHERE EXISTS (SELECT 1 FROM client_keys) OR EXISTS (SELECT 1 FROM connections)
+    """,
 )

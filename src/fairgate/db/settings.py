@@ -4,6 +4,36 @@ from __future__ import annotations
 
 import sqlite3
 import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+#: DB setting of ``server.require_allocation`` (``true``/``false``), set by ``PUT /api/settings``.
+REQUIRE_ALLOCATION = "access.requireAllocation"
+#: Set by migration 5 in a DB that held connections or keys before the setting existed.
+LEGACY_OPEN = "access.legacyOpen"
+
+
+@dataclass(frozen=True, slots=True)
+class AccessPolicy:
+    """``server.require_allocation`` in force and where it came from: ``db`` (admin API),
+    ``config`` (the file), ``default`` (a new data dir: on) or ``legacy`` (a data dir from before
+    the setting that has not chosen yet: off, and a warning at start)."""
+
+    required: bool
+    source: Literal["db", "config", "default", "legacy"]
+
+
+def access_policy(settings: Mapping[str, str], configured: bool | None) -> AccessPolicy:
+    """DB setting > config file > default, like every other setting."""
+    raw = settings.get(REQUIRE_ALLOCATION, "").strip().lower()
+    if raw in ("true", "false"):
+        return AccessPolicy(raw == "true", "db")
+    if configured is not None:
+        return AccessPolicy(configured, "config")
+    if settings.get(LEGACY_OPEN) == "1":
+        return AccessPolicy(False, "legacy")
+    return AccessPolicy(True, "default")
 
 
 class SettingsRepo:

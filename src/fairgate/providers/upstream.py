@@ -14,18 +14,19 @@ from fairgate.registry import Connection, Protocol
 
 ANTHROPIC_VERSION = "2023-06-01"
 
-#: Client headers worth passing upstream (everything else, auth above all, is ours to set).
-_FORWARD = ("anthropic-beta", "openai-organization", "openai-project")
-
 
 def upstream_headers(conn: Connection, client_headers: Mapping[str, str]) -> dict[str, str]:
+    """Our headers for ``conn``, plus the client headers the connection's ``forward_headers``
+    allow-list names. Nothing of the client's passes by default: on a shared account,
+    ``openai-organization`` / ``openai-project`` would let a tenant choose who is billed and
+    ``anthropic-beta`` switch on costlier features for everyone's quota."""
     headers = {"content-type": "application/json", "accept-encoding": "identity"}
     if conn.protocol is Protocol.ANTHROPIC:
         headers["x-api-key"] = conn.secret
-        headers["anthropic-version"] = client_headers.get("anthropic-version", ANTHROPIC_VERSION)
+        headers["anthropic-version"] = ANTHROPIC_VERSION
     else:
         headers["authorization"] = f"Bearer {conn.secret}"
-    for name in _FORWARD:
+    for name in conn.forward_headers:
         value = client_headers.get(name)
         if value:
             headers[name] = value

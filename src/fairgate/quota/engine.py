@@ -522,7 +522,9 @@ class QuotaEngine:
 
     # -- views ----------------------------------------------------------------------------
 
-    async def usage(self, pool: Pool) -> PoolUsage:
+    async def usage(self, pool: Pool, *, unallocated_allowed: bool = False) -> PoolUsage:
+        """``unallocated_allowed``: keys without an allocation may use the pool, so the usage
+        always has their row (see :func:`~fairgate.quota.usage.build_usage`)."""
         now = self.clock.now_ms()
         refs = [CounterRef(d.key, d.window_ms) for d in pool.dimensions]
         counts = await self.store.pool_usage(
@@ -543,6 +545,7 @@ class QuotaEngine:
             self.settings.saturation_threshold,
             rates,
             signals,
+            unallocated_allowed=unallocated_allowed,
         )
 
     def burn_samples(self, pool_id: str, counter: str) -> BurnSeries | None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from fairgate.quota.burn import time_to_exhaustion_ms
 from fairgate.quota.decision import static_fair_share
@@ -21,6 +21,13 @@ class KeyUsage:
     surplus: float  # fair share minus consumed: > 0 unused, < 0 borrowed beyond the share
     borrowing: bool
     cap: float | None
+    #: False for the one row of use by keys without an allocation (:data:`UNALLOCATED`)
+    allocated: bool = True
+
+
+#: The ``key_id`` of the row that sums the use of keys with no allocation in the pool (not a
+#: valid key id, so it cannot be mistaken for one).
+UNALLOCATED = "(unallocated)"
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,8 +60,15 @@ def build_usage(
     threshold: float,
     rates: Mapping[str, float],
     signals: Mapping[str, float] | None = None,
+    *,
+    unallocated_allowed: bool = False,
 ) -> PoolUsage:
+    """``unallocated_allowed``: keys without an allocation may use the pool
+    (``server.require_allocation`` off), so their row is shown even at 0; otherwise it is shown
+    only when there is such use (from before the setting, or a combo's shadow copies)."""
     dims: list[DimensionUsage] = []
+    rows: list[list[KeyUsage]] = []
+    others: list[float] = []
     for dim in pool.dimensions:
         w = dim.window_ms
         limit = pool.effective_limit(dim)
@@ -78,6 +92,11 @@ def build_usage(
                 )
             )
         rate = rates.get(dim.key, 0.0)
+        # the pool total counts every key; what the allocated keys do not account for is the
+        # unallocated keys' (exact: the window arithmetic is linear in the buckets)
+        rest = total - sum(k.consumed for k in keys)
+        others.append(rest if rest > 1e-9 * max(1.0, total) else 0.0)
+        rows.append(keys)
         dims.append(
             DimensionUsage(
                 key=dim.key,
@@ -88,11 +107,33 @@ def build_usage(
                 total=total,
                 used_fraction=used,
                 strict=dim.known and used >= threshold,
-                keys=tuple(keys),
+                keys=(),
                 burn_rate_per_s=rate,
                 time_to_exhaustion_ms=(
                     time_to_exhaustion_ms(limit - total, rate) if dim.known else None
                 ),
             )
         )
-    return PoolUsage(pool.id, now_ms, tuple(dims))
+    show = unallocated_allowed or any(o > 0 for o in others)
+    out = []
+    for d, keys, other in zip(dims, rows, others, strict=True):
+        if show:
+            keys.append(_unallocated_row(other, d.enforced))
+        out.append(replace(d, keys=tuple(keys)))
+    return PoolUsage(pool.id, now_ms, tuple(out))
+
+
+def _unallocated_row(consumed: float, enforced: bool) -> KeyUsage:
+    """Keys without an allocation count as weight 0, hard: no fair share, so all their use is
+    borrowed (allowed only while the pool is generous)."""
+    return KeyUsage(
+        key_id=UNALLOCATED,
+        weight=0.0,
+        policy="hard",
+        consumed=consumed,
+        fair_share=0.0,
+        surplus=-consumed,
+        borrowing=enforced and consumed > 0,
+        cap=None,
+        allocated=False,
+    )

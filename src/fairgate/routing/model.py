@@ -246,8 +246,8 @@ def expand_targets(
     - ``connection_id="*"``: one target per enabled connection of the provider that serves the
       model.
     - ``model="*"`` (``provider/*``): one target per (enabled connection, model it lists); with
-      a concrete ``connection_id`` only that connection's models. A connection that lists no
-      models ("serves anything") cannot be enumerated and contributes nothing.
+      a concrete ``connection_id`` only that connection's models. A connection serving ``"*"``
+      (any model) cannot be enumerated: it contributes the models it also lists by name.
 
     Expanded targets inherit weight, prices, tier, context window and tags. A wildcard that
     matches nothing contributes nothing; the pipeline reports the empty pool.
@@ -270,7 +270,7 @@ def expand_targets(
             if t.connection_id not in (None, WILDCARD) and conn.id != t.connection_id:
                 continue
             if t.model == WILDCARD:
-                models: Sequence[str] = conn.models
+                models: Sequence[str] = [m for m in conn.models if m != WILDCARD]
             else:
                 models = (t.model,) if conn.serves(t.model) else ()
             for m in models:

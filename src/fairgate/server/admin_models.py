@@ -30,11 +30,15 @@ from fairgate.config import (
     ComboSettingsSpec,
     ComboSpec,
     ComboTargetSpec,
+    HeaderName,
     HttpUrl,
     Id,
     Limit,
+    ModelList,
     ModelName,
     Weight,
+    checked_forward_headers,
+    checked_models,
 )
 from fairgate.db.pools import PoolRecord
 from fairgate.quota.decision import Outcome, Reason
@@ -285,6 +289,10 @@ class KeyUsageOut(ApiModel):
     surplus: float
     borrowing: bool
     cap: float | None
+    allocated: bool = Field(
+        default=True,
+        description="False for the one row '(unallocated)': the use of keys with no allocation",
+    )
 
 
 class BurnSampleOut(ApiModel):
@@ -342,6 +350,7 @@ class PoolUsageOut(ApiModel):
                             surplus=k.surplus,
                             borrowing=k.borrowing,
                             cap=k.cap,
+                            allocated=k.allocated,
                         )
                         for k in d.keys
                     ],
@@ -414,9 +423,28 @@ class ConnectionIn(ApiModel):
     auth_type: Literal["apikey", "oauth"] = "apikey"
     weight: Weight = 1.0
     max_concurrent: int | None = Field(default=None, ge=0, le=1_000_000)
-    models: list[ModelName] = Field(default_factory=list)
+    models: ModelList | None = Field(
+        default=None,
+        validate_default=True,
+        description='The models it serves, or "*" for any (required: an empty list serves none)',
+    )
     protocol: Literal["openai", "anthropic"] | None = None
     enabled: bool = True
+    forward_headers: list[HeaderName] = Field(
+        default_factory=list,
+        max_length=50,
+        description="Client headers passed upstream (none by default)",
+    )
+
+    @field_validator("models")
+    @classmethod
+    def _models(cls, v: list[str] | str | None) -> list[str]:
+        return checked_models(v)
+
+    @field_validator("forward_headers")
+    @classmethod
+    def _headers(cls, v: list[str]) -> list[str]:
+        return checked_forward_headers(v)
 
 
 class ConnectionPatch(ApiModel):
@@ -426,9 +454,20 @@ class ConnectionPatch(ApiModel):
     auth_type: Literal["apikey", "oauth"] | None = None
     weight: Weight | None = None
     max_concurrent: int | None = Field(default=None, ge=0, le=1_000_000)
-    models: list[ModelName] | None = None
+    models: ModelList | None = None
     protocol: Literal["openai", "anthropic"] | None = None
     enabled: bool | None = None
+    forward_headers: list[HeaderName] | None = Field(default=None, max_length=50)
+
+    @field_validator("models")
+    @classmethod
+    def _models(cls, v: list[str] | str | None) -> list[str] | None:
+        return None if v is None else checked_models(v)
+
+    @field_validator("forward_headers")
+    @classmethod
+    def _headers(cls, v: list[str] | None) -> list[str] | None:
+        return None if v is None else checked_forward_headers(v)
 
 
 class ConnectionOut(ApiModel):
@@ -441,6 +480,7 @@ class ConnectionOut(ApiModel):
     max_concurrent: int | None
     models: list[str]
     enabled: bool
+    forward_headers: list[str]
     has_secret: bool
     pool: str | None
 
@@ -456,39 +496,60 @@ class ConnectionOut(ApiModel):
             max_concurrent=c.max_concurrent,
             models=list(c.models),
             enabled=c.enabled,
+            forward_headers=list(c.forward_headers),
             has_secret=bool(c.secret),
             pool=pool,
         )
+
+
+_ALLOWED_CONNECTIONS = "Connections outside every pool this key may use (server.require_allocation)"
+_ALLOWED_PROVIDERS = "Providers whose connections outside every pool this key may use"
 
 
 class KeyIn(ApiModel):
     id: Id | None = Field(default=None, description="Generated (key-xxxxxxxx) when omitted")
     name: Name = ""
     allowed_models: list[ModelName] = Field(default_factory=list)
+    allowed_connections: list[Id] = Field(
+        default_factory=list, max_length=1000, description=_ALLOWED_CONNECTIONS
+    )
+    allowed_providers: list[Id] = Field(
+        default_factory=list, max_length=1000, description=_ALLOWED_PROVIDERS
+    )
     enabled: bool = True
 
 
 class KeyPatch(ApiModel):
     name: Name | None = None
     allowed_models: list[ModelName] | None = None
+    allowed_connections: list[Id] | None = Field(
+        default=None, max_length=1000, description=_ALLOWED_CONNECTIONS
+    )
+    allowed_providers: list[Id] | None = Field(
+        default=None, max_length=1000, description=_ALLOWED_PROVIDERS
+    )
     enabled: bool | None = None
 
 
 class KeyOut(ApiModel):
+    """A key as shown: by its id (no character of its secret is kept)."""
+
     id: str
     name: str
-    prefix: str = Field(description="The first characters of the secret, for display")
     enabled: bool
     allowed_models: list[str]
+    allowed_connections: list[str]
+    allowed_providers: list[str]
 
     @classmethod
     def of(cls, k: ClientKey) -> KeyOut:
         return cls(
             id=k.id,
             name=k.name,
-            prefix=k.prefix,
             enabled=k.enabled,
             allowed_models=list(k.allowed_models),
+            allowed_connections=sorted(k.allowed_connections),
+            allowed_providers=sorted(k.allowed_providers),
         )
 
 
@@ -514,9 +575,21 @@ class QuotaKnobsIn(ApiModel):
     ) = None
 
 
+class AccessSettingsIn(ApiModel):
+    """``null`` clears the DB setting (the config file's ``server.require_allocation``, else
+    the default applies again)."""
+
+    require_allocation: bool | None = Field(
+        default=None,
+        description="A key may use a pooled connection only with an allocation in its pool, "
+        "and one outside every pool only if it lists it or its provider",
+    )
+
+
 class SettingsIn(ApiModel):
     quota_store: QuotaStoreSettingsIn | None = None
     quota: QuotaKnobsIn | None = None
+    access: AccessSettingsIn | None = None
 
 
 class QuotaStoreSettingsOut(ApiModel):
@@ -534,9 +607,17 @@ class QuotaKnobsOut(ApiModel):
     consumption_retention_days: float
 
 
+class AccessSettingsOut(ApiModel):
+    require_allocation: bool
+    source: Literal["db", "config", "default", "legacy"] = Field(
+        description="legacy: a data dir from before the setting that has not chosen (open)"
+    )
+
+
 class SettingsOut(ApiModel):
     quota_store: QuotaStoreSettingsOut
     quota: QuotaKnobsOut
+    access: AccessSettingsOut
 
 
 # -- combos -----------------------------------------------------------------------------------

@@ -200,7 +200,7 @@ async def delete_pool(pool_id: str, gw: GW) -> Response:
 async def pool_usage(pool_id: str, gw: GW) -> PoolUsageOut:
     pool = PoolRepo(gw.db).get(pool_id)
     try:
-        usage = await gw.engine.usage(pool)
+        usage = await gw.engine.usage(pool, unallocated_allowed=not gw.registry.require_allocation)
     except Exception as exc:
         raise _store_unavailable(exc) from None
     out = PoolUsageOut.of(usage)

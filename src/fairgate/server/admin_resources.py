@@ -15,7 +15,7 @@ from fastapi import APIRouter, Response
 from fairgate.db.common import transaction
 from fairgate.db.connections import ConnectionRepo
 from fairgate.db.keys import KeyRepo
-from fairgate.db.settings import SettingsRepo
+from fairgate.db.settings import REQUIRE_ALLOCATION, SettingsRepo, access_policy
 from fairgate.registry import Connection, protocol_for
 from fairgate.server.admin_common import (
     ERROR_RESPONSES,
@@ -25,6 +25,7 @@ from fairgate.server.admin_common import (
     invalid,
 )
 from fairgate.server.admin_models import (
+    AccessSettingsOut,
     ConnectionIn,
     ConnectionOut,
     ConnectionPatch,
@@ -74,8 +75,9 @@ async def create_connection(body: ConnectionIn, gw: GW) -> ConnectionOut:
         auth_type=body.auth_type,
         weight=body.weight,
         max_concurrent=body.max_concurrent,
-        models=tuple(body.models),
+        models=tuple(body.models or ()),
         enabled=body.enabled,
+        forward_headers=tuple(body.forward_headers),
     )
     ConnectionRepo(gw.db).create(conn)
     gw.reload()
@@ -114,6 +116,9 @@ async def patch_connection(connection_id: str, body: ConnectionPatch, gw: GW) ->
             models=c.models if body.models is None else tuple(body.models),
             enabled=c.enabled if body.enabled is None else body.enabled,
             protocol=protocol,
+            forward_headers=c.forward_headers
+            if body.forward_headers is None
+            else tuple(body.forward_headers),
         )
         repo.update(c)
     gw.reload()
@@ -131,6 +136,18 @@ async def delete_connection(connection_id: str, gw: GW) -> Response:
 # -- client keys ------------------------------------------------------------------------------
 
 
+def _check_connections(gw: Gateway, ids: list[str]) -> None:
+    """An allow-list names existing connections (a typo would silently allow nothing)."""
+    repo = ConnectionRepo(gw.db)
+    bad = [
+        (f"allowedConnections.{i}", f"unknown connection '{c}'")
+        for i, c in enumerate(ids)
+        if repo.find(c) is None
+    ]
+    if bad:
+        raise invalid(bad)
+
+
 @router.get("/keys", tags=["keys"])
 async def list_keys(gw: GW) -> list[KeyOut]:
     return [KeyOut.of(k) for k in KeyRepo(gw.db).all()]
@@ -139,19 +156,17 @@ async def list_keys(gw: GW) -> list[KeyOut]:
 @router.post("/keys", status_code=201, tags=["keys"])
 async def create_key(body: KeyIn, gw: GW) -> KeyCreated:
     """Creates a key; the response carries its secret, the only time it is ever shown."""
+    _check_connections(gw, body.allowed_connections)
     key, secret = KeyRepo(gw.db).create(
-        body.name, body.allowed_models, key_id=body.id, enabled=body.enabled
+        body.name,
+        body.allowed_models,
+        key_id=body.id,
+        enabled=body.enabled,
+        allowed_connections=body.allowed_connections,
+        allowed_providers=body.allowed_providers,
     )
     gw.reload()
-    out = KeyOut.of(key)
-    return KeyCreated(
-        id=out.id,
-        name=out.name,
-        prefix=out.prefix,
-        enabled=out.enabled,
-        allowed_models=out.allowed_models,
-        secret=secret,
-    )
+    return KeyCreated(**KeyOut.of(key).model_dump(), secret=secret)
 
 
 @router.get("/keys/{key_id}", tags=["keys"])
@@ -165,12 +180,19 @@ async def patch_key(key_id: str, body: KeyPatch, gw: GW) -> KeyOut:
     repo = KeyRepo(gw.db)
     with transaction(gw.db):
         k = repo.get(key_id)
+        _check_connections(gw, body.allowed_connections or [])
         k = replace(
             k,
             name=k.name if body.name is None else (body.name or k.id),
             allowed_models=k.allowed_models
             if body.allowed_models is None
             else tuple(body.allowed_models),
+            allowed_connections=k.allowed_connections
+            if body.allowed_connections is None
+            else frozenset(body.allowed_connections),
+            allowed_providers=k.allowed_providers
+            if body.allowed_providers is None
+            else frozenset(body.allowed_providers),
             enabled=k.enabled if body.enabled is None else body.enabled,
         )
         repo.update(k)
@@ -194,6 +216,7 @@ _DB_KEYS = {
     ("quota", "saturation_threshold"): "quota.saturationThreshold",
     ("quota", "soft_deprioritize_factor"): "quota.softDeprioritizeFactor",
     ("quota", "consumption_retention_days"): "quota.consumptionRetentionDays",
+    ("access", "require_allocation"): REQUIRE_ALLOCATION,
 }
 
 
@@ -207,6 +230,7 @@ def _source(db_value: str | None, env_value: str | None) -> Literal["db", "env"]
 
 def _settings_out(gw: Gateway) -> SettingsOut:
     db = SettingsRepo(gw.db).all()
+    policy = access_policy(db, gw.config.server.require_allocation)
     choice, q = gw.store_choice, gw.quota_settings
     driver_db = db.get("quotaStore.driver", "").strip().lower()
     driver_env = gw.env.get("QUOTA_STORE_DRIVER", "").strip().lower()
@@ -228,6 +252,7 @@ def _settings_out(gw: Gateway) -> SettingsOut:
             soft_deprioritize_factor=q.soft_deprioritize_factor,
             consumption_retention_days=q.retention_days,
         ),
+        access=AccessSettingsOut(require_allocation=policy.required, source=policy.source),
     )
 
 
@@ -254,7 +279,9 @@ async def put_settings(body: SettingsIn, gw: GW) -> SettingsOut:
                 if value is None:
                     repo.delete(db_key)
                 else:
-                    repo.set(db_key, str(value))
+                    repo.set(db_key, str(value).lower() if isinstance(value, bool) else str(value))
+    if "access" in body.model_fields_set:
+        gw.reload()  # who may use what is part of the registry snapshot
     if "quota_store" not in body.model_fields_set:
         gw.refresh_settings()
         return _settings_out(gw)

@@ -1,8 +1,13 @@
 """What a request went through, for the error body when nothing could serve it (SPEC §8).
 
-Clients (and the people debugging them) get the attempt order, the targets that were skipped and
-why, a terminal reason from a fixed set, and a recovery hint — never a stack trace or a secret.
-The same facts go into ``x-fairgate-combo-*`` headers.
+Two views. The client's (:meth:`Diagnostics.client_body`, in the error body): the attempt order
+as ``provider/model``, each attempt ``ok`` or ``failed``, skipped targets with a coarse reason
+code (``cooling_down``, ``unavailable``, ``busy``, ``quota:<reason>`` for the key's own quota…),
+a terminal reason from a fixed set and a recovery hint: never a connection or pool id, an
+upstream status or an exclusion reason such as ``permanent``, which would map the gateway's
+accounts and their state for a tenant. The admin's (:meth:`Diagnostics.body`): everything, in
+the log line of the failed request (``request failed``, with its request id). The counts go
+into ``x-fairgate-combo-*`` headers. Never a stack trace or a secret in either.
 """
 
 from __future__ import annotations
@@ -91,13 +96,44 @@ class Diagnostics:
             "recoveryHint": self.hint(),
         }
 
+    def client_body(self) -> dict[str, Any]:
+        """The view a client gets (see the module doc)."""
+        return {
+            "combo": self.combo,
+            "strategy": self.strategy,
+            "attemptOrder": [public_label(a["target"]) for a in self.attempted],
+            "attempted": [
+                {
+                    "target": public_label(a["target"]),
+                    "outcome": "ok" if a["outcome"] == "ok" else "failed",
+                }
+                for a in self.attempted
+            ],
+            "excluded": [
+                {
+                    "target": public_label(e["target"]),
+                    "reason": public_reason(e["reason"]),
+                    **({"retryAfterMs": e["retryAfterMs"]} if "retryAfterMs" in e else {}),
+                }
+                for e in self.excluded
+            ],
+            "terminalReason": self.terminal.value if self.terminal else None,
+            "recoveryHint": self.hint(),
+        }
+
     def error(
         self, status: int, message: str, *, code: str, terminal: Terminal, **kw: Any
     ) -> ApiError:
         """An error that carries these diagnostics (body and headers) and its terminal reason."""
         self.terminal = terminal
-        headers = {**self.headers(), **kw.pop("headers", {})}
-        return ApiError(status, message, code=code, headers=headers, diagnostics=self.body(), **kw)
+        return self.attach(ApiError(status, message, code=code, **kw))
+
+    def attach(self, err: ApiError) -> ApiError:
+        """Give ``err`` these diagnostics (both views) and their headers (its own headers win)."""
+        err.diagnostics = self.body()
+        err.client_diagnostics = self.client_body()
+        err.headers = {**self.headers(), **err.headers}
+        return err
 
     def headers(self) -> dict[str, str]:
         out = {
@@ -109,3 +145,30 @@ class Diagnostics:
         if self.terminal:
             out["x-fairgate-combo-terminal"] = self.terminal.value
         return out
+
+
+#: Exclusion reasons as a client sees them: whether waiting helps, not what is wrong upstream.
+_PUBLIC_REASONS = {
+    "cooldown": "cooling_down",
+    "rate_limited": "cooling_down",
+    "lockout": "cooling_down",
+    "breaker_open": "unavailable",
+    "permanent": "unavailable",
+    "concurrency-full": "busy",
+    "attempt-cap": "attempt_cap",
+}
+
+
+def public_label(label: str) -> str:
+    """``provider/model@connection`` → ``provider/model`` (a target without a connection is
+    already in that form)."""
+    head, at, _ = label.rpartition("@")
+    return head if at else label
+
+
+def public_reason(reason: str) -> str:
+    """A coarse reason code; the key's own quota reasons (``quota:fair-share``…) stay as they
+    are: the 429 of a quota block names them anyway."""
+    if reason.startswith("quota:"):
+        return reason
+    return _PUBLIC_REASONS.get(reason, "unavailable")

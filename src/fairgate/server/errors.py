@@ -1,6 +1,6 @@
 """Error bodies clients' SDKs understand: OpenAI format on the OpenAI routes, Anthropic format on
 ``/v1/messages``. Always JSON, always sanitized: a message we wrote, never a stack trace, a local
-path or a secret.
+path, a secret, or a connection or pool id (those are for admins: logs and the admin API).
 """
 
 from __future__ import annotations
@@ -41,7 +41,9 @@ class ApiError(Exception):
         diagnostics: Mapping[str, Any] | None = None,
     ) -> None:
         super().__init__(message)
+        #: the admin's view (logged), and the client's (in the body): see server.diagnostics
         self.diagnostics = dict(diagnostics) if diagnostics is not None else None
+        self.client_diagnostics: dict[str, Any] | None = None
         #: True when trying another target cannot help (the request itself is at fault)
         self.final = False
         #: the failure class of the attempt that produced it (``server_error``, ``rate_limit``…)
@@ -78,8 +80,8 @@ def error_response(
     err: ApiError, *, anthropic: bool = False, headers: Mapping[str, str] | None = None
 ) -> Response:
     body = anthropic_error_body(err) if anthropic else openai_error_body(err)
-    if err.diagnostics is not None:
-        body["diagnostics"] = err.diagnostics
+    if err.client_diagnostics is not None:
+        body["diagnostics"] = err.client_diagnostics
     merged = {**err.headers, **(headers or {})}
     return Response(
         orjson.dumps(body), status_code=err.status, media_type="application/json", headers=merged

@@ -3,6 +3,8 @@
 - A plain model whose connections are the members of one pool goes through that pool's internal
   ``qtSd/<pool>/<model>`` combo: bucket gating, concurrency caps, DRR and P2C order the members
   (SPEC §7); the DRR ticket is charged to the member actually dispatched.
+- Only what the key may use is routed to (``server.access``): refused connections are dropped
+  before anything is ordered, refused combo targets are skipped, and nothing left → 403.
 - A user combo is ordered by its strategy (SPEC §8) over live views (per-target metrics, breaker
   health, in-flight counts) and executed with its config: retries, attempt cap, timeout,
   quality validation. ``fusion`` asks a panel in parallel and has a judge combine the answers;
@@ -23,7 +25,7 @@ import orjson
 from starlette.responses import Response
 
 from fairgate.providers.usage import estimate_prompt_tokens
-from fairgate.registry import ClientKey, Connection, Registry
+from fairgate.registry import ClientKey, Connection, Denial, Registry
 from fairgate.routing import (
     Combo,
     HealthView,
@@ -42,7 +44,7 @@ from fairgate.routing import (
     step_messages,
 )
 from fairgate.routing.modes import FusionPlan, PipelinePlan, answer_text
-from fairgate.server import proxy
+from fairgate.server import access, proxy
 from fairgate.server.diagnostics import Diagnostics, Terminal
 from fairgate.server.errors import ApiError
 
@@ -56,6 +58,10 @@ async def route_plain(
     call: proxy.Call, upstream_model: str, conns: Sequence[Connection]
 ) -> Response:
     reg = call.svc.gw.registry
+    conns, why = access.permitted(reg, call.key, conns, _itself)
+    if not conns:
+        assert why is not None  # the caller routes only models some connection serves
+        raise access.denied(why, call.model)
     cands = [proxy.Candidate.of(c, upstream_model) for c in sorted(conns, key=lambda c: -c.weight)]
     diag = Diagnostics(pool_size=len(cands))
     pools = {reg.pool_by_connection.get(c.id) for c in conns}
@@ -103,14 +109,42 @@ async def _quota_share(
 # -- user combos ----------------------------------------------------------------------------
 
 
-def target_candidates(reg: Registry, t: Target) -> list[proxy.Candidate]:
-    """The connections a target may use: the named one, else every enabled connection of its
+def _itself(c: Connection) -> Connection:
+    return c
+
+
+def target_connections(reg: Registry, t: Target) -> list[Connection]:
+    """The connections a target names: the named one, else every enabled connection of its
     provider that serves the model, heaviest first."""
     if t.connection_id and t.connection_id != "*":
         c = reg.connections.get(t.connection_id)
-        return [proxy.Candidate(c, t.model, t)] if c is not None and c.enabled else []
+        return [c] if c is not None and c.enabled else []
     conns = [c for c in reg.by_provider.get(t.provider, ()) if c.serves(t.model)]
-    return [proxy.Candidate(c, t.model, t) for c in sorted(conns, key=lambda c: -c.weight)]
+    return sorted(conns, key=lambda c: -c.weight)
+
+
+def target_candidates(reg: Registry, t: Target, key: ClientKey) -> list[proxy.Candidate]:
+    """The candidates of a target that ``key`` may use."""
+    conns, _ = access.permitted(reg, key, target_connections(reg, t), _itself)
+    return [proxy.Candidate(c, t.model, t) for c in conns]
+
+
+def usable_targets(call: proxy.Call, targets: Sequence[Target]) -> list[Target]:
+    """The targets with a connection the key may use, in order (the others are skipped, never
+    tried). Raises the 403 when targets had connections but the key may use none of them;
+    targets with no connection at all are left to the usual "no targets" answer."""
+    reg = call.svc.gw.registry
+    kept: list[Target] = []
+    reason: Denial | None = None
+    for t in targets:
+        ok, why = access.permitted(reg, call.key, target_connections(reg, t), _itself)
+        if ok:
+            kept.append(t)
+        elif why is not None and reason is not Denial.NO_ALLOCATION:
+            reason = why
+    if not kept and reason is not None:
+        raise access.denied(reason, call.model)
+    return kept if kept else list(targets)
 
 
 _BREAKER_STATES: dict[str, Literal["closed", "half-open", "open"]] = {
@@ -162,8 +196,9 @@ async def route_combo(call: proxy.Call, combo: Combo) -> Response:
                 400, f"'{combo.strategy}' combos are served on /v1/chat/completions", param="model"
             )
         if mode == "fusion":
-            return await _fusion(call, combo, targets)
+            return await _fusion(call, combo, usable_targets(call, targets))
         return await _pipeline(call, combo, targets)
+    targets = usable_targets(call, targets)
     ordered = _pin(call, combo, order_targets(call, combo, targets))
     fan_out = _int_option(combo, "fan_out")
     if fan_out >= 2 and not call.stream:
@@ -250,9 +285,10 @@ async def _run(
     """Execute over the targets in order with the combo's config (timeout included)."""
     reg = call.svc.gw.registry
     cfg = combo.config
-    cands = [c for t in ordered for c in target_candidates(reg, t)]
+    cands = [c for t in ordered for c in target_candidates(reg, t, call.key)]
     diag = Diagnostics(pool_size=len(cands), combo=combo.name, strategy=combo.strategy)
     if not cands:
+        usable_targets(call, ordered)  # the 403 when the key may use none of them
         raise diag.error(
             503,
             f"Combo '{combo.name}' has no enabled connection for its targets",
@@ -298,9 +334,10 @@ def _after_answer(call: proxy.Call, combo: Combo, response: Response) -> None:
 
 async def _shadow(call: proxy.Call, combo: Combo, target: Target, timeout_ms: int) -> None:
     """A copy of the request to a shadow target: its own metrics, a real abort on timeout, and
-    quota drawn as an unallocated key (it borrows spare capacity only, never a client's share)."""
+    quota drawn as an unallocated key (it borrows spare capacity only, never a client's share);
+    only on connections the client's own key may use."""
     svc = call.svc
-    shadow_key = ClientKey(f"{call.key.id}~shadow", "shadow", "", "")
+    shadow_key = ClientKey(f"{call.key.id}~shadow", "shadow", "")
     sub = dataclasses.replace(
         call, key=shadow_key, stream=False, body={**call.body, "stream": False}
     )
@@ -309,7 +346,7 @@ async def _shadow(call: proxy.Call, combo: Combo, target: Target, timeout_ms: in
         async with asyncio.timeout(timeout_ms / 1000):
             resp = await proxy._execute(
                 sub,
-                target_candidates(svc.gw.registry, target),
+                target_candidates(svc.gw.registry, target, call.key),
                 Diagnostics(combo=combo.name),
                 proxy.ExecOptions(combo=combo.name),
             )
@@ -378,6 +415,8 @@ async def _fusion(call: proxy.Call, combo: Combo, targets: Sequence[Target]) -> 
 
 async def _pipeline(call: proxy.Call, combo: Combo, targets: Sequence[Target]) -> Response:
     plan = PipelinePlan.from_combo(combo)
+    for step in plan.steps:  # a step cannot be skipped: one the key may not use refuses it all
+        usable_targets(call, [step.target])
     messages = list(call.body.get("messages") or [])
     previous: str | None = None
     for step in plan.steps[:-1]:

@@ -199,7 +199,9 @@ async def models(request: Request) -> Response:
     seen: dict[str, str] = {}
     for provider, conns in reg.by_provider.items():
         for conn in conns:
-            for m in conn.models:
+            if reg.denial(key, conn) is not None:
+                continue  # only what this key may use
+            for m in conn.named_models:
                 seen.setdefault(f"{provider}/{m}", provider)
                 if reg.default_provider == provider:
                     seen.setdefault(m, provider)
@@ -224,6 +226,11 @@ async def _handle(request: Request, route: Route) -> Response:
         call = _parse(svc, request, key, body, route, t0)
         resp = await _dispatch(call)
     except ApiError as err:
+        if err.diagnostics is not None:  # the client sees reason codes; the admin, all of it
+            log.info(
+                "request failed",
+                extra={"status": err.status, "code": err.code, "diagnostics": err.diagnostics},
+            )
         resp = error_response(err, anthropic=route is Route.MESSAGES)
     svc.metrics.observe_request(svc.gw.registry, key, body, resp, t0)
     return resp
@@ -448,9 +455,7 @@ async def _execute(
             if held is not None:
                 await svc.gw.engine.release(held[2].ticket)
             diag.terminal = Terminal.CLIENT_ERROR
-            result.diagnostics = diag.body()
-            result.headers.update(diag.headers())
-            raise result
+            raise diag.attach(result)
     if held is not None:
         cand, pool, adm = held
         result = await run(cand, pool, adm)
@@ -473,16 +478,12 @@ def _no_answer(
         diag.terminal = Terminal.UPSTREAM_FAILED
         if not blocked and exclusions == [] and last_error.status == 429:
             diag.retry_after_ms = _retry_ms(last_error)
-        last_error.diagnostics = diag.body()
-        last_error.headers.update(diag.headers())
-        return last_error
+        return diag.attach(last_error)
     if blocked and not exclusions:
         diag.terminal = Terminal.QUOTA_BLOCKED
         err = _quota_blocked(blocked, call)
         diag.retry_after_ms = int(err.headers["retry-after"]) * 1000
-        err.diagnostics = diag.body()
-        err.headers.update(diag.headers())
-        return err
+        return diag.attach(err)
     # every candidate excluded by resilience (maybe some by quota): the earliest one to free
     waits = [e.until_ms - now for e in exclusions if e.until_ms is not None]
     waits += [b.admission.retry_after_ms for b in blocked if b.admission.retry_after_ms]
@@ -709,7 +710,7 @@ async def _attempt_on(
             "connect_error",
             ApiError(
                 502,
-                f"Upstream connection '{conn.id}' failed ({type(exc).__name__})",
+                f"An upstream connection failed ({type(exc).__name__})",
                 code="upstream_error",
             ),
             exc=exc,
@@ -741,7 +742,7 @@ async def _attempt_on(
                 "quality",
                 ApiError(
                     502,
-                    f"Upstream '{conn.id}' stream failed before any content ({problem})",
+                    f"An upstream stream failed before any content ({problem})",
                     code="upstream_error",
                 ),
                 status=200,
@@ -761,7 +762,7 @@ async def _attempt_on(
             "upstream",
             ApiError(
                 502,
-                f"Upstream connection '{conn.id}' failed mid-answer ({type(exc).__name__})",
+                f"An upstream connection failed mid-answer ({type(exc).__name__})",
                 code="upstream_error",
             ),
             exc=exc,
@@ -776,7 +777,7 @@ async def _attempt_on(
             "quality",
             ApiError(
                 502,
-                f"Upstream '{conn.id}' answered 200 without a usable answer ({problem})",
+                f"An upstream answered 200 without a usable answer ({problem})",
                 code="upstream_error",
             ),
             status=200,
@@ -925,7 +926,7 @@ async def _upstream_error(resp: aiohttp.ClientResponse, conn: Connection) -> tup
     if resp.status in (401, 403):
         err = ApiError(
             502,
-            f"Upstream connection '{conn.id}' rejected the gateway's credentials",
+            "An upstream rejected the gateway's credentials",
             code="upstream_auth_error",
         )
         return err, raw

@@ -24,7 +24,8 @@ from fairgate.config import Config, ConfigError
 from fairgate.db.common import RepoError
 from fairgate.db.connection import open_db
 from fairgate.db.repos import load_registry, seed_from_config
-from fairgate.db.settings import SettingsRepo
+from fairgate.db.settings import SettingsRepo, access_policy
+from fairgate.files import private_dir
 from fairgate.quota.engine import QuotaEngine
 from fairgate.quota.model import Pool
 from fairgate.quota.settings import QuotaSettings
@@ -128,7 +129,7 @@ class Gateway:
 
         Raises :class:`ConfigError` when the config file cannot be seeded (for example it puts a
         connection in a pool while the DB has it in another, moved there by the admin API)."""
-        self.data_dir.mkdir(parents=True, exist_ok=True)
+        private_dir(self.data_dir)
         self.db = open_db(self.db_path)
         try:
             try:
@@ -141,6 +142,14 @@ class Gateway:
             if report.changed:
                 log.info("seeded from config: %s", ", ".join(report.changes))
             db_settings = SettingsRepo(self.db).all()
+            policy = access_policy(db_settings, self.config.server.require_allocation)
+            if policy.source == "legacy":
+                log.warning(
+                    "server.require_allocation is not set and this data dir predates it: every "
+                    "client key may still use every connection, with or without an allocation. "
+                    "Set it to true (config file or PUT /api/settings) to enforce allocations "
+                    "(docs/security.md), or to false to keep open access and silence this warning"
+                )
             self.quota_settings = self._settings_from(db_settings)
             store, self.store_choice = await create_store(
                 self.quota_store_path,
@@ -223,6 +232,7 @@ class Gateway:
             self.db,
             self.config.server.default_provider,
             version=self.registry.version + 1,
+            require_allocation=self.config.server.require_allocation,
         )
 
     def refresh_settings(self) -> QuotaSettings:

@@ -11,8 +11,8 @@ import logging
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 
+from fairgate.files import private_sqlite
 from fairgate.store.base import QuotaStore
 from fairgate.store.sqlite import SYNCHRONOUS_MODES, SqliteQuotaStore
 
@@ -88,7 +88,7 @@ async def create_store(
 
 
 def _sqlite(path: str | os.PathLike[str], env: Mapping[str, str]) -> QuotaStore:
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    private_sqlite(path)  # 0600 in a 0700 directory, like the metadata DB
     sync = (env.get("QUOTA_SQLITE_SYNCHRONOUS") or "OFF").strip().upper()
     if sync not in SYNCHRONOUS_MODES:
         log.warning(

@@ -221,7 +221,7 @@ def _conn(cid: str, provider: str = "openai", models: tuple[str, ...] = ()) -> C
 def test_wildcards_expand_to_the_providers_connections() -> None:
     by_provider = {
         "openai": (
-            _conn("o1"),
+            _conn("o1", models=("*",)),
             _conn("o2", models=("gpt-4o", "gpt-4o-mini")),
             _conn("o3", models=("o3",)),
         ),

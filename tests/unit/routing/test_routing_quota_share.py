@@ -326,7 +326,13 @@ def test_qtsd_names() -> None:
 
 def _conn(cid: str, weight: float = 1.0, enabled: bool = True) -> Connection:
     return Connection(
-        id=cid, provider="claude", base_url="http://x", secret="s", weight=weight, enabled=enabled
+        id=cid,
+        provider="claude",
+        base_url="http://x",
+        secret="s",
+        weight=weight,
+        enabled=enabled,
+        models=("*",),
     )
 
 
