@@ -313,10 +313,22 @@ def test_transaction_rolls_back_nested_work(populated: sqlite3.Connection) -> No
 SEED = {
     "server": {"default_provider": "mock"},
     "connections": [
-        {"id": "m1", "provider": "mock", "base_url": "http://up/v1", "secret": "up-secret", "models": ["*"]},
+        {
+            "id": "m1",
+            "provider": "mock",
+            "base_url": "http://up/v1",
+            "secret": "up-secret",
+            "models": ["*"],
+        },
         {"id": "m2", "provider": "mock", "base_url": "http://up/v1", "models": ["*"]},
         {"id": "k1", "provider": "kimi", "base_url": "http://kimi/v1", "models": ["*"]},
-        {"id": "a1", "provider": "anthropic", "base_url": "http://anth/v1", "enabled": False, "models": ["*"]},
+        {
+            "id": "a1",
+            "provider": "anthropic",
+            "base_url": "http://anth/v1",
+            "enabled": False,
+            "models": ["*"],
+        },
     ],
     "keys": [
         {"id": "alice", "name": "Alice", "secret": "fg-alice-secret-value"},

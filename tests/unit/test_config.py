@@ -54,7 +54,13 @@ def _base() -> dict[str, Any]:
     """A small valid config as a parsed YAML tree, for mutation tests."""
     return {
         "connections": [
-            {"id": "c1", "provider": "mock", "base_url": "http://x/v1", "secret": "s", "models": ["*"]},
+            {
+                "id": "c1",
+                "provider": "mock",
+                "base_url": "http://x/v1",
+                "secret": "s",
+                "models": ["*"],
+            },
             {"id": "c2", "provider": "mock", "base_url": "http://x/v1", "models": ["*"]},
             {"id": "k1", "provider": "kimi", "base_url": "https://api.kimi/v1", "models": ["*"]},
         ],
@@ -147,7 +153,13 @@ def test_set_but_empty_variable_is_not_missing() -> None:
     cfg = parse_config(
         {
             "connections": [
-                {"id": "c", "provider": "m", "base_url": "http://x", "secret": "${E}", "models": "*"}
+                {
+                    "id": "c",
+                    "provider": "m",
+                    "base_url": "http://x",
+                    "secret": "${E}",
+                    "models": "*",
+                }
             ]
         },
         {"E": ""},
@@ -216,6 +228,34 @@ CASES: list[tuple[str, Callable[[dict[str, Any]], None], str]] = [
     ("duplicate connection id", _set("connections.1.id", "c1"), "connections.1.id"),
     ("duplicate key id", _set("keys.1.id", "alice"), "keys.1.id"),
     ("bad base url", _set("connections.0.base_url", "ftp://x"), "connections.0.base_url"),
+    (
+        "password in base url",
+        _set("connections.0.base_url", "https://user:hunter2@api.example/v1"),
+        "connections.0.base_url",
+    ),
+    ("no models", _set("connections.0.models", None), "connections.0.models"),
+    ("empty models", _set("connections.0.models", []), "connections.0.models"),
+    ("duplicate model", _set("connections.0.models", ["a", "a"]), "connections.0.models"),
+    (
+        "credential header forwarded",
+        _set("connections.0.forward_headers", ["openai-organization", "Authorization"]),
+        "connections.0.forward_headers",
+    ),
+    (
+        "bad header name",
+        _set("connections.0.forward_headers", ["a b"]),
+        "connections.0.forward_headers.0",
+    ),
+    (
+        "unknown allowed connection",
+        _set("keys.0.allowed_connections", ["c1", "zz"]),
+        "keys.0.allowed_connections.1",
+    ),
+    (
+        "bad require_allocation",
+        _set("server", {"require_allocation": "maybe"}),
+        "server.require_allocation",
+    ),
     ("bad auth type", _set("connections.0.auth_type", "basic"), "connections.0.auth_type"),
     ("bad protocol", _set("connections.0.protocol", "grpc"), "connections.0.protocol"),
     ("connection weight", _set("connections.0.weight", 500), "connections.0.weight"),
@@ -334,3 +374,30 @@ def test_windows_and_units_cover_the_enums() -> None:
             data = _base()
             data["plans"]["c1"] = [{"unit": unit.value, "window": window.value, "limit": 1}]
             assert parse_config(data, {}).plans["c1"][0].window is window
+
+
+def test_connection_models_star_and_forward_headers() -> None:
+    data = _base()
+    data["connections"][0]["models"] = "*"
+    data["connections"][1]["models"] = ["a", "*"]
+    data["connections"][0]["forward_headers"] = ["OpenAI-Organization", "anthropic-beta"]
+    data["connections"][0]["base_url"] = "https://user@api.example/v1"  # a user alone is fine
+    data["keys"][0]["allowed_connections"] = ["k1"]
+    data["keys"][0]["allowed_providers"] = ["kimi"]
+    data["server"] = {"require_allocation": False}
+    cfg = parse_config(data, {})
+    assert cfg.connections[0].models == ["*"]
+    assert cfg.connections[1].models == ["a", "*"]
+    assert cfg.connections[0].forward_headers == ["openai-organization", "anthropic-beta"]
+    assert cfg.keys[0].allowed_connections == ["k1"]
+    assert cfg.server.require_allocation is False
+    assert parse_config(_base(), {}).server.require_allocation is None
+
+
+def test_a_password_in_a_url_is_never_echoed_in_the_error() -> None:
+    data = _base()
+    data["connections"][0]["base_url"] = "http://u:pa55-w0rd-x@h/v1"
+    with pytest.raises(ConfigError) as info:
+        parse_config(data, {})
+    assert "pa55-w0rd-x" not in str(info.value)
+    assert "connections.0.base_url" in str(info.value)

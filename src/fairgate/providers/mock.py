@@ -157,6 +157,11 @@ def _check_field(name: str, value: object) -> object:
     return float(value) if kind is float else value
 
 
+#: Headers that choose what a provider bills or enables (never credentials): recorded per
+#: request in the stats.
+RECORDED_HEADERS = ("openai-organization", "openai-project", "anthropic-beta", "anthropic-version")
+
+
 @dataclass
 class _Stats:
     requests: int = 0
@@ -166,6 +171,9 @@ class _Stats:
     by_status: Counter[str] = field(default_factory=Counter)
     last_auth_ok: bool | None = None
     last_auth_scheme: str | None = None  # "bearer" | "x-api-key" | None, never the value
+    #: the provider-selecting headers of the last data request (:data:`RECORDED_HEADERS`), so
+    #: tests can see what a gateway forwards
+    last_headers: dict[str, str] = field(default_factory=dict)
     in_flight: int = 0
     max_in_flight: int = 0
 
@@ -218,6 +226,7 @@ class MockState:
             "by_status": dict(s.by_status),
             "last_auth_ok": s.last_auth_ok,
             "last_auth_scheme": s.last_auth_scheme,
+            "last_headers": dict(s.last_headers),
             "in_flight": s.in_flight,
             "max_in_flight": s.max_in_flight,
             "scheduled": [f.spec for f in self.schedule],
@@ -690,6 +699,9 @@ async def _serve(
         await asyncio.sleep(state.config.latency_ms / 1000.0)
     ok, scheme = _check_auth(request, wire, state.config.secret)
     state.stats.last_auth_ok, state.stats.last_auth_scheme = ok, scheme
+    state.stats.last_headers = {
+        h: v for h in RECORDED_HEADERS if (v := request.headers.get(h)) is not None
+    }
     if not ok:
         return _json(401, auth_error(wire, request_id), ids)
     body: JSON = {}
