@@ -257,7 +257,7 @@ class Metrics:
             for combos in (getattr(reg, "combos", None), getattr(reg, "internal_combos", None)):
                 known.update(str(name) for name in combos or ())  # user and minted combos
             for conn in reg.connections.values():
-                for m in conn.models:
+                for m in conn.named_models:
                     known.add(m)
                     known.add(f"{conn.provider}/{m}")
             self._models, self._models_of = frozenset(known), reg
