@@ -58,12 +58,27 @@ Limit = Annotated[float, Field(ge=0, le=MAX_LIMIT, allow_inf_nan=False)]
 CapValue = Annotated[float, Field(gt=0, le=MAX_LIMIT, allow_inf_nan=False)]
 
 
+def _userinfo(url: str) -> tuple[str, str]:
+    """(``user[:password]``, the rest of the authority) of an ``scheme://authority/...`` URL."""
+    authority = url.split("://", 1)[-1].split("/", 1)[0].split("?", 1)[0].split("#", 1)[0]
+    userinfo, at, host = authority.rpartition("@")
+    return (userinfo if at else ""), host
+
+
+def redact_url(url: str) -> str:
+    """``https://user:***@host/...``: for URLs stored before passwords were refused."""
+    userinfo, _ = _userinfo(url)
+    user, colon, _ = userinfo.partition(":")
+    if not colon:
+        return url
+    return url.replace(userinfo + "@", f"{user}:***@", 1)
+
+
 def _no_password(url: str) -> str:
     """A URL is echoed by the admin API, shown on the dashboard and logged; a password in it
     would leak from all three. The credential belongs in the write-only ``secret``."""
-    authority = url.split("://", 1)[-1].split("/", 1)[0].split("?", 1)[0].split("#", 1)[0]
-    userinfo, at, _ = authority.rpartition("@")
-    if at and ":" in userinfo:
+    userinfo, _ = _userinfo(url)
+    if ":" in userinfo:
         raise ValueError(
             "must not contain a password (user:password@): give the credential as 'secret', "
             "which is never echoed"

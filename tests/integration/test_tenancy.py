@@ -14,7 +14,7 @@ import secrets
 import sqlite3
 import stat
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +26,7 @@ import uvicorn
 from fairgate.clock import ManualClock
 from fairgate.config import load_config_text
 from fairgate.db.connection import open_db
+from fairgate.db.connections import ConnectionRepo
 from fairgate.db.schema import MIGRATIONS
 from fairgate.db.settings import SettingsRepo, access_policy
 from fairgate.providers.mock import MockConfig, MockUpstream
@@ -410,3 +411,15 @@ async def test_no_character_of_a_client_key_is_stored(start: Start) -> None:
     for s in (secret, *KEYS.values()):
         runs = {s[i : i + 8] for i in range(len(s) - 7)}
         assert not [run for run in runs if run.encode() in raw], s
+
+
+async def test_a_url_password_stored_before_is_never_echoed(start: Start) -> None:
+    env = await start()
+    old = env.gw.registry.connections["free-1"]
+    ConnectionRepo(env.gw.db).update(replace(old, base_url="http://u:hunter2-pw@h/v1"))
+    env.gw.reload()
+    for path in ("/connections", "/connections/free-1"):
+        r = await env.admin("GET", path)
+        assert r.status_code == 200
+        assert "hunter2-pw" not in r.text
+        assert "http://u:***@h/v1" in r.text

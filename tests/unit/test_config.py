@@ -17,6 +17,7 @@ from fairgate.config import (
     load_config,
     load_config_text,
     parse_config,
+    redact_url,
 )
 from fairgate.quota.model import Policy, ShareMode
 from fairgate.quota.units import Unit, Window
@@ -392,6 +393,12 @@ def test_connection_models_star_and_forward_headers() -> None:
     assert cfg.keys[0].allowed_connections == ["k1"]
     assert cfg.server.require_allocation is False
     assert parse_config(_base(), {}).server.require_allocation is None
+
+
+def test_redact_url() -> None:
+    assert redact_url("https://u:pw@h:8/v1?a=b@c") == "https://u:***@h:8/v1?a=b@c"
+    assert redact_url("https://u@h/v1") == "https://u@h/v1"
+    assert redact_url("http://h/v1@x") == "http://h/v1@x"
 
 
 def test_a_password_in_a_url_is_never_echoed_in_the_error() -> None:

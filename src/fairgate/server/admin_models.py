@@ -39,6 +39,7 @@ from fairgate.config import (
     Weight,
     checked_forward_headers,
     checked_models,
+    redact_url,
 )
 from fairgate.db.pools import PoolRecord
 from fairgate.quota.decision import Outcome, Reason
@@ -489,7 +490,7 @@ class ConnectionOut(ApiModel):
         return cls(
             id=c.id,
             provider=c.provider,
-            base_url=c.base_url,
+            base_url=redact_url(c.base_url),  # a password stored before they were refused
             protocol=c.protocol.value,
             auth_type=c.auth_type,
             weight=c.weight,
