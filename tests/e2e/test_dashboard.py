@@ -389,3 +389,52 @@ def test_phone_width_and_keyboard(browser: Any, gateway: Proc) -> None:
         assert pg.evaluate("sessionStorage.getItem('fairgate.adminKey')") is None
     finally:
         context.close()
+
+
+def test_unallocated_use_is_shown_as_its_own_row(
+    browser: Any, mock_upstream: Proc, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """With allocations not required, a key without one borrows from a pool: the table shows
+    that use on its own row, and an empty pool says what really happens (no "held to 0 %")."""
+    conn = f"base_url: '{mock_upstream.url}/v1', secret: '{UPSTREAM_SECRET}'"
+    config = (
+        "server: {default_provider: mock, require_allocation: false}\n"
+        "connections:\n"
+        f"  - {{id: solo-1, provider: mock, {conn}, models: [gpt-4o-mini]}}\n"
+        f"  - {{id: idle-1, provider: kimi, {conn}, models: [kimi-k2]}}\n"
+        "keys:\n"
+        f"  - {{id: alice, name: Alice, secret: '{KEYS['alice']}'}}\n"
+        f"  - {{id: bob, name: Bob, secret: '{KEYS['bob']}'}}\n"
+        "pools:\n"
+        "  - {id: solo, connections: [solo-1], allocations: [{key: alice, weight: 100}],\n"
+        "     dimensions: [{unit: requests, window: hourly, limit: 100}]}\n"
+        "  - {id: idle, connections: [idle-1],\n"
+        "     dimensions: [{unit: requests, window: hourly, limit: 100}]}\n"
+    )
+    gw = launch_gateway(tmp_path_factory.mktemp("dash-unalloc"), config, {})
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    try:
+        assert send(gw, "alice", 1) == (1, 0)
+        assert send(gw, "bob", 2) == (2, 0)  # no allocation: allowed, counted on its own row
+        pg = context.new_page()
+        pg.set_default_timeout(10_000)
+        sign_in(pg, gw)
+        card = pg.locator('article[data-pool="solo"]')
+        row = card.locator('tr[data-key="(unallocated)"]')
+        expect(row).to_contain_text("Keys without an allocation")
+        expect(row.locator("td.consumed")).to_have_text("2")
+        expect(row.locator("td.fair-share")).to_have_text("none")
+        expect(card.locator('tr[data-key="alice"] td.consumed')).to_have_text("1")
+        idle = pg.locator('article[data-pool="idle"]')
+        expect(idle).to_contain_text("any key may borrow this pool's unused quota")
+        assert "held to 0" not in pg.content()
+        shot(pg, "dashboard-unallocated")
+        # allocations required: an empty pool is closed to every key, and the page says so
+        with admin(gw) as api:
+            r = api.put("/settings", json={"access": {"requireAllocation": True}})
+        assert r.status_code == 200
+        pg.get_by_role("button", name="Refresh").click()
+        expect(idle).to_contain_text("no key may use this pool")
+    finally:
+        context.close()
+        gw.stop()

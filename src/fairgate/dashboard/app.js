@@ -549,8 +549,8 @@
 
   function allocationTable(pool, d, colors, blocked) {
     const unit = UNIT_SHORT[d.unit] || d.unit;
-    const rows = d.keys.map((k) => {
-      if (k.allocated === false) return unallocatedRow(k, d, blocked);
+    const others = d.keys.filter((k) => k.allocated === false).map((k) => unallocatedRow(k, d, blocked));
+    const rows = d.keys.filter((k) => k.allocated !== false).map((k) => {
       const surplus = k.surplus;
       const atShare = Math.abs(surplus) < 0.005 * Math.max(1, k.fairShare);
       const surplusText = !d.enforced ? "–" : atShare ? "at share" : surplus > 0 ? `+${num(surplus, d.unit)} unused` : `−${num(-surplus, d.unit)} over share`;
@@ -587,7 +587,7 @@
           h("th", { scope: "col", class: "num", title: "Blocked requests among the last 500 admissions" }, "Blocked"),
         ),
       ),
-      h("tbody", {}, rows.length ? rows : h("tr", {}, h("td", { colspan: 8, class: "muted" }, noAllocationsText() + " Edit allocations to share this pool."))),
+      h("tbody", {}, rows.length ? rows : h("tr", {}, h("td", { colspan: 8, class: "muted" }, noAllocationsText() + " Edit allocations to share this pool.")), others),
     );
     return h("div", { class: "table-wrap", tabindex: "0", role: "region", "aria-label": `Allocations of ${pool.name || pool.id}` }, table);
   }
@@ -596,7 +596,7 @@
   function noAllocationsText() {
     return state.requireAllocation
       ? "No allocations: no key may use this pool (allocations are required)."
-      : "No allocations: any key may borrow this pool's unused quota while it is generous (allocations are not required); their use shows as one row.";
+      : "No allocations: any key may borrow this pool's unused quota while it is generous (allocations are not required).";
   }
 
   // the use of keys with no allocation in the pool (only possible when allocations are not
