@@ -7,6 +7,7 @@ import logging
 import os
 import socket
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, NoReturn
 
@@ -15,11 +16,12 @@ from rich.console import Console
 from rich.table import Table
 
 from fairgate import __version__
-from fairgate.clock import ManualClock
+from fairgate.clock import Clock, ManualClock
 from fairgate.quota.catalog import CATALOG
 from fairgate.quota.engine import QuotaEngine
 from fairgate.quota.model import Allocation, Dimension, Policy, Pool
 from fairgate.quota.units import Unit, Window
+from fairgate.testclock import TestClockError, process_clock
 
 app = typer.Typer(
     add_completion=False,
@@ -152,6 +154,19 @@ def _free_port(host: str = "127.0.0.1") -> int:
         return int(sock.getsockname()[1])
 
 
+def _process_clock(env: Mapping[str, str]) -> Clock:
+    """The clock of this process, chosen in this one place for serve, demo and mock-upstream:
+    the system's, or the test clock of :mod:`fairgate.testclock` under ``FAIRGATE_TESTING=1``
+    (logged as a WARNING, so nobody runs on it unknowingly)."""
+    try:
+        chosen = process_clock(env)
+    except TestClockError as exc:
+        _fail(str(exc))
+    if chosen.warning:
+        logging.getLogger("fairgate.cli").warning(chosen.warning)
+    return chosen.clock
+
+
 def _secrets_of(cfg: object, *more: str) -> list[str]:
     """The secrets a config file holds, so the log redactor masks them verbatim."""
     from fairgate.config import Config
@@ -212,7 +227,7 @@ def serve(
     from fairgate.server.logs import configure_from_env
 
     configure_from_env(env, _secrets_of(cfg, env.get("FAIRGATE_ADMIN_KEY", "")))
-    gw = Gateway(data_dir=ddir, config=cfg, env=env)
+    gw = Gateway(data_dir=ddir, config=cfg, env=env, clock=_process_clock(env))
     # one JSON event, like every other line this process writes
     logging.getLogger("fairgate.cli").info(
         "fairgate %s on http://%s:%s",
@@ -247,6 +262,7 @@ def mock_upstream(
             stream_chunks=stream_chunks,
             secret=secret,
         ),
+        clock=_process_clock(os.environ),
     )
 
 
@@ -311,7 +327,6 @@ def demo(
     keys = {k: "fg-demo-" + _secrets.token_urlsafe(18) for k, _, _ in DEMO_KEYS}
     admin_key = "fg-admin-" + _secrets.token_urlsafe(18)
     cfg = load_config_text(demo_config_yaml(f"http://{host}:{mock_port}", upstream_secret, keys))
-    mock = MockUpstream(MockConfig(secret=upstream_secret, latency_ms=20, completion_tokens=24))
 
     async def start_mock() -> None:
         await mock.start(host, mock_port)
@@ -320,7 +335,11 @@ def demo(
 
     # the demo prints its keys for the user on stdout; the logs (stderr) never show them
     configure_from_env(None, _secrets_of(cfg, admin_key, upstream_secret))
-    gw = Gateway(data_dir=ddir, config=cfg, admin_key=admin_key)
+    clock = _process_clock(os.environ)
+    mock = MockUpstream(
+        MockConfig(secret=upstream_secret, latency_ms=20, completion_tokens=24), clock=clock
+    )
+    gw = Gateway(data_dir=ddir, config=cfg, admin_key=admin_key, clock=clock)
     app_ = create_app(gw, on_startup=[start_mock], on_shutdown=[mock.stop])
     base = f"http://{host}:{chosen}"
     table = Table(title="Demo client keys (pool 'demo': 100 requests/hour, 200k tokens/hour)")

@@ -61,6 +61,7 @@ from fairgate.providers.mock_faults import (
     status_fault,
     unknown_field_error,
 )
+from fairgate.testclock import ShiftedClock, TestClockError, advance_ms_of, clock_view
 
 JSON = dict[str, Any]
 
@@ -809,6 +810,20 @@ async def _post_config(request: web.Request) -> web.Response:
     return _json(200, state.config.public(), {})
 
 
+async def _clock(request: web.Request) -> web.Response:
+    """GET: the test clock; POST ``{"advanceMs": n}``: move it forward. 404 unless the mock runs
+    on the test clock (``FAIRGATE_TESTING=1``, see :mod:`fairgate.testclock`)."""
+    clock = request.app[STATE_KEY].clock
+    if not isinstance(clock, ShiftedClock):
+        return _json(404, {"error": "no test clock: start the mock with FAIRGATE_TESTING=1"}, {})
+    if request.method == "POST":
+        try:
+            clock.advance(advance_ms_of(await _control_body(request)))
+        except TestClockError as exc:
+            return _control_error(str(exc))
+    return _json(200, clock_view(clock), {})
+
+
 async def _get_stats(request: web.Request) -> web.Response:
     return _json(200, request.app[STATE_KEY].stats_json(), {})
 
@@ -836,6 +851,8 @@ def create_mock_app(
     r.add_get("/_mock/config", _get_config)
     r.add_post("/_mock/config", _post_config)
     r.add_get("/_mock/stats", _get_stats)
+    r.add_get("/_mock/clock", _clock)
+    r.add_post("/_mock/clock", _clock)
     r.add_post("/_mock/reset", _post_reset)
     return app
 
@@ -931,7 +948,9 @@ class MockUpstream:
         self.state.reset()
 
 
-async def _serve_until_signal(host: str, port: int, config: MockConfig) -> None:
+async def _serve_until_signal(
+    host: str, port: int, config: MockConfig, clock: Clock | None
+) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     handled = []
@@ -939,7 +958,7 @@ async def _serve_until_signal(host: str, port: int, config: MockConfig) -> None:
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, stop.set)
             handled.append(sig)
-    upstream = MockUpstream(config)
+    upstream = MockUpstream(config, clock=clock)
     await upstream.start(host, port)
     try:
         shown = f"[{host}]" if ":" in host else host
@@ -952,7 +971,9 @@ async def _serve_until_signal(host: str, port: int, config: MockConfig) -> None:
             loop.remove_signal_handler(sig)
 
 
-def run_mock_upstream(host: str, port: int, config: MockConfig) -> None:
+def run_mock_upstream(
+    host: str, port: int, config: MockConfig, *, clock: Clock | None = None
+) -> None:
     """Serve until SIGINT or SIGTERM (``fairgate mock-upstream``); prints the URL once."""
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(_serve_until_signal(host, port, config))
+        asyncio.run(_serve_until_signal(host, port, config, clock))

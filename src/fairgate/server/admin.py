@@ -34,6 +34,7 @@ from fairgate.server.admin_common import AdminError, error_response
 from fairgate.server.admin_pools import router as pools_router
 from fairgate.server.admin_resilience import router as resilience_router
 from fairgate.server.admin_resources import router as resources_router
+from fairgate.server.admin_testing import router as testing_router
 from fairgate.server.state import Gateway
 
 log = logging.getLogger("fairgate.admin")
@@ -195,5 +196,6 @@ def create_admin_app(gw: Gateway) -> FastAPI:
     app.include_router(combos_router)
     app.include_router(resources_router)
     app.include_router(resilience_router)
+    app.include_router(testing_router)
     app.add_middleware(AdminGuard, gw=gw)
     return app
