@@ -1,4 +1,15 @@
-"""Real processes on loopback: the mock upstream and the gateway, started as users start them."""
+"""Real processes on loopback: the mock upstream and the gateway, started as users start them.
+
+Every process runs on the test clock (``fairgate.testclock``, ``FAIRGATE_TESTING=1``) of
+:data:`TEST_CLOCK`: one timeline per test module, shared by the mock and every gateway the module
+starts (a gateway restarted on the same data continues it), starting mid-way through the hourly
+and 5-hour buckets so that window counts, cooldowns and retry-after never depend on the hour the
+suite runs at. ``FAIRGATE_E2E_CLOCK_START`` (the boundary guard: 1 s before a bucket boundary)
+instead freezes each test's clock there until the test calls :meth:`ClockPlan.cross_boundary`
+between its traffic and its reads. Tests that compare window counts use
+:func:`assert_window_count`: exact within one bucket, and across a boundary no lower than the
+window arithmetic allows.
+"""
 
 from __future__ import annotations
 
@@ -16,10 +27,116 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
+
+from fairgate.quota.units import Window
+from fairgate.quota.window import bucket_index, sliding_value
+from fairgate.testclock import parse_instant
 
 UPSTREAM_SECRET = "sk-upstream-test-0123456789abcdef"
 ADMIN_KEY = "fg-admin-e2e-key"
+
+
+#: 10:30 UTC on a Wednesday: 30 min from the hourly boundaries, 2.5 h from the 5-hour ones,
+#: 10.5 h from midnight, days from the weekly (Thursday) and monthly (epoch-aligned) ones
+MID_BUCKET = "2026-06-24T10:30:00Z"
+CLOCK_START_ENV = "FAIRGATE_E2E_CLOCK_START"
+#: where :func:`assert_window_count` notes each count it checked across a boundary (the guard)
+CROSSINGS_ENV = "FAIRGATE_E2E_CROSSINGS_FILE"
+
+
+#: the boundary guard pins the clock this long before a boundary
+PIN_BEFORE_MS = 1_000
+
+
+class ClockPlan:
+    """The test clock the processes of one test module share: ``start`` at real ``anchor``,
+    running at real speed; pinned (the boundary guard), frozen at the pinned instant until a
+    test moves it across the boundary with :meth:`cross_boundary`."""
+
+    def __init__(self) -> None:
+        self.start_ms = 0
+        self.anchor_ms = 0
+        self.advanced_ms = 0
+        self.rate = 1
+        self.pinned_ms: int | None = None
+        self.restart()
+
+    @property
+    def pinned(self) -> bool:
+        """Whether the start was set from outside (the boundary guard): one timeline per test."""
+        return self.pinned_ms is not None
+
+    def restart(self) -> None:
+        """A fresh timeline from the configured start (once per module, before its processes)."""
+        pinned = os.environ.get(CLOCK_START_ENV)
+        self.pinned_ms = parse_instant(pinned) if pinned else None
+        self.start_ms = parse_instant(MID_BUCKET) if self.pinned_ms is None else self.pinned_ms
+        self.rate = 1 if self.pinned_ms is None else 0
+        self.anchor_ms = time.time_ns() // 1_000_000
+        self.advanced_ms = 0
+
+    def cross_boundary(self, *procs: Proc) -> None:
+        """Where a window test has counted some traffic and is about to count or read more: with
+        a pinned clock, move ``procs`` just past the boundary the pin sits before, so what came
+        before lands in the previous bucket; with the usual mid-bucket clock, nothing."""
+        if self.pinned_ms is not None:
+            gap = self.pinned_ms + PIN_BEFORE_MS + 1 - self.now_ms()
+            if gap > 0:
+                self.advance(gap, *procs)
+
+    def env(self) -> dict[str, str]:
+        return {
+            "FAIRGATE_TESTING": "1",
+            # a process started after an advance starts where the others are
+            "FAIRGATE_TEST_CLOCK": str(self.start_ms + self.advanced_ms),
+            "FAIRGATE_TEST_CLOCK_ANCHOR": str(self.anchor_ms),
+            "FAIRGATE_TEST_CLOCK_RATE": str(self.rate),
+        }
+
+    def now_ms(self) -> int:
+        """The time the processes read now (they compute it the same way)."""
+        elapsed = (time.time_ns() // 1_000_000 - self.anchor_ms) * self.rate
+        return self.start_ms + elapsed + self.advanced_ms
+
+    def advance(self, ms: int, *procs: Proc) -> None:
+        """Move the clock of every process given (gateways and mocks) forward by ``ms``."""
+        for p in procs:
+            path = "/_mock/clock" if p.data_dir is None else "/api/testing/clock"
+            r = httpx.post(
+                p.url + path,
+                json={"advanceMs": ms},
+                headers={"Authorization": f"Bearer {ADMIN_KEY}"},
+                timeout=10,
+            )
+            assert r.status_code == 200, r.text
+        self.advanced_ms += ms
+
+
+TEST_CLOCK = ClockPlan()
+
+
+def window_count_range(n: float, window: str, since_ms: int, now_ms: int) -> tuple[float, float]:
+    """The values a sliding-window counter can show at ``now_ms`` when ``n`` units were counted
+    between ``since_ms`` and ``now_ms``: exactly ``n`` within one bucket; across a boundary the
+    units of the previous bucket fade (``prev × (1 − elapsed/W)``), at worst all of them."""
+    w = Window(window).ms
+    if bucket_index(since_ms, w) == bucket_index(now_ms, w):
+        return n, n
+    return sliding_value(n, 0.0, now_ms, w), n
+
+
+def assert_window_count(value: float, n: float, window: str, since_ms: int) -> None:
+    """``value`` is what a counter of ``window`` holding ``n`` units counted since ``since_ms``
+    (a :data:`TEST_CLOCK` reading taken before the first of them) may show now."""
+    now = TEST_CLOCK.now_ms()
+    lo, hi = window_count_range(n, window, since_ms, now)
+    assert lo - 1e-6 * max(1.0, n) <= value <= hi + 1e-6 * max(1.0, n), (value, n, window, lo)
+    crossings = os.environ.get(CROSSINGS_ENV)
+    if crossings and lo < hi:  # the guard checks that its boundary really passed under a count
+        with open(crossings, "a") as fh:
+            fh.write(f"{window} {since_ms} {now} {value} {n}\n")
 
 
 def free_port() -> int:
@@ -66,7 +183,8 @@ def wait_ready(proc: Proc, path: str, timeout: float = 30) -> None:
 
 
 def spawn(args: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
-    full_env = {**os.environ, **(env or {})}
+    """``python -m fairgate <args>`` on the module's test clock (``env`` may override it)."""
+    full_env = {**os.environ, **TEST_CLOCK.env(), **(env or {})}
     with log.open("wb") as fh:
         return subprocess.Popen(
             [sys.executable, "-m", "fairgate", *args],
@@ -122,8 +240,9 @@ def launch_gateway(
     *,
     data_dir: Path | None = None,
     name: str = "gw",
+    port: int | None = None,
 ) -> Proc:
-    port = free_port()
+    port = port or free_port()
     ddir = data_dir or (workdir / f"data-{name}")
     ddir.mkdir(parents=True, exist_ok=True)
     cfg = workdir / f"{name}.yaml"
@@ -156,12 +275,15 @@ def start_gateway(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Ga
         driver: str = "sqlite",
         data_dir: Path | None = None,
         extra_env: dict[str, str] | None = None,
+        port: int | None = None,
     ) -> Proc:
         env = {"QUOTA_STORE_DRIVER": driver, **(extra_env or {})}
         if driver == "redis":
             env["QUOTA_STORE_REDIS_URL"] = request.getfixturevalue("redis_url")
             env.setdefault("QUOTA_STORE_REDIS_PREFIX", request.getfixturevalue("redis_prefix"))
-        p = launch_gateway(tmp_path, config_yaml, env, data_dir=data_dir, name=f"gw{len(started)}")
+        p = launch_gateway(
+            tmp_path, config_yaml, env, data_dir=data_dir, name=f"gw{len(started)}", port=port
+        )
         started.append(p)
         return p
 

@@ -17,9 +17,11 @@ import openai
 import pytest
 from e2e_support import (
     ADMIN_KEY,
+    TEST_CLOCK,
     UPSTREAM_SECRET,
     GatewayFactory,
     Proc,
+    assert_window_count,
     gateway_config,
     new_secret,
 )
@@ -63,6 +65,7 @@ def chat(gw: Proc, secret: str, model: str = "mock/gpt-4o-mini", **kw: Any) -> A
 
 def test_metrics_move_with_traffic(mock_upstream: Proc, start_gateway: GatewayFactory) -> None:
     secret = new_secret()
+    since = TEST_CLOCK.now_ms()
     gw = start_gateway(gateway_config(mock_upstream.url, POOL, {"a": secret}))
     before = scrape(gw)
     req = "fairgate_requests_total"
@@ -82,6 +85,7 @@ def test_metrics_move_with_traffic(mock_upstream: Proc, start_gateway: GatewayFa
     with pytest.raises(openai.AuthenticationError):
         chat(gw, "fg-wrong-" + new_secret())
 
+    TEST_CLOCK.cross_boundary(gw)
     after = scrape(gw)
 
     def delta(name: str, **labels: str) -> float:
@@ -110,9 +114,11 @@ def test_metrics_move_with_traffic(mock_upstream: Proc, start_gateway: GatewayFa
     assert delta("fairgate_overhead_seconds_sum") > 0
     # scrape-time gauges
     dim = {"pool": "p", "dimension": "requests/hourly"}
-    assert val(after, "fairgate_pool_total", **dim) == pytest.approx(4)
-    assert val(after, "fairgate_pool_usage", **dim) == pytest.approx(1.0)
-    assert val(after, "fairgate_pool_key_consumed", key="a", **dim) == pytest.approx(4)
+    total = val(after, "fairgate_pool_total", **dim)
+    assert_window_count(total, 4, "hourly", since)
+    assert val(after, "fairgate_pool_usage", **dim) == pytest.approx(total / 4)
+    consumed = val(after, "fairgate_pool_key_consumed", key="a", **dim)
+    assert_window_count(consumed, 4, "hourly", since)
     assert val(after, "fairgate_quota_store_up", driver="sqlite") == 1
     assert val(after, "fairgate_inflight_requests") == 0
 

@@ -1,12 +1,20 @@
-"""What providers report in their headers changes admission (SPEC §4–§5), end to end."""
+"""What providers report in their headers changes admission (SPEC §4–§5), end to end.
+
+The gateway reads a connection's rate-limit headers at most once a second by its clock: the
+tests move the test clock past that second instead of sleeping."""
 
 from __future__ import annotations
 
-import time
-
 import httpx
-import pytest
-from e2e_support import ADMIN_KEY, GatewayFactory, Proc, gateway_config, new_secret
+from e2e_support import (
+    ADMIN_KEY,
+    TEST_CLOCK,
+    GatewayFactory,
+    Proc,
+    assert_window_count,
+    gateway_config,
+    new_secret,
+)
 
 ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
 
@@ -37,9 +45,9 @@ def test_provider_saturation_makes_the_pool_strict(
         gw = start_gateway(gateway_config(mock_upstream.url, pools, keys))
         for _ in range(6):  # the mock now reports 6 of its 10 requests used: 60 %
             assert chat(gw, keys["big"]).status_code == 200
-        time.sleep(1.1)  # headers are read at most once a second per connection
+        TEST_CLOCK.advance(1_100, gw, mock_upstream)  # headers are read at most once a second
         assert chat(gw, keys["big"]).status_code == 200
-        time.sleep(1.1)
+        TEST_CLOCK.advance(1_100, gw, mock_upstream)
         # small's share is 2 % of 100 = 2 requests; it may use them, then it is held
         codes = [chat(gw, keys["small"]).status_code for _ in range(4)]
         assert codes[:2] == [200, 200]
@@ -69,20 +77,22 @@ def test_percent_plan_charged_by_token_share(
     )
     httpx.post(mock_upstream.url + "/_mock/config", json={"unified_5h_utilization": 0.10})
     try:
+        since = TEST_CLOCK.now_ms()
         gw = start_gateway(gateway_config(mock_upstream.url, pools, keys))
         # the first answer carries the baseline reading (10 %); its tokens were used after the
         # reading was taken, so they count in the next interval, with the two that follow
         assert chat(gw, keys["a"], "claude-sonnet-4").status_code == 200
-        time.sleep(1.1)
+        TEST_CLOCK.advance(1_100, gw, mock_upstream)
         for _ in range(2):  # a: 3 equal requests in the interval, b: 1
             assert chat(gw, keys["a"], "claude-sonnet-4").status_code == 200
         assert chat(gw, keys["b"], "claude-sonnet-4").status_code == 200
         httpx.post(mock_upstream.url + "/_mock/config", json={"unified_5h_utilization": 0.14})
-        time.sleep(1.1)
+        TEST_CLOCK.advance(1_100, gw, mock_upstream)
         assert chat(gw, keys["b"], "claude-sonnet-4").status_code == 200  # reads 14 %: +4
         usage = httpx.get(gw.url + "/api/quota/pools/pct/usage", headers=ADMIN).json()
         consumed = {k["keyId"]: k["consumed"] for k in usage["dimensions"][0]["keys"]}
-        assert consumed["a"] == pytest.approx(3.0, abs=0.01)
-        assert consumed["b"] == pytest.approx(1.0, abs=0.01)
+        # the 4 points split 3:1 by tokens, exactly, unless a 5-hour boundary passed meanwhile
+        assert_window_count(consumed["a"], 3.0, "5h", since)
+        assert_window_count(consumed["b"], 1.0, "5h", since)
     finally:
         httpx.post(mock_upstream.url + "/_mock/config", json={"unified_5h_utilization": None})

@@ -1,5 +1,7 @@
 """A client that disconnects mid-stream is charged for what was streamed and its reservation is
-freed: nothing stays reserved, and in-flight returns to zero."""
+freed: nothing stays reserved, and in-flight returns to zero. The pool counts the request in
+every window (hourly, 5-hour, daily, weekly), which the boundary guard runs across each kind of
+bucket boundary."""
 
 from __future__ import annotations
 
@@ -7,7 +9,17 @@ import time
 
 import httpx
 import pytest
-from e2e_support import ADMIN_KEY, GatewayFactory, Proc, gateway_config, new_secret
+from e2e_support import (
+    ADMIN_KEY,
+    TEST_CLOCK,
+    GatewayFactory,
+    Proc,
+    assert_window_count,
+    gateway_config,
+    new_secret,
+)
+
+WINDOWS = ("hourly", "5h", "daily", "weekly")
 
 
 @pytest.mark.parametrize("driver", ["sqlite", pytest.param("redis", marks=pytest.mark.redis)])
@@ -20,8 +32,12 @@ def test_disconnect_mid_stream_settles_what_was_streamed(
         "  - {id: s, name: S, connections: [mock-1, mock-2],\n"
         "     allocations: [{key: k, weight: 100}],\n"
         "     dimensions: [{unit: requests, window: hourly, limit: 100},\n"
+        "                  {unit: requests, window: 5h, limit: 500},\n"
+        "                  {unit: requests, window: daily, limit: 2400},\n"
+        "                  {unit: requests, window: weekly, limit: 16800},\n"
         "                  {unit: tokens, window: hourly, limit: 100000}]}\n"
     )
+    since = TEST_CLOCK.now_ms()
     gw = start_gateway(gateway_config(mock_upstream.url, pools, {"k": secret}), driver=driver)
     httpx.post(
         mock_upstream.url + "/_mock/config",
@@ -58,9 +74,11 @@ def test_disconnect_mid_stream_settles_what_was_streamed(
                 break
             time.sleep(0.05)
         assert health["inflight"] == 0
+        TEST_CLOCK.cross_boundary(gw)
         usage = httpx.get(gw.url + "/api/quota/pools/s/usage", headers=admin).json()
         dims = {d["key"]: d for d in usage["dimensions"]}
-        assert dims["requests/hourly"]["total"] == pytest.approx(1)
+        for window in WINDOWS:
+            assert_window_count(dims[f"requests/{window}"]["total"], 1, window, since)
         tokens = dims["tokens/hourly"]["total"]
         # charged for the prompt and the few chunks streamed: far below the 2000+ reserved,
         # and far below the 400 tokens the full answer would have had
