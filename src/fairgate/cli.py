@@ -140,7 +140,11 @@ def _fail(message: str) -> NoReturn:
 
 
 def _port_free(host: str, port: int) -> bool:
+    """Whether the server can listen on ``host:port``. The test bind sets ``SO_REUSEADDR`` as
+    uvicorn and the mock do: a port held only by connections in TIME_WAIT (up to 60 s after any
+    stop with clients connected) is free; one another process listens on is not."""
     with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((host, port))
         except OSError:
