@@ -181,9 +181,26 @@ def _secrets_of(cfg: object, *more: str) -> list[str]:
     return out + [m for m in more if m]
 
 
+SHUTDOWN_ENV = "FAIRGATE_SHUTDOWN_TIMEOUT_S"
+
+
+def _drain_seconds(env: Mapping[str, str]) -> int:
+    """How long a stop (SIGTERM, Ctrl-C) lets requests and streams in flight finish before it
+    cuts them (default 30 s): a supervisor's stop timeout must be longer (docs/deploy.md)."""
+    raw = env.get(SHUTDOWN_ENV) or "30"
+    try:
+        value = int(raw)
+    except ValueError:
+        value = -1
+    if not 0 <= value <= 86_400:
+        _fail(f"{SHUTDOWN_ENV} must be whole seconds from 0 to 86400, not {raw!r}")
+    return value
+
+
 def _run_server(app: object, host: str, port: int) -> None:
     import uvicorn
 
+    drain_s = _drain_seconds(os.environ)
     uvicorn.run(
         app,  # type: ignore[arg-type]
         host=host,
@@ -192,7 +209,7 @@ def _run_server(app: object, host: str, port: int) -> None:
         http="httptools",
         log_level="warning",
         log_config=None,  # uvicorn's loggers propagate to our JSON handler (configure_logging)
-        timeout_graceful_shutdown=30,
+        timeout_graceful_shutdown=drain_s,
     )
 
 
