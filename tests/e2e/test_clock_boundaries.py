@@ -36,7 +36,7 @@ BOUNDARIES = {
 #: and the test of the original report
 WINDOW_TESTS = [
     "test_fair_sharing.py",
-    "test_shutdown.py",
+    "test_shutdown.py::test_sigterm_lets_in_flight_requests_finish",
     "test_stream_disconnect.py",
     "test_observability.py::test_metrics_move_with_traffic",
     "test_hostile_faults.py::"
