@@ -21,6 +21,7 @@ from fairgate.quota.catalog import CATALOG
 from fairgate.quota.engine import QuotaEngine
 from fairgate.quota.model import Allocation, Dimension, Policy, Pool
 from fairgate.quota.units import Unit, Window
+from fairgate.server.http_settings import HttpSettings, SettingsError, admin_key_problem
 from fairgate.testclock import TestClockError, process_clock
 
 app = typer.Typer(
@@ -197,20 +198,16 @@ def _drain_seconds(env: Mapping[str, str]) -> int:
     return value
 
 
-def _run_server(app: object, host: str, port: int) -> None:
-    import uvicorn
-
-    drain_s = _drain_seconds(os.environ)
-    uvicorn.run(
-        app,  # type: ignore[arg-type]
-        host=host,
-        port=port,
-        loop="uvloop",
-        http="httptools",
-        log_level="warning",
-        log_config=None,  # uvicorn's loggers propagate to our JSON handler (configure_logging)
-        timeout_graceful_shutdown=drain_s,
-    )
+def _limits(env: dict[str, str], bind: str) -> HttpSettings:
+    """The HTTP edge's limits from ``env`` (exit 2 naming the variable on a bad value, or on
+    an admin key too short to resist guessing)."""
+    problem = admin_key_problem(env.get("FAIRGATE_ADMIN_KEY"))
+    if problem is not None:
+        _fail(problem)
+    try:
+        return HttpSettings.from_env(env, bind)
+    except SettingsError as exc:
+        _fail(str(exc))
 
 
 @app.command()
@@ -228,6 +225,7 @@ def serve(
     from fairgate.config import Config, ConfigError, load_config
     from fairgate.server.app import create_app
     from fairgate.server.state import Gateway
+    from fairgate.server.wire import run as serve_http
 
     env = dict(os.environ)
     path = config or (Path(env["FAIRGATE_CONFIG"]) if env.get("FAIRGATE_CONFIG") else None)
@@ -238,6 +236,7 @@ def serve(
     except OSError as exc:
         _fail(f"cannot read config {path}: {exc.strerror}")
     bind = host or cfg.server.host
+    limits = _limits(env, bind)
     try:
         chosen = port or int(env.get("FAIRGATE_PORT") or cfg.server.port)
     except ValueError:
@@ -257,7 +256,7 @@ def serve(
         chosen,
         extra={"version": __version__, "url": f"http://{bind}:{chosen}", "data_dir": str(ddir)},
     )
-    _run_server(create_app(gw), bind, chosen)
+    serve_http(create_app(gw, http=limits), bind, chosen, limits, _drain_seconds(env))
 
 
 @app.command("mock-upstream")
@@ -334,6 +333,7 @@ def demo(
     from fairgate.providers.mock import MockConfig, MockUpstream
     from fairgate.server.app import create_app
     from fairgate.server.state import Gateway
+    from fairgate.server.wire import run as serve_http
 
     host = "127.0.0.1"
     try:
@@ -346,7 +346,7 @@ def demo(
     mock_port = _free_port()
     upstream_secret = "mock-upstream-" + _secrets.token_hex(8)
     keys = {k: "fg-demo-" + _secrets.token_urlsafe(18) for k, _, _ in DEMO_KEYS}
-    admin_key = "fg-admin-" + _secrets.token_urlsafe(18)
+    admin_key = "fg-admin-" + _secrets.token_urlsafe(32)
     cfg = load_config_text(demo_config_yaml(f"http://{host}:{mock_port}", upstream_secret, keys))
 
     async def start_mock() -> None:
@@ -361,7 +361,8 @@ def demo(
         MockConfig(secret=upstream_secret, latency_ms=20, completion_tokens=24), clock=clock
     )
     gw = Gateway(data_dir=ddir, config=cfg, admin_key=admin_key, clock=clock)
-    app_ = create_app(gw, on_startup=[start_mock], on_shutdown=[mock.stop])
+    limits = _limits({**os.environ, "FAIRGATE_ADMIN_KEY": admin_key}, host)
+    app_ = create_app(gw, on_startup=[start_mock], on_shutdown=[mock.stop], http=limits)
     base = f"http://{host}:{chosen}"
     table = Table(title="Demo client keys (pool 'demo': 100 requests/hour, 200k tokens/hour)")
     for col in ("key", "share", "policy", "API key"):
@@ -395,7 +396,7 @@ def demo(
         soft_wrap=True,
     )
     console.print("\nCtrl-C stops it.")
-    _run_server(app_, host, chosen)
+    serve_http(app_, host, chosen, limits, _drain_seconds(os.environ))
 
 
 @app.command()

@@ -35,7 +35,7 @@ from fairgate.quota.window import bucket_index, sliding_value
 from fairgate.testclock import parse_instant
 
 UPSTREAM_SECRET = "sk-upstream-test-0123456789abcdef"
-ADMIN_KEY = "fg-admin-e2e-key"
+ADMIN_KEY = "fg-admin-e2e-key-0123456789abcdef0123"
 
 
 #: 10:30 UTC on a Wednesday: 30 min from the hourly boundaries, 2.5 h from the 5-hour ones,

@@ -150,7 +150,9 @@ def test_security_session_leaks_no_secret_and_keys_are_hashed(
     mock: Proc, start_gateway: GatewayFactory, capsys: pytest.CaptureFixture[str]
 ) -> None:
     s = Secrets()
-    gw = start_gateway(config(mock.url, s))
+    # this session presents many wrong admin keys on purpose: no backoff here (its own test
+    # is in test_http_limits.py)
+    gw = start_gateway(config(mock.url, s), extra_env={"FAIRGATE_ADMIN_FREE_FAILURES": "1000"})
     rec = Recorder(gw)
     try:
         _session(rec, mock, s)

@@ -21,8 +21,9 @@ import orjson
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
-from starlette.datastructures import Headers
+from starlette.datastructures import Headers, MutableHeaders
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -35,6 +36,8 @@ from fairgate.server.admin_pools import router as pools_router
 from fairgate.server.admin_resilience import router as resilience_router
 from fairgate.server.admin_resources import router as resources_router
 from fairgate.server.admin_testing import router as testing_router
+from fairgate.server.guards import AdminBackoff
+from fairgate.server.http_settings import HttpSettings
 from fairgate.server.state import Gateway
 
 log = logging.getLogger("fairgate.admin")
@@ -50,10 +53,7 @@ def admin_problem(gw: Gateway, headers: Headers) -> str | None:
     """Why this request may not use the admin API, or None. The compare is constant-time."""
     if not gw.admin_key:
         return "The admin API is disabled: set FAIRGATE_ADMIN_KEY to enable it"
-    presented = headers.get("x-admin-key")
-    if not presented:
-        scheme, _, token = headers.get("authorization", "").partition(" ")
-        presented = token.strip() if scheme.lower() == "bearer" else ""
+    presented = presented_key(headers)
     if not presented:
         return "Missing admin key: send 'Authorization: Bearer <admin key>' or 'x-admin-key'"
     if hmac.compare_digest(presented.encode("utf-8"), gw.admin_key.encode("utf-8")):
@@ -61,6 +61,15 @@ def admin_problem(gw: Gateway, headers: Headers) -> str | None:
     if gw.registry.authenticate(presented) is not None:
         return "Client keys cannot use the admin API; use the admin key"
     return "Invalid admin key"
+
+
+def presented_key(headers: Headers) -> str:
+    """The admin key a request presents (``x-admin-key`` or a Bearer token), or ""."""
+    presented = headers.get("x-admin-key")
+    if not presented:
+        scheme, _, token = headers.get("authorization", "").partition(" ")
+        presented = token.strip() if scheme.lower() == "bearer" else ""
+    return presented
 
 
 def _route_path(scope: Scope) -> str:
@@ -71,32 +80,43 @@ def _route_path(scope: Scope) -> str:
 
 
 class AdminGuard:
-    """Admin key check before anything else, and the last-resort 500."""
+    """Admin key check before anything else (wrong keys logged and throttled per client
+    address), ``Cache-Control: no-store`` on every answer (they carry keys and configuration),
+    and the last-resort 500."""
 
-    def __init__(self, app: ASGIApp, gw: Gateway) -> None:
+    def __init__(self, app: ASGIApp, gw: Gateway, limits: HttpSettings) -> None:
         self.app = app
         self.gw = gw
+        self.backoff = AdminBackoff(
+            limits.admin_free_failures,
+            int(limits.admin_backoff_s * 1000),
+            int(limits.admin_backoff_max_s * 1000),
+        )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        if _route_path(scope) not in _PUBLIC:
-            problem = admin_problem(self.gw, Headers(scope=scope))
-            if problem is not None:
-                resp = error_response(401, problem, headers={"WWW-Authenticate": "Bearer"})
-                await resp(scope, receive, send)
-                return
+
+        async def no_store(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                MutableHeaders(scope=message)["cache-control"] = "no-store"
+            await send(message)
+
+        if _route_path(scope) not in _PUBLIC and await self._refused(scope, receive, no_store):
+            return
         started = False
 
         async def tracked(message: Message) -> None:
             nonlocal started
             if message["type"] == "http.response.start":
                 started = True
-            await send(message)
+            await no_store(message)
 
         try:
             await self.app(scope, receive, tracked)
+        except ClientDisconnect:
+            log.debug("admin client disconnected", extra={"path": _route_path(scope)})
         except Exception as exc:
             log.error(
                 "admin API error",
@@ -107,6 +127,35 @@ class AdminGuard:
                 raise
             resp = error_response(500, "Internal error in the admin API")
             await resp(scope, receive, send)
+
+
+    async def _refused(self, scope: Scope, receive: Receive, send: Send) -> bool:
+        """Answer (and return True) when this request may not use the admin API."""
+        client = scope.get("client")
+        addr = str(client[0]) if client else "?"
+        now = self.gw.clock.now_ms()
+        wait_ms = self.backoff.locked_for(addr, now)
+        if wait_ms:
+            retry = str(max(1, -(-wait_ms // 1000)))
+            resp = error_response(
+                429, "Too many wrong admin keys; wait and retry", headers={"Retry-After": retry}
+            )
+            await resp(scope, receive, send)
+            return True
+        headers = Headers(scope=scope)
+        problem = admin_problem(self.gw, headers)
+        if problem is None:
+            self.backoff.succeeded(addr)
+            return False
+        if self.gw.admin_key and presented_key(headers):
+            failures = self.backoff.failed(addr, now)
+            log.warning(  # never the key itself
+                "admin authentication failed",
+                extra={"client": addr, "failures": failures, "path": _route_path(scope)},
+            )
+        resp = error_response(401, problem, headers={"WWW-Authenticate": "Bearer"})
+        await resp(scope, receive, send)
+        return True
 
 
 async def require_admin(
@@ -180,8 +229,9 @@ def _install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(RepoError, on_repo)
 
 
-def create_admin_app(gw: Gateway) -> FastAPI:
-    """The admin app over ``gw`` (which may not be started yet: routes read it per request)."""
+def create_admin_app(gw: Gateway, limits: HttpSettings | None = None) -> FastAPI:
+    """The admin app over ``gw`` (which may not be started yet: routes read it per request);
+    ``limits`` sets the wrong-key backoff."""
     app = FastAPI(
         title="fairgate admin API",
         version=__version__,
@@ -197,5 +247,5 @@ def create_admin_app(gw: Gateway) -> FastAPI:
     app.include_router(resources_router)
     app.include_router(resilience_router)
     app.include_router(testing_router)
-    app.add_middleware(AdminGuard, gw=gw)
+    app.add_middleware(AdminGuard, gw=gw, limits=limits or HttpSettings())
     return app

@@ -25,6 +25,7 @@ ERROR_TYPES = {
     409: "conflict_error",
     413: "request_too_large",
     422: "invalid_request_error",
+    429: "rate_limit_error",
     500: "api_error",
     503: "service_unavailable_error",
 }
@@ -75,7 +76,7 @@ GW = Annotated[Gateway, Depends(gateway)]
 
 #: Error statuses documented on every route of the OpenAPI schema.
 ERROR_RESPONSES: dict[int | str, dict[str, object]] = {
-    s: {"model": ErrorBody} for s in (400, 401, 404, 409, 422)
+    s: {"model": ErrorBody} for s in (400, 401, 404, 409, 422, 429)
 }
 #: Routes that read or reopen the quota store may also answer 503.
 STORE_RESPONSES: dict[int | str, dict[str, object]] = {503: {"model": ErrorBody}}

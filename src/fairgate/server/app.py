@@ -25,7 +25,9 @@ from fairgate.server import proxy
 from fairgate.server.admin import create_admin_app
 from fairgate.server.admin_common import error_response as admin_error_response
 from fairgate.server.dashboard import dashboard_mount
+from fairgate.server.edge import AllowedHostsMiddleware
 from fairgate.server.errors import ApiError, error_response
+from fairgate.server.http_settings import HttpSettings
 from fairgate.server.logs import REDACTOR, RequestIdMiddleware
 from fairgate.server.metrics import Metrics, metrics_endpoint
 from fairgate.server.provider_signals import ProviderSignals
@@ -58,8 +60,12 @@ def create_app(
     *,
     on_startup: list[Hook] | None = None,
     on_shutdown: list[Hook] | None = None,
+    http: HttpSettings | None = None,
 ) -> Starlette:
+    """The gateway's ASGI app; ``http`` holds the HTTP edge's limits (default: from the
+    gateway's environment, with no bind address, so no host check unless configured)."""
     metrics = Metrics()
+    limits = http if http is not None else HttpSettings.from_env(gw.env)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -79,6 +85,7 @@ def create_app(
                 {k: v.model_dump() for k, v in gw.config.prices.items()}
             ),
             metrics=metrics,
+            limits=limits,
         )
         gw.signals_source = services.signals.for_pool
         app.state.services = services
@@ -127,8 +134,8 @@ def create_app(
         Route("/v1/embeddings", proxy.embeddings, methods=["POST"]),
         Route("/v1/models", proxy.models, methods=["GET"]),
         Route("/health", health, methods=["GET"]),
-        Mount("/api", app=create_admin_app(gw)),
-        Route("/metrics", metrics_endpoint(gw, metrics), methods=["GET"]),
+        Mount("/api", app=create_admin_app(gw, limits)),
+        Route("/metrics", metrics_endpoint(gw, metrics, limits), methods=["GET"]),
         dashboard_mount(),
     ]
 
@@ -151,6 +158,9 @@ def create_app(
     return Starlette(
         routes=routes,
         lifespan=lifespan,
-        middleware=[Middleware(RequestIdMiddleware)],
+        middleware=[
+            Middleware(AllowedHostsMiddleware, allowed=limits.allowed_hosts),
+            Middleware(RequestIdMiddleware),
+        ],
         exception_handlers={404: not_found, 405: method_not_allowed, Exception: crashed},
     )

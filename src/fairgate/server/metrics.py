@@ -32,6 +32,8 @@ from prometheus_client.registry import Collector
 from starlette.requests import Request
 from starlette.responses import Response
 
+from fairgate.server.http_settings import HttpSettings, is_loopback
+
 if TYPE_CHECKING:
     from fairgate.quota.engine import Admission
     from fairgate.registry import ClientKey, Registry
@@ -360,29 +362,40 @@ class Metrics:
         return generate_latest(self.registry)
 
 
-def metrics_key_problem(gw: Gateway, request: Request) -> str | None:
-    """``FAIRGATE_METRICS_KEY`` set → ``/metrics`` wants it as a Bearer token; unset → open."""
-    wanted = gw.env.get("FAIRGATE_METRICS_KEY") or ""
-    if not wanted:
+def metrics_access_problem(limits: HttpSettings, request: Request) -> tuple[int, str] | None:
+    """Who may read ``/metrics`` (it names every key, connection and model): with
+    ``FAIRGATE_METRICS_KEY`` set, whoever sends it as a Bearer token; unset, loopback clients
+    only (a scraper on the same host), unless ``FAIRGATE_METRICS_PUBLIC`` opens it."""
+    wanted = limits.metrics_key or ""
+    if wanted:
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        presented = token.strip() if scheme.lower() == "bearer" else ""
+        if presented and hmac.compare_digest(presented.encode(), wanted.encode()):
+            return None
+        return 401, "Send 'Authorization: Bearer <FAIRGATE_METRICS_KEY>' to read the metrics"
+    client = request.client.host if request.client is not None else ""
+    if limits.metrics_public or is_loopback(client):
         return None
-    scheme, _, token = request.headers.get("authorization", "").partition(" ")
-    presented = token.strip() if scheme.lower() == "bearer" else ""
-    if presented and hmac.compare_digest(presented.encode(), wanted.encode()):
-        return None
-    return "Send 'Authorization: Bearer <FAIRGATE_METRICS_KEY>' to read the metrics"
+    return 403, (
+        "/metrics answers loopback clients only; set FAIRGATE_METRICS_KEY to scrape it "
+        "from elsewhere"
+    )
 
 
-def metrics_endpoint(gw: Gateway, metrics: Metrics) -> Callable[[Request], Any]:
+def metrics_endpoint(
+    gw: Gateway, metrics: Metrics, limits: HttpSettings
+) -> Callable[[Request], Any]:
     """The ``GET /metrics`` handler over ``gw`` and ``metrics``."""
 
     async def handler(request: Request) -> Response:
-        problem = metrics_key_problem(gw, request)
+        problem = metrics_access_problem(limits, request)
         if problem is not None:
+            status, message = problem
             return Response(
-                problem + "\n",
-                status_code=401,
+                message + "\n",
+                status_code=status,
                 media_type="text/plain",
-                headers={"WWW-Authenticate": "Bearer"},
+                headers={"WWW-Authenticate": "Bearer"} if status == 401 else None,
             )
         svc = getattr(request.app.state, "services", None)
         inflight = len(svc.inflight) if svc is not None else None

@@ -61,15 +61,20 @@ from fairgate.server.bodies import (
     MAX_MODEL_LEN,
     MAX_OUTPUT_TOKENS,
     MESSAGES_FIELDS,
+    check_depth,
     check_fields,
+    check_message_limits,
     check_messages,
+    decode_json_object,
     optional_bool,
     optional_int,
-    read_json_object,
+    read_body,
     require_str,
 )
 from fairgate.server.diagnostics import Diagnostics, Terminal
 from fairgate.server.errors import ApiError, error_response
+from fairgate.server.guards import KeyRateGuard
+from fairgate.server.http_settings import HttpSettings
 from fairgate.server.logs import REQUEST_ID
 from fairgate.server.metrics import Metrics
 from fairgate.server.provider_signals import ProviderSignals
@@ -112,6 +117,23 @@ class Services:
     target_metrics: TargetMetrics = field(default_factory=TargetMetrics)
     rng: random.Random = field(default_factory=random.Random)
     metrics: Metrics = field(default_factory=Metrics)
+    limits: HttpSettings = field(default_factory=HttpSettings)
+    rate: KeyRateGuard = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.rate = KeyRateGuard(self.limits.key_rate_per_s, self.limits.key_rate_burst)
+
+    def check_rate(self, key: ClientKey) -> None:
+        """429 when ``key`` sends faster than the per-key flood guard allows (checked before
+        its body is read)."""
+        wait_ms = self.rate.take(key.id, self.gw.clock.now_ms())
+        if wait_ms:
+            raise ApiError(
+                429,
+                "This API key sends requests too fast; slow down",
+                code="key_rate_limited",
+                headers={"retry-after": str(max(1, math.ceil(wait_ms / 1000)))},
+            )
 
     def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         """Run bookkeeping off the response path; shutdown waits for what is still running."""
@@ -161,6 +183,17 @@ def _client_secret(request: Request) -> str | None:
             return token.strip()
     key = request.headers.get("x-api-key")
     return key.strip() if key and key.strip() else None
+
+
+def check_model_allowed(key: ClientKey, model: str) -> None:
+    """403 when ``key`` lists the models it may use and ``model`` is not one of them."""
+    if key.allowed_models and model not in key.allowed_models:
+        raise ApiError(
+            403,
+            f"This API key may not use model '{model}'",
+            code="model_not_allowed",
+            param="model",
+        )
 
 
 def authenticate(svc: Services, request: Request) -> ClientKey:
@@ -222,8 +255,14 @@ async def _handle(request: Request, route: Route) -> Response:
     body: dict[str, Any] | None = None
     try:
         key = authenticate(svc, request)
-        body = await read_json_object(request, svc.gw.config.server.max_body_bytes)
-        call = _parse(svc, request, key, body, route, t0)
+        svc.check_rate(key)
+        raw = await read_body(request, svc.gw.config.server.max_body_bytes)
+        if len(raw) < svc.limits.thread_parse_bytes:
+            body = decode_json_object(raw)
+            call = _parse(svc, request, key, body, route, t0)
+        else:  # a large body is parsed and checked off the loop: other requests go on meanwhile
+            body = await asyncio.to_thread(decode_json_object, raw)
+            call = await asyncio.to_thread(_parse, svc, request, key, body, route, t0)
         resp = await _dispatch(call)
     except ApiError as err:
         if err.diagnostics is not None:  # the client sees reason codes; the admin, all of it
@@ -240,6 +279,12 @@ def _parse(
     svc: Services, request: Request, key: ClientKey, body: dict[str, Any], route: Route, t0: float
 ) -> Call:
     model = require_str(body, "model", max_len=MAX_MODEL_LEN)
+    # the cheap refusals first: a key that may not use the model, too many or too large
+    # messages; only then the walks over the whole body
+    check_model_allowed(key, model)
+    limits = svc.limits
+    check_message_limits(body, limits.max_messages, limits.max_message_bytes)
+    check_depth(body)
     default_out = svc.gw.config.server.default_max_tokens
     if route is Route.EMBEDDINGS:
         inp = body.get("input")
@@ -327,13 +372,6 @@ TRANSIENT = frozenset({"server_error", "timeout", "connect_error"})
 
 async def _dispatch(call: Call) -> Response:
     reg = call.svc.gw.registry
-    if call.key.allowed_models and call.model not in call.key.allowed_models:
-        raise ApiError(
-            403,
-            f"This API key may not use model '{call.model}'",
-            code="model_not_allowed",
-            param="model",
-        )
     from fairgate.server import pipeline  # the routing shell builds on this module
 
     combo = reg.combos.get(call.model)

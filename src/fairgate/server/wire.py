@@ -1,0 +1,237 @@
+"""The HTTP server on the wire: uvicorn's httptools protocol with the limits it lacks.
+
+uvicorn (httptools mode) buffers a request head without any bound (a 64 MiB header is read
+whole; httptools joins partial header values in memory), accepts any number of headers, has no
+deadline for a head or a body (a client trickling one byte every few seconds holds a connection
+and a task forever), arms its keep-alive timer only after a first response (a connection that
+never sends a byte stays open), and has no limit on open connections (``limit_concurrency``
+answers 503 but still keeps every connection). :class:`LimitedHttpToolsProtocol` adds:
+
+- head size: bytes are counted *before* the parser sees them, so memory stays bounded by the
+  limit; over it → 431 and close;
+- header count: over it → 431 and close;
+- head deadline: from the connection (first request) or from the first byte of a later request
+  until the end of the headers; expired → 408 and close;
+- body deadline: from the end of the headers until the whole body is in; expired → 408 (if no
+  answer started) and close, which the application sees as a client disconnect;
+- idle keep-alive: as uvicorn's, with our timeout (covers a connection that never sent a byte
+  through the head deadline);
+- a cap on open connections: one over it gets 503 and is closed at once.
+
+:func:`run` starts uvicorn with this protocol; every limit comes from :class:`HttpSettings`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from asyncio import TimerHandle
+from typing import Any, ClassVar
+
+import orjson
+import uvicorn
+from uvicorn.config import Config
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
+from uvicorn.server import ServerState
+
+from fairgate.server.http_settings import HttpSettings
+
+__all__ = ["LimitedHttpToolsProtocol", "protocol_for", "run"]
+
+log = logging.getLogger("fairgate.wire")
+
+
+class _Refused(Exception):
+    """Raised from a parser callback to stop parsing a request we refuse."""
+
+
+class LimitedHttpToolsProtocol(HttpToolsProtocol):
+    """One client connection (see the module docstring). ``limits`` is set by
+    :func:`protocol_for`."""
+
+    limits: ClassVar[HttpSettings] = HttpSettings()
+
+    def __init__(
+        self,
+        config: Config,
+        server_state: ServerState,
+        app_state: dict[str, Any],
+        _loop: asyncio.AbstractEventLoop | None = None,
+    ) -> None:
+        super().__init__(config, server_state, app_state, _loop)
+        self.timeout_keep_alive = self.limits.keep_alive_s  # type: ignore[assignment]
+        self._head_open = True  # the bytes arriving now belong to a request head
+        self._head_bytes = 0
+        self._header_count = 0
+        self._head_timer: TimerHandle | None = None
+        self._body_timer: TimerHandle | None = None
+        self._refusal: tuple[int, str, str] | None = None
+
+    # -- connection ---------------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        if len(self.connections) > self.limits.max_connections:
+            log.debug("connection refused: limit reached", extra={"client": self._peer()})
+            self._reply(503, "too_many_connections", "The gateway has too many open connections")
+            return
+        self._start_head_timer()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._cancel_timers()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        if self.transport.is_closing():
+            return
+        if not self._head_open:
+            super().data_received(data)
+            return
+        if self._head_timer is None:  # the first byte of a request after a keep-alive pause
+            self._start_head_timer()
+        room = self.limits.max_header_bytes - self._head_bytes
+        head, rest = data[:room], data[room:]
+        self._head_bytes += len(head)
+        if head:
+            super().data_received(head)
+        if self.transport.is_closing() or not rest:
+            return
+        if self._reading_head():  # the head goes on past the limit: never give it to the parser
+            self._refuse_head(
+                f"Request headers exceed the limit of {self.limits.max_header_bytes} bytes"
+            )
+            return
+        self.data_received(rest)
+
+    def _reading_head(self) -> bool:
+        """Whether the bytes arriving now still belong to a request head (the parser's
+        callbacks flip it while :meth:`data_received` feeds it)."""
+        return self._head_open
+
+    # -- parser callbacks ---------------------------------------------------------------------
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._header_count = 0
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._header_count += 1
+        if self._header_count > self.limits.max_headers:
+            self._refusal = (
+                431,
+                "request_header_fields_too_large",
+                f"Too many request headers (the limit is {self.limits.max_headers})",
+            )
+            raise _Refused
+        super().on_header(name, value)
+
+    def on_headers_complete(self) -> None:
+        self._head_open = False
+        self._cancel_head_timer()
+        self._body_timer = self.loop.call_later(self.limits.body_timeout_s, self._body_expired)
+        super().on_headers_complete()
+
+    def on_message_complete(self) -> None:
+        if self._body_timer is not None:
+            self._body_timer.cancel()
+            self._body_timer = None
+        self._head_open, self._head_bytes = True, 0
+        super().on_message_complete()
+
+    def send_400_response(self, msg: str) -> None:
+        """uvicorn's answer to a parser error; a refusal of ours raised inside the parser
+        arrives here too, and gets its own status."""
+        if self._refusal is not None:
+            status, code, message = self._refusal
+            self._reply(status, code, message)
+            return
+        self._reply(400, "invalid_http_request", "Invalid HTTP request")
+
+    # -- deadlines ----------------------------------------------------------------------------
+
+    def _start_head_timer(self) -> None:
+        self._cancel_head_timer()
+        self._head_timer = self.loop.call_later(self.limits.header_timeout_s, self._head_expired)
+
+    def _cancel_head_timer(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _cancel_timers(self) -> None:
+        self._cancel_head_timer()
+        if self._body_timer is not None:
+            self._body_timer.cancel()
+            self._body_timer = None
+
+    def _head_expired(self) -> None:
+        self._head_timer = None
+        if self.transport.is_closing():
+            return
+        idle = self._head_bytes == 0
+        log.debug(
+            "connection closed: idle" if idle else "connection closed: request head too slow",
+            extra={"client": self._peer(), "received": self._head_bytes},
+        )
+        if idle or (self.cycle is not None and not self.cycle.response_complete):
+            self.transport.close()  # nothing asked, or an answer still being written
+        else:
+            self._reply(408, "request_timeout", "The request headers took too long to arrive")
+
+    def _body_expired(self) -> None:
+        self._body_timer = None
+        if self.transport.is_closing():
+            return
+        log.debug("connection closed: request body too slow", extra={"client": self._peer()})
+        if self.cycle is not None and not self.cycle.response_started:
+            self._reply(408, "request_timeout", "The request body took too long to arrive")
+        else:
+            self.transport.close()
+
+    # -- answers ------------------------------------------------------------------------------
+
+    def _refuse_head(self, message: str) -> None:
+        log.debug("request refused: head too large", extra={"client": self._peer()})
+        self._reply(431, "request_header_fields_too_large", message)
+
+    def _reply(self, status: int, code: str, message: str) -> None:
+        """Answer with an OpenAI-shaped JSON error and close (the request is not read further,
+        so the connection cannot be reused)."""
+        body = orjson.dumps(
+            {"error": {"message": message, "type": "invalid_request_error", "code": code}}
+        )
+        head = [STATUS_LINE[status]]
+        head += [n + b": " + v + b"\r\n" for n, v in self.server_state.default_headers]
+        head += [
+            b"content-type: application/json\r\n",
+            b"content-length: " + str(len(body)).encode("ascii") + b"\r\n",
+            b"connection: close\r\n\r\n",
+        ]
+        self._cancel_timers()
+        self.transport.write(b"".join(head) + body)
+        self.transport.close()
+
+    def _peer(self) -> str:
+        return f"{self.client[0]}:{self.client[1]}" if self.client else "?"
+
+
+def protocol_for(limits: HttpSettings) -> type[LimitedHttpToolsProtocol]:
+    """The protocol class uvicorn instantiates per connection, bound to ``limits``."""
+    return type("FairgateHttpProtocol", (LimitedHttpToolsProtocol,), {"limits": limits})
+
+
+def run(app: Any, host: str, port: int, limits: HttpSettings, drain_s: int = 30) -> None:
+    """Serve ``app`` on ``host:port`` until SIGINT/SIGTERM (in-flight requests drain for up to
+    ``drain_s`` seconds first)."""
+    uvicorn.run(
+        app,
+        host=host,
+        port=port,
+        loop="uvloop",
+        http=protocol_for(limits),
+        log_level="warning",
+        log_config=None,  # uvicorn's loggers propagate to our JSON handler (configure_logging)
+        timeout_graceful_shutdown=drain_s,
+        # a deep accept queue lets a connection burst wait for a slot instead of a reset
+        backlog=max(2048, limits.max_connections),
+    )
