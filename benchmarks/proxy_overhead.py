@@ -34,7 +34,7 @@ from aiohttp import web
 
 SECRET = "bench-upstream-secret"
 CLIENT_KEY = "fg-bench-client-key-0001"
-ADMIN = "fg-bench-admin"
+ADMIN = "fg-bench-admin-0123456789abcdef01234567"
 
 
 def free_port() -> int:
@@ -195,13 +195,19 @@ def bench_config(mock: str, extra_keys: int = 0) -> str:
 
 
 def start_fairgate(
-    mock: str, tmp: Path, name: str = "fg", extra_keys: int = 0
+    mock: str,
+    tmp: Path,
+    name: str = "fg",
+    extra_keys: int = 0,
+    extra_env: dict[str, str] | None = None,
 ) -> tuple[str, subprocess.Popen[bytes]]:
     """A fairgate process on a free port in front of ``mock``; returns its URL and process."""
     port = free_port()
     cfg = tmp / f"{name}.yaml"
     cfg.write_text(bench_config(mock, extra_keys))
-    env = {**os.environ, "FAIRGATE_ADMIN_KEY": ADMIN}
+    # the per-key flood guard (1,000 requests/s by default) would cap the one bench key
+    env = {**os.environ, "FAIRGATE_ADMIN_KEY": ADMIN, "FAIRGATE_KEY_RATE_PER_S": "0"}
+    env.update(extra_env or {})
     cmd = [sys.executable, "-m", "fairgate", "serve", "--config", str(cfg)]
     cmd += ["--port", str(port), "--data-dir", str(tmp / f"{name}-data")]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, env=env)
