@@ -8,6 +8,7 @@ cannot fail them. Memory is read from ``/proc/<pid>/status`` of the gateway proc
 from __future__ import annotations
 
 import json
+import os
 import socket
 import statistics
 import subprocess
@@ -272,7 +273,7 @@ def test_a_short_admin_key_stops_the_start(tmp_path: Path) -> None:
     port = str(free_port())
     r = subprocess.run(
         [sys.executable, "-m", "fairgate", "serve", "--port", port, "--data-dir", str(tmp_path)],
-        env={"FAIRGATE_ADMIN_KEY": "a", "PATH": "/usr/bin:/bin", "COLUMNS": "200"},
+        env={**os.environ, "FAIRGATE_ADMIN_KEY": "a", "COLUMNS": "200"},
         capture_output=True,
         text=True,
         timeout=60,
@@ -457,3 +458,30 @@ def test_a_300k_message_body_does_not_stall_other_requests(
     )
     assert n_during >= 3
     assert worst < 0.5 * big, f"/health waited {worst:.2f}s of the big request's {big:.2f}s"
+
+
+def test_a_flooding_key_is_refused_before_its_body_is_read(
+    start_gateway: GatewayFactory, mock_upstream: Proc
+) -> None:
+    """The per-key rate guard: a burst of 3, then 429 ``key_rate_limited`` -- even for a body
+    that is not JSON at all (the guard runs before the body is read); other keys go on."""
+    flooder, other = new_secret(), new_secret()
+    gw = start_gateway(
+        gateway_config(mock_upstream.url, keys={"f": flooder, "o": other}),
+        extra_env={"FAIRGATE_KEY_RATE_PER_S": "0.01", "FAIRGATE_KEY_RATE_BURST": "3"},
+    )
+
+    def post(secret: str, content: bytes) -> httpx.Response:
+        return httpx.post(
+            gw.url + "/v1/chat/completions",
+            content=content,
+            headers={"Authorization": f"Bearer {secret}"},
+        )
+
+    ok = _chat([{"role": "user", "content": "hi"}])
+    assert [post(flooder, ok).status_code for _ in range(3)] == [200, 200, 200]
+    r = post(flooder, b"{not json")
+    assert r.status_code == 429
+    assert r.json()["error"]["code"] == "key_rate_limited"
+    assert int(r.headers["retry-after"]) >= 1
+    assert post(other, ok).status_code == 200
