@@ -156,7 +156,8 @@ def _trickle(sock: socket.socket, data: bytes, every_s: float) -> tuple[float, b
 
 def test_a_trickled_header_is_cut_by_the_header_deadline(gw: Proc) -> None:
     sock = _connect(gw)
-    elapsed, answer = _trickle(sock, b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n" * 20, 0.25)
+    head = b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: " + b"a" * 1000
+    elapsed, answer = _trickle(sock, head, 0.25)
     sock.close()
     assert elapsed < CUT_WITHIN_S, f"still open after {elapsed:.1f}s"
     assert elapsed >= DEADLINE_S * 0.9  # the deadline, not something else, cut it
