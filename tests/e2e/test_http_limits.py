@@ -123,6 +123,11 @@ def test_2000_headers_get_431(gw: Proc) -> None:
     sock.close()
     assert _status(answer) == 431, answer[:200]
     assert b"Too many request headers" in answer
+    assert "Invalid HTTP request" not in gw.output()  # a refusal is no warning in the log
+    bad = _connect(gw)
+    bad.sendall(b"NOT HTTP AT ALL\r\n\r\n")
+    assert _status(_read_all(bad)) == 400
+    bad.close()
     # a normal number of headers still passes
     ok = httpx.get(gw.url + "/health", headers={f"x-h{i}": "v" for i in range(40)})
     assert ok.status_code == 200

@@ -28,6 +28,7 @@ import logging
 from asyncio import TimerHandle
 from typing import Any, ClassVar
 
+import httptools
 import orjson
 import uvicorn
 from uvicorn.config import Config
@@ -85,7 +86,7 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         if self.transport.is_closing():
             return
         if not self._head_open:
-            super().data_received(data)
+            self._feed(data)
             return
         if self._head_timer is None:  # the first byte of a request after a keep-alive pause
             self._start_head_timer()
@@ -93,7 +94,7 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         head, rest = data[:room], data[room:]
         self._head_bytes += len(head)
         if head:
-            super().data_received(head)
+            self._feed(head)
         if self.transport.is_closing() or not rest:
             return
         if self._reading_head():  # the head goes on past the limit: never give it to the parser
@@ -138,14 +139,26 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self._head_open, self._head_bytes = True, 0
         super().on_message_complete()
 
-    def send_400_response(self, msg: str) -> None:
-        """uvicorn's answer to a parser error; a refusal of ours raised inside the parser
-        arrives here too, and gets its own status."""
-        if self._refusal is not None:
-            status, code, message = self._refusal
-            self._reply(status, code, message)
-            return
-        self._reply(400, "invalid_http_request", "Invalid HTTP request")
+    def _feed(self, data: bytes) -> None:
+        """Hand ``data`` to the parser (uvicorn's ``data_received``, with our answers): a
+        request we refuse, or one that does not parse, is answered and logged at debug level,
+        since anyone can send them and a warning each would let them flood the log."""
+        self._unset_keepalive_if_required()
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            if self._should_upgrade():
+                self.handle_websocket_upgrade()
+            else:
+                self._unsupported_upgrade_warning()
+        except httptools.HttpParserError:
+            if self._refusal is not None:
+                status, code, message = self._refusal
+                log.debug("request refused", extra={"client": self._peer(), "code": code})
+                self._reply(status, code, message)
+            else:
+                log.debug("invalid HTTP request", extra={"client": self._peer()})
+                self._reply(400, "invalid_http_request", "Invalid HTTP request")
 
     # -- deadlines ----------------------------------------------------------------------------
 
