@@ -167,6 +167,14 @@ class Proc:
         return self.log.read_text(errors="replace") if self.log.exists() else ""
 
 
+def rss_kib(pid: int) -> int:
+    """The resident memory of process ``pid`` in KiB (Linux)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise AssertionError("no VmRSS")
+
+
 def wait_ready(proc: Proc, path: str, timeout: float = 30) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

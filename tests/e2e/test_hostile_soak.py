@@ -24,13 +24,12 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import httpx
 import orjson
 import pytest
-from e2e_support import ADMIN_KEY, UPSTREAM_SECRET, GatewayFactory, Proc, new_secret
+from e2e_support import ADMIN_KEY, UPSTREAM_SECRET, GatewayFactory, Proc, new_secret, rss_kib
 
 pytestmark = pytest.mark.slow
 
@@ -109,13 +108,6 @@ GATEWAY_ENV = {
     "RESILIENCE_MAX_HINT_MS": "250",
     "RESILIENCE_BREAKER_MIN_REQUESTS": "1000000",
 }
-
-
-def rss_kib(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1])
-    raise AssertionError("no VmRSS")
 
 
 def fd_count(pid: int) -> int:

@@ -20,7 +20,15 @@ from pathlib import Path
 import httpx
 import orjson
 import pytest
-from e2e_support import ADMIN_KEY, GatewayFactory, Proc, free_port, gateway_config, new_secret
+from e2e_support import (
+    ADMIN_KEY,
+    GatewayFactory,
+    Proc,
+    free_port,
+    gateway_config,
+    new_secret,
+    rss_kib,
+)
 
 DEADLINE_S = 1.0
 #: Generous: a deadline of 1 s must cut the connection within 8 s even on a loaded machine.
@@ -74,13 +82,6 @@ def _status(raw: bytes) -> int | None:
     return int(raw[9:12])
 
 
-def _rss_kib(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1])
-    raise AssertionError("no VmRSS")
-
-
 def _health_ok(gw: Proc) -> bool:
     return httpx.get(gw.url + "/health", timeout=30).status_code == 200
 
@@ -94,7 +95,7 @@ def test_a_64_mib_header_gets_431_and_is_never_buffered(gw: Proc) -> None:
     pid = gw.proc.pid
     for _ in range(3):
         _health_ok(gw)
-    before = _rss_kib(pid)
+    before = rss_kib(pid)
     sock = _connect(gw)
     sock.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: ")
     chunk = b"a" * (1 << 20)
@@ -110,7 +111,7 @@ def test_a_64_mib_header_gets_431_and_is_never_buffered(gw: Proc) -> None:
     assert _status(answer) == 431, answer[:200]
     assert b"request_header_fields_too_large" in answer
     assert sent < 64 * len(chunk)  # it stopped reading: the rest was never accepted
-    grown_mib = (_rss_kib(pid) - before) / 1024
+    grown_mib = (rss_kib(pid) - before) / 1024
     assert grown_mib < 24, f"the gateway grew by {grown_mib:.0f} MiB reading one header"
     assert _health_ok(gw)
 
