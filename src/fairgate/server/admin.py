@@ -128,7 +128,6 @@ class AdminGuard:
             resp = error_response(500, "Internal error in the admin API")
             await resp(scope, receive, send)
 
-
     async def _refused(self, scope: Scope, receive: Receive, send: Send) -> bool:
         """Answer (and return True) when this request may not use the admin API."""
         client = scope.get("client")
