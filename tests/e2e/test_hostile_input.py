@@ -377,7 +377,11 @@ class Observed:
             ],
             "log": get("/api/quota/pools/p/log"),
             "pools": get("/api/quota/pools"),
-            "keys": get("/api/keys"),
+            # lastUsedMs is activity, not stored state: an authenticated request, even a
+            # malformed one, is a use of the key
+            "keys": [
+                {f: v for f, v in k.items() if f != "lastUsedMs"} for k in get("/api/keys")
+            ],
             "connections": get("/api/connections"),
             "combos": get("/api/combos?internal=true"),
             "plans": get("/api/quota/plans"),

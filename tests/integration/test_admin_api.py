@@ -720,6 +720,41 @@ async def test_key_secret_shown_once(api: Api) -> None:
     assert generated.json()["allowedModels"] == ["gpt-x"]
 
 
+async def test_key_rotate_keeps_the_key_and_its_share(api: Api) -> None:
+    before = api.gw.registry.pools["demo"].allocation("alice")
+    r = await api.request("POST", "/keys/alice/rotate")
+    assert r.status_code == 200, r.text
+    body = r.json()
+    new = body["secret"]
+    assert new != ALICE_SECRET
+    assert "prefix" not in body  # as at creation: no character of the secret is kept
+    assert (body["id"], body["name"]) == ("alice", "Alice")
+    assert api.gw.registry.authenticate(ALICE_SECRET) is None  # the old secret stops at once
+    key = api.gw.registry.authenticate(new)
+    assert key is not None
+    assert key.id == "alice"
+    assert api.gw.registry.pools["demo"].allocation("alice") == before
+    assert new not in "".join(api.dump())  # only the hash is stored
+    listed = await api.request("GET", "/keys/alice")
+    assert new not in listed.text
+    dump = api.dump()
+    r = await api.request("POST", "/keys/ghost/rotate")
+    assert r.status_code == 404
+    assert api.dump() == dump
+
+
+async def test_connection_test_reports_an_unreachable_upstream(api: Api) -> None:
+    # mock-1 points at port 9 (discard, nothing listens): a reading, not an error of the route
+    r = await api.request("POST", "/connections/mock-1/test")
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["ok"] is False
+    assert body["status"] is None
+    assert "cannot reach" in body["error"]
+    no_leak(r)
+    assert (await api.request("POST", "/connections/ghost/test")).status_code == 404
+
+
 async def test_key_crud_and_rejections(api: Api) -> None:
     r = await api.request("PATCH", "/keys/bob", json={"enabled": False, "name": "Robert"})
     assert r.status_code == 200

@@ -358,8 +358,9 @@ async def test_openapi_documents_combos(api: Api) -> None:
     schema = (await api.request("GET", "/openapi.json")).json()
     paths = schema["paths"]
     assert set(paths["/combos"]) == {"get", "post"}
-    (item,) = [p for p in paths if p.startswith("/combos/")]
+    (item,) = [p for p in paths if p.startswith("/combos/") and not p.endswith("/stats")]
     assert set(paths[item]) == {"get", "put", "delete"}
+    assert set(paths["/combos/{name}/stats"]) == {"get"}
     components = schema["components"]["schemas"]
     assert {"ComboIn", "ComboOut", "ComboReplace", "ComboTargetSpec"} <= set(components)
     assert "priority" in components["ComboIn"]["properties"]["strategy"]["description"]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import secrets
 import sqlite3
 from collections.abc import Sequence
+from dataclasses import replace
 
 from fairgate.clock import SYSTEM_CLOCK, Clock
 from fairgate.db.common import Conflict, NotFound, dumps, strings_from_json, transaction
@@ -123,6 +124,16 @@ class KeyRepo:
                 (*_values(key), key.id),
             )
         return key
+
+    def rotate(self, key_id: str) -> tuple[ClientKey, str]:
+        """Give the key a new generated secret; the old one stops working at once. Returns
+        ``(key, secret)``: as at creation, the only time the new secret is ever shown. The id,
+        name, allowed models and allocations stay, so the key keeps its share of every pool."""
+        secret = new_secret()
+        with transaction(self._conn):
+            key = replace(self.get(key_id), key_hash=hash_key(secret))
+            self.update(key)
+        return key, secret
 
     def upsert(self, key: ClientKey) -> str:
         """``created``, ``updated`` or ``unchanged`` (nothing written)."""

@@ -63,6 +63,7 @@ class TargetStats:
     tokens: int
     last_ok_ms: int | None
     last_error_ms: int | None
+    p50_ms: float | None = None
 
 
 class TargetMetrics:
@@ -175,6 +176,15 @@ class TargetMetrics:
             s.p95 = ordered[max(0, math.ceil(0.95 * len(ordered)) - 1)]
         return s.p95
 
+    def quantile_ms(self, key: str, q: float) -> float | None:
+        """Nearest-rank ``q`` quantile of the kept latencies; sorts them (dashboard reads only,
+        never the routing hot path, which uses the cached :meth:`p95_ms`)."""
+        s = self._series.get(key)
+        if s is None or not s.latencies:
+            return None
+        ordered = sorted(s.latencies)
+        return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
+
     def success_rate(self, key: str, now_ms: int) -> float | None:
         ok, err, _ = self._window_sums(key, now_ms)
         total = ok + err
@@ -213,7 +223,13 @@ class TargetMetrics:
             tokens=tokens,
             last_ok_ms=self.last_ok_ms(key),
             last_error_ms=self.last_error_ms(key),
+            p50_ms=self.quantile_ms(key, 0.5),
         )
+
+    @property
+    def window_minutes(self) -> int:
+        """How many minutes the outcome counts cover."""
+        return self._window
 
     def keys(self) -> list[str]:
         return list(self._series)

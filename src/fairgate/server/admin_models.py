@@ -541,9 +541,14 @@ class KeyOut(ApiModel):
     allowed_models: list[str]
     allowed_connections: list[str]
     allowed_providers: list[str]
+    last_used_ms: int | None = Field(
+        default=None,
+        description="When this gateway process last accepted the key (epoch ms); null = not "
+        "since it started",
+    )
 
     @classmethod
-    def of(cls, k: ClientKey) -> KeyOut:
+    def of(cls, k: ClientKey, last_used_ms: int | None = None) -> KeyOut:
         return cls(
             id=k.id,
             name=k.name,
@@ -551,11 +556,35 @@ class KeyOut(ApiModel):
             allowed_models=list(k.allowed_models),
             allowed_connections=sorted(k.allowed_connections),
             allowed_providers=sorted(k.allowed_providers),
+            last_used_ms=last_used_ms,
         )
 
 
 class KeyCreated(KeyOut):
     secret: str = Field(description="Shown once, never again: store it now")
+
+
+class RateLimitOut(ApiModel):
+    """The rate-limit headers of one upstream answer; null = not reported."""
+
+    requests_limit: int | None = None
+    requests_remaining: int | None = None
+    requests_reset_ms: int | None = None
+    tokens_limit: int | None = None
+    tokens_remaining: int | None = None
+    tokens_reset_ms: int | None = None
+
+
+class ConnectionTestOut(ApiModel):
+    """The reading of one cheap call (``GET <baseUrl>/models``) with the connection's secret."""
+
+    connection_id: str
+    ok: bool
+    status: int | None = Field(description="The upstream's HTTP status; null = no answer")
+    latency_ms: float
+    models: list[str]
+    rate_limit: RateLimitOut | None
+    error: str | None = Field(description="The provider's words or the network failure")
 
 
 # -- settings ---------------------------------------------------------------------------------

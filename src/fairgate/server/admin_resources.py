@@ -16,7 +16,8 @@ from fairgate.db.common import transaction
 from fairgate.db.connections import ConnectionRepo
 from fairgate.db.keys import KeyRepo
 from fairgate.db.settings import REQUIRE_ALLOCATION, SettingsRepo, access_policy
-from fairgate.registry import Connection, protocol_for
+from fairgate.providers.probe import probe_connection
+from fairgate.registry import ClientKey, Connection, protocol_for
 from fairgate.server.admin_common import (
     ERROR_RESPONSES,
     GW,
@@ -29,12 +30,14 @@ from fairgate.server.admin_models import (
     ConnectionIn,
     ConnectionOut,
     ConnectionPatch,
+    ConnectionTestOut,
     KeyCreated,
     KeyIn,
     KeyOut,
     KeyPatch,
     QuotaKnobsOut,
     QuotaStoreSettingsOut,
+    RateLimitOut,
     SettingsIn,
     SettingsOut,
 )
@@ -125,6 +128,34 @@ async def patch_connection(connection_id: str, body: ConnectionPatch, gw: GW) ->
     return _conn_out(gw, c)
 
 
+@router.post("/connections/{connection_id}/test", tags=["connections"])
+async def test_connection(connection_id: str, gw: GW) -> ConnectionTestOut:
+    """One cheap upstream call with the connection's secret (``GET <baseUrl>/models``: no
+    tokens spent) and what it returned. An upstream failure is a reading (``ok: false``), not
+    an error of this route."""
+    conn = ConnectionRepo(gw.db).get(connection_id)
+    res = await probe_connection(conn, now_ms=gw.clock.now_ms())
+    snap = res.rate_limit
+    return ConnectionTestOut(
+        connection_id=conn.id,
+        ok=res.ok,
+        status=res.status,
+        latency_ms=round(res.latency_ms, 1),
+        models=res.models,
+        rate_limit=None
+        if snap is None
+        else RateLimitOut(
+            requests_limit=snap.requests_limit,
+            requests_remaining=snap.requests_remaining,
+            requests_reset_ms=snap.requests_reset_ms,
+            tokens_limit=snap.tokens_limit,
+            tokens_remaining=snap.tokens_remaining,
+            tokens_reset_ms=snap.tokens_reset_ms,
+        ),
+        error=res.error,
+    )
+
+
 @router.delete("/connections/{connection_id}", status_code=204, tags=["connections"])
 async def delete_connection(connection_id: str, gw: GW) -> Response:
     """Refused (409) while the connection is a pool member; its plan override goes with it."""
@@ -148,9 +179,17 @@ def _check_connections(gw: Gateway, ids: list[str]) -> None:
         raise invalid(bad)
 
 
+def _key_out(gw: Gateway, k: ClientKey) -> KeyOut:
+    return KeyOut.of(k, gw.key_last_used.get(k.id))
+
+
+def _created(key: ClientKey, secret: str) -> KeyCreated:
+    return KeyCreated(**KeyOut.of(key).model_dump(), secret=secret)
+
+
 @router.get("/keys", tags=["keys"])
 async def list_keys(gw: GW) -> list[KeyOut]:
-    return [KeyOut.of(k) for k in KeyRepo(gw.db).all()]
+    return [_key_out(gw, k) for k in KeyRepo(gw.db).all()]
 
 
 @router.post("/keys", status_code=201, tags=["keys"])
@@ -166,12 +205,21 @@ async def create_key(body: KeyIn, gw: GW) -> KeyCreated:
         allowed_providers=body.allowed_providers,
     )
     gw.reload()
-    return KeyCreated(**KeyOut.of(key).model_dump(), secret=secret)
+    return _created(key, secret)
 
 
 @router.get("/keys/{key_id}", tags=["keys"])
 async def get_key(key_id: str, gw: GW) -> KeyOut:
-    return KeyOut.of(KeyRepo(gw.db).get(key_id))
+    return _key_out(gw, KeyRepo(gw.db).get(key_id))
+
+
+@router.post("/keys/{key_id}/rotate", tags=["keys"])
+async def rotate_key(key_id: str, gw: GW) -> KeyCreated:
+    """A new secret for the key, returned this once; the old secret stops working at once. The
+    key keeps its id, name, allowed models and its allocations in every pool."""
+    key, secret = KeyRepo(gw.db).rotate(key_id)
+    gw.reload()
+    return _created(key, secret)
 
 
 @router.patch("/keys/{key_id}", tags=["keys"])
@@ -197,7 +245,7 @@ async def patch_key(key_id: str, body: KeyPatch, gw: GW) -> KeyOut:
         )
         repo.update(k)
     gw.reload()
-    return KeyOut.of(k)
+    return _key_out(gw, k)
 
 
 @router.delete("/keys/{key_id}", status_code=204, tags=["keys"])

@@ -88,6 +88,7 @@ def create_app(
             limits=limits,
         )
         gw.signals_source = services.signals.for_pool
+        gw.target_metrics = services.target_metrics
         app.state.services = services
         # everything allocated so far lives for the whole run: keep the cyclic GC from walking
         # it again and again, and let the young generation grow before a collection (fewer

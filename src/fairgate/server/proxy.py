@@ -207,6 +207,7 @@ def authenticate(svc: Services, request: Request) -> ClientKey:
     key = svc.gw.registry.authenticate(secret)
     if key is None:
         raise ApiError(401, "Invalid API key", code="invalid_api_key")
+    svc.gw.key_last_used[key.id] = svc.gw.clock.now_ms()
     return key
 
 

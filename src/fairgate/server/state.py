@@ -33,6 +33,7 @@ from fairgate.registry import Registry
 from fairgate.resilience.factory import build_manager
 from fairgate.resilience.manager import RateLimitManager
 from fairgate.resilience.settings import ResilienceSettings
+from fairgate.routing.metrics import TargetMetrics
 from fairgate.store.factory import StoreChoice, create_store, redis_url
 
 log = logging.getLogger("fairgate.server")
@@ -106,7 +107,14 @@ class Gateway:
         self.clock = clock
         self.admin_key: str | None = admin_key or self.env.get("FAIRGATE_ADMIN_KEY") or None
         self.pool_log = PoolLog()
+        #: key id → when this process last authenticated it (epoch ms), for the Keys page;
+        #: one entry per key, so bounded by the key table, and never written on the hot path
+        #: to the database
+        self.key_last_used: dict[str, int] = {}
         self.signals_source: SignalsSource | None = None
+        #: the proxy's per-target metrics (set by the app at startup), read by the admin API's
+        #: combo statistics; None before the app has started
+        self.target_metrics: TargetMetrics | None = None
         #: cooldowns, lockouts, breakers (built at start; shared through Redis when the quota
         #: store is Redis, persisted in the metadata DB so a restart keeps them)
         self.resilience: RateLimitManager | None = None
