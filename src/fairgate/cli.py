@@ -16,6 +16,7 @@ from rich.console import Console
 from rich.table import Table
 
 from fairgate import __version__
+from fairgate.admin_cli import register as register_admin_commands
 from fairgate.clock import Clock, ManualClock
 from fairgate.quota.catalog import CATALOG
 from fairgate.quota.engine import QuotaEngine
@@ -440,6 +441,9 @@ def simulate(
     )
     if code:
         raise typer.Exit(code)
+
+
+register_admin_commands(app)  # keys, pools, connections, combos, config, health
 
 
 def main() -> None:

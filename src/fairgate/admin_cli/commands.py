@@ -1,0 +1,299 @@
+"""``fairgate keys|pools|connections|combos|config|health``: day-to-day admin from a terminal.
+
+Every command but ``config check`` talks to a running gateway's admin API: the URL comes from
+``--url`` or ``FAIRGATE_URL``, the admin key from ``--admin-key`` or ``FAIRGATE_ADMIN_KEY``.
+Tables are for people; ``--json`` prints the API's answer as is, for scripts. Any failure prints
+one clear message on stderr and exits 2 (``health`` exits 1 for a gateway that answers but is
+degraded, so a probe can tell "down" from "limping").
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any, NoReturn
+
+import typer
+from rich.console import Console, RenderableType
+from rich.live import Live
+
+from fairgate.admin_cli import render
+from fairgate.admin_cli.client import DEFAULT_URL, AdminClient, AdminCliError, quote
+
+__all__ = ["register"]
+
+out = Console()
+err = Console(stderr=True)
+
+Url = Annotated[
+    str,
+    typer.Option("--url", envvar="FAIRGATE_URL", help="The gateway's base URL.", show_default=True),
+]
+AdminKey = Annotated[
+    str | None,
+    typer.Option(
+        "--admin-key",
+        envvar="FAIRGATE_ADMIN_KEY",
+        help="The admin key (FAIRGATE_ADMIN_KEY).",
+        show_default=False,
+    ),
+]
+AsJson = Annotated[bool, typer.Option("--json", help="Print the API's JSON answer (for scripts).")]
+
+
+def _fail(message: str) -> NoReturn:
+    err.print(f"[red]error:[/] {message}", highlight=False, soft_wrap=True)
+    raise typer.Exit(2)
+
+
+def _call(url: str, admin_key: str | None, fn: Callable[[AdminClient], Any]) -> Any:
+    try:
+        return fn(AdminClient(url, admin_key))
+    except AdminCliError as exc:
+        _fail(str(exc))
+
+
+def _show(data: Any, as_json: bool, view: Callable[[Any], RenderableType]) -> None:
+    if as_json:
+        out.print_json(json.dumps(data))
+    else:
+        shown = view(data)
+        out.print(shown, soft_wrap=isinstance(shown, str))  # a sentence is not cut at 80 columns
+
+
+# -- keys -------------------------------------------------------------------------------------
+
+keys_app = typer.Typer(no_args_is_help=True, help="Client keys: create, list, revoke, rotate.")
+
+
+@keys_app.command("list")
+def keys_list(url: Url = DEFAULT_URL, admin_key: AdminKey = None, as_json: AsJson = False) -> None:
+    """Every client key: prefix, allowed models, when this gateway last accepted it."""
+    _show(_call(url, admin_key, lambda c: c.get("/api/keys")), as_json, render.keys_table)
+
+
+@keys_app.command("create")
+def keys_create(
+    name: Annotated[str, typer.Option(help="A name people recognise.")] = "",
+    key_id: Annotated[
+        str | None, typer.Option("--id", help="The key's id (default: key-<8 hex>).")
+    ] = None,
+    model: Annotated[
+        list[str] | None,
+        typer.Option("--model", help="An allowed model (repeat; none = any model)."),
+    ] = None,
+    url: Url = DEFAULT_URL,
+    admin_key: AdminKey = None,
+    as_json: AsJson = False,
+) -> None:
+    """Create a key; its secret is printed this once."""
+    body: dict[str, Any] = {"name": name, "allowedModels": model or []}
+    if key_id:
+        body["id"] = key_id
+    created = _call(url, admin_key, lambda c: c.post("/api/keys", body))
+    _show(created, as_json, lambda k: render.secret_panel(k, "created"))
+
+
+@keys_app.command("revoke")
+def keys_revoke(
+    key_id: Annotated[str, typer.Argument(help="The key's id.")],
+    url: Url = DEFAULT_URL,
+    admin_key: AdminKey = None,
+    as_json: AsJson = False,
+) -> None:
+    """Delete a key: it stops working at once and its allocations go with it."""
+    _call(url, admin_key, lambda c: c.delete(f"/api/keys/{quote(key_id)}"))
+    _show({"id": key_id, "revoked": True}, as_json, lambda _: f"Key {key_id} revoked.")
+
+
+@keys_app.command("rotate")
+def keys_rotate(
+    key_id: Annotated[str, typer.Argument(help="The key's id.")],
+    url: Url = DEFAULT_URL,
+    admin_key: AdminKey = None,
+    as_json: AsJson = False,
+) -> None:
+    """A new secret for a key (printed this once); the old one stops working at once."""
+    created = _call(url, admin_key, lambda c: c.post(f"/api/keys/{quote(key_id)}/rotate"))
+    _show(created, as_json, lambda k: render.secret_panel(k, "rotated"))
+
+
+# -- pools ------------------------------------------------------------------------------------
+
+pools_app = typer.Typer(no_args_is_help=True, help="Quota pools and who is using them.")
+
+
+@pools_app.command("list")
+def pools_list(url: Url = DEFAULT_URL, admin_key: AdminKey = None, as_json: AsJson = False) -> None:
+    """Every pool: members, enforced limits, allocations."""
+    _show(_call(url, admin_key, lambda c: c.get("/api/quota/pools")), as_json, render.pools_table)
+
+
+@pools_app.command("usage")
+def pools_usage(
+    pool_id: Annotated[str, typer.Argument(help="The pool's id.")],
+    watch: Annotated[bool, typer.Option("--watch", help="Refresh in place until Ctrl-C.")] = False,
+    interval: Annotated[
+        float, typer.Option(min=0.1, help="Seconds between refreshes with --watch.")
+    ] = 2.0,
+    count: Annotated[
+        int, typer.Option(min=0, hidden=True, help="Stop after this many refreshes (0: never).")
+    ] = 0,
+    url: Url = DEFAULT_URL,
+    admin_key: AdminKey = None,
+    as_json: AsJson = False,
+) -> None:
+    """Each key's consumption against its fair share, per dimension (live with --watch)."""
+    path = f"/api/quota/pools/{quote(pool_id)}/usage"
+    usage = _call(url, admin_key, lambda c: c.get(path))
+    if not watch:
+        _show(usage, as_json, render.usage_view)
+        return
+    if as_json:  # one JSON document per line, for a pipe
+        _fail("--watch prints tables; for a script poll without --watch and --json")
+    shown = 1
+    try:
+        with Live(render.usage_view(usage), console=out, auto_refresh=False) as live:
+            while count == 0 or shown < count:
+                time.sleep(interval)
+                usage = _call(url, admin_key, lambda c: c.get(path))
+                live.update(render.usage_view(usage), refresh=True)
+                shown += 1
+    except KeyboardInterrupt:
+        pass
+
+
+# -- connections ------------------------------------------------------------------------------
+
+conns_app = typer.Typer(no_args_is_help=True, help="Upstream connections.")
+
+
+@conns_app.command("list")
+def conns_list(url: Url = DEFAULT_URL, admin_key: AdminKey = None, as_json: AsJson = False) -> None:
+    """Every connection (secrets are never shown: only whether one is set)."""
+    _show(
+        _call(url, admin_key, lambda c: c.get("/api/connections")),
+        as_json,
+        render.connections_table,
+    )
+
+
+@conns_app.command("test")
+def conns_test(
+    connection_id: Annotated[str, typer.Argument(help="The connection's id.")],
+    url: Url = DEFAULT_URL,
+    admin_key: AdminKey = None,
+    as_json: AsJson = False,
+) -> None:
+    """One cheap upstream call (list models) with the connection's secret, and its reading.
+    Exits 2 when the upstream refused or did not answer."""
+    res = _call(url, admin_key, lambda c: c.post(f"/api/connections/{quote(connection_id)}/test"))
+    _show(res, as_json, render.connection_test)
+    if not res["ok"]:
+        raise typer.Exit(2)
+
+
+# -- combos -----------------------------------------------------------------------------------
+
+combos_app = typer.Typer(no_args_is_help=True, help="Combos (routing over several targets).")
+
+
+@combos_app.command("list")
+def combos_list(
+    internal: Annotated[
+        bool, typer.Option(help="Also the qtSd/<pool>/<model> combos fairgate mints.")
+    ] = False,
+    url: Url = DEFAULT_URL,
+    admin_key: AdminKey = None,
+    as_json: AsJson = False,
+) -> None:
+    """Every combo: strategy and targets."""
+    query = {"internal": "true"} if internal else None
+    _show(
+        _call(url, admin_key, lambda c: c.get("/api/combos", query)), as_json, render.combos_table
+    )
+
+
+@combos_app.command("show")
+def combos_show(
+    name: Annotated[str, typer.Argument(help="The combo's name.")],
+    url: Url = DEFAULT_URL,
+    admin_key: AdminKey = None,
+    as_json: AsJson = False,
+) -> None:
+    """One combo: settings, and per target its success rate, p50/p95 latency and breaker
+    state over the last 15 minutes, with the fallbacks and their reasons."""
+    path = f"/api/combos/{quote(name, safe='/')}"
+
+    def both(c: AdminClient) -> dict[str, Any]:
+        return {"combo": c.get(path), "stats": c.get(path + "/stats")}
+
+    data = _call(url, admin_key, both)
+    _show(data, as_json, lambda d: render.combo_detail(d["combo"], d["stats"]))
+
+
+# -- config -----------------------------------------------------------------------------------
+
+config_app = typer.Typer(no_args_is_help=True, help="The YAML config file.")
+
+
+@config_app.command("check")
+def config_check(
+    file: Annotated[Path, typer.Argument(help="The YAML config file.")],
+    as_json: AsJson = False,
+) -> None:
+    """Validate a config file without starting anything: every problem with its field path
+    (``pools.0.allocations.1.weight: …``); exit 2 when there is any."""
+    from fairgate.config import ConfigError, load_config
+
+    try:
+        cfg = load_config(file, os.environ)
+    except ConfigError as exc:
+        if as_json:
+            problems = [{"field": p, "message": m} for p, m in exc.problems]
+            out.print_json(json.dumps({"ok": False, "file": str(file), "problems": problems}))
+        else:
+            err.print(f"[red]{file}: {len(exc.problems)} problem(s)[/]", highlight=False)
+            for path, message in exc.problems:
+                err.print(f"  {path or '(file)'}: {message}", highlight=False, soft_wrap=True)
+        raise typer.Exit(2) from None
+    summary = {
+        "ok": True,
+        "file": str(file),
+        "connections": len(cfg.connections),
+        "keys": len(cfg.keys),
+        "pools": len(cfg.pools),
+        "combos": len(cfg.combos),
+    }
+    _show(
+        summary,
+        as_json,
+        lambda s: (
+            f"[green]{file} is valid[/]: {s['connections']} connection(s), {s['keys']} key(s), "
+            f"{s['pools']} pool(s), {s['combos']} combo(s)"
+        ),
+    )
+
+
+# -- health -----------------------------------------------------------------------------------
+
+
+def health(url: Url = DEFAULT_URL, as_json: AsJson = False) -> None:
+    """Is the gateway up, and its quota store reachable? Exit 0 ok, 1 degraded, 2 unreachable."""
+    data = _call(url, None, lambda c: c.get("/health"))
+    _show(data, as_json, render.health_view)
+    if data.get("status") != "ok":
+        raise typer.Exit(1)
+
+
+def register(app: typer.Typer) -> None:
+    """Add the admin command groups to the ``fairgate`` command line."""
+    app.add_typer(keys_app, name="keys")
+    app.add_typer(pools_app, name="pools")
+    app.add_typer(conns_app, name="connections")
+    app.add_typer(combos_app, name="combos")
+    app.add_typer(config_app, name="config")
+    app.command("health")(health)

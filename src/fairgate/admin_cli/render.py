@@ -1,0 +1,233 @@
+"""Rich renderings of admin API answers: pure functions from the API's JSON to renderables.
+
+Kept apart from the commands so the same table serves a one-off listing and the live view of
+``pools usage --watch``, and so they can be checked without a terminal.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from rich.console import Group, RenderableType
+from rich.progress_bar import ProgressBar
+from rich.table import Table
+from rich.text import Text
+
+__all__ = [
+    "combo_detail",
+    "combos_table",
+    "connection_test",
+    "connections_table",
+    "health_view",
+    "keys_table",
+    "pools_table",
+    "secret_panel",
+    "usage_view",
+]
+
+JSON = Mapping[str, Any]
+
+
+def when(ms: int | None) -> str:
+    if not ms:
+        return "—"
+    return dt.datetime.fromtimestamp(ms / 1000, dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _models(models: Sequence[str]) -> str:
+    return ", ".join(models) if models else "any"
+
+
+def keys_table(keys: Sequence[JSON]) -> Table:
+    t = Table(title=f"Client keys ({len(keys)})")
+    for col in ("id", "name", "prefix", "enabled", "allowed models", "last used"):
+        t.add_column(col)
+    for k in keys:
+        t.add_row(
+            k["id"],
+            k["name"],
+            k["prefix"] + "…",
+            "yes" if k["enabled"] else "[red]no[/]",
+            _models(k["allowedModels"]),
+            when(k.get("lastUsedMs")),
+        )
+    return t
+
+
+def secret_panel(created: JSON, verb: str) -> Group:
+    """The one time a secret is shown: say so next to it."""
+    return Group(
+        Text(f"Key {created['id']} {verb}.", style="bold"),
+        Text(created["secret"], style="bold green"),
+        Text("Store this secret now: it is shown once and cannot be recovered.", style="yellow"),
+    )
+
+
+def pools_table(pools: Sequence[JSON]) -> Table:
+    t = Table(title=f"Pools ({len(pools)})")
+    for col in ("id", "name", "provider", "connections", "dimensions", "keys"):
+        t.add_column(col)
+    for p in pools:
+        dims = ", ".join(
+            f"{d['limit']:g} {d['unit']}/{d['window']}" for d in p.get("effectiveDimensions", [])
+        )
+        t.add_row(
+            p["id"],
+            p.get("name") or "",
+            p.get("provider", ""),
+            ", ".join(p["connections"]),
+            dims or "—",
+            ", ".join(
+                f"{a['key']} {a['weight']:g}% {a['policy']}" for a in p.get("allocations", [])
+            ),
+        )
+    return t
+
+
+def usage_view(usage: JSON) -> Group:
+    """One table per dimension: a bar per key of its consumption against its fair share."""
+    parts: list[RenderableType] = [
+        Text(f"Pool {usage['poolId']} at {when(usage['atMs'])}", style="bold")
+    ]
+    for d in usage["dimensions"]:
+        mode = "strict" if d["strict"] else "generous"
+        title = (
+            f"{d['unit']}/{d['window']}: {d['total']:,.0f} of {d['limit']:,.0f} "
+            f"({d['usedFraction'] * 100:.1f} %, {mode})"
+        )
+        t = Table(title=title, title_justify="left")
+        for col in ("key", "weight", "policy", "consumed", "fair share", "use of share", ""):
+            t.add_column(col)
+        for k in d["keys"]:
+            share = k["fairShare"]
+            frac = k["consumed"] / share if share > 0 else (1.0 if k["consumed"] else 0.0)
+            t.add_row(
+                k["keyId"],
+                f"{k['weight']:g} %",
+                k["policy"],
+                f"{k['consumed']:,.1f}",
+                f"{share:,.1f}",
+                ProgressBar(total=1.0, completed=min(frac, 1.0), width=30),
+                Text(f"{frac * 100:.0f} %" + (" borrowing" if k["borrowing"] else "")),
+            )
+        if not d["keys"]:
+            t.add_row("(no allocations)", "", "", "", "", "", "")
+        parts.append(t)
+    return Group(*parts)
+
+
+def connections_table(conns: Sequence[JSON]) -> Table:
+    t = Table(title=f"Connections ({len(conns)})")
+    for col in ("id", "provider", "protocol", "base URL", "models", "pool", "enabled", "secret"):
+        t.add_column(col)
+    for c in conns:
+        t.add_row(
+            c["id"],
+            c["provider"],
+            c["protocol"],
+            c["baseUrl"],
+            _models(c["models"]),
+            c.get("pool") or "—",
+            "yes" if c["enabled"] else "[red]no[/]",
+            "set" if c["hasSecret"] else "[yellow]none[/]",
+        )
+    return t
+
+
+def connection_test(res: JSON) -> Table:
+    ok = "[green]ok[/]" if res["ok"] else "[red]failed[/]"
+    t = Table(title=f"Connection {res['connectionId']}: {ok}", show_header=False)
+    t.add_column("what")
+    t.add_column("value")
+    t.add_row("status", str(res["status"]) if res["status"] is not None else "no answer")
+    t.add_row("latency", f"{res['latencyMs']:.0f} ms")
+    t.add_row("models listed", str(len(res["models"])))
+    rl = res.get("rateLimit")
+    if rl:
+        for unit in ("requests", "tokens"):
+            if rl.get(f"{unit}Limit") is not None:
+                t.add_row(
+                    f"{unit} remaining",
+                    f"{rl.get(f'{unit}Remaining')} of {rl[f'{unit}Limit']}"
+                    f" (resets {when(rl.get(f'{unit}ResetMs'))})",
+                )
+    if res.get("error"):
+        t.add_row("error", res["error"])
+    return t
+
+
+def _target(t: JSON) -> str:
+    conn = f" via {t['connection']}" if t.get("connection") else ""
+    return f"{t['provider']}/{t['model']}{conn}"
+
+
+def combos_table(combos: Sequence[JSON]) -> Table:
+    t = Table(title=f"Combos ({len(combos)})")
+    for col in ("name", "strategy", "targets", "kind"):
+        t.add_column(col)
+    for c in combos:
+        kind = f"internal (pool {c.get('pool')})" if c["internal"] else "user"
+        t.add_row(c["name"], c["strategy"], ", ".join(_target(x) for x in c["targets"]), kind)
+    return t
+
+
+def _pct(v: float | None) -> str:
+    return "—" if v is None else f"{v * 100:.1f} %"
+
+
+def _ms(v: float | None) -> str:
+    return "—" if v is None else f"{v:,.0f} ms"
+
+
+def combo_detail(combo: JSON, stats: JSON | None) -> Group:
+    settings = {k: v for k, v in (combo.get("config") or {}).items() if v is not None}
+    head = Text(f"Combo {combo['name']} — strategy {combo['strategy']}", style="bold")
+    parts: list[RenderableType] = [head]
+    if settings:
+        parts.append(Text("settings: " + ", ".join(f"{k}={v}" for k, v in settings.items())))
+    window = (stats or {}).get("windowMinutes", 15)
+    t = Table(title=f"Targets (last {window} minutes)")
+    for col in ("target", "weight", "requests", "success", "p50", "p95", "state"):
+        t.add_column(col)
+    rows = (stats or {}).get("targets") or []
+    for s in rows:
+        t.add_row(
+            s["key"],
+            f"{s['weight']:g}",
+            str(s["requests"]),
+            _pct(s["successRate"]),
+            _ms(s["p50Ms"]),
+            _ms(s["p95Ms"]),
+            s["state"],
+        )
+    if not rows:
+        for x in combo["targets"]:
+            t.add_row(_target(x), f"{x.get('weight', 1):g}", "0", "—", "—", "—", "no connection")
+    parts.append(t)
+    fallbacks = (stats or {}).get("fallbacks") or {}
+    if fallbacks:
+        ft = Table(title=f"Fallbacks (last {window} minutes)")
+        ft.add_column("reason")
+        ft.add_column("count")
+        for reason, n in sorted(fallbacks.items(), key=lambda kv: -kv[1]):
+            ft.add_row(reason, str(n))
+        parts.append(ft)
+    return Group(*parts)
+
+
+def health_view(h: JSON) -> Table:
+    store = h.get("store", {})
+    status = h.get("status", "?")
+    colour = "green" if status == "ok" else "yellow"
+    t = Table(title=f"Gateway: [{colour}]{status}[/]", show_header=False)
+    t.add_column("what")
+    t.add_column("value")
+    t.add_row(
+        "quota store",
+        f"{store.get('driver')} ({'reachable' if store.get('reachable') else 'unreachable'})",
+    )
+    t.add_row("fail-open admissions", str(h.get("failOpen", 0)))
+    t.add_row("requests in flight", str(h.get("inflight", 0)))
+    return t

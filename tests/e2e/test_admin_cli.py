@@ -1,0 +1,251 @@
+"""The admin commands (``fairgate keys|pools|connections|combos|config|health``) against a real
+gateway process over loopback: each one's happy path and an error (message + exit 2).
+
+The commands run in-process through Typer's runner (the same code path as the installed script,
+without paying an interpreter start per call); one test runs the real ``fairgate`` script to
+prove the wiring and the environment variables.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+from e2e_support import (
+    ADMIN_KEY,
+    UPSTREAM_SECRET,
+    GatewayFactory,
+    Proc,
+    new_secret,
+)
+from typer.testing import CliRunner, Result
+
+from fairgate.cli import app
+
+runner = CliRunner()
+
+
+def cli(gw: Proc | str, *args: str, admin_key: str | None = ADMIN_KEY) -> Result:
+    url = gw if isinstance(gw, str) else gw.url
+    env = {"FAIRGATE_URL": url}
+    if admin_key is not None:
+        env["FAIRGATE_ADMIN_KEY"] = admin_key
+    return runner.invoke(app, list(args), env=env)
+
+
+def as_json(result: Result) -> Any:
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
+def failed(result: Result) -> str:
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output
+    return result.stderr
+
+
+def config_yaml(mock_url: str, alice: str) -> str:
+    return (
+        "server: {default_provider: mock}\n"
+        "connections:\n"
+        f"  - {{id: mock-1, provider: mock, base_url: '{mock_url}/v1', secret: '{UPSTREAM_SECRET}',"
+        " models: [gpt-4o-mini]}\n"
+        f"  - {{id: bad-1, provider: other, base_url: '{mock_url}/v1', secret: 'sk-wrong-secret',"
+        " models: [gpt-4o-mini]}\n"
+        f"keys:\n  - {{id: alice, name: Alice, secret: '{alice}'}}\n"
+        "pools:\n"
+        "  - id: team\n    connections: [mock-1]\n"
+        "    dimensions: [{unit: requests, window: hourly, limit: 100}]\n"
+        "    allocations: [{key: alice, weight: 100, policy: hard}]\n"
+        "combos:\n"
+        "  - {name: fast, strategy: priority, targets: [\n"
+        "      {provider: mock, model: gpt-4o-mini, connection: mock-1}]}\n"
+    )
+
+
+@pytest.fixture
+def gw(mock_upstream: Proc, start_gateway: GatewayFactory) -> tuple[Proc, str]:
+    alice = new_secret()
+    return start_gateway(config_yaml(mock_upstream.url, alice)), alice
+
+
+def chat(gw: Proc, secret: str, model: str = "gpt-4o-mini") -> str:
+    with openai.OpenAI(base_url=gw.url + "/v1", api_key=secret, max_retries=0) as c:
+        r = c.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": "hi"}], max_tokens=3
+        )
+    return r.choices[0].message.content or ""
+
+
+def status_of(gw: Proc, secret: str) -> int:
+    r = httpx.post(
+        gw.url + "/v1/chat/completions",
+        headers={"authorization": f"Bearer {secret}"},
+        json={"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}]},
+    )
+    return r.status_code
+
+
+def test_keys_create_list_rotate_revoke(gw: tuple[Proc, str]) -> None:
+    proc, _ = gw
+    created = as_json(cli(proc, "keys", "create", "--name", "CI bot", "--id", "ci", "--json"))
+    secret = created["secret"]
+    assert created["id"] == "ci"
+    assert chat(proc, secret)
+
+    table = cli(proc, "keys", "list")
+    assert table.exit_code == 0
+    assert "CI bot" in table.stdout
+    assert secret not in table.stdout  # only the prefix is ever listed
+    listed = {k["id"]: k for k in as_json(cli(proc, "keys", "list", "--json"))}
+    assert listed["ci"]["lastUsedMs"] is not None
+    assert listed["alice"]["lastUsedMs"] is None
+
+    rotated = cli(proc, "keys", "rotate", "ci")
+    assert rotated.exit_code == 0
+    assert "shown once" in rotated.stdout
+    new = next(w for w in rotated.stdout.split() if w.startswith("fg-"))
+    assert new != secret
+    assert status_of(proc, secret) == 401
+    assert chat(proc, new)
+
+    revoked = cli(proc, "keys", "revoke", "ci")
+    assert revoked.exit_code == 0
+    assert status_of(proc, new) == 401
+    assert "not found" in failed(cli(proc, "keys", "revoke", "ci"))
+
+
+def test_keys_refused_admin_key_and_bad_input(gw: tuple[Proc, str]) -> None:
+    proc, _ = gw
+    msg = failed(cli(proc, "keys", "list", admin_key="fg-wrong-admin"))
+    assert "401" in msg
+    assert "FAIRGATE_ADMIN_KEY" in msg
+    assert "fg-wrong-admin" not in msg
+    msg = failed(cli(proc, "keys", "create", "--id", "has space"))
+    assert "HTTP 422" in msg
+    assert "id" in msg
+
+
+def test_pools_list_and_usage(gw: tuple[Proc, str]) -> None:
+    proc, alice = gw
+    for _ in range(3):
+        chat(proc, alice)
+    pools = as_json(cli(proc, "pools", "list", "--json"))
+    assert [p["id"] for p in pools] == ["team"]
+    usage = as_json(cli(proc, "pools", "usage", "team", "--json"))
+    dim = usage["dimensions"][0]
+    assert dim["total"] == 3
+    assert dim["keys"][0]["keyId"] == "alice"
+    assert dim["keys"][0]["consumed"] == 3
+
+    table = cli(proc, "pools", "usage", "team")
+    assert "3 of 100" in table.stdout
+    assert "alice" in table.stdout
+    # --watch keeps refreshing in place (Rich Live); --count stops it for the test
+    watched = cli(proc, "pools", "usage", "team", "--watch", "--interval", "0.1", "--count", "3")
+    assert watched.exit_code == 0, watched.output
+    assert "alice" in watched.stdout
+    assert "not found" in failed(cli(proc, "pools", "usage", "nope"))
+
+
+def test_connections_list_and_test(gw: tuple[Proc, str]) -> None:
+    proc, _ = gw
+    conns = as_json(cli(proc, "connections", "list", "--json"))
+    assert {c["id"]: c["hasSecret"] for c in conns} == {"mock-1": True, "bad-1": True}
+    listed = cli(proc, "connections", "list")
+    assert UPSTREAM_SECRET not in listed.stdout
+    reading = as_json(cli(proc, "connections", "test", "mock-1", "--json"))
+    assert reading["ok"] is True
+    assert reading["status"] == 200
+    assert "mock-gpt-4o-mini" in reading["models"]  # what the mock account lists
+    # a refused secret is a reading with the provider's words, and exit 2
+    bad = cli(proc, "connections", "test", "bad-1")
+    assert bad.exit_code == 2
+    assert "401" in bad.stdout
+    assert "failed" in bad.stdout
+    assert "sk-wrong-secret" not in bad.output
+    assert "not found" in failed(cli(proc, "connections", "test", "nope"))
+
+
+def test_combos_list_and_show(gw: tuple[Proc, str]) -> None:
+    proc, alice = gw
+    assert chat(proc, alice, model="fast")
+    combos = as_json(cli(proc, "combos", "list", "--json"))
+    assert [c["name"] for c in combos] == ["fast"]
+    shown = as_json(cli(proc, "combos", "show", "fast", "--json"))
+    (target,) = shown["stats"]["targets"]
+    assert target["key"] == "mock/gpt-4o-mini@mock-1"
+    assert target["requests"] == 1
+    assert target["successRate"] == 1.0
+    assert target["p50Ms"] is not None
+    assert target["state"] == "ok"
+    table = cli(proc, "combos", "show", "fast")
+    assert "100.0 %" in table.stdout
+    assert "priority" in table.stdout
+    assert "not found" in failed(cli(proc, "combos", "show", "nope"))
+
+
+def test_health(gw: tuple[Proc, str]) -> None:
+    proc, _ = gw
+    ok = cli(proc, "health", admin_key=None)
+    assert ok.exit_code == 0, ok.output
+    assert "sqlite" in ok.stdout
+    msg = failed(cli("http://127.0.0.1:9", "health"))
+    assert "cannot reach the gateway" in msg
+
+
+def test_config_check(tmp_path: Path) -> None:
+    good = tmp_path / "good.yaml"
+    good.write_text(config_yaml("http://127.0.0.1:9", new_secret()))
+    ok = runner.invoke(app, ["config", "check", str(good)])
+    assert ok.exit_code == 0, ok.output
+    assert "2 connection(s), 1 key(s), 1 pool(s), 1 combo(s)" in ok.stdout
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(
+        good.read_text()
+        .replace("weight: 100", "weight: -5")
+        .replace("window: hourly", "window: fortnightly")
+    )
+    res = runner.invoke(app, ["config", "check", str(bad)])
+    assert res.exit_code == 2
+    assert "pools.0.allocations.0.weight" in res.stderr
+    assert "pools.0.dimensions.0.window" in res.stderr
+    problems = json.loads(runner.invoke(app, ["config", "check", str(bad), "--json"]).stdout)
+    assert {p["field"] for p in problems["problems"]} >= {
+        "pools.0.allocations.0.weight",
+        "pools.0.dimensions.0.window",
+    }
+    missing = runner.invoke(app, ["config", "check", str(tmp_path / "none.yaml")])
+    assert missing.exit_code == 2
+    assert "cannot read" in missing.stderr
+
+
+def test_installed_script_reads_the_environment(gw: tuple[Proc, str]) -> None:
+    proc, _ = gw
+    env = {**os.environ, "FAIRGATE_URL": proc.url, "FAIRGATE_ADMIN_KEY": ADMIN_KEY}
+    run = subprocess.run(
+        [sys.executable, "-m", "fairgate", "keys", "list", "--json"],
+        env=env,
+        capture_output=True,
+        timeout=60,
+        check=False,
+    )
+    assert run.returncode == 0, run.stderr
+    assert [k["id"] for k in json.loads(run.stdout)] == ["alice"]
+    env.pop("FAIRGATE_ADMIN_KEY")
+    run = subprocess.run(
+        [sys.executable, "-m", "fairgate", "keys", "list"],
+        env=env,
+        capture_output=True,
+        timeout=60,
+        check=False,
+    )
+    assert run.returncode == 2
+    assert b"401" in run.stderr
