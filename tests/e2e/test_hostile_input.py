@@ -379,9 +379,7 @@ class Observed:
             "pools": get("/api/quota/pools"),
             # lastUsedMs is activity, not stored state: an authenticated request, even a
             # malformed one, is a use of the key
-            "keys": [
-                {f: v for f, v in k.items() if f != "lastUsedMs"} for k in get("/api/keys")
-            ],
+            "keys": [{f: v for f, v in k.items() if f != "lastUsedMs"} for k in get("/api/keys")],
             "connections": get("/api/connections"),
             "combos": get("/api/combos?internal=true"),
             "plans": get("/api/quota/plans"),
