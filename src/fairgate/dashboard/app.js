@@ -2,7 +2,7 @@
  *
  * Vanilla JS, no build step, no third-party code: everything comes from this gateway's admin API
  * (/api, with the admin key the operator typed, kept in sessionStorage) and its /health.
- * Hash routes: #/pools, #/plans, #/health. The DOM is built with createElement and textContent
+ * Hash routes: #/pools, #/keys, #/combos, #/plans, #/health, #/settings. The DOM is built with createElement and textContent
  * only (never innerHTML), so a name in the data can never become markup.
  */
 (function () {
@@ -18,6 +18,9 @@
   const ID_RE = /^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$/;
   const PALETTE = 8;
   const SVG_NS = "http://www.w3.org/2000/svg";
+
+  /* Pages with a form being filled in: the periodic refresh leaves them alone. */
+  const EDITING = new Set(["plans", "settings"]);
 
   const state = {
     key: sessionStorage.getItem(KEY_STORE) || "",
@@ -216,7 +219,7 @@
     clearInterval(state.timer);
     state.timer = setInterval(() => {
       // never behind an open dialog, and never over a plan being edited
-      if (document.hidden || document.querySelector("dialog[open]") || state.route === "plans") return;
+      if (document.hidden || document.querySelector("dialog[open]") || EDITING.has(state.route)) return;
       refresh();
     }, REFRESH_MS);
     route();
@@ -225,7 +228,7 @@
   // -- routing -------------------------------------------------------------------------------
 
   function currentRoute() {
-    const m = location.hash.match(/^#\/(pools|plans|health)\b/);
+    const m = location.hash.match(/^#\/(pools|keys|combos|plans|health|settings)\b/);
     return m ? m[1] : "pools";
   }
 
@@ -238,7 +241,7 @@
     }
     const view = $("#app-view");
     view.replaceChildren();
-    const page = { pools: poolsPage, plans: plansPage, health: healthPage }[state.route];
+    const page = { pools: poolsPage, keys: keysPage, combos: combosPage, plans: plansPage, health: healthPage, settings: settingsPage }[state.route];
     document.title = `${title(state.route)} · fairgate`;
     view.append(page());
     refresh();
@@ -259,6 +262,9 @@
     try {
       if (state.route === "pools") await loadPools();
       else if (state.route === "plans") await loadPlans();
+      else if (state.route === "keys") await loadKeys();
+      else if (state.route === "combos") await loadCombos();
+      else if (state.route === "settings") await loadSettings();
       else await loadHealth();
       $("#updated").textContent = "Updated " + clock(Date.now());
     } catch (err) {
@@ -1411,6 +1417,331 @@
       return v < 60000 ? `${nf1.format(v / 1000)} s` : duration(v);
     }
     return scalar(v);
+  }
+
+  // -- keys page -------------------------------------------------------------------------------
+
+  function keysPage() {
+    return h(
+      "div",
+      { class: "page" },
+      h(
+        "div",
+        { class: "page-head" },
+        h("h1", {}, "Keys"),
+        h("div", { class: "actions" }, h("button", { type: "button", class: "button primary", id: "new-key", onclick: openCreateKey }, "New key")),
+      ),
+      h("p", { id: "page-error", class: "alert", role: "alert" }),
+      h("div", { id: "secret-reveal" }),
+      h("section", { class: "card" }, h("div", { id: "keys-list", "aria-live": "polite" }, h("p", { class: "muted" }, "Loading keys…"))),
+    );
+  }
+
+  const modelsText = (models) => (models && models.length ? models.join(", ") : "any model");
+  const modelsList = (text) => String(text || "").split(",").map((m) => m.trim()).filter(Boolean);
+  const ago = (ms) => (ms ? `${duration(Date.now() - ms)} ago` : "not since the gateway started");
+
+  async function loadKeys() {
+    const keys = await api("GET", "/keys");
+    pageError("");
+    state.data.keys = keys;
+    const list = $("#keys-list");
+    if (!list) return;
+    if (!keys.length) {
+      list.replaceChildren(h("p", { class: "muted" }, "No client keys yet: create one with New key."));
+      return;
+    }
+    const row = (k) =>
+      h(
+        "tr",
+        { "data-key": k.id },
+        h("th", { scope: "row" }, h("span", { class: "key-name" }, k.name), h("span", { class: "muted small block" }, k.id)),
+        h("td", {}, h("code", {}, k.prefix + "…")),
+        h("td", {}, h("span", { class: `badge ${k.enabled ? "ok" : "bad"}` }, k.enabled ? "enabled" : "disabled")),
+        h("td", { class: "key-models" }, modelsText(k.allowedModels)),
+        h("td", { class: "key-last-used" }, ago(k.lastUsedMs)),
+        h(
+          "td",
+          { class: "row-actions" },
+          h("button", { type: "button", class: "button small", onclick: () => openEditKey(k), "aria-label": `Edit ${k.id}` }, "Edit"),
+          h("button", { type: "button", class: "button small", onclick: () => openRotateKey(k), "aria-label": `Rotate ${k.id}` }, "Rotate"),
+          h("button", { type: "button", class: "button small danger", onclick: () => openRevokeKey(k), "aria-label": `Revoke ${k.id}` }, "Revoke"),
+        ),
+      );
+    keepFocus(() =>
+      list.replaceChildren(
+        h(
+          "div",
+          { class: "table-wrap", role: "region", tabindex: "0", "aria-label": "Client keys" },
+          h(
+            "table",
+            { id: "keys-table" },
+            h("thead", {}, h("tr", {}, ["Key", "Prefix", "Status", "Allowed models", "Last used", "Actions"].map((c) => h("th", { scope: "col" }, c)))),
+            h("tbody", {}, keys.map(row)),
+          ),
+        ),
+      ),
+    );
+  }
+
+  /* The one time a secret exists outside the client: show it with a copy button and say so. */
+  function revealSecret(created, verb) {
+    const code = h("code", { id: "new-secret", class: "secret" }, created.secret);
+    const copy = h(
+      "button",
+      {
+        type: "button",
+        class: "button small",
+        onclick: async () => {
+          try {
+            await navigator.clipboard.writeText(created.secret);
+            toast("Copied.");
+          } catch (err) {
+            toast("Copy failed: select the secret and copy it by hand.");
+          }
+        },
+      },
+      "Copy",
+    );
+    const box = h(
+      "section",
+      { class: "card reveal", role: "status", "aria-labelledby": "reveal-title" },
+      h("h2", { id: "reveal-title" }, `Key ${created.id} ${verb}`),
+      h("p", {}, "Store this secret now: it is shown once and cannot be recovered."),
+      h("div", { class: "secret-row" }, code, copy),
+      h("button", { type: "button", class: "button ghost small", id: "reveal-done", onclick: () => box.remove() }, "I have stored it"),
+    );
+    $("#secret-reveal").replaceChildren(box);
+    $("#reveal-done").focus();
+  }
+
+  function keyFields(k) {
+    const name = input({ name: "name", value: k ? k.name : "", maxlength: 128 });
+    const models = input({ name: "allowedModels", value: k ? k.allowedModels.join(", ") : "", placeholder: "gpt-4o-mini, claude-sonnet-4" });
+    return { name, models };
+  }
+
+  function openCreateKey() {
+    const id = input({ name: "id", placeholder: "generated when empty", pattern: ID_RE.source, maxlength: 64 });
+    const f = keyFields(null);
+    openDialog(
+      "New client key",
+      () => [
+        field("Name", f.name, "name", "Who or what uses it."),
+        field("Key id", id, "id", "Letters, digits, '.', '_' or '-'; empty: key-<8 hex>."),
+        field("Allowed models", f.models, "allowedModels", "Comma-separated; empty: any model."),
+      ],
+      "Create key",
+      async ({ form, formError, close }) => {
+        const body = { name: f.name.value.trim(), allowedModels: modelsList(f.models.value) };
+        if (id.value.trim()) body.id = id.value.trim();
+        if (body.id && !ID_RE.test(body.id)) {
+          showErrors(form, formError, [["id", "Use letters, digits, '.', '_' or '-' (up to 64)."]], "");
+          return;
+        }
+        try {
+          const created = await api("POST", "/keys", body);
+          close();
+          revealSecret(created, "created");
+          refresh();
+        } catch (err) {
+          showApiError(form, formError, err);
+        }
+      },
+    );
+  }
+
+  function openEditKey(k) {
+    const f = keyFields(k);
+    openDialog(
+      `Edit ${k.id}`,
+      () => [field("Name", f.name, "name"), field("Allowed models", f.models, "allowedModels", "Comma-separated; empty: any model.")],
+      "Save",
+      async ({ form, formError, close }) => {
+        try {
+          await api("PATCH", `/keys/${encodeURIComponent(k.id)}`, { name: f.name.value.trim(), allowedModels: modelsList(f.models.value) });
+          close();
+          toast(`Saved ${k.id}.`);
+          refresh();
+        } catch (err) {
+          showApiError(form, formError, err);
+        }
+      },
+    );
+  }
+
+  function openRotateKey(k) {
+    openDialog(
+      `Rotate ${k.id}?`,
+      () => h("p", {}, "A new secret replaces the current one, which stops working at once. The key keeps its id, models and pool shares."),
+      "Rotate",
+      async ({ form, formError, close }) => {
+        try {
+          const created = await api("POST", `/keys/${encodeURIComponent(k.id)}/rotate`);
+          close();
+          revealSecret(created, "rotated");
+          refresh();
+        } catch (err) {
+          showApiError(form, formError, err);
+        }
+      },
+    );
+  }
+
+  function openRevokeKey(k) {
+    openDialog(
+      `Revoke ${k.id}?`,
+      () => h("p", {}, "The key stops working at once and its allocations in every pool go with it. This cannot be undone."),
+      "Revoke",
+      async ({ form, formError, close }) => {
+        try {
+          await api("DELETE", `/keys/${encodeURIComponent(k.id)}`);
+          close();
+          toast(`Revoked ${k.id}.`);
+          refresh();
+        } catch (err) {
+          showApiError(form, formError, err);
+        }
+      },
+    );
+  }
+
+  // -- combos page -----------------------------------------------------------------------------
+
+  function combosPage() {
+    return h(
+      "div",
+      { class: "page" },
+      h("div", { class: "page-head" }, h("h1", {}, "Combos")),
+      h("p", { id: "page-error", class: "alert", role: "alert" }),
+      h("p", { class: "muted small" }, "Per target over the last 15 minutes of this gateway process: success rate, latency of the recent successful answers, and what resilience says about it now."),
+      h("div", { id: "combos-list", class: "pools", "aria-live": "polite" }, h("p", { class: "muted" }, "Loading combos…")),
+    );
+  }
+
+  const STATE_CLASS = { ok: "ok", cooldown: "warn", lockout: "warn", "breaker-half-open": "warn", "breaker-open": "bad" };
+
+  async function loadCombos() {
+    const combos = await api("GET", "/combos");
+    const stats = await Promise.all(combos.map((c) => api("GET", `/combos/${encodeURI(c.name)}/stats`).catch(() => null)));
+    pageError("");
+    const list = $("#combos-list");
+    if (!list) return;
+    if (!combos.length) {
+      list.replaceChildren(h("p", { class: "muted" }, "No combos: define them in the config file's combos section or with POST /api/combos."));
+      return;
+    }
+    const ms = (v) => (v === null || v === undefined ? "–" : `${nf1.format(v)} ms`);
+    const cards = combos.map((c, i) => {
+      const st = stats[i] || { targets: [], fallbacks: {}, windowMinutes: 15 };
+      const rows = st.targets.map((t) =>
+        h(
+          "tr",
+          { "data-target": t.key },
+          h("th", { scope: "row" }, t.key),
+          h("td", {}, nf2.format(t.weight)),
+          h("td", { class: "t-requests" }, String(t.requests)),
+          h("td", { class: "t-success" }, t.successRate === null ? "–" : pct(t.successRate)),
+          h("td", { class: "t-p50" }, ms(t.p50Ms)),
+          h("td", { class: "t-p95" }, ms(t.p95Ms)),
+          h("td", { class: "t-state" }, h("span", { class: `badge ${STATE_CLASS[t.state] || "unknown"}` }, t.state), t.blockedUntilMs ? h("span", { class: "muted small block" }, `until ${clock(t.blockedUntilMs)}`) : null),
+        ),
+      );
+      const fallbacks = Object.entries(st.fallbacks || {}).sort((a, b) => b[1] - a[1]);
+      return h(
+        "article",
+        { class: "card combo", "data-combo": c.name, "aria-labelledby": `combo-${i}` },
+        h("div", { class: "pool-head" }, h("h2", { id: `combo-${i}` }, c.name), h("span", { class: "badge unknown strategy" }, c.strategy)),
+        h(
+          "div",
+          { class: "table-wrap", role: "region", tabindex: "0", "aria-label": `Targets of ${c.name}` },
+          h(
+            "table",
+            {},
+            h("thead", {}, h("tr", {}, ["Target", "Weight", "Requests", "Success", "p50", "p95", "State"].map((x) => h("th", { scope: "col" }, x)))),
+            h("tbody", {}, rows.length ? rows : h("tr", {}, h("td", { colspan: 7, class: "muted" }, "No connection serves these targets."))),
+          ),
+        ),
+        h("h3", { class: "section" }, `Fallbacks (last ${st.windowMinutes} minutes)`),
+        fallbacks.length
+          ? h("ul", { class: "fallbacks" }, fallbacks.map(([reason, n]) => h("li", {}, h("strong", {}, String(n)), ` × ${reason}`)))
+          : h("p", { class: "muted small fallbacks-none" }, "None."),
+      );
+    });
+    keepFocus(() => list.replaceChildren(...cards));
+  }
+
+  // -- settings page ---------------------------------------------------------------------------
+
+  function settingsPage() {
+    return h(
+      "div",
+      { class: "page" },
+      h("div", { class: "page-head" }, h("h1", {}, "Settings")),
+      h("p", { id: "page-error", class: "alert", role: "alert" }),
+      h("section", { class: "card", "aria-labelledby": "qs-title" }, h("h2", { id: "qs-title" }, "Quota store"), h("div", { id: "quota-store" }, h("p", { class: "muted" }, "Loading…"))),
+    );
+  }
+
+  function storeFacts(qs) {
+    return h(
+      "dl",
+      { class: "kv", id: "store-facts" },
+      h("dt", {}, "Active driver"),
+      h("dd", {}, h("span", { id: "active-driver", class: `badge ${qs.activeDriver === qs.requestedDriver ? "ok" : "warn"}` }, qs.activeDriver)),
+      h("dt", {}, "Requested"),
+      h("dd", { id: "requested-driver" }, `${qs.requestedDriver} (from ${qs.driverSource})`),
+      h("dt", {}, "Redis URL"),
+      h("dd", { id: "redis-url-state" }, qs.redisUrlConfigured ? `configured (${qs.redisUrlSource}); never shown` : "not configured"),
+      h("dt", {}, "Fallback"),
+      h("dd", { id: "fallback-reason" }, qs.fallbackReason || "none"),
+    );
+  }
+
+  async function loadSettings() {
+    const settings = await api("GET", "/settings");
+    pageError("");
+    const box = $("#quota-store");
+    if (!box) return;
+    const qs = settings.quotaStore;
+    const driver = select([["sqlite", "SQLite (one host)"], ["redis", "Redis (shared by replicas)"]], qs.requestedDriver, { name: "driver" });
+    const url = input({ type: "password", name: "redisUrl", placeholder: qs.redisUrlConfigured ? "•••••• (kept when empty)" : "redis://host:6379/0", autocomplete: "off", spellcheck: "false" });
+    const clearUrl = h("input", { type: "checkbox", name: "clearUrl", id: nextId("clear-url") });
+    const formError = h("p", { class: "alert", role: "alert" });
+    const save = h("button", { type: "submit", class: "button primary", id: "store-save" }, "Apply");
+    const facts = storeFacts(qs);
+    const form = h(
+      "form",
+      { novalidate: true, id: "store-form" },
+      field("Driver", driver, "quotaStore.driver", "Redis lets several gateway replicas share one set of counters; an unreachable Redis falls back to SQLite and says why."),
+      field("Redis URL", url, "quotaStore.redisUrl", "Write-only: it may hold a password, so it is never shown again."),
+      h("label", { class: "check", for: clearUrl.id }, clearUrl, "Forget the stored Redis URL (the environment's applies)"),
+      formError,
+      h("div", { class: "form-actions" }, save),
+    );
+    form.addEventListener("input", (ev) => clearFieldError(ev.target));
+    form.addEventListener("submit", async (ev) => {
+      ev.preventDefault();
+      clearErrors(form);
+      formError.textContent = "";
+      const body = { driver: driver.value };
+      if (clearUrl.checked) body.redisUrl = null;
+      else if (url.value.trim()) body.redisUrl = url.value.trim();
+      save.disabled = true;
+      try {
+        const out = await api("PUT", "/settings", { quotaStore: body });
+        url.value = "";
+        clearUrl.checked = false;
+        $("#store-facts").replaceWith(storeFacts(out.quotaStore));
+        const q = out.quotaStore;
+        toast(q.fallbackReason ? `Applied: running on ${q.activeDriver} (${q.fallbackReason}).` : `Applied: running on ${q.activeDriver}.`);
+      } catch (err) {
+        showApiError(form, formError, err);
+      } finally {
+        save.disabled = false;
+      }
+    });
+    keepFocus(() => box.replaceChildren(facts, form));
   }
 
   // -- boot ------------------------------------------------------------------------------------
