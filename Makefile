@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 
-.PHONY: demo test lint typecheck bench clean
+.PHONY: demo test lint typecheck bench docs clean
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -24,6 +24,7 @@ demo: $(VENV)/.installed
 test: $(VENV)/.installed-dev
 	$(VENV)/bin/ruff check src tests benchmarks
 	$(VENV)/bin/mypy
+	$(MAKE) docs
 	bash scripts/ensure_chromium.sh
 	PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 PATH="$(abspath $(VENV))/bin:$$PATH" bash scripts/with_redis.sh $(PY) -m pytest $(PYTEST_ARGS)
 
@@ -34,5 +35,9 @@ lint: $(VENV)/.installed-dev
 bench: $(VENV)/.installed-dev
 	bash scripts/with_redis.sh $(PY) benchmarks/admission.py
 
+# the docs site, built offline into site/ (--strict: a broken link or a missing page fails)
+docs: $(VENV)/.installed-dev
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
+
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache site

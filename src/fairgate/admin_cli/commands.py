@@ -37,7 +37,7 @@ AdminKey = Annotated[
     typer.Option(
         "--admin-key",
         envvar="FAIRGATE_ADMIN_KEY",
-        help="The admin key (FAIRGATE_ADMIN_KEY).",
+        help="The admin key.",
         show_default=False,
     ),
 ]
@@ -243,7 +243,7 @@ config_app = typer.Typer(no_args_is_help=True, help="The YAML config file.")
 @config_app.command("check")
 def config_check(
     file: Annotated[Path, typer.Argument(help="The YAML config file.")],
-    as_json: AsJson = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
 ) -> None:
     """Validate a config file without starting anything: every problem with its field path
     (``pools.0.allocations.1.weight: …``); exit 2 when there is any."""

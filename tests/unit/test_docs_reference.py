@@ -1,0 +1,85 @@
+"""The docs site's reference pages are generated from the code (``scripts/mkdocs_hooks.py``):
+every config field, every admin route and every CLI command must appear, so a new setting can
+never be missing from the docs. (``make docs`` builds the whole site with ``--strict``.)"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+from pydantic import BaseModel
+
+from fairgate.config import Config
+
+HOOKS = Path(__file__).resolve().parents[2] / "scripts" / "mkdocs_hooks.py"
+
+
+def _hooks() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("mkdocs_hooks", HOOKS)
+    assert spec is not None
+    assert spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("mkdocs_hooks", mod)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _models(model: type[BaseModel], seen: set[type[BaseModel]]) -> set[type[BaseModel]]:
+    hooks = _hooks()
+    if model in seen:
+        return seen
+    seen.add(model)
+    for info in model.model_fields.values():
+        for sub in hooks._submodels(info.annotation):
+            _models(sub, seen)
+    return seen
+
+
+def test_every_config_field_is_in_the_configuration_reference() -> None:
+    text = _hooks().config_reference()
+    for model in _models(Config, set()):
+        assert f"*{model.__name__}*" in text
+        for name, info in model.model_fields.items():
+            assert f"| `{info.alias or name}` |" in text, f"{model.__name__}.{name}"
+
+
+def test_every_admin_route_is_in_the_api_reference() -> None:
+    text = _hooks().admin_api_reference()
+    for line in (
+        "### `POST /api/keys/{key_id}/rotate`",
+        "### `POST /api/connections/{connection_id}/test`",
+        "### `GET /api/combos/{name}/stats`",
+        "### `PUT /api/settings`",
+        "### `GET /api/quota/pools/{pool_id}/usage`",
+    ):
+        assert line in text
+    assert "| `lastUsedMs` |" in text
+
+
+def test_every_command_is_in_the_cli_reference() -> None:
+    text = _hooks().cli_reference()
+    for cmd in (
+        "serve",
+        "demo",
+        "keys create",
+        "keys rotate",
+        "keys revoke",
+        "keys list",
+        "pools usage",
+        "connections test",
+        "combos show",
+        "config check",
+        "health",
+    ):
+        assert f"### `fairgate {cmd}`" in text
+    assert "(env `FAIRGATE_ADMIN_KEY`)" in text
+
+
+def test_the_markers_are_replaced() -> None:
+    hooks = _hooks()
+    page = "# x\n\n<!-- fairgate:cli-reference -->\n"
+    out = hooks.on_page_markdown(page, page=None, config=None, files=None)
+    assert "<!--" not in out
+    assert "fairgate keys rotate" in out
