@@ -57,6 +57,8 @@ def config_yaml(mock_url: str, alice: str) -> str:
         "connections:\n"
         f"  - {{id: mock-1, provider: mock, base_url: '{mock_url}/v1', secret: '{UPSTREAM_SECRET}',"
         " models: [gpt-4o-mini]}\n"
+        f"  - {{id: free-1, provider: free, base_url: '{mock_url}/v1', secret: '{UPSTREAM_SECRET}',"
+        " models: [free-model]}\n"
         f"  - {{id: bad-1, provider: other, base_url: '{mock_url}/v1', secret: 'sk-wrong-secret',"
         " models: [gpt-4o-mini]}\n"
         f"keys:\n  - {{id: alice, name: Alice, secret: '{alice}'}}\n"
@@ -88,22 +90,24 @@ def status_of(gw: Proc, secret: str) -> int:
     r = httpx.post(
         gw.url + "/v1/chat/completions",
         headers={"authorization": f"Bearer {secret}"},
-        json={"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}]},
+        json={"model": "free-model", "messages": [{"role": "user", "content": "hi"}]},
     )
     return r.status_code
 
 
 def test_keys_create_list_rotate_revoke(gw: tuple[Proc, str]) -> None:
     proc, _ = gw
-    created = as_json(cli(proc, "keys", "create", "--name", "CI bot", "--id", "ci", "--json"))
+    args = ("--name", "CI bot", "--id", "ci", "--provider", "free", "--json")
+    created = as_json(cli(proc, "keys", "create", *args))
     secret = created["secret"]
     assert created["id"] == "ci"
-    assert chat(proc, secret)
+    # (a key without an allocation may use the unpooled connections of the providers it lists)
+    assert chat(proc, secret, model="free-model")
 
     table = cli(proc, "keys", "list")
     assert table.exit_code == 0
     assert "CI bot" in table.stdout
-    assert secret not in table.stdout  # only the prefix is ever listed
+    assert secret not in table.stdout  # a secret is shown once, at creation
     listed = {k["id"]: k for k in as_json(cli(proc, "keys", "list", "--json"))}
     assert listed["ci"]["lastUsedMs"] is not None
     assert listed["alice"]["lastUsedMs"] is None
@@ -114,7 +118,7 @@ def test_keys_create_list_rotate_revoke(gw: tuple[Proc, str]) -> None:
     new = next(w for w in rotated.stdout.split() if w.startswith("fg-"))
     assert new != secret
     assert status_of(proc, secret) == 401
-    assert chat(proc, new)
+    assert chat(proc, new, model="free-model")
 
     revoked = cli(proc, "keys", "revoke", "ci")
     assert revoked.exit_code == 0
@@ -158,7 +162,11 @@ def test_pools_list_and_usage(gw: tuple[Proc, str]) -> None:
 def test_connections_list_and_test(gw: tuple[Proc, str]) -> None:
     proc, _ = gw
     conns = as_json(cli(proc, "connections", "list", "--json"))
-    assert {c["id"]: c["hasSecret"] for c in conns} == {"mock-1": True, "bad-1": True}
+    assert {c["id"]: c["hasSecret"] for c in conns} == {
+        "mock-1": True,
+        "free-1": True,
+        "bad-1": True,
+    }
     listed = cli(proc, "connections", "list")
     assert UPSTREAM_SECRET not in listed.stdout
     reading = as_json(cli(proc, "connections", "test", "mock-1", "--json"))
@@ -206,7 +214,7 @@ def test_config_check(tmp_path: Path) -> None:
     good.write_text(config_yaml("http://127.0.0.1:9", new_secret()))
     ok = runner.invoke(app, ["config", "check", str(good)])
     assert ok.exit_code == 0, ok.output
-    assert "2 connection(s), 1 key(s), 1 pool(s), 1 combo(s)" in ok.stdout
+    assert "3 connection(s), 1 key(s), 1 pool(s), 1 combo(s)" in ok.stdout
     bad = tmp_path / "bad.yaml"
     bad.write_text(
         good.read_text()

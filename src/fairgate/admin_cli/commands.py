@@ -71,7 +71,7 @@ keys_app = typer.Typer(no_args_is_help=True, help="Client keys: create, list, re
 
 @keys_app.command("list")
 def keys_list(url: Url = DEFAULT_URL, admin_key: AdminKey = None, as_json: AsJson = False) -> None:
-    """Every client key: prefix, allowed models, when this gateway last accepted it."""
+    """Every client key: what it may use, when this gateway last accepted it (never a secret)."""
     _show(_call(url, admin_key, lambda c: c.get("/api/keys")), as_json, render.keys_table)
 
 
@@ -85,12 +85,31 @@ def keys_create(
         list[str] | None,
         typer.Option("--model", help="An allowed model (repeat; none = any model)."),
     ] = None,
+    provider: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--provider",
+            help="A provider whose connections outside every pool the key may use (repeat).",
+        ),
+    ] = None,
+    connection: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--connection", help="A connection outside every pool the key may use (repeat)."
+        ),
+    ] = None,
     url: Url = DEFAULT_URL,
     admin_key: AdminKey = None,
     as_json: AsJson = False,
 ) -> None:
-    """Create a key; its secret is printed this once."""
-    body: dict[str, Any] = {"name": name, "allowedModels": model or []}
+    """Create a key; its secret is printed this once. Pooled connections need an allocation
+    in their pool (dashboard or admin API); --provider / --connection open unpooled ones."""
+    body: dict[str, Any] = {
+        "name": name,
+        "allowedModels": model or [],
+        "allowedProviders": provider or [],
+        "allowedConnections": connection or [],
+    }
     if key_id:
         body["id"] = key_id
     created = _call(url, admin_key, lambda c: c.post("/api/keys", body))

@@ -42,15 +42,16 @@ def _models(models: Sequence[str]) -> str:
 
 def keys_table(keys: Sequence[JSON]) -> Table:
     t = Table(title=f"Client keys ({len(keys)})")
-    for col in ("id", "name", "prefix", "enabled", "allowed models", "last used"):
+    for col in ("id", "name", "enabled", "allowed models", "allowed upstreams", "last used"):
         t.add_column(col)
     for k in keys:
+        upstreams = [*k.get("allowedProviders", []), *k.get("allowedConnections", [])]
         t.add_row(
             k["id"],
             k["name"],
-            k["prefix"] + "…",
             "yes" if k["enabled"] else "[red]no[/]",
             _models(k["allowedModels"]),
+            ", ".join(upstreams) if upstreams else "any",
             when(k.get("lastUsedMs")),
         )
     return t

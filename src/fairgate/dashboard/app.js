@@ -1456,9 +1456,9 @@
         "tr",
         { "data-key": k.id },
         h("th", { scope: "row" }, h("span", { class: "key-name" }, k.name), h("span", { class: "muted small block" }, k.id)),
-        h("td", {}, h("code", {}, k.prefix + "…")),
         h("td", {}, h("span", { class: `badge ${k.enabled ? "ok" : "bad"}` }, k.enabled ? "enabled" : "disabled")),
         h("td", { class: "key-models" }, modelsText(k.allowedModels)),
+        h("td", { class: "key-upstreams" }, [...(k.allowedProviders || []), ...(k.allowedConnections || [])].join(", ") || "pools only"),
         h("td", { class: "key-last-used" }, ago(k.lastUsedMs)),
         h(
           "td",
@@ -1476,7 +1476,7 @@
           h(
             "table",
             { id: "keys-table" },
-            h("thead", {}, h("tr", {}, ["Key", "Prefix", "Status", "Allowed models", "Last used", "Actions"].map((c) => h("th", { scope: "col" }, c)))),
+            h("thead", {}, h("tr", {}, ["Key", "Status", "Allowed models", "Unpooled upstreams", "Last used", "Actions"].map((c) => h("th", { scope: "col" }, c)))),
             h("tbody", {}, keys.map(row)),
           ),
         ),
@@ -1518,7 +1518,29 @@
   function keyFields(k) {
     const name = input({ name: "name", value: k ? k.name : "", maxlength: 128 });
     const models = input({ name: "allowedModels", value: k ? k.allowedModels.join(", ") : "", placeholder: "gpt-4o-mini, claude-sonnet-4" });
-    return { name, models };
+    const providers = input({ name: "allowedProviders", value: k ? (k.allowedProviders || []).join(", ") : "", placeholder: "openai, anthropic" });
+    const connections = input({ name: "allowedConnections", value: k ? (k.allowedConnections || []).join(", ") : "", placeholder: "openai-1" });
+    return { name, models, providers, connections };
+  }
+
+  /* The fields every key dialog shares, and the body they make. */
+  function keyFieldList(f) {
+    const pooled = "Pooled connections need an allocation in their pool instead.";
+    return [
+      field("Name", f.name, "name", "Who or what uses it."),
+      field("Allowed models", f.models, "allowedModels", "Comma-separated; empty: any model."),
+      field("Allowed providers", f.providers, "allowedProviders", `Comma-separated: their connections outside every pool. ${pooled}`),
+      field("Allowed connections", f.connections, "allowedConnections", `Comma-separated connection ids outside every pool. ${pooled}`),
+    ];
+  }
+
+  function keyBody(f) {
+    return {
+      name: f.name.value.trim(),
+      allowedModels: modelsList(f.models.value),
+      allowedProviders: modelsList(f.providers.value),
+      allowedConnections: modelsList(f.connections.value),
+    };
   }
 
   function openCreateKey() {
@@ -1526,14 +1548,10 @@
     const f = keyFields(null);
     openDialog(
       "New client key",
-      () => [
-        field("Name", f.name, "name", "Who or what uses it."),
-        field("Key id", id, "id", "Letters, digits, '.', '_' or '-'; empty: key-<8 hex>."),
-        field("Allowed models", f.models, "allowedModels", "Comma-separated; empty: any model."),
-      ],
+      () => [field("Key id", id, "id", "Letters, digits, '.', '_' or '-'; empty: key-<8 hex>."), ...keyFieldList(f)],
       "Create key",
       async ({ form, formError, close }) => {
-        const body = { name: f.name.value.trim(), allowedModels: modelsList(f.models.value) };
+        const body = keyBody(f);
         if (id.value.trim()) body.id = id.value.trim();
         if (body.id && !ID_RE.test(body.id)) {
           showErrors(form, formError, [["id", "Use letters, digits, '.', '_' or '-' (up to 64)."]], "");
@@ -1555,11 +1573,11 @@
     const f = keyFields(k);
     openDialog(
       `Edit ${k.id}`,
-      () => [field("Name", f.name, "name"), field("Allowed models", f.models, "allowedModels", "Comma-separated; empty: any model.")],
+      () => keyFieldList(f),
       "Save",
       async ({ form, formError, close }) => {
         try {
-          await api("PATCH", `/keys/${encodeURIComponent(k.id)}`, { name: f.name.value.trim(), allowedModels: modelsList(f.models.value) });
+          await api("PATCH", `/keys/${encodeURIComponent(k.id)}`, keyBody(f));
           close();
           toast(`Saved ${k.id}.`);
           refresh();
