@@ -16,6 +16,7 @@ import pytest
 from browser_support import assert_not_blank, browser
 from e2e_support import UPSTREAM_SECRET, Proc, launch_gateway, mock_upstream, new_secret
 from test_dashboard import admin, expect, shot, sign_in
+from test_observability import scrape, val
 
 __all__ = ["browser", "mock_upstream"]
 
@@ -192,6 +193,18 @@ def test_combos_page_shows_per_target_figures(
     assert a["state"] == "cooldown"
     assert b["requests"] >= 1
     assert b["successRate"] == 1.0
+    assert stats["fallbacks"] == {"rate_limit": 1}  # mock-a's 429 sent one request on to mock-b
+
+    # the same facts as Prometheus series (parsed with prometheus_client's parser)
+    m = scrape(gateway)
+    assert val(m, "fairgate_combo_fallbacks_total", combo="fast", reason="rate_limit") == 1
+    assert val(m, "fairgate_combo_requests_total", combo="fast", outcome="ok") == 3
+    failed = {"provider": "mock", "connection": "mock-a", "outcome": "rate_limit"}
+    assert val(m, "fairgate_target_attempts_total", model="gpt-4o-mini", **failed) == 1
+    assert val(m, "fairgate_target_attempts_total", connection="mock-b", outcome="ok") >= 3
+    assert (
+        val(m, "fairgate_target_latency_seconds_count", provider="mock", connection="mock-b") >= 3
+    )
 
     pg = open_page(1280)
     go(pg, gateway, "combos")
@@ -208,6 +221,7 @@ def test_combos_page_shows_per_target_figures(
     assert a["successRate"] < 1  # (earlier tests' plain requests may have used mock-a too)
     expected = f"{a['successRate'] * 100:.1f}".removesuffix(".0") + " %"
     expect(row_a.locator(".t-success")).to_have_text(expected)
+    expect(card.locator(".fallbacks li")).to_have_text(["1 × rate_limit"])
     shot(pg, "dashboard-combos")
 
 

@@ -119,7 +119,7 @@ async def combo_stats(gw: Gateway, name: str) -> ComboStatsOut:
         window_minutes=metrics.window_minutes if metrics is not None else 15,
         at_ms=now,
         targets=rows,
-        fallbacks={},
+        fallbacks={} if gw.fallback_counts is None else gw.fallback_counts.counts(combo.name, now),
     )
 
 

@@ -89,6 +89,7 @@ def create_app(
         )
         gw.signals_source = services.signals.for_pool
         gw.target_metrics = services.target_metrics
+        gw.fallback_counts = services.fallbacks
         app.state.services = services
         # everything allocated so far lives for the whole run: keep the cyclic GC from walking
         # it again and again, and let the young generation grow before a collection (fewer

@@ -236,6 +236,32 @@ class Metrics:
             buckets=OVERHEAD_BUCKETS,
             registry=self.registry,
         )
+        self.combo_requests = Counter(
+            "fairgate_combo_requests",
+            "Requests for a combo by outcome (ok, or the HTTP status of the failure)",
+            ["combo", "outcome"],
+            registry=self.registry,
+        )
+        self.combo_fallbacks = Counter(
+            "fairgate_combo_fallbacks",
+            "Fallbacks of a combo to its next target, by the failure class of the previous one",
+            ["combo", "reason"],
+            registry=self.registry,
+        )
+        self.attempts = Counter(
+            "fairgate_target_attempts",
+            "Upstream attempts per target (provider, connection, model) by outcome (ok or the "
+            "failure class)",
+            ["provider", "connection", "model", "outcome"],
+            registry=self.registry,
+        )
+        self.attempt_latency = Histogram(
+            "fairgate_target_latency_seconds",
+            "Latency of successful upstream attempts per provider and connection",
+            ["provider", "connection"],
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
         self.snapshot = _Snapshot()
         self.health_source: HealthSource | None = None
         self._models_of: Registry | None = None
@@ -279,12 +305,16 @@ class Metrics:
         upstream time is what remains of the elapsed time, so the proxy needs no extra clock.
         """
         headers = resp.headers
+        model = self.model_label(reg, body.get("model") if body is not None else None)
         self.requests.labels(
             key.id if key is not None else NONE,
-            self.model_label(reg, body.get("model") if body is not None else None),
+            model,
             headers.get("x-fairgate-connection") or NONE,
             str(resp.status_code),
         ).inc()
+        if model not in (NONE, OTHER) and reg.combo(model) is not None:
+            outcome = "ok" if resp.status_code < 400 else str(resp.status_code)
+            self.combo_requests.labels(model, outcome).inc()
         raw = headers.get("x-fairgate-overhead-ms")
         if raw is None:
             return
@@ -294,6 +324,24 @@ class Metrics:
             return
         self.overhead.observe(overhead)
         self.upstream_latency.observe(max(0.0, time.perf_counter() - t0 - overhead))
+
+    def observe_attempt(
+        self,
+        reg: Registry,
+        provider: str,
+        connection: str,
+        model: str,
+        outcome: str,
+        latency_ms: float,
+    ) -> None:
+        """One upstream attempt; provider and connection come from configuration, the model is
+        bounded by :meth:`model_label`, the outcome by the failure classifier's classes."""
+        self.attempts.labels(provider, connection, self.model_label(reg, model), outcome).inc()
+        if outcome == "ok":
+            self.attempt_latency.labels(provider, connection).observe(max(0.0, latency_ms) / 1000)
+
+    def observe_fallback(self, reg: Registry, combo: str, reason: str) -> None:
+        self.combo_fallbacks.labels(self.model_label(reg, combo), reason).inc()
 
     def observe_admission(self, adm: Admission) -> None:
         self.admissions.labels(adm.outcome.value, adm.reason.value if adm.reason else NONE).inc()

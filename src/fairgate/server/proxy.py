@@ -55,6 +55,7 @@ from fairgate.routing import (
     Target,
     TargetMetrics,
 )
+from fairgate.routing.fallbacks import FallbackCounts
 from fairgate.server import relay
 from fairgate.server.bodies import (
     CHAT_FIELDS,
@@ -119,6 +120,7 @@ class Services:
     metrics: Metrics = field(default_factory=Metrics)
     limits: HttpSettings = field(default_factory=HttpSettings)
     rate: KeyRateGuard = field(init=False)
+    fallbacks: FallbackCounts = field(default_factory=FallbackCounts)
 
     def __post_init__(self) -> None:
         self.rate = KeyRateGuard(self.limits.key_rate_per_s, self.limits.key_rate_burst)
@@ -134,6 +136,26 @@ class Services:
                 code="key_rate_limited",
                 headers={"retry-after": str(max(1, math.ceil(wait_ms / 1000)))},
             )
+
+    def record_attempt(
+        self, cand: Candidate, failure: str | None, latency_ms: float, tokens: int = 0
+    ) -> None:
+        """One finished upstream attempt (``failure``: None for a success, else its class), for
+        the routing metrics the strategies read and the per-target Prometheus series."""
+        ok = failure is None
+        self.target_metrics.record(cand.target.key, latency_ms, ok, self.gw.clock.now_ms(), tokens)
+        conn = cand.conn
+        outcome = "ok" if ok else (failure if failure and failure != "ok" else "error")
+        self.metrics.observe_attempt(
+            self.gw.registry, conn.provider, conn.id, cand.model, outcome, latency_ms
+        )
+
+    def record_fallback(self, combo: str | None, reason: str | None) -> None:
+        """A combo moved on to another target because the previous one failed (``reason``)."""
+        if combo is not None:
+            why = reason or "error"
+            self.fallbacks.record(combo, why, self.gw.clock.now_ms())
+            self.metrics.observe_fallback(self.gw.registry, combo, why)
 
     def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         """Run bookkeeping off the response path; shutdown waits for what is still running."""
@@ -425,6 +447,8 @@ async def _execute(
 
     async def run(cand: Candidate, pool: Pool | None, adm: Admission) -> Response | ApiError:
         nonlocal attempts
+        if last_error is not None:  # the previous target failed: this is a fallback
+            svc.record_fallback(opts.combo, last_error.failure)
         result: Response | ApiError = ApiError(502, "no attempt made")
         for n in range(1 + max(0, opts.max_retries)):
             if n > 0:
@@ -728,7 +752,7 @@ async def _attempt_on(
             await _release(svc, ticket)
         cls = await _report_failure(call, conn, upstream_model, status, body, headers, exc)
         latency = _ms_since(t_send)
-        svc.target_metrics.record(cand.target.key, latency, False, svc.gw.clock.now_ms(), 0)
+        svc.record_attempt(cand, "connect_error" if kind == "connect_error" else cls, latency)
         diag.attempt(
             label,
             kind if kind != "upstream" else cls,
@@ -859,7 +883,7 @@ async def _report_success(
             request_id=REQUEST_ID.get(),
         )
     tokens = 0 if usage is None else usage.prompt_tokens + usage.completion_tokens
-    svc.target_metrics.record(cand.target.key, latency_ms, True, svc.gw.clock.now_ms(), tokens)
+    svc.record_attempt(cand, None, latency_ms, tokens)
 
 
 def _quality_problem(route: Route, obj: dict[str, Any] | None) -> str | None:

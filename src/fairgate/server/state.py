@@ -33,6 +33,7 @@ from fairgate.registry import Registry
 from fairgate.resilience.factory import build_manager
 from fairgate.resilience.manager import RateLimitManager
 from fairgate.resilience.settings import ResilienceSettings
+from fairgate.routing.fallbacks import FallbackCounts
 from fairgate.routing.metrics import TargetMetrics
 from fairgate.store.factory import StoreChoice, create_store, redis_url
 
@@ -115,6 +116,8 @@ class Gateway:
         #: the proxy's per-target metrics (set by the app at startup), read by the admin API's
         #: combo statistics; None before the app has started
         self.target_metrics: TargetMetrics | None = None
+        #: the proxy's windowed fallback counts per combo and reason (set likewise)
+        self.fallback_counts: FallbackCounts | None = None
         #: cooldowns, lockouts, breakers (built at start; shared through Redis when the quota
         #: store is Redis, persisted in the metadata DB so a restart keeps them)
         self.resilience: RateLimitManager | None = None
