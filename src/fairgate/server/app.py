@@ -21,7 +21,7 @@ from starlette.routing import Mount, Route
 
 from fairgate.providers.pricing import PriceTable
 from fairgate.providers.upstream import UpstreamClient
-from fairgate.server import proxy
+from fairgate.server import proxy, tracing
 from fairgate.server.admin import create_admin_app
 from fairgate.server.admin_common import error_response as admin_error_response
 from fairgate.server.dashboard import dashboard_mount
@@ -72,6 +72,8 @@ def create_app(
         for hook in on_startup or ():
             await hook()
         await gw.start()
+        # OpenTelemetry, only with OTEL_EXPORTER_OTLP_ENDPOINT (and the otel extra)
+        tracing_on = tracing.configure_from_env(gw.env)
         # the exact secrets the gateway holds are masked in every log line, whatever logs them
         REDACTOR.set_source(
             lambda: [gw.admin_key or "", *(c.secret for c in gw.registry.connections.values())]
@@ -106,6 +108,8 @@ def create_app(
             services.inflight.clear()
             await services.upstream.close()
             await gw.stop()
+            if tracing_on:
+                tracing.shutdown()
             for hook in on_shutdown or ():
                 await hook()
 

@@ -56,7 +56,7 @@ from fairgate.routing import (
     TargetMetrics,
 )
 from fairgate.routing.fallbacks import FallbackCounts
-from fairgate.server import relay
+from fairgate.server import relay, tracing
 from fairgate.server.bodies import (
     CHAT_FIELDS,
     MAX_MODEL_LEN,
@@ -271,6 +271,7 @@ async def models(request: Request) -> Response:
     return Response(orjson.dumps({"object": "list", "data": data}), media_type="application/json")
 
 
+@tracing.traced("fairgate.request", tracing.request_attrs, tracing.response_attrs, request=True)
 async def _handle(request: Request, route: Route) -> Response:
     svc = _services(request)
     t0 = time.perf_counter()
@@ -566,6 +567,12 @@ def _no_answer(
     )
 
 
+@tracing.traced(
+    "fairgate.admission",
+    tracing.admission_attrs,
+    tracing.admission_result,
+    call_of=tracing.call_of_admission,
+)
 async def _admit(call: Call, conn: Connection, pool: Pool | None, upstream_model: str) -> Admission:
     if pool is None:
         return ALLOW_UNGOVERNED
@@ -675,6 +682,7 @@ def _upstream_body(call: Call, conn: Connection, upstream_model: str) -> tuple[b
     return orjson.dumps(payload), wants_usage
 
 
+@tracing.traced("fairgate.attempt", tracing.attempt_attrs, tracing.attempt_result)
 async def _attempt(
     call: Call,
     cand: Candidate,
@@ -1057,6 +1065,7 @@ async def _release(svc: Services, ticket: Ticket | None) -> None:
         await svc.gw.engine.release(ticket)
 
 
+@tracing.traced("fairgate.settle", tracing.settle_attrs, call_of=tracing.call_of_settle)
 async def _settle(
     svc: Services,
     ticket: Ticket | None,
