@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 from e2e_support import TEST_CLOCK, ClockPlan, mock_upstream, start_gateway
-from outage_support import throwaway_redis
+from outage_support import cpu_burners, throwaway_redis
 
-__all__ = ["e2e_test_clock", "mock_upstream", "start_gateway", "throwaway_redis"]
+__all__ = ["cpu_burners", "e2e_test_clock", "mock_upstream", "start_gateway", "throwaway_redis"]
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -14,6 +14,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
@@ -213,3 +214,17 @@ def percentile(values: list[float], q: float) -> float:
         return 0.0
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+@pytest.fixture
+def cpu_burners() -> Iterator[int]:
+    """Keep every core of the host busy: one busy-looping process per core (at least two), for
+    the duration of the test. What a production host looks like when limits matter most."""
+    n = max(2, os.cpu_count() or 2)
+    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
+    try:
+        yield n
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait(5)

@@ -435,6 +435,7 @@ def test_health_json_shape() -> None:
         "down": False,
         "downSinceMs": None,
         "outages": 0,
+        "slowTimeouts": 0,
         "lastOutageMs": None,
         "failOpen": 0,
         "storeErrors": 0,

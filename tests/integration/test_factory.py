@@ -22,6 +22,15 @@ def test_precedence() -> None:
     assert requested_driver({"QUOTA_STORE_DRIVER": "bogus"}, {}) == "sqlite"
 
 
+def test_an_unknown_driver_is_logged_by_name(caplog: pytest.LogCaptureFixture) -> None:
+    assert requested_driver({"QUOTA_STORE_DRIVER": " Reddis "}, {}) == "sqlite"
+    assert "QUOTA_STORE_DRIVER='Reddis' is not a quota store driver" in caplog.text
+    caplog.clear()
+    assert requested_driver({"QUOTA_STORE_DRIVER": "REDIS"}, {}) == "redis"
+    assert requested_driver({}, {}) == "sqlite"
+    assert caplog.text == ""
+
+
 async def test_default_is_sqlite(tmp_path: Path) -> None:
     store, choice = await create_store(tmp_path / "q.sqlite", env={})
     assert (store.name, choice.driver, choice.fallback_reason) == ("sqlite", "sqlite", None)

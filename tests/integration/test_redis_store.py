@@ -28,6 +28,7 @@ from fairgate.store.base import (
     DEFAULT_LEASE_MS,
     AdmitRequest,
     CounterRef,
+    ReservationExists,
     UsageItem,
 )
 from fairgate.store.redis import RedisQuotaStore
@@ -311,9 +312,16 @@ async def test_duplicate_reservation_id_is_rejected_without_double_reserving(
     with pytest.raises(ValueError, match="dup"):
         await store.admit(request(rid="dup"))
     assert await store.peek("p1", "k1", [CounterRef(REQ, HOUR)], T0) == {REQ: Count(0.0, 1.0)}
-    # A blocked admission reserves nothing, so its id is never checked (as in SQLite).
-    blocked = await store.admit(request(check(limit=1), rid="dup"))
-    assert blocked.verdict.reason is Reason.GLOBAL_SATURATED
+    # Even one that the pool would block now: the engine retries a timed-out admission under
+    # its id and must learn that the first attempt reserved, whatever the pool looks like now.
+    with pytest.raises(ReservationExists, match="dup"):
+        await store.admit(request(check(limit=1), rid="dup"))
+    assert await store.peek("p1", "k1", [CounterRef(REQ, HOUR)], T0) == {REQ: Count(0.0, 1.0)}
+    # A settled id is not held any more: settling it again adds nothing (a replayed settle)
+    usage = [UsageItem(REQ, HOUR, 1.0)]
+    await store.settle("p1", "k1", "dup", usage, T0)
+    await store.settle("p1", "k1", "dup", usage, T0)
+    assert await store.peek("p1", "k1", [CounterRef(REQ, HOUR)], T0) == {REQ: Count(0.0, 1.0)}
 
 
 # -- reclaim and gc -----------------------------------------------------------------------------

@@ -17,14 +17,19 @@ def test_timeout_knob_default_value_and_range(caplog: pytest.LogCaptureFixture) 
     assert "QUOTA_STORE_REDIS_TIMEOUT_MS" in caplog.text
 
 
-async def test_own_client_short_timeouts_one_retry_bounded_pool() -> None:
+async def test_own_client_lag_compensated_timeout_one_retry_bounded_pool() -> None:
     store = RedisQuotaStore(
         "redis://127.0.0.1:1/0", prefix="t", connect_timeout_s=0.1, socket_timeout_s=0.2
     )
     try:
         pool = store._client.connection_pool
         kwargs = pool.connection_kwargs
-        assert (kwargs["socket_connect_timeout"], kwargs["socket_timeout"]) == (0.1, 0.2)
+        # the socket timeouts are only the ceiling; the 0.2 s deadline is the store's own
+        assert (kwargs["socket_connect_timeout"], kwargs["socket_timeout"]) == (10.0, 10.0)
+        assert store._timeout_s == 0.2
+        assert kwargs["socket_keepalive"] is True
+        probe = store._probe_client.connection_pool.connection_kwargs
+        assert (probe["socket_connect_timeout"], probe["socket_timeout"]) == (0.1, 0.2)
         assert kwargs["retry"].get_retries() == 1
         assert pool.max_connections == MAX_CONNECTIONS
         # nothing listens on port 1: refused at once, reported as unreachable, not raised

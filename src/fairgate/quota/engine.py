@@ -45,7 +45,9 @@ from fairgate.store.base import (
     AdmitRequest,
     CounterRef,
     QuotaStore,
+    ReservationExists,
     UsageItem,
+    timeout_errors,
     unavailable_errors,
 )
 
@@ -111,6 +113,11 @@ DEMAND_READ_MS_PER_KEY = 5
 #: While the store is down or the journal holds writes, the replay task looks this often.
 REPLAY_INTERVAL_S = 0.5
 
+#: An admission whose store call timed out while the store still answers the out-of-loop probe
+#: (a busy event loop, not a dead store) is tried this many times in all, under the same
+#: reservation id, before it fails open.
+ADMIT_ATTEMPTS = 4
+
 
 @dataclass(frozen=True, slots=True)
 class StoreHealth:
@@ -119,6 +126,7 @@ class StoreHealth:
     down: bool
     down_since_ms: int | None
     outages: int
+    slow_timeouts: int
     last_outage_ms: int | None
     fail_open: int
     store_errors: int
@@ -134,6 +142,8 @@ class StoreHealth:
             "down": self.down,
             "downSinceMs": self.down_since_ms,
             "outages": self.outages,
+            # timeouts the out-of-loop probe showed to be a busy event loop, not an outage
+            "slowTimeouts": self.slow_timeouts,
             "lastOutageMs": self.last_outage_ms,
             "failOpen": self.fail_open,
             "storeErrors": self.store_errors,
@@ -235,7 +245,9 @@ class QuotaEngine:
         self._burn: dict[tuple[str, str], BurnSeries] = {}
         self.fail_open_count = 0
         self.store_errors = 0
+        self.slow_timeouts = 0
         self.last_error: str | None = None
+        self._confirming: asyncio.Future[bool] | None = None
 
     @property
     def store(self) -> QuotaStore:
@@ -264,23 +276,27 @@ class QuotaEngine:
         ):
             return self._fail_open(pool, key_id, cost, model)  # down: do not even try
         probe = self.circuit.down  # got this far while down: this call is the probe
+        rid = self._new_id()
         try:
-            adm = await self._admit(pool, key_id, cost, model)
-        except Exception as exc:  # fail-open is the contract, whatever broke
-            self.last_error = type(exc).__name__
-            if self._unavailable(exc):
-                self._verdict(exc)
-            log.warning(
-                "quota admit failed; allowing (fail-open)",
-                extra={"pool": pool.id, "error": type(exc).__name__},
-            )
-            return self._fail_open(pool, key_id, cost, model)
+            for attempt in range(1, ADMIT_ATTEMPTS + 1):
+                try:
+                    return await self._admit(pool, key_id, cost, model, rid, attempt > 1)
+                except Exception as exc:  # fail-open is the contract, whatever broke
+                    self.last_error = type(exc).__name__
+                    down = await self._store_failed(exc)
+                    if not down and attempt < ADMIT_ATTEMPTS and self._is_timeout(exc):
+                        continue  # a reply read too late: the store is fine, ask again
+                    log.warning(
+                        "quota admit failed; allowing (fail-open)",
+                        extra={"pool": pool.id, "error": type(exc).__name__},
+                    )
+                    return self._fail_open(pool, key_id, cost, model)
+            raise AssertionError("unreachable")  # the last attempt returns either way
         finally:
             if probe:
                 # a probe that reached no verdict (the pool needed no store call, or something
                 # other than the store broke) lets the next caller probe
                 self.circuit.probe_abandoned()
-        return adm
 
     def _fail_open(
         self, pool: Pool, key_id: str, cost: Mapping[Unit, float], model: str | None
@@ -301,6 +317,36 @@ class QuotaEngine:
     def _unavailable(self, exc: BaseException) -> bool:
         return isinstance(exc, unavailable_errors(self._store))
 
+    def _is_timeout(self, exc: BaseException) -> bool:
+        return isinstance(exc, timeout_errors(self._store))
+
+    async def _store_failed(self, exc: BaseException) -> bool:
+        """Feed the circuit with a failed store call; True when it means the store is down.
+
+        A refused or dropped connection is an outage at once. A timeout is ambiguous: the
+        server may be dead, or this process's event loop may have been too busy to read a
+        reply that arrived in time (a starved host). So a timeout is an outage only when the
+        store also fails :meth:`QuotaStore.confirm_alive`, a probe whose deadline the event
+        loop cannot stretch; otherwise it is counted in ``slow_timeouts`` and the caller may
+        try again. Concurrent timeouts share one probe."""
+        if not self._unavailable(exc):
+            return False
+        if self._is_timeout(exc) and not self.circuit.down and await self._confirm_alive():
+            self.slow_timeouts += 1
+            log.info("quota store call timed out but the store answers: a busy event loop")
+            return False
+        self._verdict(exc)
+        return True
+
+    async def _confirm_alive(self) -> bool:
+        pending = self._confirming
+        if pending is None or pending.done():
+            pending = self._confirming = asyncio.ensure_future(self._store.confirm_alive())
+        try:
+            return await asyncio.shield(pending)
+        except Exception:
+            return False
+
     def _verdict(self, exc: BaseException | None) -> None:
         """Feed the circuit with how a store call ended (None: it answered)."""
         now = self.clock.now_ms()
@@ -320,8 +366,16 @@ class QuotaEngine:
             )
 
     async def _admit(
-        self, pool: Pool, key_id: str, cost: Mapping[Unit, float], model: str | None
+        self,
+        pool: Pool,
+        key_id: str,
+        cost: Mapping[Unit, float],
+        model: str | None,
+        reservation_id: str,
+        retry: bool = False,
     ) -> Admission:
+        """One admission attempt. ``retry``: an earlier attempt under the same reservation id
+        timed out, so the store may hold its reservation already (then it was admitted)."""
         alloc = pool.allocation(key_id) or Allocation(key_id, 0.0, policy=Policy.HARD)
         now = self.clock.now_ms()
         levels = None
@@ -338,11 +392,19 @@ class QuotaEngine:
             checks=checks,
             policy=alloc.policy,
             threshold=threshold,
-            reservation_id=self._new_id(),
+            reservation_id=reservation_id,
             now_ms=now,
             lease_ms=self.settings.lease_ms,
         )
-        res = await self.store.admit(req)
+        try:
+            res = await self.store.admit(req)
+        except ReservationExists:
+            if not retry:
+                raise
+            # the attempt that timed out did reserve: admitted (its reply, and with it the
+            # key's standing for the headers, was lost)
+            self._verdict(None)
+            return Admission(Outcome.ALLOW, ticket=Ticket(pool.id, key_id, reservation_id, checks))
         self._verdict(None)  # the store answered (closes the circuit if this was the probe)
         status = _status(checks, res.totals, res.mine, now, threshold, res.reserved)
         v = res.verdict
@@ -429,8 +491,10 @@ class QuotaEngine:
         except Exception as exc:
             self._store_error(entry.op, exc)
             if self._unavailable(exc):
-                self._verdict(exc)
+                # journaled either way: a write that timed out may or may not have landed, and
+                # the replay is at least once (the Redis store applies a settle once)
                 self.journal.append(entry)
+                await self._store_failed(exc)
             return False
         return True
 
@@ -450,7 +514,7 @@ class QuotaEngine:
                 except Exception as exc:
                     self._store_error(f"replay {entry.op}", exc)
                     if self._unavailable(exc):
-                        self._verdict(exc)
+                        await self._store_failed(exc)
                         break
                     self._verdict(None)
                     self.journal.done(entry, replayed=False)
@@ -509,6 +573,7 @@ class QuotaEngine:
             down=c.down,
             down_since_ms=c.down_since_ms,
             outages=c.outages,
+            slow_timeouts=self.slow_timeouts,
             last_outage_ms=c.last_outage_ms,
             fail_open=self.fail_open_count,
             store_errors=self.store_errors,

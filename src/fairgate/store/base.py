@@ -24,7 +24,10 @@ Outages: a driver lists, in a class attribute ``unavailable_errors``, the except
 "the backend cannot be reached or cannot take writes right now" (as opposed to a refused
 request, such as a ``ValueError``). The engine fails open and journals writes on those only
 (:mod:`fairgate.quota.journal`); :func:`unavailable_errors` adds the OS-level ones every driver
-can raise.
+can raise. Among them, ``timeout_errors`` are the ambiguous ones: a timeout may mean a dead
+server or only an event loop too busy to read a reply in time, so the engine asks
+:meth:`QuotaStore.confirm_alive` (a probe that the event loop cannot starve) before it calls a
+timeout an outage (docs/design-notes.md, "Outage detection").
 """
 
 from __future__ import annotations
@@ -52,6 +55,17 @@ def unavailable_errors(store: object) -> tuple[type[BaseException], ...]:
     """The exceptions that mean ``store`` is down rather than that it refused a request."""
     own = getattr(store, "unavailable_errors", ())
     return BASE_UNAVAILABLE_ERRORS + tuple(own)
+
+
+def timeout_errors(store: object) -> tuple[type[BaseException], ...]:
+    """The unavailable errors of ``store`` that are timeouts: an outage only once confirmed."""
+    return tuple(getattr(store, "timeout_errors", ()))
+
+
+class ReservationExists(ValueError):
+    """``admit`` was asked to reserve under an id that is already held. The engine retries an
+    admission whose reply timed out under the same id, so this tells it that the first attempt
+    did reserve (nothing is reserved twice)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,5 +166,14 @@ class QuotaStore(Protocol):
         ...
 
     async def ping(self) -> bool: ...
+
+    async def confirm_alive(self) -> bool:
+        """After a timeout: does the store answer a probe that does not depend on this
+        process's event loop being responsive (a thread with its own socket deadline)?"""
+        ...
+
+    async def warm(self) -> None:
+        """Open the connections before traffic arrives (a no-op where there are none)."""
+        ...
 
     async def close(self) -> None: ...

@@ -29,9 +29,25 @@ class StoreChoice:
 
 
 def requested_driver(env: Mapping[str, str], db: Mapping[str, str]) -> str:
-    for raw in (db.get("quotaStore.driver"), env.get("QUOTA_STORE_DRIVER")):
-        if raw and raw.strip().lower() in DRIVERS:
+    """The first driver named by the DB setting or ``QUOTA_STORE_DRIVER``; sqlite otherwise.
+    A value that names no driver (a typo such as ``reddis``) is skipped with a warning naming
+    it: silently counting on one process's SQLite while the operator meant a shared Redis
+    would break the limits of every replica."""
+    sources = (
+        ("the quotaStore.driver setting", db.get("quotaStore.driver")),
+        ("QUOTA_STORE_DRIVER", env.get("QUOTA_STORE_DRIVER")),
+    )
+    for name, raw in sources:
+        if not raw or not raw.strip():
+            continue
+        if raw.strip().lower() in DRIVERS:
             return raw.strip().lower()
+        log.warning(
+            "%s=%r is not a quota store driver (%s); ignoring it",
+            name,
+            raw.strip()[:64],
+            " or ".join(DRIVERS),
+        )
     return "sqlite"
 
 
@@ -129,4 +145,5 @@ async def _try_redis(
     if not ok:
         await store.close()
         return f"redis server not reachable ({err})"
+    await store.warm()  # connections open before traffic: no storm on the first burst
     return store

@@ -22,12 +22,15 @@ Worked example: with prefix ``fairgate``, pool ``p1``, key ``k1``, counter ``req
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import importlib.resources
+import logging
 import math
-from collections.abc import Sequence
-from typing import Any, Final, cast
+from collections.abc import Awaitable, Sequence
+from typing import Any, Final, TypeVar, cast
 
+import redis
 import redis.asyncio
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
@@ -35,6 +38,7 @@ from redis.commands.core import AsyncScript
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ReadOnlyError, RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
+from redis.retry import Retry as SyncRetry
 
 from fairgate.quota.decision import POLICY_CODES, REASON_CODES, Outcome, Verdict
 from fairgate.quota.window import Count, bucket_index
@@ -45,28 +49,58 @@ from fairgate.store.base import (
     AdmitResult,
     CounterRef,
     PoolCounts,
+    ReservationExists,
     UsageItem,
 )
+from fairgate.store.deadline import NoReply, call_within
+
+log = logging.getLogger("fairgate.store")
+
+T = TypeVar("T")
 
 #: Outcome codes returned by admit.lua.
 _OUTCOMES: Final = (Outcome.ALLOW, Outcome.PENALIZE, Outcome.BLOCK)
 #: Beyond the lease, a reservation's key lives this long so a late reclaim still finds its parts.
 _RESERVATION_MARGIN_MS: Final = 60_000
+#: A settled reservation leaves a marker this long, so a settle applied twice (its first reply
+#: timed out, the engine journaled and replayed it) adds its usage once.
+SETTLED_TTL_MS: Final = 120_000
 _SCAN_COUNT: Final = 1000
 _DELETE_BATCH: Final = 500
-#: Socket timeouts of the client the store opens itself (``QUOTA_STORE_REDIS_TIMEOUT_MS``).
-#: Short on purpose: when Redis hangs, the admissions in flight wait this long before failing
-#: open; after that first failure the engine's circuit fails every admission open at once. Not
-#: shorter, because the read timeout also counts the time this process's event loop takes to
-#: get round to the reply: at 0.5 s the contract suite's four racing processes saw spurious
-#: timeouts on a loaded two-core host (about one run in fifteen), and a spurious timeout is a
-#: false outage (admissions fail open for a second). A dead server is detected at once anyway
-#: (connection refused), whatever the timeout.
+#: The store's timeout per command (``QUOTA_STORE_REDIS_TIMEOUT_MS``), and the out-of-loop
+#: probe's connect timeout. Short on purpose: when Redis hangs, the admissions in flight wait
+#: this long before failing open; after that first failure the engine's circuit fails every
+#: admission open at once. The timeout is lag compensated (:mod:`fairgate.store.deadline`): it
+#: counts only the time this process's event loop was responsive, so a starved loop that reads
+#: a reply late is no outage (0.5 s without that compensation gave false outages on a loaded
+#: two-core host). A dead server is detected at once anyway (connection refused).
 DEFAULT_CONNECT_TIMEOUT_S: Final = 0.5
 DEFAULT_SOCKET_TIMEOUT_S: Final = 1.0
-#: Connections of the store's own pool, and how long a caller waits for one when all are busy.
-MAX_CONNECTIONS: Final = 64
+#: However busy the loop, a command is abandoned after this (a multiple of the timeout).
+CEILING_FACTOR: Final = 10
+MIN_CEILING_S: Final = 10.0
+#: Connections of the store's own pool, all opened by :meth:`RedisQuotaStore.warm` before
+#: traffic arrives (a burst queues for them instead of opening more), and how long a caller waits
+#: for one when all are busy (a :class:`PoolWaitTimeout`, a timeout, not an outage).
+MAX_CONNECTIONS: Final = 32
 POOL_TIMEOUT_S: Final = 5.0
+
+
+class PoolWaitTimeout(RedisTimeoutError):
+    """Every pooled connection stayed busy for ``POOL_TIMEOUT_S``. redis-py reports this as a
+    ``ConnectionError`` ("No connection available"), which would read as a refused connection,
+    an outage at once; it is a symptom of load, so it is a timeout here (confirmed by a probe
+    before it counts as an outage)."""
+
+
+class _Pool(redis.asyncio.BlockingConnectionPool):
+    async def get_connection(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return await super().get_connection(*args, **kwargs)  # type: ignore[no-untyped-call]
+        except RedisConnectionError as exc:
+            if isinstance(exc.__cause__, asyncio.TimeoutError):
+                raise PoolWaitTimeout("no pooled Redis connection became free") from exc
+            raise
 
 
 @functools.cache
@@ -133,7 +167,11 @@ class RedisQuotaStore:
         RedisConnectionError,
         RedisTimeoutError,
         ReadOnlyError,
+        NoReply,
     )
+    #: the ambiguous ones: a timeout is an outage only when :meth:`confirm_alive` says so
+    #: (a reply this process's starved event loop read too late is no outage)
+    timeout_errors: tuple[type[BaseException], ...] = (RedisTimeoutError,)
 
     def __init__(
         self,
@@ -145,20 +183,34 @@ class RedisQuotaStore:
         socket_timeout_s: float = DEFAULT_SOCKET_TIMEOUT_S,
     ) -> None:
         self._prefix = _check_id("prefix", prefix)
+        self._timeout_s = socket_timeout_s
+        self._ceiling_s = max(MIN_CEILING_S, CEILING_FACTOR * socket_timeout_s)
         self._owns_client = client is None
+        # the out-of-loop probe's own blocking client (one socket, used from a worker thread)
+        self._probe_client = redis.Redis.from_url(
+            url,
+            socket_connect_timeout=connect_timeout_s,
+            socket_timeout=socket_timeout_s,
+            socket_keepalive=True,
+            max_connections=1,
+            retry=SyncRetry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)),
+        )
         self._client: redis.asyncio.Redis = (
-            client
-            if client is not None
-            else self._own_client(url, connect_timeout_s, socket_timeout_s)
+            client if client is not None else self._own_client(url, self._ceiling_s)
         )
         self._admit = self._register("admit.lua")
         self._settle = self._register("settle.lua")
         self._release = self._register("release.lua")
 
+    async def _call(self, command: Awaitable[T]) -> T:
+        """Every command within the store's timeout, lag compensated (:mod:`.deadline`)."""
+        return await call_within(command, self._timeout_s, ceiling_s=self._ceiling_s)
+
     @staticmethod
-    def _own_client(url: str, connect_s: float, read_s: float) -> redis.asyncio.Redis:
-        """A client that gives up fast: short socket timeouts, and one immediate retry on a
-        connection error only. The retry is what makes a Redis restart invisible: the pooled
+    def _own_client(url: str, ceiling_s: float) -> redis.asyncio.Redis:
+        """A client that gives up fast: the store's lag-compensated deadline on every command
+        (the socket timeouts are only the hard ceiling behind it), and one immediate retry on
+        a connection error only. The retry is what makes a Redis restart invisible: the pooled
         connections are dead then, and the retry reconnects. redis-py's default (ten retries
         with backoff, five-second timeouts) would hold each admission for seconds during an
         outage; retrying a *timeout* could apply a script twice and double the wait.
@@ -167,12 +219,13 @@ class RedisQuotaStore:
         of admissions would otherwise open hundreds of connections at once, and the handshakes
         of that storm (not Redis) are what can push a reply past the short read timeout on a
         busy host, which would look like an outage and fail admissions open."""
-        pool = redis.asyncio.BlockingConnectionPool.from_url(
+        pool = _Pool.from_url(
             url,
             max_connections=MAX_CONNECTIONS,
             timeout=POOL_TIMEOUT_S,
-            socket_connect_timeout=connect_s,
-            socket_timeout=read_s,
+            socket_connect_timeout=ceiling_s,
+            socket_timeout=ceiling_s,
+            socket_keepalive=True,
             retry=Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)),
         )
         return redis.asyncio.Redis.from_pool(pool)
@@ -235,10 +288,10 @@ class RedisQuotaStore:
                     _num(check.signal),
                 )
             )
-        reply = cast(list[Any], await self._admit(keys=keys, args=args))
+        reply = cast(list[Any], await self._call(self._admit(keys=keys, args=args)))
         if int(reply[0]) < 0:  # nothing was reserved (as the SQLite driver's rollback)
             msg = f"reservation id {req.reservation_id!r} already exists"
-            raise ValueError(msg)
+            raise ReservationExists(msg)
         outcome = _OUTCOMES[int(reply[0])]
         index = int(reply[2])
         verdict = Verdict(
@@ -272,7 +325,7 @@ class RedisQuotaStore:
     async def release(self, pool_id: str, reservation_id: str, now_ms: int) -> bool:
         base = self._base(pool_id)
         keys = [f"{base}:rz", f"{base}:r:{reservation_id}"]
-        reply = await self._release(keys=keys, args=[now_ms, reservation_id])
+        reply = await self._call(self._release(keys=keys, args=[now_ms, reservation_id]))
         return int(cast(int, reply)) == 1
 
     async def record(
@@ -293,7 +346,7 @@ class RedisQuotaStore:
         base = self._base(pool_id)
         key_id = _check_key_id(key_id)
         keys = [f"{base}:rz", f"{base}:r:{reservation_id}", f"{base}:cum", f"{base}:act"]
-        args: list[str | int] = [now_ms, mode, reservation_id, key_id, len(usage)]
+        args: list[str | int] = [now_ms, mode, reservation_id, key_id, len(usage), SETTLED_TTL_MS]
         for item in usage:
             curr = bucket_index(now_ms, item.window_ms)
             keys.append(self._counter(base, key_id, item.key, curr))
@@ -306,7 +359,7 @@ class RedisQuotaStore:
                     item.key,
                 )
             )
-        reply = await self._settle(keys=keys, args=args)
+        reply = await self._call(self._settle(keys=keys, args=args))
         return int(cast(int, reply)) == 1
 
     # -- reads ----------------------------------------------------------------------------------
@@ -315,7 +368,7 @@ class RedisQuotaStore:
         """One MGET: one round trip however many counters are read."""
         if not keys:
             return []
-        values = await self._client.mget(list(keys))
+        values = await self._call(self._client.mget(list(keys)))
         return [_float(v) for v in cast(list[object], values)]
 
     async def peek(
@@ -351,14 +404,14 @@ class RedisQuotaStore:
 
     async def active_keys(self, pool_id: str, since_ms: int) -> list[str]:
         base = self._base(pool_id)
-        members = await self._client.zrangebyscore(f"{base}:act", since_ms, "+inf")
+        members = await self._call(self._client.zrangebyscore(f"{base}:act", since_ms, "+inf"))
         return sorted(_text(m) for m in cast(list[object], members))
 
     async def cumulative(self, pool_id: str, counter_keys: Sequence[str]) -> dict[str, float]:
         if not counter_keys:
             return {}
         base = self._base(pool_id)
-        values = await self._client.hmget(f"{base}:cum", list(counter_keys))
+        values = await self._call(self._client.hmget(f"{base}:cum", list(counter_keys)))
         return {k: _float(v) for k, v in zip(counter_keys, cast(list[object], values), strict=True)}
 
     # -- maintenance ----------------------------------------------------------------------------
@@ -403,10 +456,47 @@ class RedisQuotaStore:
 
     async def ping(self) -> bool:
         try:
-            return bool(await self._client.ping())
+            return bool(await self._call(self._client.ping()))
         except (RedisError, OSError):
             return False
 
+    async def confirm_alive(self) -> bool:
+        """PING from a worker thread on a socket of its own: its deadline runs on the OS's
+        clock, not on this event loop's, so a loop too busy to read replies in time cannot
+        make a live server look dead (the thread needs only a few ms of CPU and the GIL)."""
+        return await asyncio.to_thread(self._blocking_ping)
+
+    def _blocking_ping(self) -> bool:
+        try:
+            return bool(self._probe_client.ping())
+        except Exception:  # any failure means "not alive" (redis-py may raise AttributeError
+            # from its parser after a failed connect): the probe must answer, never raise
+            return False
+
+    async def warm(self) -> None:
+        """Open every pooled connection now, one after the other, and put them back: traffic
+        then finds them open, and a burst never opens a storm of connections (their
+        handshakes on a busy host are what pushed replies past the read timeout). TCP
+        keepalive keeps them open while idle; a connection that died anyway is replaced by the
+        one immediate retry. A failure here is logged, never raised: the server may be back
+        by the time traffic comes."""
+        pool = self._client.connection_pool
+        held: list[Any] = []
+        try:
+            for _ in range(pool.max_connections):
+                held.append(await pool.get_connection())  # type: ignore[no-untyped-call]
+        except (RedisError, OSError) as exc:
+            log.warning(
+                "quota store: opened %d of %d Redis connections before traffic (%s)",
+                len(held),
+                pool.max_connections,
+                type(exc).__name__,
+            )
+        finally:
+            for conn in held:
+                await pool.release(conn)
+
     async def close(self) -> None:
+        self._probe_client.close()
         if self._owns_client:
             await self._client.aclose()

@@ -40,6 +40,7 @@ from fairgate.store.base import (
     AdmitResult,
     CounterRef,
     PoolCounts,
+    ReservationExists,
     UsageItem,
 )
 
@@ -348,7 +349,7 @@ class SqliteQuotaStore:
                 )
             except sqlite3.IntegrityError as exc:  # rolls the whole admission back
                 msg = f"reservation id {req.reservation_id!r} already exists"
-                raise ValueError(msg) from exc
+                raise ReservationExists(msg) from exc
         return AdmitResult(verdict, tuple(totals), tuple(mine), reserved=True)
 
     async def settle(
@@ -475,6 +476,13 @@ class SqliteQuotaStore:
         except sqlite3.Error:
             return False
         return row is not None and row[0] == 1
+
+    async def confirm_alive(self) -> bool:
+        """The file is local: a ping answers whatever the event loop's state."""
+        return await self.ping()
+
+    async def warm(self) -> None:
+        """Nothing to open: the connection exists from the constructor on."""
 
     async def close(self) -> None:
         self._stop.set()

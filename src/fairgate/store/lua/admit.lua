@@ -15,8 +15,8 @@
 -- Returns {outcome (0 allow, 1 penalize, 2 block), reason code (REASON_CODES index),
 --          blocking index (0-based, -1 none), then per check the raw strings of
 --          total prev, total curr, key prev, key curr} -- strings, so floats survive the reply
---          (Redis would truncate a Lua number to an integer). {-1} if the admission would reserve
---          under an id that is already held: nothing is written then but the reclaim.
+--          (Redis would truncate a Lua number to an integer). {-1} if the id is already held
+--          (whatever the verdict would be): nothing is written then but the reclaim.
 
 local now = tonumber(ARGV[1])
 local key_id = ARGV[2]
@@ -121,11 +121,13 @@ local function evaluate()
   return 0, 0, -1
 end
 
-local outcome, reason, index = evaluate()
-
-if outcome ~= 2 and redis.call('EXISTS', KEYS[4]) == 1 then
+-- Checked before deciding: the engine retries an admission whose reply timed out under the same
+-- id, and must learn that the first attempt reserved even when the pool is full by now.
+if redis.call('EXISTS', KEYS[4]) == 1 then
   return { -1 }
 end
+
+local outcome, reason, index = evaluate()
 
 -- 3. The key was active now, even if it is blocked (GT: a late clock never moves it back).
 redis.call('ZADD', KEYS[3], 'GT', now, key_id)

@@ -25,9 +25,12 @@ end
 -- The clamp at 0 (as in the SQLite driver) only absorbs float residue (0.1 + 0.2 - 0.1 - 0.2).
 -- Parts are {bucket key, amount, window_ms, bucket index}; admit.lua wrote those bucket keys
 -- under the same pool hash tag as the reservation. Returns true if the reservation was held.
+-- A settled reservation's key holds SETTLED for a while (settle.lua): not a reservation any more.
+local SETTLED = 'settled'
+
 local function drop_reservation(rkey, now)
   local raw = redis.call('GET', rkey)
-  if not raw then
+  if not raw or raw == SETTLED then
     return false
   end
   local res = cjson.decode(raw)

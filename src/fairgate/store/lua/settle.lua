@@ -5,8 +5,12 @@
 -- KEYS[3] cum: HASH counter -> cumulative use     KEYS[4] act: ZSET key id -> last ms
 -- KEYS[5 + 2*(i-1) ..] per usage item i: key's current bucket, pool total's current bucket
 -- ARGV[1] now_ms  ARGV[2] 'settle' | 'record'  ARGV[3] reservation id  ARGV[4] key id
--- ARGV[5] number of items, then 4 per item: window_ms, amount, scope ('pool' | 'model'), counter
--- Returns 1 if a reservation was still held, else 0.
+-- ARGV[5] number of items  ARGV[6] how long a settled reservation's marker lives (ms), then 4
+-- per item: window_ms, amount, scope ('pool' | 'model'), counter
+-- Returns 1 if a reservation was still held, 2 if it was settled already (nothing done), else 0.
+--
+-- A settle whose reply timed out is journaled and replayed, so it may arrive twice: the first
+-- one leaves SETTLED in the reservation's key, and the second one finds it and adds nothing.
 
 local now = tonumber(ARGV[1])
 local settle = ARGV[2] == 'settle'
@@ -15,12 +19,18 @@ local n = tonumber(ARGV[5])
 
 local held = false
 if settle then
+  if redis.call('GET', KEYS[2]) == SETTLED then
+    return 2
+  end
   held = drop_reservation(KEYS[2], now)
   redis.call('ZREM', KEYS[1], rid)
+  if held then
+    redis.call('SET', KEYS[2], SETTLED, 'PX', tonumber(ARGV[6]))
+  end
 end
 
 for i = 1, n do
-  local a = 6 + 4 * (i - 1)
+  local a = 7 + 4 * (i - 1)
   local w = tonumber(ARGV[a])
   local amount = tonumber(ARGV[a + 1])
   if amount ~= 0 then

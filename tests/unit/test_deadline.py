@@ -1,0 +1,69 @@
+"""The lag-compensated deadline of store calls (fairgate.store.deadline): a reply that a busy
+event loop reads late is no timeout; a server that does not answer while the loop is
+responsive is one. The loop is really blocked (``time.sleep`` inside it), no clock is faked."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from fairgate.store.deadline import NoReply, call_within, tolerance
+
+
+def _block_loop(seconds: float) -> None:
+    """What a starved host does to this process: nothing else runs on the loop meanwhile."""
+    time.sleep(seconds)
+
+
+async def test_a_reply_read_late_by_a_blocked_loop_is_not_a_timeout() -> None:
+    async def quick() -> str:
+        await asyncio.sleep(0.001)  # the server answers at once
+        return "PONG"
+
+    loop = asyncio.get_running_loop()
+    loop.call_soon(_block_loop, 0.3)  # ... but the loop is busy for 6 x the timeout
+    assert await call_within(quick(), 0.05, ceiling_s=5) == "PONG"
+    # the same wait with a plain asyncio timeout is a (false) timeout
+    loop.call_soon(_block_loop, 0.3)
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(quick(), 0.05)
+
+
+async def test_no_reply_on_a_responsive_loop_is_an_outage_and_the_call_is_cancelled() -> None:
+    started = asyncio.Event()
+    cancelled = asyncio.Event()
+
+    async def hung() -> None:
+        started.set()
+        try:
+            await asyncio.Event().wait()
+        finally:
+            cancelled.set()
+
+    with pytest.raises(NoReply):
+        await call_within(hung(), 0.02, ceiling_s=5)
+    await asyncio.sleep(0)
+    assert started.is_set()
+    assert cancelled.is_set()
+    assert isinstance(NoReply(), ConnectionError)  # an outage for every driver (an OSError)
+
+
+async def test_the_ceiling_bounds_the_wait_however_busy_the_loop() -> None:
+    async def hung() -> None:
+        await asyncio.Event().wait()
+
+    ticks = iter(range(1_000))
+
+    def always_late() -> float:  # every wake-up 0.1 s after the last look: a loop never free
+        return next(ticks) * 0.1
+
+    with pytest.raises(NoReply):
+        await call_within(hung(), 0.001, ceiling_s=0.5, monotonic=always_late)
+    assert next(ticks) < 20  # gave up at the ceiling, after a handful of looks
+
+
+def test_tolerance_is_a_quarter_of_the_timeout_and_at_least_20_ms() -> None:
+    assert tolerance(1.0) == 0.25
+    assert tolerance(0.01) == 0.02
