@@ -491,3 +491,37 @@ async def test_4_processes_racing_100_admissions_vs_a_limit_of_5_exactly_5_win(
     assert sum(int(r[1]) for r in reports) == RACE_LIMIT
     usage = await store.pool_usage("p1", [], [CounterRef(REQ, HOUR)], T0)
     assert usage.totals == {REQ: Count(0.0, float(RACE_LIMIT))}
+
+
+# -- every key expires --------------------------------------------------------------------------
+
+
+async def test_every_key_written_has_a_ttl(
+    store: RedisQuotaStore, raw: redis.Redis, redis_prefix: str
+) -> None:
+    """Redis needs no GC for counters: every key the store writes (buckets, reservations, the
+    reservation and active ZSETs, cumulative totals, settled markers) carries a TTL, so nothing
+    outlives its use. Traffic of every kind, in two pools and three windows, then a scan."""
+    hourly = check()
+    monthly = check(USD_MONTH, window_ms=MONTH, cost=0.5, unit=Unit.USD)
+    model = check("tokens/hourly:gpt", cost=10, unit=Unit.TOKENS, scope="model")
+    for pool in ("p1", "p2"):
+        for i in range(6):
+            req = request(hourly, monthly, model, pool=pool, key=f"k{i % 3}", now_ms=T0 + i)
+            res = await store.admit(req)
+            assert res.reserved
+            if i % 3 == 0:
+                usage = [UsageItem(REQ, HOUR, 1), UsageItem(USD_MONTH, MONTH, 0.4, "pool")]
+                await store.settle(pool, req.key_id, req.reservation_id, usage, T0 + 10)
+            elif i % 3 == 1:
+                await store.release(pool, req.reservation_id, T0 + 10)
+        # a refusal, plain usage, and a reservation left to expire
+        await store.admit(request(check(limit=1, fair_share=1, cost=5), pool=pool))
+        await store.record(pool, "k9", [UsageItem(TOK, HOUR, 3)], T0 + 20)
+    await store.gc(T0 + 30, 14 * DAY)  # nothing expired yet: every kind of key is still there
+
+    keys = keys_under(raw, redis_prefix)
+    kinds = {k.split("}:", 1)[1].split(":", 1)[0] for k in keys}
+    assert kinds >= {"c", "r", "rz", "act", "cum"}  # the scan saw every kind of key
+    no_ttl = [k for k in keys if raw.pttl(k) <= 0]
+    assert no_ttl == []

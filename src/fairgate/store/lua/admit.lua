@@ -131,6 +131,7 @@ local outcome, reason, index = evaluate()
 
 -- 3. The key was active now, even if it is blocked (GT: a late clock never moves it back).
 redis.call('ZADD', KEYS[3], 'GT', now, key_id)
+keep_for(KEYS[3], res_ttl)
 
 -- 4. Reserve: add each cost to the current bucket (pool total only for pool scope) and remember
 -- the parts so settle/release/reclaim can take exactly them back.
@@ -150,6 +151,7 @@ if outcome ~= 2 then
   end
   redis.call('SET', KEYS[4], cjson.encode({ k = key_id, p = parts }), 'PX', res_ttl)
   redis.call('ZADD', KEYS[2], now + lease_ms, rid)
+  keep_for(KEYS[2], res_ttl)
 end
 
 local out = { outcome, reason, index }

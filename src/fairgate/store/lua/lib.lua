@@ -19,6 +19,15 @@ local function add_to(key, amount, window_ms)
   redis.call('SET', key, fmt(old + amount), 'PX', 2 * window_ms)
 end
 
+-- Give a ZSET or HASH that many writes share (reservations, active keys, cumulative totals) a TTL
+-- of at least `ttl_ms`: never shortened (a monthly reservation must outlive an hourly one), set
+-- when the key has none. Every key fairgate writes expires, so nothing outlives its use.
+local function keep_for(key, ttl_ms)
+  if redis.call('PTTL', key) < ttl_ms then
+    redis.call('PEXPIRE', key, ttl_ms)
+  end
+end
+
 -- Undo a reservation: subtract each part from its bucket while that bucket still counts (current
 -- or previous for its window). An older bucket is no longer read and may have expired; a missing
 -- bucket (expired, or the pool was cleared) is skipped too, so no negative key is ever created.

@@ -29,6 +29,15 @@ if settle then
   end
 end
 
+-- the pool's shared keys live as long as its longest window's buckets (plus a minute)
+local ttl = 60000
+for i = 1, n do
+  local w2 = 2 * tonumber(ARGV[7 + 4 * (i - 1)]) + 60000
+  if w2 > ttl then
+    ttl = w2
+  end
+end
+
 for i = 1, n do
   local a = 7 + 4 * (i - 1)
   local w = tonumber(ARGV[a])
@@ -43,12 +52,14 @@ for i = 1, n do
       local field = ARGV[a + 3]
       local old = tonumber(redis.call('HGET', KEYS[3], field) or '0')
       redis.call('HSET', KEYS[3], field, fmt(old + amount))
+      keep_for(KEYS[3], ttl)
     end
   end
 end
 
 if settle then
   redis.call('ZADD', KEYS[4], 'GT', now, ARGV[4])
+  keep_for(KEYS[4], ttl)
 end
 
 if held then
