@@ -28,6 +28,7 @@ from fairgate.store.base import (
     DEFAULT_LEASE_MS,
     AdmitRequest,
     CounterRef,
+    GcResult,
     ReservationExists,
     UsageItem,
 )
@@ -335,7 +336,7 @@ async def test_gc_undoes_expired_reservations_of_idle_pools(
     kept = request(month, pool="busy", lease_ms=600_000)
     await store.admit(kept)
 
-    assert await store.gc(T0 + 60_000, 14 * DAY) == 0
+    assert await store.gc(T0 + 60_000, 14 * DAY) == GcResult(0, 0, 1)
 
     ref = [CounterRef(USD_MONTH, MONTH)]
     assert await store.peek("idle", "k1", ref, T0 + 60_000) == {USD_MONTH: Count()}

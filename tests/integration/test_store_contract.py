@@ -294,7 +294,7 @@ async def test_gc_deletes_old_buckets_but_never_one_inside_two_windows(
     await store.record(pool.id, "a", [used(REQ_HOURLY, 5), used(REQ_MONTHLY, 7)], T0)
     await store.record(pool.id, "a", [used(REQ_HOURLY, 3)], now - 1)
 
-    deleted = await store.gc(now, 14 * DAY)
+    deleted = (await store.gc(now, 14 * DAY)).buckets
     await store.gc(now, 0)  # a zero retention still keeps everything within 2 windows
 
     counters = [ref(REQ_HOURLY), ref(REQ_MONTHLY)]
@@ -308,7 +308,7 @@ async def test_gc_deletes_old_buckets_but_never_one_inside_two_windows(
         assert deleted == 2  # the T0 hourly bucket: key row and pool-total row
         # Much later, the monthly bucket is outside 2 × 30 days too (and the recent hourly one
         # outside the retention): key and total row of each.
-        assert await store.gc(T0 + 95 * DAY, 14 * DAY) == 4
+        assert (await store.gc(T0 + 95 * DAY, 14 * DAY)).buckets == 4
         assert await store.peek(pool.id, "a", counters, T0 + 95 * DAY) == {
             c.key: Count() for c in counters
         }

@@ -44,6 +44,7 @@ from fairgate.quota.window import Count, bucket_index
 from fairgate.store.base import (
     AdmitRequest,
     CounterRef,
+    GcResult,
     QuotaStore,
     ReservationExists,
     UsageItem,
@@ -626,7 +627,8 @@ class QuotaEngine:
         for k in [k for k in self._burn if k[0] == pool_id]:
             del self._burn[k]
 
-    async def gc(self) -> int:
+    async def gc(self) -> GcResult:
+        """Retention GC at the injected clock's now (``fairgate.quota.retention`` runs it)."""
         return await self.store.gc(self.clock.now_ms(), self.settings.retention_ms)
 
     # -- internals ------------------------------------------------------------------------

@@ -99,6 +99,26 @@ class UsageItem:
 
 
 @dataclass(frozen=True, slots=True)
+class GcResult:
+    """What one ``gc`` removed: counter buckets (rows) past the retention, active-key entries
+    older than the retention, expired reservations undone. ``skipped``: another process holds
+    the store's GC lock (Redis: one replica at a time), so this one did nothing."""
+
+    buckets: int = 0
+    active_keys: int = 0
+    reservations: int = 0
+    skipped: bool = False
+
+    def as_json(self) -> dict[str, object]:
+        return {
+            "buckets": self.buckets,
+            "activeKeys": self.active_keys,
+            "reservations": self.reservations,
+            "skipped": self.skipped,
+        }
+
+
+@dataclass(frozen=True, slots=True)
 class CounterRef:
     key: str
     window_ms: int
@@ -161,8 +181,10 @@ class QuotaStore(Protocol):
         """Delete every counter, reservation and sample of a pool (pool deletion)."""
         ...
 
-    async def gc(self, now_ms: int, retention_ms: int) -> int:
-        """Delete buckets older than the retention but never one within 2 × its window."""
+    async def gc(self, now_ms: int, retention_ms: int) -> GcResult:
+        """Delete buckets older than the retention but never one within 2 × its window, forget
+        keys inactive for longer than the retention, undo expired reservations of every pool;
+        say what was removed."""
         ...
 
     async def ping(self) -> bool: ...

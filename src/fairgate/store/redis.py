@@ -27,6 +27,7 @@ import functools
 import importlib.resources
 import logging
 import math
+import uuid
 from collections.abc import Awaitable, Sequence
 from typing import Any, Final, TypeVar, cast
 
@@ -48,6 +49,7 @@ from fairgate.store.base import (
     AdmitRequest,
     AdmitResult,
     CounterRef,
+    GcResult,
     PoolCounts,
     ReservationExists,
     UsageItem,
@@ -62,6 +64,12 @@ T = TypeVar("T")
 _OUTCOMES: Final = (Outcome.ALLOW, Outcome.PENALIZE, Outcome.BLOCK)
 #: Beyond the lease, a reservation's key lives this long so a late reclaim still finds its parts.
 _RESERVATION_MARGIN_MS: Final = 60_000
+#: The GC lock's TTL: a replica that dies while collecting holds it no longer than this.
+GC_LOCK_TTL_MS: Final = 10 * 60_000
+#: Delete the lock only when it still holds our token (it may have expired and been re-taken).
+_UNLOCK: Final = (
+    "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0"
+)
 #: A settled reservation leaves a marker this long, so a settle applied twice (its first reply
 #: timed out, the engine journaled and replayed it) adds its usage once.
 SETTLED_TTL_MS: Final = 120_000
@@ -201,6 +209,7 @@ class RedisQuotaStore:
         self._admit = self._register("admit.lua")
         self._settle = self._register("settle.lua")
         self._release = self._register("release.lua")
+        self._unlock = self._client.register_script(_UNLOCK)
 
     async def _call(self, command: Awaitable[T]) -> T:
         """Every command within the store's timeout, lag compensated (:mod:`.deadline`)."""
@@ -428,31 +437,43 @@ class RedisQuotaStore:
         if batch:
             await self._client.delete(*batch)
 
-    async def gc(self, now_ms: int, retention_ms: int) -> int:
-        """Always 0: no bucket needs deleting, since each bucket has a TTL of 2 × its window,
-        refreshed on every write. Redis drops a bucket once it can no longer be the previous
-        bucket, which is when nothing reads it any more. That is never inside 2 × its window
-        (the rule), and when the retention is longer it is only earlier than the rule requires,
-        which does no harm.
+    async def gc(self, now_ms: int, retention_ms: int) -> GcResult:
+        """No bucket needs deleting (``buckets`` is always 0), since each bucket has a TTL of
+        2 × its window, refreshed on every write. Redis drops a bucket once it can no longer be
+        the previous bucket, which is when nothing reads it any more. That is never inside
+        2 × its window (the rule), and when the retention is longer it is only earlier than the
+        rule requires, which does no harm.
 
         What TTLs cannot do, gc does as the SQLite driver does: undo the expired reservations
         of pools nobody admits to any more (their amounts would otherwise stay on the dashboard
         until the bucket expires, 60 days for a monthly window) and forget keys inactive for
         longer than the retention. It finds the pools with a SCAN over their ZSETs, which is
         acceptable because gc runs off the hot path.
+
+        One replica at a time: the run holds a lock key (``SET NX`` with a TTL, released only
+        by its holder); a replica that finds it held skips the run (``skipped``).
         """
-        head = f"{self._prefix}:{{"
-        pattern = _glob_escape(head) + "*}:*"
-        async for raw in self._client.scan_iter(match=pattern, count=_SCAN_COUNT, _type="zset"):
-            name = _text(raw)
-            pool_id, _, kind = name[len(head) :].partition("}:")
-            if kind == "rz":
-                expired = await self._client.zrangebyscore(name, "-inf", now_ms)
-                for rid in cast(list[object], expired):
-                    await self.release(pool_id, _text(rid), now_ms)
-            elif kind == "act":
-                await self._client.zremrangebyscore(name, "-inf", f"({now_ms - retention_ms}")
-        return 0
+        lock, token = f"{self._prefix}:gc-lock", uuid.uuid4().hex
+        if not await self._client.set(lock, token, nx=True, px=GC_LOCK_TTL_MS):
+            return GcResult(skipped=True)
+        undone = forgotten = 0
+        try:
+            head = f"{self._prefix}:{{"
+            pattern = _glob_escape(head) + "*}:*"
+            zsets = self._client.scan_iter(match=pattern, count=_SCAN_COUNT, _type="zset")
+            async for raw in zsets:
+                name = _text(raw)
+                pool_id, _, kind = name[len(head) :].partition("}:")
+                if kind == "rz":
+                    expired = await self._client.zrangebyscore(name, "-inf", now_ms)
+                    for rid in cast(list[object], expired):
+                        undone += await self.release(pool_id, _text(rid), now_ms)
+                elif kind == "act":
+                    cut = f"({now_ms - retention_ms}"
+                    forgotten += int(await self._client.zremrangebyscore(name, "-inf", cut))
+        finally:
+            await self._unlock(keys=[lock], args=[token])
+        return GcResult(0, forgotten, undone)
 
     async def ping(self) -> bool:
         try:

@@ -39,6 +39,7 @@ from fairgate.store.base import (
     AdmitRequest,
     AdmitResult,
     CounterRef,
+    GcResult,
     PoolCounts,
     ReservationExists,
     UsageItem,
@@ -449,25 +450,27 @@ class SqliteQuotaStore:
             for stmt in _CLEAR:
                 c.execute(stmt, (pool_id,))
 
-    async def gc(self, now_ms: int, retention_ms: int) -> int:
+    async def gc(self, now_ms: int, retention_ms: int) -> GcResult:
         """Besides old buckets, undo expired reservations of every pool.
 
         Admission reclaims only its own pool, a few at a time; a pool nobody asks any more would
         otherwise keep stale reservations (and their amounts) forever. Undoing them is exactly
         what the next admission would do, so it is safe at any time.
         """
+        undone = 0
         while True:
             with self._write() as c:
                 rows = c.execute(_EXPIRED_ANY, (now_ms, _GC_RESERVATION_BATCH)).fetchall()
                 for rid, pool, rkey, raw in rows:
                     _undo(c, str(pool), str(rkey), _load_parts(raw), now_ms)
                     c.execute(_RES_DEL, (rid,))
+            undone += len(rows)
             if len(rows) < _GC_RESERVATION_BATCH:
                 break
         with self._write() as c:
             deleted = c.execute(_GC_COUNTERS, (now_ms, retention_ms)).rowcount
-            c.execute(_GC_ACTIVE, (now_ms - retention_ms,))
-        return max(0, deleted)
+            forgotten = c.execute(_GC_ACTIVE, (now_ms - retention_ms,)).rowcount
+        return GcResult(max(0, deleted), max(0, forgotten), undone)
 
     async def ping(self) -> bool:
         try:
