@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import Counter
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -21,7 +22,7 @@ from fairgate.quota.journal import Circuit
 from fairgate.quota.model import Allocation, Dimension, Policy, Pool
 from fairgate.quota.units import Unit, Window
 from fairgate.store.base import AdmitRequest, AdmitResult, CounterRef
-from fairgate.store.redis import RedisQuotaStore
+from fairgate.store.redis import MAX_CONNECTIONS, RedisQuotaStore
 from fairgate.store.sqlite import SqliteQuotaStore
 
 HOUR = 3_600_000
@@ -225,3 +226,27 @@ async def test_warm_against_a_dead_server_logs_and_does_not_raise(
         assert await store.confirm_alive() is False
     finally:
         await store.close()
+
+
+async def test_calls_queued_behind_a_hung_server_fail_at_once_not_one_timeout_each() -> None:
+    """A server that accepts connections and never answers (a hung Redis): the calls holding
+    the 32 connections wait for the timeout; the calls queued behind them fail at once."""
+
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read(-1)  # read everything, answer nothing
+        writer.close()
+
+    server = await asyncio.start_server(silent, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    store = RedisQuotaStore(f"redis://127.0.0.1:{port}/0", prefix="t", socket_timeout_s=0.05)
+    try:
+        results = await asyncio.gather(
+            *(store.active_keys("p1", 0) for _ in range(100)), return_exceptions=True
+        )
+        kinds = Counter(type(r).__name__ for r in results)
+        assert kinds == {"NoReply": MAX_CONNECTIONS, "StoreFailing": 100 - MAX_CONNECTIONS}
+        assert all(isinstance(r, tuple(RedisQuotaStore.unavailable_errors)) for r in results)
+    finally:
+        await store.close()
+        server.close()
+        await server.wait_closed()

@@ -101,6 +101,11 @@ class PoolWaitTimeout(RedisTimeoutError):
     before it counts as an outage)."""
 
 
+class StoreFailing(RedisConnectionError):
+    """Another call found the server gone while this one waited for a connection: an outage,
+    failed at once instead of after one more timeout."""
+
+
 class _Pool(redis.asyncio.BlockingConnectionPool):
     async def get_connection(self, *args: Any, **kwargs: Any) -> Any:
         try:
@@ -160,6 +165,13 @@ def _float(value: object) -> float:
     return 0.0 if value is None else float(_text(value))
 
 
+def _discard(command: Awaitable[Any]) -> None:
+    """Close a command coroutine that will never be awaited (no "never awaited" warning)."""
+    close = getattr(command, "close", None)
+    if close is not None:
+        close()
+
+
 def _glob_escape(text: str) -> str:
     return "".join("\\" + ch if ch in "*?[]\\" else ch for ch in text)
 
@@ -193,6 +205,8 @@ class RedisQuotaStore:
         self._prefix = _check_id("prefix", prefix)
         self._timeout_s = socket_timeout_s
         self._ceiling_s = max(MIN_CEILING_S, CEILING_FACTOR * socket_timeout_s)
+        self._slots = asyncio.Semaphore(MAX_CONNECTIONS)
+        self._failures = 0  # calls that found the server gone (see _call)
         self._owns_client = client is None
         # the out-of-loop probe's own blocking client (one socket, used from a worker thread)
         self._probe_client = redis.Redis.from_url(
@@ -212,8 +226,31 @@ class RedisQuotaStore:
         self._unlock = self._client.register_script(_UNLOCK)
 
     async def _call(self, command: Awaitable[T]) -> T:
-        """Every command within the store's timeout, lag compensated (:mod:`.deadline`)."""
-        return await call_within(command, self._timeout_s, ceiling_s=self._ceiling_s)
+        """Every command within the store's timeout, lag compensated (:mod:`.deadline`).
+
+        The deadline starts once the command holds one of the pool's connections (a slot):
+        under a burst, hundreds of calls queue for the 32 connections, and that queue drains
+        at the pace of this process's CPU share, not of Redis. The wait for a slot has no
+        deadline of its own; instead, a call that waited while another call found the server
+        gone (no reply, connection refused or dropped) gives up at once (:class:`StoreFailing`),
+        so a queue never outlives an outage by more than the in-flight calls' timeout."""
+        seen = self._failures
+        try:
+            await self._slots.acquire()
+        except BaseException:
+            _discard(command)
+            raise
+        try:
+            if self._failures != seen:
+                _discard(command)
+                raise StoreFailing("the quota store failed while this call waited")
+            try:
+                return await call_within(command, self._timeout_s, ceiling_s=self._ceiling_s)
+            except (NoReply, RedisConnectionError, OSError):
+                self._failures += 1
+                raise
+        finally:
+            self._slots.release()
 
     @staticmethod
     def _own_client(url: str, ceiling_s: float) -> redis.asyncio.Redis:
