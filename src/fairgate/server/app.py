@@ -128,6 +128,7 @@ def create_app(
                 "outage": outage.as_json(),
             },
             "failOpen": gw.engine.fail_open_count,
+            "gc": gw.retention.as_json(),
             "inflight": len(svc.inflight),
             "inflightLeases": svc.tracker.total,
             "memory": _memory_sizes(svc, gw),

@@ -28,6 +28,7 @@ from fairgate.db.settings import SettingsRepo, access_policy
 from fairgate.files import private_dir
 from fairgate.quota.engine import QuotaEngine
 from fairgate.quota.model import Pool
+from fairgate.quota.retention import RetentionGc
 from fairgate.quota.settings import QuotaSettings
 from fairgate.registry import Registry
 from fairgate.resilience.factory import build_manager
@@ -89,6 +90,7 @@ class Gateway:
 
     registry: Registry
     engine: QuotaEngine
+    retention: RetentionGc
     store_choice: StoreChoice
     quota_settings: QuotaSettings
     db: sqlite3.Connection
@@ -126,6 +128,7 @@ class Gateway:
         self._store_lock = asyncio.Lock()
         self._started = False
         self._replay_task: asyncio.Task[None] | None = None
+        self._gc_task: asyncio.Task[None] | None = None
 
     @property
     def db_path(self) -> Path:
@@ -187,6 +190,11 @@ class Gateway:
         self._replay_task = asyncio.get_running_loop().create_task(
             self.engine.run_replay(), name="fairgate-quota-replay"
         )
+        # retention GC: shortly after start, then hourly (fairgate.quota.retention)
+        self.retention = RetentionGc(self.engine)
+        self._gc_task = asyncio.get_running_loop().create_task(
+            self.retention.run_forever(), name="fairgate-quota-gc"
+        )
         self._started = True
         self.reload()
 
@@ -196,11 +204,12 @@ class Gateway:
             return
         self._started = False
         try:
-            if self._replay_task is not None:
-                self._replay_task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await self._replay_task
-                self._replay_task = None
+            for task in (self._gc_task, self._replay_task):
+                if task is not None:
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await task
+            self._gc_task = self._replay_task = None
             await self._flush_journal()
             if self.resilience is not None:
                 await self.resilience.close()
