@@ -21,6 +21,8 @@ class Result:
     retry_after: str | None
     reason: str | None
     tokens: int  # what the upstream reported (prompt + completion) for a 200
+    limit: str | None = None  # x-ratelimit-limit-requests
+    quota: str | None = None  # x-fairgate-quota ("unavailable" when the store was not read)
 
 
 def pools(dimension: str) -> str:
@@ -79,9 +81,19 @@ async def storm(
         )
         if r.status_code == 200:
             u = r.json()["usage"]
-            return Result(200, None, None, int(u["prompt_tokens"] + u["completion_tokens"]))
-        err = r.json().get("error", {})
-        return Result(r.status_code, r.headers.get("retry-after"), err.get("reason"), 0)
+            err = {}
+            tokens = int(u["prompt_tokens"] + u["completion_tokens"])
+        else:
+            err = r.json().get("error", {})
+            tokens = 0
+        return Result(
+            r.status_code,
+            r.headers.get("retry-after"),
+            None if r.status_code == 200 else err.get("reason"),
+            tokens,
+            r.headers.get("x-ratelimit-limit-requests"),
+            r.headers.get("x-fairgate-quota"),
+        )
 
     try:
         tasks = [asyncio.create_task(one(i)) for i in range(clients)]

@@ -66,6 +66,8 @@ async def test_busy_cores_four_replicas_400_clients_admit_exactly_100_without_fa
     assert usage["failOpen"] == [0] * REPLICAS
     assert usage["outages"] == [0] * REPLICAS
     assert statuses == {200: 100, 429: CLIENTS - 100}
+    # SPEC §4 headers on every answer, read from the store
+    assert all(r.limit is not None and r.quota is None for r in results)
     assert dim["total"] == pytest.approx(100)
 
 
@@ -97,6 +99,8 @@ async def test_busy_cores_redis_stopped_every_replica_fails_open_and_counts_it(
     )
     # fail-open keeps clients served: every request answered, each admission counted
     assert statuses == {200: CLIENTS}
+    # fail-open answers keep the quota headers: the limit, and the reading marked unavailable
+    assert {(r.limit, r.quota) for r in results} == {("100", "unavailable")}
     assert sum(fail_open) == CLIENTS
     assert all(n > 0 for n in fail_open)
     assert all(n >= 1 for n in usage["outages"])  # type: ignore[attr-defined]

@@ -21,6 +21,7 @@ from fairgate.quota.engine import ADMIT_ATTEMPTS, QuotaEngine
 from fairgate.quota.journal import Circuit
 from fairgate.quota.model import Allocation, Dimension, Policy, Pool
 from fairgate.quota.units import Unit, Window
+from fairgate.server.proxy import _quota_headers as quota_headers
 from fairgate.store.base import AdmitRequest, AdmitResult, CounterRef
 from fairgate.store.redis import MAX_CONNECTIONS, RedisQuotaStore
 from fairgate.store.sqlite import SqliteQuotaStore
@@ -250,3 +251,38 @@ async def test_calls_queued_behind_a_hung_server_fail_at_once_not_one_timeout_ea
         await store.close()
         server.close()
         await server.wait_closed()
+
+
+# -- quota headers on every governed answer -----------------------------------------------------
+
+
+async def test_every_governed_answer_carries_quota_headers_fail_open_included(
+    store: SwitchStore, clock: ManualClock
+) -> None:
+    """SPEC §4: the key's standing in ``x-ratelimit-*``. A fail-open answer keeps the limits
+    and resets (known from the pool) and says the remaining counts are unavailable."""
+    engine = engine_for(store, clock)
+    clock.advance(HOUR // 4)  # 45 minutes left in the hourly window
+    ok = quota_headers(await engine.admit(POOL, "a", {Unit.REQUESTS: 1}))
+    assert ok == {
+        "x-ratelimit-limit-requests-hourly": "10",
+        "x-ratelimit-remaining-requests-hourly": "9",
+        "x-ratelimit-reset-requests-hourly": "2700s",
+        "x-ratelimit-limit-requests": "10",
+        "x-ratelimit-remaining-requests": "9",
+    }
+    store.refused = True
+    adm = await engine.admit(POOL, "a", {Unit.REQUESTS: 1})
+    assert adm.fail_open
+    assert quota_headers(adm) == {
+        "x-ratelimit-limit-requests-hourly": "10",
+        "x-ratelimit-reset-requests-hourly": "2700s",
+        "x-ratelimit-limit-requests": "10",
+        "x-fairgate-quota": "unavailable",
+    }
+    # a reply lost to a timeout (admitted, standing unknown): the same
+    store.refused, store.timeouts, store.apply_then_time_out = False, 1, True
+    engine = engine_for(store, clock)
+    lost = await engine.admit(POOL, "a", {Unit.REQUESTS: 1})
+    assert not lost.fail_open
+    assert quota_headers(lost)["x-fairgate-quota"] == "unavailable"

@@ -71,12 +71,14 @@ class Ticket:
 
 @dataclass(frozen=True, slots=True)
 class DimensionStatus:
-    """The key's standing on one counter, for ``x-ratelimit-*`` headers."""
+    """The key's standing on one counter, for ``x-ratelimit-*`` headers. ``remaining`` is None
+    when the store could not be read (a fail-open admission, or a reply lost to a timeout):
+    the limit and the reset are known from the pool, what is left is not."""
 
     key: str
     unit: str
     limit: float
-    remaining: float
+    remaining: float | None
     reset_ms: int
 
 
@@ -207,6 +209,17 @@ def _status(
     return tuple(out)
 
 
+def _unread_status(checks: tuple[DimensionCheck, ...], now_ms: int) -> tuple[DimensionStatus, ...]:
+    """What the headers can say without the store: each dimension's limit for this key (the
+    pool's limit, or the key's cap or model cap when lower) and when its window turns."""
+    out = []
+    for c in checks:
+        limit = c.limit if c.cap is None else min(c.limit, c.cap)
+        reset = (bucket_index(now_ms, c.window_ms) + 1) * c.window_ms - now_ms
+        out.append(DimensionStatus(c.key, c.unit.value, limit, None, reset))
+    return tuple(out)
+
+
 def _id_source() -> Callable[[], str]:
     """Reservation ids: a random per-engine prefix and a counter. Unique across processes and
     restarts (the prefix), and a tenth of the cost of a uuid4 per admission."""
@@ -313,7 +326,8 @@ class QuotaEngine:
                 ticket = Ticket(pool.id, key_id, self._new_id(), checks, reserved=False)
         except Exception as exc:  # the pool itself is broken: nothing to charge
             log.warning("quota fail-open without a ticket", extra={"error": type(exc).__name__})
-        return Admission(Outcome.ALLOW, ticket=ticket, fail_open=True)
+        status = () if ticket is None else _unread_status(ticket.checks, self.clock.now_ms())
+        return Admission(Outcome.ALLOW, ticket=ticket, status=status, fail_open=True)
 
     def _unavailable(self, exc: BaseException) -> bool:
         return isinstance(exc, unavailable_errors(self._store))
@@ -405,7 +419,8 @@ class QuotaEngine:
             # the attempt that timed out did reserve: admitted (its reply, and with it the
             # key's standing for the headers, was lost)
             self._verdict(None)
-            return Admission(Outcome.ALLOW, ticket=Ticket(pool.id, key_id, reservation_id, checks))
+            ticket = Ticket(pool.id, key_id, reservation_id, checks)
+            return Admission(Outcome.ALLOW, ticket=ticket, status=_unread_status(checks, now))
         self._verdict(None)  # the store answered (closes the circuit if this was the probe)
         status = _status(checks, res.totals, res.mine, now, threshold, res.reserved)
         v = res.verdict

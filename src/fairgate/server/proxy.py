@@ -638,14 +638,20 @@ def _quota_blocked(blocked: list[Blocked], call: Call) -> ApiError:
 
 
 def _quota_headers(adm: Admission) -> dict[str, str]:
+    """``x-ratelimit-*`` per dimension (SPEC §4). When the store could not be read (fail-open)
+    the limits and resets are still sent, the remaining counts are not, and
+    ``x-fairgate-quota: unavailable`` says why (README, "Quota headers")."""
     out: dict[str, str] = {}
     for st in adm.status:
         suffix = st.key.replace("/", "-").replace(":", "-")
         out[f"x-ratelimit-limit-{suffix}"] = f"{st.limit:g}"
-        out[f"x-ratelimit-remaining-{suffix}"] = f"{st.remaining:g}"
         out[f"x-ratelimit-reset-{suffix}"] = f"{math.ceil(st.reset_ms / 1000)}s"
         # the unsuffixed names SDK users know, from the first dimension of each unit
         out.setdefault(f"x-ratelimit-limit-{st.unit}", f"{st.limit:g}")
+        if st.remaining is None:
+            out["x-fairgate-quota"] = "unavailable"
+            continue
+        out[f"x-ratelimit-remaining-{suffix}"] = f"{st.remaining:g}"
         out.setdefault(f"x-ratelimit-remaining-{st.unit}", f"{st.remaining:g}")
     return out
 
