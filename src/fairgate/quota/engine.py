@@ -119,7 +119,7 @@ REPLAY_INTERVAL_S = 0.5
 #: An admission whose store call timed out while the store still answers the out-of-loop probe
 #: (a busy event loop, not a dead store) is tried this many times in all, under the same
 #: reservation id, before it fails open.
-ADMIT_ATTEMPTS = 4
+ADMIT_ATTEMPTS = 6
 
 
 @dataclass(frozen=True, slots=True)

@@ -101,6 +101,11 @@ class PoolWaitTimeout(RedisTimeoutError):
     before it counts as an outage)."""
 
 
+class SlowReply(RedisTimeoutError):
+    """No reply within the timeout, but the server answered the out-of-loop probe: this
+    process was too busy to read the reply in time. A timeout (retried), not an outage."""
+
+
 class StoreFailing(RedisConnectionError):
     """Another call found the server gone while this one waited for a connection: an outage,
     failed at once instead of after one more timeout."""
@@ -207,6 +212,7 @@ class RedisQuotaStore:
         self._ceiling_s = max(MIN_CEILING_S, CEILING_FACTOR * socket_timeout_s)
         self._slots = asyncio.Semaphore(MAX_CONNECTIONS)
         self._failures = 0  # calls that found the server gone (see _call)
+        self._confirming: asyncio.Future[bool] | None = None
         self._owns_client = client is None
         # the out-of-loop probe's own blocking client (one socket, used from a worker thread)
         self._probe_client = redis.Redis.from_url(
@@ -232,8 +238,15 @@ class RedisQuotaStore:
         under a burst, hundreds of calls queue for the 32 connections, and that queue drains
         at the pace of this process's CPU share, not of Redis. The wait for a slot has no
         deadline of its own; instead, a call that waited while another call found the server
-        gone (no reply, connection refused or dropped) gives up at once (:class:`StoreFailing`),
-        so a queue never outlives an outage by more than the in-flight calls' timeout."""
+        gone (connection refused or dropped, or no reply confirmed by the out-of-loop probe)
+        gives up at once (:class:`StoreFailing`), so a queue never outlives an outage by more
+        than the in-flight calls' timeout.
+
+        No reply within the deadline is confirmed by :meth:`confirm_alive` (a probe the loop
+        cannot starve; concurrent ones share it): a dead server is :class:`NoReply`, an
+        outage; a server that answers the probe means this loop was too slow to read the reply
+        (a long ready queue, not one long block), which is :class:`SlowReply`, a timeout the
+        engine retries."""
         seen = self._failures
         try:
             await self._slots.acquire()
@@ -246,11 +259,22 @@ class RedisQuotaStore:
                 raise StoreFailing("the quota store failed while this call waited")
             try:
                 return await call_within(command, self._timeout_s, ceiling_s=self._ceiling_s)
-            except (NoReply, RedisConnectionError, OSError):
+            except NoReply:
+                if await self._confirm_shared():
+                    raise SlowReply("no reply in time, yet Redis answers: a busy loop") from None
+                self._failures += 1
+                raise
+            except (RedisConnectionError, OSError):
                 self._failures += 1
                 raise
         finally:
             self._slots.release()
+
+    async def _confirm_shared(self) -> bool:
+        pending = self._confirming
+        if pending is None or pending.done():
+            pending = self._confirming = asyncio.ensure_future(self.confirm_alive())
+        return await asyncio.shield(pending)
 
     @staticmethod
     def _own_client(url: str, ceiling_s: float) -> redis.asyncio.Redis:
