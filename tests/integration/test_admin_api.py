@@ -160,7 +160,8 @@ async def test_auth_required_everywhere(api: Api) -> None:
         assert wrong.status_code == 401
         assert error_of(wrong)["message"] == "Invalid admin key"
         client_key = await anon.get("/keys", headers={"Authorization": f"Bearer {ALICE_SECRET}"})
-        assert client_key.status_code == 401
+        assert client_key.status_code == 403  # authenticated, not allowed
+        assert error_of(client_key)["type"] == "permission_error"
         assert "Client keys" in error_of(client_key)["message"]
         # authentication comes before the body is even parsed
         bad = await anon.post("/quota/pools", content=b"{oops", headers={"x-admin-key": "no"})

@@ -129,7 +129,7 @@
       throw new ApiError(0, "Cannot reach the gateway: is it running?");
     }
     const data = await res.json().catch(() => null);
-    if (res.status === 401) {
+    if (res.status === 401 || res.status === 403) {
       const msg = (data && data.error && data.error.message) || "the admin key was not accepted";
       signOut(`Signed out: ${msg}.`);
       throw new ApiError(401, msg);
@@ -188,7 +188,7 @@
         headers: { Authorization: "Bearer " + value },
         cache: "no-store",
       });
-      if (res.status === 401) {
+      if (res.status === 401 || res.status === 403) {
         const data = await res.json().catch(() => null);
         const msg = (data && data.error && data.error.message) || "Invalid admin key";
         showSignin(`That key was not accepted (${msg}). Use the gateway's FAIRGATE_ADMIN_KEY.`);

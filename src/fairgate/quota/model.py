@@ -53,6 +53,16 @@ class Dimension:
         return self.window.ms
 
 
+def unenforced_message(dims: tuple[Dimension, ...]) -> str | None:
+    """The warning for dimensions that are all unknown (≤ ``UNKNOWN_LIMIT``), or None."""
+    if not dims or any(d.known for d in dims):
+        return None
+    return (
+        f"every limit is 0 or below {UNKNOWN_LIMIT:g} (unknown): nothing is enforced; "
+        "set the real limits to share this quota"
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class Plan:
     dimensions: tuple[Dimension, ...]
@@ -71,6 +81,10 @@ class ModelCap:
     def key(self) -> str:
         return f"model:{self.model}:{self.unit.value}/hourly"
 
+    @property
+    def known(self) -> bool:
+        return self.limit > UNKNOWN_LIMIT
+
 
 @dataclass(frozen=True, slots=True)
 class Allocation:
@@ -82,15 +96,18 @@ class Allocation:
     model_caps: tuple[ModelCap, ...] = ()
 
     def cap_for(self, unit: Unit) -> float | None:
-        """The absolute cap applies only to dimensions of its own unit."""
-        if self.cap_value is not None and self.cap_value > 0 and self.cap_unit == unit:
-            return self.cap_value
+        """The absolute cap applies only to dimensions of its own unit. A cap at or below
+        ``UNKNOWN_LIMIT`` is unknown, as a dimension's limit is: no cap, never "block all"."""
+        cap = self.cap_value
+        if cap is not None and cap > UNKNOWN_LIMIT and self.cap_unit == unit:
+            return cap
         return None
 
     def model_cap(self, model: str | None) -> tuple[ModelCap, ...]:
+        """This model's caps that are known (a limit ≤ ``UNKNOWN_LIMIT`` caps nothing)."""
         if model is None:
             return ()
-        return tuple(c for c in self.model_caps if c.model == model and c.limit > 0)
+        return tuple(c for c in self.model_caps if c.model == model and c.known)
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,3 +153,11 @@ class Pool:
 
     def enforced_dimensions(self) -> tuple[Dimension, ...]:
         return self._enforced
+
+    @property
+    def unenforced_warning(self) -> str | None:
+        """Why this pool enforces nothing although it has dimensions (every limit unknown,
+        say a manual plan of zeros), for the admin answers and ``/health``; else None."""
+        if self.dimensions and not self._enforced:
+            return unenforced_message(self.dimensions)
+        return None

@@ -60,8 +60,21 @@ def admin_problem(gw: Gateway, headers: Headers) -> str | None:
     if hmac.compare_digest(presented.encode("utf-8"), gw.admin_key.encode("utf-8")):
         return None
     if gw.registry.authenticate(presented) is not None:
-        return "Client keys cannot use the admin API; use the admin key"
+        return CLIENT_KEY_PROBLEM
     return "Invalid admin key"
+
+
+#: The caller is authenticated (a valid client key) but not allowed here: 403, not 401.
+CLIENT_KEY_PROBLEM = "Client keys cannot use the admin API; use the admin key"
+
+
+def problem_status(problem: str) -> int:
+    """401 asks for credentials; a valid client key has them and is refused the admin API."""
+    return 403 if problem == CLIENT_KEY_PROBLEM else 401
+
+
+def _auth_headers(status: int) -> dict[str, str] | None:
+    return {"WWW-Authenticate": "Bearer"} if status == 401 else None
 
 
 def presented_key(headers: Headers) -> str:
@@ -153,7 +166,8 @@ class AdminGuard:
                 "admin authentication failed",
                 extra={"client": addr, "failures": failures, "path": _route_path(scope)},
             )
-        resp = error_response(401, problem, headers={"WWW-Authenticate": "Bearer"})
+        status = problem_status(problem)
+        resp = error_response(status, problem, headers=_auth_headers(status))
         await resp(scope, receive, send)
         return True
 
@@ -165,7 +179,7 @@ async def require_admin(
 ) -> None:
     problem = admin_problem(request.app.state.gateway, request.headers)
     if problem is not None:
-        raise AdminError(401, problem)
+        raise AdminError(problem_status(problem), problem)
 
 
 def _validation_fields(exc: RequestValidationError) -> tuple[bool, list[tuple[str, str]]]:
@@ -204,7 +218,8 @@ def _install_error_handlers(app: FastAPI) -> None:
     async def on_http(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, StarletteHTTPException)
         if exc.status_code == 404:
-            message = f"No route for {request.method} {_route_path(request.scope)}"
+            # the path as the client sent it, /api prefix included
+            message = f"No route for {request.method} {request.scope.get('path', '')}"
         elif exc.status_code == 405:
             message = f"Method {request.method} not allowed here"
         else:
@@ -213,8 +228,7 @@ def _install_error_handlers(app: FastAPI) -> None:
 
     async def on_admin(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, AdminError)
-        headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
-        return error_response(exc.status, exc.message, exc.fields, headers)
+        return error_response(exc.status, exc.message, exc.fields, _auth_headers(exc.status))
 
     async def on_repo(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, RepoError)

@@ -411,6 +411,10 @@ class PlanOut(ApiModel):
     provider: str
     source: Literal["override", "catalog", "empty"]
     dimensions: list[DimensionOut]
+    warnings: list[str] = Field(
+        default_factory=list,
+        description="Set when every limit of a manual plan is unknown (≤ 1e-9): nothing enforced",
+    )
 
 
 # -- connections and keys ---------------------------------------------------------------------

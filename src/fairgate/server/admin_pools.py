@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, Query, Response
+from fastapi import APIRouter, Query, Request, Response
 
 from fairgate.db.common import Invalid, transaction
 from fairgate.db.connections import ConnectionRepo
@@ -28,8 +28,14 @@ from fairgate.quota.decision import (
     evaluate,
     retry_after_ms,
 )
-from fairgate.quota.model import Allocation, Dimension, Policy, ShareMode
-from fairgate.quota.units import Unit
+from fairgate.quota.model import (
+    Allocation,
+    Dimension,
+    Policy,
+    ShareMode,
+    unenforced_message,
+)
+from fairgate.quota.units import UNKNOWN_LIMIT, Unit
 from fairgate.quota.window import Count
 from fairgate.registry import Connection
 from fairgate.server.admin_common import (
@@ -243,11 +249,13 @@ def _plan_source(source: str) -> Literal["override", "catalog", "empty"]:
 
 def _plan_out(c: Connection, override: tuple[Dimension, ...] | None) -> PlanOut:
     plan = resolve_plan(c.provider, override)
+    warning = unenforced_message(plan.dimensions) if plan.source == "override" else None
     return PlanOut(
         connection_id=c.id,
         provider=c.provider,
         source=_plan_source(plan.source),
         dimensions=[DimensionOut.of(d) for d in plan.dimensions],
+        warnings=[] if warning is None else [f"manual plan: {warning}"],
     )
 
 
@@ -286,18 +294,73 @@ async def delete_plan(connection_id: str, gw: GW) -> PlanOut:
 # -- preview ----------------------------------------------------------------------------------
 
 
+#: The estimate's parameters under their short names and under the seeds' names (aliases).
+_PREVIEW_ALIASES = {
+    "estimatedTokens": "tokens",
+    "estimatedRequests": "requests",
+    "estimatedUsd": "usd",
+}
+_PREVIEW_PARAMS = frozenset({"pool", "key", "model", *_PREVIEW_ALIASES.values()})
+
+
+def _preview_estimate(
+    request: Request, given: Mapping[str, float | None], defaults: Mapping[str, float]
+) -> dict[str, float]:
+    """Refuse what the preview would otherwise ignore: an unknown query parameter (a typo
+    such as ``token=5000`` answered a plausible "allow" for the default size), or one value
+    given under both of its names."""
+    names = set(request.query_params.keys())
+    unknown = sorted(names - _PREVIEW_PARAMS - set(_PREVIEW_ALIASES))
+    if unknown:
+        known = ", ".join(sorted(_PREVIEW_PARAMS | set(_PREVIEW_ALIASES)))
+        raise invalid(
+            [(name, f"unknown query parameter (known: {known})") for name in unknown],
+            f"unknown query parameter(s): {', '.join(unknown)}",
+        )
+    aliases = _PREVIEW_ALIASES.items()
+    both = [(a, f"give {a} or {n}, not both") for a, n in aliases if {a, n} <= names]
+    if both:
+        raise invalid(both)
+    out = dict(defaults)
+    for alias, name in _PREVIEW_ALIASES.items():
+        value = given.get(alias) if alias in names else given.get(name)
+        if value is not None:
+            out[name] = value
+    return out
+
+
 @router.get("/quota/preview", tags=["pools"], responses=STORE_RESPONSES)
 async def preview(
     gw: GW,
+    request: Request,
     pool: Annotated[str, Query(min_length=1, description="Pool id")],
     key: Annotated[str, Query(min_length=1, description="Client key id")],
-    tokens: NonNegative = 0.0,
-    requests: NonNegative = 1.0,
-    usd: NonNegative = 0.0,
+    tokens: NonNegative | None = None,
+    requests: NonNegative | None = None,
+    usd: NonNegative | None = None,
+    estimated_tokens: Annotated[NonNegative | None, Query(alias="estimatedTokens")] = None,
+    estimated_requests: Annotated[NonNegative | None, Query(alias="estimatedRequests")] = None,
+    estimated_usd: Annotated[NonNegative | None, Query(alias="estimatedUsd")] = None,
     model: Annotated[str | None, Query(max_length=200)] = None,
 ) -> PreviewOut:
     """What admission would decide for this request now, without reserving anything: the
-    counters are only read (``peek``/``pool_usage``), never admitted to."""
+    counters are only read (``peek``/``pool_usage``), never admitted to. The estimate is
+    ``tokens`` / ``requests`` (default 1) / ``usd``, or the same under the seeds' names
+    ``estimatedTokens`` / ``estimatedRequests`` / ``estimatedUsd``; any other query
+    parameter is a 422 naming it."""
+    est = _preview_estimate(
+        request,
+        {
+            "tokens": tokens,
+            "requests": requests,
+            "usd": usd,
+            "estimatedTokens": estimated_tokens,
+            "estimatedRequests": estimated_requests,
+            "estimatedUsd": estimated_usd,
+        },
+        {"tokens": 0.0, "requests": 1.0, "usd": 0.0},
+    )
+    tokens, requests, usd = est["tokens"], est["requests"], est["usd"]
     p = PoolRepo(gw.db).get(pool)
     KeyRepo(gw.db).get(key)
     alloc = p.allocation(key)
@@ -339,7 +402,8 @@ async def preview(
         retry = retry_after_ms(check, verdict.reason, total_c, mine_c, now, threshold)
     dims = []
     for c, (total, consumed) in zip(checks, values, strict=True):
-        used = max(total / c.limit, c.signal) if c.scope == "pool" and c.limit > 0 else 0.0
+        known = c.limit > UNKNOWN_LIMIT
+        used = max(total / c.limit, c.signal) if c.scope == "pool" and known else 0.0
         dims.append(
             PreviewDimensionOut(
                 key=c.key,

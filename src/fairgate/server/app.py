@@ -129,6 +129,12 @@ def create_app(
             },
             "failOpen": gw.engine.fail_open_count,
             "gc": gw.retention.as_json(),
+            # pools that enforce nothing because every limit is unknown (a plan of zeros)
+            "warnings": [
+                f"pool {p.id}: {p.unenforced_warning}"
+                for p in gw.registry.pools.values()
+                if p.unenforced_warning
+            ],
             "inflight": len(svc.inflight),
             "inflightLeases": svc.tracker.total,
             "memory": _memory_sizes(svc, gw),
