@@ -320,11 +320,24 @@ def demo_config_yaml(mock_url: str, upstream_secret: str, keys: dict[str, str]) 
     return "\n".join(lines) + "\n"
 
 
+def demo_identity(env: Mapping[str, str], data_dir: Path | None) -> tuple[Path, str]:
+    """The demo's data directory and admin key: ``--data-dir``, else ``FAIRGATE_DATA_DIR``,
+    else a fresh temp dir; ``FAIRGATE_ADMIN_KEY`` when set (a user who set it expects it to
+    work), else a random one printed at start."""
+    import secrets as _secrets
+
+    named = (env.get("FAIRGATE_DATA_DIR") or "").strip()
+    ddir = data_dir or (Path(named) if named else Path(tempfile.mkdtemp(prefix="fairgate-demo-")))
+    admin_key = (env.get("FAIRGATE_ADMIN_KEY") or "").strip()
+    return ddir, admin_key or "fg-admin-" + _secrets.token_urlsafe(32)
+
+
 @app.command()
 def demo(
     port: Annotated[int | None, typer.Option(help="Gateway port (FAIRGATE_PORT, 20128).")] = None,
     data_dir: Annotated[
-        Path | None, typer.Option(help="Data directory (default: a fresh temp dir).")
+        Path | None,
+        typer.Option(help="Data directory (FAIRGATE_DATA_DIR; default: a fresh temp dir)."),
     ] = None,
 ) -> None:
     """Run the gateway on its embedded defaults: SQLite, the built-in mock upstream, a demo pool."""
@@ -343,11 +356,10 @@ def demo(
         _fail("FAIRGATE_PORT must be a number")
     if not _port_free(host, chosen):
         _fail(f"port {chosen} is already in use (try: fairgate demo --port 20129)")
-    ddir = data_dir or Path(tempfile.mkdtemp(prefix="fairgate-demo-"))
+    ddir, admin_key = demo_identity(os.environ, data_dir)
     mock_port = _free_port()
     upstream_secret = "mock-upstream-" + _secrets.token_hex(8)
     keys = {k: "fg-demo-" + _secrets.token_urlsafe(18) for k, _, _ in DEMO_KEYS}
-    admin_key = "fg-admin-" + _secrets.token_urlsafe(32)
     cfg = load_config_text(demo_config_yaml(f"http://{host}:{mock_port}", upstream_secret, keys))
 
     async def start_mock() -> None:

@@ -125,6 +125,11 @@ async def test_burn_rate_from_real_samples(store: QuotaStore, clock: ManualClock
     usage = await engine.usage(pool)
     assert usage.dimensions[0].burn_rate_per_s == 0
     assert usage.dimensions[0].time_to_exhaustion_ms is None
+    for _ in range(3):
+        await _send(engine, pool, "c", 5)
+        clock.advance(10_000)
+    # 30 s of samples: too short to call it a rate (burn.MIN_SPAN_MS)
+    assert (await engine.usage(pool)).dimensions[0].time_to_exhaustion_ms is None
     for _ in range(4):
         await _send(engine, pool, "c", 5)
         clock.advance(10_000)

@@ -3,6 +3,11 @@
 An exponential moving average (α 0.3) of the consumption rate between timestamped samples of a
 monotonic cumulative counter. Fewer than two usable samples → rate 0 and no time to exhaustion,
 so a new pool shows "no data" rather than a made-up forecast.
+
+The same holds until the samples span :data:`MIN_SPAN_MS` (one minute): three requests in the
+first second are a burst, not a rate, and extrapolating them said "exhausted in 17 s" for a
+pool that would last hours. A minute holds at least a dozen samples at the 5 s sampling
+interval, enough for the moving average to mean something.
 """
 
 from __future__ import annotations
@@ -11,6 +16,8 @@ from collections import deque
 from dataclasses import dataclass
 
 ALPHA = 0.3
+#: No rate is reported before the samples span this long.
+MIN_SPAN_MS = 60_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,5 +66,11 @@ class BurnSeries:
     def samples(self) -> tuple[Sample, ...]:
         return tuple(self._samples)
 
+    def span_ms(self) -> int:
+        return self._samples[-1].t_ms - self._samples[0].t_ms if self._samples else 0
+
     def rate(self) -> float:
+        """Units per second, 0 ("no data") until the samples span :data:`MIN_SPAN_MS`."""
+        if self.span_ms() < MIN_SPAN_MS:
+            return 0.0
         return ema_rate(self.samples)
