@@ -298,7 +298,7 @@ def _session(rec: Recorder, mock: Proc, s: Secrets) -> None:
     s.created_keys.append(created)
     assert rec.send("GET", "/v1/models", headers={"Authorization": f"Bearer {created}"}).is_success
     r = rec.send("GET", "/api/keys", headers={"Authorization": f"Bearer {created}"})
-    assert r.status_code == 401  # a fresh client key is no admin key either
+    assert r.status_code == 403  # a fresh client key is no admin key either
     r = rec.send(
         "POST",
         "/api/connections",

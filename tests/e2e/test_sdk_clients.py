@@ -189,7 +189,7 @@ def test_bad_bodies_get_clear_errors(gateway: Proc) -> None:
     r = httpx.post(url, content=big, headers=h)
     assert r.status_code == 413
     r = httpx.get(gateway.url + "/api/quota/pools", headers={"Authorization": f"Bearer {SECRET}"})
-    assert r.status_code == 401  # a client key is not an admin key
+    assert r.status_code == 403  # a client key is not an admin key: forbidden
     r = httpx.get(
         gateway.url + "/api/quota/pools", headers={"Authorization": f"Bearer {ADMIN_KEY}"}
     )

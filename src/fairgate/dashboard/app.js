@@ -638,10 +638,10 @@
     const titleId = nextId("burn-title");
     const section = h("section", { class: "burn", "aria-labelledby": titleId }, h("h3", { id: titleId }, `Burn rate · ${d.unit} / ${d.window}`));
     // the gateway reports no rate before its samples span a minute (quota/burn.py MIN_SPAN_MS)
-    const span = samples.length ? samples[samples.length - 1].tMs - samples[0].tMs : 0;
+    const sampled = samples.length ? samples[samples.length - 1].tMs - samples[0].tMs : 0;
     let forecast;
     if (!d.enforced) forecast = "limit unknown: no forecast";
-    else if (span < 60000) forecast = "collecting samples: a forecast needs a minute of them";
+    else if (sampled < 60000) forecast = "collecting samples: a forecast needs a minute of them";
     else if (d.timeToExhaustionMs === null) forecast = ema > 0 ? "no forecast" : "not running out at the current rate";
     else if (d.timeToExhaustionMs <= 0) forecast = "the pool is exhausted now";
     else forecast = `at this rate the pool runs out in ${duration(d.timeToExhaustionMs)} (around ${clock(Date.now() + d.timeToExhaustionMs)})`;
