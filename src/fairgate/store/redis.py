@@ -84,6 +84,10 @@ _DELETE_BATCH: Final = 500
 #: two-core host). A dead server is detected at once anyway (connection refused).
 DEFAULT_CONNECT_TIMEOUT_S: Final = 0.5
 DEFAULT_SOCKET_TIMEOUT_S: Final = 1.0
+#: The out-of-loop probe waits at least this long for its PONG. Its thread needs the GIL and a
+#: time slice of a host whose cores may be busy: with the store's timeout at 100 ms, the probe
+#: itself missed live replies under the stress test. It only has to tell dead from alive.
+PROBE_MIN_TIMEOUT_S: Final = 1.0
 #: However busy the loop, a command is abandoned after this (a multiple of the timeout).
 CEILING_FACTOR: Final = 10
 MIN_CEILING_S: Final = 10.0
@@ -217,8 +221,8 @@ class RedisQuotaStore:
         # the out-of-loop probe's own blocking client (one socket, used from a worker thread)
         self._probe_client = redis.Redis.from_url(
             url,
-            socket_connect_timeout=connect_timeout_s,
-            socket_timeout=socket_timeout_s,
+            socket_connect_timeout=max(PROBE_MIN_TIMEOUT_S, connect_timeout_s),
+            socket_timeout=max(PROBE_MIN_TIMEOUT_S, socket_timeout_s),
             socket_keepalive=True,
             max_connections=1,
             retry=SyncRetry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)),
