@@ -303,3 +303,16 @@ async def test_every_governed_answer_carries_quota_headers_fail_open_included(
     lost = await engine.admit(POOL, "a", {Unit.REQUESTS: 1})
     assert not lost.fail_open
     assert quota_headers(lost)["x-fairgate-quota"] == "unavailable"
+
+
+@pytest.mark.redis
+async def test_concurrent_out_of_loop_probes_of_a_live_server_all_say_alive(
+    redis_url: str, redis_prefix: str
+) -> None:
+    """The store's calls and the engine may probe at the same moment; the probe has one
+    connection, so they share one PING (two at once: one refused, a false outage)."""
+    store = RedisQuotaStore(redis_url, prefix=redis_prefix)
+    try:
+        assert await asyncio.gather(*(store.confirm_alive() for _ in range(10))) == [True] * 10
+    finally:
+        await store.close()

@@ -27,6 +27,7 @@ import functools
 import importlib.resources
 import logging
 import math
+import threading
 import uuid
 from collections.abc import Awaitable, Sequence
 from typing import Any, Final, TypeVar, cast
@@ -217,6 +218,7 @@ class RedisQuotaStore:
         self._slots = asyncio.Semaphore(MAX_CONNECTIONS)
         self._failures = 0  # calls that found the server gone (see _call)
         self._confirming: asyncio.Future[bool] | None = None
+        self._probe_lock = threading.Lock()  # one PING at a time on the probe's connection
         self._owns_client = client is None
         # the out-of-loop probe's own blocking client (one socket, used from a worker thread)
         self._probe_client = redis.Redis.from_url(
@@ -264,7 +266,7 @@ class RedisQuotaStore:
             try:
                 return await call_within(command, self._timeout_s, ceiling_s=self._ceiling_s)
             except NoReply:
-                if await self._confirm_shared():
+                if await self.confirm_alive():
                     raise SlowReply("no reply in time, yet Redis answers: a busy loop") from None
                 self._failures += 1
                 raise
@@ -274,11 +276,7 @@ class RedisQuotaStore:
         finally:
             self._slots.release()
 
-    async def _confirm_shared(self) -> bool:
-        pending = self._confirming
-        if pending is None or pending.done():
-            pending = self._confirming = asyncio.ensure_future(self.confirm_alive())
-        return await asyncio.shield(pending)
+
 
     @staticmethod
     def _own_client(url: str, ceiling_s: float) -> redis.asyncio.Redis:
@@ -549,12 +547,20 @@ class RedisQuotaStore:
     async def confirm_alive(self) -> bool:
         """PING from a worker thread on a socket of its own: its deadline runs on the OS's
         clock, not on this event loop's, so a loop too busy to read replies in time cannot
-        make a live server look dead (the thread needs only a few ms of CPU and the GIL)."""
-        return await asyncio.to_thread(self._blocking_ping)
+        make a live server look dead (the thread needs only a few ms of CPU and the GIL).
+        Concurrent callers (the store's calls, the engine) share one probe in flight: the
+        probe has one connection, and a second PING at once would be refused by its pool."""
+        pending = self._confirming
+        if pending is None or pending.done():
+            pending = self._confirming = asyncio.ensure_future(
+                asyncio.to_thread(self._blocking_ping)
+            )
+        return await asyncio.shield(pending)
 
     def _blocking_ping(self) -> bool:
         try:
-            return bool(self._probe_client.ping())
+            with self._probe_lock:
+                return bool(self._probe_client.ping())
         except Exception:  # any failure means "not alive" (redis-py may raise AttributeError
             # from its parser after a failed connect): the probe must answer, never raise
             return False
