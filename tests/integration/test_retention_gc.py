@@ -21,7 +21,14 @@ HOUR = 3_600_000
 DAY = 24 * HOUR
 KEYS = ("alice", "bob", "carol")
 CONFIG: dict[str, Any] = {
-    "connections": [{"id": "mock-1", "provider": "mock", "base_url": "http://127.0.0.1:9/v1"}],
+    "connections": [
+        {
+            "id": "mock-1",
+            "provider": "mock",
+            "base_url": "http://127.0.0.1:9/v1",
+            "models": ["*"],
+        }
+    ],
     "keys": [{"id": k, "name": k, "secret": f"fg-{k}-secret-0123456789"} for k in KEYS],
     "pools": [
         {

@@ -27,8 +27,18 @@ ADMIN = "adm-rough-edges"
 ALICE = "fg-alice-secret-0123456789"
 CONFIG: dict[str, Any] = {
     "connections": [
-        {"id": "mock-1", "provider": "mock", "base_url": "http://127.0.0.1:9/v1"},
-        {"id": "kimi-1", "provider": "kimi", "base_url": "http://127.0.0.1:9/v1"},
+        {
+            "id": "mock-1",
+            "provider": "mock",
+            "base_url": "http://127.0.0.1:9/v1",
+            "models": ["*"],
+        },
+        {
+            "id": "kimi-1",
+            "provider": "kimi",
+            "base_url": "http://127.0.0.1:9/v1",
+            "models": ["*"],
+        },
     ],
     "keys": [{"id": "alice", "name": "Alice", "secret": ALICE}],
     "pools": [
