@@ -66,10 +66,18 @@ def admit_request(
     rid: str | None = None,
     threshold: float = 0.5,
     signals: Mapping[str, float] | None = None,
+    reserves: Mapping[str, float] | None = None,
 ) -> AdmitRequest:
     alloc = pool.allocation(key)
     assert alloc is not None
-    checks = compile_checks(pool, alloc, cost or {Unit.REQUESTS: 1.0}, model=model, signals=signals)
+    checks = compile_checks(
+        pool,
+        alloc,
+        cost or {Unit.REQUESTS: 1.0},
+        model=model,
+        signals=signals,
+        reserves=reserves,
+    )
     return AdmitRequest(
         pool_id=pool.id,
         key_id=key,
@@ -555,6 +563,7 @@ def _actual_usage(checks: Sequence[DimensionCheck], tokens: float, usd: float) -
 async def _run_scenario(store: QuotaStore, seed: int) -> tuple[list[Any], list[float], Any]:
     """A few hundred steps; returns (discrete log, float log, final counts)."""
     rng = random.Random(seed)
+    spare = random.Random(seed + 1)  # the reserves' draws leave the main sequence as it was
     pool = PARITY_POOL
     keys = [a.key_id for a in pool.allocations]
     held: list[AdmitRequest] = []
@@ -571,6 +580,13 @@ async def _run_scenario(store: QuotaStore, seed: int) -> tuple[list[Any], list[f
             threshold, signals = 0.5, {PARITY_DIMS[0].key: 0.95}
         else:  # generous
             threshold, signals = 0.99, None
+        # active mode now and then: room held for waiting keys (requests, then tokens)
+        reserves = None
+        if step % 5 == 2:
+            reserves = {
+                PARITY_DIMS[0].key: float(spare.randint(1, 6)),
+                PARITY_DIMS[1].key: float(spare.randint(0, 30_000)),
+            }
         roll = rng.random()
         if roll < 0.6 or not held:
             key = rng.choices(keys, weights=[3, 2, 2, 3, 3, 2])[0]
@@ -590,10 +606,13 @@ async def _run_scenario(store: QuotaStore, seed: int) -> tuple[list[Any], list[f
                 lease_ms=rng.choice([60_000, 600_000]),
                 threshold=threshold,
                 signals=signals,
+                reserves=reserves,
             )
             res = await store.admit(req)
             v = res.verdict
-            log.append((step, "admit", key, model, v.outcome, v.reason, v.index, res.reserved))
+            log.append(
+                (step, "admit", key, model, v.outcome, v.reason, v.index, res.reserved, reserves)
+            )
             for c in (*res.totals, *res.mine):
                 floats.extend((c.prev, c.curr))
             if res.reserved:
@@ -687,6 +706,8 @@ async def test_sqlite_parity_scenario_reaches_every_outcome(tmp_path: Path) -> N
     assert actions == {"admit", "settle", "release", "record"}
     assert any(e[1] == "release" and not e[3] for e in log)  # released after its lease lapsed
     assert final["totals"][PARITY_DIMS[0].key] != (0.0, 0.0)
+    # generous steps (>= 250) only refuse a share through room held for waiting keys
+    assert any(e[1] == "admit" and e[0] >= 250 and e[5] is Reason.FAIR_SHARE for e in log)
     assert {
         (Outcome.ALLOW, None),
         (Outcome.PENALIZE, None),

@@ -11,6 +11,7 @@ from fairgate.quota.decision import (
     active_levels,
     demand_bounds,
     demand_rate,
+    waiting_reserves,
 )
 from fairgate.quota.model import Allocation, Dimension, Pool, ShareMode
 from fairgate.quota.units import Unit, Window
@@ -92,3 +93,36 @@ def test_keys_without_counts_or_allocation_are_left_unbounded() -> None:
     used = {"zz": {DIM: Count(0, 5)}, "b": {}}
     ages = {"zz": HOUR, "b": HOUR}
     assert demand_bounds(ABC, ["zz", "b"], used, T, ages) == {}
+
+
+# -- room held for waiting keys (issue 17) ------------------------------------------------------
+
+
+def test_reserve_worked_example_greedy_key_leaves_room_for_the_returning_one() -> None:
+    # 300/hour, A (greedy) used 290, B came back and was refused having used 10; C used 100 and
+    # was refused too. λ = 100 (all three pressed): B is owed 90, C is owed nothing.
+    used = {
+        "a": {DIM: Count(prev=0, curr=190)},
+        "b": {DIM: Count(prev=0, curr=10)},
+        "c": {DIM: Count(prev=0, curr=100)},
+    }
+    levels = {DIM: 100.0}
+    r = waiting_reserves(ABC, levels, ["a", "b", "c"], {"b", "c"}, used, T)
+    assert r.for_key("a") == {DIM: 90}  # A (190 per weight) leaves B's 90
+    assert r.for_key("c") == {DIM: 90}  # C is further along than B: it leaves B's 90 too
+    assert r.for_key("b") == {DIM: 0}  # B leaves nothing: nobody waits further below
+    assert r.for_key("newcomer") == {DIM: 90}  # unknown keys leave everything owed
+
+
+def test_reserve_counts_only_keys_further_below_their_share_and_respects_caps() -> None:
+    pool = _pool(Allocation("a", 1), Allocation("b", 1, cap_value=20, cap_unit=Unit.REQUESTS))
+    used = {"a": {DIM: Count(prev=0, curr=50)}, "b": {DIM: Count(prev=0, curr=5)}}
+    r = waiting_reserves(pool, {DIM: 150.0}, ["a", "b"], {"a", "b"}, used, T)
+    # b is owed only up to its cap (20 − 5), a is owed 100 but is further along than b
+    assert r.for_key("a") == {DIM: 15}
+    assert r.for_key("b") == {DIM: 0}
+
+
+def test_no_waiting_keys_no_reserve() -> None:
+    used = {k: {DIM: Count(prev=0, curr=10)} for k in "abc"}
+    assert waiting_reserves(ABC, {DIM: 100.0}, ["a", "b", "c"], set(), used, T).default == {}

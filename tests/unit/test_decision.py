@@ -34,9 +34,10 @@ def chk(
     cost: float = 1,
     signal: float = 0.0,
     scope: str = "pool",
+    reserve: float = 0.0,
 ) -> DimensionCheck:
     return DimensionCheck("requests/hourly", Unit.REQUESTS, 3_600_000, limit, fair, cap, cost,
-                          signal, scope)
+                          signal, scope, reserve)
 
 
 # (case id, check kwargs, (total, mine), policy, expected outcome, expected reason)
@@ -70,6 +71,15 @@ TABLE = [
     ("cap reached strict soft", {"cap": 10}, (80, 10), S, BLOCK, CAP),
     ("cap just under", {"cap": 10}, (20, 9.99), B, ALLOW, None),
     ("cap wins over ceiling", {"cap": 10}, (100, 10), H, BLOCK, CAP),
+    # room held for waiting keys (active mode): total + cost + reserve must fit, whatever the
+    # key's own count, in either mode; the ceiling and the cap come first
+    ("reserve blocks hard under its share", {"reserve": 10}, (90, 10), H, BLOCK, FAIR),
+    ("reserve exactly fits", {"reserve": 9}, (90, 10), H, ALLOW, None),
+    ("reserve in generous mode", {"reserve": 70}, (40, 0), H, BLOCK, FAIR),
+    ("reserve penalises soft", {"reserve": 10}, (90, 10), S, PEN, None),
+    ("reserve passes burst", {"reserve": 10}, (90, 10), B, ALLOW, None),
+    ("ceiling before reserve", {"reserve": 10}, (100, 0), H, BLOCK, SAT),
+    ("cap before reserve", {"cap": 5, "reserve": 10}, (90, 5), H, BLOCK, CAP),
 ]
 
 
@@ -231,6 +241,13 @@ def test_retry_after_fair_share_is_the_earlier_of_own_decay_and_leaving_strict()
     c2 = chk(fair=50)
     wait2 = retry_after_ms(c2, FAIR, Count(0, 90), Count(0, 50), now, 0.5)
     assert wait2 == pytest.approx(HOUR / 2, abs=2)
+
+
+def test_retry_after_reserve_waits_for_room_beyond_it() -> None:
+    c = chk(reserve=10)
+    # 100 in prev at the top of the hour: room for cost 1 + reserve 10 once it fades to 89
+    wait = retry_after_ms(c, FAIR, Count(100, 0), Count(0, 5), T, 0.5)
+    assert wait == pytest.approx(HOUR * 0.11, abs=2)
 
 
 def test_retry_after_cap_uses_own_count() -> None:

@@ -14,6 +14,7 @@ pool is generous: A may borrow up to the whole pool minus what the others used.
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
@@ -65,6 +66,9 @@ class DimensionCheck:
     cost: float
     signal: float = 0.0
     scope: str = "pool"
+    #: room this key must leave free when the request takes it above its fair share: what the
+    #: keys waiting below their share are owed (``active`` mode, :func:`owed_reserve`); 0 = none
+    reserve: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +101,12 @@ def evaluate(
         limit = check.limit
         if total >= limit or total + check.cost > limit:
             return Verdict(Outcome.BLOCK, Reason.GLOBAL_SATURATED, i)
+        if check.reserve > 0 and total + check.cost + check.reserve > limit:
+            # into room owed to keys waiting further below their share
+            if policy is Policy.HARD:
+                return Verdict(Outcome.BLOCK, Reason.FAIR_SHARE, i)
+            if policy is Policy.SOFT:
+                penalized = True
         used = max(total / limit, check.signal)
         if used >= threshold:  # strict
             if policy is Policy.HARD and mine >= check.fair_share:
@@ -264,6 +274,90 @@ def active_fair_share(
     return _share_at_level(pool, key_id, dim, level)
 
 
+@dataclass(frozen=True, slots=True)
+class Reserves:
+    """Room each key must leave free per dimension for waiting keys (``active`` mode).
+
+    ``per_key`` holds the reserve of every key seen at the refresh; a key not in it (a
+    newcomer) must leave ``default``, the whole of what the waiting keys are owed.
+    """
+
+    per_key: Mapping[str, Mapping[str, float]]
+    default: Mapping[str, float]
+
+    def for_key(self, key_id: str) -> Mapping[str, float]:
+        return self.per_key.get(key_id, self.default)
+
+
+NO_RESERVES = Reserves({}, {})
+
+
+def waiting_reserves(
+    pool: Pool,
+    levels: Mapping[str, float],
+    keys: Collection[str],
+    waiting: Collection[str],
+    used: Mapping[str, Mapping[str, Count]],
+    now_ms: int,
+) -> Reserves:
+    """The room each key must leave free for the keys waiting below their share (``active``).
+
+    A key is *waiting* when the ceiling or its share refused it lately and nothing admitted it
+    since (the engine's pressed keys). It is owed, per dimension, what it lacks of its fair
+    share: ``min(λ × weight, cap) − used`` (0 when it has its share). A key must leave free
+    what every waiting key *further below its share than itself* is owed, comparing use per
+    unit of weight (``used / weight``): a greedy key at its share leaves room for all of
+    them, a returning key that used nothing leaves room for none, and two waiting keys never
+    hold each other back. ``evaluate`` then refuses a request when ``total + cost + reserve >
+    limit``; the key's own count plays no part, so the rule holds even where λ is off.
+
+    Why: work conservation lends an idle key's share to the others, and the sliding window
+    fills to the limit; without this a key coming back finds the pool full and races every
+    greedy key for each slot the window frees (and loses: its requests time out). With it
+    the slots freed go first to whoever is owed most, until it stops being refused.
+
+    Bounded: the owed amount ends when the key is admitted again or stops asking (the
+    pressure hold), so idle keys hold nothing back. Computed at the cached refresh over the
+    active keys (sorted once, a binary search per key), never per request; per request it
+    is one number per dimension in the atomic step, like the fair share.
+    """
+    per_key: dict[str, dict[str, float]] = {k: {} for k in keys}
+    default: dict[str, float] = {}
+    for dim in pool.enforced_dimensions():
+        level = levels.get(dim.key, math.inf)
+
+        def use(key: str, dim: Dimension = dim) -> float:
+            count = used.get(key, {}).get(dim.key)
+            return 0.0 if count is None else max(0.0, count.value(now_ms, dim.window_ms))
+
+        owed: list[tuple[float, float]] = []  # (normalised use, owed), the waiting keys
+        for k in waiting:
+            alloc = pool.allocation(k)
+            w = pool.weight_of(k)
+            if alloc is None or w <= 0 or k not in used:
+                continue
+            share = _share_at_level(pool, k, dim, level)
+            cap = alloc.cap_for(dim.unit)
+            if cap is not None:
+                share = min(share, cap)
+            mine = use(k)
+            if share - mine > 0:
+                owed.append((mine / w, share - mine))
+        if not owed:
+            continue
+        owed.sort()
+        prefix = [0.0]
+        for _, o in owed:
+            prefix.append(prefix[-1] + o)
+        default[dim.key] = prefix[-1]
+        xs = [x for x, _ in owed]
+        for k in keys:
+            w = pool.weight_of(k)
+            x = use(k) / w if w > 0 else math.inf
+            per_key[k][dim.key] = prefix[bisect.bisect_left(xs, x)]
+    return Reserves(per_key, default)
+
+
 def _share_at_level(pool: Pool, key_id: str, dim: Dimension, level: float) -> float:
     limit = pool.effective_limit(dim)
     if math.isinf(level):
@@ -279,6 +373,7 @@ def compile_checks(
     model: str | None = None,
     signals: Mapping[str, float] | None = None,
     levels: Mapping[str, float] | None = None,
+    reserves: Mapping[str, float] | None = None,
 ) -> tuple[DimensionCheck, ...]:
     """Turn a pool, an allocation and a request's cost into the checks of one admission.
 
@@ -302,6 +397,7 @@ def compile_checks(
                 cap=alloc.cap_for(dim.unit),
                 cost=float(cost.get(dim.unit, 0.0)),
                 signal=float((signals or {}).get(dim.key, 0.0)),
+                reserve=max(0.0, float((reserves or {}).get(dim.key, 0.0))),
             )
         )
     for mc in alloc.model_cap(model):
@@ -346,6 +442,11 @@ def retry_after_ms(
             # blocked by its own usage ≥ limit (generous hard rule)
             return ms_until_at_most(mine, check.limit - eps, now_ms, w)
         return t_total
+    held = check.reserve > 0 and total.value(now_ms, w) + check.cost + check.reserve > check.limit
+    if reason is Reason.FAIR_SHARE and held:
+        # blocked by room held for waiting keys: when the pool has room beyond it (the
+        # reserve also shrinks as those keys are served, so this is the longest wait)
+        return ms_until_at_most(total, check.limit - check.cost - check.reserve, now_ms, w)
     if reason is Reason.FAIR_SHARE:
         t_mine = ms_until_at_most(mine, check.fair_share - eps, now_ms, w)
         t_mode: int | None = None

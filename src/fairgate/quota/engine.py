@@ -27,13 +27,16 @@ from dataclasses import dataclass
 from fairgate.clock import SYSTEM_CLOCK, Clock
 from fairgate.quota.burn import BurnSeries
 from fairgate.quota.decision import (
+    NO_RESERVES,
     DimensionCheck,
     Outcome,
     Reason,
+    Reserves,
     active_levels,
     compile_checks,
     demand_bounds,
     retry_after_ms,
+    waiting_reserves,
 )
 from fairgate.quota.journal import Circuit, Journal, JournalEntry
 from fairgate.quota.model import Allocation, Policy, Pool, ShareMode
@@ -163,13 +166,16 @@ class StoreHealth:
 
 @dataclass(frozen=True, slots=True)
 class _ActiveCache:
-    """An active-mode pool's last refresh: when, which keys, their levels and demand bounds."""
+    """An active-mode pool's last refresh: when, which keys, their levels, demand bounds, the
+    counters read for them and the room each key must leave for the waiting keys."""
 
     at_ms: int
     keys: frozenset[str]
     levels: dict[str, float]
     demand: dict[str, dict[str, float]] | None  # every key's estimate, before pressure
     demand_at_ms: int
+    used: Mapping[str, Mapping[str, Count]] | None = None
+    reserves: Reserves = NO_RESERVES
 
 
 def _demand_every(keys: set[str]) -> int:
@@ -394,10 +400,14 @@ class QuotaEngine:
         alloc = pool.allocation(key_id) or Allocation(key_id, 0.0, policy=Policy.HARD)
         now = self.clock.now_ms()
         levels = None
+        reserves = None
         if pool.share_mode is ShareMode.ACTIVE:
-            levels = await self._active_levels(pool, key_id, now)
+            active = await self._active_state(pool, key_id, now)
+            levels, reserves = active.levels, active.reserves.for_key(key_id)
         signals = self.signals(pool) if self.signals else None
-        checks = compile_checks(pool, alloc, cost, model=model, signals=signals, levels=levels)
+        checks = compile_checks(
+            pool, alloc, cost, model=model, signals=signals, levels=levels, reserves=reserves
+        )
         if not checks:
             return ALLOW_UNGOVERNED
         threshold = self.settings.saturation_threshold
@@ -648,8 +658,9 @@ class QuotaEngine:
 
     # -- internals ------------------------------------------------------------------------
 
-    async def _active_levels(self, pool: Pool, key_id: str, now: int) -> dict[str, float]:
-        """The active set changes slowly; refresh it (and its water-filling levels) at most once
+    async def _active_state(self, pool: Pool, key_id: str, now: int) -> _ActiveCache:
+        """The active set changes slowly; refresh it (its water-filling levels and the room held
+        for waiting keys, :func:`~fairgate.quota.decision.waiting_reserves`) at most once
         per ``active_refresh_ms`` so the hot path stays O(checks), not O(active keys). A key not
         in the cached set forces a refresh: its arrival changes everyone's share.
 
@@ -675,7 +686,7 @@ class QuotaEngine:
         cached = self._active.get(pool.id)
         fresh = cached is not None and now - cached.at_ms < self.settings.active_refresh_ms
         if cached is not None and fresh and key_id in cached.keys:
-            return cached.levels
+            return cached
         keys = set(await self.store.active_keys(pool.id, now - pool.active_window_ms))
         keys.add(key_id)
         pressed = self._pressed.setdefault(pool.id, {})
@@ -692,10 +703,11 @@ class QuotaEngine:
             seen.setdefault(k, now)
         ordered = sorted(keys)
         at = cached.at_ms if cached is not None and fresh else now
+        used: Mapping[str, Mapping[str, Count]] | None
         if cached is not None and (fresh or now - cached.demand_at_ms < _demand_every(keys)):
             # a newcomer between two refreshes, or a large pool between two counter reads:
             # the last estimates stand (pressure below is still applied afresh)
-            demand, demand_at = cached.demand, cached.demand_at_ms
+            demand, demand_at, used = cached.demand, cached.demand_at_ms, cached.used
         else:
             used = await self._recent_use(pool, keys, now)
             demand, demand_at = None, now
@@ -706,8 +718,12 @@ class QuotaEngine:
         if bounds is not None and pressed:
             bounds = {k: v for k, v in bounds.items() if k not in pressed}
         levels = active_levels(pool, ordered, bounds)
-        self._active[pool.id] = _ActiveCache(at, frozenset(keys), levels, demand, demand_at)
-        return levels
+        reserves = NO_RESERVES
+        if used is not None and pressed:
+            reserves = waiting_reserves(pool, levels, ordered, pressed, used, now)
+        state = _ActiveCache(at, frozenset(keys), levels, demand, demand_at, used, reserves)
+        self._active[pool.id] = state
+        return state
 
     async def _recent_use(
         self, pool: Pool, keys: set[str], now: int
@@ -734,8 +750,10 @@ class QuotaEngine:
         met; the next refresh bounds it by its use) or when it has not been refused for
         ``max(PRESSURE_HOLD_MS, retry_after)``: long enough for a client honouring Retry-After
         to come back and find the room its pressure made, short enough that a key that gave
-        up does not keep the others held to their plain shares. Refusals by a cap or a model
-        cap say nothing about the pool."""
+        up does not keep the others held to their plain shares. While pressed, a key below its
+        share is also *waiting*: the keys further along than it must leave room for what it is
+        owed (``waiting_reserves``), so the slots the window frees reach it first. Refusals by
+        a cap or a model cap say nothing about the pool."""
         if adm.outcome is Outcome.BLOCK:
             if adm.reason in (Reason.FAIR_SHARE, Reason.GLOBAL_SATURATED):
                 hold = min(max(PRESSURE_HOLD_MS, adm.retry_after_ms or 0), pool.active_window_ms)

@@ -358,6 +358,7 @@ class RedisQuotaStore:
                     "" if check.cap is None else _num(check.cap),
                     _num(_finite(check.cost)),
                     _num(check.signal),
+                    _num(check.reserve),
                 )
             )
         reply = cast(list[Any], await self._call(self._admit(keys=keys, args=args)))

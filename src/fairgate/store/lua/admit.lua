@@ -10,8 +10,8 @@
 -- KEYS[5 + 4*(i-1) ..] per check i: total prev, total curr, key prev, key curr
 -- ARGV[1] now_ms  ARGV[2] key id  ARGV[3] reservation id  ARGV[4] policy code (POLICY_CODES)
 -- ARGV[5] threshold  ARGV[6] lease_ms  ARGV[7] reservation TTL ms  ARGV[8] reclaim batch
--- ARGV[9] number of checks, then 7 per check: scope ('pool' | 'model'), window_ms, limit,
---         fair_share, cap ('' = none), cost, signal
+-- ARGV[9] number of checks, then 8 per check: scope ('pool' | 'model'), window_ms, limit,
+--         fair_share, cap ('' = none), cost, signal, reserve
 -- Returns {outcome (0 allow, 1 penalize, 2 block), reason code (REASON_CODES index),
 --          blocking index (0-based, -1 none), then per check the raw strings of
 --          total prev, total curr, key prev, key curr} -- strings, so floats survive the reply
@@ -42,7 +42,7 @@ end
 local checks = {}
 local raw = {}
 for i = 1, n do
-  local a = 10 + 7 * (i - 1)
+  local a = 10 + 8 * (i - 1)
   local c = {
     -- As in the SQLite driver: the pool total is read and written for scope 'pool' only, and
     -- evaluate() applies the model rule for scope 'model' only.
@@ -55,6 +55,7 @@ for i = 1, n do
     cost_s = ARGV[a + 5],
     cost = tonumber(ARGV[a + 5]),
     signal = tonumber(ARGV[a + 6]),
+    reserve = tonumber(ARGV[a + 7]),
   }
   local k = 5 + 4 * (i - 1)
   c.tkey, c.kkey = KEYS[k + 1], KEYS[k + 3]
@@ -92,6 +93,15 @@ local function evaluate()
       local limit = c.limit
       if total >= limit or total + c.cost > limit then
         return 2, GLOBAL_SATURATED, i - 1
+      end
+      -- into room owed to keys waiting further below their share (active mode)
+      if c.reserve > 0 and total + c.cost + c.reserve > limit then
+        if policy == HARD then
+          return 2, FAIR_SHARE, i - 1
+        end
+        if policy == SOFT then
+          penalized = true
+        end
       end
       -- Python's max(a, b) keeps a unless b > a; so does this.
       local used = total / limit
