@@ -48,7 +48,25 @@ async def test_simulation_is_deterministic_for_a_seed(tmp_path: Path) -> None:
         assert first.admissions == second.admissions
 
 
-@pytest.mark.parametrize("name", builtin_names())
+#: Built-ins of issue 17 whose targets active mode does not reach yet (docs/fairness.md, "What
+#: is left"): strict, so the day they pass the marker has to go.
+NOT_YET = {"many-keys", "token-mix"}
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        pytest.param(
+            n,
+            marks=pytest.mark.xfail(
+                strict=True, reason="issue 17 targets not reached yet (docs/fairness.md)"
+            ),
+        )
+        if n in NOT_YET
+        else n
+        for n in builtin_names()
+    ],
+)
 async def test_builtin_scenario_meets_the_active_targets(name: str, tmp_path: Path) -> None:
     sc = builtin(name).with_duration(SMOKE)
     result = await run_scenario(sc, seed=1, data_dir=tmp_path, policies=("active",))
@@ -59,6 +77,8 @@ async def test_builtin_scenario_meets_the_active_targets(name: str, tmp_path: Pa
     assert m.utilisation >= TARGET_UTILISATION
     assert request_overshoot(run) == 0.0
     assert all(v <= 1e-9 for v in m.overshoot.values())
+    # every key with demand gets 0.90-1.10 of its max-min ideal (issue 17)
+    assert all(0.90 <= r <= 1.10 for r in m.ratio.values()), m.ratio
 
 
 async def test_static_shares_leave_quota_unused_where_active_does_not(tmp_path: Path) -> None:

@@ -97,16 +97,31 @@ def scenario_table(result: ScenarioResult) -> Table:
 
 
 def ratio_table(result: ScenarioResult) -> Table:
-    """Each key's admitted ÷ ideal under each policy (1 = exactly its max-min fair share)."""
-    keys = [k.id for k in result.scenario.keys]
-    table = Table(title="admitted ÷ ideal per key", title_justify="left")
-    table.add_column("policy")
+    """Each key's admitted ÷ ideal (1 = exactly its max-min fair share): one row per key,
+    sorted by the ``active`` ratio (worst first), the policies side by side, so it stays
+    readable with dozens of keys."""
+    sc = result.scenario
+    policies = list(result.runs)
+    order = "active" if "active" in result.runs else policies[0]
+    ratio = result.runs[order].metrics.ratio
+    keys = sorted(
+        (k.id for k in sc.keys),
+        key=lambda k: (k not in ratio, ratio.get(k, 0.0), k),
+    )
+    table = Table(title=f"admitted ÷ ideal per key (sorted by {order})", title_justify="left")
+    table.add_column("key")
+    table.add_column("weight", justify="right")
+    table.add_column("demand", justify="left")
+    for name in policies:
+        table.add_column(name, justify="right")
+    specs = {k.id: k for k in sc.keys}
     for k in keys:
-        table.add_column(k, justify="right")
-    for name, run in result.runs.items():
-        table.add_row(
-            name, *(f"{run.metrics.ratio[k]:.3f}" if k in run.metrics.ratio else "-" for k in keys)
-        )
+        spec = specs[k]
+        cells = []
+        for name in policies:
+            r = result.runs[name].metrics.ratio.get(k)
+            cells.append("-" if r is None else f"{r:.3f}")
+        table.add_row(k, f"{sc.weight_of(k):g}", spec.demand.kind, *cells)
     return table
 
 

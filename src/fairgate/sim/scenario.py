@@ -429,6 +429,77 @@ _BUILTIN_DATA: dict[str, dict[str, object]] = {
 }
 
 
+def _many_keys() -> list[dict[str, object]]:
+    """40 keys of weights 1-10, a quarter each greedy (3, 10 or 30 times their share), steady,
+    on-off (40 min on, 80 off, staggered by 12 min) and bursty (bursts of 20); every ninth
+    capped at 30 requests an hour. Rates scale with the key's share of 1,200 requests/hour."""
+    keys: list[dict[str, object]] = []
+    for i in range(40):
+        kind = ("greedy", "steady", "on_off", "bursty")[i % 4]
+        weight = 1 + (i * 7) % 10
+        share = 1200 * weight / 100
+        demand: dict[str, object]
+        if kind == "greedy":
+            demand = {"kind": "greedy", "factor": (3, 10, 30)[i // 4 % 3]}
+        elif kind == "steady":
+            demand = {"kind": "steady", "rate": round(share * 0.15 + 5)}
+        elif kind == "on_off":
+            demand = {
+                "kind": "on_off",
+                "rate": round(share * 0.6 + 10),
+                "on": "40m",
+                "off": "80m",
+                "phase": (i // 4) * 12 * 60,
+            }
+        else:
+            demand = {"kind": "bursty", "rate": round(share * 0.25 + 5), "burst": 20}
+        key: dict[str, object] = {
+            "id": f"{kind.replace('_', '')}-{i:02d}",
+            "weight": weight,
+            "demand": demand,
+        }
+        if i % 9 == 0:
+            key["cap"] = {"value": 30, "unit": "requests"}
+        keys.append(key)
+    return keys
+
+
+_BUILTIN_DATA["many-keys"] = {
+    "description": "40 keys, weights 1-10: greedy, steady, staggered on-off and bursty; caps",
+    "duration": "6h",
+    "pool": {"dimensions": [{"unit": "requests", "window": "hourly", "limit": 1200}]},
+    "keys": _many_keys(),
+}
+_BUILTIN_DATA["token-mix"] = {
+    "description": "a token-bound pool: 8k-token prompts beside chat, an on-off batch, a late key",
+    "duration": "6h",
+    "pool": {"dimensions": [{"unit": "tokens", "window": "hourly", "limit": 400_000}]},
+    "keys": [
+        {
+            "id": "greedy",
+            "demand": {"kind": "greedy", "factor": 5},
+            "tokens": {"prompt": 8000, "completion": 500, "max_tokens": 1024},
+        },
+        {
+            "id": "chatty",
+            "demand": {"kind": "steady", "rate": 250},
+            "tokens": {"prompt": 400, "completion": 200, "max_tokens": 512},
+        },
+        {
+            "id": "batch",
+            "max_wait": "15m",
+            "demand": {"kind": "on_off", "rate": 200, "on": "30m", "off": "30m"},
+            "tokens": {"prompt": 2000, "completion": 1500, "max_tokens": 2048},
+        },
+        {
+            "id": "late",
+            "demand": {"kind": "late", "rate": 100, "start": "2h"},
+            "tokens": {"prompt": 1000, "completion": 400, "max_tokens": 1024},
+        },
+    ],
+}
+
+
 def builtin_names() -> tuple[str, ...]:
     return tuple(_BUILTIN_DATA)
 
