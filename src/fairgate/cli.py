@@ -426,6 +426,9 @@ def simulate(
         "sqlite"
     ),
     seed: Annotated[int, typer.Option(help="Workload seed (same seed, same figures).")] = 1,
+    seeds: Annotated[
+        str | None, typer.Option(help="Many seeds, e.g. 1-10 or 1,4,9: prints the spread.")
+    ] = None,
     out: Annotated[Path, typer.Option(help="Where the PNGs and results.json go.")] = Path(
         "sim-results"
     ),
@@ -447,6 +450,7 @@ def simulate(
         run_all=run_all,
         driver=driver,
         seed=seed,
+        seeds=seeds,
         out=out,
         duration=duration,
         redis_url=redis_url,

@@ -117,6 +117,24 @@ def test_cli_writes_a_chart_and_json(tmp_path: Path) -> None:
     assert "Jain" in res.output
 
 
+def test_cli_seeds_prints_the_spread_and_writes_every_run(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    args = ["simulate", "--builtin", "greedy", "--duration", "1h", "--seeds", "1-3"]
+    res = CliRunner().invoke(app, [*args, "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    assert "spread over 3 seeds" in res.output
+    doc = json.loads((out / "results.json").read_text())
+    assert [s["seed"] for s in doc["scenarios"]] == [1, 2, 3]
+    rows = {r["policy"]: r for r in doc["spread"]}
+    assert set(rows) == {"fcfs", "static", "active", "fixed"}
+    active = rows["active"]
+    jains = [s["policies"]["active"]["metrics"]["jain"] for s in doc["scenarios"]]
+    assert active["seeds"] == 3
+    assert active["jain_min"] == pytest.approx(min(jains), abs=1e-6)
+    assert active["jain_min"] <= active["jain_median"] <= max(jains)
+    assert (out / "greedy.png").exists()  # the first seed's chart
+
+
 def test_cli_runs_a_scenario_file(tmp_path: Path) -> None:
     f = tmp_path / "two.yaml"
     f.write_text(
@@ -146,6 +164,15 @@ def test_cli_bad_input_exits_2_with_a_message(
     res = CliRunner().invoke(app, ["simulate", *args, "--out", str(tmp_path)])
     assert res.exit_code == 2
     assert message in " ".join(res.output.split())
+
+
+@pytest.mark.parametrize("bad", ["x", "3-1", "1-", "-2", "1,,2"])
+def test_cli_bad_seeds_exit_2(bad: str, tmp_path: Path) -> None:
+    res = CliRunner().invoke(
+        app, ["simulate", "--builtin", "greedy", "--seeds", bad, "--out", str(tmp_path)]
+    )
+    assert res.exit_code == 2
+    assert "--seeds" in res.output
 
 
 def test_cli_invalid_yaml_exits_2(tmp_path: Path) -> None:

@@ -15,7 +15,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from fairgate.sim.report import print_results, write_chart, write_json
+from fairgate.sim.report import print_results, print_spreads, write_chart, write_json
 from fairgate.sim.runner import DRIVERS, ScenarioResult, SimError, run_scenario
 from fairgate.sim.scenario import (
     Scenario,
@@ -26,6 +26,7 @@ from fairgate.sim.scenario import (
     load_scenario,
     parse_duration_ms,
 )
+from fairgate.sim.spread import parse_seeds, spreads
 
 EXIT_BAD_INPUT = 2
 
@@ -54,12 +55,18 @@ def run_simulate(
     run_all: bool = False,
     driver: str = "sqlite",
     seed: int = 1,
+    seeds: str | None = None,
     out: Path = Path("sim-results"),
     duration: str | None = None,
     redis_url: str | None = None,
 ) -> int:
-    """Run, print, write ``<out>/<scenario>.png`` and ``<out>/results.json``; the exit code."""
+    """Run, print, write ``<out>/<scenario>.png`` and ``<out>/results.json``; the exit code.
+
+    With ``seeds`` (``"1-10"``) every scenario runs once per seed; the spread over the seeds is
+    printed after the tables, the JSON holds every run and the charts show the first seed.
+    """
     try:
+        seed_list = parse_seeds(seeds) if seeds is not None else [seed]
         scenarios = pick_scenarios(scenario_file, builtin_name, run_all)
         if duration is not None:
             ms = parse_duration_ms(duration)
@@ -77,12 +84,16 @@ def run_simulate(
         console.print(f"[red]error:[/] cannot create {out}: {exc.strerror or exc}")
         return EXIT_BAD_INPUT
     try:
-        results = asyncio.run(_run(scenarios, console, driver, seed, url))
+        results = asyncio.run(_run(scenarios, console, driver, seed_list, url))
     except SimError as exc:
         console.print(f"[red]error:[/] {exc}")
         return EXIT_BAD_INPUT
-    print_results(results, console)
-    write_json(results, out / "results.json")
+    spread = spreads(results) if len(seed_list) > 1 else []
+    if spread:
+        print_spreads(spread, console)
+    else:
+        print_results(results, console)
+    write_json(results, out / "results.json", spread)
     written = [str(out / "results.json")]
     if importlib.util.find_spec("matplotlib") is None:
         console.print(
@@ -91,6 +102,8 @@ def run_simulate(
         )
     else:
         for r in results:
+            if r.seed != seed_list[0]:
+                continue
             write_chart(r, out / f"{r.scenario.name}.png")
             written.append(str(out / f"{r.scenario.name}.png"))
     console.print("wrote " + ", ".join(written))
@@ -98,7 +111,7 @@ def run_simulate(
 
 
 async def _run(
-    scenarios: list[Scenario], console: Console, driver: str, seed: int, url: str | None
+    scenarios: list[Scenario], console: Console, driver: str, seeds: list[int], url: str | None
 ) -> list[ScenarioResult]:
     results: list[ScenarioResult] = []
     with Progress(
@@ -111,7 +124,10 @@ async def _run(
         transient=True,
     ) as progress:
         for sc in scenarios:
-            results.append(
-                await run_scenario(sc, seed=seed, driver=driver, redis_url=url, progress=progress)
-            )
+            for seed in seeds:
+                results.append(
+                    await run_scenario(
+                        sc, seed=seed, driver=driver, redis_url=url, progress=progress
+                    )
+                )
     return results

@@ -20,6 +20,7 @@ from rich.console import Console
 from rich.table import Table
 
 from fairgate.sim.runner import PolicyRun, ScenarioResult
+from fairgate.sim.spread import Spread
 
 TARGET_JAIN = 0.99
 TARGET_UTILISATION = 0.99
@@ -145,6 +146,44 @@ def print_results(results: Sequence[ScenarioResult], console: Console) -> None:
     )
 
 
+def print_spreads(rows: Sequence[Spread], console: Console) -> None:
+    """One row per scenario and policy: the worst and the median over the seeds."""
+    seeds = max((r.seeds for r in rows), default=0)
+    table = Table(title=f"spread over {seeds} seeds", title_justify="left")
+    for col in (
+        "scenario",
+        "policy",
+        "Jain\nworst",
+        "Jain\nmedian",
+        "worst\nwindow",
+        "utilis-\nation\nworst",
+        "key ratio\nmin–max",
+        "over-\nshoot",
+    ):
+        table.add_column(col, justify="left" if col in ("scenario", "policy") else "right")
+    last = None
+    for r in rows:
+        ok = r.jain_min >= TARGET_JAIN
+        table.add_row(
+            r.scenario if r.scenario != last else "",
+            r.policy,
+            f"[{'green' if ok else 'yellow'}]{r.jain_min:.4f}[/]",
+            f"{r.jain_median:.4f}",
+            f"{r.worst_window_min:.3f}",
+            _pct(r.utilisation_min),
+            f"{r.ratio_min:.2f}–{r.ratio_max:.2f}",
+            "0" if r.overshoot_max == 0 else _pct(r.overshoot_max),
+        )
+        last = r.scenario
+    console.print(table)
+    console.print(
+        "[dim]worst and median over the seeds (the medians of every figure are in the JSON); "
+        "worst window: the lowest Jain of a single "
+        "window in any seed; key ratio: the lowest and highest admitted ÷ ideal of any key "
+        "with demand in any seed; overshoot: the worst of any dimension.[/]"
+    )
+
+
 # -- JSON -----------------------------------------------------------------------------------------
 
 
@@ -201,8 +240,10 @@ def result_dict(result: ScenarioResult) -> dict[str, Any]:
     return _clean(out)  # type: ignore[no-any-return]
 
 
-def write_json(results: Sequence[ScenarioResult], path: Path) -> None:
-    doc = {
+def write_json(
+    results: Sequence[ScenarioResult], path: Path, spread: Sequence[Spread] = ()
+) -> None:
+    doc: dict[str, Any] = {
         "targets": {
             "jain": TARGET_JAIN,
             "utilisation": TARGET_UTILISATION,
@@ -210,6 +251,8 @@ def write_json(results: Sequence[ScenarioResult], path: Path) -> None:
         },
         "scenarios": [result_dict(r) for r in results],
     }
+    if spread:
+        doc["spread"] = _clean([asdict(r) for r in spread])
     path.write_text(json.dumps(doc, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
 
 

@@ -1,0 +1,86 @@
+"""Many seeds of one scenario: which seeds to run, and the spread of their figures.
+
+One seed is one draw of the workload (bursts, token sizes, the interleaving of requests); a
+policy that meets its targets on seed 1 may miss them on seed 7. ``fairgate simulate --seeds
+1-10`` runs every seed and reports, per scenario and policy, the worst and the median of each
+figure (the worst is what a target must hold for), and the lowest and highest per-key ratio
+over all the seeds.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from fairgate.sim.runner import ScenarioResult
+
+#: Most seeds one command runs (each is a full run of every policy).
+MAX_SEEDS = 1000
+
+
+def parse_seeds(text: str) -> list[int]:
+    """``"1-10"`` → 1..10, ``"1,4,9"`` → those, ``"3"`` → [3]; a clear ValueError otherwise."""
+    seeds: list[int] = []
+    for raw in text.split(","):
+        part = raw.strip()
+        lo_s, sep, hi_s = part.partition("-")
+        try:
+            lo = int(lo_s)
+            hi = int(hi_s) if sep else lo
+        except ValueError:
+            msg = f"--seeds: not a seed or a range: {part!r} (use e.g. 1-10 or 1,4,9)"
+            raise ValueError(msg) from None
+        if lo < 0 or hi < lo:
+            raise ValueError(f"--seeds: bad range {part!r} (seeds are 0 or more, low-high)")
+        seeds.extend(range(lo, hi + 1))
+        if len(seeds) > MAX_SEEDS:
+            raise ValueError(f"--seeds: at most {MAX_SEEDS} seeds")
+    return list(dict.fromkeys(seeds))
+
+
+@dataclass(frozen=True, slots=True)
+class Spread:
+    """One scenario and policy over several seeds."""
+
+    scenario: str
+    policy: str
+    seeds: int
+    jain_min: float
+    jain_median: float
+    worst_window_min: float
+    worst_window_median: float
+    utilisation_min: float
+    utilisation_median: float
+    ratio_min: float
+    ratio_max: float
+    overshoot_max: float
+
+
+def spreads(results: Sequence[ScenarioResult]) -> list[Spread]:
+    """Group the results by scenario (in order of appearance) and policy."""
+    groups: dict[tuple[str, str], list[ScenarioResult]] = {}
+    for r in results:
+        for policy in r.runs:
+            groups.setdefault((r.scenario.name, policy), []).append(r)
+    out: list[Spread] = []
+    for (name, policy), rs in groups.items():
+        ms = [r.runs[policy].metrics for r in rs]
+        ratios = [v for m in ms for v in m.ratio.values()]
+        out.append(
+            Spread(
+                scenario=name,
+                policy=policy,
+                seeds=len(rs),
+                jain_min=min(m.jain for m in ms),
+                jain_median=statistics.median(m.jain for m in ms),
+                worst_window_min=min(m.jain_worst_window for m in ms),
+                worst_window_median=statistics.median(m.jain_worst_window for m in ms),
+                utilisation_min=min(m.utilisation for m in ms),
+                utilisation_median=statistics.median(m.utilisation for m in ms),
+                ratio_min=min(ratios, default=1.0),
+                ratio_max=max(ratios, default=1.0),
+                overshoot_max=max((v for m in ms for v in m.overshoot.values()), default=0.0),
+            )
+        )
+    return out
