@@ -11,6 +11,7 @@ from __future__ import annotations
 import io
 import json
 import math
+import statistics
 from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
@@ -259,6 +260,25 @@ def write_json(
 # -- chart ----------------------------------------------------------------------------------------
 
 
+#: Above this many keys the chart draws one line and one bar per demand pattern, not per key.
+CHART_KEYS = 10
+
+
+def chart_groups(result: ScenarioResult) -> dict[str, list[str]]:
+    """What the chart draws a line and a bar for: each key, or with more than
+    :data:`CHART_KEYS` keys each demand pattern (its keys' use summed, their ratios as median
+    and range), so 40 keys stay 4 readable lines instead of 40 colours that repeat."""
+    keys = result.scenario.keys
+    if len(keys) <= CHART_KEYS:
+        return {k.id: [k.id] for k in keys}
+    out: dict[str, list[str]] = {}
+    for k in keys:
+        out.setdefault(
+            f"{k.demand.kind} ×{sum(1 for x in keys if x.demand.kind == k.demand.kind)}", []
+        ).append(k.id)
+    return out
+
+
 def write_chart(result: ScenarioResult, path: Path) -> None:
     import matplotlib
 
@@ -266,8 +286,9 @@ def write_chart(result: ScenarioResult, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     sc = result.scenario
-    keys = [k.id for k in sc.keys]
-    colors = {k: plt.get_cmap("tab10")(i % 10) for i, k in enumerate(keys)}
+    groups = chart_groups(result)
+    labels = list(groups)
+    colors = {g: plt.get_cmap("tab10")(i % 10) for i, g in enumerate(labels)}
     policies = list(result.runs)
     limit = sc.primary.limit * sc.pool.members
     unit = f"{sc.primary.unit.value}/{sc.primary.window.value}"
@@ -281,8 +302,9 @@ def write_chart(result: ScenarioResult, path: Path) -> None:
         run = result.runs[name]
         total = [sum(vals) for vals in zip(*run.usage.values(), strict=True)]
         ax.plot(run.times_h, total, color="0.55", lw=1.2, label="pool")
-        for k in keys:
-            ax.plot(run.times_h, run.usage[k], color=colors[k], lw=1.4, label=k)
+        for g, members in groups.items():
+            series = [sum(vals) for vals in zip(*(run.usage[k] for k in members), strict=True)]
+            ax.plot(run.times_h, series, color=colors[g], lw=1.4, label=g)
         ax.axhline(limit, color="0.2", ls="--", lw=0.9)
         m = run.metrics
         ax.set_title(
@@ -300,20 +322,42 @@ def write_chart(result: ScenarioResult, path: Path) -> None:
 
     half = max(1, len(policies) // 2)
     ax_ratio = fig.add_subplot(grid[1, :half])
-    width = 0.8 / max(1, len(keys))
-    for j, k in enumerate(keys):
-        xs = [i + (j - (len(keys) - 1) / 2) * width for i in range(len(policies))]
-        ys = [result.runs[p].metrics.ratio.get(k, math.nan) for p in policies]
-        ax_ratio.bar(xs, ys, width=width * 0.95, color=colors[k], label=k)
+    width = 0.8 / max(1, len(labels))
+    top = 1.0
+    for j, g in enumerate(labels):
+        xs = [i + (j - (len(labels) - 1) / 2) * width for i in range(len(policies))]
+        lows, mids, highs = [], [], []
+        for p in policies:
+            rs = [r for k in groups[g] if (r := result.runs[p].metrics.ratio.get(k)) is not None]
+            rs = rs or [math.nan]
+            lo, mid, hi = min(rs), statistics.median(rs), max(rs)
+            lows.append(mid - lo)
+            mids.append(mid)
+            highs.append(hi - mid)
+            top = max(top, hi if math.isfinite(hi) else top)
+        many = len(groups[g]) > 1
+        ax_ratio.bar(
+            xs,
+            mids,
+            width=width * 0.95,
+            color=colors[g],
+            label=g,
+            yerr=[lows, highs] if many else None,
+            capsize=2 if many else 0,
+            error_kw={"lw": 0.8},
+        )
     ax_ratio.axhline(1.0, color="0.2", ls="--", lw=0.9)
-    top = max([1.0, *(v for p in policies for v in result.runs[p].metrics.ratio.values())])
     ax_ratio.set_ylim(0, top * 1.3)
     ax_ratio.set_xticks(range(len(policies)), policies, fontsize=9)
+    grouped = any(len(v) > 1 for v in groups.values())
     ax_ratio.set_title(
-        "admitted ÷ ideal per key (1 = its max-min fair share)", fontsize=10, loc="left"
+        "admitted ÷ ideal per key"
+        + (" (median, min–max per pattern)" if grouped else " (1 = its max-min fair share)"),
+        fontsize=10,
+        loc="left",
     )
     ax_ratio.tick_params(labelsize=8)
-    ax_ratio.legend(fontsize=7, ncol=len(keys), loc="upper center")
+    ax_ratio.legend(fontsize=7, ncol=min(len(labels), 6), loc="upper center")
     ax_ratio.grid(axis="y", alpha=0.25)
 
     ax_fair = fig.add_subplot(grid[1, half:])
