@@ -11,6 +11,7 @@ from fairgate.quota.decision import (
     active_levels,
     demand_bounds,
     demand_rate,
+    reserve_fade,
     waiting_reserves,
 )
 from fairgate.quota.model import Allocation, Dimension, Pool, ShareMode
@@ -121,6 +122,15 @@ def test_reserve_counts_only_keys_further_below_their_share_and_respects_caps() 
     # b is owed only up to its cap (20 − 5), a is owed 100 but is further along than b
     assert r.for_key("a") == {DIM: 15}
     assert r.for_key("b") == {DIM: 0}
+
+
+def test_reserve_fades_out_over_the_last_thirtieth_of_the_window() -> None:
+    used = {"a": {DIM: Count(prev=0, curr=190)}, "b": {DIM: Count(prev=0, curr=10)}}
+    one_min_left = T + HOUR - 60_000
+    r = waiting_reserves(ABC, {DIM: 100.0}, ["a", "b"], {"b"}, used, one_min_left)
+    assert r.for_key("a")[DIM] == pytest.approx(45)  # half of B's 90, one of two minutes left
+    assert reserve_fade(T + HOUR - 120_000, HOUR) == 1.0
+    assert reserve_fade(T + HOUR - 1, HOUR) == pytest.approx(0, abs=1e-5)
 
 
 def test_no_waiting_keys_no_reserve() -> None:
