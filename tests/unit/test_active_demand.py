@@ -7,10 +7,12 @@ import math
 import pytest
 
 from fairgate.quota.decision import (
+    NO_RESERVES,
     active_fair_share,
     active_levels,
     demand_bounds,
     demand_rate,
+    pace_reserves,
     reserve_fade,
     waiting_reserves,
 )
@@ -136,3 +138,27 @@ def test_reserve_fades_out_over_the_last_thirtieth_of_the_window() -> None:
 def test_no_waiting_keys_no_reserve() -> None:
     used = {k: {DIM: Count(prev=0, curr=10)} for k in "abc"}
     assert waiting_reserves(ABC, {DIM: 100.0}, ["a", "b", "c"], set(), used, T).default == {}
+
+
+# -- pacing after a quiet window (issue 17) ------------------------------------------------------
+
+
+def test_pace_after_a_quiet_window_while_a_key_is_away() -> None:
+    # a fresh pool (nothing in the previous bucket), 20 minutes in; A and B present, C away.
+    # Static shares are 100 each; A used 150 (above), B used 40 (within).
+    now = T + 20 * 60_000
+    used = {"a": {DIM: Count(prev=0, curr=150)}, "b": {DIM: Count(prev=0, curr=40)}}
+    totals = {DIM: Count(prev=0, curr=190)}
+    r = pace_reserves(ABC, ["a", "b"], used, totals, now, 0.5, NO_RESERVES)
+    # A leaves (300 − 0) × (1 − 20/60 − 1/12) = 175 free: its borrowing follows the pace
+    assert r.for_key("a")[DIM] == pytest.approx(175)
+    assert DIM not in r.for_key("b")  # within its static share: not paced
+
+
+def test_no_pace_when_every_key_is_present_or_the_last_window_was_busy() -> None:
+    now = T + 20 * 60_000
+    used = {k: {DIM: Count(prev=0, curr=150)} for k in "abc"}
+    quiet = {DIM: Count(prev=0, curr=450)}
+    assert pace_reserves(ABC, ["a", "b", "c"], used, quiet, now, 0.5, NO_RESERVES) == NO_RESERVES
+    busy = {DIM: Count(prev=200, curr=150)}  # 200 ≥ 0.5 × 300: the window itself paces
+    assert pace_reserves(ABC, ["a", "b"], used, busy, now, 0.5, NO_RESERVES).for_key("a") == {}

@@ -306,6 +306,59 @@ def reserve_fade(now_ms: int, window_ms: int) -> float:
     return min(1.0, left * RESERVE_FADE / window_ms)
 
 
+#: A fresh window's pace reaches the limit this fraction of the window before its end (5
+#: minutes of an hour), so room still held at the end is never lost to the rollover.
+PACE_LEAD = 1 / 12
+
+
+def pace_reserves(
+    pool: Pool,
+    keys: Collection[str],
+    used: Mapping[str, Mapping[str, Count]],
+    totals: Mapping[str, Count],
+    now_ms: int,
+    threshold: float,
+    base: Reserves,
+) -> Reserves:
+    """Pace borrowing in a window that follows a quiet one, while some keys are away (active).
+
+    In steady state the sliding window itself paces the pool: with a full previous bucket,
+    room frees at ``limit / window`` and the current bucket can hold at most ``limit ×
+    elapsed / window``. After a quiet window (its pool total below ``threshold × limit``, as
+    on a fresh pool or after a night) nothing paces it: the keys present fill the pool in
+    minutes, and a key that arrives later in the window finds it full until the bucket rolls
+    over (``many-keys``: the first window's Jain index was 0.71). So while any allocated key
+    is away, a key using more than its static share (``limit × weight / Σ weights`` of every
+    allocation: what it would get if all were present) must also leave free
+    ``(limit − prev) × (1 − elapsed / window − PACE_LEAD)``: its borrowing follows the pace a
+    full previous window would have set, and the room ahead of the pace is there for the keys
+    below their static share, the late ones among them. Keys within their static share, and a
+    pool whose keys are all present, are not paced.
+    """
+    weights = sum(pool.weight_of(a.key_id) for a in pool.allocations)
+    present = set(keys)
+    if weights <= 0 or all(a.key_id in present for a in pool.allocations):
+        return base
+    per_key = {k: dict(v) for k, v in base.per_key.items()}
+    for dim in pool.enforced_dimensions():
+        total = totals.get(dim.key)
+        limit = pool.effective_limit(dim)
+        if total is None or max(0.0, total.prev) >= threshold * limit:
+            continue
+        w = dim.window_ms
+        frac = 1.0 - (now_ms - bucket_index(now_ms, w) * w) / w - PACE_LEAD
+        held = (limit - max(0.0, total.prev)) * max(0.0, frac)
+        if held <= 0:
+            continue
+        for k in keys:
+            count = used.get(k, {}).get(dim.key)
+            mine = 0.0 if count is None else max(0.0, count.value(now_ms, w))
+            if mine > limit * pool.weight_of(k) / weights:
+                row = per_key.setdefault(k, {})
+                row[dim.key] = row.get(dim.key, 0.0) + held
+    return Reserves(per_key, base.default)
+
+
 def waiting_reserves(
     pool: Pool,
     levels: Mapping[str, float],

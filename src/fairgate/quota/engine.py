@@ -35,6 +35,7 @@ from fairgate.quota.decision import (
     active_levels,
     compile_checks,
     demand_bounds,
+    pace_reserves,
     retry_after_ms,
     waiting_reserves,
 )
@@ -48,6 +49,7 @@ from fairgate.store.base import (
     AdmitRequest,
     CounterRef,
     GcResult,
+    PoolCounts,
     QuotaStore,
     ReservationExists,
     UsageItem,
@@ -175,6 +177,7 @@ class _ActiveCache:
     demand: dict[str, dict[str, float]] | None  # every key's estimate, before pressure
     demand_at_ms: int
     used: Mapping[str, Mapping[str, Count]] | None = None
+    totals: Mapping[str, Count] | None = None
     reserves: Reserves = NO_RESERVES
 
 
@@ -704,12 +707,16 @@ class QuotaEngine:
         ordered = sorted(keys)
         at = cached.at_ms if cached is not None and fresh else now
         used: Mapping[str, Mapping[str, Count]] | None
+        totals: Mapping[str, Count] | None
         if cached is not None and (fresh or now - cached.demand_at_ms < _demand_every(keys)):
             # a newcomer between two refreshes, or a large pool between two counter reads:
             # the last estimates stand (pressure below is still applied afresh)
-            demand, demand_at, used = cached.demand, cached.demand_at_ms, cached.used
+            demand, demand_at = cached.demand, cached.demand_at_ms
+            used, totals = cached.used, cached.totals
         else:
-            used = await self._recent_use(pool, keys, now)
+            counts = await self._recent_use(pool, keys, now)
+            used = None if counts is None else counts.per_key
+            totals = None if counts is None else counts.totals
             demand, demand_at = None, now
             if used is not None:
                 ages = {k: now - seen[k] for k in keys}
@@ -721,15 +728,17 @@ class QuotaEngine:
         reserves = NO_RESERVES
         if used is not None and pressed:
             reserves = waiting_reserves(pool, levels, ordered, pressed, used, now)
-        state = _ActiveCache(at, frozenset(keys), levels, demand, demand_at, used, reserves)
+        if used is not None and totals is not None:
+            threshold = self.settings.saturation_threshold
+            reserves = pace_reserves(pool, ordered, used, totals, now, threshold, reserves)
+        state = _ActiveCache(at, frozenset(keys), levels, demand, demand_at, used, totals, reserves)
         self._active[pool.id] = state
         return state
 
-    async def _recent_use(
-        self, pool: Pool, keys: set[str], now: int
-    ) -> Mapping[str, Mapping[str, Count]] | None:
-        """Each key's counter buckets per enforced dimension, or None when there are too many
-        keys to read every refresh or the read failed (then no demand bounds apply)."""
+    async def _recent_use(self, pool: Pool, keys: set[str], now: int) -> PoolCounts | None:
+        """The pool totals and each key's counter buckets per enforced dimension, or None when
+        there are too many keys to read every refresh or the read failed (then no demand
+        bounds, reserves or pacing apply)."""
         dims = pool.enforced_dimensions()
         if not dims or len(keys) > DEMAND_BOUND_MAX_KEYS:
             return None
@@ -739,7 +748,7 @@ class QuotaEngine:
         except Exception as exc:  # bounds are an optimisation: share by weight without them
             self._store_error("pool_usage", exc)
             return None
-        return counts.per_key
+        return counts
 
     def _note_pressure(self, pool: Pool, key_id: str, adm: Admission, now: int) -> None:
         """O(1) per admission: remember which keys want more than they get (active mode).
