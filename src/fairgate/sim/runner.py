@@ -254,7 +254,11 @@ async def run_policy(
                 waits[k].append(now - arrived)
                 actual = req.actual()
                 ledger.add(k, actual, now)
-                admitted_w[min(n_windows - 1, (now - start) // window)][k] += actual.get(unit, 0.0)
+                # counted in the window the request was asked in, beside its demand: a burst
+                # asked at 59 minutes and served at 61 was served for what it asked then
+                admitted_w[min(n_windows - 1, (arrived - start) // window)][k] += actual.get(
+                    unit, 0.0
+                )
                 for _u, w, name in ledger.dimensions:
                     v = ledger.value(POOL, name, w, now)
                     peak[name] = max(peak[name], v)
@@ -271,6 +275,11 @@ async def run_policy(
         if on_tick is not None:
             on_tick()
 
+    # requests still waiting when the run ends were neither served nor given up: undecided,
+    # so not demand either (else a burst in the run's last minute would count as refused)
+    for k in keys:
+        for arrived, r in queues[k]:
+            demand_w[min(n_windows - 1, (arrived - start) // window)][k] -= r.size(unit)
     windows = window_figures(
         result.capacity,
         {k.id: sc.weight_of(k.id) for k in sc.keys},

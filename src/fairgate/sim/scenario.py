@@ -430,9 +430,10 @@ _BUILTIN_DATA: dict[str, dict[str, object]] = {
 
 
 def _many_keys() -> list[dict[str, object]]:
-    """40 keys of weights 1-10, a quarter each greedy (3, 10 or 30 times their share), steady,
-    on-off (40 min on, 80 off, staggered by 12 min) and bursty (bursts of 20); every ninth
-    capped at 30 requests an hour. Rates scale with the key's share of 1,200 requests/hour."""
+    """40 keys of weights 1-10, a quarter each greedy (3, 10 or 30 times their share),
+    steady, on-off (40 min on, 80 off, staggered by 12 min) and bursty (bursts of 20 jobs that
+    wait up to 10 minutes for a slot, as in ``bursty``); every ninth key capped at 30 requests
+    an hour. Rates scale with the key's share of 1,200 requests/hour."""
     keys: list[dict[str, object]] = []
     for i in range(40):
         kind = ("greedy", "steady", "on_off", "bursty")[i % 4]
@@ -458,6 +459,8 @@ def _many_keys() -> list[dict[str, object]]:
             "weight": weight,
             "demand": demand,
         }
+        if kind == "bursty":
+            key["max_wait"] = "10m"  # a burst of jobs waits for a slot (as in ``bursty``)
         if i % 9 == 0:
             key["cap"] = {"value": 30, "unit": "requests"}
         keys.append(key)
@@ -488,7 +491,7 @@ _BUILTIN_DATA["token-mix"] = {
         {
             "id": "batch",
             "max_wait": "15m",
-            "demand": {"kind": "on_off", "rate": 200, "on": "30m", "off": "30m"},
+            "demand": {"kind": "on_off", "rate": 200, "on": "30m", "off": "30m", "phase": "15m"},
             "tokens": {"prompt": 2000, "completion": 1500, "max_tokens": 2048},
         },
         {
