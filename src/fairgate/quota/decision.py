@@ -391,12 +391,13 @@ def waiting_reserves(
     per_key: dict[str, dict[str, float]] = {k: {} for k in keys}
     default: dict[str, float] = {}
     for dim in pool.enforced_dimensions():
-        level = levels.get(dim.key, math.inf)
-
-        def use(key: str, dim: Dimension = dim) -> float:
-            count = used.get(key, {}).get(dim.key)
-            return 0.0 if count is None else max(0.0, count.value(now_ms, dim.window_ms))
-
+        dkey, wms = dim.key, dim.window_ms
+        level = levels.get(dkey, math.inf)
+        # use per unit of weight of every key, once (inf for a weight of 0: last in line)
+        use: dict[str, float] = {}
+        for k in keys:
+            count = used.get(k, {}).get(dkey)
+            use[k] = 0.0 if count is None else max(0.0, count.value(now_ms, wms))
         owed: list[tuple[float, float]] = []  # (normalised use, owed), the waiting keys
         for k in waiting:
             alloc = pool.allocation(k)
@@ -407,22 +408,23 @@ def waiting_reserves(
             cap = alloc.cap_for(dim.unit)
             if cap is not None:
                 share = min(share, cap)
-            mine = use(k)
+            count = used[k].get(dkey)
+            mine = 0.0 if count is None else max(0.0, count.value(now_ms, wms))
             if share - mine > 0:
                 owed.append((mine / w, share - mine))
         if not owed:
             continue
         owed.sort()
-        fade = reserve_fade(now_ms, dim.window_ms)
+        fade = reserve_fade(now_ms, wms)
         prefix = [0.0]
         for _, o in owed:
             prefix.append(prefix[-1] + o * fade)
-        default[dim.key] = prefix[-1]
+        default[dkey] = prefix[-1]
         xs = [x for x, _ in owed]
         for k in keys:
             w = pool.weight_of(k)
-            x = use(k) / w if w > 0 else math.inf
-            per_key[k][dim.key] = prefix[bisect.bisect_left(xs, x)]
+            x = use[k] / w if w > 0 else math.inf
+            per_key[k][dkey] = prefix[bisect.bisect_left(xs, x)]
     return Reserves(per_key, default)
 
 
