@@ -57,7 +57,9 @@ def parse_duration_ms(value: object) -> int:
 
 
 def _offset(value: object) -> int:
-    """Like a duration, but 0 is allowed (no offset)."""
+    """Like a duration, but 0 is allowed (no offset), with or without a unit (``0m``)."""
+    if isinstance(value, str) and (m := _DURATION.match(value)) and float(m.group(1)) == 0:
+        return 0
     if value in (0, "0", 0.0):
         return 0
     return parse_duration_ms(value)
@@ -303,7 +305,31 @@ class Scenario(_Strict):
 # -- loading ------------------------------------------------------------------------------------
 
 
+def _bool_key(node: object, where: str = "") -> str | None:
+    """Where a mapping has a boolean key (YAML 1.1 read ``on:``/``off:`` as true/false)."""
+    if isinstance(node, dict):
+        for k, v in node.items():
+            if isinstance(k, bool):
+                return f"{where}.{k}".lstrip(".")
+            found = _bool_key(v, f"{where}.{k}")
+            if found:
+                return found
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            found = _bool_key(v, f"{where}.{i}")
+            if found:
+                return found
+    return None
+
+
 def parse_scenario(data: object, source: str = "scenario") -> Scenario:
+    trap = _bool_key(data)
+    if trap is not None:
+        raise ScenarioError(
+            f"{source} is not a valid scenario:\n  {trap}: a key read as a boolean; YAML 1.1 "
+            "reads on/off/yes/no as true/false, so write them quoted ('on': 20m) or load "
+            "the file with fairgate (which reads only true/false as booleans)"
+        )
     try:
         return Scenario.model_validate(data)
     except ValidationError as exc:
@@ -314,6 +340,23 @@ def parse_scenario(data: object, source: str = "scenario") -> Scenario:
         raise ScenarioError("\n".join(lines)) from None
 
 
+class _Loader(yaml.SafeLoader):
+    """YAML with the 1.2 booleans: only ``true``/``false`` are booleans, so the on-off
+    pattern's own ``on: 20m`` / ``off: 70m`` stay keys (YAML 1.1 reads on/off/yes/no as
+    booleans, and the error would be a baffling "keys should be strings")."""
+
+
+_Loader.yaml_implicit_resolvers = {
+    first: [(tag, rx) for tag, rx in resolvers if tag != "tag:yaml.org,2002:bool"]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:bool",
+    re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"),
+    list("tTfF"),
+)
+
+
 def load_scenario(path: str | Path) -> Scenario:
     p = Path(path)
     try:
@@ -321,7 +364,7 @@ def load_scenario(path: str | Path) -> Scenario:
     except OSError as exc:
         raise ScenarioError(f"cannot read {p}: {exc.strerror or exc}") from None
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_Loader)  # a SafeLoader: builds plain data only
     except yaml.YAMLError as exc:
         raise ScenarioError(f"{p} is not valid YAML: {exc}") from None
     return parse_scenario(data, str(p))
