@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from fairgate.quota.decision import water_fill_level
-from fairgate.sim.ideal import max_min_fair, water_level
+from fairgate.sim.ideal import dominant_resource_fair, max_min_fair, water_level
 
 
 def test_equal_weights_unbounded_demand_split_equally() -> None:
@@ -87,3 +87,40 @@ def test_agrees_with_the_engines_water_filling() -> None:
     level = water_fill_level(600, list(zip(weights, demands, strict=True)))
     engine_alloc = [min(d, level * w) for w, d in zip(weights, demands, strict=True)]
     assert engine_alloc == pytest.approx(max_min_fair(600, weights, demands))
+
+
+# -- weighted dominant-resource fairness (issue 18) -----------------------------------------------
+
+
+def test_drf_worked_example_chat_against_research() -> None:
+    # 100 requests + 100,000 tokens; A: 500 tokens a request, B: 10,000; both want more
+    a, b = dominant_resource_fair([100, 100_000], [1, 1], [[1, 500], [1, 10_000]], [1e9, 1e9])
+    assert a == pytest.approx(200 / 3)  # two thirds of the requests (its dominant dimension)
+    assert b == pytest.approx(20 / 3)  # two thirds of the tokens
+    assert a * 500 + b * 10_000 == pytest.approx(100_000)  # tokens full, requests not
+
+
+@pytest.mark.parametrize(
+    ("weights", "demands"),
+    [([40, 30, 20, 10], [400, 100, 200, 30]), ([1, 1, 1], [50, 500, 5000]), ([5, 0, 1], [9, 9, 9])],
+)
+def test_drf_with_one_dimension_is_max_min(weights: list[float], demands: list[float]) -> None:
+    sizes = [3.0, 1.0, 7.0, 2.0][: len(weights)]
+    drf = dominant_resource_fair([600], weights, [[s] for s in sizes], demands)
+    mm = max_min_fair(600, weights, [d * s for d, s in zip(demands, sizes, strict=True)])
+    assert [x * s for x, s in zip(drf, sizes, strict=True)] == pytest.approx(mm)
+
+
+def test_drf_a_satisfied_key_leaves_the_rest_and_zero_weight_keys_come_last() -> None:
+    # A asks 10 requests only; B (weight 1) and C (weight 0) want everything
+    a, b, c = dominant_resource_fair(
+        [100, 1e6], [1, 1, 0], [[1, 1], [1, 1], [1, 1]], [10, 1e9, 1e9]
+    )
+    assert (a, b, c) == (10, 90, 0)
+    a, b, c = dominant_resource_fair([100, 1e6], [1, 1, 0], [[1, 1], [1, 1], [1, 1]], [10, 20, 1e9])
+    assert (a, b, c) == (10, 20, 70)
+
+
+def test_drf_rejects_mismatched_inputs() -> None:
+    with pytest.raises(ValueError, match="one cost per dimension"):
+        dominant_resource_fair([1, 2], [1], [[1]], [1])
