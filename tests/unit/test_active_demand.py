@@ -162,3 +162,5 @@ def test_no_pace_when_every_key_is_present_or_the_last_window_was_busy() -> None
     assert pace_reserves(ABC, ["a", "b", "c"], used, quiet, now, 0.5, NO_RESERVES) == NO_RESERVES
     busy = {DIM: Count(prev=200, curr=150)}  # 200 ≥ 0.5 × 300: the window itself paces
     assert pace_reserves(ABC, ["a", "b"], used, busy, now, 0.5, NO_RESERVES).for_key("a") == {}
+    # a lone key may use the whole pool (SPEC), whoever else holds an allocation
+    assert pace_reserves(ABC, ["a"], used, quiet, now, 0.5, NO_RESERVES) == NO_RESERVES

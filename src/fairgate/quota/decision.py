@@ -332,13 +332,14 @@ def pace_reserves(
     allocation: what it would get if all were present) must also leave free
     ``(limit − prev) × (1 − elapsed / window − PACE_LEAD)``: its borrowing follows the pace a
     full previous window would have set, and the room ahead of the pace is there for the keys
-    below their static share, the late ones among them. Keys within their static share, and a
-    pool whose keys are all present, are not paced.
+    below their static share, the late ones among them. Keys within their static share, a
+    pool whose keys are all present, and a lone key (SPEC: a lone active key may use the whole
+    pool) are not paced.
     """
     weights = sum(pool.weight_of(a.key_id) for a in pool.allocations)
     present = set(keys)
-    if weights <= 0 or all(a.key_id in present for a in pool.allocations):
-        return base
+    if weights <= 0 or len(present) < 2 or all(a.key_id in present for a in pool.allocations):
+        return base  # a lone key may use the whole pool (SPEC §3, active mode)
     per_key = {k: dict(v) for k, v in base.per_key.items()}
     for dim in pool.enforced_dimensions():
         total = totals.get(dim.key)
