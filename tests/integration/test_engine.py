@@ -170,3 +170,26 @@ async def test_fail_open_on_store_error(
     assert engine.fail_open_count == 1
     assert any("fail-open" in r.getMessage() for r in caplog.records)
     await store.close()
+
+
+async def test_record_charges_only_the_named_window(store: QuotaStore, clock: ManualClock) -> None:
+    """A provider reading is a reading of one window: a weekly rise must not land on 5h."""
+    engine = QuotaEngine(store, clock=clock)
+    pool = Pool(
+        id="sub",
+        name="codex",
+        provider="codex",
+        connections=("c1",),
+        dimensions=(
+            Dimension(Unit.PERCENT, Window.FIVE_HOURS, 100),
+            Dimension(Unit.PERCENT, Window.WEEKLY, 100),
+        ),
+        allocations=(Allocation("a", 1), Allocation("b", 1)),
+    )
+    await engine.record(pool, "a", {"percent/weekly": 3.0})
+    await engine.record(pool, "b", {"percent/5h": 2.0, "percent/monthly": 9.0})
+    usage = {d.key: d for d in (await engine.usage(pool)).dimensions}
+    assert usage["percent/weekly"].total == pytest.approx(3.0)
+    assert usage["percent/5h"].total == pytest.approx(2.0)
+    weekly_by_key = {k.key_id: k.consumed for k in usage["percent/weekly"].keys}
+    assert weekly_by_key == {"a": pytest.approx(3.0), "b": 0.0}

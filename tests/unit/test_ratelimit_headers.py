@@ -185,3 +185,86 @@ def test_used_fractions_edge_cases() -> None:
         "requests": 0.0
     }
     assert used_fractions(RateLimitSnapshot(tokens_limit=10, tokens_remaining=0)) == {"tokens": 1.0}
+
+
+# -- Codex (ChatGPT subscription backend) -------------------------------------------------------
+
+#: As the Codex backend sends them: which slot holds which window is stated by its length.
+CODEX = {
+    "x-codex-primary-used-percent": "37.5",
+    "x-codex-primary-window-minutes": "300",
+    "x-codex-primary-reset-at": str(NOW // 1000 + 3_600),
+    "x-codex-secondary-used-percent": "12",
+    "x-codex-secondary-window-minutes": "10080",
+    "x-codex-secondary-reset-at": str(NOW // 1000 + 400_000),
+    "x-codex-primary-over-secondary-limit-percent": "0",
+}
+
+
+def test_codex_windows_are_named_by_their_stated_length() -> None:
+    snap = parse_rate_limit_headers(CODEX, NOW)
+    assert snap is not None
+    five, week = snap.window("5h"), snap.window("weekly")
+    assert five is not None
+    assert week is not None
+    assert five.used == pytest.approx(0.375)
+    assert five.reset_ms == NOW + 3_600_000
+    assert five.window_ms == 5 * 3_600_000
+    assert week.used == pytest.approx(0.12)
+    assert week.reset_ms == NOW + 400_000_000
+    assert used_fractions(snap) == {
+        "percent/5h": pytest.approx(0.375),
+        "percent/weekly": pytest.approx(0.12),
+    }
+    # slots swapped (some backends put the weekly window first): the names follow the lengths
+    swapped = {
+        k.replace("primary", "tmp").replace("secondary", "primary").replace("tmp", "secondary"): v
+        for k, v in CODEX.items()
+    }
+    snap2 = parse_rate_limit_headers(swapped, NOW)
+    assert snap2 is not None
+    assert snap2.window("5h") == five
+
+
+def test_codex_reset_after_seconds_and_unknown_lengths() -> None:
+    snap = parse_rate_limit_headers(
+        {
+            "X-Codex-Primary-Used-Percent": "50",
+            "X-Codex-Primary-Window-Minutes": "43200",  # 30 days: the monthly window
+            "X-Codex-Primary-Reset-After-Seconds": "120",
+            "x-codex-secondary-used-percent": "20",
+            "x-codex-secondary-window-minutes": "90",  # no such pool window: its own name
+            "x-codex-tertiary-used-percent": "99",  # not a slot we know
+        },
+        NOW,
+    )
+    assert snap is not None
+    assert [(w.window, w.used, w.reset_ms) for w in snap.percent_windows] == [
+        ("monthly", 0.5, NOW + 120_000),
+        ("90m", 0.2, None),
+    ]
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {"x-codex-primary-used-percent": "40"},  # no window length: cannot be named
+        {"x-codex-primary-used-percent": "nan", "x-codex-primary-window-minutes": "300"},
+        {"x-codex-primary-used-percent": "-3", "x-codex-primary-window-minutes": "300"},
+        {"x-codex-primary-used-percent": "40", "x-codex-primary-window-minutes": "0"},
+    ],
+)
+def test_codex_unusable_readings_are_skipped(headers: dict[str, str]) -> None:
+    assert parse_rate_limit_headers(headers, NOW) is None
+
+
+def test_anthropic_unified_utilizations_are_window_readings_too() -> None:
+    snap = parse_rate_limit_headers(ANTHROPIC_SUBSCRIPTION, NOW)
+    assert snap is not None
+    assert [(w.window, w.used, w.reset_ms) for w in snap.percent_windows] == [
+        ("5h", 0.42, 1_700_010_000_000),
+        ("weekly", 0.9, 1_700_400_000_000),
+    ]
+    # built by hand (the mock, tests): the same readings
+    built = RateLimitSnapshot(unified_7d_utilization=0.5)
+    assert [w.window for w in built.percent_windows] == ["weekly"]

@@ -13,7 +13,15 @@ Header families understood (names are case-insensitive):
 - Anthropic: ``anthropic-ratelimit-{requests,tokens,input-tokens,output-tokens}-
   {limit,remaining,reset}`` (RFC 3339 resets) and the subscription headers
   ``anthropic-ratelimit-unified-{5h,7d}-{utilization,reset,status}``.
+- Codex (ChatGPT subscription backend, as the Codex CLI reads them):
+  ``x-codex-{primary,secondary}-used-percent`` (0..100), ``-window-minutes`` and ``-reset-at``
+  (epoch seconds; the older ``-reset-after-seconds`` is read too). Which slot holds which window
+  is not fixed, so a reading is named by its stated length (300 min → ``5h``, 10080 → ``weekly``).
 - ``retry-after`` (any form) and ``retry-after-ms`` (milliseconds, as OpenAI sends).
+
+Every percent reading of a subscription window (Anthropic unified 5h/7d, Codex primary/secondary)
+is also listed in ``RateLimitSnapshot.percent_windows`` as a ``WindowReading`` that names its
+window, so each reading is charged only to the pool dimension of that window.
 """
 
 from __future__ import annotations
@@ -23,9 +31,41 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from fairgate.quota.units import WINDOW_MS, Window
 from fairgate.resilience.retry_after import parse_reset
 
-__all__ = ["RateLimitSnapshot", "parse_rate_limit_headers", "used_fractions"]
+__all__ = [
+    "RateLimitSnapshot",
+    "WindowReading",
+    "parse_rate_limit_headers",
+    "used_fractions",
+    "window_name",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class WindowReading:
+    """One provider percent window: its name (a pool window such as ``5h``/``weekly``/
+    ``monthly``, else ``<minutes>m``), used fraction (1.0 = exhausted), the absolute reset in
+    epoch ms (None = not stated) and its length in ms (None = not stated)."""
+
+    window: str
+    used: float
+    reset_ms: int | None = None
+    window_ms: int | None = None
+
+
+def window_name(window_ms: int) -> str:
+    """The pool window a provider window of ``window_ms`` is: an exact match of a known window
+    length, else ``<minutes>m`` (a window fairgate has no dimension for)."""
+    for window, ms in WINDOW_MS.items():
+        if ms == window_ms:
+            return window.value
+    return f"{window_ms // 60_000}m"
+
+
+#: Anthropic's unified windows, by snapshot field prefix → the window they measure.
+_UNIFIED = {"unified_5h": Window.FIVE_HOURS, "unified_7d": Window.WEEKLY}
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +93,24 @@ class RateLimitSnapshot:
     unified_7d_utilization: float | None = None
     unified_7d_reset_ms: int | None = None
     retry_after_ms: int | None = None
+    percent_windows: tuple[WindowReading, ...] = ()
+
+    def __post_init__(self) -> None:
+        # Anthropic's unified utilizations are window readings too: list them, so consumers
+        # read every provider's percent windows from one place.
+        unified = [
+            WindowReading(window.value, used, getattr(self, f"{prefix}_reset_ms"), window.ms)
+            for prefix, window in _UNIFIED.items()
+            if (used := getattr(self, f"{prefix}_utilization")) is not None
+        ]
+        if unified:
+            named = {w.window for w in unified}
+            rest = tuple(w for w in self.percent_windows if w.window not in named)
+            object.__setattr__(self, "percent_windows", (*unified, *rest))
+
+    def window(self, name: str) -> WindowReading | None:
+        """The percent reading of window ``name`` (e.g. ``5h``), None when not reported."""
+        return next((w for w in self.percent_windows if w.window == name), None)
 
 
 _COUNT = "count"
@@ -85,6 +143,9 @@ _STATUS = {
     "anthropic-ratelimit-unified-7d-status": "unified_7d_utilization",
 }
 _PREFIXES = ("x-ratelimit-", "anthropic-ratelimit-", "retry-after")
+_CODEX_PREFIX = "x-codex-"
+_CODEX_SLOTS = ("primary", "secondary")
+
 
 
 def _count(value: str) -> int | None:
@@ -154,9 +215,54 @@ def parse_rate_limit_headers(headers: Mapping[str, str], now_ms: int) -> RateLim
                 values[field] = parsed
     for field in rejected:
         values[field] = max(float(values.get(field, 1.0)), 1.0)
+    windows = _codex_windows(headers, now_ms)
+    if windows:
+        values["percent_windows"] = tuple(windows)
     if not values:
         return None
     return RateLimitSnapshot(**values)
+
+
+def _codex_windows(headers: Mapping[str, str], now_ms: int) -> list[WindowReading]:
+    """The Codex backend's primary / secondary windows. A slot without a used percent is not
+    reported; one without a stated length cannot be named and is skipped (charging it to the
+    wrong dimension would be worse than not charging it)."""
+    lower = {k.lower(): v for k, v in headers.items() if k.lower().startswith(_CODEX_PREFIX)}
+    if not lower:
+        return []
+    out = []
+    for slot in _CODEX_SLOTS:
+        base = f"{_CODEX_PREFIX}{slot}-"
+        used = _utilization_percent(lower.get(base + "used-percent"))
+        minutes = _count(lower.get(base + "window-minutes") or "")
+        if used is None or not minutes:
+            continue
+        reset_ms = _codex_reset(lower, base, now_ms)
+        window_ms = minutes * 60_000
+        out.append(WindowReading(window_name(window_ms), used, reset_ms, window_ms))
+    return out
+
+
+def _utilization_percent(value: str | None) -> float | None:
+    """A 0..100 percent header (Codex's ``used-percent``) as a fraction."""
+    if value is None:
+        return None
+    try:
+        f = float(value.strip().rstrip("%"))
+    except ValueError:
+        return None
+    if not math.isfinite(f) or f < 0:
+        return None
+    return f / 100
+
+
+def _codex_reset(headers: Mapping[str, str], base: str, now_ms: int) -> int | None:
+    """``reset-at`` (epoch seconds) or, from older backends, ``reset-after-seconds``."""
+    at = _count(headers.get(base + "reset-at") or "")
+    if at:
+        return at * 1000
+    after = _count(headers.get(base + "reset-after-seconds") or "")
+    return None if after is None else now_ms + after * 1000
 
 
 def _used(limit: int | None, remaining: int | None) -> float | None:
@@ -167,7 +273,8 @@ def _used(limit: int | None, remaining: int | None) -> float | None:
 
 def used_fractions(snap: RateLimitSnapshot) -> dict[str, float]:
     """How full each reported limit is, keyed for the quota engine: ``requests``, ``tokens``,
-    ``percent/5h``, ``percent/weekly``; only keys the snapshot knows are present.
+    ``percent/<window>`` (``5h``, ``weekly``, ``monthly``…); only keys the snapshot knows are
+    present.
 
     ``tokens`` is the fullest of the combined, input and output token limits (Anthropic splits
     them; whichever runs out first stops the account).
@@ -187,8 +294,7 @@ def used_fractions(snap: RateLimitSnapshot) -> dict[str, float]:
     ]
     if tok:
         out["tokens"] = max(tok)
-    if snap.unified_5h_utilization is not None:
-        out["percent/5h"] = snap.unified_5h_utilization
-    if snap.unified_7d_utilization is not None:
-        out["percent/weekly"] = snap.unified_7d_utilization
+    for reading in snap.percent_windows:
+        key = f"percent/{reading.window}"
+        out[key] = max(out.get(key, 0.0), reading.used)
     return out

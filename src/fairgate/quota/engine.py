@@ -485,12 +485,16 @@ class QuotaEngine:
         )
         await self._write(entry)
 
-    async def record(self, pool: Pool, key_id: str, amounts: Mapping[Unit, float]) -> None:
-        """Charge use that had no reservation (percent attribution after a provider reading)."""
+    async def record(self, pool: Pool, key_id: str, amounts: Mapping[str, float]) -> None:
+        """Charge use that had no reservation (percent attribution after a provider reading).
+
+        ``amounts`` is keyed by counter (``"percent/5h"``): a provider reading is a reading of
+        one window, so it is charged to that window's dimension only, never to the pool's other
+        windows of the same unit. Counters the pool does not enforce are ignored."""
         usage = [
-            UsageItem(d.key, d.window_ms, float(amounts[d.unit]))
+            UsageItem(d.key, d.window_ms, float(amounts[d.key]))
             for d in pool.enforced_dimensions()
-            if amounts.get(d.unit)
+            if amounts.get(d.key)
         ]
         if not usage:
             return

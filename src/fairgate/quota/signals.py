@@ -55,10 +55,6 @@ class _Reading:
     fractions: dict[str, float]
 
 
-# percent dimension window → the used_fractions key that feeds it
-_PERCENT_KEYS = {"5h": "percent/5h", "weekly": "percent/weekly"}
-
-
 class SaturationSignals:
     """The provider's used fraction per connection and dimension, valid for ``ttl_ms``."""
 
@@ -97,8 +93,7 @@ class SaturationSignals:
     @staticmethod
     def _pick(fractions: dict[str, float], unit: str, window: str) -> float:
         if unit == "percent":
-            key = _PERCENT_KEYS.get(window)
-            return fractions.get(key, 0.0) if key else 0.0
+            return fractions.get(f"percent/{window}", 0.0)
         if unit in ("requests", "tokens"):
             return fractions.get(unit, 0.0)
         return 0.0
@@ -106,7 +101,8 @@ class SaturationSignals:
     def fraction(self, connection_id: str, unit: str, window: str) -> float:
         """Used fraction the provider reported for ``unit``/``window`` on this connection.
 
-        ``percent/5h`` ← unified 5h utilization, ``percent/weekly`` ← unified 7d; ``requests/*``
+        ``percent/<window>`` ← the provider's reading of that window (Anthropic unified 5h/7d,
+        Codex primary/secondary named by their length); ``requests/*``
         and ``tokens/*`` ← 1 - remaining/limit (the provider's own window, whatever ours is).
         0.0 when unknown or older than the ttl.
         """
@@ -233,16 +229,17 @@ class AccountBuckets:
         _touch(self._buckets, connection_id, buckets, self._max)
 
     def observe_snapshot(self, connection_id: str, model: str, snap: RateLimitSnapshot) -> None:
-        """Unified 5h → ``5h``; unified 7d → ``7d`` and, when the model has a family,
-        ``7d:<family>``."""
-        if snap.unified_5h_utilization is not None:
-            self.observe(connection_id, "5h", snap.unified_5h_utilization, snap.unified_5h_reset_ms)
-        if snap.unified_7d_utilization is not None:
-            util, reset = snap.unified_7d_utilization, snap.unified_7d_reset_ms
-            self.observe(connection_id, "7d", util, reset)
+        """The 5h reading (Anthropic unified or Codex) → ``5h``; the weekly one → ``7d`` and,
+        when the model has a family, ``7d:<family>``."""
+        five = snap.window("5h")
+        if five is not None:
+            self.observe(connection_id, "5h", five.used, five.reset_ms)
+        week = snap.window("weekly")
+        if week is not None:
+            self.observe(connection_id, "7d", week.used, week.reset_ms)
             family = family_of(model)
             if family is not None:
-                self.observe(connection_id, f"7d:{family}", util, reset)
+                self.observe(connection_id, f"7d:{family}", week.used, week.reset_ms)
 
     def _saturated(self, buckets: dict[str, BucketState], name: str, now_ms: int) -> bool:
         state = buckets.get(name)

@@ -3,8 +3,10 @@
 - Saturation: the provider's own used fraction per dimension makes a pool strict even when our
   counters (which only see traffic through this gateway) say it is not.
 - Account buckets: 5h / 7d / 7d:<family> saturation per connection, for quota-share gating.
-- Percent attribution: a subscription plan reports one global percent; every rise is charged to
-  the keys that used tokens since the previous reading, in proportion (``PercentAttributor``).
+- Percent attribution: a subscription plan reports one global percent per window (5h, weekly,
+  monthly…); every rise of a window's reading is charged to that window's dimension only, split
+  over the keys that used tokens since that window's previous reading, in proportion
+  (``PercentAttributor``, one per connection and window).
 """
 
 from __future__ import annotations
@@ -17,12 +19,6 @@ from fairgate.providers.ratelimit import RateLimitSnapshot, parse_rate_limit_hea
 from fairgate.quota.attribution import PercentAttributor
 from fairgate.quota.model import Pool
 from fairgate.quota.signals import AccountBuckets, SaturationSignals
-
-#: Which reading of a snapshot feeds which percent dimension.
-_PERCENT_READINGS = {
-    "percent/5h": "unified_5h_utilization",
-    "percent/weekly": "unified_7d_utilization",
-}
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,7 +35,8 @@ class ProviderSignals:
         self._parsed: dict[str, int] = {}  # bounded by the number of connections
         self.saturation = SaturationSignals(clock)
         self.buckets = AccountBuckets(clock)
-        self._attr: dict[tuple[str, str], PercentAttributor] = {}
+        # connection id → percent counter ("percent/5h") → its attributor
+        self._attr: dict[str, dict[str, PercentAttributor]] = {}
 
     def observe(
         self,
@@ -66,29 +63,30 @@ class ProviderSignals:
         self.saturation.update(connection_id, snap)
         self.buckets.observe_snapshot(connection_id, model, snap)
         charges: list[PercentCharge] = []
-        for counter, field_name in _PERCENT_READINGS.items():
-            reading = getattr(snap, field_name, None)
-            if reading is None:
-                continue
-            attr = self._attr.setdefault((connection_id, counter), PercentAttributor())
-            for key_id, pct in attr.observe(float(reading) * 100.0).items():
+        if not snap.percent_windows:
+            return snap, charges
+        attrs = self._attr.setdefault(connection_id, {})
+        for reading in snap.percent_windows:
+            counter = f"percent/{reading.window}"
+            attr = attrs.setdefault(counter, PercentAttributor())
+            for key_id, pct in attr.observe(reading.used * 100.0).items():
                 charges.append(PercentCharge(key_id, counter, pct))
         return snap, charges
 
     def sizes(self) -> dict[str, int]:
         """Entries of the per-connection maps (bounded by the connections, not the traffic)."""
-        return {"signalConnections": len(self._parsed), "percentAttributors": len(self._attr)}
+        attributors = sum(len(a) for a in self._attr.values())
+        return {"signalConnections": len(self._parsed), "percentAttributors": attributors}
 
     def add_tokens(self, connection_id: str, key_id: str, tokens: float) -> None:
-        for counter in _PERCENT_READINGS:
-            attr = self._attr.get((connection_id, counter))
-            if attr is not None:
-                attr.add_tokens(key_id, tokens)
+        for attr in self._attr.get(connection_id, {}).values():
+            attr.add_tokens(key_id, tokens)
 
     def percent_estimate(self, connection_id: str, tokens: float) -> float:
-        """Percent a request of ``tokens`` is expected to cost, from the observed rate."""
-        found = (self._attr.get((connection_id, c)) for c in _PERCENT_READINGS)
-        return max((a.estimate(tokens) for a in found if a is not None), default=0.0)
+        """Percent a request of ``tokens`` is expected to cost, from the observed rate (the
+        fastest-moving window: the one that fills first)."""
+        found = self._attr.get(connection_id, {}).values()
+        return max((a.estimate(tokens) for a in found), default=0.0)
 
     def for_pool(self, pool: Pool) -> Mapping[str, float]:
         return self.saturation.for_pool(pool.connections, [d.key for d in pool.dimensions])

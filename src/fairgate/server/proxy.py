@@ -797,7 +797,7 @@ async def _attempt_on(
     )
     if pool is not None:
         for ch in charges:
-            await svc.gw.engine.record(pool, ch.key_id, {Unit.PERCENT: ch.amount})
+            await svc.gw.engine.record(pool, ch.key_id, {ch.counter: ch.amount})
     if resp.status >= 400:
         err, raw_err = await _upstream_error(resp, conn)
         log.warning("upstream error", extra={"connection": conn.id, "status": resp.status})
