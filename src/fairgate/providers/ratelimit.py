@@ -147,7 +147,6 @@ _CODEX_PREFIX = "x-codex-"
 _CODEX_SLOTS = ("primary", "secondary")
 
 
-
 def _count(value: str) -> int | None:
     try:
         f = float(value.strip())
