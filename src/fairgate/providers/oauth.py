@@ -1,0 +1,311 @@
+"""OAuth access tokens of subscription connections (Codex, Claude): their lifecycle.
+
+A subscription connection authenticates with a short-lived access token (hours) and a refresh
+token that buys the next one at the provider's token endpoint (``grant_type=refresh_token``);
+providers rotate the refresh token on every use, so the old one dies the moment the new one is
+issued. Getting this wrong loses the account until a human logs in again, hence:
+
+- **Refresh ahead**: a token within ``refresh_ahead_ms`` of its expiry is refreshed before it
+  is used, so no client request waits on an expired token and then a 401.
+- **One refresh at a time per connection**: concurrent requests share one refresh in this
+  process (``SingleFlight``) and hold ``RefreshLock`` across replicas (a Redis lock when Redis
+  is configured); inside the lock the stored tokens are read again, so a replica that lost the
+  race uses the winner's tokens instead of spending the already-rotated refresh token.
+- **Atomic rotation**: the new pair is saved with a compare-and-swap on the refresh token it
+  replaces (``TokenStore.save``).
+- **No loops**: a refresh the provider rejects (``invalid_grant``: revoked, already used,
+  expired) blocks the connection with reason ``auth`` until new tokens are supplied; a 401 on a
+  token refreshes at most once per token; an endpoint that is down is retried no sooner than
+  ``retry_ms`` later while the current token, if still valid, keeps serving.
+
+Secrets: ``TokenSet`` hides its tokens from ``repr``; errors and health entries never carry
+them. Pure apart from the injected clock and the three ports (endpoint, store, lock).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from dataclasses import dataclass, field, replace
+from typing import Protocol
+
+from fairgate.clock import Clock
+from fairgate.quota.signals import SingleFlight
+
+__all__ = [
+    "AuthHealth",
+    "LocalRefreshLock",
+    "MemoryTokenStore",
+    "OAuthBlocked",
+    "OAuthTokens",
+    "OAuthUnavailable",
+    "RefreshLock",
+    "RefreshRejected",
+    "RefreshUnavailable",
+    "TokenEndpoint",
+    "TokenSet",
+    "TokenStore",
+]
+
+DEFAULT_REFRESH_AHEAD_MS = 5 * 60_000
+DEFAULT_RETRY_MS = 30_000
+
+
+@dataclass(frozen=True, slots=True)
+class TokenSet:
+    """One connection's OAuth state; ``expires_at_ms`` None = the provider did not say."""
+
+    access_token: str = field(repr=False)
+    refresh_token: str = field(repr=False)
+    expires_at_ms: int | None = None
+    account_id: str | None = None
+
+
+class RefreshRejected(Exception):
+    """The token endpoint refused the refresh token (``invalid_grant`` and the like)."""
+
+
+class RefreshUnavailable(Exception):
+    """The token endpoint could not be reached or failed (5xx): try again later."""
+
+
+class OAuthBlocked(Exception):
+    """The connection cannot authenticate until someone supplies new tokens."""
+
+    def __init__(self, connection_id: str, reason: str) -> None:
+        super().__init__(f"connection '{connection_id}' is auth blocked: {reason}")
+        self.connection_id = connection_id
+        self.reason = reason
+
+
+class OAuthUnavailable(Exception):
+    """The token expired and the token endpoint is down: no usable token right now."""
+
+
+class TokenEndpoint(Protocol):
+    async def refresh(self, refresh_token: str) -> TokenSet:
+        """Trade ``refresh_token`` for a new pair. Raises ``RefreshRejected`` or
+        ``RefreshUnavailable``. A response without a refresh token keeps the old one."""
+        ...
+
+
+class TokenStore(Protocol):
+    async def load(self, connection_id: str) -> TokenSet | None: ...
+
+    async def save(self, connection_id: str, tokens: TokenSet, *, replaces: str | None) -> bool:
+        """Store ``tokens`` if the stored refresh token is still ``replaces`` (None: store
+        unconditionally, e.g. tokens supplied by an operator). False when it was not."""
+        ...
+
+
+class RefreshLock(Protocol):
+    def hold(self, connection_id: str) -> AbstractAsyncContextManager[None]: ...
+
+
+class LocalRefreshLock:
+    """One process's lock per connection (a single replica, or the tests)."""
+
+    def __init__(self) -> None:
+        self._locks: dict[str, asyncio.Lock] = {}
+
+    @asynccontextmanager
+    async def hold(self, connection_id: str) -> AsyncIterator[None]:
+        lock = self._locks.setdefault(connection_id, asyncio.Lock())
+        async with lock:
+            yield
+
+
+class MemoryTokenStore:
+    """Tokens in a dict, with the compare-and-swap the durable stores have."""
+
+    def __init__(self) -> None:
+        self._tokens: dict[str, TokenSet] = {}
+
+    async def load(self, connection_id: str) -> TokenSet | None:
+        return self._tokens.get(connection_id)
+
+    async def save(self, connection_id: str, tokens: TokenSet, *, replaces: str | None) -> bool:
+        current = self._tokens.get(connection_id)
+        if replaces is not None and (current is None or current.refresh_token != replaces):
+            return False
+        self._tokens[connection_id] = tokens
+        return True
+
+
+@dataclass(frozen=True, slots=True)
+class AuthHealth:
+    """What the health API and the dashboard show for one OAuth connection (no secrets)."""
+
+    connection_id: str
+    state: str  # ok | degraded (endpoint down, token still valid) | blocked
+    reason: str | None
+    expires_at_ms: int | None
+    refreshes: int
+    since_ms: int
+
+
+@dataclass
+class _State:
+    tokens: TokenSet | None = None
+    blocked: str | None = None  # reason, while the stored refresh token is the rejected one
+    rejected_refresh: str | None = field(default=None, repr=False)
+    retry_at_ms: int = 0
+    # the access token a refresh forced by a 401 produced: a 401 on it too means refreshing
+    # does not help (the account itself is refused), so it blocks instead of looping
+    fresh_from_401: str | None = field(default=None, repr=False)
+    refreshes: int = 0
+    degraded: str | None = None
+    since_ms: int = 0
+
+
+class OAuthTokens:
+    """Valid access tokens for OAuth connections, refreshed as described in the module notes."""
+
+    def __init__(
+        self,
+        clock: Clock,
+        endpoint_for: Callable[[str], TokenEndpoint],
+        store: TokenStore,
+        lock: RefreshLock | None = None,
+        *,
+        refresh_ahead_ms: int = DEFAULT_REFRESH_AHEAD_MS,
+        retry_ms: int = DEFAULT_RETRY_MS,
+    ) -> None:
+        self._clock = clock
+        self._endpoint_for = endpoint_for
+        self._store = store
+        self._lock: RefreshLock = lock or LocalRefreshLock()
+        self.refresh_ahead_ms = refresh_ahead_ms
+        self.retry_ms = retry_ms
+        self._flight = SingleFlight()
+        self._states: dict[str, _State] = {}
+
+    def _state(self, connection_id: str) -> _State:
+        st = self._states.get(connection_id)
+        if st is None:
+            st = self._states[connection_id] = _State(since_ms=self._clock.now_ms())
+        return st
+
+    def _due(self, tokens: TokenSet, now: int) -> bool:
+        exp = tokens.expires_at_ms
+        return exp is not None and now >= exp - self.refresh_ahead_ms
+
+    def _expired(self, tokens: TokenSet, now: int) -> bool:
+        return tokens.expires_at_ms is not None and now >= tokens.expires_at_ms
+
+    async def _current(self, connection_id: str) -> TokenSet:
+        """The stored tokens (the store is the truth: another replica may have refreshed, an
+        operator may have supplied new ones, which also lifts a block)."""
+        st = self._state(connection_id)
+        tokens = await self._store.load(connection_id)
+        if tokens is None:
+            raise OAuthBlocked(connection_id, "no OAuth tokens stored for this connection")
+        if st.blocked is not None and tokens.refresh_token != st.rejected_refresh:
+            self._set(st, blocked=None)
+        st.tokens = tokens
+        if st.blocked is not None:
+            raise OAuthBlocked(connection_id, st.blocked)
+        return tokens
+
+    def _set(self, st: _State, *, blocked: str | None = None, degraded: str | None = None) -> None:
+        if (st.blocked, st.degraded) != (blocked, degraded):
+            st.since_ms = self._clock.now_ms()
+        st.blocked, st.degraded = blocked, degraded
+
+    async def access(self, connection_id: str) -> TokenSet:
+        """A token to send now. Raises ``OAuthBlocked`` or ``OAuthUnavailable``."""
+        st = self._state(connection_id)
+        now = self._clock.now_ms()
+        tokens = st.tokens
+        if tokens is not None and st.blocked is None and not self._due(tokens, now):
+            return tokens  # the hot path: no store read, no lock
+        tokens = await self._current(connection_id)
+        if not self._due(tokens, now):
+            return tokens
+        return await self._refresh_or_keep(connection_id, tokens)
+
+    async def unauthorized(self, connection_id: str, used_access_token: str) -> TokenSet:
+        """The provider answered 401 to ``used_access_token``: a token to retry with, refreshed
+        at most once per token (a second 401 on a fresh token blocks instead of looping)."""
+        st = self._state(connection_id)
+        tokens = await self._current(connection_id)
+        if tokens.access_token != used_access_token:
+            return tokens  # someone already refreshed
+        if st.fresh_from_401 == used_access_token:
+            reason = "the provider rejects a freshly refreshed access token"
+            st.rejected_refresh = tokens.refresh_token
+            self._set(st, blocked=reason)
+            raise OAuthBlocked(connection_id, reason)
+        fresh = await self._refresh_or_keep(connection_id, tokens, force=True)
+        st.fresh_from_401 = fresh.access_token
+        return fresh
+
+    async def _refresh_or_keep(
+        self, connection_id: str, seen: TokenSet, *, force: bool = False
+    ) -> TokenSet:
+        st = self._state(connection_id)
+        now = self._clock.now_ms()
+        if now < st.retry_at_ms and not force:  # the endpoint failed a moment ago
+            if self._expired(seen, now):
+                raise OAuthUnavailable(f"connection '{connection_id}': token endpoint down")
+            return seen
+        try:
+            return await self._flight.do(connection_id, lambda: self._refresh(connection_id, seen))
+        except RefreshUnavailable:
+            st.retry_at_ms = self._clock.now_ms() + self.retry_ms
+            self._set(st, degraded="the token endpoint is unreachable")
+            if self._expired(seen, self._clock.now_ms()) or force:
+                raise OAuthUnavailable(
+                    f"connection '{connection_id}': token endpoint down"
+                ) from None
+            return seen
+
+    async def _refresh(self, connection_id: str, seen: TokenSet) -> TokenSet:
+        st = self._state(connection_id)
+        async with self._lock.hold(connection_id):
+            current = await self._current(connection_id)
+            if current.refresh_token != seen.refresh_token or (
+                current.access_token != seen.access_token
+            ):
+                return current  # another replica refreshed while we waited for the lock
+            try:
+                fresh = await self._endpoint_for(connection_id).refresh(current.refresh_token)
+            except RefreshRejected as exc:
+                st.rejected_refresh = current.refresh_token
+                self._set(st, blocked=f"the token endpoint rejected the refresh token ({exc})")
+                raise OAuthBlocked(connection_id, st.blocked or "") from None
+            if not fresh.refresh_token:
+                fresh = replace(fresh, refresh_token=current.refresh_token)
+            if fresh.account_id is None:
+                fresh = replace(fresh, account_id=current.account_id)
+            if not await self._store.save(connection_id, fresh, replaces=current.refresh_token):
+                return await self._current(connection_id)  # lost a race after all: theirs
+            st.tokens = fresh
+            st.refreshes += 1
+            st.retry_at_ms = 0
+            self._set(st)
+            return fresh
+
+    async def supply(self, connection_id: str, tokens: TokenSet) -> None:
+        """New tokens from an operator (config, admin API, ``connections login``): stored
+        unconditionally; they lift an ``auth`` block."""
+        await self._store.save(connection_id, tokens, replaces=None)
+        st = self._state(connection_id)
+        st.tokens = tokens
+        st.fresh_from_401 = None
+        st.retry_at_ms = 0
+        self._set(st)
+
+    def health(self) -> list[AuthHealth]:
+        out = []
+        for cid, st in sorted(self._states.items()):
+            state = "blocked" if st.blocked else "degraded" if st.degraded else "ok"
+            exp = st.tokens.expires_at_ms if st.tokens is not None else None
+            out.append(
+                AuthHealth(cid, state, st.blocked or st.degraded, exp, st.refreshes, st.since_ms)
+            )
+        return out
+
+    def forget(self, connection_id: str) -> None:
+        self._states.pop(connection_id, None)
