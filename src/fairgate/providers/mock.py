@@ -16,6 +16,15 @@ What it serves (all deterministic, so tests can assert exact numbers):
 - Rate-limit headers on every normal answer, with ``remaining`` counted over a rolling minute.
 - Faults per request (header ``x-mock-fault``) or by schedule (``POST /_mock/schedule``); see
   :mod:`fairgate.providers.mock_faults` for the specs.
+- Subscriptions (:mod:`fairgate.providers.mock_codex`, :mod:`fairgate.providers.mock_oauth`):
+  ``POST /v1/responses`` (the OpenAI Responses API, stream or not); ``POST
+  /backend-api/codex/responses`` (the Codex backend: OAuth bearer token + matching
+  ``chatgpt-account-id``, stream only, ``x-codex-*`` window headers, 429
+  ``usage_limit_reached`` when a window is full); ``POST /oauth/token`` and ``/v1/oauth/token``
+  (refresh with rotating refresh tokens); OAuth bearer tokens on ``/v1/messages`` need the
+  ``anthropic-beta: oauth-2025-04-20`` flag, as Anthropic's do; an expired token is a 401.
+  ``POST /_mock/oauth/login`` ``{"account_id"}`` hands out a first token pair (the interactive
+  login a user would do), ``/_mock/oauth/revoke`` kills an account's refresh tokens.
 - Control endpoints without auth: ``/_mock/schedule``, ``/_mock/config``, ``/_mock/stats``,
   ``/_mock/reset``. Credentials the mock receives are compared, never stored or echoed.
 """
@@ -44,6 +53,12 @@ import orjson
 from aiohttp import web
 
 from fairgate.clock import Clock, SystemClock
+from fairgate.providers.mock_codex import (
+    CodexWindows,
+    responses_events,
+    responses_input_text,
+    responses_object,
+)
 from fairgate.providers.mock_faults import (
     NO_FAULT,
     Fault,
@@ -61,6 +76,7 @@ from fairgate.providers.mock_faults import (
     status_fault,
     unknown_field_error,
 )
+from fairgate.providers.mock_oauth import ACCESS_PREFIX, OAUTH_BETA, MockTokenIssuer
 from fairgate.testclock import ShiftedClock, TestClockError, advance_ms_of, clock_view
 
 JSON = dict[str, Any]
@@ -98,6 +114,9 @@ class MockConfig:
     unified_7d_reset_s: float = 259_200.0
     embedding_dimensions: int = 8  # when the request has no `dimensions`
     reject_unknown_fields: bool = False  # echoing mode: 400 naming an unknown field (real wording)
+    codex_percent_per_1k_tokens: float = 1.0  # how fast the Codex windows fill
+    codex_weekly_ratio: float = 0.2  # the weekly window moves this fraction of the 5h one
+    oauth_access_ttl_s: float = 3600.0  # lifetime of the access tokens /oauth/token issues
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -131,6 +150,9 @@ _FIELD_RULES: dict[str, tuple[type, bool, float]] = {
     "unified_7d_reset_s": (float, False, 0),
     "embedding_dimensions": (int, False, 1),
     "reject_unknown_fields": (bool, False, 0),
+    "codex_percent_per_1k_tokens": (float, False, 0),
+    "codex_weekly_ratio": (float, False, 0),
+    "oauth_access_ttl_s": (float, False, 1),
 }
 
 
@@ -189,6 +211,16 @@ class MockState:
         self.stats = _Stats()
         self.window = RateWindow()
         self._seq = 0
+        self.issuer = MockTokenIssuer(clock, access_ttl_ms=int(config.oauth_access_ttl_s * 1000))
+        self.codex: dict[str, CodexWindows] = {}  # account id → its usage windows
+
+    def codex_windows(self, account_id: str) -> CodexWindows:
+        w = self.codex.get(account_id)
+        if w is None:
+            w = self.codex[account_id] = CodexWindows(self.clock)
+        w.percent_per_1k_tokens = self.config.codex_percent_per_1k_tokens
+        w.weekly_ratio = self.config.codex_weekly_ratio
+        return w
 
     def now_s(self) -> float:
         return self.clock.now_ms() / 1000.0
@@ -216,6 +248,7 @@ class MockState:
         self.schedule.clear()
         self.window.clear()
         self._seq = 0
+        self.codex.clear()
 
     def stats_json(self) -> JSON:
         s = self.stats
@@ -355,6 +388,8 @@ class _Call:
     fault: Fault
     body: JSON
     request_id: str
+    #: more headers once the answer's tokens are known (the Codex windows move with use)
+    extra_headers: Callable[[int, int], Mapping[str, str]] = lambda _p, _c: {}
 
     def bad_request(self, message: str, param: str | None = None) -> web.Response:
         body = error_body(self.wire, 400, message, self.request_id)
@@ -661,10 +696,11 @@ def _bearer(value: str | None) -> str | None:
     return token.strip() if scheme.lower() == "bearer" else None
 
 
-def _check_auth(request: web.Request, wire: Wire, secret: str | None) -> tuple[bool, str | None]:
+def _check_auth(request: web.Request, wire: Wire, state: MockState) -> tuple[bool, str | None]:
     """(ok, scheme seen). OpenAI routes take ``Authorization: Bearer``. Anthropic routes take
     ``x-api-key`` or, when it is absent, ``Authorization: Bearer`` (OAuth tokens, and what the
-    ``anthropic`` SDK 2.x sends for an API key)."""
+    ``anthropic`` SDK 2.x sends for an API key). A bearer token the mock's OAuth authority
+    issued must be live, and on the Anthropic wire come with the OAuth beta flag."""
     h = request.headers
     key: str | None = None
     scheme = "bearer"
@@ -673,6 +709,11 @@ def _check_auth(request: web.Request, wire: Wire, secret: str | None) -> tuple[b
     else:
         key = _bearer(h.get("authorization"))
     seen = scheme if key is not None else None
+    if key is not None and scheme == "bearer" and key.startswith(ACCESS_PREFIX):
+        account, _why = state.issuer.check(f"Bearer {key}")
+        beta_ok = wire != "anthropic" or OAUTH_BETA in h.get("anthropic-beta", "")
+        return account is not None and beta_ok, "oauth"
+    secret = state.config.secret
     if secret is None:
         return True, seen
     return key is not None and hmac.compare_digest(key.encode(), secret.encode()), seen
@@ -698,7 +739,7 @@ async def _serve(
     ids = _id_headers(wire, request_id)
     if state.config.latency_ms > 0:
         await asyncio.sleep(state.config.latency_ms / 1000.0)
-    ok, scheme = _check_auth(request, wire, state.config.secret)
+    ok, scheme = _check_auth(request, wire, state)
     state.stats.last_auth_ok, state.stats.last_auth_scheme = ok, scheme
     state.stats.last_headers = {
         h: v for h in RECORDED_HEADERS if (v := request.headers.get(h)) is not None
@@ -760,6 +801,119 @@ def _data_route(route: str, impl: _Impl) -> Callable[[web.Request], Awaitable[we
             state.stats.by_status[outcome] += 1
 
     return handler
+
+
+# ---------------------------------------------------------------------------------------------
+# The Responses wire and the Codex backend
+
+#: Where the Codex CLI sends its requests under a ChatGPT login (base ``…/backend-api/codex``).
+CODEX_PATH = "/backend-api/codex/responses"
+
+
+def _responses_reply(call: _Call) -> tuple[str, int, int]:
+    """(text, prompt tokens, completion tokens) of a Responses request, like the chat routes."""
+    last, chars = responses_input_text(call.body)
+    cap = call.body.get("max_output_tokens")
+    cap = cap if isinstance(cap, int) and not isinstance(cap, bool) and cap > 0 else None
+    user = [{"role": "user", "content": last}]
+    text, completion, _ = _reply(call.state.config, user, cap, call.fault)
+    return text, _estimate_tokens(chars), completion
+
+
+async def _responses_answer(call: _Call, headers: JSON, *, stream: bool) -> web.StreamResponse:
+    model = call.body.get("model")
+    if not isinstance(model, str) or not model:
+        return call.bad_request("Missing required parameter: 'model'.", "model")
+    if not isinstance(call.body.get("input"), str | list):
+        return call.bad_request("Missing required parameter: 'input'.", "input")
+    text, prompt, completion = _responses_reply(call)
+    rid = f"resp_mock{call.state.next_seq():08d}"
+    created = int(call.state.now_s())
+    headers = {**headers, **call.extra_headers(prompt, completion)}
+    if not stream:
+        return _json(
+            200, responses_object(rid, model, created, text, prompt, completion, done=True), headers
+        )
+    pieces = _pieces(text, call.state.config.stream_chunks)
+    events = responses_events(rid, model, created, pieces, prompt, completion)
+    return await call.stream([_sse(data, name) for name, data in events], headers)
+
+
+async def _responses(call: _Call) -> web.StreamResponse:
+    """``POST /v1/responses``: the OpenAI Responses API with an API key, stream or not."""
+    text_prompt = responses_input_text(call.body)
+    headers = call.headers(_estimate_tokens(text_prompt[1]), 0)
+    return await _responses_answer(call, headers, stream=call.body.get("stream") is True)
+
+
+async def _codex_responses(call: _Call) -> web.StreamResponse:
+    """The Codex backend: an OAuth token of the account named by ``chatgpt-account-id``, stream
+    only, the account's windows in ``x-codex-*`` headers, 429 once a window is full."""
+    account, why = call.state.issuer.check(call.request.headers.get("authorization"))
+    if account is None:
+        return _json(401, {"detail": why or "Unauthorized"}, _id_headers("openai", call.request_id))
+    if call.request.headers.get("chatgpt-account-id") != account:
+        return _json(
+            403,
+            {"detail": "chatgpt-account-id does not match the token's account"},
+            _id_headers("openai", call.request_id),
+        )
+    if call.body.get("stream") is not True:
+        return _json(
+            400, {"detail": "Stream must be set to true"}, _id_headers("openai", call.request_id)
+        )
+    windows = call.state.codex_windows(account)
+    full = windows.exhausted()
+    ids = _id_headers("openai", call.request_id)
+    if full is not None:
+        return _json(429, windows.limit_error(full), {**windows.headers(), **ids})
+
+    def used(prompt: int, completion: int) -> Mapping[str, str]:
+        windows.use(prompt + completion)  # the answer counts in the headers it carries
+        return windows.headers()
+
+    call.extra_headers = used
+    return await _responses_answer(call, ids, stream=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# The OAuth authority (no gateway credentials: a token endpoint authenticates by its body)
+
+
+async def _oauth_token(request: web.Request) -> web.Response:
+    """Refresh as the providers' token endpoints do; a JSON or form body."""
+    state = request.app[STATE_KEY]
+    state.issuer.access_ttl_ms = int(state.config.oauth_access_ttl_s * 1000)
+    if request.content_type == "application/x-www-form-urlencoded":
+        body: JSON = dict(await request.post())
+    else:
+        try:
+            parsed = orjson.loads(await request.read() or b"{}")
+        except orjson.JSONDecodeError:
+            parsed = None
+        if not isinstance(parsed, dict):
+            return _json(400, {"error": "invalid_request"}, {})
+        body = parsed
+    status, payload = state.issuer.token(body)
+    payload.pop("account_id", None)  # the real endpoints say it inside the id token
+    return _json(status, payload, {"cache-control": "no-store"})
+
+
+async def _oauth_login(request: web.Request) -> web.Response:
+    state = request.app[STATE_KEY]
+    state.issuer.access_ttl_ms = int(state.config.oauth_access_ttl_s * 1000)
+    account = (await _control_body(request)).get("account_id")
+    if not isinstance(account, str) or not account:
+        return _control_error("'account_id' must be a non-empty string")
+    return _json(200, state.issuer.login(account), {})
+
+
+async def _oauth_revoke(request: web.Request) -> web.Response:
+    account = (await _control_body(request)).get("account_id")
+    if not isinstance(account, str) or not account:
+        return _control_error("'account_id' must be a non-empty string")
+    request.app[STATE_KEY].issuer.revoke_all(account)
+    return _json(200, {"revoked": account}, {})
 
 
 # ---------------------------------------------------------------------------------------------
@@ -847,6 +1001,12 @@ def create_mock_app(
     r.add_post("/v1/messages", _data_route("/v1/messages", _messages))
     r.add_post("/v1/embeddings", _data_route("/v1/embeddings", _embeddings))
     r.add_get("/v1/models", _data_route("/v1/models", _models))
+    r.add_post("/v1/responses", _data_route("/v1/responses", _responses))
+    r.add_post(CODEX_PATH, _data_route(CODEX_PATH, _codex_responses))
+    r.add_post("/oauth/token", _oauth_token)
+    r.add_post("/v1/oauth/token", _oauth_token)
+    r.add_post("/_mock/oauth/login", _oauth_login)
+    r.add_post("/_mock/oauth/revoke", _oauth_revoke)
     r.add_post("/_mock/schedule", _post_schedule)
     r.add_get("/_mock/config", _get_config)
     r.add_post("/_mock/config", _post_config)

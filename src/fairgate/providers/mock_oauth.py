@@ -23,7 +23,13 @@ from typing import Any
 
 from fairgate.clock import Clock
 
-__all__ = ["Grant", "MockTokenIssuer"]
+__all__ = ["ACCESS_PREFIX", "OAUTH_BETA", "Grant", "MockTokenIssuer"]
+
+#: Every access token this authority issues starts so; the mock tells OAuth tokens from API keys
+#: by it (real providers do by their own prefixes, e.g. ``sk-ant-oat`` vs ``sk-ant-api``).
+ACCESS_PREFIX = "mock-at-"
+#: The ``anthropic-beta`` flag Anthropic requires beside an OAuth bearer token.
+OAUTH_BETA = "oauth-2025-04-20"
 
 DEFAULT_ACCESS_TTL_MS = 3_600_000
 
@@ -48,7 +54,7 @@ class MockTokenIssuer:
         return self._issue(account_id)
 
     def _issue(self, account_id: str) -> dict[str, Any]:
-        access = "mock-at-" + secrets.token_urlsafe(24)
+        access = ACCESS_PREFIX + secrets.token_urlsafe(24)
         refresh = "mock-rt-" + secrets.token_urlsafe(24)
         expires = self._clock.now_ms() + self.access_ttl_ms
         self._access[access] = Grant(account_id, expires)
