@@ -45,7 +45,6 @@ from fairgate.providers.translate import (
     _dumps,
     _list,
     _map,
-    _number,
     _pos_int,
     _uses_max_completion_tokens,
 )
@@ -243,14 +242,16 @@ def responses_to_chat_request(body: Mapping[str, Any], model: str) -> JSON:
     if isinstance(instructions, str) and instructions:
         messages.insert(0, {"role": "system", "content": instructions})
     out: JSON = {"model": model, "messages": messages}
-    limit = _pos_int(body.get("max_output_tokens"))
-    if limit is not None:
+    raw_limit = body.get("max_output_tokens")
+    if raw_limit is not None:
+        limit = _pos_int(raw_limit)
+        if limit is None:
+            raise ResponsesInputError("max_output_tokens", "must be a positive integer")
         key = "max_completion_tokens" if _uses_max_completion_tokens(model) else "max_tokens"
         out[key] = limit
     for name in ("temperature", "top_p"):
-        value = _number(body.get(name))
-        if value is not None:
-            out[name] = value
+        if body.get(name) is not None:  # same name and range in chat: checked there
+            out[name] = body[name]
     tools = _chat_tools(body.get("tools"))
     if tools:
         out["tools"] = tools

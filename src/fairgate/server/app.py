@@ -21,7 +21,7 @@ from starlette.routing import Mount, Route
 
 from fairgate.providers.pricing import PriceTable
 from fairgate.providers.upstream import UpstreamClient
-from fairgate.server import proxy, tracing
+from fairgate.server import proxy, responses_edge, tracing
 from fairgate.server.admin import create_admin_app
 from fairgate.server.admin_common import error_response as admin_error_response
 from fairgate.server.dashboard import dashboard_mount
@@ -143,6 +143,7 @@ def create_app(
 
     routes = [
         Route("/v1/chat/completions", proxy.chat_completions, methods=["POST"]),
+        Route("/v1/responses", responses_edge.responses, methods=["POST"]),
         Route("/v1/messages", proxy.messages, methods=["POST"]),
         Route("/v1/embeddings", proxy.embeddings, methods=["POST"]),
         Route("/v1/models", proxy.models, methods=["GET"]),

@@ -271,8 +271,21 @@ async def models(request: Request) -> Response:
     return Response(orjson.dumps({"object": "list", "data": data}), media_type="application/json")
 
 
+async def chat_from(
+    request: Request, prepare: Callable[[dict[str, Any]], dict[str, Any]]
+) -> Response:
+    """Serve a request of another client API as a chat completion: ``prepare`` turns its body
+    into a chat body (raising ``ApiError`` for what cannot be served), then everything —
+    admission, routing, settlement, translation to any upstream — is the chat route's."""
+    return await _handle(request, Route.CHAT, prepare)
+
+
 @tracing.traced("fairgate.request", tracing.request_attrs, tracing.response_attrs, request=True)
-async def _handle(request: Request, route: Route) -> Response:
+async def _handle(
+    request: Request,
+    route: Route,
+    prepare: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+) -> Response:
     svc = _services(request)
     t0 = time.perf_counter()
     key: ClientKey | None = None
@@ -283,9 +296,13 @@ async def _handle(request: Request, route: Route) -> Response:
         raw = await read_body(request, svc.gw.config.server.max_body_bytes)
         if len(raw) < svc.limits.thread_parse_bytes:
             body = decode_json_object(raw)
+            if prepare is not None:
+                body = prepare(body)
             call = _parse(svc, request, key, body, route, t0)
         else:  # a large body is parsed and checked off the loop: other requests go on meanwhile
             body = await asyncio.to_thread(decode_json_object, raw)
+            if prepare is not None:
+                body = await asyncio.to_thread(prepare, body)
             call = await asyncio.to_thread(_parse, svc, request, key, body, route, t0)
         resp = await _dispatch(call)
     except ApiError as err:

@@ -153,7 +153,7 @@ def _annotate(span: Any, attrs: Attrs) -> None:
 # -- what the request path's spans say (read from its objects; never a secret) ------------------
 
 
-def request_attrs(_request: Any, route: Any) -> Attrs:
+def request_attrs(_request: Any, route: Any, *_more: Any, **_named: Any) -> Attrs:
     return {"fairgate.route": str(getattr(route, "value", route))}
 
 
