@@ -168,7 +168,7 @@ class ConnectionConfig(_Strict):
     weight: Weight = 1.0
     max_concurrent: int | None = Field(default=None, ge=0)
     models: ModelList | None = Field(default=None, validate_default=True)
-    protocol: Literal["openai", "anthropic"] | None = None
+    protocol: Literal["openai", "anthropic", "responses"] | None = None
     enabled: bool = True
     forward_headers: list[HeaderName] = Field(default_factory=list, max_length=50)
 

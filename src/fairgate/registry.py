@@ -23,18 +23,23 @@ from fairgate.routing.quota_share import quota_share_combo
 class Protocol(StrEnum):
     """The wire format a connection speaks upstream."""
 
-    OPENAI = "openai"  # chat completions: openai, codex, kimi, glm, minimax, deepseek, mock, ...
+    OPENAI = "openai"  # chat completions: openai, kimi, glm, minimax, deepseek, mock, ...
     ANTHROPIC = "anthropic"  # messages: anthropic, claude
+    RESPONSES = "responses"  # the OpenAI Responses API, streamed: codex (the ChatGPT backend)
 
 
 #: Providers that speak the Anthropic messages API; every other provider is OpenAI-compatible.
 ANTHROPIC_PROVIDERS = frozenset({"anthropic", "claude"})
+#: Providers whose only wire is the Responses API.
+RESPONSES_PROVIDERS = frozenset({"codex"})
 
 
 def protocol_for(provider: str, explicit: str | None = None) -> Protocol:
     if explicit:
         return Protocol(explicit)
-    return Protocol.ANTHROPIC if provider in ANTHROPIC_PROVIDERS else Protocol.OPENAI
+    if provider in ANTHROPIC_PROVIDERS:
+        return Protocol.ANTHROPIC
+    return Protocol.RESPONSES if provider in RESPONSES_PROVIDERS else Protocol.OPENAI
 
 
 @dataclass(frozen=True, slots=True)

@@ -46,7 +46,11 @@ class ShiftedClock:
     and cooldowns assume time does not run backwards)."""
 
     def __init__(
-        self, start_ms: int, *, rate: float = 1.0, anchor_ms: int | None = None,
+        self,
+        start_ms: int,
+        *,
+        rate: float = 1.0,
+        anchor_ms: int | None = None,
         real: Clock = SYSTEM_CLOCK,
     ) -> None:
         if not (rate >= 0 and math.isfinite(rate)):

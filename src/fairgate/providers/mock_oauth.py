@@ -16,18 +16,28 @@ exactly one).
 
 from __future__ import annotations
 
+import base64
 import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
+
 from fairgate.clock import Clock
+
+
+def _b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
 
 __all__ = ["ACCESS_PREFIX", "OAUTH_BETA", "Grant", "MockTokenIssuer"]
 
-#: Every access token this authority issues starts so; the mock tells OAuth tokens from API keys
-#: by it (real providers do by their own prefixes, e.g. ``sk-ant-oat`` vs ``sk-ant-api``).
-ACCESS_PREFIX = "mock-at-"
+#: Access tokens are JWT-shaped like OpenAI's (the payload names the ChatGPT account under
+#: ``https://api.openai.com/auth``), unsigned; every one starts with this encoded header, which
+#: is how the mock tells OAuth tokens from API keys (real providers do by their own prefixes).
+_JWT_HEADER = {"alg": "none", "typ": "JWT", "kid": "fairgate-mock"}
+ACCESS_PREFIX = _b64(orjson.dumps(_JWT_HEADER)) + "."
 #: The ``anthropic-beta`` flag Anthropic requires beside an OAuth bearer token.
 OAUTH_BETA = "oauth-2025-04-20"
 
@@ -54,9 +64,14 @@ class MockTokenIssuer:
         return self._issue(account_id)
 
     def _issue(self, account_id: str) -> dict[str, Any]:
-        access = ACCESS_PREFIX + secrets.token_urlsafe(24)
-        refresh = "mock-rt-" + secrets.token_urlsafe(24)
         expires = self._clock.now_ms() + self.access_ttl_ms
+        claims = {
+            "https://api.openai.com/auth": {"chatgpt_account_id": account_id},
+            "exp": expires // 1000,
+            "jti": secrets.token_urlsafe(12),
+        }
+        access = ACCESS_PREFIX + _b64(orjson.dumps(claims)) + "." + secrets.token_urlsafe(16)
+        refresh = "mock-rt-" + secrets.token_urlsafe(24)
         self._access[access] = Grant(account_id, expires)
         self._refresh[refresh] = account_id
         return {

@@ -25,10 +25,14 @@ them. Pure apart from the injected clock and the three ports (endpoint, store, l
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass, field, replace
 from typing import Protocol
+
+import orjson
 
 from fairgate.clock import Clock
 from fairgate.quota.signals import SingleFlight
@@ -46,7 +50,35 @@ __all__ = [
     "TokenEndpoint",
     "TokenSet",
     "TokenStore",
+    "chatgpt_account_id",
+    "jwt_claims",
 ]
+
+#: The claim of OpenAI's access and id tokens that names the ChatGPT account (workspace) the
+#: Codex backend must be told about in ``chatgpt-account-id``.
+OPENAI_AUTH_CLAIM = "https://api.openai.com/auth"
+
+
+def jwt_claims(token: str) -> dict[str, object]:
+    """The payload of a JWT, unverified ({} when it is not one). Only for tokens fairgate holds
+    itself (to learn the account they belong to), never to trust a client."""
+    parts = token.split(".")
+    if len(parts) != 3:
+        return {}
+    try:
+        payload = base64.urlsafe_b64decode(parts[1] + "=" * (-len(parts[1]) % 4))
+        claims = orjson.loads(payload)
+    except (binascii.Error, ValueError):
+        return {}
+    return claims if isinstance(claims, dict) else {}
+
+
+def chatgpt_account_id(access_token: str) -> str | None:
+    """The ChatGPT account id inside an OpenAI access token, as the Codex CLI reads it."""
+    auth = jwt_claims(access_token).get(OPENAI_AUTH_CLAIM)
+    account = auth.get("chatgpt_account_id") if isinstance(auth, dict) else None
+    return account if isinstance(account, str) and account else None
+
 
 DEFAULT_REFRESH_AHEAD_MS = 5 * 60_000
 DEFAULT_RETRY_MS = 30_000

@@ -29,10 +29,28 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from fairgate.providers.translate import _dumps, _list, _map, _openai_usage, _text_of
+import orjson
+
+from fairgate.providers.sse import SSEParser
+from fairgate.providers.translate import (
+    _dumps,
+    _list,
+    _map,
+    _openai_usage,
+    _text_of,
+    anthropic_to_openai_request,
+    openai_to_anthropic_response,
+)
 from fairgate.providers.usage import Usage, usage_from_openai
 
-__all__ = ["ResponsesToChatStream", "chat_from_completed", "chat_to_responses_request"]
+__all__ = [
+    "ResponsesToChatStream",
+    "chat_from_completed",
+    "chat_to_responses_request",
+    "completed_of",
+    "upstream_responses_answer",
+    "upstream_responses_body",
+]
 
 JSON = dict[str, Any]
 
@@ -300,3 +318,63 @@ class ResponsesToChatStream:
         if self.done:
             return []
         return self._error("the upstream stream ended before response.completed", "api_error")
+
+
+# -- the proxy's two entry points ---------------------------------------------------------------
+
+
+def upstream_responses_body(
+    anthropic_client: bool, body: Mapping[str, Any], model: str
+) -> tuple[bytes, bool]:
+    """The request for a Responses-wire connection, and whether the client asked for stream
+    usage (an Anthropic client always gets it in ``message_delta``)."""
+    if anthropic_client:
+        chat = anthropic_to_openai_request(body, model)
+        wants_usage = True
+    else:
+        chat = dict(body)
+        opts = body.get("stream_options")
+        wants_usage = isinstance(opts, Mapping) and bool(opts.get("include_usage"))
+    return orjson.dumps(chat_to_responses_request(chat, model)), wants_usage
+
+
+def completed_of(raw: bytes) -> JSON | None:
+    """The final response object of a whole Responses event stream (or of a plain JSON
+    answer, for an upstream that answered without streaming)."""
+    stripped = raw.lstrip()
+    if stripped.startswith(b"{"):
+        try:
+            obj = orjson.loads(stripped)
+        except orjson.JSONDecodeError:
+            return None
+        return obj if isinstance(obj, dict) else None
+    parser = SSEParser()
+    found: JSON | None = None
+    for ev in [*parser.feed(raw), *parser.flush()]:
+        try:
+            data = orjson.loads(ev.data)
+        except orjson.JSONDecodeError:
+            continue
+        if isinstance(data, dict) and data.get("type") in (
+            "response.completed",
+            "response.incomplete",
+            "response.failed",
+        ):
+            resp = data.get("response")
+            found = dict(resp) if isinstance(resp, Mapping) else None
+    return found
+
+
+def upstream_responses_answer(
+    raw: bytes, anthropic_client: bool, model: str
+) -> tuple[bytes, Usage | None, JSON | None]:
+    """A non-stream client's answer from a Responses-wire upstream's whole stream: the
+    client's format, the usage, and the parsed answer (None when there was no final response:
+    the quality check then refuses the 200)."""
+    resp = completed_of(raw)
+    if resp is None or resp.get("status") == "failed":
+        return raw, None, None
+    chat = chat_from_completed(resp, model)
+    usage = usage_from_openai(resp)
+    out = openai_to_anthropic_response(chat, model) if anthropic_client else chat
+    return orjson.dumps(out), usage, out

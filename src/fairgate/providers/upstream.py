@@ -10,9 +10,12 @@ from collections.abc import Mapping
 
 import aiohttp
 
+from fairgate.providers.oauth import chatgpt_account_id
 from fairgate.registry import Connection, Protocol
 
 ANTHROPIC_VERSION = "2023-06-01"
+#: The ``anthropic-beta`` flag that lets an OAuth (subscription) access token call the API.
+ANTHROPIC_OAUTH_BETA = "oauth-2025-04-20"
 
 
 def upstream_headers(conn: Connection, client_headers: Mapping[str, str]) -> dict[str, str]:
@@ -21,15 +24,28 @@ def upstream_headers(conn: Connection, client_headers: Mapping[str, str]) -> dic
     ``openai-organization`` / ``openai-project`` would let a tenant choose who is billed and
     ``anthropic-beta`` switch on costlier features for everyone's quota."""
     headers = {"content-type": "application/json", "accept-encoding": "identity"}
-    if conn.protocol is Protocol.ANTHROPIC:
+    if conn.protocol is Protocol.ANTHROPIC and conn.auth_type == "oauth":
+        # a Claude subscription: its OAuth access token as a bearer, and the beta flag
+        # Anthropic requires beside one
+        headers["authorization"] = f"Bearer {conn.secret}"
+        headers["anthropic-version"] = ANTHROPIC_VERSION
+        headers["anthropic-beta"] = ANTHROPIC_OAUTH_BETA
+    elif conn.protocol is Protocol.ANTHROPIC:
         headers["x-api-key"] = conn.secret
         headers["anthropic-version"] = ANTHROPIC_VERSION
     else:
         headers["authorization"] = f"Bearer {conn.secret}"
+    if conn.protocol is Protocol.RESPONSES:
+        # the Codex backend wants the account the token belongs to, as the Codex CLI sends it
+        account = chatgpt_account_id(conn.secret)
+        if account is not None:
+            headers["chatgpt-account-id"] = account
+        headers["accept"] = "text/event-stream"
     for name in conn.forward_headers:
         value = client_headers.get(name)
         if value:
-            headers[name] = value
+            ours = headers.get(name)
+            headers[name] = f"{ours},{value}" if name == "anthropic-beta" and ours else value
     if conn.provider == "mock":
         # the mock upstream takes fault-injection instructions from x-mock-* headers
         for name, value in client_headers.items():

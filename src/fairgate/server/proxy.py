@@ -29,6 +29,10 @@ from starlette.responses import Response, StreamingResponse
 
 from fairgate.providers.pricing import PriceTable
 from fairgate.providers.ratelimit import RateLimitSnapshot
+from fairgate.providers.responses_upstream import (
+    upstream_responses_answer,
+    upstream_responses_body,
+)
 from fairgate.providers.translate import (
     anthropic_to_openai_request,
     anthropic_to_openai_response,
@@ -99,6 +103,8 @@ _UPSTREAM_PATH = {
     (Route.MESSAGES, Protocol.ANTHROPIC): "/messages",
     (Route.MESSAGES, Protocol.OPENAI): "/chat/completions",
     (Route.EMBEDDINGS, Protocol.OPENAI): "/embeddings",
+    (Route.CHAT, Protocol.RESPONSES): "/responses",
+    (Route.MESSAGES, Protocol.RESPONSES): "/responses",
 }
 
 
@@ -680,6 +686,8 @@ def _upstream_body(call: Call, conn: Connection, upstream_model: str) -> tuple[b
     """The request body for this connection, and whether the client asked for stream usage."""
     body = call.body
     wants_usage = False
+    if conn.protocol is Protocol.RESPONSES:
+        return upstream_responses_body(call.route is Route.MESSAGES, body, upstream_model)
     if call.route is Route.MESSAGES:
         if conn.protocol is Protocol.ANTHROPIC:
             payload = {**body, "model": upstream_model}
@@ -974,6 +982,8 @@ def _translate_answer(
     call: Call, conn: Connection, raw: bytes, upstream_model: str
 ) -> tuple[bytes, Usage | None, dict[str, Any] | None]:
     """The answer in the client's format, its usage, and the parsed answer (for validation)."""
+    if conn.protocol is Protocol.RESPONSES:
+        return upstream_responses_answer(raw, call.route is Route.MESSAGES, call.model)
     try:
         obj = orjson.loads(raw)
     except orjson.JSONDecodeError:
@@ -1127,7 +1137,18 @@ def _stream_source(
     if call.route is Route.MESSAGES:
         if conn.protocol is Protocol.ANTHROPIC:
             return relay.anthropic_to_anthropic(resp, tally)
+        if conn.protocol is Protocol.RESPONSES:
+            return relay.responses_to_anthropic(resp, tally, model=call.model, id_=f"msg_{sid}")
         return relay.openai_to_anthropic(resp, tally, model=call.model, id_=f"msg_{sid}")
+    if conn.protocol is Protocol.RESPONSES:
+        return relay.responses_to_openai(
+            resp,
+            tally,
+            model=call.model,
+            client_wants_usage=wants_usage,
+            created=int(time.time()),
+            id_=f"chatcmpl-{sid}",
+        )
     if conn.protocol is Protocol.ANTHROPIC:
         return relay.anthropic_to_openai(
             resp,

@@ -16,6 +16,7 @@ from typing import Any
 import aiohttp
 import orjson
 
+from fairgate.providers.responses_upstream import ResponsesToChatStream
 from fairgate.providers.sse import SSEParser, encode_event
 from fairgate.providers.translate import AnthropicToOpenAIStream, OpenAIToAnthropicStream
 from fairgate.providers.usage import (
@@ -198,3 +199,71 @@ async def openai_to_anthropic(
         tally.finished = tally.finished or name == "message_stop"
         yield encode_event(orjson.dumps(payload), name)
     tally.usage = tr.usage
+
+
+async def responses_to_openai(
+    resp: aiohttp.ClientResponse,
+    tally: StreamTally,
+    *,
+    model: str,
+    client_wants_usage: bool,
+    created: int,
+    id_: str,
+) -> AsyncIterator[bytes]:
+    """A Responses-wire upstream (the Codex backend) → OpenAI chat chunks."""
+    tr = ResponsesToChatStream(model, client_wants_usage, created, id_)
+    async for event, data in _events(resp):
+        try:
+            obj = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            continue
+        if not isinstance(obj, dict):
+            continue
+        for chunk in tr.feed(event, obj):
+            n, finished = _openai_text(chunk)
+            tally.text_chars += n
+            tally.finished = tally.finished or finished
+            tally.mark_chunk()
+            yield encode_event(orjson.dumps(chunk))
+        if tr.usage is not None:
+            tally.usage = tr.usage
+    for chunk in tr.finish():  # cut off before response.completed: an error event
+        yield encode_event(orjson.dumps(chunk))
+    yield b"data: [DONE]\n\n"
+
+
+async def responses_to_anthropic(
+    resp: aiohttp.ClientResponse, tally: StreamTally, *, model: str, id_: str
+) -> AsyncIterator[bytes]:
+    """A Responses-wire upstream → Anthropic events, through the chat chunk form."""
+    chat = ResponsesToChatStream(model, True, int(time.time()), id_)
+    tr = OpenAIToAnthropicStream(model, id_)
+    async for event, data in _events(resp):
+        try:
+            obj = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            continue
+        if not isinstance(obj, dict):
+            continue
+        for chunk in chat.feed(event, obj):
+            for name, payload in _anthropic_events(tr, tally, chunk):
+                yield encode_event(orjson.dumps(payload), name)
+    for chunk in chat.finish():
+        for name, payload in _anthropic_events(tr, tally, chunk):
+            yield encode_event(orjson.dumps(payload), name)
+    for name, payload in tr.finish():
+        tally.finished = tally.finished or name == "message_stop"
+        yield encode_event(orjson.dumps(payload), name)
+    tally.usage = chat.usage or tr.usage
+
+
+def _anthropic_events(
+    tr: OpenAIToAnthropicStream, tally: StreamTally, chunk: dict[str, Any]
+) -> list[tuple[str, Any]]:
+    n, _ = _openai_text(chunk)
+    tally.text_chars += n
+    out = list(tr.feed(chunk))
+    for name, _payload in out:
+        tally.finished = tally.finished or name == "message_stop"
+        tally.mark_chunk()
+    return out
