@@ -159,6 +159,18 @@ class ServerConfig(_Strict):
     require_allocation: bool | None = None
 
 
+class OAuthConfig(_Strict):
+    """The OAuth side of a subscription connection (``auth_type: oauth``): the refresh token
+    and where to spend it. The connection's ``secret`` is the current access token (may be
+    empty: the gateway then refreshes before the first request)."""
+
+    refresh_token: str = Field(min_length=1)
+    token_url: HttpUrl
+    client_id: str = Field(default="", max_length=200)
+    #: when the access token in ``secret`` expires (epoch seconds); unknown → refreshed first
+    expires_at: int | None = Field(default=None, ge=0)
+
+
 class ConnectionConfig(_Strict):
     id: Id
     provider: Id
@@ -171,6 +183,13 @@ class ConnectionConfig(_Strict):
     protocol: Literal["openai", "anthropic", "responses"] | None = None
     enabled: bool = True
     forward_headers: list[HeaderName] = Field(default_factory=list, max_length=50)
+    oauth: OAuthConfig | None = None
+
+    @model_validator(mode="after")
+    def _oauth_needs_auth_type(self) -> Self:
+        if self.oauth is not None and self.auth_type != "oauth":
+            raise ValueError("'oauth' is for connections with auth_type: oauth")
+        return self
 
     @field_validator("models")
     @classmethod

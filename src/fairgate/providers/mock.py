@@ -264,6 +264,7 @@ class MockState:
             "in_flight": s.in_flight,
             "max_in_flight": s.max_in_flight,
             "scheduled": [f.spec for f in self.schedule],
+            "oauth_refreshes": self.issuer.refresh_calls,
         }
 
 

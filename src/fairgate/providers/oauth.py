@@ -213,6 +213,13 @@ class OAuthTokens:
         self._flight = SingleFlight()
         self._states: dict[str, _State] = {}
 
+    def manage(self, connection_id: str) -> None:
+        """Take charge of a connection's tokens (its ``auth_type`` is ``oauth``)."""
+        self._state(connection_id)
+
+    def manages(self, connection_id: str) -> bool:
+        return connection_id in self._states
+
     def _state(self, connection_id: str) -> _State:
         st = self._states.get(connection_id)
         if st is None:

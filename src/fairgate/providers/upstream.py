@@ -6,12 +6,36 @@ client): tests and the mock upstream exercise the real one over loopback.
 
 from __future__ import annotations
 
+import typing
 from collections.abc import Mapping
+from dataclasses import replace
 
 import aiohttp
 
-from fairgate.providers.oauth import chatgpt_account_id
+from fairgate.providers.oauth import (
+    OAuthBlocked,
+    OAuthUnavailable,
+    TokenSet,
+    chatgpt_account_id,
+)
 from fairgate.registry import Connection, Protocol
+
+
+class UpstreamAuthUnavailable(ConnectionError):
+    """No usable OAuth access token for the connection (blocked or the token endpoint is
+    down): the attempt fails like an unreachable upstream and the request moves on to the next
+    target. The reason is in the health view; the message names no token."""
+
+
+class ManagedTokens(typing.Protocol):
+    """What the transport needs of :class:`fairgate.providers.oauth.OAuthTokens`."""
+
+    def manages(self, connection_id: str) -> bool: ...
+
+    async def access(self, connection_id: str) -> TokenSet: ...
+
+    async def unauthorized(self, connection_id: str, used_access_token: str) -> TokenSet: ...
+
 
 ANTHROPIC_VERSION = "2023-06-01"
 #: The ``anthropic-beta`` flag that lets an OAuth (subscription) access token call the API.
@@ -67,6 +91,8 @@ class UpstreamClient:
             total=None, connect=connect_timeout_s, sock_read=timeout_s
         )
         self._session: aiohttp.ClientSession | None = None
+        #: access tokens of ``auth_type: oauth`` connections (None: every secret is static)
+        self.oauth: ManagedTokens | None = None
 
     @property
     def session(self) -> aiohttp.ClientSession:
@@ -86,6 +112,27 @@ class UpstreamClient:
         path: str,
         body: bytes,
         client_headers: Mapping[str, str],
+    ) -> aiohttp.ClientResponse:
+        oauth = self.oauth
+        if oauth is None or conn.auth_type != "oauth" or not oauth.manages(conn.id):
+            return await self._send(conn, path, body, client_headers)
+        try:
+            tokens = await oauth.access(conn.id)
+            resp = await self._send(
+                replace(conn, secret=tokens.access_token), path, body, client_headers
+            )
+            if resp.status != 401:
+                return resp
+            resp.release()  # the token was refused: refresh once (never in a loop) and retry
+            tokens = await oauth.unauthorized(conn.id, tokens.access_token)
+        except (OAuthBlocked, OAuthUnavailable) as exc:
+            raise UpstreamAuthUnavailable(str(exc)) from None
+        return await self._send(
+            replace(conn, secret=tokens.access_token), path, body, client_headers
+        )
+
+    async def _send(
+        self, conn: Connection, path: str, body: bytes, client_headers: Mapping[str, str]
     ) -> aiohttp.ClientResponse:
         return await self.session.post(
             upstream_url(conn, path),

@@ -8,6 +8,7 @@ releases any reservation still held, so a stopped gateway never leaves quota res
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -19,6 +20,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Mount, Route
 
+from fairgate.providers.oauth import OAuthTokens
 from fairgate.providers.pricing import PriceTable
 from fairgate.providers.upstream import UpstreamClient
 from fairgate.server import proxy, responses_edge, tracing
@@ -30,6 +32,7 @@ from fairgate.server.errors import ApiError, error_response
 from fairgate.server.http_settings import HttpSettings
 from fairgate.server.logs import REDACTOR, RequestIdMiddleware
 from fairgate.server.metrics import Metrics, metrics_endpoint
+from fairgate.server.oauth_setup import start_oauth
 from fairgate.server.provider_signals import ProviderSignals
 from fairgate.server.state import Gateway
 
@@ -89,6 +92,7 @@ def create_app(
             metrics=metrics,
             limits=limits,
         )
+        services.upstream.oauth = await start_oauth(gw, services.upstream)
         gw.signals_source = services.signals.for_pool
         gw.target_metrics = services.target_metrics
         gw.fallback_counts = services.fallbacks
@@ -120,7 +124,7 @@ def create_app(
         svc: proxy.Services = request.app.state.services
         ok = await gw.engine.store.ping()
         outage = gw.engine.health()
-        body = {
+        body: dict[str, object] = {
             "status": "ok" if ok and not outage.down else "degraded",
             "store": {
                 "driver": gw.store_choice.driver,
@@ -139,6 +143,9 @@ def create_app(
             "inflightLeases": svc.tracker.total,
             "memory": _memory_sizes(svc, gw),
         }
+        oauth = svc.upstream.oauth
+        if isinstance(oauth, OAuthTokens):  # no token in it: states, reasons, expiry times
+            body["oauth"] = [dataclasses.asdict(h) for h in oauth.health()]
         return Response(orjson.dumps(body), media_type="application/json")
 
     routes = [

@@ -1,0 +1,83 @@
+"""The OAuth token endpoint over HTTP (the ``TokenEndpoint`` port's adapter).
+
+``POST <token_url>`` with a JSON body ``{"grant_type": "refresh_token", "refresh_token",
+"client_id"}`` — what the Codex CLI sends to OpenAI's auth server and Claude Code to
+Anthropic's. 200 → the new pair (``expires_in`` seconds; a missing ``refresh_token`` keeps the
+old one); 400/401/403 → ``RefreshRejected`` carrying only the provider's error code (never the
+body, which could echo the token); anything else, or no answer → ``RefreshUnavailable``.
+"""
+
+from __future__ import annotations
+
+import aiohttp
+import orjson
+
+from fairgate.clock import Clock
+from fairgate.providers.oauth import (
+    RefreshRejected,
+    RefreshUnavailable,
+    TokenSet,
+    chatgpt_account_id,
+)
+
+__all__ = ["HttpTokenEndpoint"]
+
+_REJECTED = frozenset({400, 401, 403})
+
+
+class HttpTokenEndpoint:
+    def __init__(
+        self,
+        session: aiohttp.ClientSession,
+        token_url: str,
+        client_id: str,
+        clock: Clock,
+        *,
+        timeout_s: float = 30.0,
+    ) -> None:
+        self._session = session
+        self.token_url = token_url
+        self.client_id = client_id
+        self._clock = clock
+        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
+
+    async def refresh(self, refresh_token: str) -> TokenSet:
+        body: dict[str, str] = {"grant_type": "refresh_token", "refresh_token": refresh_token}
+        if self.client_id:
+            body["client_id"] = self.client_id
+        try:
+            async with self._session.post(
+                self.token_url,
+                data=orjson.dumps(body),
+                headers={"content-type": "application/json", "accept": "application/json"},
+                timeout=self._timeout,
+            ) as resp:
+                raw = await resp.read()
+                status = resp.status
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+            raise RefreshUnavailable(type(exc).__name__) from None
+        try:
+            data = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            data = None
+        if not isinstance(data, dict):
+            data = {}
+        if status in _REJECTED:
+            code = data.get("error")
+            raise RefreshRejected(code if isinstance(code, str) else f"HTTP {status}")
+        if status != 200 or not isinstance(data.get("access_token"), str):
+            raise RefreshUnavailable(f"HTTP {status}")
+        expires_in = data.get("expires_in")
+        expires = (
+            self._clock.now_ms() + int(expires_in) * 1000
+            if isinstance(expires_in, int | float) and not isinstance(expires_in, bool)
+            else None
+        )
+        access = data["access_token"]
+        refresh = data.get("refresh_token")
+        return TokenSet(
+            access,
+            refresh if isinstance(refresh, str) else "",
+            expires,
+            chatgpt_account_id(access),
+        )

@@ -1,0 +1,55 @@
+"""Start-up of the OAuth side: the secret box, the sealed token files, the token endpoints, and
+the config's tokens seeded (see :mod:`fairgate.db.oauth_tokens` for when they replace stored
+ones). Only connections configured with an ``oauth`` block are managed; the others keep their
+static secret."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+from fairgate.config import ConnectionConfig
+from fairgate.db.oauth_tokens import FileRefreshLock, FileTokenStore
+from fairgate.providers.oauth import OAuthTokens, TokenEndpoint, TokenSet, chatgpt_account_id
+from fairgate.providers.oauth_http import HttpTokenEndpoint
+from fairgate.providers.upstream import UpstreamClient
+from fairgate.secretbox import ENV_VAR, KEY_FILE, load_box
+from fairgate.server.state import Gateway
+
+log = logging.getLogger("fairgate.oauth")
+
+__all__ = ["start_oauth"]
+
+
+async def start_oauth(gw: Gateway, upstream: UpstreamClient) -> OAuthTokens | None:
+    configured = [c for c in gw.config.connections if c.oauth is not None]
+    if not configured:
+        return None
+    box, created = load_box(gw.data_dir, os.environ)
+    if created:
+        log.warning(
+            "generated the key that seals OAuth tokens at rest: %s (keep it with the data dir, "
+            "or set %s)",
+            gw.data_dir / KEY_FILE,
+            ENV_VAR,
+        )
+    directory = gw.data_dir / "oauth"
+    store = FileTokenStore(directory, box)
+    endpoints: dict[str, TokenEndpoint] = {}
+    for c in configured:
+        assert c.oauth is not None
+        endpoints[c.id] = HttpTokenEndpoint(
+            upstream.session, c.oauth.token_url, c.oauth.client_id, gw.clock
+        )
+    tokens = OAuthTokens(gw.clock, endpoints.__getitem__, store, FileRefreshLock(directory))
+    for c in configured:
+        await store.seed(c.id, _seed_tokens(c))
+        tokens.manage(c.id)
+    return tokens
+
+
+def _seed_tokens(c: ConnectionConfig) -> TokenSet:
+    assert c.oauth is not None
+    # an access token of unknown age is refreshed before its first use (expiry 0)
+    expires = c.oauth.expires_at * 1000 if c.oauth.expires_at is not None else 0
+    return TokenSet(c.secret, c.oauth.refresh_token, expires, chatgpt_account_id(c.secret))
