@@ -176,6 +176,16 @@ class AuthHealth:
     refreshes: int
     since_ms: int
 
+    def as_json(self) -> dict[str, object]:
+        return {
+            "connectionId": self.connection_id,
+            "state": self.state,
+            "reason": self.reason,
+            "expiresAtMs": self.expires_at_ms,
+            "refreshes": self.refreshes,
+            "sinceMs": self.since_ms,
+        }
+
 
 @dataclass
 class _State:

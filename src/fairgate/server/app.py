@@ -8,7 +8,6 @@ releases any reservation still held, so a stopped gateway never leaves quota res
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import gc
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -145,7 +144,7 @@ def create_app(
         }
         oauth = svc.upstream.oauth
         if isinstance(oauth, OAuthTokens):  # no token in it: states, reasons, expiry times
-            body["oauth"] = [dataclasses.asdict(h) for h in oauth.health()]
+            body["oauth"] = [h.as_json() for h in oauth.health()]
         return Response(orjson.dumps(body), media_type="application/json")
 
     routes = [
