@@ -40,10 +40,13 @@ class IssuerEndpoint:
             raise RefreshUnavailable(f"HTTP {status}")
         if status != 200:
             raise RefreshRejected(str(body.get("error")))
+        now = self.clock.now_ms()
         return TokenSet(
             body["access_token"],
             body["refresh_token"],
-            self.clock.now_ms() + int(body["expires_in"]) * 1000,
+            now + int(body["expires_in"]) * 1000,
+            None,
+            now,
         )
 
 
@@ -190,3 +193,24 @@ async def test_no_tokens_is_a_clear_block(clock: ManualClock) -> None:
 def test_tokens_never_in_repr() -> None:
     t = TokenSet("at-secret", "rt-secret", 1, "acct")
     assert "secret" not in repr(t)
+
+
+async def test_short_lived_tokens_do_not_refresh_on_every_request(clock: ManualClock) -> None:
+    """Tokens living less than the refresh-ahead margin are refreshed at half their life."""
+    issuer = MockTokenIssuer(clock, access_ttl_ms=60_000)
+    first = issuer.login("acct")
+    store = MemoryTokenStore()
+    now = clock.now_ms()
+    await store.save(
+        "c",
+        TokenSet(first["access_token"], first["refresh_token"], now + 60_000, None, now),
+        replaces=None,
+    )
+    oauth = OAuthTokens(clock, lambda _c: IssuerEndpoint(issuer, clock), store)
+    for _ in range(5):
+        await oauth.access("c")
+    assert issuer.refresh_calls == 0
+    clock.advance(30_000)
+    await oauth.access("c")
+    await oauth.access("c")
+    assert issuer.refresh_calls == 1

@@ -65,12 +65,13 @@ class FileTokenStore:
         return data if isinstance(data, dict) else None
 
     def _tokens(self, data: dict[str, Any]) -> TokenSet:
-        exp = data.get("expires_at_ms")
+        exp, issued = data.get("expires_at_ms"), data.get("issued_at_ms")
         return TokenSet(
             self._box.open(str(data.get("access_token", ""))),
             self._box.open(str(data.get("refresh_token", ""))),
             int(exp) if isinstance(exp, int) else None,
             data.get("account_id") if isinstance(data.get("account_id"), str) else None,
+            int(issued) if isinstance(issued, int) else None,
         )
 
     def _write(self, connection_id: str, tokens: TokenSet, seed: str | None) -> None:
@@ -79,6 +80,7 @@ class FileTokenStore:
             "refresh_token": self._box.seal(tokens.refresh_token),
             "expires_at_ms": tokens.expires_at_ms,
             "account_id": tokens.account_id,
+            "issued_at_ms": tokens.issued_at_ms,
             "seed": seed,
         }
         path = self._path(connection_id)

@@ -92,6 +92,8 @@ class TokenSet:
     refresh_token: str = field(repr=False)
     expires_at_ms: int | None = None
     account_id: str | None = None
+    #: when the token endpoint issued it (None: unknown, e.g. tokens from the config)
+    issued_at_ms: int | None = None
 
 
 class RefreshRejected(Exception):
@@ -237,8 +239,15 @@ class OAuthTokens:
         return st
 
     def _due(self, tokens: TokenSet, now: int) -> bool:
+        """Inside the refresh-ahead margin: ``refresh_ahead_ms``, but at most half the token's
+        lifetime (a provider issuing 60-second tokens must not make every request refresh)."""
         exp = tokens.expires_at_ms
-        return exp is not None and now >= exp - self.refresh_ahead_ms
+        if exp is None:
+            return False
+        ahead = self.refresh_ahead_ms
+        if tokens.issued_at_ms is not None:
+            ahead = min(ahead, max(0, exp - tokens.issued_at_ms) // 2)
+        return now >= exp - ahead
 
     def _expired(self, tokens: TokenSet, now: int) -> bool:
         return tokens.expires_at_ms is not None and now >= tokens.expires_at_ms

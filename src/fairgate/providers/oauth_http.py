@@ -80,4 +80,5 @@ class HttpTokenEndpoint:
             refresh if isinstance(refresh, str) else "",
             expires,
             chatgpt_account_id(access),
+            self._clock.now_ms(),
         )
