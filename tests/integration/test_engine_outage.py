@@ -363,7 +363,7 @@ async def test_release_and_record_are_journaled_too(store: FlakyStore, clock: Ma
     assert (await counts(store, "a", TOK, clock.now_ms()))[1].curr == 500
     store.down = True
     await engine.release(adm.ticket)  # fails: journaled
-    await engine.record(pool, "b", {Unit.TOKENS: 42})  # while down: journaled
+    await engine.record(pool, "b", {TOK.key: 42})  # while down: journaled
     assert [e.op for e in engine.journal] == ["release", "record"]
     store.down = False
     clock.advance(1_000)
