@@ -9,9 +9,9 @@ away mid-stream (the generator is then cancelled; settlement happens in the call
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import aiohttp
 import orjson
@@ -145,16 +145,21 @@ async def anthropic_to_anthropic(
         yield encode_event(data, event)
 
 
-async def anthropic_to_openai(
-    resp: aiohttp.ClientResponse,
-    tally: StreamTally,
-    *,
-    model: str,
-    client_wants_usage: bool,
-    created: int,
-    id_: str,
+class _ChunkTranslator(Protocol):
+    """An upstream event stream → chat chunks, one event at a time (both directions that end
+    in the chat form: from Anthropic events and from Responses events)."""
+
+    @property
+    def usage(self) -> Usage | None: ...
+
+    def feed(self, event: str | None, data: Mapping[str, Any]) -> list[dict[str, Any]]: ...
+
+    def finish(self) -> list[dict[str, Any]]: ...
+
+
+async def _to_openai(
+    resp: aiohttp.ClientResponse, tally: StreamTally, tr: _ChunkTranslator
 ) -> AsyncIterator[bytes]:
-    tr = AnthropicToOpenAIStream(model, client_wants_usage, created, id_)
     async for event, data in _events(resp):
         try:
             obj = orjson.loads(data)
@@ -168,11 +173,25 @@ async def anthropic_to_openai(
             tally.finished = tally.finished or finished
             tally.mark_chunk()
             yield encode_event(orjson.dumps(chunk))
-        tally.usage = tr.usage
-    for chunk in tr.finish():  # an upstream that stopped without message_stop
+        if tr.usage is not None:
+            tally.usage = tr.usage
+    for chunk in tr.finish():  # an upstream that stopped without its closing event
         yield encode_event(orjson.dumps(chunk))
-    tally.usage = tr.usage
+    if tr.usage is not None:
+        tally.usage = tr.usage
     yield b"data: [DONE]\n\n"
+
+
+def anthropic_to_openai(
+    resp: aiohttp.ClientResponse,
+    tally: StreamTally,
+    *,
+    model: str,
+    client_wants_usage: bool,
+    created: int,
+    id_: str,
+) -> AsyncIterator[bytes]:
+    return _to_openai(resp, tally, AnthropicToOpenAIStream(model, client_wants_usage, created, id_))
 
 
 async def openai_to_anthropic(
@@ -201,7 +220,7 @@ async def openai_to_anthropic(
     tally.usage = tr.usage
 
 
-async def responses_to_openai(
+def responses_to_openai(
     resp: aiohttp.ClientResponse,
     tally: StreamTally,
     *,
@@ -211,25 +230,7 @@ async def responses_to_openai(
     id_: str,
 ) -> AsyncIterator[bytes]:
     """A Responses-wire upstream (the Codex backend) → OpenAI chat chunks."""
-    tr = ResponsesToChatStream(model, client_wants_usage, created, id_)
-    async for event, data in _events(resp):
-        try:
-            obj = orjson.loads(data)
-        except orjson.JSONDecodeError:
-            continue
-        if not isinstance(obj, dict):
-            continue
-        for chunk in tr.feed(event, obj):
-            n, finished = _openai_text(chunk)
-            tally.text_chars += n
-            tally.finished = tally.finished or finished
-            tally.mark_chunk()
-            yield encode_event(orjson.dumps(chunk))
-        if tr.usage is not None:
-            tally.usage = tr.usage
-    for chunk in tr.finish():  # cut off before response.completed: an error event
-        yield encode_event(orjson.dumps(chunk))
-    yield b"data: [DONE]\n\n"
+    return _to_openai(resp, tally, ResponsesToChatStream(model, client_wants_usage, created, id_))
 
 
 async def responses_to_anthropic(
