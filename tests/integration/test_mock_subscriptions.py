@@ -52,7 +52,16 @@ async def test_responses_api_with_the_openai_sdk(up: MockUpstream) -> None:
 
 
 async def _responses_with(client: openai.AsyncOpenAI) -> None:
-    resp = await client.responses.create(model="mock-gpt-4o", input="fair shares please")
+    raw = await client.responses.with_raw_response.create(
+        model="mock-gpt-4o", input="fair shares please"
+    )
+    resp = raw.parse()
+    # the answer's input and output tokens count in the rolling minute its headers report
+    used = int(raw.headers["x-ratelimit-limit-tokens"]) - int(
+        raw.headers["x-ratelimit-remaining-tokens"]
+    )
+    assert resp.usage is not None
+    assert used == resp.usage.total_tokens
     assert resp.output_text.startswith("mock reply: fair shares please")
     assert resp.usage is not None
     assert resp.usage.output_tokens == TOKENS

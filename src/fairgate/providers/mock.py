@@ -842,9 +842,8 @@ async def _responses_answer(call: _Call, headers: JSON, *, stream: bool) -> web.
 
 async def _responses(call: _Call) -> web.StreamResponse:
     """``POST /v1/responses``: the OpenAI Responses API with an API key, stream or not."""
-    text_prompt = responses_input_text(call.body)
-    headers = call.headers(_estimate_tokens(text_prompt[1]), 0)
-    return await _responses_answer(call, headers, stream=call.body.get("stream") is True)
+    call.extra_headers = call.headers  # the answer's input and output count in the minute
+    return await _responses_answer(call, {}, stream=call.body.get("stream") is True)
 
 
 async def _codex_responses(call: _Call) -> web.StreamResponse:
