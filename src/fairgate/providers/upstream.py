@@ -1,13 +1,16 @@
 """Sending a request to a connection: one pooled aiohttp session, per-protocol auth headers.
 
-This is the small transport interface the proxy talks to (as httpx's transports are to its
-client): tests and the mock upstream exercise the real one over loopback.
+The real implementation of the :class:`~fairgate.providers.transport.Upstream` port, and the
+only module of the request path that imports aiohttp: aiohttp's answer is wrapped in
+:class:`_AiohttpResponse` and its errors become the port's (``UpstreamUnreachable``,
+``UpstreamBroken``, ``TimeoutError``) here, so nothing past this module knows which HTTP client
+sent the request.
 """
 
 from __future__ import annotations
 
 import typing
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import replace
 
 import aiohttp
@@ -18,6 +21,7 @@ from fairgate.providers.oauth import (
     TokenSet,
     chatgpt_account_id,
 )
+from fairgate.providers.transport import UpstreamBroken, UpstreamResponse, UpstreamUnreachable
 from fairgate.registry import Connection, Protocol
 
 
@@ -83,6 +87,45 @@ def upstream_url(conn: Connection, path: str) -> str:
     return conn.base_url.rstrip("/") + path
 
 
+class _AiohttpResponse:
+    """aiohttp's answer behind the port; read errors become :class:`UpstreamBroken`."""
+
+    __slots__ = ("_resp",)
+
+    def __init__(self, resp: aiohttp.ClientResponse) -> None:
+        self._resp = resp
+
+    @property
+    def status(self) -> int:
+        return self._resp.status
+
+    @property
+    def headers(self) -> Mapping[str, str]:
+        return self._resp.headers
+
+    async def read(self) -> bytes:
+        try:
+            return await self._resp.read()
+        except aiohttp.ClientError as exc:
+            raise UpstreamBroken(type(exc).__name__) from exc
+
+    async def read_prefix(self, limit: int) -> bytes:
+        try:
+            return await self._resp.content.read(limit)
+        except aiohttp.ClientError as exc:
+            raise UpstreamBroken(type(exc).__name__) from exc
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        try:
+            async for raw in self._resp.content.iter_any():
+                yield raw
+        except aiohttp.ClientError as exc:
+            raise UpstreamBroken(type(exc).__name__) from exc
+
+    def release(self) -> None:
+        self._resp.release()
+
+
 class UpstreamClient:
     """One keep-alive connection pool for every upstream; created inside the running loop."""
 
@@ -112,6 +155,17 @@ class UpstreamClient:
         path: str,
         body: bytes,
         client_headers: Mapping[str, str],
+    ) -> UpstreamResponse:
+        try:
+            resp = await self._post(conn, path, body, client_headers)
+        except TimeoutError:
+            raise  # aiohttp's timeouts are TimeoutErrors: a timeout, not an unreachable host
+        except aiohttp.ClientError as exc:
+            raise UpstreamUnreachable(type(exc).__name__) from exc
+        return _AiohttpResponse(resp)
+
+    async def _post(
+        self, conn: Connection, path: str, body: bytes, client_headers: Mapping[str, str]
     ) -> aiohttp.ClientResponse:
         oauth = self.oauth
         if oauth is None or conn.auth_type != "oauth" or not oauth.manages(conn.id):

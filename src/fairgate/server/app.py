@@ -21,6 +21,7 @@ from starlette.routing import Mount, Route
 
 from fairgate.providers.oauth import OAuthTokens
 from fairgate.providers.pricing import PriceTable
+from fairgate.providers.transport import Upstream
 from fairgate.providers.upstream import UpstreamClient
 from fairgate.server import proxy, responses_edge, tracing
 from fairgate.server.admin import create_admin_app
@@ -63,9 +64,12 @@ def create_app(
     on_startup: list[Hook] | None = None,
     on_shutdown: list[Hook] | None = None,
     http: HttpSettings | None = None,
+    upstream: Upstream | None = None,
 ) -> Starlette:
     """The gateway's ASGI app; ``http`` holds the HTTP edge's limits (default: from the
-    gateway's environment, with no bind address, so no host check unless configured)."""
+    gateway's environment, with no bind address, so no host check unless configured);
+    ``upstream`` the providers' side of the request path (default: the real HTTP client; tests
+    pass an in-process :class:`~fairgate.providers.inprocess.HandlerUpstream`)."""
     metrics = Metrics()
     limits = http if http is not None else HttpSettings.from_env(gw.env)
 
@@ -83,7 +87,7 @@ def create_app(
         app.state.metrics = metrics
         services = proxy.Services(
             gw=gw,
-            upstream=UpstreamClient(timeout_s=gw.config.server.upstream_timeout_s),
+            upstream=upstream or UpstreamClient(timeout_s=gw.config.server.upstream_timeout_s),
             signals=ProviderSignals(gw.clock),
             prices=PriceTable().with_overrides(
                 {k: v.model_dump() for k, v in gw.config.prices.items()}
@@ -91,7 +95,8 @@ def create_app(
             metrics=metrics,
             limits=limits,
         )
-        services.upstream.oauth = await start_oauth(gw, services.upstream)
+        if isinstance(services.upstream, UpstreamClient):  # the in-process one has no OAuth
+            services.upstream.oauth = await start_oauth(gw, services.upstream)
         gw.signals_source = services.signals.for_pool
         gw.target_metrics = services.target_metrics
         gw.fallback_counts = services.fallbacks
@@ -142,7 +147,7 @@ def create_app(
             "inflightLeases": svc.tracker.total,
             "memory": _memory_sizes(svc, gw),
         }
-        oauth = svc.upstream.oauth
+        oauth = svc.upstream.oauth if isinstance(svc.upstream, UpstreamClient) else None
         if isinstance(oauth, OAuthTokens):  # no token in it: states, reasons, expiry times
             body["oauth"] = [h.as_json() for h in oauth.health()]
         return Response(orjson.dumps(body), media_type="application/json")

@@ -21,7 +21,6 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-import aiohttp
 import orjson
 from starlette.background import BackgroundTask
 from starlette.requests import Request
@@ -39,7 +38,7 @@ from fairgate.providers.translate import (
     openai_to_anthropic_request,
     openai_to_anthropic_response,
 )
-from fairgate.providers.upstream import UpstreamClient
+from fairgate.providers.transport import TRANSPORT_ERRORS, Upstream, UpstreamResponse
 from fairgate.providers.usage import Usage, estimate_prompt_tokens, estimate_text_tokens
 from fairgate.providers.usage import usage_from_anthropic as _usage_anthropic
 from fairgate.providers.usage import usage_from_openai as _usage_openai
@@ -113,7 +112,7 @@ class Services:
     """Long-lived things the proxy needs besides the Gateway state."""
 
     gw: Gateway
-    upstream: UpstreamClient
+    upstream: Upstream
     signals: ProviderSignals
     prices: PriceTable
     inflight: set[Ticket] = field(default_factory=set)
@@ -804,7 +803,7 @@ async def _attempt_on(
 
     try:
         resp = await svc.upstream.post(conn, path, payload, call.headers)
-    except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+    except TRANSPORT_ERRORS as exc:
         log.warning(
             "upstream unreachable", extra={"connection": conn.id, "error": type(exc).__name__}
         )
@@ -859,7 +858,7 @@ async def _attempt_on(
         )
     try:
         raw = await resp.read()
-    except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+    except TRANSPORT_ERRORS as exc:
         return await fail(
             "upstream",
             ApiError(
@@ -973,7 +972,7 @@ async def _prime(
                 return first, None
             if tally.finished:
                 return first, "finished without content"
-    except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+    except TRANSPORT_ERRORS as exc:
         return first, type(exc).__name__
     return first, "ended without content"
 
@@ -1003,14 +1002,14 @@ def _translate_answer(
     return raw, usage, obj
 
 
-async def _upstream_error(resp: aiohttp.ClientResponse, conn: Connection) -> tuple[ApiError, bytes]:
+async def _upstream_error(resp: UpstreamResponse, conn: Connection) -> tuple[ApiError, bytes]:
     """The upstream's error, made safe to show: its message (never our credentials) and status.
 
     The upstream rejecting our credentials is our misconfiguration, not the client's: 502.
     """
     try:
-        raw = await resp.content.read(64 * 1024)
-    except (TimeoutError, aiohttp.ClientError, OSError):
+        raw = await resp.read_prefix(64 * 1024)
+    except TRANSPORT_ERRORS:
         raw = b""
     finally:
         resp.release()
@@ -1128,7 +1127,7 @@ async def _settle(
 def _stream_source(
     call: Call,
     conn: Connection,
-    resp: aiohttp.ClientResponse,
+    resp: UpstreamResponse,
     wants_usage: bool,
     tally: relay.StreamTally,
 ) -> AsyncIterator[bytes]:
@@ -1165,7 +1164,7 @@ def _stream_response(
     call: Call,
     conn: Connection,
     ticket: Ticket | None,
-    resp: aiohttp.ClientResponse,
+    resp: UpstreamResponse,
     upstream_model: str,
     headers: dict[str, str],
     tally: relay.StreamTally,
@@ -1182,7 +1181,7 @@ def _stream_response(
                 yield chunk
             async for chunk in source:
                 yield chunk
-        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+        except TRANSPORT_ERRORS as exc:
             svc.spawn(_report_stream_failure(call, conn, upstream_model, exc))
             log.warning(
                 "upstream stream broke", extra={"connection": conn.id, "error": type(exc).__name__}

@@ -13,12 +13,12 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-import aiohttp
 import orjson
 
 from fairgate.providers.responses_upstream import ResponsesToChatStream
 from fairgate.providers.sse import SSEParser, encode_event
 from fairgate.providers.translate import AnthropicToOpenAIStream, OpenAIToAnthropicStream
+from fairgate.providers.transport import UpstreamResponse
 from fairgate.providers.usage import (
     Usage,
     estimate_text_tokens,
@@ -51,9 +51,9 @@ class StreamTally:
             self.first_chunk_at = time.perf_counter()
 
 
-async def _events(resp: aiohttp.ClientResponse) -> AsyncIterator[tuple[str | None, str]]:
+async def _events(resp: UpstreamResponse) -> AsyncIterator[tuple[str | None, str]]:
     parser = SSEParser()
-    async for raw in resp.content.iter_any():
+    async for raw in resp.chunks():
         for ev in parser.feed(raw):
             yield ev.event, ev.data
     for ev in parser.flush():  # a last event whose closing blank line never came
@@ -84,7 +84,7 @@ def _openai_text(obj: dict[str, Any]) -> tuple[int, bool]:
 
 
 async def openai_to_openai(
-    resp: aiohttp.ClientResponse, tally: StreamTally, *, client_wants_usage: bool
+    resp: UpstreamResponse, tally: StreamTally, *, client_wants_usage: bool
 ) -> AsyncIterator[bytes]:
     """Pass OpenAI chunks through; drop the usage-only chunk we asked for on the client's behalf."""
     async for _event, data in _events(resp):
@@ -110,7 +110,7 @@ async def openai_to_openai(
 
 
 async def anthropic_to_anthropic(
-    resp: aiohttp.ClientResponse, tally: StreamTally
+    resp: UpstreamResponse, tally: StreamTally
 ) -> AsyncIterator[bytes]:
     prompt: Usage | None = None
     async for event, data in _events(resp):
@@ -158,7 +158,7 @@ class _ChunkTranslator(Protocol):
 
 
 async def _to_openai(
-    resp: aiohttp.ClientResponse, tally: StreamTally, tr: _ChunkTranslator
+    resp: UpstreamResponse, tally: StreamTally, tr: _ChunkTranslator
 ) -> AsyncIterator[bytes]:
     async for event, data in _events(resp):
         try:
@@ -183,7 +183,7 @@ async def _to_openai(
 
 
 def anthropic_to_openai(
-    resp: aiohttp.ClientResponse,
+    resp: UpstreamResponse,
     tally: StreamTally,
     *,
     model: str,
@@ -195,7 +195,7 @@ def anthropic_to_openai(
 
 
 async def openai_to_anthropic(
-    resp: aiohttp.ClientResponse, tally: StreamTally, *, model: str, id_: str
+    resp: UpstreamResponse, tally: StreamTally, *, model: str, id_: str
 ) -> AsyncIterator[bytes]:
     tr = OpenAIToAnthropicStream(model, id_)
     async for _event, data in _events(resp):
@@ -221,7 +221,7 @@ async def openai_to_anthropic(
 
 
 def responses_to_openai(
-    resp: aiohttp.ClientResponse,
+    resp: UpstreamResponse,
     tally: StreamTally,
     *,
     model: str,
@@ -234,7 +234,7 @@ def responses_to_openai(
 
 
 async def responses_to_anthropic(
-    resp: aiohttp.ClientResponse, tally: StreamTally, *, model: str, id_: str
+    resp: UpstreamResponse, tally: StreamTally, *, model: str, id_: str
 ) -> AsyncIterator[bytes]:
     """A Responses-wire upstream → Anthropic events, through the chat chunk form."""
     chat = ResponsesToChatStream(model, True, int(time.time()), id_)

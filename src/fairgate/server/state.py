@@ -37,6 +37,7 @@ from fairgate.resilience.settings import ResilienceSettings
 from fairgate.routing.fallbacks import FallbackCounts
 from fairgate.routing.metrics import TargetMetrics
 from fairgate.store.factory import StoreChoice, create_store, redis_url
+from fairgate.timers import SystemTimer, Timer
 
 log = logging.getLogger("fairgate.server")
 
@@ -108,6 +109,9 @@ class Gateway:
         self.config = config if config is not None else Config.default()
         self.env: Mapping[str, str] = os.environ if env is None else env
         self.clock = clock
+        #: waits of the request path (fall-through pauses, cooldown waits, slot queues) on
+        #: ``clock``; tests swap in a ManualTimer that shares their ManualClock
+        self.timer: Timer = SystemTimer(clock)
         self.admin_key: str | None = admin_key or self.env.get("FAIRGATE_ADMIN_KEY") or None
         self.pool_log = PoolLog()
         #: key id → when this process last authenticated it (epoch ms), for the Keys page;

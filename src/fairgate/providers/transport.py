@@ -1,0 +1,78 @@
+"""The upstream port: how the request path talks to a provider, in fairgate's own types.
+
+The request path needs four things of an upstream answer: its status, its headers, its body
+(whole, the first few KiB of an error, or as chunks for a stream) and a way to give the
+connection back. :class:`UpstreamResponse` is exactly that, and :class:`Upstream` is the one
+call that produces it. The real implementation (:class:`fairgate.providers.upstream.
+UpstreamClient`) is the only module of the request path that imports aiohttp; tests drive the
+whole path through :class:`fairgate.providers.inprocess.HandlerUpstream`, a handler function
+in the same process (as httpx's ``MockTransport`` does for httpx).
+
+Failures are fairgate's too: :class:`UpstreamUnreachable` (no answer: refused, reset, DNS) and
+:class:`UpstreamBroken` (the answer broke off while being read) are ``ConnectionError``\\ s, so
+the failure classification treats them as the network errors they are; a read that took too
+long is a plain ``TimeoutError``. The request path catches :data:`TRANSPORT_ERRORS` only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping
+from typing import Protocol
+
+from fairgate.registry import Connection
+
+__all__ = [
+    "TRANSPORT_ERRORS",
+    "Upstream",
+    "UpstreamBroken",
+    "UpstreamResponse",
+    "UpstreamUnreachable",
+]
+
+
+class UpstreamUnreachable(ConnectionError):
+    """The upstream could not be reached (connection refused or reset before an answer)."""
+
+
+class UpstreamBroken(ConnectionError):
+    """The upstream's answer broke off while it was being read."""
+
+
+#: What an upstream call or read may raise besides a bug (``OSError`` covers the two above).
+TRANSPORT_ERRORS: tuple[type[BaseException], ...] = (TimeoutError, OSError)
+
+
+class UpstreamResponse(Protocol):
+    """One upstream answer. ``headers`` are case-insensitive. Reading consumes the body once;
+    :meth:`release` gives the connection back (idempotent, also after a full read)."""
+
+    @property
+    def status(self) -> int: ...
+
+    @property
+    def headers(self) -> Mapping[str, str]: ...
+
+    async def read(self) -> bytes:
+        """The whole body."""
+        ...
+
+    async def read_prefix(self, limit: int) -> bytes:
+        """At most ``limit`` bytes of the body (an error message; bodies can be huge)."""
+        ...
+
+    def chunks(self) -> AsyncIterator[bytes]:
+        """The body as it arrives (a stream), chunk by chunk."""
+        ...
+
+    def release(self) -> None: ...
+
+
+class Upstream(Protocol):
+    """Sends one request body to a connection's ``path`` (``/chat/completions``, …) with the
+    client's headers (the implementation decides which go through, and adds the credentials)."""
+
+    async def post(
+        self, conn: Connection, path: str, body: bytes, client_headers: Mapping[str, str]
+    ) -> UpstreamResponse: ...
+
+    async def close(self) -> None: ...
