@@ -399,6 +399,18 @@ class ComboSettingsSpec(_CamelStrict):
     timeout_ms: int | None = Field(default=None, ge=1, le=86_400_000)
     max_attempts: int | None = Field(default=None, ge=1, le=GLOBAL_MAX_ATTEMPTS)
     quality_validation: bool | None = None
+    max_wait_ms: int | None = Field(
+        default=None,
+        ge=0,
+        le=600_000,
+        description="Wait this long at most for a cooling target to free (5000; 0 = never)",
+    )
+    queue_timeout_ms: int | None = Field(
+        default=None,
+        ge=0,
+        le=600_000,
+        description="Queue this long at most for a concurrency slot (2000)",
+    )
     shadow: ComboShadowSpec | None = None
     judge: ComboTargetSpec | None = Field(
         default=None, description="fusion's judge model (default: the first target)"

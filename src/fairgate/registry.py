@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from fairgate.quota.model import Pool
-from fairgate.routing.model import Combo
+from fairgate.routing.model import Combo, ComboConfig
 from fairgate.routing.quota_share import quota_share_combo
 
 
@@ -119,6 +119,9 @@ class Registry:
     internal_combos: Mapping[str, Combo] = field(default_factory=dict)
     #: ``server.require_allocation`` in force: who may use what (see :meth:`denial`)
     require_allocation: bool = True
+    #: the cascade's global layer over the built-in defaults: what a plain model (no combo)
+    #: waits and queues by
+    routing_defaults: ComboConfig = field(default_factory=ComboConfig)
 
     @classmethod
     def build(
@@ -131,6 +134,7 @@ class Registry:
         version: int = 0,
         combos: Iterable[Combo] = (),
         require_allocation: bool = True,
+        routing_defaults: ComboConfig | None = None,
     ) -> Registry:
         conns = {c.id: c for c in connections}
         by_provider: dict[str, list[Connection]] = {}
@@ -153,6 +157,7 @@ class Registry:
             combos={c.name: c for c in combos},
             internal_combos=mint_quota_share_combos(pool_map.values(), conns),
             require_allocation=require_allocation,
+            routing_defaults=routing_defaults or ComboConfig(),
         )
 
     def combo(self, name: str) -> Combo | None:

@@ -131,7 +131,7 @@ def test_pipeline_chains_outputs(mock: Proc, start_gateway: GatewayFactory) -> N
 def test_all_targets_failing_returns_diagnostics(mock: Proc, start_gateway: GatewayFactory) -> None:
     secret = new_secret()
     combos = (
-        "  - {name: doomed, strategy: priority, config: {maxRetries: 1}, targets: [\n"
+        "  - {name: doomed, strategy: priority, config: {maxRetries: 1, maxWaitMs: 0}, targets: [\n"
         "      {provider: mock, model: gpt-4o-mini, connection: oa-1},\n"
         "      {provider: mock, model: gpt-4o-mini, connection: oa-2}]}\n"
     )
@@ -268,7 +268,7 @@ TWO = (
     "  - {name: strict, strategy: priority, targets: [\n"
     "      {provider: mock, model: gpt-4o-mini, connection: oa-1},\n"
     "      {provider: mock, model: gpt-4o-mini, connection: oa-2}],\n"
-    "     config: {options: {strictPin: true}}}\n"
+    "     config: {maxWaitMs: 0, options: {strictPin: true}}}\n"
 )
 
 
@@ -367,7 +367,10 @@ def test_routing_defaults_cascade_under_combo_config(
     ok = httpx.put(
         gw.url + "/api/routing/defaults",
         headers=ADMIN,
-        json={"global": {"maxRetries": 0}, "providers": {"mock": {"maxRetries": 2}}},
+        json={
+            "global": {"maxRetries": 0, "maxWaitMs": 0},
+            "providers": {"mock": {"maxRetries": 2}},
+        },
     )
     assert ok.status_code == 200
     httpx.post(mock.url + "/_mock/schedule", json={"faults": ["500", "500", "500"]})

@@ -96,7 +96,9 @@ def config(a_url: str, b_url: str, secret: str) -> str:
         "                  {unit: tokens, window: hourly, limit: 1000000000}],\n"
         "     allocations: [{key: k, weight: 100}]}\n"
         "combos:\n"
-        "  - {name: prio, strategy: priority, config: {maxRetries: 0}, targets: [\n"
+        # maxWaitMs 0: step 3 is about the error when both fail, not the wait that follows
+        # a short cooldown (tests/e2e/test_request_path.py has that)
+        "  - {name: prio, strategy: priority, config: {maxRetries: 0, maxWaitMs: 0}, targets: [\n"
         "      {provider: mock, model: gpt-4o-mini, connection: conn-a},\n"
         "      {provider: mock, model: gpt-4o-mini, connection: conn-b}]}\n"
     )

@@ -49,11 +49,14 @@ def base_config(
     combos: list[dict[str, Any]] | None = None,
     pools: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
+    # every key may use the connections outside every pool (their providers are listed); a
+    # pooled one needs an allocation (server.require_allocation, on by default)
+    providers = sorted({c["provider"] for c in connections})
     return {
         "connections": connections,
         "keys": [
-            {"id": "alice", "name": "Alice", "secret": ALICE},
-            {"id": "bob", "name": "Bob", "secret": BOB},
+            {"id": "alice", "name": "Alice", "secret": ALICE, "allowed_providers": providers},
+            {"id": "bob", "name": "Bob", "secret": BOB, "allowed_providers": providers},
         ],
         "pools": pools or [],
         "combos": combos or [],

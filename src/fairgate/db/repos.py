@@ -12,6 +12,7 @@ into the DB, not mirrored). Unchanged objects are not written: seeding twice cha
 from __future__ import annotations
 
 import json
+import logging
 import sqlite3
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -35,6 +36,9 @@ from fairgate.db.pools import PoolRecord, PoolRepo, resolve_pool
 from fairgate.db.settings import SettingsRepo, access_policy
 from fairgate.quota.model import Allocation, Dimension, ModelCap
 from fairgate.registry import ClientKey, Connection, Registry, hash_key, protocol_for
+from fairgate.routing.model import ComboConfig
+
+log = logging.getLogger("fairgate.db")
 
 __all__ = [
     "ComboRecord",
@@ -203,15 +207,27 @@ def load_registry(
     ``require_allocation``: the config file's ``server.require_allocation`` (None: not set)."""
     overrides = PlanRepo(conn).all()
     settings = SettingsRepo(conn).all()
+    global_layer, provider_layers = _combo_layers(settings)
     return Registry.build(
         ConnectionRepo(conn).all(),
         KeyRepo(conn).all(),
         [resolve_pool(r, overrides) for r in PoolRepo(conn).records()],
         default_provider=default_provider,
         version=version,
-        combos=ComboRepo(conn).combos(*_combo_layers(settings)),
+        combos=ComboRepo(conn).combos(global_layer, provider_layers),
+        routing_defaults=_routing_defaults(global_layer),
         require_allocation=access_policy(settings, require_allocation).required,
     )
+
+
+def _routing_defaults(global_layer: Mapping[str, object]) -> ComboConfig:
+    """The global layer as a config (what plain models use); unusable → built-in defaults
+    (the admin API validates the layer before storing it)."""
+    try:
+        return ComboConfig.from_layers(global_layer)
+    except (ValueError, TypeError):
+        log.warning("routing defaults unusable; using the built-in ones")
+        return ComboConfig()
 
 
 def _combo_layers(

@@ -44,6 +44,10 @@ QTSD_PREFIX = "qtSd/"
 #: Hard ceiling on attempts per request whatever the config says: a combo of 50 targets with
 #: ``maxRetries: 5`` must not turn one request into 300 upstream calls.
 GLOBAL_MAX_ATTEMPTS = 20
+#: Built-in default of ``maxWaitMs``: how long a request may wait for a cooling target.
+DEFAULT_MAX_WAIT_MS = 5_000
+#: Built-in default of ``queueTimeoutMs``: how long a request may queue for a concurrency slot.
+DEFAULT_QUEUE_TIMEOUT_MS = 2_000
 
 _CAMEL = re.compile(r"(?<!^)(?=[A-Z])")
 
@@ -334,7 +338,10 @@ class ComboConfig:
     ``max_attempts``: attempt cap (None = targets × (1 + max_retries)); never above
     ``GLOBAL_MAX_ATTEMPTS``. ``judge``: fusion's judge (default: the first target).
     ``options``: strategy options, keys normalised to snake_case (``sticky``, ``weights``,
-    ``exploration``, ``budget_usd``, ``step_prompts``, …).
+    ``exploration``, ``budget_usd``, ``step_prompts``, …). ``max_wait_ms``: when every target
+    is cooling down or locked, how long the request may wait for the first to free (0: answer
+    429/503 at once). ``queue_timeout_ms``: how long it may queue for a concurrency slot when
+    every target is at its ``max_concurrent``.
     """
 
     max_retries: int = 1
@@ -343,12 +350,20 @@ class ComboConfig:
     timeout_ms: int | None = None
     max_attempts: int | None = None
     quality_validation: bool = True
+    max_wait_ms: int = DEFAULT_MAX_WAIT_MS
+    queue_timeout_ms: int = DEFAULT_QUEUE_TIMEOUT_MS
     shadow: ShadowConfig = field(default_factory=ShadowConfig)
     judge: Target | None = None
     options: Mapping[str, object] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        for name in ("max_retries", "retry_delay_ms", "fallback_delay_ms"):
+        for name in (
+            "max_retries",
+            "retry_delay_ms",
+            "fallback_delay_ms",
+            "max_wait_ms",
+            "queue_timeout_ms",
+        ):
             _as_int(name, getattr(self, name), minimum=0)
         _as_opt_int("timeout_ms", self.timeout_ms, minimum=1)
         _as_opt_int("max_attempts", self.max_attempts, minimum=1)
@@ -394,6 +409,14 @@ class ComboConfig:
             max_attempts=_as_opt_int("maxAttempts", merged.get("max_attempts"), minimum=1),
             quality_validation=_as_bool(
                 "qualityValidation", merged.get("quality_validation", True)
+            ),
+            max_wait_ms=_as_int(
+                "maxWaitMs", merged.get("max_wait_ms", DEFAULT_MAX_WAIT_MS), minimum=0
+            ),
+            queue_timeout_ms=_as_int(
+                "queueTimeoutMs",
+                merged.get("queue_timeout_ms", DEFAULT_QUEUE_TIMEOUT_MS),
+                minimum=0,
             ),
             shadow=(
                 ShadowConfig()

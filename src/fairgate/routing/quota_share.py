@@ -211,10 +211,12 @@ class InflightTracker:
     so memory is bounded by the number of busy connections. Event-loop only (not thread-safe).
     """
 
-    __slots__ = ("_counts",)
+    __slots__ = ("_counts", "on_release")
 
     def __init__(self) -> None:
         self._counts: dict[str, int] = {}
+        #: called with the load key after every release (the concurrency queue's wake-up)
+        self.on_release: Callable[[str], None] | None = None
 
     def acquire(self, target: Target) -> Lease:
         key = target.load_key
@@ -227,6 +229,8 @@ class InflightTracker:
             self._counts[key] = n
         else:
             self._counts.pop(key, None)
+        if self.on_release is not None:
+            self.on_release(key)
 
     def count(self, target: Target) -> int:
         return self._counts.get(target.load_key, 0)

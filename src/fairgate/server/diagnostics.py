@@ -30,6 +30,7 @@ class Terminal(StrEnum):
     UPSTREAM_FAILED = "upstream_failed"
     CLIENT_ERROR = "client_error"
     TIMEOUT = "timeout"
+    CONCURRENCY_FULL = "concurrency_full"
 
 
 @dataclass
@@ -41,6 +42,8 @@ class Diagnostics:
     excluded: list[dict[str, Any]] = field(default_factory=list)
     terminal: Terminal | None = None
     retry_after_ms: int | None = None
+    #: time spent waiting for a cooling target or a concurrency slot (ms, on the clock)
+    waited_ms: int = 0
 
     def exclude(
         self, target: str, reason: str, until_ms: int | None = None, now_ms: int | None = None
@@ -80,6 +83,7 @@ class Diagnostics:
             Terminal.UPSTREAM_FAILED: "retry later; every upstream attempt failed",
             Terminal.CLIENT_ERROR: "fix the request; no upstream would accept it",
             Terminal.TIMEOUT: "retry, or raise the combo timeout",
+            Terminal.CONCURRENCY_FULL: "retry after the indicated time; every upstream is busy",
             None: "retry later",
         }[self.terminal]
         return {"action": action, "retry_after_seconds": retry_s}
@@ -92,6 +96,7 @@ class Diagnostics:
             "attemptOrder": [a["target"] for a in self.attempted],
             "attempted": self.attempted,
             "excluded": self.excluded,
+            "waitedMs": self.waited_ms,
             "terminalReason": self.terminal.value if self.terminal else None,
             "recoveryHint": self.hint(),
         }
@@ -117,6 +122,7 @@ class Diagnostics:
                 }
                 for e in self.excluded
             ],
+            "waitedMs": self.waited_ms,
             "terminalReason": self.terminal.value if self.terminal else None,
             "recoveryHint": self.hint(),
         }

@@ -11,6 +11,8 @@ from typing import Any
 import orjson
 from starlette.responses import Response
 
+from fairgate.resilience.failover import Step
+
 _TYPES = {
     400: "invalid_request_error",
     401: "authentication_error",
@@ -46,6 +48,11 @@ class ApiError(Exception):
         self.client_diagnostics: dict[str, Any] | None = None
         #: True when trying another target cannot help (the request itself is at fault)
         self.final = False
+        #: what the failover rule says after the attempt that produced it (None: not an
+        #: attempt's error)
+        self.step: Step | None = None
+        #: the same upstream model elsewhere would fail alike (a context overflow)
+        self.same_model_futile = False
         #: the failure class of the attempt that produced it (``server_error``, ``rate_limit``…)
         self.failure: str | None = None
         self.status = status

@@ -72,7 +72,15 @@ async def route_plain(
         )
         if combo is not None:
             return await _quota_share(call, combo, upstream_model, cands, diag)
-    return await proxy._execute(call, cands, diag)
+    return await proxy._execute(call, cands, diag, _plain_options(reg))
+
+
+def _plain_options(reg: Registry, **kw: Any) -> proxy.ExecOptions:
+    """A plain model (no combo) waits and queues by the routing defaults' global layer."""
+    cfg = reg.routing_defaults
+    return proxy.ExecOptions(
+        max_wait_ms=cfg.max_wait_ms, queue_timeout_ms=cfg.queue_timeout_ms, **kw
+    )
 
 
 async def _quota_share(
@@ -102,7 +110,7 @@ async def _quota_share(
     ordered += [c for c in cands if c.conn.id not in {o.conn.id for o in ordered}]
     diag.combo, diag.strategy = combo.name, "quota-share"
     with res.ticket:  # charges DRR to the member that was really dispatched
-        opts = proxy.ExecOptions(drr=res.ticket, combo=combo.name)
+        opts = _plain_options(svc.gw.registry, drr=res.ticket, combo=combo.name)
         return await proxy._execute(call, ordered, diag, opts)
 
 
@@ -298,12 +306,16 @@ async def _run(
     opts = proxy.ExecOptions(
         max_retries=cfg.max_retries,
         retry_delay_ms=cfg.retry_delay_ms,
+        fallback_delay_ms=cfg.fallback_delay_ms,
         attempt_cap=cfg.attempt_cap(len(cands)),
         quality=cfg.quality_validation,
         combo=combo.name,
+        max_wait_ms=cfg.max_wait_ms,
+        queue_timeout_ms=cfg.queue_timeout_ms,
     )
     if cfg.timeout_ms is None:
         return await proxy._execute(call, cands, diag, opts)
+    opts.deadline_ms = call.svc.gw.clock.now_ms() + cfg.timeout_ms
     try:
         async with asyncio.timeout(cfg.timeout_ms / 1000):
             return await proxy._execute(call, cands, diag, opts)

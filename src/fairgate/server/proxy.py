@@ -11,6 +11,7 @@ remaining share. Nothing here scans all keys, pools or connections.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import random
@@ -19,7 +20,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 from starlette.background import BackgroundTask
@@ -47,7 +48,8 @@ from fairgate.quota.messages import block_message
 from fairgate.quota.model import Pool
 from fairgate.quota.units import Unit
 from fairgate.registry import ClientKey, Connection, Protocol
-from fairgate.resilience.classify import classify
+from fairgate.resilience.classify import Classification, classify
+from fairgate.resilience.failover import Step, same_model_is_futile, step_after
 from fairgate.resilience.manager import Exclusion, all_rate_limited
 from fairgate.routing import (
     DrrState,
@@ -59,6 +61,11 @@ from fairgate.routing import (
     TargetMetrics,
 )
 from fairgate.routing.fallbacks import FallbackCounts
+from fairgate.routing.model import (
+    DEFAULT_MAX_WAIT_MS,
+    DEFAULT_QUEUE_TIMEOUT_MS,
+    GLOBAL_MAX_ATTEMPTS,
+)
 from fairgate.server import relay, tracing
 from fairgate.server.bodies import (
     CHAT_FIELDS,
@@ -82,12 +89,13 @@ from fairgate.server.http_settings import HttpSettings
 from fairgate.server.logs import REQUEST_ID
 from fairgate.server.metrics import Metrics
 from fairgate.server.provider_signals import ProviderSignals
+from fairgate.server.reservation import Reservation
+from fairgate.server.slots import Slots
 from fairgate.server.state import Gateway
 
 log = logging.getLogger("fairgate.proxy")
 
-#: Upstream statuses after which another candidate connection may well succeed.
-RETRYABLE = frozenset({408, 409, 425, 429, 500, 502, 503, 504, 529})
+_T = TypeVar("_T")
 
 
 class Route(StrEnum):
@@ -118,6 +126,7 @@ class Services:
     inflight: set[Ticket] = field(default_factory=set)
     tasks: set[asyncio.Task[None]] = field(default_factory=set)
     tracker: InflightTracker = field(default_factory=InflightTracker)
+    slots: Slots = field(init=False)
     drr: DrrState = field(default_factory=DrrState)
     strategy_state: StrategyState = field(default_factory=StrategyState)
     target_metrics: TargetMetrics = field(default_factory=TargetMetrics)
@@ -128,6 +137,7 @@ class Services:
     fallbacks: FallbackCounts = field(default_factory=FallbackCounts)
 
     def __post_init__(self) -> None:
+        self.slots = Slots(self.tracker)
         self.rate = KeyRateGuard(self.limits.key_rate_per_s, self.limits.key_rate_burst)
 
     def check_rate(self, key: ClientKey) -> None:
@@ -402,18 +412,22 @@ class Candidate:
 @dataclass
 class ExecOptions:
     """How :func:`_execute` treats failures: retries on the same target for transient ones,
-    a cap on attempts, quality validation of 200s, and the quota-share DRR ticket to charge."""
+    pauses between fall-throughs, a cap on attempts, quality validation of 200s, the bounded
+    waits (cooling targets, concurrency slots) and the quota-share DRR ticket to charge."""
 
     max_retries: int = 0
     retry_delay_ms: int = 0
+    fallback_delay_ms: int = 0
     attempt_cap: int = 20
     quality: bool = True
     drr: DrrTicket | None = None
     combo: str | None = None
-
-
-#: Failures worth retrying on the same target (a 429 is not: it sets a cooldown instead).
-TRANSIENT = frozenset({"server_error", "timeout", "connect_error"})
+    #: how long to wait for a cooling/locked target to free (0: never wait)
+    max_wait_ms: int = DEFAULT_MAX_WAIT_MS
+    #: how long to queue for a concurrency slot when every candidate is at its cap
+    queue_timeout_ms: int = DEFAULT_QUEUE_TIMEOUT_MS
+    #: the combo's timeout as an instant on the clock (waits never outlast it)
+    deadline_ms: int | None = None
 
 
 async def _dispatch(call: Call) -> Response:
@@ -452,103 +466,279 @@ async def _execute(
     """Try the candidates in order until one answers.
 
     A candidate is skipped when resilience excludes it (breaker open, cooling down, model locked,
-    permanently blocked, rate-limited until a learned reset) or its pool blocks the key; a soft
-    admission waits while an unpenalised candidate is looked for; a transient failure is retried
-    on the same target up to ``max_retries``; other failures fall through to the next candidate.
-    When nothing answers, the error says why, with diagnostics.
+    permanently blocked, rate-limited until a learned reset) or its pool blocks the key; one at
+    its concurrency cap is queued for (FIFO, bounded) once nothing else is left; a soft admission
+    is held while an unpenalised candidate is looked for; after a failure the one failover rule
+    (:mod:`fairgate.resilience.failover`) retries, moves on or ends the request. When nothing
+    can be tried now but a target frees within ``max_wait_ms``, the request waits for it. When
+    nothing answers, the error says why, with diagnostics. Every reservation taken here is
+    settled by the answer or released on the way out, cancellation included.
     """
-    opts = opts or ExecOptions()
-    svc = call.svc
-    reg = svc.gw.registry
-    mgr = svc.gw.resilience
-    blocked: list[Blocked] = []
-    exclusions: list[Exclusion] = []
-    last_error: ApiError | None = None
-    held: tuple[Candidate, Pool | None, Admission] | None = None  # a penalised admission
-    blocked_pools: set[str] = set()
-    attempts = 0
+    run = _Execution(call, diag, opts or ExecOptions())
+    async with contextlib.AsyncExitStack() as stack:
+        run.stack = stack
+        try:
+            return await run.serve(cands)
+        finally:
+            if run.held is not None:
+                run.held.lease.release()
 
-    async def run(cand: Candidate, pool: Pool | None, adm: Admission) -> Response | ApiError:
-        nonlocal attempts
-        if last_error is not None:  # the previous target failed: this is a fallback
-            svc.record_fallback(opts.combo, last_error.failure)
-        result: Response | ApiError = ApiError(502, "no attempt made")
-        for n in range(1 + max(0, opts.max_retries)):
-            if n > 0:
-                adm = await _admit(call, cand.conn, pool, cand.model)
-                if not adm.allowed:
-                    return result
-                if opts.retry_delay_ms > 0:
-                    await asyncio.sleep(opts.retry_delay_ms / 1000)
-            attempts += 1
-            result = await _attempt(call, cand, pool, adm, diag=diag, opts=opts)
-            if isinstance(result, Response) or result.final:
-                return result
-            if result.failure not in TRANSIENT or attempts >= opts.attempt_cap:
-                return result
-        return result
 
-    deferred: list[Candidate] = []  # at their concurrency cap: tried last, never dropped
-    requeued = False
-    queue = list(cands)
-    while True:
-        if not queue:
-            if not deferred or requeued:
-                break
-            queue, requeued = list(deferred), True  # nobody with room answered: fail open
-        cand = queue.pop(0)
-        if attempts >= opts.attempt_cap:
-            diag.exclude(cand.label, "attempt-cap")
-            continue
-        conn = cand.conn
-        cap = conn.max_concurrent
-        busy = svc.tracker.snapshot([cand.target])[cand.target.key]
-        if not requeued and cap is not None and 0 < cap <= busy:
-            deferred.append(cand)
-            diag.exclude(cand.label, "concurrency-full")
-            continue
-        now = svc.gw.clock.now_ms()
+@dataclass
+class _Admitted:
+    """A candidate that got a slot and an admission: what an attempt needs."""
+
+    cand: Candidate
+    pool: Pool | None
+    adm: Admission
+    res: Reservation
+    lease: Lease
+
+
+class _Execution:
+    """One request's way through its candidates (the state :func:`_execute` keeps)."""
+
+    def __init__(self, call: Call, diag: Diagnostics, opts: ExecOptions) -> None:
+        self.call, self.diag, self.opts = call, diag, opts
+        self.svc = call.svc
+        self.timer = call.svc.gw.timer
+        self.stack = contextlib.AsyncExitStack()
+        self.blocked: list[Blocked] = []
+        self.exclusions: list[Exclusion] = []
+        self.last_error: ApiError | None = None
+        self.blocked_pools: set[str] = set()
+        self.full: list[Candidate] = []  # at their concurrency cap in this pass
+        self.failed: list[Candidate] = []  # attempted and failed in this pass
+        self.queue: list[Candidate] = []
+        self.held: _Admitted | None = None  # a penalised admission, kept while looking on
+        self.attempts = 0  # in this pass
+        self.total_attempts = 0
+
+    def _capped(self) -> bool:
+        return self.attempts >= self.opts.attempt_cap or self.total_attempts >= GLOBAL_MAX_ATTEMPTS
+
+    async def serve(self, cands: list[Candidate]) -> Response:
+        started = self.timer.clock.now_ms()
+        while True:
+            resp = await self._pass(cands)
+            if resp is not None:
+                return resp
+            if self.full:
+                resp = await self._queue_for_slot()
+                if resp is not None:
+                    return resp
+            wake = await self._next_free_ms(started)
+            if wake is None:
+                raise self._no_answer()
+            await self._sleep_until(wake)
+            # a fresh pass: its own attempt cap (the waits bound how many passes there are)
+            self.blocked, self.exclusions, self.blocked_pools = [], [], set()
+            self.full, self.failed = [], []
+            self.attempts = 0
+
+    async def _pass(self, cands: list[Candidate]) -> Response | None:
+        self.queue = list(cands)
+        while self.queue:
+            cand = self.queue.pop(0)
+            if self._capped():
+                self.diag.exclude(cand.label, "attempt-cap")
+                continue
+            lease = self.svc.slots.try_acquire(cand.target, cand.conn.max_concurrent)
+            if lease is None:
+                self.full.append(cand)
+                self.diag.exclude(cand.label, "concurrency-full")
+                continue
+            resp = await self._consider(cand, lease)
+            if resp is not None:
+                return resp
+        if self.held is not None:
+            held, self.held = self.held, None
+            return await self._attempt(held)
+        return None
+
+    async def _consider(self, cand: Candidate, lease: Lease) -> Response | None:
+        """Resilience, then admission, then an attempt (or holding a soft admission)."""
+        try:
+            a = await self._admit(cand, lease)
+        except BaseException:
+            lease.release()
+            raise
+        if a is None:
+            lease.release()
+            return None
+        more = bool(self.queue)  # a candidate at its cap cannot be tried now: not an option
+        if a.adm.penalized and self.held is None and more:
+            self.held = a  # soft: look for an unpenalised candidate first
+            return None
+        # a held admission stays until something answers: if the unpenalised candidates all
+        # fail, it serves (it is released on the way out when it was not needed)
+        return await self._attempt(a)
+
+    async def _admit(self, cand: Candidate, lease: Lease) -> _Admitted | None:
+        conn, mgr = cand.conn, self.svc.gw.resilience
+        now = self.svc.gw.clock.now_ms()
         if mgr is not None:
             excl = await mgr.check(conn.provider, conn.id, cand.model, conn.auth_type)
             if excl is not None:
-                exclusions.append(excl)
-                diag.exclude(cand.label, excl.reason, excl.until_ms, now)
-                continue
-        pool = reg.pool_by_connection.get(conn.id)
-        if pool is not None and pool.id in blocked_pools:
-            diag.exclude(cand.label, "quota:pool-blocked")
-            continue  # counters are per pool: its other members would block this request too
-        adm = await _admit(call, conn, pool, cand.model)
+                self.exclusions.append(excl)
+                self.diag.exclude(cand.label, excl.reason, excl.until_ms, now)
+                return None
+        pool = self.svc.gw.registry.pool_by_connection.get(conn.id)
+        if pool is not None and pool.id in self.blocked_pools:
+            self.diag.exclude(cand.label, "quota:pool-blocked")
+            return None  # counters are per pool: its other members would block this request too
+        adm = await _admit(self.call, conn, pool, cand.model)
         if not adm.allowed:
-            blocked.append(Blocked(conn, adm))
+            self.blocked.append(Blocked(conn, adm))
             reason = adm.reason.value if adm.reason else "blocked"
             until = None if adm.retry_after_ms is None else now + adm.retry_after_ms
-            diag.exclude(cand.label, f"quota:{reason}", until, now)
+            self.diag.exclude(cand.label, f"quota:{reason}", until, now)
             if pool is not None:
-                blocked_pools.add(pool.id)
-            continue
-        if adm.penalized and held is None and (queue or (deferred and not requeued)):
-            held = (cand, pool, adm)  # soft: look for an unpenalised candidate first
-            continue
-        if held is not None and not adm.penalized:
-            await svc.gw.engine.release(held[2].ticket)
-            held = None
-        result = await run(cand, pool, adm)
-        if isinstance(result, Response):
-            return result
-        last_error = result
+                self.blocked_pools.add(pool.id)
+            return None
+        svc = self.svc
+        res = Reservation(svc.gw.engine, adm.ticket, svc.inflight, svc.spawn)
+        await self.stack.enter_async_context(res)  # released on the way out unless settled
+        return _Admitted(cand, pool, adm, res, lease)
+
+    async def _attempt(self, a: _Admitted) -> Response | None:
+        """Attempts on one target (retries per the failover rule); None when it failed and
+        the request may move on. Raises when the failure ends the request."""
+        opts = self.opts
+        if self.last_error is not None:  # a previous target failed: this is a fallback
+            self.svc.record_fallback(opts.combo, self.last_error.failure)
+        if self.failed and opts.fallback_delay_ms > 0:
+            await self._pause(opts.fallback_delay_ms)
+        result: Response | ApiError = ApiError(502, "no attempt made")
+        for n in range(1 + max(0, opts.max_retries)):
+            if n > 0:
+                retry = await self._readmit(a)
+                if retry is None:
+                    break
+                a = retry
+                if opts.retry_delay_ms > 0:
+                    await self._pause(opts.retry_delay_ms)
+            self.attempts += 1
+            self.total_attempts += 1
+            result = await _attempt(
+                self.call, a.cand, a.pool, a.adm, a.res, a.lease, diag=self.diag, opts=opts
+            )
+            if isinstance(result, Response):
+                return result
+            if result.step is not Step.RETRY or self._capped():
+                break
+        assert isinstance(result, ApiError)
+        self.last_error = result
+        self.failed.append(a.cand)
         if result.final:
-            if held is not None:
-                await svc.gw.engine.release(held[2].ticket)
-            diag.terminal = Terminal.CLIENT_ERROR
-            raise diag.attach(result)
-    if held is not None:
-        cand, pool, adm = held
-        result = await run(cand, pool, adm)
-        if isinstance(result, Response):
-            return result
-        last_error = result
-    raise _no_answer(call, diag, blocked, exclusions, last_error)
+            self.diag.terminal = Terminal.CLIENT_ERROR
+            raise self.diag.attach(result)
+        if result.same_model_futile:  # another account of the same model has the same window
+            self.queue = [c for c in self.queue if c.model != a.cand.model]
+        return None
+
+    async def _readmit(self, a: _Admitted) -> _Admitted | None:
+        lease = self.svc.slots.try_acquire(a.cand.target, a.cand.conn.max_concurrent)
+        if lease is None:
+            return None
+        adm = await _admit(self.call, a.cand.conn, a.pool, a.cand.model)
+        if not adm.allowed:
+            lease.release()
+            return None
+        res = Reservation(self.svc.gw.engine, adm.ticket, self.svc.inflight, self.svc.spawn)
+        await self.stack.enter_async_context(res)
+        return _Admitted(a.cand, a.pool, adm, res, lease)
+
+    async def _pause(self, ms: int) -> None:
+        await self.timer.sleep_until(self.timer.clock.now_ms() + ms)
+
+    # -- waiting ------------------------------------------------------------------------------
+
+    def _budget_end_ms(self, started: int, budget_ms: int) -> int:
+        end = started + budget_ms
+        deadline = self.opts.deadline_ms
+        return end if deadline is None else min(end, deadline)
+
+    async def _queue_for_slot(self) -> Response | None:
+        """Every candidate left is at its concurrency cap: wait (FIFO, bounded) for a slot
+        on any of them, then try that one."""
+        now = self.timer.clock.now_ms()
+        end = self._budget_end_ms(now, self.opts.queue_timeout_ms)
+        wants = [(c.target, c.conn.max_concurrent or 0) for c in self.full]
+        by_key = {c.target.load_key: c for c in self.full}
+        self.full = []
+        got = await self._watching_client(self.svc.slots.wait(wants, end, self.timer))
+        self.diag.waited_ms += self.timer.clock.now_ms() - now
+        if got is None:
+            raise self._concurrency_full()
+        target, lease = got
+        return await self._consider(by_key[target.load_key], lease)
+
+    async def _next_free_ms(self, started: int) -> int | None:
+        """When the earliest cooling or locked candidate frees, if that is within the wait
+        budget (``max_wait_ms`` since the first pass, and the combo's timeout); else None.
+        Quota blocks are never waited for: they are the key's fair share speaking."""
+        if self.opts.max_wait_ms <= 0:
+            return None
+        untils = [e.until_ms for e in self.exclusions if e.until_ms is not None]
+        mgr = self.svc.gw.resilience
+        if mgr is not None:
+            for c in self.failed:  # what the failure just set (a cooldown, a lockout)
+                excl = await mgr.check(c.conn.provider, c.conn.id, c.model, c.conn.auth_type)
+                if excl is not None and excl.until_ms is not None:
+                    untils.append(excl.until_ms)
+        if not untils:
+            return None
+        wake = min(untils)
+        if wake > self._budget_end_ms(started, self.opts.max_wait_ms):
+            return None
+        return wake
+
+    async def _sleep_until(self, wake_ms: int) -> None:
+        now = self.timer.clock.now_ms()
+        await self._watching_client(self.timer.sleep_until(wake_ms))
+        self.diag.waited_ms += self.timer.clock.now_ms() - now
+
+    async def _watching_client(self, wait: Coroutine[Any, Any, _T]) -> _T:
+        """Run a wait, abandoned (nothing held, nothing charged) if the client goes away."""
+        gone = asyncio.ensure_future(_client_gone(self.call.request))
+        task = asyncio.ensure_future(wait)
+        try:
+            await asyncio.wait({gone, task}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+            if not task.done():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        if not task.done() or task.cancelled():
+            raise ApiError(499, "The client closed the request while it waited", code="client_gone")
+        return task.result()
+
+    # -- no answer ----------------------------------------------------------------------------
+
+    def _concurrency_full(self) -> ApiError:
+        wait_s = max(1, math.ceil(self.opts.queue_timeout_ms / 1000))
+        self.diag.retry_after_ms = wait_s * 1000
+        return self.diag.error(
+            503,
+            f"Every upstream for '{self.call.model}' is at its concurrency limit",
+            code="concurrency_full",
+            terminal=Terminal.CONCURRENCY_FULL,
+            type_="overloaded_error",
+            headers={"retry-after": str(wait_s)},
+        )
+
+    def _no_answer(self) -> ApiError:
+        return _no_answer(self.call, self.diag, self.blocked, self.exclusions, self.last_error)
+
+
+async def _client_gone(request: Request) -> None:
+    """Returns when the client disconnects (the body has been read: only that can come)."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
 
 
 def _no_answer(
@@ -718,32 +908,27 @@ async def _attempt(
     cand: Candidate,
     pool: Pool | None,
     adm: Admission,
+    res: Reservation,
+    lease: Lease,
     *,
     diag: Diagnostics,
     opts: ExecOptions,
 ) -> Response | ApiError:
-    """Response on success; ApiError (``final`` when no other target could help) otherwise.
+    """Response on success; ApiError (its ``step`` from the failover rule) otherwise.
 
     Every outcome is reported to the resilience manager (cooldowns, lockouts, breakers learn
     from it), to the per-target metrics the strategies read, and to the diagnostics. The
-    request holds an in-flight lease on the target until its answer (or stream) ends.
+    request holds its slot (``lease``) on the target until its answer (or stream) ends; the
+    reservation is settled by the answer, or by a failure the upstream did work for.
     """
-    svc = call.svc
-    ticket = adm.ticket
-    if ticket is not None:
-        svc.inflight.add(ticket)
     if opts.drr is not None:
         opts.drr.dispatch(cand.target)
-    lease = svc.tracker.acquire(cand.target)
     try:
-        return await _attempt_on(call, cand, pool, adm, lease, diag=diag, opts=opts)
-    except (asyncio.CancelledError, Exception):
-        # a combo timeout, a shadow's abort or a bug: give back the slot and the reservation
-        # (idempotent: a path that already settled or released it makes this a no-op)
+        return await _attempt_on(call, cand, pool, adm, res, lease, diag=diag, opts=opts)
+    except BaseException:
+        # a combo timeout, a shadow's abort or a bug: give the slot back (the reservation is
+        # released by its owner on the way out)
         lease.release()
-        if ticket is not None:
-            svc.inflight.discard(ticket)
-            svc.spawn(svc.gw.engine.release(ticket))
         raise
 
 
@@ -752,6 +937,7 @@ async def _attempt_on(
     cand: Candidate,
     pool: Pool | None,
     adm: Admission,
+    res: Reservation,
     lease: Lease,
     *,
     diag: Diagnostics,
@@ -759,17 +945,16 @@ async def _attempt_on(
 ) -> Response | ApiError:
     svc = call.svc
     conn, upstream_model, label = cand.conn, cand.model, cand.label
-    ticket = adm.ticket
     path = _UPSTREAM_PATH[(call.route, conn.protocol)]
     try:
         payload, wants_usage = _upstream_body(call, conn, upstream_model)
     except orjson.JSONEncodeError:  # e.g. nested too deeply once translated: no target helps
         lease.release()
-        await _release(svc, ticket)
+        await res.release()
         err = ApiError(
             400, "The request body cannot be encoded for the upstream (nested too deeply)"
         )
-        err.final = True
+        err.final, err.step = True, Step.END
         return err
     t_send = time.perf_counter()
 
@@ -785,10 +970,11 @@ async def _attempt_on(
     ) -> ApiError:
         lease.release()
         if settle_usage is not None:  # the upstream did the work: charge it even though it failed
-            await _settle(svc, ticket, conn, call, upstream_model, settle_usage)
+            await _settle(svc, res, conn, call, upstream_model, settle_usage)
         else:
-            await _release(svc, ticket)
-        cls = await _report_failure(call, conn, upstream_model, status, body, headers, exc)
+            await res.release()
+        verdict = await _report_failure(call, conn, upstream_model, status, body, headers, exc)
+        cls = verdict.cls.value
         latency = _ms_since(t_send)
         svc.record_attempt(cand, "connect_error" if kind == "connect_error" else cls, latency)
         diag.attempt(
@@ -799,6 +985,11 @@ async def _attempt_on(
             error=None if exc is None else type(exc).__name__,
         )
         err.failure = "connect_error" if kind == "connect_error" else cls
+        # the one failover rule (a bad 200 is no class: another target may do better)
+        failure = None if kind == "quality" else verdict.cls
+        err.step = step_after(failure)
+        err.final = err.step is Step.END
+        err.same_model_futile = same_model_is_futile(failure)
         return err
 
     try:
@@ -825,10 +1016,7 @@ async def _attempt_on(
     if resp.status >= 400:
         err, raw_err = await _upstream_error(resp, conn)
         log.warning("upstream error", extra={"connection": conn.id, "status": resp.status})
-        err = await fail("upstream", err, status=resp.status, body=raw_err, headers=resp.headers)
-        # a client error no other target would fix (a malformed request) ends the request
-        err.final = resp.status not in RETRYABLE and resp.status not in (401, 403, 404)
-        return err
+        return await fail("upstream", err, status=resp.status, body=raw_err, headers=resp.headers)
     headers = {**_quota_headers(adm), "x-fairgate-connection": conn.id}
     if opts.combo:
         headers["x-fairgate-combo"] = opts.combo
@@ -853,8 +1041,9 @@ async def _attempt_on(
         await _report_success(call, cand, snap, _ms_since(t_send))
         diag.attempt(label, "ok", status=200, latency_ms=_ms_since(t_send))
         headers["x-fairgate-overhead-ms"] = f"{(t_send - call.t0) * 1000:.3f}"
+        res.keep()  # the stream settles it when it ends
         return _stream_response(
-            call, conn, ticket, resp, upstream_model, headers, tally, source, first, lease
+            call, conn, res, resp, upstream_model, headers, tally, source, first, lease
         )
     try:
         raw = await resp.read()
@@ -886,6 +1075,7 @@ async def _attempt_on(
             settle_usage=usage or Usage(prompt_tokens=call.prompt_estimate),
         )
     lease.release()
+    res.keep()  # settled by the answer's background task
     await _report_success(call, cand, snap, (t_body - t_send) * 1000, usage)
     diag.attempt(label, "ok", status=200, latency_ms=(t_body - t_send) * 1000)
     overhead = (time.perf_counter() - call.t0 - (t_body - t_send)) * 1000
@@ -897,7 +1087,7 @@ async def _attempt_on(
         status_code=200,
         media_type="application/json",
         headers=headers,
-        background=BackgroundTask(_settle, svc, ticket, conn, call, upstream_model, usage),
+        background=BackgroundTask(_settle, svc, res, conn, call, upstream_model, usage),
     )
 
 
@@ -1065,7 +1255,7 @@ async def _report_failure(
     body: bytes | None,
     headers: Mapping[str, str] | None,
     exc: BaseException | None,
-) -> str:
+) -> Classification:
     """Classify a failed attempt and let cooldowns, lockouts and breakers learn from it, naming
     the client key and request as the cause of any block it sets."""
     mgr = call.svc.gw.resilience
@@ -1082,7 +1272,7 @@ async def _report_failure(
             key_id=call.key.id,
             request_id=REQUEST_ID.get(),
         )
-    return cls.cls.value
+    return cls
 
 
 def _redact(text: str, conn: Connection) -> str:
@@ -1091,16 +1281,10 @@ def _redact(text: str, conn: Connection) -> str:
     return text
 
 
-async def _release(svc: Services, ticket: Ticket | None) -> None:
-    if ticket is not None:
-        svc.inflight.discard(ticket)
-        await svc.gw.engine.release(ticket)
-
-
 @tracing.traced("fairgate.settle", tracing.settle_attrs, call_of=tracing.call_of_settle)
 async def _settle(
     svc: Services,
-    ticket: Ticket | None,
+    res: Reservation,
     conn: Connection,
     call: Call,
     upstream_model: str,
@@ -1110,11 +1294,7 @@ async def _settle(
         usage = Usage(prompt_tokens=call.prompt_estimate, completion_tokens=call.max_output)
     tokens = float(usage.prompt_tokens + usage.completion_tokens)
     svc.signals.add_tokens(conn.id, call.key.id, tokens)
-    if ticket is None:
-        return
-    svc.inflight.discard(ticket)
-    await svc.gw.engine.settle(
-        ticket,
+    await res.settle(
         {
             Unit.REQUESTS: 1.0,
             Unit.TOKENS: tokens,
@@ -1163,7 +1343,7 @@ def _stream_source(
 def _stream_response(
     call: Call,
     conn: Connection,
-    ticket: Ticket | None,
+    res: Reservation,
     resp: UpstreamResponse,
     upstream_model: str,
     headers: dict[str, str],
@@ -1192,7 +1372,7 @@ def _stream_response(
             # settlement is its own task, so neither the cancellation nor the client waits on it
             resp.release()
             lease.release()
-            svc.spawn(_settle(svc, ticket, conn, call, upstream_model, tally.effective_usage()))
+            svc.spawn(_settle(svc, res, conn, call, upstream_model, tally.effective_usage()))
 
     return StreamingResponse(
         body(),

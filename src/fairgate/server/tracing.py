@@ -183,7 +183,7 @@ def admission_result(adm: Any) -> Attrs:
     }
 
 
-def attempt_attrs(call: Any, cand: Any, pool: Any, _adm: Any, **kw: Any) -> Attrs:
+def attempt_attrs(call: Any, cand: Any, pool: Any, _adm: Any, *_: Any, **kw: Any) -> Attrs:
     opts = kw.get("opts")
     return {
         "fairgate.key_id": call.key.id,
@@ -205,7 +205,8 @@ def attempt_result(result: Any) -> Attrs:
     }
 
 
-def settle_attrs(_svc: Any, ticket: Any, conn: Any, call: Any, model: str, usage: Any) -> Attrs:
+def settle_attrs(_svc: Any, res: Any, conn: Any, call: Any, model: str, usage: Any) -> Attrs:
+    ticket = getattr(res, "ticket", res)  # a Reservation (its ticket), or a bare ticket
     out: dict[str, str | int | float | bool] = {
         "fairgate.key_id": call.key.id,
         "fairgate.connection": conn.id,
@@ -222,5 +223,5 @@ def call_of_admission(call: Any, *_: Any, **__: Any) -> object:
     return call
 
 
-def call_of_settle(_svc: Any, _ticket: Any, _conn: Any, call: Any, *_: Any) -> object:
+def call_of_settle(_svc: Any, _res: Any, _conn: Any, call: Any, *_: Any) -> object:
     return call

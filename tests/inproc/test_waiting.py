@@ -1,0 +1,272 @@
+"""Bounded waits in the request path, on an injected clock: the cooldown-aware wait and the
+concurrency queue. Nothing sleeps: the test moves the clock and the request wakes."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+from inproc_support import base_config, conn, gateway
+
+from fairgate.providers.inprocess import Reply, UpstreamRequest, openai_chat
+from fairgate.timers import ManualTimer
+
+
+def _combo(name: str, conns: list[str], **config: Any) -> dict[str, Any]:
+    return {
+        "name": name,
+        "strategy": "priority",
+        "targets": [{"provider": "mock", "model": "m", "connection": c} for c in conns],
+        "config": config,
+    }
+
+
+def _rate_limited_once(cooling_ms: int) -> Any:
+    """c1 answers 429 with a ``retry-after-ms`` hint the first time, then answers."""
+    seen = {"n": 0}
+
+    async def handler(req: UpstreamRequest) -> Reply:
+        seen["n"] += 1
+        if seen["n"] == 1:
+            return Reply(
+                429,
+                {"error": {"message": "Rate limit reached", "type": "rate_limit_error"}},
+                headers={"retry-after-ms": str(cooling_ms)},
+            )
+        return openai_chat("after the wait")
+
+    return handler
+
+
+async def test_a_target_cooling_within_max_wait_is_waited_for(tmp_path: Path) -> None:
+    timer = ManualTimer()
+    cfg = base_config([conn("c1")], combos=[_combo("w", ["c1"], maxWaitMs=1000, maxRetries=0)])
+    async with gateway(tmp_path, cfg, timer, _rate_limited_once(800)) as h:
+        task = asyncio.create_task(h.chat("w", max_tokens=5))
+        await timer.until_sleeping(1)
+        assert h.sent_to == ["c1"]
+        timer.advance(799)
+        await asyncio.sleep(0)
+        assert not task.done()
+        timer.advance(1)  # the cooldown ends: the request wakes and is served
+        r = await task
+        assert r.status_code == 200, r.text
+        assert r.json()["choices"][0]["message"]["content"] == "after the wait"
+        assert h.sent_to == ["c1", "c1"]
+
+
+async def test_a_target_cooling_past_max_wait_answers_at_once(tmp_path: Path) -> None:
+    timer = ManualTimer()
+    cfg = base_config([conn("c1")], combos=[_combo("w", ["c1"], maxWaitMs=1000, maxRetries=0)])
+    async with gateway(tmp_path, cfg, timer, _rate_limited_once(1500)) as h:
+        r = await h.chat("w", max_tokens=5)
+        assert r.status_code == 429
+        assert timer.sleeping == 0
+        r2 = await h.chat("w", max_tokens=5)  # still cooling: at once, with when to retry
+        assert r2.status_code == 429
+        assert r2.headers["retry-after"] == "2"
+        assert r2.json()["diagnostics"]["terminalReason"] == "all_rate_limited"
+        assert h.sent_to == ["c1"]
+
+
+async def test_max_wait_zero_disables_the_wait(tmp_path: Path) -> None:
+    timer = ManualTimer()
+    cfg = base_config([conn("c1")], combos=[_combo("w", ["c1"], maxWaitMs=0, maxRetries=0)])
+    async with gateway(tmp_path, cfg, timer, _rate_limited_once(100)) as h:
+        r = await h.chat("w", max_tokens=5)
+        assert r.status_code == 429
+        assert timer.sleeping == 0
+
+
+async def test_the_global_routing_default_applies_to_plain_models(tmp_path: Path) -> None:
+    """maxWaitMs through the cascade: the global layer (admin API) reaches a plain model."""
+    timer = ManualTimer()
+    cfg = base_config([conn("c1")])
+    async with gateway(tmp_path, cfg, timer, _rate_limited_once(800)) as h:
+        h.gw.registry = dataclasses_replace_defaults(h, max_wait_ms=0)
+        r = await h.chat("m", max_tokens=5)
+        assert r.status_code == 429  # disabled globally
+        timer.advance(1000)
+        h.gw.registry = dataclasses_replace_defaults(h, max_wait_ms=5000)
+        h.upstream.handler = _rate_limited_once(800)
+        task = asyncio.create_task(h.chat("m", max_tokens=5))
+        await timer.until_sleeping(1)
+        timer.advance(800)
+        assert (await task).status_code == 200
+
+
+def dataclasses_replace_defaults(h: Any, **kw: Any) -> Any:
+    import dataclasses
+
+    reg = h.gw.registry
+    return dataclasses.replace(
+        reg, routing_defaults=dataclasses.replace(reg.routing_defaults, **kw)
+    )
+
+
+async def test_a_client_that_leaves_while_waiting_costs_nothing(tmp_path: Path) -> None:
+    timer = ManualTimer()
+    pools = [
+        {
+            "id": "p1",
+            "connections": ["c1"],
+            "dimensions": [{"unit": "requests", "window": "hourly", "limit": 100}],
+            "allocations": [{"key": "alice", "weight": 1}],
+        }
+    ]
+    cfg = base_config(
+        [conn("c1")], combos=[_combo("w", ["c1"], maxWaitMs=5000, maxRetries=0)], pools=pools
+    )
+    async with gateway(tmp_path, cfg, timer, _rate_limited_once(3000)) as h:
+        task = asyncio.create_task(h.chat("w", max_tokens=5))
+        await timer.until_sleeping(1)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await h.settle_background()
+        assert timer.sleeping == 0
+        assert await h.open_reservations() == 0
+
+
+# -- concurrency queue ---------------------------------------------------------------------
+
+
+class Gate:
+    """An upstream whose answers wait until the test lets each one through."""
+
+    def __init__(self) -> None:
+        self.waiting: list[tuple[str, asyncio.Event]] = []
+
+    async def handler(self, req: UpstreamRequest) -> Reply:
+        ev = asyncio.Event()
+        tag = req.json()["messages"][0]["content"]
+        self.waiting.append((tag, ev))
+        await ev.wait()
+        return openai_chat(f"done {tag}")
+
+    async def until(self, n: int) -> None:
+        for _ in range(10_000):
+            if len(self.waiting) >= n:
+                return
+            await asyncio.sleep(0)
+        raise AssertionError(f"expected {n} upstream requests, have {len(self.waiting)}")
+
+    def let_through(self, tag: str) -> None:
+        for t, ev in self.waiting:
+            if t == tag:
+                ev.set()
+
+
+def _ask(h: Any, tag: str, model: str = "m") -> Any:
+    return asyncio.create_task(
+        h.client.post(
+            "/v1/chat/completions",
+            json={"model": model, "max_tokens": 5, "messages": [{"role": "user", "content": tag}]},
+            headers={"authorization": "Bearer fg-alice-secret-0123456789"},
+        )
+    )
+
+
+async def test_requests_queue_fifo_for_a_slot(tmp_path: Path) -> None:
+    timer, gate = ManualTimer(), Gate()
+    cfg = base_config([conn("c1", max_concurrent=1)])
+    async with gateway(tmp_path, cfg, timer, gate.handler) as h:
+        first = _ask(h, "A")
+        await gate.until(1)
+        second = _ask(h, "B")
+        await timer.until_sleeping(1)
+        third = _ask(h, "C")
+        await timer.until_sleeping(2)
+        assert h.svc.slots.queued() == 2
+        assert [t for t, _ in gate.waiting] == ["A"]  # never more than the cap upstream
+        gate.let_through("A")
+        assert (await first).status_code == 200
+        await gate.until(2)
+        assert [t for t, _ in gate.waiting] == ["A", "B"]  # first come, first served
+        gate.let_through("B")
+        await gate.until(3)
+        gate.let_through("C")
+        assert (await second).json()["choices"][0]["message"]["content"] == "done B"
+        assert (await third).json()["choices"][0]["message"]["content"] == "done C"
+        assert h.svc.tracker.total == 0
+        assert h.svc.slots.queued() == 0
+
+
+async def test_a_request_that_queues_too_long_gets_503_concurrency_full(tmp_path: Path) -> None:
+    timer, gate = ManualTimer(), Gate()
+    cfg = base_config(
+        [conn("c1", max_concurrent=1)],
+        combos=[_combo("q", ["c1"], queueTimeoutMs=2000)],
+    )
+    async with gateway(tmp_path, cfg, timer, gate.handler) as h:
+        first = _ask(h, "A", "q")
+        await gate.until(1)
+        late = _ask(h, "B", "q")
+        await timer.until_sleeping(1)
+        timer.advance(2000)
+        r = await late
+        assert r.status_code == 503
+        assert r.headers["retry-after"] == "2"
+        body = r.json()
+        assert body["error"]["code"] == "concurrency_full"
+        assert body["diagnostics"]["terminalReason"] == "concurrency_full"
+        assert body["diagnostics"]["waitedMs"] == 2000
+        gate.let_through("A")
+        assert (await first).status_code == 200
+        assert h.svc.tracker.total == 0
+        assert h.svc.slots.queued() == 0
+
+
+async def test_a_slot_goes_to_another_candidate_when_one_is_free(tmp_path: Path) -> None:
+    timer, gate = ManualTimer(), Gate()
+    cfg = base_config([conn("c1", max_concurrent=1, weight=2), conn("c2", max_concurrent=1)])
+    async with gateway(tmp_path, cfg, timer, gate.handler) as h:
+        a = _ask(h, "A")
+        await gate.until(1)
+        b = _ask(h, "B")
+        await gate.until(2)
+        assert [r.conn.id for r in h.upstream.requests] == ["c1", "c2"]
+        gate.let_through("A")
+        gate.let_through("B")
+        assert (await a).status_code == (await b).status_code == 200
+
+
+async def test_the_slot_is_released_on_failure_and_cancellation(tmp_path: Path) -> None:
+    timer = ManualTimer()
+    hang = asyncio.Event()
+
+    async def handler(req: UpstreamRequest) -> Reply:
+        tag = req.json()["messages"][0]["content"]
+        if tag == "fail":
+            return Reply(400, {"error": {"message": "bad 'temperature'"}})
+        await hang.wait()
+        return openai_chat("late")
+
+    cfg = base_config([conn("c1", max_concurrent=1)])
+    async with gateway(tmp_path, cfg, timer, handler) as h:
+        assert (await _ask(h, "fail")).status_code == 400
+        assert h.svc.tracker.total == 0
+        task = _ask(h, "hang")
+        for _ in range(1000):
+            if h.svc.tracker.total:
+                break
+            await asyncio.sleep(0)
+        assert h.svc.tracker.total == 1
+        queued = _ask(h, "queued")
+        await timer.until_sleeping(1)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        # the freed slot went to the queued request, whose upstream now hangs in turn
+        for _ in range(1000):
+            if len(h.upstream.requests) == 3:
+                break
+            await asyncio.sleep(0)
+        assert h.svc.slots.queued() == 0
+        assert h.svc.tracker.total == 1
+        queued.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await queued
+        assert h.svc.tracker.total == 0
