@@ -35,6 +35,7 @@ from fairgate.quota.decision import (
     active_levels,
     compile_checks,
     demand_bounds,
+    evaluate,
     pace_reserves,
     retry_after_ms,
     waiting_reserves,
@@ -107,6 +108,19 @@ class Admission:
 
 
 ALLOW_UNGOVERNED = Admission(Outcome.ALLOW)
+
+
+@dataclass(frozen=True, slots=True)
+class Standing:
+    """A key's standing in a pool for one prospective request (:meth:`QuotaEngine.standing`):
+    the outcome an admission would have, and per check its status and the pool's burn rate
+    (units per second, 0 unknown)."""
+
+    outcome: Outcome
+    checks: tuple[DimensionCheck, ...]
+    status: tuple[DimensionStatus, ...]
+    burn_per_s: tuple[float, ...]
+
 
 #: How long a refusal keeps a key counted as wanting more (active mode), at least.
 PRESSURE_HOLD_MS = 60_000
@@ -619,6 +633,47 @@ class QuotaEngine:
         )
 
     # -- views ----------------------------------------------------------------------------
+
+    async def standing(
+        self, pool: Pool, key_id: str, cost: Mapping[Unit, float], *, model: str | None = None
+    ) -> Standing | None:
+        """What an admission of ``cost`` would decide now, and the key's standing on each
+        counter, without reserving anything: the quota view routing strategies order by.
+        One read of the pool's counters. None when the pool governs nothing here or the store
+        cannot say (a view is never a reason to fail a request)."""
+        try:
+            alloc = pool.allocation(key_id) or Allocation(key_id, 0.0, policy=Policy.HARD)
+            now = self.clock.now_ms()
+            levels = None
+            reserves = None
+            if pool.share_mode is ShareMode.ACTIVE:
+                active = await self._active_state(pool, key_id, now)
+                levels, reserves = active.levels, active.reserves.for_key(key_id)
+            signals = self.signals(pool) if self.signals else None
+            checks = compile_checks(
+                pool, alloc, cost, model=model, signals=signals, levels=levels, reserves=reserves
+            )
+            if not checks:
+                return None
+            refs = [CounterRef(c.key, c.window_ms) for c in checks]
+            counts = await self.store.pool_usage(pool.id, [key_id], refs, now)
+        except Exception as exc:
+            self._store_error("standing", exc)
+            return None
+        mine_by = counts.per_key.get(key_id, {})
+        totals = tuple(counts.totals.get(c.key, Count()) for c in checks)
+        mine = tuple(mine_by.get(c.key, Count()) for c in checks)
+        threshold = self.settings.saturation_threshold
+        values = [
+            (t.value(now, c.window_ms), m.value(now, c.window_ms))
+            for c, t, m in zip(checks, totals, mine, strict=True)
+        ]
+        verdict = evaluate(checks, values, alloc.policy, threshold)
+        status = _status(checks, totals, mine, now, threshold, False)
+        burn = tuple(
+            s.rate() if (s := self._burn.get((pool.id, c.key))) is not None else 0.0 for c in checks
+        )
+        return Standing(verdict.outcome, checks, status, burn)
 
     async def usage(self, pool: Pool, *, unallocated_allowed: bool = False) -> PoolUsage:
         """``unallocated_allowed``: keys without an allocation may use the pool, so the usage

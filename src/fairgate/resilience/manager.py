@@ -320,6 +320,18 @@ class RateLimitManager:
         except sqlite3.Error as exc:
             log.warning("resilience persistence %s failed: %s", op, exc)
 
+    def known_blocks(self, provider: str, conn_id: str, model: str) -> tuple[bool, bool]:
+        """(cooling down, model locked out) as this process last learned them: no store
+        read and no probe taken, for the routing views (:meth:`check` is the authority)."""
+        now = self._clock.now_ms()
+        cooling = self._tracked.get(_cd_key(conn_id), 0) > now
+        locked = self._tracked.get(_lock_key(provider, conn_id, model), 0) > now
+        return cooling, locked
+
+    def breaker_state(self, provider: str) -> BreakerState:
+        """The provider's breaker as this process sees it (no probe taken)."""
+        return self.breaker(provider).state(self._clock.now_ms())
+
     def _track(self, key: tuple[str, ...], until_ms: int) -> None:
         if key not in self._tracked and len(self._tracked) >= self._max_tracked:
             self._tracked.clear()  # losing the hints only costs a missed level reset

@@ -14,6 +14,7 @@ from fairgate.routing.context import (
     TargetHealth,
     TargetQuota,
     TaskHints,
+    task_hints,
 )
 from fairgate.routing.metrics import TargetMetrics, TargetStats
 from fairgate.routing.model import Combo, ComboConfig, ShadowConfig, Target, expand_targets
@@ -89,4 +90,5 @@ __all__ = [
     "saturation_gate",
     "select_quota_share",
     "step_messages",
+    "task_hints",
 ]

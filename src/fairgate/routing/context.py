@@ -17,8 +17,9 @@ import math
 import random
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import Protocol
 
+from fairgate.resilience.breaker import BreakerState
 from fairgate.routing.model import Target
 from fairgate.routing.soft import SOFT_FACTOR
 
@@ -35,9 +36,8 @@ __all__ = [
     "opt_bool",
     "opt_float",
     "opt_int",
+    "task_hints",
 ]
-
-BreakerState = Literal["closed", "half-open", "open"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,20 +45,20 @@ class TargetHealth:
     """Resilience flags of one target (SPEC §9): provider breaker, connection cooldown, model
     lockout. The executor skips unavailable targets; auto also scores them down."""
 
-    breaker: BreakerState = "closed"
+    breaker: BreakerState = BreakerState.CLOSED
     cooling: bool = False
     locked: bool = False
 
     @property
     def available(self) -> bool:
-        return self.breaker != "open" and not self.cooling and not self.locked
+        return self.breaker is not BreakerState.OPEN and not self.cooling and not self.locked
 
     @property
     def score(self) -> float:
         """1 healthy, 0.5 half-open (one probe allowed), 0 unavailable."""
         if not self.available:
             return 0.0
-        return 0.5 if self.breaker == "half-open" else 1.0
+        return 0.5 if self.breaker is BreakerState.HALF_OPEN else 1.0
 
 
 HEALTHY = TargetHealth()
@@ -168,12 +168,14 @@ EMPTY_METRICS: MetricsView = _NoMetrics()
 
 @dataclass(frozen=True, slots=True)
 class TaskHints:
-    """What the request needs, as the pipeline detected it. ``kind``: ``code``, ``reasoning``,
-    ``chat``, … matched against target tags; tools/vision become ``tools``/``vision`` tags."""
+    """What the request needs, as the pipeline detected it (:func:`task_hints`). ``kind``:
+    ``code``, ``reasoning``, ``chat``, … matched against target tags; tools, vision and a long
+    context become the ``tools``, ``vision`` and ``long-context`` tags."""
 
     kind: str | None = None
     needs_tools: bool = False
     needs_vision: bool = False
+    long_context: bool = False
 
     @property
     def required_tags(self) -> frozenset[str]:
@@ -182,7 +184,45 @@ class TaskHints:
             tags.add("tools")
         if self.needs_vision:
             tags.add("vision")
+        if self.long_context:
+            tags.add("long-context")
         return frozenset(tags)
+
+
+#: A prompt this long (estimated tokens) asks for a ``long-context`` target.
+LONG_CONTEXT_TOKENS = 32_000
+
+
+def _has_image(messages: object) -> bool:
+    if not isinstance(messages, list):
+        return False
+    for msg in messages:
+        content = msg.get("content") if isinstance(msg, dict) else None
+        if isinstance(content, list) and any(
+            isinstance(p, dict) and p.get("type") in ("image_url", "image", "input_image")
+            for p in content
+        ):
+            return True
+    return False
+
+
+def _wants_reasoning(body: Mapping[str, object]) -> bool:
+    if body.get("reasoning_effort") or body.get("reasoning"):
+        return True
+    thinking = body.get("thinking")
+    return isinstance(thinking, Mapping) and thinking.get("type") == "enabled"
+
+
+def task_hints(body: Mapping[str, object], prompt_tokens: int) -> TaskHints:
+    """What a chat or messages request needs, from its body (OpenAI or Anthropic shape):
+    tools (``tools`` / ``functions``), vision (an image part), reasoning (``reasoning_effort``,
+    ``reasoning`` or Anthropic's ``thinking``), a long context (the prompt estimate)."""
+    return TaskHints(
+        kind="reasoning" if _wants_reasoning(body) else None,
+        needs_tools=bool(body.get("tools") or body.get("functions")),
+        needs_vision=_has_image(body.get("messages")),
+        long_context=prompt_tokens >= LONG_CONTEXT_TOKENS,
+    )
 
 
 @dataclass(frozen=True, slots=True)

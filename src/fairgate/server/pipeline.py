@@ -19,7 +19,7 @@ import contextlib
 import dataclasses
 import logging
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Any
 
 import orjson
 from starlette.responses import Response
@@ -28,11 +28,9 @@ from fairgate.providers.usage import estimate_prompt_tokens
 from fairgate.registry import ClientKey, Connection, Denial, Registry
 from fairgate.routing import (
     Combo,
-    HealthView,
     PanelAnswer,
     RouteInput,
     Target,
-    TargetHealth,
     decide_fusion,
     expand_targets,
     get_strategy,
@@ -42,11 +40,13 @@ from fairgate.routing import (
     saturation_gate,
     select_quota_share,
     step_messages,
+    task_hints,
 )
 from fairgate.routing.modes import FusionPlan, PipelinePlan, answer_text
 from fairgate.server import access, proxy
 from fairgate.server.diagnostics import Diagnostics, Terminal
 from fairgate.server.errors import ApiError
+from fairgate.server.views import health_view, quota_view
 
 log = logging.getLogger("fairgate.routing")
 
@@ -155,39 +155,38 @@ def usable_targets(call: proxy.Call, targets: Sequence[Target]) -> list[Target]:
     return kept if kept else list(targets)
 
 
-_BREAKER_STATES: dict[str, Literal["closed", "half-open", "open"]] = {
-    "closed": "closed",
-    "half-open": "half-open",
-    "open": "open",
-}
-
-
-def _health(call: proxy.Call, targets: Sequence[Target]) -> HealthView:
-    mgr = call.svc.gw.resilience
-    if mgr is None:
-        return HealthView()
-    now = call.svc.gw.clock.now_ms()
-    out: dict[str, TargetHealth] = {}
-    for t in targets:
-        state = str(getattr(mgr.breaker(t.provider).state(now), "value", "closed"))
-        breaker = _BREAKER_STATES.get(state.replace("_", "-").lower(), "closed")
-        out[t.key] = TargetHealth(breaker=breaker)
-    return HealthView(out)
-
-
-def order_targets(call: proxy.Call, combo: Combo, targets: Sequence[Target]) -> list[Target]:
+async def order_targets(call: proxy.Call, combo: Combo, targets: Sequence[Target]) -> list[Target]:
+    """The combo's strategy over this request's live views (quota, health, load, task)."""
     svc = call.svc
+    reg = svc.gw.registry
+    now = svc.gw.clock.now_ms()
+    buckets = {
+        c.id: svc.signals.buckets.buckets(c.id)
+        for t in targets
+        if (c := reg.connections.get(t.connection_id or "")) is not None
+    }
+    quota = await quota_view(
+        svc.gw.engine,
+        reg,
+        buckets,
+        call.key.id,
+        lambda conn, model: proxy.request_cost(call, conn, model),
+        targets,
+        now,
+    )
     inp = RouteInput(
         combo=combo.name,
         targets=tuple(targets),
-        now_ms=svc.gw.clock.now_ms(),
+        now_ms=now,
         rng=svc.rng,
         request_tokens=call.prompt_estimate,
         output_tokens=call.max_output,
         metrics=svc.target_metrics,
-        health=_health(call, targets),
+        health=health_view(svc.gw.resilience, reg, targets),
+        quota=quota,
         inflight=svc.tracker.snapshot(targets),
         session_key=call.key.id,
+        task=task_hints(call.body, call.prompt_estimate),
         options=combo.config.options,
         soft_factor=svc.gw.quota_settings.soft_deprioritize_factor,
     )
@@ -207,7 +206,7 @@ async def route_combo(call: proxy.Call, combo: Combo) -> Response:
             return await _fusion(call, combo, usable_targets(call, targets))
         return await _pipeline(call, combo, targets)
     targets = usable_targets(call, targets)
-    ordered = _pin(call, combo, order_targets(call, combo, targets))
+    ordered = _pin(call, combo, await order_targets(call, combo, targets))
     fan_out = _int_option(combo, "fan_out")
     if fan_out >= 2 and not call.stream:
         response = await _fan_out(call, combo, ordered[:fan_out], ordered[fan_out:])
@@ -392,7 +391,7 @@ async def _ask(
 
 
 async def _fusion(call: proxy.Call, combo: Combo, targets: Sequence[Target]) -> Response:
-    plan = FusionPlan.from_combo(combo, order_targets(call, combo, targets))
+    plan = FusionPlan.from_combo(combo, await order_targets(call, combo, targets))
     messages = list(call.body.get("messages") or [])
     answers = await asyncio.gather(*(_ask(call, combo, t, messages) for t in plan.panel))
     decision = decide_fusion(answers)

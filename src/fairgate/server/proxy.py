@@ -779,6 +779,21 @@ def _no_answer(
     )
 
 
+def request_cost(call: Call, conn: Connection, upstream_model: str) -> dict[Unit, float]:
+    """What admission reserves for this request on ``conn`` (and the quota view assumes)."""
+    svc = call.svc
+    tokens = float(call.prompt_estimate + call.max_output)
+    return {
+        Unit.REQUESTS: 1.0,
+        Unit.TOKENS: tokens,
+        Unit.USD: svc.prices.cost_usd(
+            upstream_model,
+            Usage(prompt_tokens=call.prompt_estimate, completion_tokens=call.max_output),
+        ),
+        Unit.PERCENT: svc.signals.percent_estimate(conn.id, tokens),
+    }
+
+
 @tracing.traced(
     "fairgate.admission",
     tracing.admission_attrs,
@@ -789,16 +804,7 @@ async def _admit(call: Call, conn: Connection, pool: Pool | None, upstream_model
     if pool is None:
         return ALLOW_UNGOVERNED
     svc = call.svc
-    tokens = float(call.prompt_estimate + call.max_output)
-    cost = {
-        Unit.REQUESTS: 1.0,
-        Unit.TOKENS: tokens,
-        Unit.USD: svc.prices.cost_usd(
-            upstream_model,
-            Usage(prompt_tokens=call.prompt_estimate, completion_tokens=call.max_output),
-        ),
-        Unit.PERCENT: svc.signals.percent_estimate(conn.id, tokens),
-    }
+    cost = request_cost(call, conn, upstream_model)
     adm = await svc.gw.engine.admit(pool, call.key.id, cost, model=upstream_model)
     svc.metrics.observe_admission(adm)
     if not adm.allowed:

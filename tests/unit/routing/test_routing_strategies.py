@@ -9,6 +9,7 @@ from collections.abc import Sequence
 
 import pytest
 
+from fairgate.resilience.breaker import BreakerState
 from fairgate.routing.context import (
     HealthView,
     QuotaView,
@@ -342,7 +343,9 @@ def test_fusion_and_pipeline_list_their_participants_in_configured_order() -> No
 
 def test_auto_scores_health_quota_and_cost() -> None:
     no_explore = {"exploration": 0.0}
-    health = HealthView({A.key: TargetHealth(breaker="open"), B.key: TargetHealth(cooling=True)})
+    health = HealthView(
+        {A.key: TargetHealth(breaker=BreakerState.OPEN), B.key: TargetHealth(cooling=True)}
+    )
     assert run("auto", route([A, B, C], health=health, options=no_explore))[0] == "c"
     q = quota(a=TargetQuota(remaining=0.05), b=TargetQuota(remaining=0.9))
     assert run("auto", route([A, B], quota=q, options=no_explore)) == ["b", "a"]
@@ -385,7 +388,7 @@ def test_auto_budget_cap_moves_expensive_targets_to_the_tail() -> None:
     dear = tgt("dear", price_in=100.0)
     cheap = tgt("cheap", price_in=1.0)
     unknown = tgt("unknown")
-    health = HealthView({cheap.key: TargetHealth(breaker="half-open")})
+    health = HealthView({cheap.key: TargetHealth(breaker=BreakerState.HALF_OPEN)})
     opts = {"exploration": 0.0, "budget_usd": 0.01, "weights": {"cost": 0}}
     inp = route([dear, cheap, unknown], request_tokens=1_000, health=health, options=opts)
     assert run("auto", inp)[-1] == "dear"
@@ -397,7 +400,7 @@ def test_auto_soft_penalty_is_a_factor_of_0_7() -> None:
         "a",
     ]
     # a much better penalised target still wins: 0.7 × high > low
-    health = HealthView({B.key: TargetHealth(breaker="half-open")})
+    health = HealthView({B.key: TargetHealth(breaker=BreakerState.HALF_OPEN)})
     q = QuotaView(
         {
             A.key: TargetQuota(soft_penalized=True, remaining=1.0),
@@ -460,9 +463,7 @@ def _rich_input(seed: int) -> RouteInput:
             for t in targets
         }
     )
-    h = HealthView(
-        {t.key: TargetHealth(breaker=rnd.choice(["closed", "half-open", "open"])) for t in targets}
-    )
+    h = HealthView({t.key: TargetHealth(breaker=rnd.choice(list(BreakerState))) for t in targets})
     return RouteInput(
         combo="combo",
         targets=tuple(targets),
