@@ -42,6 +42,14 @@ def protocol_for(provider: str, explicit: str | None = None) -> Protocol:
     return Protocol.RESPONSES if provider in RESPONSES_PROVIDERS else Protocol.OPENAI
 
 
+class AuthType(StrEnum):
+    """How a connection authenticates upstream: an API key, or an OAuth token (subscription
+    accounts: longer cooldowns, since their limits reset on the provider's schedule)."""
+
+    APIKEY = "apikey"
+    OAUTH = "oauth"
+
+
 @dataclass(frozen=True, slots=True)
 class Connection:
     """One upstream account. ``secret`` is the upstream credential: never logged or returned."""
@@ -51,7 +59,7 @@ class Connection:
     base_url: str
     secret: str = field(repr=False)
     protocol: Protocol = Protocol.OPENAI
-    auth_type: str = "apikey"  # apikey | oauth
+    auth_type: AuthType = AuthType.APIKEY
     weight: float = 1.0
     max_concurrent: int | None = None
     #: models this connection serves; ``"*"`` among them means any model (it must be said:

@@ -10,7 +10,7 @@ import sqlite3
 
 from fairgate.clock import SYSTEM_CLOCK, Clock
 from fairgate.db.common import Conflict, NotFound, dumps, strings_from_json, transaction
-from fairgate.registry import Connection, protocol_for
+from fairgate.registry import AuthType, Connection, protocol_for
 
 _COLUMNS = (
     "id, provider, base_url, secret, protocol, auth_type, weight, max_concurrent, models, enabled, "
@@ -25,7 +25,7 @@ def _row_to_connection(row: sqlite3.Row) -> Connection:
         base_url=row["base_url"],
         secret=row["secret"],
         protocol=protocol_for(row["provider"], row["protocol"]),
-        auth_type=row["auth_type"],
+        auth_type=AuthType(row["auth_type"]),
         weight=float(row["weight"]),
         max_concurrent=None if row["max_concurrent"] is None else int(row["max_concurrent"]),
         models=strings_from_json(row["models"]),

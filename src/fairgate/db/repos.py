@@ -35,7 +35,7 @@ from fairgate.db.plans import PlanRepo
 from fairgate.db.pools import PoolRecord, PoolRepo, resolve_pool
 from fairgate.db.settings import SettingsRepo, access_policy
 from fairgate.quota.model import Allocation, Dimension, ModelCap
-from fairgate.registry import ClientKey, Connection, Registry, hash_key, protocol_for
+from fairgate.registry import AuthType, ClientKey, Connection, Registry, hash_key, protocol_for
 from fairgate.routing.model import ComboConfig
 
 log = logging.getLogger("fairgate.db")
@@ -78,7 +78,7 @@ def connection_from_config(c: ConnectionConfig) -> Connection:
         base_url=c.base_url,
         secret=c.secret,
         protocol=protocol_for(c.provider, c.protocol),
-        auth_type=c.auth_type,
+        auth_type=AuthType(c.auth_type),
         weight=c.weight,
         max_concurrent=c.max_concurrent,
         models=tuple(c.models or ()),

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from fairgate.quota.model import Dimension, Plan
+from fairgate.quota.model import Dimension, Plan, PlanSource
 from fairgate.quota.units import Unit, Window
 
 _P, _R, _T, _U = Unit.PERCENT, Unit.REQUESTS, Unit.TOKENS, Unit.USD
@@ -51,8 +51,8 @@ CATALOG: Mapping[str, tuple[Dimension, ...]] = {
 
 def resolve_plan(provider: str, override: Sequence[Dimension] | None = None) -> Plan:
     if override:
-        return Plan(tuple(override), "override")
+        return Plan(tuple(override), PlanSource.OVERRIDE)
     dims = CATALOG.get(provider.strip().lower())
     if dims:
-        return Plan(dims, "catalog")
-    return Plan((), "empty")
+        return Plan(dims, PlanSource.CATALOG)
+    return Plan((), PlanSource.EMPTY)

@@ -49,6 +49,14 @@ REASON_CODES: tuple[Reason | None, ...] = (
 POLICY_CODES: dict[Policy, int] = {Policy.HARD: 0, Policy.SOFT: 1, Policy.BURST: 2}
 
 
+class Scope(StrEnum):
+    """What a counter counts against: the pool (its total and this key's count) or one
+    (key, model) pair (a model cap: only this key's count for that model)."""
+
+    POOL = "pool"
+    MODEL = "model"
+
+
 @dataclass(frozen=True, slots=True)
 class DimensionCheck:
     """One counter the admission must read, with every number the rule needs but the counts.
@@ -65,7 +73,7 @@ class DimensionCheck:
     cap: float | None
     cost: float
     signal: float = 0.0
-    scope: str = "pool"
+    scope: Scope = Scope.POOL
     #: room this key must leave free when the request takes it above its fair share: what the
     #: keys waiting below their share are owed (``active`` mode, :func:`owed_reserve`); 0 = none
     reserve: float = 0.0
@@ -481,7 +489,7 @@ def compile_checks(
                 fair_share=mc.limit,
                 cap=None,
                 cost=float(cost.get(mc.unit, 0.0)),
-                scope="model",
+                scope=Scope.MODEL,
             )
         )
     return tuple(out)

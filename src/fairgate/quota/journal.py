@@ -43,6 +43,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Literal
 
+from fairgate.quota.decision import Scope
 from fairgate.quota.window import bucket_index
 from fairgate.store.base import UsageItem
 
@@ -146,7 +147,7 @@ class Journal:
         for (op, pool_id, key_id, counter, window_ms, scope, _), (amount, at) in sums.items():
             # a settle without a reservation: marks the key active, adds the use
             rid = f"journal-{next(self._ids)}" if op == "settle" else ""
-            item = UsageItem(counter, window_ms, amount, scope)
+            item = UsageItem(counter, window_ms, amount, Scope(scope))
             usage.append(JournalEntry(op, pool_id, key_id, rid, (item,), at, reserved=False))
         usage.sort(key=lambda e: e.now_ms)
         releases.sort(key=lambda e: e.now_ms)

@@ -63,10 +63,19 @@ def unenforced_message(dims: tuple[Dimension, ...]) -> str | None:
     )
 
 
+class PlanSource(StrEnum):
+    """Where a connection's plan came from: an admin override, the built-in catalog, or
+    nowhere (no known limits)."""
+
+    OVERRIDE = "override"
+    CATALOG = "catalog"
+    EMPTY = "empty"
+
+
 @dataclass(frozen=True, slots=True)
 class Plan:
     dimensions: tuple[Dimension, ...]
-    source: str  # "override" | "catalog" | "empty"
+    source: PlanSource
 
 
 @dataclass(frozen=True, slots=True)

@@ -31,6 +31,7 @@ from fairgate.quota.decision import (
 from fairgate.quota.model import (
     Allocation,
     Dimension,
+    PlanSource,
     Policy,
     ShareMode,
     unenforced_message,
@@ -241,10 +242,11 @@ async def put_model_caps(pool_id: str, key_id: str, body: list[ModelCapIn], gw: 
 # -- plans ------------------------------------------------------------------------------------
 
 
-def _plan_source(source: str) -> Literal["override", "catalog", "empty"]:
-    if source == "override":
+def _plan_source(source: PlanSource) -> Literal["override", "catalog", "empty"]:
+    """The API's spelling of a plan source (a Literal keeps the OpenAPI schema's enum)."""
+    if source is PlanSource.OVERRIDE:
         return "override"
-    return "catalog" if source == "catalog" else "empty"
+    return "catalog" if source is PlanSource.CATALOG else "empty"
 
 
 def _plan_out(c: Connection, override: tuple[Dimension, ...] | None) -> PlanOut:

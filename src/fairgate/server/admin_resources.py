@@ -17,7 +17,7 @@ from fairgate.db.connections import ConnectionRepo
 from fairgate.db.keys import KeyRepo
 from fairgate.db.settings import REQUIRE_ALLOCATION, SettingsRepo, access_policy
 from fairgate.providers.probe import probe_connection
-from fairgate.registry import ClientKey, Connection, protocol_for
+from fairgate.registry import AuthType, ClientKey, Connection, protocol_for
 from fairgate.server.admin_common import (
     ERROR_RESPONSES,
     GW,
@@ -75,7 +75,7 @@ async def create_connection(body: ConnectionIn, gw: GW) -> ConnectionOut:
         base_url=body.base_url,
         secret=body.secret,
         protocol=protocol_for(body.provider, body.protocol),
-        auth_type=body.auth_type,
+        auth_type=AuthType(body.auth_type),
         weight=body.weight,
         max_concurrent=body.max_concurrent,
         models=tuple(body.models or ()),
@@ -113,7 +113,7 @@ async def patch_connection(connection_id: str, body: ConnectionPatch, gw: GW) ->
             provider=provider,
             base_url=body.base_url or c.base_url,
             secret=c.secret if body.secret is None else body.secret,
-            auth_type=body.auth_type or c.auth_type,
+            auth_type=c.auth_type if body.auth_type is None else AuthType(body.auth_type),
             weight=c.weight if body.weight is None else body.weight,
             max_concurrent=body.max_concurrent if "max_concurrent" in given else c.max_concurrent,
             models=c.models if body.models is None else tuple(body.models),

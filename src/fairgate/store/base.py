@@ -36,7 +36,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
-from fairgate.quota.decision import DimensionCheck, Verdict
+from fairgate.quota.decision import DimensionCheck, Scope, Verdict
 from fairgate.quota.model import Policy
 from fairgate.quota.window import Count
 
@@ -95,7 +95,7 @@ class UsageItem:
     key: str
     window_ms: int
     amount: float
-    scope: str = "pool"
+    scope: Scope = Scope.POOL
 
 
 @dataclass(frozen=True, slots=True)
