@@ -73,8 +73,10 @@ async def test_an_accounts_failure_moves_to_the_next_candidate(
 
 
 async def test_anthropic_credit_balance_400_falls_through(tmp_path: Path) -> None:
-    """Anthropic answers an empty balance with HTTP 400 invalid_request_error: the account's
-    problem, not the client's."""
+    """Anthropic answers an empty balance with HTTP 400 ``billing_error`` (its documented
+    structured form): the account's problem, not the client's. (The same words under
+    ``invalid_request_error`` are the client's: a client cannot steer classification by text,
+    see docs/security.md.)"""
 
     async def handler(req: UpstreamRequest) -> Reply:
         if req.conn.id == "a1":
@@ -83,7 +85,7 @@ async def test_anthropic_credit_balance_400_falls_through(tmp_path: Path) -> Non
                 {
                     "type": "error",
                     "error": {
-                        "type": "invalid_request_error",
+                        "type": "billing_error",
                         "message": "Your credit balance is too low to access the Anthropic "
                         "API. Please go to Plans & Billing to upgrade or purchase credits.",
                     },
