@@ -170,6 +170,31 @@ def _utilization(value: str) -> float | None:
     return f / 100 if percent or f > 1 else f
 
 
+def _parse_specific(raw_value: str, kind: str, now_ms: int) -> float | None:
+    """One header of :data:`_HEADERS`, by its kind (count, reset or utilization)."""
+    if kind == _COUNT:
+        return _count(raw_value)
+    if kind == _RESET:
+        return parse_reset(raw_value, now_ms)
+    return _utilization(raw_value)
+
+
+def _apply_generic(values: dict[str, Any], generic: Mapping[str, str], now_ms: int) -> None:
+    """The generic headers fill only what the provider-specific ones left unknown;
+    ``retry-after-ms`` (more precise than ``retry-after``) always wins."""
+    for name, raw_value in generic.items():
+        if name == "retry-after-ms":
+            ms = _count(raw_value)
+            if ms is not None:
+                values["retry_after_ms"] = parse_reset(f"{ms}ms", now_ms)
+            continue
+        field, kind = _GENERIC[name]
+        if field not in values:
+            parsed = _count(raw_value) if kind == _COUNT else parse_reset(raw_value, now_ms)
+            if parsed is not None:
+                values[field] = parsed
+
+
 def parse_rate_limit_headers(headers: Mapping[str, str], now_ms: int) -> RateLimitSnapshot | None:
     """Parse the rate-limit headers of one response; None when it carries none we understand.
 
@@ -185,33 +210,14 @@ def parse_rate_limit_headers(headers: Mapping[str, str], now_ms: int) -> RateLim
             continue
         spec = _HEADERS.get(name)
         if spec is not None:
-            field, kind = spec
-            parsed: float | None
-            if kind == _COUNT:
-                parsed = _count(raw_value)
-            elif kind == _RESET:
-                parsed = parse_reset(raw_value, now_ms)
-            else:
-                parsed = _utilization(raw_value)
+            parsed = _parse_specific(raw_value, spec[1], now_ms)
             if parsed is not None:
-                values[field] = parsed
-        elif name in _GENERIC:
+                values[spec[0]] = parsed
+        elif name in _GENERIC or name == "retry-after-ms":
             generic[name] = raw_value
         elif name in _STATUS and raw_value.strip().lower() == "rejected":
             rejected.append(_STATUS[name])
-        elif name == "retry-after-ms":
-            generic[name] = raw_value
-    for name, raw_value in generic.items():
-        if name == "retry-after-ms":  # more precise than retry-after: it wins
-            ms = _count(raw_value)
-            if ms is not None:
-                values["retry_after_ms"] = parse_reset(f"{ms}ms", now_ms)
-            continue
-        field, kind = _GENERIC[name]
-        if field not in values:
-            parsed = _count(raw_value) if kind == _COUNT else parse_reset(raw_value, now_ms)
-            if parsed is not None:
-                values[field] = parsed
+    _apply_generic(values, generic, now_ms)
     for field in rejected:
         values[field] = max(float(values.get(field, 1.0)), 1.0)
     windows = _codex_windows(headers, now_ms)

@@ -294,6 +294,13 @@ def _anthropic_messages(raw: object) -> tuple[list[JSON], list[JSON]]:
             messages[-1]["content"].extend(blocks)
         else:
             messages.append({"role": role, "content": blocks})
+    _tidy_turns(messages)
+    return system, messages
+
+
+def _tidy_turns(messages: list[JSON]) -> None:
+    """What Anthropic insists on beyond alternation: a turn's tool results before its other
+    content, and no trailing whitespace (or empty text) ending a final assistant turn."""
     for m in messages:
         blocks = m["content"]
         if (
@@ -313,7 +320,6 @@ def _anthropic_messages(raw: object) -> tuple[list[JSON], list[JSON]]:
                 blocks.pop()
                 if not messages[-1]["content"]:
                     messages.pop()
-    return system, messages
 
 
 def _anthropic_tools(tools: object) -> list[JSON]:
@@ -745,28 +751,32 @@ class AnthropicToOpenAIStream:
             out.append({**self._base, "choices": [], "usage": _openai_usage(self.usage)})
         return out
 
+    def _delta(self, data: Mapping[str, Any]) -> list[JSON]:
+        """A ``content_block_delta``: text, tool-call arguments or thinking."""
+        delta = _map(data.get("delta"))
+        dtype = delta.get("type")
+        if dtype == "text_delta":
+            text = delta.get("text")
+            return [self._chunk({"content": text})] if isinstance(text, str) and text else []
+        if dtype == "input_json_delta":
+            partial = delta.get("partial_json")
+            index = self._tools.get(data.get("index"))
+            if index is None or not isinstance(partial, str) or not partial:
+                return []
+            call = {"index": index, "function": {"arguments": partial}}
+            return [self._chunk({"tool_calls": [call]})]
+        if dtype == "thinking_delta":
+            thinking = delta.get("thinking")
+            if isinstance(thinking, str) and thinking:
+                return [self._chunk({"reasoning_content": thinking})]
+        return []
+
     def feed(self, event: str | None, data: Mapping[str, Any]) -> list[JSON]:
         if self.done:
             return []
         kind = data.get("type") or event
         if kind == "content_block_delta":  # the hot path: one per token batch
-            delta = _map(data.get("delta"))
-            dtype = delta.get("type")
-            if dtype == "text_delta":
-                text = delta.get("text")
-                return [self._chunk({"content": text})] if isinstance(text, str) and text else []
-            if dtype == "input_json_delta":
-                partial = delta.get("partial_json")
-                index = self._tools.get(data.get("index"))
-                if index is None or not isinstance(partial, str) or not partial:
-                    return []
-                call = {"index": index, "function": {"arguments": partial}}
-                return [self._chunk({"tool_calls": [call]})]
-            if dtype == "thinking_delta":
-                thinking = delta.get("thinking")
-                if isinstance(thinking, str) and thinking:
-                    return [self._chunk({"reasoning_content": thinking})]
-            return []
+            return self._delta(data)
         if kind == "message_start":
             self._take_usage(_map(data.get("message")).get("usage"))
             return [self._chunk({"role": "assistant", "content": ""})]
