@@ -106,12 +106,16 @@ class _AiohttpResponse:
     async def read(self) -> bytes:
         try:
             return await self._resp.read()
+        except TimeoutError:
+            raise  # aiohttp's timeouts are TimeoutErrors: a timeout, not a broken answer
         except aiohttp.ClientError as exc:
             raise UpstreamBroken(type(exc).__name__) from exc
 
     async def read_prefix(self, limit: int) -> bytes:
         try:
             return await self._resp.content.read(limit)
+        except TimeoutError:
+            raise  # aiohttp's timeouts are TimeoutErrors: a timeout, not a broken answer
         except aiohttp.ClientError as exc:
             raise UpstreamBroken(type(exc).__name__) from exc
 
@@ -119,6 +123,8 @@ class _AiohttpResponse:
         try:
             async for raw in self._resp.content.iter_any():
                 yield raw
+        except TimeoutError:
+            raise  # aiohttp's timeouts are TimeoutErrors: a timeout, not a broken answer
         except aiohttp.ClientError as exc:
             raise UpstreamBroken(type(exc).__name__) from exc
 

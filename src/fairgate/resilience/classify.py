@@ -79,7 +79,6 @@ from enum import StrEnum
 from typing import Any, Final
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-import aiohttp
 import orjson
 
 from fairgate.clock import SYSTEM_CLOCK
@@ -480,12 +479,11 @@ def _from_exception(exc: BaseException) -> tuple[FailureClass, bool, str] | None
     """(class, provider_failure, message) for an exception; None defers to the status."""
     if isinstance(exc, ClientDisconnected | asyncio.CancelledError):
         return FailureClass.CLIENT_DISCONNECT, False, "client disconnected"
-    if isinstance(exc, aiohttp.ClientResponseError):
-        return None  # it carries the status: classify that
     message = f"{type(exc).__name__}: {exc}".strip().rstrip(":")[:MESSAGE_MAX]
     if isinstance(exc, TimeoutError):  # asyncio.TimeoutError and aiohttp's timeouts too
         return FailureClass.TIMEOUT, True, message
-    if isinstance(exc, aiohttp.ClientError | OSError):
+    # the upstream port's UpstreamUnreachable / UpstreamBroken are ConnectionErrors
+    if isinstance(exc, OSError):
         return FailureClass.SERVER_ERROR, True, message
     # Anything else is most likely a bug on our side: a failure, but not the provider's.
     return FailureClass.SERVER_ERROR, False, message
@@ -591,8 +589,6 @@ def classify(
     """
     now = SYSTEM_CLOCK.now_ms() if now_ms is None else now_ms
     if exception is not None:
-        if isinstance(exception, aiohttp.ClientResponseError) and status is None:
-            status = exception.status
         verdict = _from_exception(exception)
         if verdict is not None:
             cls, provider_failure, message = verdict
