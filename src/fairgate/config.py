@@ -36,7 +36,8 @@ from pydantic.alias_generators import to_camel
 from fairgate.quota.model import Policy, ShareMode
 from fairgate.quota.units import Unit, Window
 from fairgate.registry import ANY_MODEL, hash_key
-from fairgate.routing.model import GLOBAL_MAX_ATTEMPTS, QTSD_PREFIX, Combo, ComboConfig, Target
+from fairgate.routing.combo import Combo
+from fairgate.routing.model import GLOBAL_MAX_ATTEMPTS, QTSD_PREFIX, ComboConfig, Target
 from fairgate.routing.registry import PUBLIC_STRATEGIES, resolve_strategy, validate_options
 
 #: Ids of connections, keys and pools. No ':' '{' '}' or spaces: the Redis store builds keys and

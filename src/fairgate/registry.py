@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from fairgate.quota.model import Pool
-from fairgate.routing.model import Combo, ComboConfig
+from fairgate.routing.combo import Combo
+from fairgate.routing.model import ComboConfig
 from fairgate.routing.quota_share import quota_share_combo
 
 

@@ -29,7 +29,7 @@ from pydantic import ValidationError
 from fairgate.clock import SYSTEM_CLOCK, Clock
 from fairgate.config import ComboSpec, InvalidCombo
 from fairgate.db.common import Conflict, Invalid, NotFound, dumps, transaction
-from fairgate.routing.model import Combo
+from fairgate.routing.combo import Combo
 
 __all__ = ["ComboRecord", "ComboRepo"]
 

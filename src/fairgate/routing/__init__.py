@@ -6,6 +6,7 @@ into a :class:`RouteInput`, asks a strategy for an order, and executes it.
 
 from __future__ import annotations
 
+from fairgate.routing.combo import Combo
 from fairgate.routing.context import (
     HealthView,
     MetricsView,
@@ -17,7 +18,7 @@ from fairgate.routing.context import (
     task_hints,
 )
 from fairgate.routing.metrics import TargetMetrics, TargetStats
-from fairgate.routing.model import Combo, ComboConfig, ShadowConfig, Target, expand_targets
+from fairgate.routing.model import ComboConfig, ShadowConfig, Target, expand_targets
 from fairgate.routing.modes import (
     FusionPlan,
     PanelAnswer,

@@ -23,7 +23,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from fairgate.routing.model import Combo, Target
+from fairgate.routing.combo import Combo
+from fairgate.routing.model import Target
 
 __all__ = [
     "DEFAULT_STEP_PROMPT",

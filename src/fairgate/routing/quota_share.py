@@ -64,7 +64,8 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Protocol
 
-from fairgate.routing.model import QTSD_PREFIX, Combo, ComboConfig, Target
+from fairgate.routing.combo import Combo
+from fairgate.routing.model import QTSD_PREFIX, ComboConfig, Target
 
 __all__ = [
     "DEFICIT_BOUND",

@@ -20,7 +20,7 @@ from fastapi import APIRouter, Query, Response
 
 from fairgate.config import ComboSettingsSpec, ComboSpec, ComboTargetSpec
 from fairgate.db.combos import ComboRecord, ComboRepo
-from fairgate.routing.model import Combo
+from fairgate.routing.combo import Combo
 from fairgate.routing.quota_share import is_internal, parse_qtsd
 from fairgate.server.admin_common import ERROR_RESPONSES, GW, AdminError, invalid
 from fairgate.server.admin_models import ComboIn, ComboOut, ComboReplace

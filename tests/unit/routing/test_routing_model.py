@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from fairgate.registry import Connection
+from fairgate.routing.combo import Combo
 from fairgate.routing.model import (
     GLOBAL_MAX_ATTEMPTS,
-    Combo,
     ComboConfig,
     ShadowConfig,
     Target,

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from fairgate.routing.model import Combo, ComboConfig, Target
+from fairgate.routing.combo import Combo
+from fairgate.routing.model import ComboConfig, Target
 from fairgate.routing.modes import (
     DEFAULT_STEP_PROMPT,
     FusionPlan,

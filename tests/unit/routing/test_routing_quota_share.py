@@ -10,7 +10,8 @@ import pytest
 from fairgate.clock import ManualClock
 from fairgate.quota.signals import AccountBuckets
 from fairgate.registry import Connection
-from fairgate.routing.model import Combo, Target
+from fairgate.routing.combo import Combo
+from fairgate.routing.model import Target
 from fairgate.routing.quota_share import (
     DEFICIT_BOUND,
     DrrState,
