@@ -20,8 +20,8 @@ import httpx
 
 from fairgate.config import parse_config
 from fairgate.providers.inprocess import Handler, HandlerUpstream, UpstreamRequest
-from fairgate.server import proxy
 from fairgate.server.app import create_app
+from fairgate.server.call import Services
 from fairgate.server.state import Gateway
 from fairgate.timers import ManualTimer
 
@@ -69,7 +69,7 @@ class Harness:
     upstream: HandlerUpstream
     client: httpx.AsyncClient
     timer: ManualTimer
-    svc: proxy.Services
+    svc: Services
 
     def set_handler(self, handler: Handler) -> None:
         self.upstream.handler = handler

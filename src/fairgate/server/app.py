@@ -26,6 +26,7 @@ from fairgate.providers.upstream import UpstreamClient
 from fairgate.server import proxy, responses_edge, tracing
 from fairgate.server.admin import create_admin_app
 from fairgate.server.admin_common import error_response as admin_error_response
+from fairgate.server.call import Services
 from fairgate.server.dashboard import dashboard_mount
 from fairgate.server.edge import AllowedHostsMiddleware
 from fairgate.server.errors import ApiError, error_response
@@ -41,7 +42,7 @@ log = logging.getLogger("fairgate.server")
 Hook = Callable[[], Awaitable[None]]
 
 
-def _memory_sizes(svc: proxy.Services, gw: Gateway) -> dict[str, int]:
+def _memory_sizes(svc: Services, gw: Gateway) -> dict[str, int]:
     """Sizes of the gateway's in-memory maps: each is bounded by configuration (pools,
     connections, targets, combos), never by the traffic; the soak test watches them."""
     pools, events = gw.pool_log.size()
@@ -85,7 +86,7 @@ def create_app(
             lambda: [gw.admin_key or "", *(c.secret for c in gw.registry.connections.values())]
         )
         app.state.metrics = metrics
-        services = proxy.Services(
+        services = Services(
             gw=gw,
             upstream=upstream or UpstreamClient(timeout_s=gw.config.server.upstream_timeout_s),
             signals=ProviderSignals(gw.clock),
@@ -125,7 +126,7 @@ def create_app(
         """200 while the gateway serves, also with its quota store down: admission then fails
         open and usage is journaled (``store.outage``), so a load balancer must keep sending
         traffic; a 503 here would turn a Redis outage into an outage of every replica."""
-        svc: proxy.Services = request.app.state.services
+        svc: Services = request.app.state.services
         ok = await gw.engine.store.ping()
         outage = gw.engine.health()
         body: dict[str, object] = {

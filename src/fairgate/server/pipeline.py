@@ -43,7 +43,8 @@ from fairgate.routing import (
     task_hints,
 )
 from fairgate.routing.modes import FusionPlan, PipelinePlan, answer_text
-from fairgate.server import access, proxy
+from fairgate.server import access, executor
+from fairgate.server.call import Call, Candidate, ExecOptions, Route
 from fairgate.server.diagnostics import Diagnostics, Terminal
 from fairgate.server.errors import ApiError
 from fairgate.server.views import health_view, quota_view
@@ -54,15 +55,13 @@ log = logging.getLogger("fairgate.routing")
 # -- plain models ---------------------------------------------------------------------------
 
 
-async def route_plain(
-    call: proxy.Call, upstream_model: str, conns: Sequence[Connection]
-) -> Response:
+async def route_plain(call: Call, upstream_model: str, conns: Sequence[Connection]) -> Response:
     reg = call.svc.gw.registry
     conns, why = access.permitted(reg, call.key, conns, _itself)
     if not conns:
         assert why is not None  # the caller routes only models some connection serves
         raise access.denied(why, call.model)
-    cands = [proxy.Candidate.of(c, upstream_model) for c in sorted(conns, key=lambda c: -c.weight)]
+    cands = [Candidate.of(c, upstream_model) for c in sorted(conns, key=lambda c: -c.weight)]
     diag = Diagnostics(pool_size=len(cands))
     pools = {reg.pool_by_connection.get(c.id) for c in conns}
     if len(conns) > 1 and len(pools) == 1:
@@ -72,22 +71,20 @@ async def route_plain(
         )
         if combo is not None:
             return await _quota_share(call, combo, upstream_model, cands, diag)
-    return await proxy._execute(call, cands, diag, _plain_options(reg))
+    return await executor.execute(call, cands, diag, _plain_options(reg))
 
 
-def _plain_options(reg: Registry, **kw: Any) -> proxy.ExecOptions:
+def _plain_options(reg: Registry, **kw: Any) -> ExecOptions:
     """A plain model (no combo) waits and queues by the routing defaults' global layer."""
     cfg = reg.routing_defaults
-    return proxy.ExecOptions(
-        max_wait_ms=cfg.max_wait_ms, queue_timeout_ms=cfg.queue_timeout_ms, **kw
-    )
+    return ExecOptions(max_wait_ms=cfg.max_wait_ms, queue_timeout_ms=cfg.queue_timeout_ms, **kw)
 
 
 async def _quota_share(
-    call: proxy.Call,
+    call: Call,
     combo: Combo,
     model: str,
-    cands: list[proxy.Candidate],
+    cands: list[Candidate],
     diag: Diagnostics,
 ) -> Response:
     svc = call.svc
@@ -111,7 +108,7 @@ async def _quota_share(
     diag.combo, diag.strategy = combo.name, "quota-share"
     with res.ticket:  # charges DRR to the member that was really dispatched
         opts = _plain_options(svc.gw.registry, drr=res.ticket, combo=combo.name)
-        return await proxy._execute(call, ordered, diag, opts)
+        return await executor.execute(call, ordered, diag, opts)
 
 
 # -- user combos ----------------------------------------------------------------------------
@@ -131,13 +128,13 @@ def target_connections(reg: Registry, t: Target) -> list[Connection]:
     return sorted(conns, key=lambda c: -c.weight)
 
 
-def target_candidates(reg: Registry, t: Target, key: ClientKey) -> list[proxy.Candidate]:
+def target_candidates(reg: Registry, t: Target, key: ClientKey) -> list[Candidate]:
     """The candidates of a target that ``key`` may use."""
     conns, _ = access.permitted(reg, key, target_connections(reg, t), _itself)
-    return [proxy.Candidate(c, t.model, t) for c in conns]
+    return [Candidate(c, t.model, t) for c in conns]
 
 
-def usable_targets(call: proxy.Call, targets: Sequence[Target]) -> list[Target]:
+def usable_targets(call: Call, targets: Sequence[Target]) -> list[Target]:
     """The targets with a connection the key may use, in order (the others are skipped, never
     tried). Raises the 403 when targets had connections but the key may use none of them;
     targets with no connection at all are left to the usual "no targets" answer."""
@@ -155,7 +152,7 @@ def usable_targets(call: proxy.Call, targets: Sequence[Target]) -> list[Target]:
     return kept if kept else list(targets)
 
 
-async def order_targets(call: proxy.Call, combo: Combo, targets: Sequence[Target]) -> list[Target]:
+async def order_targets(call: Call, combo: Combo, targets: Sequence[Target]) -> list[Target]:
     """The combo's strategy over this request's live views (quota, health, load, task)."""
     svc = call.svc
     reg = svc.gw.registry
@@ -170,7 +167,7 @@ async def order_targets(call: proxy.Call, combo: Combo, targets: Sequence[Target
         reg,
         buckets,
         call.key.id,
-        lambda conn, model: proxy.request_cost(call, conn, model),
+        lambda conn, model: executor.request_cost(call, conn, model),
         targets,
         now,
     )
@@ -193,12 +190,12 @@ async def order_targets(call: proxy.Call, combo: Combo, targets: Sequence[Target
     return get_strategy(combo.strategy)(inp, svc.strategy_state)
 
 
-async def route_combo(call: proxy.Call, combo: Combo) -> Response:
+async def route_combo(call: Call, combo: Combo) -> Response:
     reg = call.svc.gw.registry
     targets = expand_targets(combo.targets, reg.by_provider)
     mode = mode_of(combo.strategy)
     if mode != "fallback":
-        if call.route is not proxy.Route.CHAT:
+        if call.route is not Route.CHAT:
             raise ApiError(
                 400, f"'{combo.strategy}' combos are served on /v1/chat/completions", param="model"
             )
@@ -221,7 +218,7 @@ def _int_option(combo: Combo, name: str) -> int:
     return raw if isinstance(raw, int) and not isinstance(raw, bool) else 0
 
 
-def _pin(call: proxy.Call, combo: Combo, ordered: list[Target]) -> list[Target]:
+def _pin(call: Call, combo: Combo, ordered: list[Target]) -> list[Target]:
     """Pre-dispatch pinning: ``x-fairgate-pin: provider/model[@connection]`` puts that target
     first (session affinity decided by the client); with the combo option ``strictPin`` it is
     the only one tried."""
@@ -241,7 +238,7 @@ def _pin(call: proxy.Call, combo: Combo, ordered: list[Target]) -> list[Target]:
 
 
 async def _fan_out(
-    call: proxy.Call, combo: Combo, racers: Sequence[Target], rest: Sequence[Target]
+    call: Call, combo: Combo, racers: Sequence[Target], rest: Sequence[Target]
 ) -> Response:
     """Chaos fan-out (option ``fanOut: n``): the first n targets race, the first good answer
     wins and the others are aborted (their reservations released; an answer that arrived
@@ -283,7 +280,7 @@ async def _settle_loser(resp: Response) -> None:
 
 
 async def _run(
-    call: proxy.Call,
+    call: Call,
     combo: Combo,
     ordered: Sequence[Target],
     *,
@@ -302,7 +299,7 @@ async def _run(
             code="no_targets",
             terminal=Terminal.NO_TARGETS,
         )
-    opts = proxy.ExecOptions(
+    opts = ExecOptions(
         max_retries=cfg.max_retries,
         retry_delay_ms=cfg.retry_delay_ms,
         fallback_delay_ms=cfg.fallback_delay_ms,
@@ -313,11 +310,11 @@ async def _run(
         queue_timeout_ms=cfg.queue_timeout_ms,
     )
     if cfg.timeout_ms is None:
-        return await proxy._execute(call, cands, diag, opts)
+        return await executor.execute(call, cands, diag, opts)
     opts.deadline_ms = call.svc.gw.clock.now_ms() + cfg.timeout_ms
     try:
         async with asyncio.timeout(cfg.timeout_ms / 1000):
-            return await proxy._execute(call, cands, diag, opts)
+            return await executor.execute(call, cands, diag, opts)
     except TimeoutError:
         raise diag.error(
             504,
@@ -327,7 +324,7 @@ async def _run(
         ) from None
 
 
-def _after_answer(call: proxy.Call, combo: Combo, response: Response) -> None:
+def _after_answer(call: Call, combo: Combo, response: Response) -> None:
     """Remember who served (lkgp, cache affinity) and send the sampled shadow copies."""
     svc = call.svc
     conn_id = response.headers.get("x-fairgate-connection")
@@ -343,7 +340,7 @@ def _after_answer(call: proxy.Call, combo: Combo, response: Response) -> None:
             svc.spawn(_shadow(call, combo, t, shadow.timeout_ms))
 
 
-async def _shadow(call: proxy.Call, combo: Combo, target: Target, timeout_ms: int) -> None:
+async def _shadow(call: Call, combo: Combo, target: Target, timeout_ms: int) -> None:
     """A copy of the request to a shadow target: its own metrics, a real abort on timeout, and
     quota drawn as an unallocated key (it borrows spare capacity only, never a client's share);
     only on connections the client's own key may use."""
@@ -355,11 +352,11 @@ async def _shadow(call: proxy.Call, combo: Combo, target: Target, timeout_ms: in
     # the shadow's outcome is recorded per attempt in the target metrics; nothing else to do
     with contextlib.suppress(TimeoutError, ApiError):
         async with asyncio.timeout(timeout_ms / 1000):
-            resp = await proxy._execute(
+            resp = await executor.execute(
                 sub,
                 target_candidates(svc.gw.registry, target, call.key),
                 Diagnostics(combo=combo.name),
-                proxy.ExecOptions(combo=combo.name),
+                ExecOptions(combo=combo.name),
             )
             if resp.background is not None:
                 await resp.background()
@@ -369,7 +366,7 @@ async def _shadow(call: proxy.Call, combo: Combo, target: Target, timeout_ms: in
 
 
 async def _ask(
-    call: proxy.Call, combo: Combo, target: Target, messages: list[dict[str, Any]]
+    call: Call, combo: Combo, target: Target, messages: list[dict[str, Any]]
 ) -> PanelAnswer:
     """One non-stream sub-request (a panel member or a pipeline step) to one target."""
     body = {**call.body, "messages": messages, "stream": False}
@@ -390,7 +387,7 @@ async def _ask(
     return PanelAnswer(target, content=text) if text else PanelAnswer(target, error="empty")
 
 
-async def _fusion(call: proxy.Call, combo: Combo, targets: Sequence[Target]) -> Response:
+async def _fusion(call: Call, combo: Combo, targets: Sequence[Target]) -> Response:
     plan = FusionPlan.from_combo(combo, await order_targets(call, combo, targets))
     messages = list(call.body.get("messages") or [])
     answers = await asyncio.gather(*(_ask(call, combo, t, messages) for t in plan.panel))
@@ -424,7 +421,7 @@ async def _fusion(call: proxy.Call, combo: Combo, targets: Sequence[Target]) -> 
         return _synthetic_answer(call, combo, fallback)
 
 
-async def _pipeline(call: proxy.Call, combo: Combo, targets: Sequence[Target]) -> Response:
+async def _pipeline(call: Call, combo: Combo, targets: Sequence[Target]) -> Response:
     plan = PipelinePlan.from_combo(combo)
     for step in plan.steps:  # a step cannot be skipped: one the key may not use refuses it all
         usable_targets(call, [step.target])
@@ -454,7 +451,7 @@ async def _pipeline(call: proxy.Call, combo: Combo, targets: Sequence[Target]) -
     return await _run(final, combo, [last.target])
 
 
-def _synthetic_answer(call: proxy.Call, combo: Combo, answer: PanelAnswer) -> Response:
+def _synthetic_answer(call: Call, combo: Combo, answer: PanelAnswer) -> Response:
     """A panel answer given as the combo's answer (fusion with one survivor), in the shape the
     client asked for (a one-chunk stream when it streams)."""
     created = call.svc.gw.clock.now_ms() // 1000

@@ -1,0 +1,444 @@
+"""One attempt on one connection: encode, send, read or relay, validate, settle.
+
+Every outcome is reported once: to the resilience manager (cooldowns, lockouts and breakers
+learn from a failure; a success clears them), to the per-target metrics the strategies read,
+and to the diagnostics. A failure gets its ``step`` from the one failover rule
+(:mod:`fairgate.resilience.failover`); the executor acts on it. The reservation is settled by
+the answer (in the background once a non-stream answer is sent, when a stream ends), or by a
+failure the upstream did work for; otherwise its owner releases it.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import AsyncIterator, Mapping
+
+import orjson
+from starlette.background import BackgroundTask
+from starlette.responses import Response, StreamingResponse
+
+from fairgate.providers.ratelimit import RateLimitSnapshot
+from fairgate.providers.transport import TRANSPORT_ERRORS, UpstreamResponse
+from fairgate.providers.usage import Usage
+from fairgate.quota.engine import Admission
+from fairgate.quota.model import Pool
+from fairgate.quota.units import Unit
+from fairgate.registry import Connection
+from fairgate.resilience.classify import Classification, classify
+from fairgate.resilience.failover import Step, same_model_is_futile, step_after
+from fairgate.routing import (
+    Lease,
+)
+from fairgate.server import relay, tracing
+from fairgate.server.call import Call, Candidate, ExecOptions, Services
+from fairgate.server.diagnostics import Diagnostics
+from fairgate.server.errors import ApiError
+from fairgate.server.exchange import EXCHANGES, quality_problem, stream_error_event
+from fairgate.server.logs import REQUEST_ID
+from fairgate.server.reservation import Reservation
+
+log = logging.getLogger("fairgate.proxy")
+
+
+@tracing.traced("fairgate.attempt", tracing.attempt_attrs, tracing.attempt_result)
+async def attempt(
+    call: Call,
+    cand: Candidate,
+    pool: Pool | None,
+    adm: Admission,
+    res: Reservation,
+    lease: Lease,
+    *,
+    diag: Diagnostics,
+    opts: ExecOptions,
+) -> Response | ApiError:
+    """Response on success; ApiError (its ``step`` from the failover rule) otherwise.
+
+    Every outcome is reported to the resilience manager (cooldowns, lockouts, breakers learn
+    from it), to the per-target metrics the strategies read, and to the diagnostics. The
+    request holds its slot (``lease``) on the target until its answer (or stream) ends; the
+    reservation is settled by the answer, or by a failure the upstream did work for.
+    """
+    if opts.drr is not None:
+        opts.drr.dispatch(cand.target)
+    try:
+        return await _attempt_on(call, cand, pool, adm, res, lease, diag=diag, opts=opts)
+    except BaseException:
+        # a combo timeout, a shadow's abort or a bug: give the slot back (the reservation is
+        # released by its owner on the way out)
+        lease.release()
+        raise
+
+
+async def _attempt_on(
+    call: Call,
+    cand: Candidate,
+    pool: Pool | None,
+    adm: Admission,
+    res: Reservation,
+    lease: Lease,
+    *,
+    diag: Diagnostics,
+    opts: ExecOptions,
+) -> Response | ApiError:
+    svc = call.svc
+    conn, upstream_model, label = cand.conn, cand.model, cand.label
+    exchange = EXCHANGES[(call.route, conn.protocol)]
+    path = exchange.path
+    try:
+        payload, wants_usage = exchange.body(call, upstream_model)
+    except orjson.JSONEncodeError:  # e.g. nested too deeply once translated: no target helps
+        lease.release()
+        await res.release()
+        err = ApiError(
+            400, "The request body cannot be encoded for the upstream (nested too deeply)"
+        )
+        err.final, err.step = True, Step.END
+        return err
+    t_send = time.perf_counter()
+
+    async def fail(
+        kind: str,
+        err: ApiError,
+        *,
+        status: int | None = None,
+        body: bytes | None = None,
+        headers: Mapping[str, str] | None = None,
+        exc: BaseException | None = None,
+        settle_usage: Usage | None = None,
+    ) -> ApiError:
+        lease.release()
+        if settle_usage is not None:  # the upstream did the work: charge it even though it failed
+            await _settle(svc, res, conn, call, upstream_model, settle_usage)
+        else:
+            await res.release()
+        verdict = await _report_failure(call, conn, upstream_model, status, body, headers, exc)
+        cls = verdict.cls.value
+        latency = _ms_since(t_send)
+        svc.record_attempt(cand, "connect_error" if kind == "connect_error" else cls, latency)
+        diag.attempt(
+            label,
+            kind if kind != "upstream" else cls,
+            status=status,
+            latency_ms=latency,
+            error=None if exc is None else type(exc).__name__,
+        )
+        err.failure = "connect_error" if kind == "connect_error" else cls
+        # the one failover rule (a bad 200 is no class: another target may do better)
+        failure = None if kind == "quality" else verdict.cls
+        err.step = step_after(failure)
+        err.final = err.step is Step.END
+        err.same_model_futile = same_model_is_futile(failure)
+        return err
+
+    try:
+        resp = await svc.upstream.post(conn, path, payload, call.headers)
+    except TRANSPORT_ERRORS as exc:
+        log.warning(
+            "upstream unreachable", extra={"connection": conn.id, "error": type(exc).__name__}
+        )
+        return await fail(
+            "connect_error",
+            ApiError(
+                502,
+                f"An upstream connection failed ({type(exc).__name__})",
+                code="upstream_error",
+            ),
+            exc=exc,
+        )
+    snap, charges = svc.signals.observe(
+        conn.id, upstream_model, resp.headers, force=resp.status >= 400
+    )
+    if pool is not None:
+        for ch in charges:
+            await svc.gw.engine.record(pool, ch.key_id, {ch.counter: ch.amount})
+    if resp.status >= 400:
+        err, raw_err = await _upstream_error(resp, conn)
+        log.warning("upstream error", extra={"connection": conn.id, "status": resp.status})
+        return await fail("upstream", err, status=resp.status, body=raw_err, headers=resp.headers)
+    headers = {**quota_headers(adm), "x-fairgate-connection": conn.id}
+    if opts.combo:
+        headers["x-fairgate-combo"] = opts.combo
+    if call.stream:
+        tally = relay.StreamTally(prompt_estimate=call.prompt_estimate)
+        source = exchange.relay(call, resp, wants_usage, tally)
+        primed = await _prime(source, tally) if opts.quality else ([], None)
+        first, problem = primed
+        if problem is not None:
+            resp.release()
+            return await fail(
+                "quality",
+                ApiError(
+                    502,
+                    f"An upstream stream failed before any content ({problem})",
+                    code="upstream_error",
+                ),
+                status=200,
+                body=problem.encode(),
+                settle_usage=tally.effective_usage(),
+            )
+        await _report_success(call, cand, snap, _ms_since(t_send))
+        diag.attempt(label, "ok", status=200, latency_ms=_ms_since(t_send))
+        headers["x-fairgate-overhead-ms"] = f"{(t_send - call.t0) * 1000:.3f}"
+        res.keep()  # the stream settles it when it ends
+        return _stream_response(
+            call, conn, res, resp, upstream_model, headers, tally, source, first, lease
+        )
+    try:
+        raw = await resp.read()
+    except TRANSPORT_ERRORS as exc:
+        return await fail(
+            "upstream",
+            ApiError(
+                502,
+                f"An upstream connection failed mid-answer ({type(exc).__name__})",
+                code="upstream_error",
+            ),
+            exc=exc,
+        )
+    finally:
+        resp.release()
+    t_body = time.perf_counter()
+    out, usage, obj = exchange.answer(call, raw, upstream_model)
+    problem = quality_problem(call.route, obj) if opts.quality else None
+    if problem is not None:
+        return await fail(
+            "quality",
+            ApiError(
+                502,
+                f"An upstream answered 200 without a usable answer ({problem})",
+                code="upstream_error",
+            ),
+            status=200,
+            body=problem.encode(),
+            settle_usage=usage or Usage(prompt_tokens=call.prompt_estimate),
+        )
+    lease.release()
+    res.keep()  # settled by the answer's background task
+    await _report_success(call, cand, snap, (t_body - t_send) * 1000, usage)
+    diag.attempt(label, "ok", status=200, latency_ms=(t_body - t_send) * 1000)
+    overhead = (time.perf_counter() - call.t0 - (t_body - t_send)) * 1000
+    headers["x-fairgate-overhead-ms"] = f"{overhead:.3f}"
+    # settle after the answer is on its way: the client need not wait for our bookkeeping
+    # (the reservation holds the quota meanwhile, so nothing can overshoot)
+    return Response(
+        out,
+        status_code=200,
+        media_type="application/json",
+        headers=headers,
+        background=BackgroundTask(_settle, svc, res, conn, call, upstream_model, usage),
+    )
+
+
+async def _report_success(
+    call: Call,
+    cand: Candidate,
+    snap: RateLimitSnapshot | None,
+    latency_ms: float,
+    usage: Usage | None = None,
+) -> None:
+    """``snap``: the rate-limit headers as parsed by the provider signals (None when they were
+    not parsed this time: readings are taken at most once a second per connection)."""
+    svc = call.svc
+    if svc.gw.resilience is not None:
+        await svc.gw.resilience.on_success(
+            cand.conn.provider,
+            cand.conn.id,
+            cand.model,
+            snapshot=snap,
+            key_id=call.key.id,
+            request_id=REQUEST_ID.get(),
+        )
+    tokens = 0 if usage is None else usage.prompt_tokens + usage.completion_tokens
+    svc.record_attempt(cand, None, latency_ms, tokens)
+
+
+async def _prime(
+    source: AsyncIterator[bytes], tally: relay.StreamTally
+) -> tuple[list[bytes], str | None]:
+    """Read a stream up to its first content (SPEC §8: validate on the first content chunk,
+    then pass the rest through live). Returns what was read and, if the stream is no good
+    (ended, broke or errored before any content), why."""
+    first: list[bytes] = []
+    try:
+        async for chunk in source:
+            first.append(chunk)
+            if b'"error"' in chunk and tally.text_chars == 0:
+                return first, "error event"
+            if tally.text_chars > 0:
+                return first, None
+            if tally.finished:
+                return first, "finished without content"
+    except TRANSPORT_ERRORS as exc:
+        return first, type(exc).__name__
+    return first, "ended without content"
+
+
+async def _upstream_error(resp: UpstreamResponse, conn: Connection) -> tuple[ApiError, bytes]:
+    """The upstream's error, made safe to show: its message (never our credentials) and status.
+
+    The upstream rejecting our credentials is our misconfiguration, not the client's: 502.
+    """
+    try:
+        raw = await resp.read_prefix(64 * 1024)
+    except TRANSPORT_ERRORS:
+        raw = b""
+    finally:
+        resp.release()
+    message = ""
+    try:
+        obj = orjson.loads(raw) if raw else None
+    except orjson.JSONDecodeError:
+        obj = None
+    if isinstance(obj, dict):
+        err = obj.get("error")
+        if isinstance(err, dict) and isinstance(err.get("message"), str):
+            message = err["message"]
+        elif isinstance(err, str):
+            message = err
+    message = _redact(message, conn)[:500] or f"Upstream returned HTTP {resp.status}"
+    headers: dict[str, str] = {}
+    if resp.status in (401, 403):
+        err = ApiError(
+            502,
+            "An upstream rejected the gateway's credentials",
+            code="upstream_auth_error",
+        )
+        return err, raw
+    retry_after = resp.headers.get("retry-after")
+    if retry_after and resp.status in (429, 503, 529):
+        headers["retry-after"] = retry_after
+    status = resp.status if resp.status < 600 else 502
+    if status == 529:
+        status = 503
+    return ApiError(status, message, code="upstream_error", headers=headers), raw
+
+
+async def _report_stream_failure(
+    call: Call, conn: Connection, model: str, exc: BaseException
+) -> None:
+    await _report_failure(call, conn, model, None, None, None, exc)
+
+
+def _ms_since(t: float) -> float:
+    return (time.perf_counter() - t) * 1000
+
+
+async def _report_failure(
+    call: Call,
+    conn: Connection,
+    model: str,
+    status: int | None,
+    body: bytes | None,
+    headers: Mapping[str, str] | None,
+    exc: BaseException | None,
+) -> Classification:
+    """Classify a failed attempt and let cooldowns, lockouts and breakers learn from it, naming
+    the client key and request as the cause of any block it sets."""
+    mgr = call.svc.gw.resilience
+    cls = classify(
+        status, body, headers, exception=exc, model=model, now_ms=call.svc.gw.clock.now_ms()
+    )
+    if mgr is not None:
+        await mgr.on_failure(
+            conn.provider,
+            conn.id,
+            model,
+            conn.auth_type,
+            cls,
+            key_id=call.key.id,
+            request_id=REQUEST_ID.get(),
+        )
+    return cls
+
+
+def _redact(text: str, conn: Connection) -> str:
+    if conn.secret and conn.secret in text:
+        text = text.replace(conn.secret, "[redacted]")
+    return text
+
+
+@tracing.traced("fairgate.settle", tracing.settle_attrs, call_of=tracing.call_of_settle)
+async def _settle(
+    svc: Services,
+    res: Reservation,
+    conn: Connection,
+    call: Call,
+    upstream_model: str,
+    usage: Usage | None,
+) -> None:
+    if usage is None:
+        usage = Usage(prompt_tokens=call.prompt_estimate, completion_tokens=call.max_output)
+    tokens = float(usage.prompt_tokens + usage.completion_tokens)
+    svc.signals.add_tokens(conn.id, call.key.id, tokens)
+    await res.settle(
+        {
+            Unit.REQUESTS: 1.0,
+            Unit.TOKENS: tokens,
+            Unit.USD: svc.prices.cost_usd(upstream_model, usage),
+            Unit.PERCENT: 0.0,  # charged by attribution when the provider's reading moves
+        },
+    )
+
+
+def _stream_response(
+    call: Call,
+    conn: Connection,
+    res: Reservation,
+    resp: UpstreamResponse,
+    upstream_model: str,
+    headers: dict[str, str],
+    tally: relay.StreamTally,
+    source: AsyncIterator[bytes],
+    first: list[bytes],
+    lease: Lease,
+) -> StreamingResponse:
+    svc = call.svc
+    route = call.route
+
+    async def body() -> AsyncIterator[bytes]:
+        try:
+            for chunk in first:  # what was read to validate the stream, then the rest live
+                yield chunk
+            async for chunk in source:
+                yield chunk
+        except TRANSPORT_ERRORS as exc:
+            svc.spawn(_report_stream_failure(call, conn, upstream_model, exc))
+            log.warning(
+                "upstream stream broke", extra={"connection": conn.id, "error": type(exc).__name__}
+            )
+            yield stream_error_event(route, type(exc).__name__)
+        finally:
+            # runs also when the client went away (this generator is then cancelled): the
+            # settlement is its own task, so neither the cancellation nor the client waits on it
+            resp.release()
+            lease.release()
+            svc.spawn(_settle(svc, res, conn, call, upstream_model, tally.effective_usage()))
+
+    return StreamingResponse(
+        body(),
+        status_code=200,
+        media_type="text/event-stream",
+        headers={**headers, "cache-control": "no-cache"},
+    )
+
+
+def quota_headers(adm: Admission) -> dict[str, str]:
+    """``x-ratelimit-*`` per dimension (SPEC §4). When the store could not be read (fail-open)
+    the limits and resets are still sent, the remaining counts are not, and
+    ``x-fairgate-quota: unavailable`` says why (README, "Quota headers")."""
+    out: dict[str, str] = {}
+    for st in adm.status:
+        suffix = st.key.replace("/", "-").replace(":", "-")
+        out[f"x-ratelimit-limit-{suffix}"] = f"{st.limit:g}"
+        out[f"x-ratelimit-reset-{suffix}"] = f"{math.ceil(st.reset_ms / 1000)}s"
+        # the unsuffixed names SDK users know, from the first dimension of each unit
+        out.setdefault(f"x-ratelimit-limit-{st.unit}", f"{st.limit:g}")
+        if st.remaining is None:
+            out["x-fairgate-quota"] = "unavailable"
+            continue
+        out[f"x-ratelimit-remaining-{suffix}"] = f"{st.remaining:g}"
+        out.setdefault(f"x-ratelimit-remaining-{st.unit}", f"{st.remaining:g}")
+    return out

@@ -1,0 +1,178 @@
+"""What moves through the request path: the route, the long-lived services, one client call,
+a candidate connection, and how the executor treats a call's candidates.
+
+Plain data (and the services' task bookkeeping), imported by every stage of the path and
+importing none of them: the HTTP edge (``proxy``), combos (``pipeline``), the executor, one
+attempt and the exchange table all depend on this module, never the other way round.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import random
+from collections.abc import Coroutine, Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from starlette.requests import Request
+
+from fairgate.providers.pricing import PriceTable
+from fairgate.providers.transport import Upstream
+from fairgate.quota.engine import Ticket
+from fairgate.registry import ClientKey, Connection
+from fairgate.routing import (
+    DrrState,
+    DrrTicket,
+    InflightTracker,
+    StrategyState,
+    Target,
+    TargetMetrics,
+)
+from fairgate.routing.fallbacks import FallbackCounts
+from fairgate.routing.model import (
+    DEFAULT_MAX_WAIT_MS,
+    DEFAULT_QUEUE_TIMEOUT_MS,
+)
+from fairgate.server.errors import ApiError
+from fairgate.server.guards import KeyRateGuard
+from fairgate.server.http_settings import HttpSettings
+from fairgate.server.metrics import Metrics
+from fairgate.server.provider_signals import ProviderSignals
+from fairgate.server.slots import Slots
+from fairgate.server.state import Gateway
+
+
+class Route(StrEnum):
+    CHAT = "chat"
+    MESSAGES = "messages"
+    EMBEDDINGS = "embeddings"
+
+
+@dataclass
+class Services:
+    """Long-lived things the proxy needs besides the Gateway state."""
+
+    gw: Gateway
+    upstream: Upstream
+    signals: ProviderSignals
+    prices: PriceTable
+    inflight: set[Ticket] = field(default_factory=set)
+    tasks: set[asyncio.Task[None]] = field(default_factory=set)
+    tracker: InflightTracker = field(default_factory=InflightTracker)
+    slots: Slots = field(init=False)
+    drr: DrrState = field(default_factory=DrrState)
+    strategy_state: StrategyState = field(default_factory=StrategyState)
+    target_metrics: TargetMetrics = field(default_factory=TargetMetrics)
+    rng: random.Random = field(default_factory=random.Random)
+    metrics: Metrics = field(default_factory=Metrics)
+    limits: HttpSettings = field(default_factory=HttpSettings)
+    rate: KeyRateGuard = field(init=False)
+    fallbacks: FallbackCounts = field(default_factory=FallbackCounts)
+
+    def __post_init__(self) -> None:
+        self.slots = Slots(self.tracker)
+        self.rate = KeyRateGuard(self.limits.key_rate_per_s, self.limits.key_rate_burst)
+
+    def check_rate(self, key: ClientKey) -> None:
+        """429 when ``key`` sends faster than the per-key flood guard allows (checked before
+        its body is read)."""
+        wait_ms = self.rate.take(key.id, self.gw.clock.now_ms())
+        if wait_ms:
+            raise ApiError(
+                429,
+                "This API key sends requests too fast; slow down",
+                code="key_rate_limited",
+                headers={"retry-after": str(max(1, math.ceil(wait_ms / 1000)))},
+            )
+
+    def record_attempt(
+        self, cand: Candidate, failure: str | None, latency_ms: float, tokens: int = 0
+    ) -> None:
+        """One finished upstream attempt (``failure``: None for a success, else its class), for
+        the routing metrics the strategies read and the per-target Prometheus series."""
+        ok = failure is None
+        self.target_metrics.record(cand.target.key, latency_ms, ok, self.gw.clock.now_ms(), tokens)
+        conn = cand.conn
+        outcome = "ok" if ok else (failure if failure and failure != "ok" else "error")
+        self.metrics.observe_attempt(
+            self.gw.registry, conn.provider, conn.id, cand.model, outcome, latency_ms
+        )
+
+    def record_fallback(self, combo: str | None, reason: str | None) -> None:
+        """A combo moved on to another target because the previous one failed (``reason``)."""
+        if combo is not None:
+            why = reason or "error"
+            self.fallbacks.record(combo, why, self.gw.clock.now_ms())
+            self.metrics.observe_fallback(self.gw.registry, combo, why)
+
+    def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        """Run bookkeeping off the response path; shutdown waits for what is still running."""
+        task = asyncio.get_running_loop().create_task(coro)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    async def drain(self) -> None:
+        while self.tasks:
+            await asyncio.gather(*list(self.tasks), return_exceptions=True)
+
+
+@dataclass
+class Call:
+    """One client request as it moves through the hot path."""
+
+    svc: Services
+    request: Request
+    key: ClientKey
+    body: dict[str, Any]
+    route: Route
+    model: str
+    stream: bool
+    prompt_estimate: int
+    max_output: int
+    t0: float
+    headers: Mapping[str, str]
+
+    @property
+    def anthropic_client(self) -> bool:
+        return self.route is Route.MESSAGES
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """One concrete place a request may go: a connection and the model name it knows, as the
+    routing target it came from (metrics, in-flight counts and DRR are kept per target)."""
+
+    conn: Connection
+    model: str
+    target: Target
+
+    @classmethod
+    def of(cls, conn: Connection, model: str) -> Candidate:
+        return cls(conn, model, Target(conn.provider, model, conn.id, weight=conn.weight))
+
+    @property
+    def label(self) -> str:
+        return f"{self.conn.provider}/{self.model}@{self.conn.id}"
+
+
+@dataclass
+class ExecOptions:
+    """How the executor treats failures: retries on the same target for transient ones,
+    pauses between fall-throughs, a cap on attempts, quality validation of 200s, the bounded
+    waits (cooling targets, concurrency slots) and the quota-share DRR ticket to charge."""
+
+    max_retries: int = 0
+    retry_delay_ms: int = 0
+    fallback_delay_ms: int = 0
+    attempt_cap: int = 20
+    quality: bool = True
+    drr: DrrTicket | None = None
+    combo: str | None = None
+    #: how long to wait for a cooling/locked target to free (0: never wait)
+    max_wait_ms: int = DEFAULT_MAX_WAIT_MS
+    #: how long to queue for a concurrency slot when every candidate is at its cap
+    queue_timeout_ms: int = DEFAULT_QUEUE_TIMEOUT_MS
+    #: the combo's timeout as an instant on the clock (waits never outlast it)
+    deadline_ms: int | None = None

@@ -1,0 +1,292 @@
+"""The exchange: one entry per client route × upstream protocol.
+
+A client speaks OpenAI chat completions, Anthropic messages or OpenAI embeddings; a connection
+speaks OpenAI or Anthropic. Everything that depends on that pair is one :class:`Exchange` in
+:data:`EXCHANGES`: the upstream path, how the client's body is encoded for the connection,
+how the answer is decoded back (with its usage), and the stream relay. What depends on the
+client route only (how a 200 is validated, how a stream reports a late error) is keyed by the
+route. The request path looks the pair up once per attempt instead of branching on it in
+several places; a pair missing from the table (embeddings to an Anthropic connection) is
+never offered as a candidate.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from fairgate.providers.responses_upstream import (
+    upstream_responses_answer,
+    upstream_responses_body,
+)
+from fairgate.providers.translate import (
+    anthropic_to_openai_request,
+    anthropic_to_openai_response,
+    openai_to_anthropic_request,
+    openai_to_anthropic_response,
+)
+from fairgate.providers.transport import UpstreamResponse
+from fairgate.providers.usage import Usage, usage_from_anthropic, usage_from_openai
+from fairgate.registry import Protocol
+from fairgate.server import relay
+from fairgate.server.call import Call, Route
+
+__all__ = ["EXCHANGES", "Exchange", "quality_problem", "stream_error_event"]
+
+JSON = dict[str, Any]
+#: (payload for the upstream, whether the client asked for the stream's usage chunk)
+Encoder = Callable[[Call, str], tuple[JSON, bool]]
+#: the upstream's parsed answer → (the client's answer, or None to pass the bytes as they are)
+Decoder = Callable[[JSON, str], JSON | None]
+Relay = Callable[[Call, UpstreamResponse, bool, relay.StreamTally], AsyncIterator[bytes]]
+
+
+Body = Callable[[Call, str], tuple[bytes, bool]]
+Answer = Callable[[Call, bytes, str], tuple[bytes, Usage | None, JSON | None]]
+
+
+@dataclass(frozen=True, slots=True)
+class Exchange:
+    """``body``: the encoded request for the upstream and whether the client asked for stream
+    usage (``orjson.JSONEncodeError`` when it cannot be encoded); ``answer``: a non-stream
+    answer in the client's format, its usage and the parsed answer (for validation);
+    ``relay``: the stream in the client's format."""
+
+    path: str
+    body: Body
+    answer: Answer
+    relay: Relay
+
+
+def _json_exchange(
+    path: str,
+    encode: Encoder,
+    decode: Decoder,
+    usage: Callable[[Mapping[str, Any]], Usage | None],
+    relay_: Relay,
+) -> Exchange:
+    """An exchange whose request and answer are JSON objects translated as such."""
+
+    def body(call: Call, upstream_model: str) -> tuple[bytes, bool]:
+        payload, wants_usage = encode(call, upstream_model)
+        return orjson.dumps(payload), wants_usage
+
+    def answer(
+        call: Call, raw: bytes, upstream_model: str
+    ) -> tuple[bytes, Usage | None, JSON | None]:
+        try:
+            obj = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            return raw, None, None
+        if not isinstance(obj, dict):
+            return raw, None, None
+        out = decode(obj, call.model)
+        if out is None:
+            return raw, usage(obj), obj
+        return orjson.dumps(out), usage(obj), out
+
+    return Exchange(path, body, answer, relay_)
+
+
+def _responses_body(call: Call, upstream_model: str) -> tuple[bytes, bool]:
+    return upstream_responses_body(call.route is Route.MESSAGES, call.body, upstream_model)
+
+
+def _responses_answer(
+    call: Call, raw: bytes, upstream_model: str
+) -> tuple[bytes, Usage | None, JSON | None]:
+    return upstream_responses_answer(raw, call.route is Route.MESSAGES, call.model)
+
+
+def _stream_usage_asked(body: Mapping[str, Any]) -> bool:
+    opts = body.get("stream_options")
+    return isinstance(opts, dict) and bool(opts.get("include_usage"))
+
+
+# -- encoders -------------------------------------------------------------------------------
+
+
+def _as_is(call: Call, upstream_model: str) -> tuple[JSON, bool]:
+    return {**call.body, "model": upstream_model}, False
+
+
+def _openai_to_openai(call: Call, upstream_model: str) -> tuple[JSON, bool]:
+    payload = {**call.body, "model": upstream_model}
+    if not call.stream:
+        return payload, False
+    opts = call.body.get("stream_options")
+    # always ask for the usage chunk: settlement needs the real token counts
+    payload["stream_options"] = {**(opts if isinstance(opts, dict) else {}), "include_usage": True}
+    return payload, _stream_usage_asked(call.body)
+
+
+def _chat_to_anthropic(call: Call, upstream_model: str) -> tuple[JSON, bool]:
+    default = call.svc.gw.config.server.default_max_tokens
+    payload = openai_to_anthropic_request(call.body, upstream_model, default_max_tokens=default)
+    return payload, _stream_usage_asked(call.body)
+
+
+def _messages_to_openai(call: Call, upstream_model: str) -> tuple[JSON, bool]:
+    return anthropic_to_openai_request(call.body, upstream_model), True
+
+
+# -- decoders and relays --------------------------------------------------------------------
+
+
+def _unchanged(obj: JSON, model: str) -> JSON | None:
+    return None
+
+
+def _stream_id() -> str:
+    return uuid.uuid4().hex[:24]
+
+
+def _relay_openai(
+    call: Call, resp: UpstreamResponse, wants_usage: bool, tally: relay.StreamTally
+) -> AsyncIterator[bytes]:
+    return relay.openai_to_openai(resp, tally, client_wants_usage=wants_usage)
+
+
+def _relay_anthropic(
+    call: Call, resp: UpstreamResponse, wants_usage: bool, tally: relay.StreamTally
+) -> AsyncIterator[bytes]:
+    return relay.anthropic_to_anthropic(resp, tally)
+
+
+def _relay_anthropic_to_chat(
+    call: Call, resp: UpstreamResponse, wants_usage: bool, tally: relay.StreamTally
+) -> AsyncIterator[bytes]:
+    return relay.anthropic_to_openai(
+        resp,
+        tally,
+        model=call.model,
+        client_wants_usage=wants_usage,
+        created=int(time.time()),
+        id_=f"chatcmpl-{_stream_id()}",
+    )
+
+
+def _relay_openai_to_messages(
+    call: Call, resp: UpstreamResponse, wants_usage: bool, tally: relay.StreamTally
+) -> AsyncIterator[bytes]:
+    return relay.openai_to_anthropic(resp, tally, model=call.model, id_=f"msg_{_stream_id()}")
+
+
+def _relay_responses_to_chat(
+    call: Call, resp: UpstreamResponse, wants_usage: bool, tally: relay.StreamTally
+) -> AsyncIterator[bytes]:
+    return relay.responses_to_openai(
+        resp,
+        tally,
+        model=call.model,
+        client_wants_usage=wants_usage,
+        created=int(time.time()),
+        id_=f"chatcmpl-{_stream_id()}",
+    )
+
+
+def _relay_responses_to_messages(
+    call: Call, resp: UpstreamResponse, wants_usage: bool, tally: relay.StreamTally
+) -> AsyncIterator[bytes]:
+    return relay.responses_to_anthropic(resp, tally, model=call.model, id_=f"msg_{_stream_id()}")
+
+
+EXCHANGES: Mapping[tuple[Route, Protocol], Exchange] = {
+    (Route.CHAT, Protocol.OPENAI): _json_exchange(
+        "/chat/completions", _openai_to_openai, _unchanged, usage_from_openai, _relay_openai
+    ),
+    (Route.CHAT, Protocol.ANTHROPIC): _json_exchange(
+        "/messages",
+        _chat_to_anthropic,
+        anthropic_to_openai_response,
+        usage_from_anthropic,
+        _relay_anthropic_to_chat,
+    ),
+    (Route.CHAT, Protocol.RESPONSES): Exchange(
+        "/responses", _responses_body, _responses_answer, _relay_responses_to_chat
+    ),
+    (Route.MESSAGES, Protocol.ANTHROPIC): _json_exchange(
+        "/messages", _as_is, _unchanged, usage_from_anthropic, _relay_anthropic
+    ),
+    (Route.MESSAGES, Protocol.OPENAI): _json_exchange(
+        "/chat/completions",
+        _messages_to_openai,
+        openai_to_anthropic_response,
+        usage_from_openai,
+        _relay_openai_to_messages,
+    ),
+    (Route.MESSAGES, Protocol.RESPONSES): Exchange(
+        "/responses", _responses_body, _responses_answer, _relay_responses_to_messages
+    ),
+    (Route.EMBEDDINGS, Protocol.OPENAI): _json_exchange(
+        "/embeddings", _as_is, _unchanged, usage_from_openai, _relay_openai
+    ),
+}
+
+
+# -- per client route -----------------------------------------------------------------------
+
+
+def _embeddings_problem(obj: JSON) -> str | None:
+    return None if obj.get("data") else "no embeddings"
+
+
+def _messages_problem(obj: JSON) -> str | None:
+    blocks = obj.get("content") or []
+    useful = any(
+        (b.get("type") == "text" and b.get("text")) or b.get("type") == "tool_use"
+        for b in blocks
+        if isinstance(b, dict)
+    )
+    if not useful:
+        return "empty content"
+    return None if obj.get("stop_reason") else "no stop reason"
+
+
+def _chat_problem(obj: JSON) -> str | None:
+    choices = obj.get("choices") or []
+    if not choices or not isinstance(choices[0], dict):
+        return "no choices"
+    choice = choices[0]
+    msg = choice.get("message") or {}
+    if not (isinstance(msg, dict) and (msg.get("content") or msg.get("tool_calls"))):
+        details = (obj.get("usage") or {}).get("completion_tokens_details") or {}
+        if choice.get("finish_reason") == "length" and details.get("reasoning_tokens"):
+            return "reasoning used the whole budget, no content"
+        return "empty content"
+    return None if choice.get("finish_reason") else "no finish reason"
+
+
+_PROBLEMS: Mapping[Route, Callable[[JSON], str | None]] = {
+    Route.CHAT: _chat_problem,
+    Route.MESSAGES: _messages_problem,
+    Route.EMBEDDINGS: _embeddings_problem,
+}
+
+
+def quality_problem(route: Route, obj: JSON | None) -> str | None:
+    """Why a 200 is not a usable answer (SPEC §8): empty, an error inside, no finish, or a
+    reasoning model that spent the whole budget thinking. None when it is fine."""
+    if obj is None:
+        return "not JSON"
+    if obj.get("error"):
+        return "error object in a 200"
+    return _PROBLEMS[route](obj)
+
+
+def stream_error_event(route: Route, what: str) -> bytes:
+    """The event that tells a streaming client the upstream broke off, in its format."""
+    msg = f"Upstream stream interrupted ({what})"
+    if route is Route.MESSAGES:
+        data = {"type": "error", "error": {"type": "api_error", "message": msg}}
+        return b"event: error\ndata: " + orjson.dumps(data) + b"\n\n"
+    return (
+        b"data: "
+        + orjson.dumps({"error": {"message": msg, "type": "api_error", "code": "upstream_error"}})
+        + b"\n\n"
+    )
