@@ -741,7 +741,6 @@ def cross_check(config: Config) -> list[tuple[str, str]]:
         hashes.add(digest)
 
     conns = {c.id: c for c in config.connections}
-    keys = {k.id for k in config.keys}
     for i, k in enumerate(config.keys):
         for j, cid in enumerate(k.allowed_connections):
             if cid not in conns:
@@ -750,6 +749,17 @@ def cross_check(config: Config) -> list[tuple[str, str]]:
     for cid in config.plans:
         if cid not in conns:
             problems.append((f"plans.{cid}", f"unknown connection '{cid}'"))
+    problems.extend(pool_problems(config))
+    problems.extend(combo_problems(config))
+    return problems
+
+
+def pool_problems(config: Config) -> list[tuple[str, str]]:
+    """Each pool: connections that exist, belong to no other pool and share one provider;
+    allocations to keys that exist."""
+    problems: list[tuple[str, str]] = []
+    conns = {c.id: c for c in config.connections}
+    keys = {k.id for k in config.keys}
     owner: dict[str, str] = {}
     for i, pool in enumerate(config.pools):
         providers: set[str] = set()
@@ -777,7 +787,6 @@ def cross_check(config: Config) -> list[tuple[str, str]]:
         for j, alloc in enumerate(pool.allocations):
             if alloc.key not in keys:
                 problems.append((f"pools.{i}.allocations.{j}.key", f"unknown key '{alloc.key}'"))
-    problems.extend(combo_problems(config))
     return problems
 
 
