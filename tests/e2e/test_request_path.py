@@ -69,6 +69,15 @@ def connections(a: Proc, b: Proc, *, provider_a: str = "sub", provider_b: str = 
     )
 
 
+def key_line(secret: str) -> str:
+    """The key ``k``; it may use every connection outside a pool (``server.require_allocation``
+    is on: a pooled one needs an allocation)."""
+    return (
+        f"keys:\n  - {{id: k, name: k, secret: '{secret}',"
+        " allowed_providers: [sub, kimi, anthropic]}\n"
+    )
+
+
 def combo(name: str, strategy: str, config: str = "{}", model: str = "gpt-4o-mini") -> str:
     return (
         f"  - {{name: {name}, strategy: {strategy}, config: {config}, targets: [\n"
@@ -110,10 +119,7 @@ def test_quota_aware_strategies_route_a_capped_key_to_the_account_with_room(
     combos = "".join(
         combo(s, s, "{options: {exploration: 0}}" if s == "auto" else "{}") for s in STRATEGIES
     )
-    gw = start_gateway(
-        connections(a, b) + f"keys:\n  - {{id: k, name: k, secret: '{secret}'}}\n"
-        f"combos:\n{combos}" + pools
-    )
+    gw = start_gateway(connections(a, b) + key_line(secret) + f"combos:\n{combos}" + pools)
     with client(gw, secret) as c:
         # the key's one request on s1 (its cap), asked for by name
         c.chat.completions.create(
@@ -139,8 +145,7 @@ def test_billing_402_falls_through_to_the_second_account(
     a, b = mocks
     secret = new_secret()
     gw = start_gateway(
-        connections(a, b) + f"keys:\n  - {{id: k, name: k, secret: '{secret}'}}\n"
-        f"combos:\n{combo('two', 'priority')}"
+        connections(a, b) + key_line(secret) + f"combos:\n{combo('two', 'priority')}"
     )
     schedule(a, "quota:402")
     with client(gw, secret) as c:
@@ -163,8 +168,7 @@ def test_anthropic_credit_balance_400_falls_through_to_the_second_account(
     a, b = mocks
     secret = new_secret()
     gw = start_gateway(
-        connections(a, b, provider_a="anthropic", provider_b="anthropic")
-        + f"keys:\n  - {{id: k, name: k, secret: '{secret}'}}\n"
+        connections(a, b, provider_a="anthropic", provider_b="anthropic") + key_line(secret)
     )
     schedule(a, "quota:400")
     with anthropic.Anthropic(base_url=gw.url, api_key=secret, max_retries=0) as c:
@@ -187,8 +191,9 @@ def test_fallback_delay_is_waited_between_fall_throughs(
     a, b = mocks
     secret = new_secret()
     gw = start_gateway(
-        connections(a, b) + f"keys:\n  - {{id: k, name: k, secret: '{secret}'}}\n"
-        f"combos:\n{combo('slow', 'priority', '{maxRetries: 0, fallbackDelayMs: 600}')}"
+        connections(a, b)
+        + key_line(secret)
+        + f"combos:\n{combo('slow', 'priority', '{maxRetries: 0, fallbackDelayMs: 600}')}"
     )
     schedule(a, "500")
     t0 = time.monotonic()
@@ -207,8 +212,9 @@ def test_a_short_cooldown_is_waited_for_and_answered(
     a, _ = mocks
     secret = new_secret()
     gw = start_gateway(
-        connections(a, a) + f"keys:\n  - {{id: k, name: k, secret: '{secret}'}}\n"
-        f"combos:\n{combo('both', 'priority', '{maxRetries: 0, maxWaitMs: 5000}')}"
+        connections(a, a)
+        + key_line(secret)
+        + f"combos:\n{combo('both', 'priority', '{maxRetries: 0, maxWaitMs: 5000}')}"
     )
     schedule(a, "429:1", "429:1")  # both accounts rate limited for a second
     t0 = time.monotonic()
@@ -237,8 +243,8 @@ def test_concurrency_cap_queues_then_answers_503_concurrency_full(
     gw = start_gateway(
         f"connections:\n  - {{id: s1, provider: sub, base_url: '{a.url}/v1',"
         f" secret: '{UPSTREAM_SECRET}', models: [gpt-4o-mini], max_concurrent: 1}}\n"
-        f"keys:\n  - {{id: k, name: k, secret: '{secret}'}}\n"
-        "combos:\n"
+        + key_line(secret)
+        + "combos:\n"
         "  - {name: q, strategy: priority, config: {queueTimeoutMs: 300}, targets: [\n"
         "      {provider: sub, model: gpt-4o-mini, connection: s1}]}\n"
     )
@@ -275,9 +281,10 @@ def test_a_timed_out_combo_leaves_no_reservation(
     )
     gw = start_gateway(
         connections(a, b)
-        + f"keys:\n  - {{id: k, name: k, secret: '{secret}'}}\n  - {{id: o, name: o, secret: "
-        f"'{new_secret()}'}}\n"
-        f"combos:\n{combo('late', 'priority', '{timeoutMs: 400, maxRetries: 0}')}" + pools
+        + key_line(secret)
+        + f"  - {{id: o, name: o, secret: '{new_secret()}'}}\n"
+        + f"combos:\n{combo('late', 'priority', '{timeoutMs: 400, maxRetries: 0}')}"
+        + pools
     )
     schedule(b, "latency:3000")
     r = ask(gw, secret, "late")
