@@ -11,7 +11,7 @@ import pytest
 from inproc_support import base_config, conn, gateway
 
 from fairgate.providers.inprocess import Reply, UpstreamRequest, openai_chat
-from fairgate.timers import ManualTimer
+from fairgate.timers import ManualTimer, SystemTimer
 
 
 def _combo(name: str, conns: list[str], **config: Any) -> dict[str, Any]:
@@ -270,3 +270,17 @@ async def test_the_slot_is_released_on_failure_and_cancellation(tmp_path: Path) 
         with pytest.raises(asyncio.CancelledError):
             await queued
         assert h.svc.tracker.total == 0
+
+
+async def test_the_wait_budget_ends_even_on_a_clock_that_does_not_move(tmp_path: Path) -> None:
+    """A gateway whose injected clock stands still (a test's ManualClock) under the real
+    timer: every wait is real but the target never stops cooling on the clock. The budget
+    counts the waits asked for, so the request still ends (here after 4 × 50 ms)."""
+    timer = ManualTimer()  # only its clock is used: the gateway keeps its SystemTimer
+    cfg = base_config([conn("c1")], combos=[_combo("w", ["c1"], maxWaitMs=200, maxRetries=0)])
+    async with gateway(tmp_path, cfg, timer, _rate_limited_once(50)) as h:
+        h.gw.timer = SystemTimer(timer.clock)
+        r = await asyncio.wait_for(h.chat("w", max_tokens=5), timeout=30)
+        assert r.status_code == 429
+        assert r.json()["diagnostics"]["waitedMs"] == 0  # the clock never moved
+        assert h.sent_to == ["c1"]

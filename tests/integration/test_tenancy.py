@@ -366,11 +366,12 @@ async def test_client_error_bodies_name_no_connection_and_admins_get_the_detail(
         r = await env.chat("alice", "gpt-4o-mini", **{"x-mock-fault": "500"})
     assert r.status_code >= 500
     assert "diagnostics" in r.json()
-    assert r.json()["diagnostics"]["attemptOrder"] == ["mock/gpt-4o-mini"]
+    # one attempt, or more when a cooldown was waited for (maxWaitMs)
+    assert set(r.json()["diagnostics"]["attemptOrder"]) == {"mock/gpt-4o-mini"}
     assert_no_ids(r)
     logged = [rec for rec in caplog.records if rec.getMessage() == "request failed"]
     assert logged, "the full diagnostics go to the log"
-    assert logged[0].__dict__["diagnostics"]["attemptOrder"] == ["mock/gpt-4o-mini@p-1"]
+    assert set(logged[0].__dict__["diagnostics"]["attemptOrder"]) == {"mock/gpt-4o-mini@p-1"}
 
 
 def _mode(p: Path) -> int:

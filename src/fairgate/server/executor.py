@@ -110,12 +110,12 @@ class _Execution:
         self.held: _Admitted | None = None  # a penalised admission, kept while looking on
         self.attempts = 0  # in this pass
         self.total_attempts = 0
+        self.wait_spent = 0  # ms of cooldown waits asked for (the max_wait_ms budget)
 
     def _capped(self) -> bool:
         return self.attempts >= self.opts.attempt_cap or self.total_attempts >= GLOBAL_MAX_ATTEMPTS
 
     async def serve(self, cands: list[Candidate]) -> Response:
-        started = self.timer.clock.now_ms()
         while True:
             resp = await self._pass(cands)
             if resp is not None:
@@ -124,7 +124,7 @@ class _Execution:
                 resp = await self._queue_for_slot()
                 if resp is not None:
                     return resp
-            wake = await self._next_free_ms(started)
+            wake = await self._next_free_ms()
             if wake is None:
                 raise self._no_answer()
             await self._sleep_until(wake)
@@ -271,10 +271,11 @@ class _Execution:
         target, lease = got
         return await self._consider(by_key[target.load_key], lease)
 
-    async def _next_free_ms(self, started: int) -> int | None:
+    async def _next_free_ms(self) -> int | None:
         """When the earliest cooling or locked candidate frees, if that is within the wait
-        budget (``max_wait_ms`` since the first pass, and the combo's timeout); else None.
-        Quota blocks are never waited for: they are the key's fair share speaking."""
+        budget (``max_wait_ms`` in all, counted as the waits asked for, so the budget ends
+        even on a clock that does not move; and the combo's timeout); else None. Quota
+        blocks are never waited for: they are the key's fair share speaking."""
         if self.opts.max_wait_ms <= 0:
             return None
         untils = [e.until_ms for e in self.exclusions if e.until_ms is not None]
@@ -287,12 +288,15 @@ class _Execution:
         if not untils:
             return None
         wake = min(untils)
-        if wake > self._budget_end_ms(started, self.opts.max_wait_ms):
+        need = max(0, wake - self.timer.clock.now_ms())
+        if self.wait_spent + need > self.opts.max_wait_ms:
             return None
-        return wake
+        deadline = self.opts.deadline_ms
+        return None if deadline is not None and wake > deadline else wake
 
     async def _sleep_until(self, wake_ms: int) -> None:
         now = self.timer.clock.now_ms()
+        self.wait_spent += max(0, wake_ms - now)
         await self._watching_client(self.timer.sleep_until(wake_ms))
         self.diag.waited_ms += self.timer.clock.now_ms() - now
 
