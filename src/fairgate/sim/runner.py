@@ -27,6 +27,7 @@ from pathlib import Path
 from rich.progress import Progress
 
 from fairgate.clock import ManualClock
+from fairgate.quota.units import Unit
 from fairgate.sim.fairness import Metrics, WindowFigures, summarize, window_figures
 from fairgate.sim.policies import (
     ENGINE_POLICIES,
@@ -189,6 +190,30 @@ async def run_scenario(
     return result
 
 
+def _enqueue(
+    q: deque[tuple[int, Request]],
+    new: Sequence[Request],
+    t0: int,
+    max_wait: int,
+    backlog: int,
+    key: str,
+    dropped: dict[str, int],
+    demand: dict[str, float],
+    unit: Unit,
+) -> None:
+    """One key's arrivals of a tick: counted as demand, queued; what waited longer than the
+    key's patience or overflows its backlog is dropped (oldest first)."""
+    for r in new:
+        demand[key] += r.size(unit)
+    while q and q[0][0] < t0 - max_wait:
+        q.popleft()
+        dropped[key] += 1
+    q.extend((t0, r) for r in new)
+    while len(q) > backlog:
+        q.popleft()
+        dropped[key] += 1
+
+
 async def run_policy(
     policy: SimPolicy,
     workload: Workload,
@@ -228,17 +253,17 @@ async def run_policy(
         t0 = start + i * sc.tick
         w_idx = min(n_windows - 1, (t0 - start) // window)
         for k in keys:
-            q = queues[k]
-            new = workload.arrivals[k][i]
-            for r in new:
-                demand_w[w_idx][k] += r.size(unit)
-            while q and q[0][0] < t0 - max_wait[k]:
-                q.popleft()
-                dropped[k] += 1
-            q.extend((t0, r) for r in new)
-            while len(q) > backlog[k]:
-                q.popleft()
-                dropped[k] += 1
+            _enqueue(
+                queues[k],
+                workload.arrivals[k][i],
+                t0,
+                max_wait[k],
+                backlog[k],
+                k,
+                dropped,
+                demand_w[w_idx],
+                unit,
+            )
         order = [k for k in keys for _ in range(len(queues[k]))]
         rng.shuffle(order)
         stopped: set[str] = set()
