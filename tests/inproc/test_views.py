@@ -16,7 +16,6 @@ import pytest
 from inproc_support import base_config, conn, gateway
 
 from fairgate.providers.inprocess import Reply, UpstreamRequest, openai_chat
-from fairgate.quota.units import Unit
 from fairgate.timers import ManualTimer
 
 
@@ -74,7 +73,7 @@ async def test_capped_key_is_routed_to_the_target_with_room(
     )
     async with gateway(tmp_path, cfg, ManualTimer(), _answer) as h:
         ps1 = h.gw.registry.pools["ps1"]
-        await h.gw.engine.record(ps1, "alice", {Unit.REQUESTS: 3.0})  # at her cap on s1
+        await h.gw.engine.record(ps1, "alice", {"requests/hourly": 3.0})  # at her cap on s1
         r = await h.chat("c", max_tokens=5)
         assert r.status_code == 200, r.text
         assert r.headers["x-fairgate-connection"] == "k1"
@@ -95,7 +94,7 @@ async def test_headroom_prefers_the_account_with_more_left(tmp_path: Path) -> No
         combos=[_combo("headroom")],
     )
     async with gateway(tmp_path, cfg, ManualTimer(), _answer) as h:
-        await h.gw.engine.record(h.gw.registry.pools["ps1"], "alice", {Unit.REQUESTS: 400.0})
+        await h.gw.engine.record(h.gw.registry.pools["ps1"], "alice", {"requests/hourly": 400.0})
         r = await h.chat("c", max_tokens=5)
         assert r.headers["x-fairgate-connection"] == "k1"
 
