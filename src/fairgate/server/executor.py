@@ -272,18 +272,20 @@ class _Execution:
         return await self._consider(by_key[target.load_key], lease)
 
     async def _next_free_ms(self) -> int | None:
-        """When the earliest cooling or locked candidate frees, if that is within the wait
-        budget (``max_wait_ms`` in all, counted as the waits asked for, so the budget ends
-        even on a clock that does not move; and the combo's timeout); else None. Quota
+        """When the earliest candidate cooling down or locked by a rate limit frees, if that is
+        within the wait budget (``max_wait_ms`` in all, counted as the waits asked for, so the
+        budget ends even on a clock that does not move; and the combo's timeout); else None. Quota
         blocks are never waited for: they are the key's fair share speaking."""
         if self.opts.max_wait_ms <= 0:
             return None
-        untils = [e.until_ms for e in self.exclusions if e.until_ms is not None]
+        # only what clears by itself at a known time: a rate limit's cooldown or lockout (a
+        # server error, a breaker or a blocked credential is no reason to hold the client)
+        untils = [e.until_ms for e in self.exclusions if e.until_ms is not None and e.rate_limit]
         mgr = self.svc.gw.resilience
         if mgr is not None:
             for c in self.failed:  # what the failure just set (a cooldown, a lockout)
                 excl = await mgr.check(c.conn.provider, c.conn.id, c.model, c.conn.auth_type)
-                if excl is not None and excl.until_ms is not None:
+                if excl is not None and excl.until_ms is not None and excl.rate_limit:
                     untils.append(excl.until_ms)
         if not untils:
             return None
