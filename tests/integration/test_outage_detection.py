@@ -21,7 +21,7 @@ from fairgate.quota.engine import ADMIT_ATTEMPTS, QuotaEngine
 from fairgate.quota.journal import Circuit
 from fairgate.quota.model import Allocation, Dimension, Policy, Pool
 from fairgate.quota.units import Unit, Window
-from fairgate.server.proxy import _quota_headers as quota_headers
+from fairgate.server.attempt import quota_headers
 from fairgate.store.base import AdmitRequest, AdmitResult, CounterRef
 from fairgate.store.redis import MAX_CONNECTIONS, RedisQuotaStore
 from fairgate.store.sqlite import SqliteQuotaStore
