@@ -1,13 +1,17 @@
-"""The ``store`` fixture: every contract test runs once per driver on a real backend."""
+"""The ``store`` fixture: every contract test runs once per driver on a real backend; the ``db``
+fixture: every repository test runs once per metadata engine (a fresh SQLite file, a fresh
+PostgreSQL schema)."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
 import pytest_asyncio
 
+from fairgate.db.base import Database
+from fairgate.db.engine import open_database
 from fairgate.store.base import QuotaStore
 from fairgate.store.sqlite import SqliteQuotaStore
 
@@ -36,3 +40,10 @@ async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator
         yield s
     finally:
         await s.close()
+
+
+@pytest.fixture
+def db(metadata_url: str | None, tmp_path: Path) -> Iterator[Database]:
+    conn = open_database(metadata_url, tmp_path / "fairgate.sqlite")
+    yield conn
+    conn.close()

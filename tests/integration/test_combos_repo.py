@@ -3,18 +3,16 @@ and the registry's user combos plus the qtSd/ combos it mints from the pools."""
 
 from __future__ import annotations
 
-import sqlite3
-from collections.abc import Iterator
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
+from db_support import dump
 
 from fairgate.clock import ManualClock
 from fairgate.config import ComboSpec, parse_config
-from fairgate.db.connection import open_db
+from fairgate.db.base import Database
 from fairgate.db.repos import (
     ComboRepo,
     Conflict,
@@ -27,17 +25,6 @@ from fairgate.db.repos import (
     seed_from_config,
 )
 from fairgate.registry import Connection, Registry
-
-
-@pytest.fixture
-def db(tmp_path: Path) -> Iterator[sqlite3.Connection]:
-    conn = open_db(tmp_path / "fairgate.sqlite")
-    yield conn
-    conn.close()
-
-
-def dump(db: sqlite3.Connection) -> list[str]:
-    return list(db.iterdump())
 
 
 def conn_(cid: str, provider: str = "mock", **kw: Any) -> Connection:
@@ -58,7 +45,7 @@ def spec(name: str = "fast", **kw: Any) -> ComboSpec:
 
 
 @pytest.fixture
-def populated(db: sqlite3.Connection) -> sqlite3.Connection:
+def populated(db: Database) -> Database:
     conns = ConnectionRepo(db)
     conns.create(conn_("m1", models=("a", "b"), weight=2))
     conns.create(conn_("m2", models=("b", "c")))
@@ -70,7 +57,7 @@ def populated(db: sqlite3.Connection) -> sqlite3.Connection:
 # -- CRUD ---------------------------------------------------------------------------------------
 
 
-def test_crud(populated: sqlite3.Connection, clock: ManualClock) -> None:
+def test_crud(populated: Database, clock: ManualClock) -> None:
     repo = ComboRepo(populated, clock)
     assert repo.all() == []
     created = repo.create(spec(config={"maxRetries": 2}))
@@ -108,7 +95,7 @@ def test_crud(populated: sqlite3.Connection, clock: ManualClock) -> None:
         repo.replace(spec("fast"))
 
 
-def test_storage_keeps_only_what_the_combo_sets(populated: sqlite3.Connection) -> None:
+def test_storage_keeps_only_what_the_combo_sets(populated: Database) -> None:
     ComboRepo(populated).create(spec(config={"timeoutMs": 5_000, "options": {"sticky": True}}))
     row = populated.execute("SELECT strategy, targets, config FROM combos").fetchone()
     assert row["strategy"] == "priority"
@@ -124,7 +111,7 @@ def test_storage_keeps_only_what_the_combo_sets(populated: sqlite3.Connection) -
     }
 
 
-def test_refused_writes_change_nothing(populated: sqlite3.Connection) -> None:
+def test_refused_writes_change_nothing(populated: Database) -> None:
     repo = ComboRepo(populated)
     repo.create(spec())
     before = dump(populated)
@@ -161,7 +148,7 @@ def test_refused_writes_change_nothing(populated: sqlite3.Connection) -> None:
     assert dump(populated) == before
 
 
-def test_wildcards_need_only_the_provider(populated: sqlite3.Connection) -> None:
+def test_wildcards_need_only_the_provider(populated: Database) -> None:
     rec = ComboRepo(populated).create(
         spec(
             targets=[
@@ -173,7 +160,7 @@ def test_wildcards_need_only_the_provider(populated: sqlite3.Connection) -> None
     assert [t.key for t in rec.combo().targets] == ["mock/*", "kimi/k2@*"]
 
 
-def test_an_unreadable_row_is_skipped_not_fatal(populated: sqlite3.Connection) -> None:
+def test_an_unreadable_row_is_skipped_not_fatal(populated: Database) -> None:
     repo = ComboRepo(populated)
     repo.create(spec())
     populated.execute(
@@ -210,9 +197,7 @@ CONFIG: dict[str, Any] = {
 }
 
 
-def test_seed_is_idempotent_and_leaves_admin_combos_alone(
-    db: sqlite3.Connection, clock: ManualClock
-) -> None:
+def test_seed_is_idempotent_and_leaves_admin_combos_alone(db: Database, clock: ManualClock) -> None:
     cfg = parse_config(CONFIG, {})
     first = seed_from_config(db, cfg, clock)
     assert {"created combo fast", "created combo cheap"} <= set(first.changes)
@@ -238,7 +223,7 @@ def test_seed_is_idempotent_and_leaves_admin_combos_alone(
 # -- the registry -------------------------------------------------------------------------------
 
 
-def test_registry_has_user_and_minted_combos(populated: sqlite3.Connection) -> None:
+def test_registry_has_user_and_minted_combos(populated: Database) -> None:
     ComboRepo(populated).create(spec())
     PoolRepo(populated).create(PoolRecord(id="pm", name="Mock", connections=("m1", "m2", "m3")))
     reg = load_registry(populated)
@@ -263,7 +248,7 @@ def test_registry_has_user_and_minted_combos(populated: sqlite3.Connection) -> N
     assert reg.combo("nope") is None
 
 
-def test_minted_combos_follow_the_pools(populated: sqlite3.Connection) -> None:
+def test_minted_combos_follow_the_pools(populated: Database) -> None:
     pools, conns = PoolRepo(populated), ConnectionRepo(populated)
     pools.create(PoolRecord(id="pm", name="Mock", connections=("m1",)))
     reg = load_registry(populated)

@@ -1,17 +1,18 @@
-"""Repositories on a real SQLite file: CRUD, hashing, seeding idempotency, the registry build."""
+"""The repository contract, on a real SQLite file and a real PostgreSQL schema: CRUD, hashing,
+seeding idempotency, the registry build."""
 
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
+from db_support import dump
 
 from fairgate.config import Config, parse_config
-from fairgate.db.connection import open_db
+from fairgate.db.base import Database
 from fairgate.db.repos import (
     Conflict,
     ConnectionRepo,
@@ -34,17 +35,6 @@ REQ_H = Dimension(Unit.REQUESTS, Window.HOURLY, 100)
 TOK_D = Dimension(Unit.TOKENS, Window.DAILY, 1_000_000)
 
 
-@pytest.fixture
-def db(tmp_path: Path) -> Iterator[sqlite3.Connection]:
-    conn = open_db(tmp_path / "fairgate.sqlite")
-    yield conn
-    conn.close()
-
-
-def dump(db: sqlite3.Connection) -> list[str]:
-    return list(db.iterdump())
-
-
 def conn_(cid: str, provider: str = "mock", **kw: Any) -> Connection:
     return Connection(id=cid, provider=provider, base_url="http://up/v1", secret="up-" + cid, **kw)
 
@@ -54,7 +44,7 @@ def key_(kid: str) -> ClientKey:
 
 
 @pytest.fixture
-def populated(db: sqlite3.Connection) -> sqlite3.Connection:
+def populated(db: Database) -> Database:
     conns = ConnectionRepo(db)
     for c in (conn_("m1"), conn_("m2"), conn_("m3"), conn_("k1", "kimi"), conn_("o1", "openai")):
         conns.create(c)
@@ -66,7 +56,7 @@ def populated(db: sqlite3.Connection) -> sqlite3.Connection:
 # -- connections ------------------------------------------------------------------------------
 
 
-def test_connection_crud(db: sqlite3.Connection) -> None:
+def test_connection_crud(db: Database) -> None:
     repo = ConnectionRepo(db)
     c = conn_("m1", models=("gpt-x",), max_concurrent=4, weight=2.5)
     repo.create(c)
@@ -92,14 +82,14 @@ def test_connection_crud(db: sqlite3.Connection) -> None:
         repo.update(conn_("nope"))
 
 
-def test_anthropic_protocol_by_provider(db: sqlite3.Connection) -> None:
+def test_anthropic_protocol_by_provider(db: Database) -> None:
     repo = ConnectionRepo(db)
     repo.create(conn_("a1", "anthropic", protocol=Protocol.ANTHROPIC))
     assert repo.get("a1").protocol is Protocol.ANTHROPIC
 
 
 def test_connection_in_pool_cannot_be_deleted_or_change_provider(
-    populated: sqlite3.Connection,
+    populated: Database,
 ) -> None:
     PoolRepo(populated).create(PoolRecord("p", "P", ("m1",)))
     repo = ConnectionRepo(populated)
@@ -112,7 +102,7 @@ def test_connection_in_pool_cannot_be_deleted_or_change_provider(
     repo.update(replace(repo.get("m1"), base_url="http://other/v1"))  # other fields are fine
 
 
-def test_deleting_a_connection_drops_its_plan(populated: sqlite3.Connection) -> None:
+def test_deleting_a_connection_drops_its_plan(populated: Database) -> None:
     PlanRepo(populated).set("m2", [REQ_H])
     ConnectionRepo(populated).delete("m2")
     assert PlanRepo(populated).get("m2") is None
@@ -121,7 +111,7 @@ def test_deleting_a_connection_drops_its_plan(populated: sqlite3.Connection) -> 
 # -- keys -------------------------------------------------------------------------------------
 
 
-def test_key_create_stores_only_the_hash(db: sqlite3.Connection, tmp_path: Path) -> None:
+def test_key_create_stores_only_the_hash(db: Database, tmp_path: Path) -> None:
     repo = KeyRepo(db)
     key, secret = repo.create("Alice", ["gpt-x"], key_id="alice")
     assert secret.startswith("fg-")
@@ -130,19 +120,20 @@ def test_key_create_stores_only_the_hash(db: sqlite3.Connection, tmp_path: Path)
     assert key.allowed_models == ("gpt-x",)
     assert repo.get("alice") == key
     assert secret not in "\n".join(dump(db))
-    db.execute("PRAGMA wal_checkpoint(FULL)")
-    raw = (tmp_path / "fairgate.sqlite").read_bytes()
-    # not the secret, and no run of its characters either (the old 7-character display prefix)
-    assert not any(secret[i : i + 8].encode() in raw for i in range(len(secret) - 7))
+    if isinstance(db, sqlite3.Connection):  # and not in the file's bytes either
+        db.execute("PRAGMA wal_checkpoint(FULL)")
+        raw = (tmp_path / "fairgate.sqlite").read_bytes()
+        # not the secret, and no run of its characters either (the old 7-character display prefix)
+        assert not any(secret[i : i + 8].encode() in raw for i in range(len(secret) - 7))
 
 
-def test_key_generated_id_and_name(db: sqlite3.Connection) -> None:
+def test_key_generated_id_and_name(db: Database) -> None:
     key, _ = KeyRepo(db).create("")
     assert key.id.startswith("key-")
     assert key.name == key.id
 
 
-def test_key_conflicts_and_not_found(db: sqlite3.Connection) -> None:
+def test_key_conflicts_and_not_found(db: Database) -> None:
     repo = KeyRepo(db)
     repo.create("A", key_id="alice")
     with pytest.raises(Conflict):
@@ -162,7 +153,7 @@ def test_key_conflicts_and_not_found(db: sqlite3.Connection) -> None:
 # -- plans ------------------------------------------------------------------------------------
 
 
-def test_plan_override_crud(populated: sqlite3.Connection) -> None:
+def test_plan_override_crud(populated: Database) -> None:
     plans = PlanRepo(populated)
     assert plans.get("m1") is None
     assert plans.set("m1", [REQ_H, TOK_D]) is True
@@ -179,7 +170,7 @@ def test_plan_override_crud(populated: sqlite3.Connection) -> None:
 # -- pools ------------------------------------------------------------------------------------
 
 
-def test_pool_crud_and_resolution(populated: sqlite3.Connection) -> None:
+def test_pool_crud_and_resolution(populated: Database) -> None:
     repo = PoolRepo(populated)
     alloc = Allocation(
         "alice",
@@ -213,17 +204,17 @@ def test_pool_crud_and_resolution(populated: sqlite3.Connection) -> None:
     assert populated.execute("SELECT COUNT(*) FROM pool_connections").fetchone()[0] == 0
 
 
-def test_pool_of_catalog_provider(populated: sqlite3.Connection) -> None:
+def test_pool_of_catalog_provider(populated: Database) -> None:
     PoolRepo(populated).create(PoolRecord("kp", "K", ("k1",)))
     assert PoolRepo(populated).get("kp").dimensions == CATALOG["kimi"]
 
 
-def test_pool_member_order_is_kept(populated: sqlite3.Connection) -> None:
+def test_pool_member_order_is_kept(populated: Database) -> None:
     PoolRepo(populated).create(PoolRecord("p", "P", ("m3", "m1", "m2")))
     assert PoolRepo(populated).record("p").connections == ("m3", "m1", "m2")
 
 
-def test_pool_validation_names_fields_and_writes_nothing(populated: sqlite3.Connection) -> None:
+def test_pool_validation_names_fields_and_writes_nothing(populated: Database) -> None:
     repo = PoolRepo(populated)
     before = dump(populated)
     bad = PoolRecord(
@@ -243,7 +234,7 @@ def test_pool_validation_names_fields_and_writes_nothing(populated: sqlite3.Conn
     assert dump(populated) == before
 
 
-def test_a_connection_belongs_to_one_pool(populated: sqlite3.Connection) -> None:
+def test_a_connection_belongs_to_one_pool(populated: Database) -> None:
     repo = PoolRepo(populated)
     repo.create(PoolRecord("p1", "P1", ("m1",)))
     before = dump(populated)
@@ -252,7 +243,7 @@ def test_a_connection_belongs_to_one_pool(populated: sqlite3.Connection) -> None
     assert dump(populated) == before
 
 
-def test_model_caps(populated: sqlite3.Connection) -> None:
+def test_model_caps(populated: Database) -> None:
     repo = PoolRepo(populated)
     repo.create(PoolRecord("p", "P", ("m1",), allocations=(Allocation("alice", 10),)))
     caps = [ModelCap("gpt-x", Unit.TOKENS, 1000)]
@@ -265,7 +256,7 @@ def test_model_caps(populated: sqlite3.Connection) -> None:
         repo.set_model_caps("zz", "alice", caps)
 
 
-def test_deleting_a_key_drops_its_allocations(populated: sqlite3.Connection) -> None:
+def test_deleting_a_key_drops_its_allocations(populated: Database) -> None:
     repo = PoolRepo(populated)
     repo.create(
         PoolRecord("p", "P", ("m1",), allocations=(Allocation("alice", 10), Allocation("bob")))
@@ -274,7 +265,7 @@ def test_deleting_a_key_drops_its_allocations(populated: sqlite3.Connection) -> 
     assert [a.key_id for a in repo.get("p").allocations] == ["bob"]
 
 
-def test_upsert_many_is_idempotent_and_can_move_members(populated: sqlite3.Connection) -> None:
+def test_upsert_many_is_idempotent_and_can_move_members(populated: Database) -> None:
     repo = PoolRepo(populated)
     recs = [
         PoolRecord("a", "A", ("m1",), allocations=(Allocation("bob", 1), Allocation("alice", 2))),
@@ -293,7 +284,7 @@ def test_upsert_many_is_idempotent_and_can_move_members(populated: sqlite3.Conne
     assert repo.record("b").name == "B"  # all or nothing
 
 
-def test_transaction_rolls_back_nested_work(populated: sqlite3.Connection) -> None:
+def test_transaction_rolls_back_nested_work(populated: Database) -> None:
     before = dump(populated)
 
     def work() -> None:
@@ -358,7 +349,7 @@ def _config() -> Config:
     return parse_config(SEED, {})
 
 
-def test_seed_is_idempotent(db: sqlite3.Connection) -> None:
+def test_seed_is_idempotent(db: Database) -> None:
     first = seed_from_config(db, _config())
     assert first.created == 4 + 2 + 2
     assert first.updated == 1  # the plan
@@ -368,7 +359,7 @@ def test_seed_is_idempotent(db: sqlite3.Connection) -> None:
     assert dump(db) == snapshot
 
 
-def test_seed_stores_only_the_key_hash(db: sqlite3.Connection) -> None:
+def test_seed_stores_only_the_key_hash(db: Database) -> None:
     seed_from_config(db, _config())
     text = "\n".join(dump(db))
     assert "fg-alice-secret-value" not in text
@@ -377,7 +368,7 @@ def test_seed_stores_only_the_key_hash(db: sqlite3.Connection) -> None:
     assert "fg-alic" not in text
 
 
-def test_seed_applies_edits_and_keeps_api_additions(db: sqlite3.Connection) -> None:
+def test_seed_applies_edits_and_keeps_api_additions(db: Database) -> None:
     seed_from_config(db, _config())
     KeyRepo(db).insert(key_("carol"))
     ConnectionRepo(db).create(conn_("m3"))
@@ -402,7 +393,7 @@ def test_seed_applies_edits_and_keeps_api_additions(db: sqlite3.Connection) -> N
     assert [a.key_id for a in rec.allocations] == ["alice", "bob", "carol"]
 
 
-def test_seed_conflict_leaves_db_unchanged(db: sqlite3.Connection) -> None:
+def test_seed_conflict_leaves_db_unchanged(db: Database) -> None:
     seed_from_config(db, _config())
     repo = PoolRepo(db)
     rec = repo.record("demo")
@@ -417,7 +408,7 @@ def test_seed_conflict_leaves_db_unchanged(db: sqlite3.Connection) -> None:
 # -- registry ---------------------------------------------------------------------------------
 
 
-def test_load_registry(db: sqlite3.Connection) -> None:
+def test_load_registry(db: Database) -> None:
     seed_from_config(db, _config())
     reg = load_registry(db, "mock", version=7)
     assert reg.version == 7

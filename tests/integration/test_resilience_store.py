@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import random
-import sqlite3
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +17,8 @@ import pytest
 import pytest_asyncio
 
 from fairgate.clock import ManualClock
-from fairgate.db.connection import open_db
+from fairgate.db.base import Database
+from fairgate.db.engine import open_database
 from fairgate.resilience.backoff import Cooldown
 from fairgate.resilience.breaker import BreakerRecord
 from fairgate.resilience.classify import classify
@@ -420,14 +420,28 @@ def test_redis_store_needs_url_or_client() -> None:
 # -- persistence --------------------------------------------------------------------------------
 
 
-def _db(path: Path) -> sqlite3.Connection:
-    return open_db(path)
+_opened: list[Database] = []
+
+
+@pytest.fixture(autouse=True)
+def _close_dbs() -> Iterator[None]:
+    """Each simulated process's DB connection is closed at the end (a PostgreSQL connection
+    left to the garbage collector warns)."""
+    yield
+    while _opened:
+        _opened.pop().close()
+
+
+def _db(path: Path, url: str | None = None) -> Database:
+    """The metadata DB: the SQLite file at ``path``, or the PostgreSQL schema of ``url``."""
+    _opened.append(open_database(url, path))
+    return _opened[-1]
 
 
 async def _manager(
-    path: Path, clock: ManualClock, store: ResilienceStore | None = None
+    path: Path, clock: ManualClock, store: ResilienceStore | None = None, url: str | None = None
 ) -> RateLimitManager:
-    persistence = SqlitePersistence(_db(path), clock=clock)
+    persistence = SqlitePersistence(_db(path, url), clock=clock)
     mgr = RateLimitManager(store or MemoryResilienceStore(clock=clock), clock=clock,
                            persistence=persistence)  # fmt: skip
     await mgr.load()
@@ -450,10 +464,10 @@ async def _fail(
 
 
 async def test_restart_keeps_active_entries_and_drops_expired_ones(
-    tmp_path: Path, clock: ManualClock
+    tmp_path: Path, clock: ManualClock, metadata_url: str | None
 ) -> None:
     db = tmp_path / "meta.sqlite"
-    mgr = await _manager(db, clock)
+    mgr = await _manager(db, clock, url=metadata_url)
     await _fail(mgr, clock, "short", 429, None, {"retry-after": "10"})
     await _fail(mgr, clock, "long", 429, None, {"retry-after": "100"})
     await _fail(mgr, clock, "c1", 404, model="gpt-9")  # lockout 300 s
@@ -463,7 +477,7 @@ async def test_restart_keeps_active_entries_and_drops_expired_ones(
     clock.advance(20 * S)  # "short" is over, everything else still runs
 
     del mgr  # the process dies; a new one starts on the same file with an empty store
-    again = await _manager(db, clock)
+    again = await _manager(db, clock, url=metadata_url)
     assert await again.check("openai", "short", "gpt-4o") is None
     long = await again.check("openai", "long", "gpt-4o")
     assert long is not None
@@ -482,44 +496,48 @@ async def test_restart_keeps_active_entries_and_drops_expired_ones(
 
     rows = {
         r[0]
-        for r in _db(db).execute("SELECT scope FROM resilience_state").fetchall()
+        for r in _db(db, metadata_url).execute("SELECT scope FROM resilience_state").fetchall()
     }  # fmt: skip
     assert "cd:short" not in rows  # pruned on load
     assert {"cd:long", "lk:openai:c1:gpt-9", "perm:conn:billing", "br:anthropic"} <= rows
 
 
 async def test_permanent_survives_restarts_until_cleared(
-    tmp_path: Path, clock: ManualClock
+    tmp_path: Path, clock: ManualClock, metadata_url: str | None
 ) -> None:
     db = tmp_path / "meta.sqlite"
-    mgr = await _manager(db, clock)
+    mgr = await _manager(db, clock, url=metadata_url)
     billing = {"type": "error", "error": {"type": "billing_error", "message": "credit too low"}}
     await _fail(mgr, clock, "c1", 402, billing, key_id="k-7")
     clock.advance(90 * 86_400_000)
-    mgr = await _manager(db, clock)
+    mgr = await _manager(db, clock, url=metadata_url)
     assert (await mgr.check("openai", "c1", "gpt-4o")) is not None
     [perm] = (await mgr.snapshot())["permanent"]
     assert perm["caused_by"] == {"key_id": "k-7", "request_id": "req-1"}  # kept across restarts
     assert await mgr.clear("permanent", connection_id="c1")
-    mgr = await _manager(db, clock)
+    mgr = await _manager(db, clock, url=metadata_url)
     assert await mgr.check("openai", "c1", "gpt-4o") is None
 
 
-async def test_success_and_clears_delete_rows(tmp_path: Path, clock: ManualClock) -> None:
+async def test_success_and_clears_delete_rows(
+    tmp_path: Path, clock: ManualClock, metadata_url: str | None
+) -> None:
     db = tmp_path / "meta.sqlite"
-    mgr = await _manager(db, clock)
+    mgr = await _manager(db, clock, url=metadata_url)
     await _fail(mgr, clock, "c1", 429)
     await mgr.check("openai", "c1", "gpt-4o")
     clock.advance(3 * S)
     await mgr.on_success("openai", "c1", "gpt-4o")
     await _fail(mgr, clock, "c2", 429)
     await mgr.clear("cooldown", connection_id="c2")
-    count = _db(db).execute("SELECT COUNT(*) FROM resilience_state").fetchone()[0]
+    count = _db(db, metadata_url).execute("SELECT COUNT(*) FROM resilience_state").fetchone()[0]
     assert count == 0
 
 
-async def test_persisted_rows_are_monotonic(tmp_path: Path, clock: ManualClock) -> None:
-    p = SqlitePersistence(_db(tmp_path / "meta.sqlite"), clock=clock)
+async def test_persisted_rows_are_monotonic(
+    tmp_path: Path, clock: ManualClock, metadata_url: str | None
+) -> None:
+    p = SqlitePersistence(_db(tmp_path / "meta.sqlite", metadata_url), clock=clock)
     now = clock.now_ms()
     p.save_cooldown("c1", Cooldown(now + 60 * S, 1, "rate_limit"))
     p.save_cooldown("c1", Cooldown(now + 5 * S, 3, "server_error"))

@@ -19,7 +19,6 @@ the pools on every reload, so they can never drift out of sync with pool members
 from __future__ import annotations
 
 import logging
-import sqlite3
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -28,6 +27,7 @@ from pydantic import ValidationError
 
 from fairgate.clock import SYSTEM_CLOCK, Clock
 from fairgate.config import ComboSpec, InvalidCombo
+from fairgate.db.base import Database, Row
 from fairgate.db.common import Conflict, Invalid, NotFound, dumps, transaction
 from fairgate.routing.combo import Combo
 
@@ -60,7 +60,7 @@ def _columns(spec: ComboSpec) -> tuple[str, str, str]:
 
 
 class ComboRepo:
-    def __init__(self, conn: sqlite3.Connection, clock: Clock = SYSTEM_CLOCK) -> None:
+    def __init__(self, conn: Database, clock: Clock = SYSTEM_CLOCK) -> None:
         self._conn = conn
         self._clock = clock
 
@@ -179,7 +179,7 @@ class ComboRepo:
         return row is not None
 
     @staticmethod
-    def _stored(row: sqlite3.Row) -> tuple[str, str, str]:
+    def _stored(row: Row) -> tuple[str, str, str]:
         """The stored columns, re-serialised the way :func:`_columns` writes them (so a row
         written by hand with other spacing still compares equal)."""
         return (
@@ -189,7 +189,7 @@ class ComboRepo:
         )
 
     @staticmethod
-    def _record(row: sqlite3.Row) -> ComboRecord | None:
+    def _record(row: Row) -> ComboRecord | None:
         name = str(row["name"])
         try:
             spec = ComboSpec.model_validate(

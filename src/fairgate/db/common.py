@@ -7,7 +7,6 @@ rejected write never leaves half a change behind (:func:`transaction` rolls back
 
 from __future__ import annotations
 
-import sqlite3
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from itertools import count
@@ -15,12 +14,19 @@ from typing import Any
 
 import orjson
 
+from fairgate.db.base import Database
 from fairgate.quota.model import Dimension, ModelCap
 from fairgate.quota.units import Unit, Window
 
 
 class RepoError(Exception):
     """Base of the repository errors; the message is safe to show (no secrets, no SQL)."""
+
+
+class MetadataUnavailable(Exception):
+    """The metadata DB cannot be reached (PostgreSQL down or unreachable). Not a
+    :class:`RepoError`: the request was fine, so the admin API answers 503, and the replicas
+    keep serving from their last registry snapshot. The message names no host or secret."""
 
 
 class NotFound(RepoError):
@@ -46,7 +52,7 @@ _savepoints = count()
 
 
 @contextmanager
-def transaction(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
+def transaction(conn: Database) -> Iterator[Database]:
     """One write transaction (``BEGIN IMMEDIATE``: the write lock is taken before reading, so a
     check-then-write cannot race another process). Nested use becomes a savepoint, so a repository
     method can be called alone or inside a larger unit (seeding, import) with the same code."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import sqlite3
 
-from fairgate.db.schema import MIGRATIONS
+from fairgate.db.schema import MIGRATIONS, statements
 from fairgate.files import private_sqlite
 
 
@@ -27,7 +27,7 @@ def migrate(conn: sqlite3.Connection) -> int:
     conn.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
     row = conn.execute("SELECT MAX(version) FROM schema_version").fetchone()
     current = int(row[0] or 0)
-    for version, sql in enumerate(MIGRATIONS, start=1):
+    for version, migration in enumerate(MIGRATIONS, start=1):
         if version <= current:
             continue
         conn.execute("BEGIN IMMEDIATE")
@@ -37,9 +37,8 @@ def migrate(conn: sqlite3.Connection) -> int:
             if int(row[0] or 0) >= version:
                 conn.execute("COMMIT")
                 continue
-            for stmt in sql.split(";\n"):
-                if stmt.strip():
-                    conn.execute(stmt)
+            for stmt in statements(migration, "sqlite"):
+                conn.execute(stmt)
             conn.execute("INSERT INTO schema_version(version) VALUES (?)", (version,))
             conn.execute("COMMIT")
         except BaseException:

@@ -6,9 +6,8 @@ module except inside the domain object, whose ``repr`` hides it.
 
 from __future__ import annotations
 
-import sqlite3
-
 from fairgate.clock import SYSTEM_CLOCK, Clock
+from fairgate.db.base import Database, Row
 from fairgate.db.common import Conflict, NotFound, dumps, strings_from_json, transaction
 from fairgate.registry import AuthType, Connection, protocol_for
 
@@ -18,7 +17,7 @@ _COLUMNS = (
 )
 
 
-def _row_to_connection(row: sqlite3.Row) -> Connection:
+def _row_to_connection(row: Row) -> Connection:
     return Connection(
         id=row["id"],
         provider=row["provider"],
@@ -50,7 +49,7 @@ def _values(c: Connection) -> tuple[object, ...]:
 
 
 class ConnectionRepo:
-    def __init__(self, conn: sqlite3.Connection, clock: Clock = SYSTEM_CLOCK) -> None:
+    def __init__(self, conn: Database, clock: Clock = SYSTEM_CLOCK) -> None:
         self._conn = conn
         self._clock = clock
 

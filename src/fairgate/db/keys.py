@@ -8,11 +8,11 @@ once by :meth:`KeyRepo.create` and is unrecoverable afterwards.
 from __future__ import annotations
 
 import secrets
-import sqlite3
 from collections.abc import Sequence
 from dataclasses import replace
 
 from fairgate.clock import SYSTEM_CLOCK, Clock
+from fairgate.db.base import Database, Row
 from fairgate.db.common import Conflict, NotFound, dumps, strings_from_json, transaction
 from fairgate.registry import ClientKey, hash_key
 
@@ -24,7 +24,7 @@ def new_secret() -> str:
     return SECRET_PREFIX + secrets.token_urlsafe(32)
 
 
-def _row_to_key(row: sqlite3.Row) -> ClientKey:
+def _row_to_key(row: Row) -> ClientKey:
     return ClientKey(
         id=row["id"],
         name=row["name"],
@@ -48,7 +48,7 @@ def _values(key: ClientKey) -> tuple[object, ...]:
 
 
 class KeyRepo:
-    def __init__(self, conn: sqlite3.Connection, clock: Clock = SYSTEM_CLOCK) -> None:
+    def __init__(self, conn: Database, clock: Clock = SYSTEM_CLOCK) -> None:
         self._conn = conn
         self._clock = clock
 

@@ -7,16 +7,16 @@ absence of a row, so deleting reverts to the catalog.
 
 from __future__ import annotations
 
-import sqlite3
 from collections.abc import Sequence
 
 from fairgate.clock import SYSTEM_CLOCK, Clock
+from fairgate.db.base import Database
 from fairgate.db.common import Invalid, dims_from_json, dims_to_json, transaction
 from fairgate.quota.model import Dimension
 
 
 class PlanRepo:
-    def __init__(self, conn: sqlite3.Connection, clock: Clock = SYSTEM_CLOCK) -> None:
+    def __init__(self, conn: Database, clock: Clock = SYSTEM_CLOCK) -> None:
         self._conn = conn
         self._clock = clock
 

@@ -8,11 +8,11 @@ A pool's own ``dimensions`` are optional: empty means "the plan of the first mem
 
 from __future__ import annotations
 
-import sqlite3
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from fairgate.clock import SYSTEM_CLOCK, Clock
+from fairgate.db.base import Database, Row
 from fairgate.db.common import (
     Conflict,
     Invalid,
@@ -64,7 +64,7 @@ def resolve_pool(rec: PoolRecord, overrides: Mapping[str, tuple[Dimension, ...]]
 
 
 class PoolRepo:
-    def __init__(self, conn: sqlite3.Connection, clock: Clock = SYSTEM_CLOCK) -> None:
+    def __init__(self, conn: Database, clock: Clock = SYSTEM_CLOCK) -> None:
         self._conn = conn
         self._clock = clock
 
@@ -321,7 +321,7 @@ class PoolRepo:
 
     @staticmethod
     def _record(
-        row: sqlite3.Row,
+        row: Row,
         members: Mapping[str, list[str]],
         allocs: Mapping[str, list[Allocation]],
     ) -> PoolRecord:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import logging
-import sqlite3
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,6 +26,7 @@ from fairgate.config import (
     KeyConfig,
     PoolConfig,
 )
+from fairgate.db.base import Database
 from fairgate.db.combos import ComboRecord, ComboRepo
 from fairgate.db.common import Conflict, Invalid, NotFound, RepoError, transaction
 from fairgate.db.connections import ConnectionRepo
@@ -149,9 +149,7 @@ class SeedReport:
         self.changes.append(f"{outcome} {what}")
 
 
-def seed_from_config(
-    conn: sqlite3.Connection, config: Config, clock: Clock = SYSTEM_CLOCK
-) -> SeedReport:
+def seed_from_config(conn: Database, config: Config, clock: Clock = SYSTEM_CLOCK) -> SeedReport:
     """Upsert the config file into the DB in one transaction (all or nothing)."""
     report = SeedReport()
     conns, keys = ConnectionRepo(conn, clock), KeyRepo(conn, clock)
@@ -197,7 +195,7 @@ def _merged(rec: PoolRecord, old: PoolRecord) -> PoolRecord:
 
 
 def load_registry(
-    conn: sqlite3.Connection,
+    conn: Database,
     default_provider: str | None = None,
     *,
     version: int = 0,

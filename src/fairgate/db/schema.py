@@ -1,8 +1,78 @@
-"""Schema migrations of the metadata DB, in order. Append only; never edit a shipped one."""
+"""Schema migrations of the metadata DB, in order. Append only; never edit a shipped one.
+
+One list serves both engines. A plain string is portable SQL, written for SQLite and translated
+for PostgreSQL by :func:`fairgate.db.postgres.translate_ddl` (64-bit integers, double floats,
+byte-order text); a :class:`PerEngine` entry gives each engine its own text where the two cannot
+share one (triggers). Statements are separated by ``;`` at the end of a line.
+"""
 
 from __future__ import annotations
 
-MIGRATIONS: tuple[str, ...] = (
+from dataclasses import dataclass
+from typing import Literal
+
+Engine = Literal["sqlite", "postgres"]
+
+
+@dataclass(frozen=True, slots=True)
+class PerEngine:
+    """A migration whose SQL differs by engine (applied as the same version on both)."""
+
+    sqlite: str
+    postgres: str
+
+
+#: Tables the registry and the quota settings are built from: a write to any of them bumps
+#: ``meta_version`` (and, on PostgreSQL, notifies ``fairgate_meta``), which is how every
+#: replica or worker learns that its snapshot is stale (fairgate.db.watch).
+REGISTRY_TABLES: tuple[str, ...] = (
+    "settings",
+    "provider_plans",
+    "connections",
+    "client_keys",
+    "pools",
+    "pool_connections",
+    "allocations",
+    "combos",
+)
+
+#: The channel PostgreSQL notifies on each change to the registry tables.
+NOTIFY_CHANNEL = "fairgate_meta"
+
+
+def _sqlite_version_triggers() -> str:
+    return ";\n".join(
+        f"CREATE TRIGGER IF NOT EXISTS meta_bump_{t}_{op.lower()} AFTER {op} ON {t} "
+        "BEGIN UPDATE meta_version SET version = version + 1 WHERE id = 1; END"
+        for t in REGISTRY_TABLES
+        for op in ("INSERT", "UPDATE", "DELETE")
+    )
+
+
+def _postgres_version_triggers() -> str:
+    function = (
+        "CREATE OR REPLACE FUNCTION fairgate_meta_bump() RETURNS trigger LANGUAGE plpgsql AS $$ "
+        "DECLARE v BIGINT; BEGIN "
+        "UPDATE meta_version SET version = version + 1 WHERE id = 1 RETURNING version INTO v; "
+        f"PERFORM pg_notify('{NOTIFY_CHANNEL}', v::text); RETURN NULL; END $$"
+    )
+    triggers = (
+        f"CREATE OR REPLACE TRIGGER meta_bump_{t} AFTER INSERT OR UPDATE OR DELETE ON {t} "
+        "FOR EACH STATEMENT EXECUTE FUNCTION fairgate_meta_bump()"
+        for t in REGISTRY_TABLES
+    )
+    return ";\n".join((function, *triggers))
+
+
+_META_VERSION = """
+    CREATE TABLE IF NOT EXISTS meta_version (
+        id INTEGER PRIMARY KEY CHECK (id = 1),
+        version INTEGER NOT NULL
+    );
+    INSERT INTO meta_version (id, version) VALUES (1, 0) ON CONFLICT DO NOTHING;
+"""
+
+MIGRATIONS: tuple[str | PerEngine, ...] = (
     # 1: settings (DB settings win over env and config file)
     """
     CREATE TABLE IF NOT EXISTS settings (
@@ -120,4 +190,18 @@ MIGRATIONS: tuple[str, ...] = (
         SELECT 'access.legacyOpen', '1'
         WHERE EXISTS (SELECT 1 FROM client_keys) OR EXISTS (SELECT 1 FROM connections)
     """,
+    # 6: the change counter every replica polls (fairgate.db.watch): one row, bumped by a
+    # trigger on each write to a registry table, so a write by any process (another replica, a
+    # second worker, the CLI) is seen, not only the admin API's.
+    PerEngine(
+        sqlite=_META_VERSION + _sqlite_version_triggers(),
+        postgres=_META_VERSION + _postgres_version_triggers(),
+    ),
 )
+
+
+def statements(migration: str | PerEngine, engine: Engine) -> list[str]:
+    """The migration's statements for ``engine`` (PostgreSQL DDL still to translate when the
+    entry is a portable string: see :func:`fairgate.db.postgres.translate_ddl`)."""
+    text = migration if isinstance(migration, str) else getattr(migration, engine)
+    return [stmt for stmt in text.split(";\n") if stmt.strip()]

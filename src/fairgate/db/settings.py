@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import sqlite3
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
+
+from fairgate.db.base import Database
 
 #: DB setting of ``server.require_allocation`` (``true``/``false``), set by ``PUT /api/settings``.
 REQUIRE_ALLOCATION = "access.requireAllocation"
@@ -37,7 +38,7 @@ def access_policy(settings: Mapping[str, str], configured: bool | None) -> Acces
 
 
 class SettingsRepo:
-    def __init__(self, conn: sqlite3.Connection) -> None:
+    def __init__(self, conn: Database) -> None:
         self._conn = conn
 
     def get(self, key: str) -> str | None:

@@ -10,10 +10,10 @@ visible in the health snapshot (``store.driver``).
 from __future__ import annotations
 
 import logging
-import sqlite3
 from typing import TYPE_CHECKING
 
 from fairgate.clock import SYSTEM_CLOCK, Clock
+from fairgate.db.base import Database
 from fairgate.resilience.manager import RateLimitManager
 from fairgate.resilience.persistence import SqlitePersistence
 from fairgate.resilience.settings import ResilienceSettings
@@ -56,7 +56,7 @@ async def build_manager(
     redis_url: str | None = None,
     redis_client: redis.asyncio.Redis | None = None,
     redis_prefix: str = "fairgate",
-    db: sqlite3.Connection | None = None,
+    db: Database | None = None,
 ) -> RateLimitManager:
     """A ready manager: Redis store when ``redis_url``/``redis_client`` is given and answers,
     else memory; persistence in ``db`` (an :func:`~fairgate.db.connection.open_db` connection)

@@ -58,6 +58,7 @@ from dataclasses import dataclass
 from typing import Any, Final, Literal, TypeVar
 
 from fairgate.clock import SYSTEM_CLOCK, Clock
+from fairgate.db.common import MetadataUnavailable
 from fairgate.providers.ratelimit import RateLimitSnapshot, parse_rate_limit_headers
 from fairgate.resilience.backoff import Cooldown, next_cooldown_ms
 from fairgate.resilience.breaker import BreakerRecord, BreakerState, CircuitBreaker
@@ -317,7 +318,7 @@ class RateLimitManager:
             return
         try:
             call(self._persistence)
-        except sqlite3.Error as exc:
+        except (sqlite3.Error, MetadataUnavailable) as exc:
             log.warning("resilience persistence %s failed: %s", op, exc)
 
     def known_blocks(self, provider: str, conn_id: str, model: str) -> tuple[bool, bool]:

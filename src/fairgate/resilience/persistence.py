@@ -18,13 +18,13 @@ admin actions), a primary-key upsert each.
 
 from __future__ import annotations
 
-import sqlite3
 from dataclasses import dataclass, field
 from typing import Final
 
 import orjson
 
 from fairgate.clock import SYSTEM_CLOCK, Clock
+from fairgate.db.base import Database
 from fairgate.resilience.backoff import Cooldown
 from fairgate.resilience.breaker import BreakerRecord, BreakerState
 from fairgate.resilience.state import LockoutKey, PermanentBlock, ResilienceStore
@@ -95,7 +95,7 @@ class SqlitePersistence:
     ``conn`` is a connection from :func:`fairgate.db.connection.open_db` (autocommit, migrated).
     """
 
-    def __init__(self, conn: sqlite3.Connection, *, clock: Clock = SYSTEM_CLOCK) -> None:
+    def __init__(self, conn: Database, *, clock: Clock = SYSTEM_CLOCK) -> None:
         self._conn = conn
         self._clock = clock
         self._last_prune = 0

@@ -1,0 +1,44 @@
+"""Which metadata DB to open: ``FAIRGATE_DATABASE_URL=postgresql://…`` selects PostgreSQL
+(shared by every replica); unset, the metadata lives in ``fairgate.sqlite`` in the data
+directory (shared by the workers of one machine).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+from fairgate.db.base import Database
+from fairgate.db.connection import open_db
+from fairgate.db.postgres import PgDatabase
+
+#: Environment variable naming the metadata database (``postgresql://…``); unset → SQLite.
+DATABASE_URL_ENV = "FAIRGATE_DATABASE_URL"
+
+
+def is_postgres_url(url: str) -> bool:
+    return url.startswith(("postgresql://", "postgres://"))
+
+
+def database_url(env: Mapping[str, str]) -> str | None:
+    """The configured PostgreSQL URL, or None for the embedded SQLite file.
+
+    A value that is neither empty nor a PostgreSQL URL is a configuration error (raised, so the
+    CLI can print it) rather than a silent fallback to a per-replica SQLite file."""
+    url = (env.get(DATABASE_URL_ENV) or "").strip()
+    if not url:
+        return None
+    if not is_postgres_url(url):
+        raise ValueError(
+            f"{DATABASE_URL_ENV} must be a postgresql:// URL (unset it to use SQLite in the "
+            "data directory)"
+        )
+    return url
+
+
+def open_database(url: str | None, sqlite_path: str | os.PathLike[str]) -> Database:
+    """Open and migrate the metadata DB: PostgreSQL when ``url`` is set, else the SQLite file."""
+    if url is not None:
+        return PgDatabase.connect(url)
+    return open_db(Path(sqlite_path))

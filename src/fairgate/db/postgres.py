@@ -1,0 +1,194 @@
+"""PostgreSQL as the metadata DB: the adapter that lets the SQLite-shaped repositories run on it.
+
+Why an adapter rather than a second set of repositories: one place for each behaviour. The
+repositories keep their portable SQL; this module translates the few differences, each once:
+
+- placeholders ``?`` → ``%s`` (outside string literals), and ``%`` escaped;
+- ``BEGIN IMMEDIATE`` (SQLite's "take the write lock before reading") → ``BEGIN`` plus a
+  transaction-scoped advisory lock, so a check-then-write cannot race another replica either:
+  metadata writes are rare admin actions, serialising them cluster-wide costs nothing;
+- two-argument ``MAX(a, b)`` → ``GREATEST(a, b)``; ``INSERT OR IGNORE`` → ``ON CONFLICT DO
+  NOTHING``; Python booleans → 0/1 (the columns are integers on both engines);
+- in migrations, ``INTEGER`` → ``BIGINT`` (epoch milliseconds), ``REAL`` → ``DOUBLE PRECISION``
+  and ``TEXT`` → ``TEXT COLLATE "C"`` (SQLite's byte order, so listings sort the same).
+
+Rows answer by position and by column name, like ``sqlite3.Row``. Migrations run under a
+session advisory lock, so replicas starting together apply each version exactly once.
+
+A dropped connection is reopened on the next statement outside a transaction; while the server
+is unreachable every statement raises :class:`~fairgate.db.common.MetadataUnavailable`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from functools import lru_cache
+from typing import Any, Final
+
+import psycopg
+from psycopg.pq import TransactionStatus
+
+from fairgate.db.common import MetadataUnavailable
+from fairgate.db.schema import MIGRATIONS, statements
+
+#: Advisory lock ids ("fairgate" as a 64-bit integer, and the next one for migrations).
+WRITE_LOCK: Final = 0x6661697267617465
+MIGRATE_LOCK: Final = WRITE_LOCK + 1
+#: Seconds to wait for the server when (re)connecting: a replica must not hang on a dead DB.
+CONNECT_TIMEOUT_S: Final = 3
+
+_LITERAL_OR_QMARK = re.compile(r"'(?:[^']|'')*'|\?")
+_MAX2 = re.compile(r"\bMAX\(\s*([\w.]+)\s*,\s*([\w.]+)\s*\)")
+_OR_IGNORE = re.compile(r"\bINSERT\s+OR\s+IGNORE\s+INTO\b")
+_DDL_TYPES = (
+    (re.compile(r"\bINTEGER\b"), "BIGINT"),
+    (re.compile(r"\bREAL\b"), "DOUBLE PRECISION"),
+    (re.compile(r"\bTEXT\b"), 'TEXT COLLATE "C"'),
+)
+
+
+@lru_cache(maxsize=512)
+def translate_sql(sql: str, with_params: bool = True) -> str:
+    """The repositories' SQLite-flavoured statement as PostgreSQL runs it (see module doc)."""
+    out = sql
+    if with_params:
+        out = out.replace("%", "%%")
+        out = _LITERAL_OR_QMARK.sub(lambda m: "%s" if m.group() == "?" else m.group(), out)
+    out = _MAX2.sub(r"GREATEST(\1, \2)", out)
+    if _OR_IGNORE.search(out):
+        out = _OR_IGNORE.sub("INSERT INTO", out).rstrip().rstrip(";") + " ON CONFLICT DO NOTHING"
+    return out
+
+
+def translate_ddl(sql: str) -> str:
+    """A migration statement's column types as PostgreSQL needs them (see module doc)."""
+    for pattern, replacement in _DDL_TYPES:
+        sql = pattern.sub(replacement, sql)
+    return sql
+
+
+class PgRow:
+    """A result row readable like ``sqlite3.Row``: ``row[0]``, ``row["id"]``, unpacking."""
+
+    __slots__ = ("_index", "_values")
+
+    def __init__(self, values: Sequence[Any], index: dict[str, int]) -> None:
+        self._values = values
+        self._index = index
+
+    def __getitem__(self, key: int | str) -> Any:
+        return self._values[self._index[key] if isinstance(key, str) else key]
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self._values)
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    def keys(self) -> list[str]:
+        return list(self._index)
+
+
+def _row_factory(cursor: Any) -> Callable[[Sequence[Any]], PgRow]:
+    index = {col.name: i for i, col in enumerate(cursor.description or ())}
+    return lambda values: PgRow(values, index)
+
+
+def _params(parameters: Sequence[Any]) -> tuple[Any, ...]:
+    return tuple(int(p) if isinstance(p, bool) else p for p in parameters)
+
+
+class PgDatabase:
+    """One autocommit psycopg connection shaped like the ``sqlite3.Connection`` the repositories
+    use (``execute``, ``executemany``, ``in_transaction``, ``close``)."""
+
+    def __init__(self, url: str, conn: psycopg.Connection[PgRow]) -> None:
+        self.url = url
+        self._conn = conn
+
+    @classmethod
+    def connect(cls, url: str, *, migrate: bool = True) -> PgDatabase:
+        db = cls(url, _open(url))
+        if migrate:
+            migrate_postgres(db)
+        return db
+
+    @property
+    def in_transaction(self) -> bool:
+        return self._conn.info.transaction_status != TransactionStatus.IDLE
+
+    def execute(self, sql: str, parameters: Sequence[Any] = (), /) -> psycopg.Cursor[PgRow]:
+        conn = self._live()
+        try:
+            if sql == "BEGIN IMMEDIATE":
+                conn.execute("BEGIN")
+                return conn.execute("SELECT pg_advisory_xact_lock(%s)", (WRITE_LOCK,))
+            if parameters:
+                return conn.execute(translate_sql(sql), _params(parameters))
+            return conn.execute(translate_sql(sql, False))
+        except psycopg.OperationalError as exc:
+            raise MetadataUnavailable(_reason(exc)) from None
+
+    def executemany(
+        self, sql: str, seq_of_parameters: Iterable[Sequence[Any]], /
+    ) -> psycopg.Cursor[PgRow]:
+        rows = [_params(p) for p in seq_of_parameters]
+        cur = self._live().cursor()
+        try:
+            if rows:
+                cur.executemany(translate_sql(sql), rows)
+        except psycopg.OperationalError as exc:
+            raise MetadataUnavailable(_reason(exc)) from None
+        return cur
+
+    def close(self) -> None:
+        self._conn.close()
+
+    def _live(self) -> psycopg.Connection[PgRow]:
+        """The connection, reopened when the previous one broke (never inside a transaction:
+        a broken transaction is lost and its statements must fail)."""
+        if self._conn.broken or self._conn.closed:
+            try:
+                self._conn = _open(self.url)
+            except psycopg.OperationalError as exc:
+                raise MetadataUnavailable(_reason(exc)) from None
+        return self._conn
+
+
+def _open(url: str) -> psycopg.Connection[PgRow]:
+    return psycopg.connect(
+        url, autocommit=True, row_factory=_row_factory, connect_timeout=CONNECT_TIMEOUT_S
+    )
+
+
+def _reason(exc: psycopg.OperationalError) -> str:
+    """The first line of the driver's message (no URL, no password: libpq never echoes it)."""
+    first = str(exc).strip().splitlines()
+    return f"the metadata database is unreachable ({first[0] if first else type(exc).__name__})"
+
+
+def migrate_postgres(db: PgDatabase) -> int:
+    """Apply the missing migrations, each in its own transaction, under a session advisory lock
+    (two replicas starting at once: the second waits, then finds nothing left to do)."""
+    db.execute("SELECT pg_advisory_lock(?)", (MIGRATE_LOCK,))
+    try:
+        db.execute("CREATE TABLE IF NOT EXISTS schema_version (version BIGINT NOT NULL)")
+        row = db.execute("SELECT MAX(version) FROM schema_version").fetchone()
+        current = int(row[0] or 0) if row is not None else 0
+        for version, migration in enumerate(MIGRATIONS, start=1):
+            if version <= current:
+                continue
+            db.execute("BEGIN")
+            try:
+                for stmt in statements(migration, "postgres"):
+                    db.execute(translate_ddl(stmt))
+                db.execute("INSERT INTO schema_version(version) VALUES (?)", (version,))
+                db.execute("COMMIT")
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+            current = version
+        return current
+    finally:
+        db.execute("SELECT pg_advisory_unlock(?)", (MIGRATE_LOCK,))

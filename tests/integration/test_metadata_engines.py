@@ -1,0 +1,131 @@
+"""What differs between the metadata engines and must not show: migrations applied once when
+replicas start together, the change counter every replica polls, and the SQL translation."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+
+from fairgate.config import parse_config
+from fairgate.db.base import Database
+from fairgate.db.connections import ConnectionRepo
+from fairgate.db.engine import DATABASE_URL_ENV, database_url, open_database
+from fairgate.db.postgres import translate_ddl, translate_sql
+from fairgate.db.repos import seed_from_config
+from fairgate.db.schema import MIGRATIONS
+from fairgate.db.settings import SettingsRepo
+from fairgate.registry import Connection
+
+
+def version(db: Database) -> int:
+    return int(db.execute("SELECT version FROM meta_version").fetchone()[0])
+
+
+def test_translation_of_the_portable_sql() -> None:
+    assert translate_sql("SELECT a FROM t WHERE b = ? AND c = '?'") == (
+        "SELECT a FROM t WHERE b = %s AND c = '?'"
+    )
+    assert translate_sql("SELECT 1 WHERE x LIKE 'a%' AND y = ?") == (
+        "SELECT 1 WHERE x LIKE 'a%%' AND y = %s"
+    )
+    assert translate_sql("SELECT '%'", with_params=False) == "SELECT '%'"
+    assert translate_sql("SET until_ms = MAX(r.until_ms, excluded.until_ms)") == (
+        "SET until_ms = GREATEST(r.until_ms, excluded.until_ms)"
+    )
+    assert translate_sql("SELECT MAX(version) FROM v") == "SELECT MAX(version) FROM v"
+    assert translate_sql("INSERT OR IGNORE INTO s (k) VALUES (?)") == (
+        "INSERT INTO s (k) VALUES (%s) ON CONFLICT DO NOTHING"
+    )
+    assert translate_ddl("a INTEGER, b REAL, c TEXT, d INTEGERS") == (
+        'a BIGINT, b DOUBLE PRECISION, c TEXT COLLATE "C", d INTEGERS'
+    )
+
+
+def test_database_url_must_name_postgresql() -> None:
+    assert database_url({}) is None
+    assert database_url({DATABASE_URL_ENV: " "}) is None
+    assert database_url({DATABASE_URL_ENV: "postgresql://h/db"}) == "postgresql://h/db"
+    with pytest.raises(ValueError, match="postgresql://"):
+        database_url({DATABASE_URL_ENV: "mysql://h/db"})
+
+
+def test_replicas_starting_together_migrate_once(metadata_url: str | None, tmp_path: Path) -> None:
+    """Eight processes' worth of connections open (and so migrate) the same DB at once."""
+    opened: list[Database] = []
+    errors: list[BaseException] = []
+    gate = threading.Barrier(8)
+
+    def start() -> None:
+        try:
+            gate.wait()
+            opened.append(open_database(metadata_url, tmp_path / "fairgate.sqlite"))
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=start) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    try:
+        assert errors == []
+        rows = opened[0].execute("SELECT version FROM schema_version ORDER BY version").fetchall()
+        assert [r[0] for r in rows] == list(range(1, len(MIGRATIONS) + 1))
+        assert version(opened[0]) == 0
+    finally:
+        for db in opened:
+            db.close()
+
+
+def test_every_registry_write_bumps_the_counter_seen_by_other_connections(
+    metadata_url: str | None, tmp_path: Path
+) -> None:
+    a = open_database(metadata_url, tmp_path / "fairgate.sqlite")
+    b = open_database(metadata_url, tmp_path / "fairgate.sqlite")
+    try:
+        before = version(b)
+        ConnectionRepo(a).create(
+            Connection(id="m1", provider="mock", base_url="http://u/v1", secret="s")
+        )
+        after_create = version(b)
+        assert after_create > before
+        SettingsRepo(a).set("quota.x", "1")
+        assert version(b) > after_create
+        # resilience rows are not registry data: no reload for them
+        steady = version(b)
+        a.execute(
+            "INSERT INTO resilience_state (scope, kind, until_ms) VALUES (?, ?, ?)",
+            ("cd:m1", "cooldown", 1),
+        )
+        assert version(b) == steady
+    finally:
+        a.close()
+        b.close()
+
+
+def test_seeding_twice_from_two_replicas_creates_once_and_bumps_nothing(
+    metadata_url: str | None, tmp_path: Path
+) -> None:
+    cfg = parse_config(
+        {
+            "connections": [
+                {"id": "m1", "provider": "mock", "base_url": "http://u/v1", "models": ["*"]}
+            ],
+            "keys": [{"id": "alice", "secret": "fg-alice-secret-value"}],
+            "pools": [{"id": "p", "connections": ["m1"], "allocations": [{"key": "alice"}]}],
+        },
+        {},
+    )
+    a = open_database(metadata_url, tmp_path / "fairgate.sqlite")
+    b = open_database(metadata_url, tmp_path / "fairgate.sqlite")
+    try:
+        first = seed_from_config(a, cfg)
+        seeded = version(a)
+        second = seed_from_config(b, cfg)
+        assert (first.created, second.created, second.changed) == (3, 0, 0)
+        assert version(b) == seeded  # nothing written, so no replica reloads for nothing
+    finally:
+        a.close()
+        b.close()
