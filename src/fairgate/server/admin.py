@@ -29,7 +29,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from fairgate import __version__
 from fairgate.config import dotted
-from fairgate.db.common import Conflict, Invalid, NotFound, RepoError
+from fairgate.db.common import Conflict, Invalid, MetadataUnavailable, NotFound, RepoError
 from fairgate.server.admin_combo_stats import router as combo_stats_router
 from fairgate.server.admin_combos import router as combos_router
 from fairgate.server.admin_common import AdminError, error_response
@@ -237,7 +237,18 @@ def _install_error_handlers(app: FastAPI) -> None:
         status = 404 if isinstance(exc, NotFound) else 409 if isinstance(exc, Conflict) else 400
         return error_response(status, str(exc))
 
+    async def on_metadata_down(request: Request, exc: Exception) -> Response:
+        """The metadata DB is unreachable: nothing was written (the transaction could not run),
+        the proxy keeps serving from the last snapshot; retry once the DB is back."""
+        return error_response(
+            503,
+            f"{exc}; nothing was changed, the gateway keeps serving from its last snapshot, "
+            "retry when the database is back",
+            headers={"Retry-After": "5"},
+        )
+
     app.add_exception_handler(RequestValidationError, on_validation)
+    app.add_exception_handler(MetadataUnavailable, on_metadata_down)
     app.add_exception_handler(StarletteHTTPException, on_http)
     app.add_exception_handler(AdminError, on_admin)
     app.add_exception_handler(RepoError, on_repo)

@@ -129,8 +129,11 @@ def create_app(
         svc: Services = request.app.state.services
         ok = await gw.engine.store.ping()
         outage = gw.engine.health()
+        metadata_ok = gw.watcher is None or gw.watcher.healthy
         body: dict[str, object] = {
-            "status": "ok" if ok and not outage.down else "degraded",
+            "status": "ok" if ok and not outage.down and metadata_ok else "degraded",
+            # "down": the metadata DB cannot be read; the last registry snapshot still serves
+            "metadata": "ok" if metadata_ok else "down",
             "store": {
                 "driver": gw.store_choice.driver,
                 "reachable": ok,

@@ -13,7 +13,6 @@ import contextlib
 import dataclasses
 import logging
 import os
-import sqlite3
 from collections import OrderedDict, deque
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -21,10 +20,12 @@ from typing import Any
 
 from fairgate.clock import SYSTEM_CLOCK, Clock
 from fairgate.config import Config, ConfigError
+from fairgate.db.base import Database
 from fairgate.db.common import RepoError
-from fairgate.db.connection import open_db
+from fairgate.db.engine import database_url, open_database
 from fairgate.db.repos import load_registry, seed_from_config
 from fairgate.db.settings import SettingsRepo, access_policy
+from fairgate.db.watch import ChangeWatcher
 from fairgate.files import private_dir
 from fairgate.quota.engine import QuotaEngine
 from fairgate.quota.model import Pool
@@ -94,7 +95,7 @@ class Gateway:
     retention: RetentionGc
     store_choice: StoreChoice
     quota_settings: QuotaSettings
-    db: sqlite3.Connection
+    db: Database
 
     def __init__(
         self,
@@ -133,6 +134,9 @@ class Gateway:
         self._started = False
         self._replay_task: asyncio.Task[None] | None = None
         self._gc_task: asyncio.Task[None] | None = None
+        #: follows the metadata DB's change counter (writes by other replicas or workers)
+        self.watcher: ChangeWatcher | None = None
+        self._watch_task: asyncio.Task[None] | None = None
 
     @property
     def db_path(self) -> Path:
@@ -148,7 +152,12 @@ class Gateway:
         Raises :class:`ConfigError` when the config file cannot be seeded (for example it puts a
         connection in a pool while the DB has it in another, moved there by the admin API)."""
         private_dir(self.data_dir)
-        self.db = open_db(self.db_path)
+        try:
+            db_url = database_url(self.env)
+            poll_s = self._metadata_poll_s()
+        except ValueError as exc:
+            raise ConfigError([("", str(exc))]) from None
+        self.db = open_database(db_url, self.db_path)
         try:
             try:
                 report = seed_from_config(self.db, self.config, self.clock)
@@ -200,7 +209,12 @@ class Gateway:
             self.retention.run_forever(), name="fairgate-quota-gc"
         )
         self._started = True
+        self.watcher = ChangeWatcher(self.db, self._metadata_changed, url=db_url, poll_s=poll_s)
+        self.watcher.start_version()
         self.reload()
+        self._watch_task = asyncio.get_running_loop().create_task(
+            self.watcher.run(), name="fairgate-metadata-watch"
+        )
 
     async def stop(self) -> None:
         """Close the quota store and the DB; safe to call twice."""
@@ -208,12 +222,12 @@ class Gateway:
             return
         self._started = False
         try:
-            for task in (self._gc_task, self._replay_task):
+            for task in (self._watch_task, self._gc_task, self._replay_task):
                 if task is not None:
                     task.cancel()
                     with contextlib.suppress(asyncio.CancelledError):
                         await task
-            self._gc_task = self._replay_task = None
+            self._watch_task = self._gc_task = self._replay_task = None
             await self._flush_journal()
             if self.resilience is not None:
                 await self.resilience.close()
@@ -258,6 +272,24 @@ class Gateway:
             version=self.registry.version + 1,
             require_allocation=self.config.server.require_allocation,
         )
+
+    def _metadata_changed(self) -> None:
+        """Another process (a replica, a worker, the CLI) wrote the metadata DB: rebuild the
+        snapshot and re-read the settings, as this process's own admin API does after a write."""
+        self.reload()
+        db_settings = SettingsRepo(self.db).all()
+        self.quota_settings = self._settings_from(db_settings)
+        self.engine.settings = self.quota_settings
+        if self.resilience is not None:
+            self.resilience.update_settings(ResilienceSettings.from_sources(self.env, db_settings))
+
+    def _metadata_poll_s(self) -> float | None:
+        """``FAIRGATE_METADATA_POLL_MS``: how often the change counter is read (default 250 ms
+        on SQLite; 1 s on PostgreSQL, where notifications arrive first)."""
+        raw = self.env.get("FAIRGATE_METADATA_POLL_MS", "").strip()
+        if raw and not raw.isdigit():
+            raise ValueError("FAIRGATE_METADATA_POLL_MS must be a whole number of milliseconds")
+        return max(10, int(raw)) / 1000 if raw else None
 
     def refresh_settings(self) -> QuotaSettings:
         """Re-read the quota knobs (DB > env > default) into ``quota_settings`` and the engine."""

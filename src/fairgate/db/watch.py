@@ -1,0 +1,136 @@
+"""Change propagation: every replica (or worker) learns that the metadata changed, within a second.
+
+Why a counter: the registry tables carry triggers that bump the one-row ``meta_version`` on each
+write (fairgate.db.schema, migration 5), whoever writes: another replica's admin API, a second
+worker on the same SQLite file, the CLI. A replica only has to compare that number with the one
+its snapshot was built at; when it differs it rebuilds the registry (one assignment swaps it in,
+so requests never wait and never see a mix).
+
+- SQLite (workers of one machine): poll the counter every ``poll_s`` (default 0.25 s), a
+  primary-key read of a page that is in the cache.
+- PostgreSQL (replicas): ``LISTEN fairgate_meta`` on a dedicated async connection, woken by the
+  trigger's ``pg_notify`` within milliseconds; the same counter is read on every wake-up and at
+  least every ``poll_s`` (default 1 s), so a lost notification (or one sent while the listener
+  was reconnecting) is caught by the poll.
+
+When the database cannot be read, the replica keeps its snapshot, ``healthy`` turns False
+(``/health`` says ``metadata: down``) and the watcher retries; the first successful read after
+the outage compares the counter again, so the replica converges.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Final
+
+import psycopg
+
+from fairgate.db.base import Database
+from fairgate.db.common import MetadataUnavailable
+from fairgate.db.schema import NOTIFY_CHANNEL
+
+log = logging.getLogger("fairgate.db.watch")
+
+SQLITE_POLL_S: Final = 0.25
+POSTGRES_POLL_S: Final = 1.0
+_VERSION_SQL: Final = "SELECT version FROM meta_version WHERE id = 1"
+
+
+def read_version(db: Database) -> int:
+    row = db.execute(_VERSION_SQL).fetchone()
+    return int(row[0]) if row is not None else 0
+
+
+class ChangeWatcher:
+    """Calls ``on_change`` (which rebuilds the snapshot from ``db``) whenever the counter moved.
+
+    ``seen`` is the counter the current snapshot reflects; set it just before building the first
+    snapshot so a write in between is caught by the first poll. ``url`` is the PostgreSQL URL to
+    listen on (None: poll ``db``, the SQLite file).
+    """
+
+    def __init__(
+        self,
+        db: Database,
+        on_change: Callable[[], None],
+        *,
+        url: str | None = None,
+        poll_s: float | None = None,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
+        self._db = db
+        self._on_change = on_change
+        self._url = url
+        self.poll_s = poll_s if poll_s is not None else POSTGRES_POLL_S if url else SQLITE_POLL_S
+        self._sleep = sleep
+        self.seen = 0
+        #: False while the database cannot be read (the snapshot in use is the last good one).
+        self.healthy = True
+        #: How many times the snapshot was rebuilt because the counter moved.
+        self.reloads = 0
+        #: True while a PostgreSQL ``LISTEN`` is in place (notifications arrive).
+        self.listening = False
+
+    def start_version(self) -> int:
+        """Read the counter before the first snapshot is built (see class doc)."""
+        self.seen = read_version(self._db)
+        return self.seen
+
+    def check(self, version: int | None = None) -> bool:
+        """Compare the counter (read from ``db`` unless given) and rebuild on a change; True if
+        rebuilt. A failed read or rebuild keeps the old snapshot and marks the DB down."""
+        try:
+            current = read_version(self._db) if version is None else version
+            if current == self.seen:
+                self._up()
+                return False
+            self._on_change()
+        except (MetadataUnavailable, psycopg.Error) as exc:
+            self._down(exc)
+            return False
+        self.seen = current
+        self.reloads += 1
+        self._up()
+        return True
+
+    async def run(self) -> None:
+        """Until cancelled."""
+        if self._url is None:
+            while True:
+                await self._sleep(self.poll_s)
+                self.check()
+        while True:
+            try:
+                await self._listen(self._url)
+            except psycopg.Error as exc:
+                self._down(exc)
+                await self._sleep(min(self.poll_s, POSTGRES_POLL_S))
+            finally:
+                self.listening = False
+
+    async def _listen(self, url: str) -> None:
+        async with await psycopg.AsyncConnection.connect(
+            url, autocommit=True, connect_timeout=3
+        ) as conn:
+            await conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
+            self.listening = True
+            while True:
+                # read on the async connection: the event loop never waits on the network here
+                cur = await conn.execute(_VERSION_SQL)
+                row = await cur.fetchone()
+                self.check(int(row[0]) if row is not None else 0)
+                async for _ in conn.notifies(timeout=self.poll_s, stop_after=1):
+                    pass
+
+    def _down(self, exc: BaseException) -> None:
+        if self.healthy:
+            reason = str(exc).strip().splitlines()[:1] or [type(exc).__name__]
+            log.warning("metadata database unavailable, serving the last snapshot: %s", reason[0])
+        self.healthy = False
+
+    def _up(self) -> None:
+        if not self.healthy:
+            log.info("metadata database reachable again")
+        self.healthy = True

@@ -1,0 +1,79 @@
+"""A loopback TCP relay that a test can cut and restore: the network path to a real server
+(PostgreSQL) fails the way it does in production (connections reset, new ones refused) without
+stopping the server that other tests share."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+
+
+class TcpCut:
+    """Relays ``127.0.0.1:port`` to ``target``. :meth:`cut` resets every relayed connection and
+    refuses new ones; :meth:`restore` accepts again on the same port. Threads, not asyncio: the
+    code under test may block its event loop on a synchronous driver call."""
+
+    def __init__(self, target: tuple[str, int]) -> None:
+        self.target = target
+        probe = socket.socket()
+        probe.bind(("127.0.0.1", 0))
+        self.port: int = probe.getsockname()[1]
+        probe.close()
+        self._lock = threading.Lock()
+        self._conns: list[socket.socket] = []
+        self._listener: socket.socket | None = None
+        self.restore()
+
+    def restore(self) -> None:
+        ls = socket.socket()
+        ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        ls.bind(("127.0.0.1", self.port))
+        ls.listen(64)
+        self._listener = ls
+        threading.Thread(target=self._accept, args=(ls,), daemon=True).start()
+
+    def cut(self) -> None:
+        ls, self._listener = self._listener, None
+        if ls is not None:
+            _kill(ls)
+        with self._lock:
+            conns, self._conns = self._conns, []
+        for s in conns:
+            _kill(s)
+
+    close = cut
+
+    def _accept(self, ls: socket.socket) -> None:
+        while True:
+            try:
+                client, _ = ls.accept()
+            except OSError:
+                return
+            try:
+                upstream = socket.create_connection(self.target, timeout=5)
+                upstream.settimeout(None)
+            except OSError:
+                client.close()
+                continue
+            with self._lock:
+                self._conns += [client, upstream]
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=_pump, args=(a, b), daemon=True).start()
+
+
+def _pump(src: socket.socket, dst: socket.socket) -> None:
+    try:
+        while data := src.recv(65536):
+            dst.sendall(data)
+    except OSError:
+        pass
+    finally:
+        _kill(src)
+        _kill(dst)
+
+
+def _kill(s: socket.socket) -> None:
+    with contextlib.suppress(OSError):
+        s.shutdown(socket.SHUT_RDWR)
+    s.close()

@@ -1,0 +1,214 @@
+"""Change propagation between gateways sharing one metadata DB, in process: workers on one SQLite
+file, replicas on one PostgreSQL. A write through one gateway (or any other process) reaches the
+others' registry snapshots without a restart; on PostgreSQL both the notification and the poll
+safety net are shown to work on their own."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import replace
+from pathlib import Path
+from urllib.parse import urlparse, urlunparse
+
+import httpx
+import psycopg
+import pytest_asyncio
+from tcp_cut import TcpCut
+
+from fairgate.clock import ManualClock
+from fairgate.config import parse_config
+from fairgate.db.keys import KeyRepo
+from fairgate.db.pools import PoolRepo
+from fairgate.db.settings import SettingsRepo
+from fairgate.server.admin import create_admin_app
+from fairgate.server.state import Gateway
+
+CONFIG = {
+    "connections": [
+        {"id": "m1", "provider": "mock", "base_url": "http://127.0.0.1:9/v1", "models": ["*"]},
+        {"id": "m2", "provider": "mock", "base_url": "http://127.0.0.1:9/v1", "models": ["*"]},
+    ],
+    "keys": [
+        {"id": "alice", "secret": "fg-alice-secret-0123456789"},
+        {"id": "bob", "secret": "fg-bob-secret-0123456789"},
+    ],
+    "pools": [
+        {
+            "id": "demo",
+            "connections": ["m1"],
+            "dimensions": [{"unit": "requests", "window": "hourly", "limit": 10}],
+            "allocations": [{"key": "alice", "weight": 50}, {"key": "bob", "weight": 50}],
+        }
+    ],
+}
+
+ADMIN = "adm-test"
+#: Generous: a deadline for a busy machine, not a speed claim (benchmarks/propagation.py
+#: measures the delay).
+DEADLINE_S = 15.0
+
+
+async def eventually(check: Callable[[], bool]) -> None:
+    end = time.monotonic() + DEADLINE_S
+    while not check():
+        assert time.monotonic() < end, "the change did not propagate"
+        await asyncio.sleep(0.01)
+
+
+@pytest_asyncio.fixture
+async def gateways(
+    metadata_url: str | None, tmp_path: Path, clock: ManualClock
+) -> AsyncIterator[Callable[..., asyncio.Future[list[Gateway]]]]:
+    """Start ``n`` gateways on the test's metadata DB: SQLite workers share one data dir,
+    PostgreSQL replicas each have their own (only the database is shared)."""
+    started: list[Gateway] = []
+
+    async def start(n: int, poll_ms: int = 20) -> list[Gateway]:
+        env = {"FAIRGATE_METADATA_POLL_MS": str(poll_ms)}
+        if metadata_url is not None:
+            env["FAIRGATE_DATABASE_URL"] = metadata_url
+        for i in range(n):
+            data = tmp_path if metadata_url is None else tmp_path / f"replica-{i}"
+            gw = Gateway(data_dir=data, config=parse_config(CONFIG, {}), env=env, clock=clock)
+            await gw.start()
+            started.append(gw)
+        return started[-n:]
+
+    yield start  # type: ignore[misc]
+    for gw in started:
+        await gw.stop()
+
+
+async def test_pool_key_and_delete_reach_every_gateway(
+    gateways: Callable[..., asyncio.Future[list[Gateway]]],
+) -> None:
+    a, b, c = await gateways(3)
+    assert b.registry.pools["demo"].allocation("alice").weight == 50  # type: ignore[union-attr]
+
+    repo = PoolRepo(a.db)
+    rec = repo.record("demo")
+    new = tuple(replace(x, weight=90 if x.key_id == "alice" else 10) for x in rec.allocations)
+    repo.update(replace(rec, allocations=new))
+    a.reload()  # what the admin API does on the writing gateway
+
+    def weights(gw: Gateway) -> dict[str, float]:
+        return {x.key_id: x.weight for x in gw.registry.pools["demo"].allocations}
+
+    await eventually(lambda: all(weights(g) == {"alice": 90, "bob": 10} for g in (b, c)))
+
+    _, secret = KeyRepo(b.db).create("Carol", key_id="carol")
+    await eventually(lambda: c.registry.authenticate(secret) is not None)
+
+    PoolRepo(c.db).delete("demo")
+    await eventually(lambda: all("demo" not in g.registry.pools for g in (a, b)))
+
+
+async def test_settings_written_elsewhere_are_applied(
+    gateways: Callable[..., asyncio.Future[list[Gateway]]],
+) -> None:
+    a, b = await gateways(2)
+    before = b.quota_settings
+    SettingsRepo(a.db).set("quota.saturationThreshold", "0.9")
+    await eventually(lambda: b.quota_settings != before)
+    assert b.engine.settings.saturation_threshold == 0.9
+
+
+# -- PostgreSQL: each mechanism on its own ------------------------------------------------------
+
+
+async def _replicas(url: str, tmp_path: Path, clock: ManualClock, poll_ms: int) -> list[Gateway]:
+    env = {"FAIRGATE_DATABASE_URL": url, "FAIRGATE_METADATA_POLL_MS": str(poll_ms)}
+    out = []
+    for i in range(2):
+        gw = Gateway(
+            data_dir=tmp_path / f"r{i}",
+            config=parse_config(CONFIG, {}),
+            env=env,
+            clock=clock,
+            admin_key=ADMIN,
+        )
+        await gw.start()
+        out.append(gw)
+    return out
+
+
+async def test_a_notification_alone_propagates(
+    postgres_url: str, tmp_path: Path, clock: ManualClock
+) -> None:
+    """The poll is an hour apart: only LISTEN/NOTIFY can carry the change."""
+    a, b = await _replicas(postgres_url, tmp_path, clock, poll_ms=3_600_000)
+    try:
+        await eventually(lambda: b.watcher is not None and b.watcher.listening)
+        PoolRepo(a.db).delete("demo")
+        await eventually(lambda: "demo" not in b.registry.pools)
+    finally:
+        await a.stop()
+        await b.stop()
+
+
+async def test_a_lost_notification_is_caught_by_the_poll(
+    postgres_url: str, tmp_path: Path, clock: ManualClock
+) -> None:
+    """A write whose triggers did not fire (so no NOTIFY), followed by a bare counter bump: only
+    the poll sees it."""
+    a, b = await _replicas(postgres_url, tmp_path, clock, poll_ms=50)
+    try:
+        with psycopg.connect(postgres_url, autocommit=True) as raw, raw.transaction():
+            raw.execute("SET LOCAL session_replication_role = replica")  # no triggers
+            raw.execute("DELETE FROM pools WHERE id = 'demo'")
+            raw.execute("UPDATE meta_version SET version = version + 1")
+        await eventually(lambda: all("demo" not in g.registry.pools for g in (a, b)))
+    finally:
+        await a.stop()
+        await b.stop()
+
+
+# -- the metadata DB goes away ------------------------------------------------------------------
+
+
+async def test_metadata_down_serves_the_snapshot_refuses_writes_and_converges(
+    postgres_url: str, tmp_path: Path, clock: ManualClock
+) -> None:
+    """Both replicas reach PostgreSQL through a relay that is cut: they keep their snapshot, the
+    watcher reports the DB down (``/health``: ``metadata: down``), an admin write answers 503 and
+    changes nothing; a write made meanwhile by a replica that still reaches the DB is applied
+    once the path is back."""
+    u = urlparse(postgres_url)
+    relay = TcpCut((u.hostname or "127.0.0.1", u.port or 5432))
+    via_relay = urlunparse(u._replace(netloc=f"{u.username}@127.0.0.1:{relay.port}"))
+    a, b = await _replicas(via_relay, tmp_path, clock, poll_ms=50)
+    try:
+        await eventually(lambda: b.watcher is not None and b.watcher.listening)
+        relay.cut()
+        await eventually(lambda: a.watcher is not None and not a.watcher.healthy)
+        assert "demo" in a.registry.pools  # still served
+        assert "demo" in b.registry.pools
+
+        transport = httpx.ASGITransport(app=create_admin_app(a))
+        auth = {"Authorization": f"Bearer {ADMIN}"}
+        async with httpx.AsyncClient(
+            transport=transport, base_url="http://gw", headers=auth
+        ) as client:
+            resp = await client.delete("/quota/pools/demo")
+        assert resp.status_code == 503
+        assert "metadata database is unreachable" in resp.json()["error"]["message"]
+        assert "demo" in a.registry.pools
+        with psycopg.connect(postgres_url) as direct:  # the pool is still stored
+            assert direct.execute("SELECT 1 FROM pools WHERE id = 'demo'").fetchone()
+            direct.execute("DELETE FROM allocations WHERE key_id = 'bob'")  # another replica
+
+        relay.restore()
+        await eventually(
+            lambda: all(
+                g.watcher is not None
+                and g.watcher.healthy
+                and len(g.registry.pools["demo"].allocations) == 1
+                for g in (a, b)
+            )
+        )
+    finally:
+        relay.close()
+        await a.stop()
+        await b.stop()
