@@ -176,11 +176,10 @@ def _process_clock(env: Mapping[str, str]) -> Clock:
 def _secrets_of(cfg: object, *more: str) -> list[str]:
     """The secrets a config file holds, so the log redactor masks them verbatim."""
     from fairgate.config import Config
+    from fairgate.server.workers import config_secrets
 
     assert isinstance(cfg, Config)
-    out = [c.secret for c in cfg.connections if c.secret]
-    out += [k.secret for k in cfg.keys if k.secret]
-    return out + [m for m in more if m]
+    return config_secrets(cfg, *more)
 
 
 SHUTDOWN_ENV = "FAIRGATE_SHUTDOWN_TIMEOUT_S"
@@ -221,13 +220,19 @@ def serve(
     data_dir: Annotated[
         Path | None, typer.Option(help="Data directory (FAIRGATE_DATA_DIR).")
     ] = None,
+    workers: Annotated[
+        int, typer.Option(help="Gateway processes sharing the port (docs/deploy.md).")
+    ] = 1,
 ) -> None:
     """Run the gateway."""
     from fairgate.config import Config, ConfigError, load_config
     from fairgate.server.app import create_app
     from fairgate.server.state import Gateway
     from fairgate.server.wire import run as serve_http
+    from fairgate.server.workers import MAX_WORKERS, run_workers
 
+    if not 1 <= workers <= MAX_WORKERS:
+        _fail(f"--workers must be from 1 to {MAX_WORKERS}, not {workers}")
     env = dict(os.environ)
     path = config or (Path(env["FAIRGATE_CONFIG"]) if env.get("FAIRGATE_CONFIG") else None)
     try:
@@ -257,7 +262,13 @@ def serve(
         chosen,
         extra={"version": __version__, "url": f"http://{bind}:{chosen}", "data_dir": str(ddir)},
     )
-    serve_http(create_app(gw, http=limits), bind, chosen, limits, _drain_seconds(env))
+    drain_s = _drain_seconds(env)
+    if workers > 1:
+        run_workers(
+            workers, host=bind, port=chosen, config_path=path, data_dir=ddir, drain_s=drain_s
+        )
+        return
+    serve_http(create_app(gw, http=limits), bind, chosen, limits, drain_s)
 
 
 @app.command("mock-upstream")

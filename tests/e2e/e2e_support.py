@@ -249,6 +249,7 @@ def launch_gateway(
     data_dir: Path | None = None,
     name: str = "gw",
     port: int | None = None,
+    extra_args: tuple[str, ...] = (),
 ) -> Proc:
     port = port or free_port()
     ddir = data_dir or (workdir / f"data-{name}")
@@ -257,9 +258,10 @@ def launch_gateway(
     cfg.write_text(config_yaml)
     log = workdir / f"{name}.log"
     full_env = {"FAIRGATE_ADMIN_KEY": ADMIN_KEY, **env}
+    args = ["serve", "--config", str(cfg), "--port", str(port), "--data-dir", str(ddir)]
     p = Proc(
         spawn(
-            ["serve", "--config", str(cfg), "--port", str(port), "--data-dir", str(ddir)],
+            [*args, *extra_args],
             log,
             full_env,
         ),
@@ -284,13 +286,20 @@ def start_gateway(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Ga
         data_dir: Path | None = None,
         extra_env: dict[str, str] | None = None,
         port: int | None = None,
+        extra_args: tuple[str, ...] = (),
     ) -> Proc:
         env = {"QUOTA_STORE_DRIVER": driver, **(extra_env or {})}
         if driver == "redis":
             env["QUOTA_STORE_REDIS_URL"] = request.getfixturevalue("redis_url")
             env.setdefault("QUOTA_STORE_REDIS_PREFIX", request.getfixturevalue("redis_prefix"))
         p = launch_gateway(
-            tmp_path, config_yaml, env, data_dir=data_dir, name=f"gw{len(started)}", port=port
+            tmp_path,
+            config_yaml,
+            env,
+            data_dir=data_dir,
+            name=f"gw{len(started)}",
+            port=port,
+            extra_args=extra_args,
         )
         started.append(p)
         return p

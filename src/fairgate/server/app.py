@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import logging
+import os
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import orjson
@@ -134,6 +135,10 @@ def create_app(
             "status": "ok" if ok and not outage.down and metadata_ok else "degraded",
             # "down": the metadata DB cannot be read; the last registry snapshot still serves
             "metadata": "ok" if metadata_ok else "down",
+            # which process answered (``serve --workers N``) and the metadata change counter its
+            # registry snapshot reflects: equal on every worker/replica once a change propagated
+            "pid": os.getpid(),
+            "metadataVersion": gw.watcher.seen if gw.watcher is not None else 0,
             "store": {
                 "driver": gw.store_choice.driver,
                 "reachable": ok,

@@ -1,0 +1,90 @@
+"""``fairgate serve --workers N``: N gateway processes behind one listening socket.
+
+Why uvicorn's supervisor: the parent binds the port once and hands the socket to every worker
+(the kernel spreads connections across them), restarts a worker that dies, and on SIGTERM or
+Ctrl-C stops them all gracefully (each drains its requests within the shutdown timeout). Each
+worker is a full gateway (its own event loop, registry snapshot and in-flight table) built by
+:func:`worker_app` from the same config file and data directory. What must agree across them is
+shared, not copied: quota counters in the SQLite quota file or Redis (admission is one
+transaction or one Lua script, so limits stay exact), metadata in ``fairgate.sqlite`` or
+PostgreSQL, whose change counter every worker follows (fairgate.db.watch), and resilience
+state in the metadata DB or Redis.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+import orjson
+from starlette.applications import Starlette
+
+from fairgate.config import Config, load_config
+from fairgate.server.app import create_app
+from fairgate.server.http_settings import HttpSettings
+from fairgate.server.logs import configure_from_env
+from fairgate.server.state import Gateway
+from fairgate.testclock import process_clock
+
+#: How the parent tells each worker what to serve (JSON: config path, data dir, bind address).
+WORKER_SPEC_ENV = "FAIRGATE_WORKER_SPEC"
+#: The most workers one machine gets: more processes than this only add memory and contention.
+MAX_WORKERS = 64
+
+
+def config_secrets(cfg: Config, *more: str) -> list[str]:
+    """The secrets a config file holds, so the log redactor masks them verbatim."""
+    out = [c.secret for c in cfg.connections if c.secret]
+    out += [k.secret for k in cfg.keys if k.secret]
+    return out + [m for m in more if m]
+
+
+def worker_app() -> Starlette:
+    """uvicorn's app factory, run in each worker process (see module doc)."""
+    spec = orjson.loads(os.environ[WORKER_SPEC_ENV])
+    env = dict(os.environ)
+    config_path = spec.get("config")
+    cfg = load_config(Path(config_path), env) if config_path else Config.default()
+    configure_from_env(env, config_secrets(cfg, env.get("FAIRGATE_ADMIN_KEY", "")))
+    clock = process_clock(env)  # the parent checked it: FAIRGATE_TESTING's test clock or none
+    if clock.warning:
+        logging.getLogger("fairgate.cli").warning(clock.warning)
+    gw = Gateway(data_dir=Path(spec["data_dir"]), config=cfg, env=env, clock=clock.clock)
+    return create_app(gw, http=HttpSettings.from_env(env, spec["bind"]))
+
+
+def run_workers(
+    workers: int,
+    *,
+    host: str,
+    port: int,
+    config_path: Path | None,
+    data_dir: Path,
+    drain_s: int = 30,
+) -> None:
+    """Serve with ``workers`` processes until stopped (blocks). Each worker gets the same HTTP
+    edge limits, clock and drain timeout as a single process (server/wire.py)."""
+    import uvicorn
+
+    spec = {
+        "config": str(config_path.resolve()) if config_path else None,
+        "data_dir": str(data_dir.resolve()),
+        "bind": host,
+    }
+    os.environ[WORKER_SPEC_ENV] = orjson.dumps(spec).decode()
+    limits = HttpSettings.from_env(os.environ, host)
+    uvicorn.run(
+        "fairgate.server.workers:worker_app",
+        factory=True,
+        workers=workers,
+        host=host,
+        port=port,
+        loop="uvloop",
+        http="fairgate.server.worker_protocol:WorkerHttpProtocol",
+        log_level="warning",
+        log_config=None,
+        timeout_graceful_shutdown=drain_s,
+        # a deep accept queue lets a connection burst wait for a slot instead of a reset
+        backlog=max(2048, limits.max_connections),
+    )
