@@ -91,6 +91,23 @@ async def test_three_replicas_on_postgres_follow_one_admin_write(
         await eventually(refused_everywhere)
         assert await chat(a.url, keys["k2"]) == 200  # the others are untouched
 
+    # every replica's /log shows the same admissions (one shared log in Redis)
+    logs: list[list[dict[str, object]]] = []
+
+    async def same_log_everywhere() -> bool:
+        logs.clear()
+        for g in (a, b, c):
+            async with httpx.AsyncClient(base_url=g.url, headers=ADMIN, timeout=10) as cl:
+                r = await cl.get("/api/quota/pools/shared/log", params={"limit": 500})
+                logs.append(r.json()["events"])
+        return logs[0] == logs[1] == logs[2]
+
+    await eventually(same_log_everywhere)
+    outcomes = Counter((e["keyId"], e["outcome"]) for e in logs[0])
+    assert outcomes[("k1", "allow")] == 3  # the three admitted before the cap
+    assert outcomes[("k1", "block")] >= 2  # refused on B and C
+    assert outcomes[("k2", "allow")] == 1
+
     async with httpx.AsyncClient(base_url=b.url, headers=ADMIN, timeout=10) as admin_b:
         # a key created on B works on C
         r = await admin_b.post("/api/keys", json={"id": "late", "name": "Late"})

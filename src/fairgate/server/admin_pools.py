@@ -198,7 +198,7 @@ async def delete_pool(pool_id: str, gw: GW) -> Response:
     from zero)."""
     PoolRepo(gw.db).delete(pool_id)
     gw.reload()
-    gw.pool_log.forget(pool_id)
+    await gw.pool_log.forget(pool_id)
     await _clear_counters(gw, pool_id)
     return Response(status_code=204)
 
@@ -222,9 +222,15 @@ async def pool_usage(pool_id: str, gw: GW) -> PoolUsageOut:
 async def pool_log(
     pool_id: str, gw: GW, limit: Annotated[int, Query(ge=1, le=500)] = 100
 ) -> PoolLogOut:
-    """The most recent admission events of the pool, newest first (kept in memory only)."""
+    """The most recent admission events of the pool, newest first, from every replica or worker
+    (the log is shared like the quota counters, bounded per pool, and survives restarts)."""
     PoolRepo(gw.db).record(pool_id)
-    return PoolLogOut(pool_id=pool_id, events=gw.pool_log.recent(pool_id, limit))
+    try:
+        events = await gw.pool_log.recent(pool_id, limit)
+    except Exception as exc:
+        reason = type(exc).__name__
+        raise AdminError(503, f"The admission log cannot be read ({reason})") from None
+    return PoolLogOut(pool_id=pool_id, events=events)
 
 
 @router.put("/quota/pools/{pool_id}/allocations/{key_id}/model-caps", tags=["pools"])

@@ -13,10 +13,8 @@ import contextlib
 import dataclasses
 import logging
 import os
-from collections import OrderedDict, deque
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
 
 from fairgate.clock import SYSTEM_CLOCK, Clock
 from fairgate.config import Config, ConfigError
@@ -37,50 +35,18 @@ from fairgate.resilience.manager import RateLimitManager
 from fairgate.resilience.settings import ResilienceSettings
 from fairgate.routing.fallbacks import FallbackCounts
 from fairgate.routing.metrics import TargetMetrics
+from fairgate.store.admission_log import (
+    LogBackend,
+    RedisLogBackend,
+    SharedPoolLog,
+    SqliteLogBackend,
+)
 from fairgate.store.factory import StoreChoice, create_store, redis_url
 from fairgate.timers import SystemTimer, Timer
 
 log = logging.getLogger("fairgate.server")
 
 SignalsSource = Callable[[Pool], Mapping[str, float]]
-
-
-class PoolLog:
-    """Recent admission events per pool, for the dashboard and ``GET /quota/pools/{id}/log``.
-
-    Bounded twice so that it can never grow with traffic: ``per_pool`` events per pool (oldest
-    dropped) and ``max_pools`` pools (the least recently logged pool dropped).
-    """
-
-    def __init__(self, per_pool: int = 500, max_pools: int = 1000) -> None:
-        self.per_pool = per_pool
-        self.max_pools = max_pools
-        self._events: OrderedDict[str, deque[dict[str, Any]]] = OrderedDict()
-
-    def log(self, pool_id: str, event: Mapping[str, Any]) -> None:
-        events = self._events.get(pool_id)
-        if events is None:
-            events = self._events[pool_id] = deque(maxlen=self.per_pool)
-            while len(self._events) > self.max_pools:
-                self._events.popitem(last=False)
-        else:
-            self._events.move_to_end(pool_id)
-        events.append(dict(event))
-
-    def recent(self, pool_id: str, limit: int = 100) -> list[dict[str, Any]]:
-        """The newest ``limit`` events, newest first (copies: callers may not edit the log)."""
-        events = self._events.get(pool_id)
-        if not events or limit <= 0:
-            return []
-        n = min(limit, len(events))
-        return [dict(events[-1 - i]) for i in range(n)]
-
-    def forget(self, pool_id: str) -> None:
-        self._events.pop(pool_id, None)
-
-    def size(self) -> tuple[int, int]:
-        """(pools, events) held: for ``/health``'s view of the gateway's in-memory maps."""
-        return len(self._events), sum(len(e) for e in self._events.values())
 
 
 class Gateway:
@@ -96,6 +62,8 @@ class Gateway:
     store_choice: StoreChoice
     quota_settings: QuotaSettings
     db: Database
+    #: the admission log of every pool, shared like the quota counters (store/admission_log.py)
+    pool_log: SharedPoolLog
 
     def __init__(
         self,
@@ -114,7 +82,6 @@ class Gateway:
         #: ``clock``; tests swap in a ManualTimer that shares their ManualClock
         self.timer: Timer = SystemTimer(clock)
         self.admin_key: str | None = admin_key or self.env.get("FAIRGATE_ADMIN_KEY") or None
-        self.pool_log = PoolLog()
         #: key id → when this process last authenticated it (epoch ms), for the Keys page;
         #: one entry per key, so bounded by the key table, and never written on the hot path
         #: to the database
@@ -137,6 +104,7 @@ class Gateway:
         #: follows the metadata DB's change counter (writes by other replicas or workers)
         self.watcher: ChangeWatcher | None = None
         self._watch_task: asyncio.Task[None] | None = None
+        self._log_task: asyncio.Task[None] | None = None
 
     @property
     def db_path(self) -> Path:
@@ -199,15 +167,14 @@ class Gateway:
             redis_prefix=self.redis_prefix,
             db=self.db,
         )
+        self.pool_log = SharedPoolLog(self._log_backend(db_settings))
+        loop = asyncio.get_running_loop()
         # probes a store that went down and replays the usage journaled meanwhile
-        self._replay_task = asyncio.get_running_loop().create_task(
-            self.engine.run_replay(), name="fairgate-quota-replay"
-        )
+        self._replay_task = loop.create_task(self.engine.run_replay(), name="fairgate-quota-replay")
+        self._log_task = loop.create_task(self.pool_log.run(), name="fairgate-admission-log")
         # retention GC: shortly after start, then hourly (fairgate.quota.retention)
         self.retention = RetentionGc(self.engine)
-        self._gc_task = asyncio.get_running_loop().create_task(
-            self.retention.run_forever(), name="fairgate-quota-gc"
-        )
+        self._gc_task = loop.create_task(self.retention.run_forever(), name="fairgate-quota-gc")
         self._started = True
         self.watcher = ChangeWatcher(self.db, self._metadata_changed, url=db_url, poll_s=poll_s)
         self.watcher.start_version()
@@ -222,12 +189,13 @@ class Gateway:
             return
         self._started = False
         try:
-            for task in (self._watch_task, self._gc_task, self._replay_task):
+            for task in (self._watch_task, self._gc_task, self._replay_task, self._log_task):
                 if task is not None:
                     task.cancel()
                     with contextlib.suppress(asyncio.CancelledError):
                         await task
-            self._watch_task = self._gc_task = self._replay_task = None
+            self._watch_task = self._gc_task = self._replay_task = self._log_task = None
+            await self.pool_log.close()
             await self._flush_journal()
             if self.resilience is not None:
                 await self.resilience.close()
@@ -272,6 +240,13 @@ class Gateway:
             version=self.registry.version + 1,
             require_allocation=self.config.server.require_allocation,
         )
+
+    def _log_backend(self, db_settings: Mapping[str, str]) -> LogBackend:
+        """Where the admission log lives: with the counters, so it is shared as widely."""
+        url = redis_url(self.env, db_settings)
+        if self.store_choice.driver == "redis" and url:
+            return RedisLogBackend(url, self.redis_prefix)
+        return SqliteLogBackend(self.data_dir / "admission_log.sqlite")
 
     def _metadata_changed(self) -> None:
         """Another process (a replica, a worker, the CLI) wrote the metadata DB: rebuild the

@@ -1,0 +1,198 @@
+"""The pool admission log (``GET /api/quota/pools/{id}/log``), shared by every process.
+
+Why shared: behind a load balancer each request lands on some replica or worker; a log kept in
+each process's memory shows a different slice on every call and is lost on restart. The log
+therefore lives where the quota counters live, so it is shared exactly as widely:
+
+- the SQLite quota store (one machine, ``serve --workers N``): a table in
+  ``admission_log.sqlite`` beside ``quota.sqlite`` (its own file: the log's writes never take
+  the quota file's write lock);
+- Redis (replicas): one stream per pool, ``XADD … MAXLEN ~ per_pool``.
+
+Bounded both ways: ``per_pool`` events per pool (oldest trimmed) and, for SQLite, events of a
+pool deleted are dropped with it. The hot path only appends to an in-process buffer (O(1), no
+I/O); a background task writes the buffer every ``flush_s`` (one batch per flush), and a read
+flushes first, so a process always sees its own admissions. An unreachable backend drops the
+batch with a warning: the log is an operator's view, never a reason to fail a request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import sqlite3
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Final, Protocol
+
+import orjson
+
+log = logging.getLogger("fairgate.store.admission_log")
+
+PER_POOL: Final = 500
+FLUSH_S: Final = 0.1
+#: Buffered events beyond this are dropped (and counted) until the next flush: bounded memory
+#: even when the backend is slow or down.
+MAX_PENDING: Final = 10_000
+
+Event = dict[str, Any]
+
+
+class LogBackend(Protocol):
+    async def append(self, batch: list[tuple[str, Event]]) -> None: ...
+
+    async def recent(self, pool_id: str, limit: int) -> list[Event]: ...
+
+    async def forget(self, pool_id: str) -> None: ...
+
+    async def close(self) -> None: ...
+
+
+class SqliteLogBackend:
+    """The log in a SQLite file shared by the workers of one machine (see module doc)."""
+
+    def __init__(self, path: Path, per_pool: int = PER_POOL) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.per_pool = per_pool
+        self._conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        self._conn.execute("PRAGMA journal_mode=WAL")
+        self._conn.execute("PRAGMA synchronous=NORMAL")
+        self._conn.execute("PRAGMA busy_timeout=5000")
+        self._conn.execute(
+            "CREATE TABLE IF NOT EXISTS admission_log (id INTEGER PRIMARY KEY AUTOINCREMENT, "
+            "pool_id TEXT NOT NULL, event TEXT NOT NULL)"
+        )
+        self._conn.execute(
+            "CREATE INDEX IF NOT EXISTS admission_log_by_pool ON admission_log (pool_id, id)"
+        )
+
+    async def append(self, batch: list[tuple[str, Event]]) -> None:
+        rows = [(pool_id, orjson.dumps(event).decode()) for pool_id, event in batch]
+        self._conn.execute("BEGIN IMMEDIATE")
+        try:
+            self._conn.executemany("INSERT INTO admission_log (pool_id, event) VALUES (?, ?)", rows)
+            for pool_id in {p for p, _ in rows}:
+                self._conn.execute(
+                    "DELETE FROM admission_log WHERE pool_id = ? AND id <= (SELECT id FROM "
+                    "admission_log WHERE pool_id = ? ORDER BY id DESC LIMIT 1 OFFSET ?)",
+                    (pool_id, pool_id, self.per_pool),
+                )
+            self._conn.execute("COMMIT")
+        except BaseException:
+            self._conn.execute("ROLLBACK")
+            raise
+
+    async def recent(self, pool_id: str, limit: int) -> list[Event]:
+        rows = self._conn.execute(
+            "SELECT event FROM admission_log WHERE pool_id = ? ORDER BY id DESC LIMIT ?",
+            (pool_id, limit),
+        ).fetchall()
+        return [orjson.loads(r[0]) for r in rows]
+
+    async def forget(self, pool_id: str) -> None:
+        self._conn.execute("DELETE FROM admission_log WHERE pool_id = ?", (pool_id,))
+
+    async def close(self) -> None:
+        self._conn.close()
+
+
+class RedisLogBackend:
+    """The log as one Redis stream per pool, ``{prefix}:{<pool>}:log`` (the pool's hash tag, so
+    a cluster keeps it in the pool's slot)."""
+
+    def __init__(self, url: str, prefix: str, per_pool: int = PER_POOL) -> None:
+        import redis.asyncio
+
+        self.per_pool = per_pool
+        self._prefix = prefix
+        self._client = redis.asyncio.Redis.from_url(url, socket_connect_timeout=2, socket_timeout=2)
+
+    def _key(self, pool_id: str) -> str:
+        return f"{self._prefix}:{{{pool_id}}}:log"
+
+    async def append(self, batch: list[tuple[str, Event]]) -> None:
+        pipe = self._client.pipeline(transaction=False)
+        for pool_id, event in batch:
+            pipe.xadd(
+                self._key(pool_id),
+                {"e": orjson.dumps(event)},
+                maxlen=self.per_pool,
+                approximate=False,
+            )
+        await pipe.execute()
+
+    async def recent(self, pool_id: str, limit: int) -> list[Event]:
+        entries = await self._client.xrevrange(self._key(pool_id), count=limit)
+        return [orjson.loads(fields[b"e"]) for _, fields in entries or () if fields]
+
+    async def forget(self, pool_id: str) -> None:
+        await self._client.delete(self._key(pool_id))
+
+    async def close(self) -> None:
+        await self._client.aclose()
+
+
+class SharedPoolLog:
+    """The admission log of every pool: ``log`` on the hot path, ``recent`` for the admin API.
+
+    ``run()`` is the flush loop (a task for the gateway's lifetime); ``close()`` flushes what is
+    left and closes the backend."""
+
+    def __init__(self, backend: LogBackend, *, flush_s: float = FLUSH_S) -> None:
+        self.backend = backend
+        self.flush_s = flush_s
+        self._pending: list[tuple[str, Event]] = []
+        self.dropped = 0
+        self._lock = asyncio.Lock()
+
+    def log(self, pool_id: str, event: Mapping[str, Any]) -> None:
+        if len(self._pending) >= MAX_PENDING:
+            self.dropped += 1
+            return
+        self._pending.append((pool_id, dict(event)))
+
+    async def flush(self) -> None:
+        async with self._lock:
+            batch, self._pending = self._pending, []
+            if not batch:
+                return
+            try:
+                await self.backend.append(batch)
+            except Exception as exc:  # the log never fails a request or the gateway
+                self.dropped += len(batch)
+                log.warning(
+                    "admission log write failed, %d events dropped (%s)",
+                    len(batch),
+                    type(exc).__name__,
+                )
+
+    async def recent(self, pool_id: str, limit: int = 100) -> list[Event]:
+        """The newest ``limit`` events of the pool from every process, newest first."""
+        if limit <= 0:
+            return []
+        await self.flush()
+        return await self.backend.recent(pool_id, limit)
+
+    async def forget(self, pool_id: str) -> None:
+        """Drop a deleted pool's events (best effort: a backend that is down keeps them until
+        they are trimmed)."""
+        await self.flush()
+        try:
+            await self.backend.forget(pool_id)
+        except Exception as exc:
+            log.warning("admission log of pool %s not dropped (%s)", pool_id, type(exc).__name__)
+
+    def size(self) -> tuple[int, int]:
+        """(pools, events) buffered in this process (the rest is in the shared backend)."""
+        return len({p for p, _ in self._pending}), len(self._pending)
+
+    async def run(self) -> None:
+        while True:
+            await asyncio.sleep(self.flush_s)
+            await self.flush()
+
+    async def close(self) -> None:
+        with contextlib.suppress(Exception):
+            await self.flush()
+        await self.backend.close()
