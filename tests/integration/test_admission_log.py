@@ -3,6 +3,8 @@ the replicas): two processes' logs read the same, newest first, bounded, across 
 
 from __future__ import annotations
 
+import os
+import stat
 from collections.abc import Callable
 from pathlib import Path
 
@@ -65,6 +67,13 @@ async def test_bounded_per_pool_and_kept_across_a_restart(open_backend: Opener) 
         assert await again.recent("p", 100) == []
     finally:
         await again.close()
+
+
+async def test_the_sqlite_file_is_private(tmp_path: Path) -> None:
+    path = tmp_path / "data" / "admission_log.sqlite"
+    await SqliteLogBackend(path).close()
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    assert stat.S_IMODE(os.stat(path.parent).st_mode) == 0o700
 
 
 async def test_a_backend_that_fails_never_fails_the_caller(tmp_path: Path) -> None:

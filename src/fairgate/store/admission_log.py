@@ -28,6 +28,8 @@ from typing import Any, Final, Protocol
 
 import orjson
 
+from fairgate.files import private_sqlite
+
 log = logging.getLogger("fairgate.store.admission_log")
 
 PER_POOL: Final = 500
@@ -53,9 +55,11 @@ class SqliteLogBackend:
     """The log in a SQLite file shared by the workers of one machine (see module doc)."""
 
     def __init__(self, path: Path, per_pool: int = PER_POOL) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
         self.per_pool = per_pool
-        self._conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        # 0600 like the other data files: the log tells which key used which model when
+        self._conn = sqlite3.connect(
+            private_sqlite(path), isolation_level=None, check_same_thread=False
+        )
         self._conn.execute("PRAGMA journal_mode=WAL")
         self._conn.execute("PRAGMA synchronous=NORMAL")
         self._conn.execute("PRAGMA busy_timeout=5000")
