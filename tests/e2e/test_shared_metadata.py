@@ -132,19 +132,25 @@ async def test_three_replicas_on_postgres_follow_one_admin_write(
     assert {h["metadata"] for h in seen} == {"ok"}
 
 
-@pytest.mark.slow
-async def test_two_workers_share_the_port_and_follow_each_others_writes(
-    mock_upstream: Proc, start_gateway: GatewayFactory
-) -> None:
+async def two_workers(mock: Proc, start_gateway: GatewayFactory) -> tuple[Proc, dict[str, str]]:
+    """``serve --workers 2`` on one data dir, once both workers answer."""
     keys = {k: new_secret() for k in KEYS}
     gw = start_gateway(
-        gateway_config(mock_upstream.url, _one_pool(keys), keys), extra_args=("--workers", "2")
+        gateway_config(mock.url, _one_pool(keys), keys), extra_args=("--workers", "2")
     )
 
     async def both_workers_up() -> bool:
         return len({h["pid"] for h in await healths(gw.url)}) == 2
 
     await eventually(both_workers_up)
+    return gw, keys
+
+
+@pytest.mark.slow
+async def test_two_workers_share_the_port_and_follow_each_others_writes(
+    mock_upstream: Proc, start_gateway: GatewayFactory
+) -> None:
+    gw, _ = await two_workers(mock_upstream, start_gateway)
     before = max(int(h["metadataVersion"]) for h in await healths(gw.url))  # type: ignore[call-overload]
 
     async with httpx.AsyncClient(base_url=gw.url, headers=ADMIN, timeout=10) as admin:
@@ -166,15 +172,7 @@ async def test_two_workers_share_the_port_and_follow_each_others_writes(
 async def test_two_workers_400_clients_request_limit_100_admit_exactly_100(
     mock_upstream: Proc, start_gateway: GatewayFactory, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    keys = {k: new_secret() for k in KEYS}
-    gw = start_gateway(
-        gateway_config(mock_upstream.url, _one_pool(keys), keys), extra_args=("--workers", "2")
-    )
-
-    async def both_workers_up() -> bool:
-        return len({h["pid"] for h in await healths(gw.url)}) == 2
-
-    await eventually(both_workers_up)
+    gw, keys = await two_workers(mock_upstream, start_gateway)
     results = await _storm([gw], keys, BODY)
 
     async def settled() -> bool:
