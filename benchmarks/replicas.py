@@ -129,7 +129,8 @@ async def throughput(mock: str, workers: int, requests: int, tmp: Path) -> tuple
     cfg.write_text(bench_config(mock))
     cmd = [sys.executable, "-m", "fairgate", "serve", "--config", str(cfg), "--port", str(port)]
     cmd += ["--data-dir", str(tmp / f"w{workers}-data"), "--workers", str(workers)]
-    proc = spawn(cmd, {**os.environ, "FAIRGATE_ADMIN_KEY": ADMIN})
+    # the per-key rate guard off, as in proxy_overhead.py: one bench key sends everything
+    proc = spawn(cmd, {**os.environ, "FAIRGATE_ADMIN_KEY": ADMIN, "FAIRGATE_KEY_RATE_PER_S": "0"})
     url = f"http://127.0.0.1:{port}"
     try:
         wait_http(url + "/health", timeout=180)
