@@ -48,7 +48,11 @@ from proxy_overhead import (
     wait_http,
 )
 
-CONFIG = {"connections": [{"id": "m1", "provider": "mock", "base_url": "http://127.0.0.1:9/v1"}]}
+CONFIG = {
+    "connections": [
+        {"id": "m1", "provider": "mock", "base_url": "http://127.0.0.1:9/v1", "models": ["*"]}
+    ]
+}
 
 
 # -- propagation ------------------------------------------------------------------------------
