@@ -13,7 +13,7 @@ import httpx
 import pytest
 from e2e_support import GatewayFactory, Proc, gateway_config, new_secret
 from outage_support import ADMIN, report
-from test_replicas import KEYS, _pools, _storm
+from replica_support import KEYS, pools, storm
 
 #: A deadline for a busy machine, not a speed claim (benchmarks/propagation.py measures it).
 DEADLINE_S = 20.0
@@ -58,7 +58,7 @@ async def models(url: str, secret: str) -> int:
 
 def _one_pool(keys: dict[str, str]) -> str:
     del keys
-    return _pools("{unit: requests, window: monthly, limit: 50}")
+    return pools("{unit: requests, window: monthly, limit: 50}")
 
 
 @pytest.mark.slow
@@ -173,7 +173,7 @@ async def test_two_workers_400_clients_request_limit_100_admit_exactly_100(
     mock_upstream: Proc, start_gateway: GatewayFactory, capsys: pytest.CaptureFixture[str]
 ) -> None:
     gw, keys = await two_workers(mock_upstream, start_gateway)
-    results = await _storm([gw], keys, BODY)
+    results = await storm([gw], keys, BODY)
 
     async def settled() -> bool:
         return all(h["inflight"] == 0 for h in await healths(gw.url))
