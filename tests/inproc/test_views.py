@@ -78,7 +78,7 @@ async def test_capped_key_is_routed_to_the_target_with_room(
         assert r.status_code == 200, r.text
         assert r.headers["x-fairgate-connection"] == "k1"
         assert h.sent_to == ["k1"]
-        assert [e["outcome"] for e in h.gw.pool_log.recent("ps1")] == []  # s1 never tried
+        assert [e["outcome"] for e in await h.gw.pool_log.recent("ps1")] == []  # s1 never tried
         # bob is not capped on s1: the strategies that keep configured order among targets
         # with room send him there first (headroom and reset-aware rank by what is left)
         r = await h.chat("c", key="fg-bob-secret-0123456789", max_tokens=5)
