@@ -9,7 +9,6 @@ body, which could echo the token); anything else, or no answer → ``RefreshUnav
 
 from __future__ import annotations
 
-import aiohttp
 import orjson
 
 from fairgate.clock import Clock
@@ -19,6 +18,7 @@ from fairgate.providers.oauth import (
     TokenSet,
     chatgpt_account_id,
 )
+from fairgate.providers.transport import HttpSender
 
 __all__ = ["HttpTokenEndpoint"]
 
@@ -28,33 +28,37 @@ _REJECTED = frozenset({400, 401, 403})
 class HttpTokenEndpoint:
     def __init__(
         self,
-        session: aiohttp.ClientSession,
+        http: HttpSender,
         token_url: str,
         client_id: str,
         clock: Clock,
         *,
         timeout_s: float = 30.0,
     ) -> None:
-        self._session = session
+        self._http = http
         self.token_url = token_url
         self.client_id = client_id
         self._clock = clock
-        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self._timeout_s = timeout_s
 
     async def refresh(self, refresh_token: str) -> TokenSet:
         body: dict[str, str] = {"grant_type": "refresh_token", "refresh_token": refresh_token}
         if self.client_id:
             body["client_id"] = self.client_id
         try:
-            async with self._session.post(
+            resp = await self._http.send(
+                "POST",
                 self.token_url,
-                data=orjson.dumps(body),
+                body=orjson.dumps(body),
                 headers={"content-type": "application/json", "accept": "application/json"},
-                timeout=self._timeout,
-            ) as resp:
+                timeout_s=self._timeout_s,
+            )
+            try:
                 raw = await resp.read()
-                status = resp.status
-        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+            finally:
+                resp.release()
+            status = resp.status
+        except (TimeoutError, OSError) as exc:  # the port's errors: no answer, or a broken one
             raise RefreshUnavailable(type(exc).__name__) from None
         try:
             data = orjson.loads(raw)

@@ -15,10 +15,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-import aiohttp
 import orjson
 
 from fairgate.providers.ratelimit import RateLimitSnapshot, parse_rate_limit_headers
+from fairgate.providers.transport import HttpSender
 from fairgate.providers.upstream import upstream_headers, upstream_url
 from fairgate.registry import Connection
 
@@ -60,37 +60,35 @@ def _error_text(raw: bytes, secret: str) -> str:
 
 
 async def probe_connection(
-    conn: Connection, *, now_ms: int, timeout_s: float = 10.0
+    conn: Connection, http: HttpSender, *, now_ms: int, timeout_s: float = 10.0
 ) -> ProbeResult:
     """List the connection's models once; never raises for an upstream or network failure."""
-    timeout = aiohttp.ClientTimeout(total=timeout_s)
     t0 = time.perf_counter()
     try:
-        async with (
-            aiohttp.ClientSession(timeout=timeout) as session,
-            session.get(upstream_url(conn, "/models"), headers=upstream_headers(conn, {})) as resp,
-        ):
+        resp = await http.send(
+            "GET",
+            upstream_url(conn, "/models"),
+            headers=upstream_headers(conn, {}),
+            timeout_s=timeout_s,
+        )
+        try:
             raw = await resp.read()
-            latency = (time.perf_counter() - t0) * 1000
-            snap = parse_rate_limit_headers(resp.headers, now_ms)
-            if resp.status >= 400:
-                return ProbeResult(
-                    False,
-                    resp.status,
-                    latency,
-                    rate_limit=snap,
-                    error=_error_text(raw, conn.secret),
-                )
-            try:
-                models = _model_ids(orjson.loads(raw))
-            except orjson.JSONDecodeError:
-                return ProbeResult(False, resp.status, latency, error="the answer is not JSON")
-            return ProbeResult(True, resp.status, latency, models, snap)
+        finally:
+            resp.release()
     except TimeoutError:
         latency = (time.perf_counter() - t0) * 1000
         return ProbeResult(False, None, latency, error=f"no answer within {timeout_s:g} s")
-    except aiohttp.ClientError as exc:
+    except OSError as exc:  # UpstreamUnreachable / UpstreamBroken: the client error's name
         latency = (time.perf_counter() - t0) * 1000
+        return ProbeResult(False, None, latency, error=f"cannot reach the upstream ({exc})")
+    latency = (time.perf_counter() - t0) * 1000
+    snap = parse_rate_limit_headers(resp.headers, now_ms)
+    if resp.status >= 400:
         return ProbeResult(
-            False, None, latency, error=f"cannot reach the upstream ({type(exc).__name__})"
+            False, resp.status, latency, rate_limit=snap, error=_error_text(raw, conn.secret)
         )
+    try:
+        models = _model_ids(orjson.loads(raw))
+    except orjson.JSONDecodeError:
+        return ProbeResult(False, resp.status, latency, error="the answer is not JSON")
+    return ProbeResult(True, resp.status, latency, models, snap)

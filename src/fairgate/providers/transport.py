@@ -12,6 +12,10 @@ Failures are fairgate's too: :class:`UpstreamUnreachable` (no answer: refused, r
 :class:`UpstreamBroken` (the answer broke off while being read) are ``ConnectionError``\\ s, so
 the failure classification treats them as the network errors they are; a read that took too
 long is a plain ``TimeoutError``. The request path catches :data:`TRANSPORT_ERRORS` only.
+
+The side calls that are not a client's request (``fairgate connections test``, an OAuth token
+refresh) go through :class:`HttpSender`, the same client's plain "send this request" call, so
+aiohttp stays inside :mod:`fairgate.providers.upstream` (and the mock provider) alone.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from fairgate.registry import Connection
 
 __all__ = [
     "TRANSPORT_ERRORS",
+    "HttpSender",
     "Upstream",
     "UpstreamBroken",
     "UpstreamResponse",
@@ -76,3 +81,19 @@ class Upstream(Protocol):
     ) -> UpstreamResponse: ...
 
     async def close(self) -> None: ...
+
+
+class HttpSender(Protocol):
+    """One plain HTTP request, sent as given: no credentials or headers are added. For the
+    gateway's own side calls (a connection test, an OAuth token refresh); ``timeout_s`` bounds
+    the whole exchange, body included. Raises what :meth:`Upstream.post` raises."""
+
+    async def send(
+        self,
+        method: str,
+        url: str,
+        *,
+        body: bytes | None = None,
+        headers: Mapping[str, str],
+        timeout_s: float,
+    ) -> UpstreamResponse: ...

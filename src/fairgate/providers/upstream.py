@@ -12,6 +12,7 @@ from __future__ import annotations
 import typing
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import replace
+from types import TracebackType
 
 import aiohttp
 
@@ -133,7 +134,8 @@ class _AiohttpResponse:
 
 
 class UpstreamClient:
-    """One keep-alive connection pool for every upstream; created inside the running loop."""
+    """One keep-alive connection pool for every upstream; created inside the running loop.
+    Also the :class:`~fairgate.providers.transport.HttpSender` of the gateway's side calls."""
 
     def __init__(self, *, timeout_s: float = 600.0, connect_timeout_s: float = 10.0) -> None:
         self._timeout = aiohttp.ClientTimeout(
@@ -200,6 +202,40 @@ class UpstreamClient:
             headers=upstream_headers(conn, client_headers),
         )
 
+    async def send(
+        self,
+        method: str,
+        url: str,
+        *,
+        body: bytes | None = None,
+        headers: Mapping[str, str],
+        timeout_s: float,
+    ) -> UpstreamResponse:
+        try:
+            resp = await self.session.request(
+                method,
+                url,
+                data=body,
+                headers=dict(headers),
+                timeout=aiohttp.ClientTimeout(total=timeout_s),
+            )
+        except TimeoutError:
+            raise  # aiohttp's timeouts are TimeoutErrors: a timeout, not an unreachable host
+        except aiohttp.ClientError as exc:
+            raise UpstreamUnreachable(type(exc).__name__) from exc
+        return _AiohttpResponse(resp)
+
     async def close(self) -> None:
         if self._session is not None and not self._session.closed:
             await self._session.close()
+
+    async def __aenter__(self) -> UpstreamClient:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()

@@ -17,6 +17,7 @@ from fairgate.db.connections import ConnectionRepo
 from fairgate.db.keys import KeyRepo
 from fairgate.db.settings import REQUIRE_ALLOCATION, SettingsRepo, access_policy
 from fairgate.providers.probe import probe_connection
+from fairgate.providers.upstream import UpstreamClient
 from fairgate.registry import AuthType, ClientKey, Connection, protocol_for
 from fairgate.server.admin_common import (
     ERROR_RESPONSES,
@@ -134,7 +135,8 @@ async def test_connection(connection_id: str, gw: GW) -> ConnectionTestOut:
     tokens spent) and what it returned. An upstream failure is a reading (``ok: false``), not
     an error of this route."""
     conn = ConnectionRepo(gw.db).get(connection_id)
-    res = await probe_connection(conn, now_ms=gw.clock.now_ms())
+    async with UpstreamClient() as http:  # a pool of its own, closed with the call
+        res = await probe_connection(conn, http, now_ms=gw.clock.now_ms())
     snap = res.rate_limit
     return ConnectionTestOut(
         connection_id=conn.id,

@@ -39,7 +39,7 @@ async def start_oauth(gw: Gateway, upstream: UpstreamClient) -> OAuthTokens | No
     for c in configured:
         assert c.oauth is not None
         endpoints[c.id] = HttpTokenEndpoint(
-            upstream.session, c.oauth.token_url, c.oauth.client_id, gw.clock
+            upstream, c.oauth.token_url, c.oauth.client_id, gw.clock
         )
     tokens = OAuthTokens(gw.clock, endpoints.__getitem__, store, FileRefreshLock(directory))
     for c in configured:
