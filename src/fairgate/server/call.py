@@ -72,7 +72,7 @@ class Services:
     fallbacks: FallbackCounts = field(default_factory=FallbackCounts)
 
     def __post_init__(self) -> None:
-        self.slots = Slots(self.tracker)
+        self.slots = Slots(self.tracker, lambda: self.gw.slot_leases, timer=lambda: self.gw.timer)
         self.rate = KeyRateGuard(self.limits.key_rate_per_s, self.limits.key_rate_burst)
 
     def check_rate(self, key: ClientKey) -> None:
@@ -116,6 +116,7 @@ class Services:
     async def drain(self) -> None:
         while self.tasks:
             await asyncio.gather(*list(self.tasks), return_exceptions=True)
+        await self.slots.aclose()
 
 
 @dataclass

@@ -140,7 +140,7 @@ class _Execution:
             if self._capped():
                 self.diag.exclude(cand.label, "attempt-cap")
                 continue
-            lease = self.svc.slots.try_acquire(cand.target, cand.conn.max_concurrent)
+            lease = await self.svc.slots.try_acquire(cand.target, cand.conn.max_concurrent)
             if lease is None:
                 self.full.append(cand)
                 self.diag.exclude(cand.label, "concurrency-full")
@@ -235,7 +235,7 @@ class _Execution:
         return None
 
     async def _readmit(self, a: _Admitted) -> _Admitted | None:
-        lease = self.svc.slots.try_acquire(a.cand.target, a.cand.conn.max_concurrent)
+        lease = await self.svc.slots.try_acquire(a.cand.target, a.cand.conn.max_concurrent)
         if lease is None:
             return None
         adm = await _admit(self.call, a.cand.conn, a.pool, a.cand.model)

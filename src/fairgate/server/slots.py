@@ -12,22 +12,41 @@ straight to the first waiter (its lease is taken on its behalf before it wakes),
 arriving meanwhile cannot jump the queue; a waiter that gives up or was cancelled after the
 hand-over releases that lease, which hands it on to the next.
 
-Per process: with several replicas each enforces the cap on its own traffic (see
-docs/design-notes.md).
+**Shared slots** (the Redis quota store, :mod:`fairgate.store.redis_slots`): the cap then holds
+for all replicas together. Besides the local count, a slot needs a lease in Redis, which lasts
+``lease_ttl_ms`` and is renewed every third of that while the request runs (a long stream), and
+is given back when the request ends; a replica that dies loses its leases when they expire, so
+its slots return within one lease lifetime. The FIFO queue stays per process: a freed local
+slot wakes the first local waiter, which then asks Redis, and waiters also ask again every
+``poll_ms`` (a slot freed on another replica wakes nobody here). So the order is first come
+first served within a replica, not across replicas: a request arriving on replica B can take a
+slot that replica A's oldest waiter would have had at its next poll. When Redis fails the slots
+fail open to the local count, like admission does.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
+import uuid
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
+from typing import Any, Literal
 
 from fairgate.routing import InflightTracker, Lease, Target
+from fairgate.store.base import SlotLeases
 from fairgate.timers import Timer
 
 __all__ = ["Slots"]
+
+log = logging.getLogger("fairgate.slots")
+
+#: how long a shared lease lasts without renewal: a dead replica's slots return after this
+LEASE_TTL_MS = 30_000
+#: how often a waiter asks Redis again when no local release woke it
+POLL_MS = 250
 
 
 @dataclass(eq=False)
@@ -38,24 +57,86 @@ class _Waiter:
     gone: bool = False
 
 
+#: a held shared lease: where it was taken (the store may be swapped meanwhile) and its id;
+#: None when Redis failed and the slot was granted on the local count alone
+_Held = tuple[SlotLeases, str] | None
+
+
 class Slots:
-    def __init__(self, tracker: InflightTracker) -> None:
+    def __init__(
+        self,
+        tracker: InflightTracker,
+        shared: Callable[[], SlotLeases | None] = lambda: None,
+        *,
+        timer: Callable[[], Timer] | None = None,
+        lease_ttl_ms: int = LEASE_TTL_MS,
+        poll_ms: int = POLL_MS,
+    ) -> None:
         self._tracker = tracker
         self._queues: dict[str, deque[_Waiter]] = {}
+        self._shared = shared
+        self._timer = timer
+        self.lease_ttl_ms = lease_ttl_ms
+        self.poll_ms = poll_ms
+        #: load key → the shared leases held by this process's requests on it
+        self._held: dict[str, list[_Held]] = {}
+        #: load key → shared acquisitions under way (counted against the local cap meanwhile)
+        self._pending: dict[str, int] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._renewer: asyncio.Task[None] | None = None
         tracker.on_release = self._on_release
 
     @staticmethod
     def capped(cap: int | None) -> bool:
         return cap is not None and cap > 0
 
-    def try_acquire(self, target: Target, cap: int | None) -> Lease | None:
+    async def try_acquire(self, target: Target, cap: int | None) -> Lease | None:
         """A slot now, or None when the connection is at its cap or others queue for it."""
         if not self.capped(cap):
             return self._tracker.acquire(target)
         assert cap is not None
-        if self._queues.get(target.load_key) or self._tracker.count(target) >= cap:
+        if self._queues.get(target.load_key):
             return None
+        return await self._take(target, cap)
+
+    async def _take(self, target: Target, cap: int) -> Lease | None:
+        key = target.load_key
+        if self._tracker.count(target) + self._pending.get(key, 0) >= cap:
+            return None
+        shared = self._shared()
+        if shared is None:
+            return self._tracker.acquire(target)
+        self._pending[key] = self._pending.get(key, 0) + 1
+        try:
+            held = await self._acquire_shared(shared, key, cap)
+        finally:
+            n = self._pending[key] - 1
+            if n:
+                self._pending[key] = n
+            else:
+                del self._pending[key]
+        if held is False:
+            return None
+        self._held.setdefault(key, []).append(held)
+        self._start_renewer()
         return self._tracker.acquire(target)
+
+    async def _acquire_shared(
+        self, shared: SlotLeases, key: str, cap: int
+    ) -> _Held | Literal[False]:
+        """The lease, False when every replica's leases fill the cap, None when Redis failed
+        (fail open on the local count)."""
+        lease_id = uuid.uuid4().hex
+        now = self._now_ms()
+        try:
+            ok = await shared.acquire(key, cap, lease_id, now, self.lease_ttl_ms)
+        except (ConnectionError, TimeoutError, OSError) as exc:
+            log.warning("shared slots unavailable (%s): local count only", type(exc).__name__)
+            return None
+        except Exception as exc:  # redis errors that are neither (a script error)
+            log.warning("shared slots failed (%s): local count only", type(exc).__name__)
+            return None
+        return (shared, lease_id) if ok else False
 
     def queued(self) -> int:
         return sum(len(q) for q in self._queues.values())
@@ -68,6 +149,8 @@ class Slots:
         waiter = _Waiter({t.load_key: (t, cap) for t, cap in wants})
         for key in waiter.wants:
             self._queues.setdefault(key, deque()).append(waiter)
+        if self._shared() is not None:
+            return await self._wait_shared(waiter, deadline_ms, timer)
         try:
             await timer.sleep_until(deadline_ms, waiter.event)
         except BaseException:
@@ -78,19 +161,53 @@ class Slots:
         self._leave(waiter)
         return waiter.granted
 
+    async def _wait_shared(
+        self, waiter: _Waiter, deadline_ms: int, timer: Timer
+    ) -> tuple[Target, Lease] | None:
+        """Shared slots: the head of a local queue asks Redis when woken by a local release or
+        every ``poll_ms``; others wait their turn here."""
+        try:
+            while True:
+                for key, (target, cap) in waiter.wants.items():
+                    q = self._queues.get(key)
+                    if q and q[0] is waiter:
+                        lease = await self._take(target, cap)
+                        if lease is not None:
+                            return target, lease
+                now = timer.clock.now_ms()
+                if now >= deadline_ms:
+                    return None
+                waiter.event.clear()
+                await timer.sleep_until(min(deadline_ms, now + self.poll_ms), waiter.event)
+        finally:
+            self._leave(waiter)
+
     def _leave(self, waiter: _Waiter) -> None:
         waiter.gone = True
         for key in waiter.wants:
             q = self._queues.get(key)
             if q is None:
                 continue
+            was_head = bool(q) and q[0] is waiter
             with contextlib.suppress(ValueError):
                 q.remove(waiter)
             if not q:
                 del self._queues[key]
+            elif was_head and self._shared() is not None:
+                q[0].event.set()  # the next in line asks now
 
     def _on_release(self, key: str) -> None:
+        held = self._held.get(key)
+        if held:
+            lease = held.pop()
+            if not held:
+                del self._held[key]
+            if lease is not None:
+                self._spawn(self._release_shared(key, *lease))
         q = self._queues.get(key)
+        if q and self._shared() is not None:
+            q[0].event.set()  # the head asks Redis for the slot (and may lose it to a replica)
+            return
         while q:
             waiter = q[0]
             if waiter.gone or waiter.granted is not None:
@@ -103,3 +220,67 @@ class Slots:
             self._leave(waiter)
             waiter.event.set()
             return
+
+    # -- shared leases: release and renewal off the request path -----------------------------
+
+    async def _release_shared(self, key: str, shared: SlotLeases, lease_id: str) -> None:
+        try:
+            await shared.release(key, lease_id)
+        except Exception as exc:  # the lease expires by itself
+            log.warning("shared slot release failed (%s)", type(exc).__name__)
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def settle(self) -> None:
+        """Wait for the shared releases still being sent (shutdown, tests)."""
+        while self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+
+    def held_leases(self) -> int:
+        """Shared leases this process holds (its requests running on capped connections)."""
+        return sum(len(v) for v in self._held.values())
+
+    async def renew(self) -> int:
+        """Push the expiry of every shared lease this process holds; how many were renewed."""
+        now = self._now_ms()
+        renewed = 0
+        by_store: dict[tuple[int, str], tuple[SlotLeases, list[str]]] = {}
+        for key, held in self._held.items():
+            for lease in held:
+                if lease is not None:
+                    by_store.setdefault((id(lease[0]), key), (lease[0], []))[1].append(lease[1])
+        for (_, key), (shared, ids) in by_store.items():
+            try:
+                renewed += await shared.renew(key, ids, now, self.lease_ttl_ms)
+            except Exception as exc:  # fail open: the request goes on either way
+                log.warning("shared slot renewal failed (%s)", type(exc).__name__)
+        return renewed
+
+    def _start_renewer(self) -> None:
+        if self._timer is not None and (self._renewer is None or self._renewer.done()):
+            self._renewer = asyncio.get_running_loop().create_task(
+                self._renew_while_held(self._timer()), name="fairgate-slot-renewal"
+            )
+
+    async def _renew_while_held(self, timer: Timer) -> None:
+        """Renew every third of a lease's life while any lease is held; ends when none is."""
+        while self._held:
+            await timer.sleep_until(timer.clock.now_ms() + self.lease_ttl_ms // 3)
+            if self._held:
+                await self.renew()
+
+    async def aclose(self) -> None:
+        """Stop renewing and send the releases still under way."""
+        if self._renewer is not None:
+            self._renewer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._renewer
+        await self.settle()
+
+    def _now_ms(self) -> int:
+        if self._timer is None:
+            raise RuntimeError("shared slots need the gateway's timer (its injected clock)")
+        return self._timer().clock.now_ms()

@@ -41,6 +41,7 @@ from fairgate.store.admission_log import (
     SharedPoolLog,
     SqliteLogBackend,
 )
+from fairgate.store.base import SlotLeases, SlotLeaseSource
 from fairgate.store.factory import StoreChoice, create_store, redis_url
 from fairgate.timers import SystemTimer, Timer
 
@@ -95,6 +96,9 @@ class Gateway:
         #: cooldowns, lockouts, breakers (built at start; shared through Redis when the quota
         #: store is Redis, persisted in the metadata DB so a restart keeps them)
         self.resilience: RateLimitManager | None = None
+        #: concurrency slots shared by the replicas (set at start when the quota store can;
+        #: None: each process enforces ``max_concurrent`` on its own traffic)
+        self.slot_leases: SlotLeases | None = None
         self.registry = Registry(default_provider=self.config.server.default_provider)
         self.quota_settings = self._settings_from({})
         self._store_lock = asyncio.Lock()
@@ -155,6 +159,7 @@ class Gateway:
         except BaseException:
             self.db.close()
             raise
+        self.slot_leases = _slot_leases(store)
         self.engine = QuotaEngine(
             store, clock=self.clock, settings=self.quota_settings, signals=self.pool_signals
         )
@@ -288,6 +293,7 @@ class Gateway:
             )
             old = self.engine.store
             self.engine.store = store
+            self.slot_leases = _slot_leases(store)
             self.store_choice = choice
             self.refresh_settings()
             try:
@@ -299,3 +305,9 @@ class Gateway:
     def _settings_from(self, db_settings: Mapping[str, str]) -> QuotaSettings:
         base = QuotaSettings.from_sources(self.env, db_settings)
         return dataclasses.replace(base, default_max_tokens=self.config.server.default_max_tokens)
+
+
+def _slot_leases(store: object) -> SlotLeases | None:
+    """The one place that decides how concurrency slots are kept (server/slots.py): shared
+    with the counters when the quota store can (Redis), else per process (SQLite)."""
+    return store.slot_leases() if isinstance(store, SlotLeaseSource) else None

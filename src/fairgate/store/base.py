@@ -199,3 +199,26 @@ class QuotaStore(Protocol):
         ...
 
     async def close(self) -> None: ...
+
+
+class SlotLeases(Protocol):
+    """Concurrency slots held across processes: a connection (``slot_key``) has at most ``cap``
+    unexpired leases. A lease lasts ``ttl_ms`` from its acquisition or last renewal, so the
+    slots of a process that died come back by themselves. Time is the caller's clock."""
+
+    async def acquire(
+        self, slot_key: str, cap: int, lease_id: str, now_ms: int, ttl_ms: int
+    ) -> bool: ...
+
+    async def release(self, slot_key: str, lease_id: str) -> bool: ...
+
+    async def renew(
+        self, slot_key: str, lease_ids: Sequence[str], now_ms: int, ttl_ms: int
+    ) -> int: ...
+
+
+@runtime_checkable
+class SlotLeaseSource(Protocol):
+    """A quota store that can share concurrency slots between replicas (the Redis one)."""
+
+    def slot_leases(self) -> SlotLeases: ...

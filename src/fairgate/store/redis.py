@@ -13,6 +13,8 @@ script may touch all of them)::
     <prefix>:{<pool>}:rz                              ZSET reservation id -> expires_ms
     <prefix>:{<pool>}:act                             ZSET key id -> last admission ms
     <prefix>:{<pool>}:cum                             HASH counter -> cumulative use
+    <prefix>:{slot:<connection>}:leases               ZSET concurrency lease id -> expires_ms
+                                                      (per connection; see redis_slots.py)
 
 Worked example: with prefix ``fairgate``, pool ``p1``, key ``k1``, counter ``requests/hourly`` at
 ``T0 = 1_700_002_800_000`` (bucket ``T0 // 3_600_000 = 472223``) an admission reads
@@ -56,6 +58,7 @@ from fairgate.store.base import (
     UsageItem,
 )
 from fairgate.store.deadline import NoReply, call_within
+from fairgate.store.redis_slots import RedisSlotLeases
 
 log = logging.getLogger("fairgate.store")
 
@@ -306,6 +309,10 @@ class RedisQuotaStore:
         # register_script only hashes the text; the server loads it on the first NOSCRIPT, so
         # a Redis restarted empty gets the scripts again on first use.
         return self._client.register_script(_script_source(name))
+
+    def slot_leases(self) -> RedisSlotLeases:
+        """Concurrency slots shared through this store's Redis (:mod:`.redis_slots`)."""
+        return RedisSlotLeases(self._client, self._prefix, self._call, _script_source)
 
     @property
     def script_shas(self) -> dict[str, str]:
