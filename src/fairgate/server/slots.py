@@ -130,6 +130,10 @@ class Slots:
         now = self._now_ms()
         try:
             ok = await shared.acquire(key, cap, lease_id, now, self.lease_ttl_ms)
+        except asyncio.CancelledError:
+            # the client left while Redis answered: the lease may have been taken, give it back
+            self._spawn(self._release_shared(key, shared, lease_id))
+            raise
         except (ConnectionError, TimeoutError, OSError) as exc:
             log.warning("shared slots unavailable (%s): local count only", type(exc).__name__)
             return None
