@@ -403,6 +403,27 @@ class QuotaEngine:
                 type(exc).__name__,
             )
 
+    async def _checks(
+        self,
+        pool: Pool,
+        alloc: Allocation,
+        cost: Mapping[Unit, float],
+        model: str | None,
+        now: int,
+    ) -> tuple[DimensionCheck, ...]:
+        """The checks an admission of ``cost`` runs now (active levels and reserves, provider
+        signals): one place, so the routing view (:meth:`standing`) and :meth:`_admit` always
+        judge by the same rule."""
+        levels = None
+        reserves = None
+        if pool.share_mode is ShareMode.ACTIVE:
+            active = await self._active_state(pool, alloc.key_id, now)
+            levels, reserves = active.levels, active.reserves.for_key(alloc.key_id)
+        signals = self.signals(pool) if self.signals else None
+        return compile_checks(
+            pool, alloc, cost, model=model, signals=signals, levels=levels, reserves=reserves
+        )
+
     async def _admit(
         self,
         pool: Pool,
@@ -416,15 +437,7 @@ class QuotaEngine:
         timed out, so the store may hold its reservation already (then it was admitted)."""
         alloc = pool.allocation(key_id) or Allocation(key_id, 0.0, policy=Policy.HARD)
         now = self.clock.now_ms()
-        levels = None
-        reserves = None
-        if pool.share_mode is ShareMode.ACTIVE:
-            active = await self._active_state(pool, key_id, now)
-            levels, reserves = active.levels, active.reserves.for_key(key_id)
-        signals = self.signals(pool) if self.signals else None
-        checks = compile_checks(
-            pool, alloc, cost, model=model, signals=signals, levels=levels, reserves=reserves
-        )
+        checks = await self._checks(pool, alloc, cost, model, now)
         if not checks:
             return ALLOW_UNGOVERNED
         threshold = self.settings.saturation_threshold
@@ -462,7 +475,7 @@ class QuotaEngine:
         else:
             ticket = Ticket(pool.id, key_id, req.reservation_id, checks)
             adm = Admission(v.outcome, ticket=ticket, status=status)
-        if levels is not None:
+        if pool.share_mode is ShareMode.ACTIVE:
             self._note_pressure(pool, key_id, adm, now)
         return adm
 
@@ -644,15 +657,7 @@ class QuotaEngine:
         try:
             alloc = pool.allocation(key_id) or Allocation(key_id, 0.0, policy=Policy.HARD)
             now = self.clock.now_ms()
-            levels = None
-            reserves = None
-            if pool.share_mode is ShareMode.ACTIVE:
-                active = await self._active_state(pool, key_id, now)
-                levels, reserves = active.levels, active.reserves.for_key(key_id)
-            signals = self.signals(pool) if self.signals else None
-            checks = compile_checks(
-                pool, alloc, cost, model=model, signals=signals, levels=levels, reserves=reserves
-            )
+            checks = await self._checks(pool, alloc, cost, model, now)
             if not checks:
                 return None
             refs = [CounterRef(c.key, c.window_ms) for c in checks]
