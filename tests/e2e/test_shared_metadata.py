@@ -140,7 +140,10 @@ async def two_workers(mock: Proc, start_gateway: GatewayFactory) -> tuple[Proc, 
     )
 
     async def both_workers_up() -> bool:
-        return len({h["pid"] for h in await healths(gw.url)}) == 2
+        try:
+            return len({h["pid"] for h in await healths(gw.url)}) == 2
+        except httpx.TransportError:  # a worker still starting may reset a connection it took
+            return False
 
     await eventually(both_workers_up)
     return gw, keys
