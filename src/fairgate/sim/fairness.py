@@ -1,18 +1,23 @@
 """Fairness and efficiency figures of one policy's run, against the exact ideal (pure).
 
-Measured on the scenario's primary dimension, window by window (the dimension's own buckets,
-aligned to the epoch like the counters): in each window the ideal is the weighted max-min fair
-allocation of the window's capacity over what each key asked in it (bounded by its cap), see
-:mod:`fairgate.sim.ideal`. Per-window ideals follow demand that changes over time (a key that
-arrives late is owed nothing before it arrives); summed over the run they give each key's ideal.
+Measured window by window (the primary dimension's own buckets, aligned to the epoch like the
+counters) on every pool dimension of that window: in each window the ideal is the weighted
+dominant-resource-fair allocation of the window's capacities over what each key asked in it
+(bounded by its cap), see :mod:`fairgate.sim.ideal`; a key's requests cost, per dimension, what
+it asked there per request it asked. With one dimension, or several where one binds, that is
+the weighted max-min fair allocation of that dimension (exactly: rational arithmetic). Per-window
+ideals follow demand that changes over time (a key that arrives late is owed nothing before it
+arrives); summed over the run they give each key's ideal.
 
 - **Jain's index** ``(Σx)² / (n Σx²)`` over the keys that had demand (the backlogged ones: a key
-  that asked nothing is owed nothing and has no ratio), with ``x = admitted / ideal`` summed
+  that asked nothing is owed nothing and has no ratio), with ``x = admitted / ideal`` in the
+  key's dominant dimension of each window (as shares of its capacity when that changes), summed
   over the run. 1 means every key got the same fraction of what it was owed; one key getting
   everything out of n gives 1/n. The worst single window is reported too.
-- **Utilisation**: admitted ÷ the most that demand allowed, i.e. per window
-  ``min(capacity, Σ capped demand)`` (which is what the ideal hands out), summed over the run.
-  A work-conserving policy reaches 1; one that refuses requests while the pool has room does not.
+- **Utilisation**: admitted ÷ what the ideal hands out (the most that demand allowed: per window
+  ``min(capacity, Σ capped demand)`` with one dimension) in each window's bottleneck dimension
+  (the one the ideal fills most), summed over the run; and the same per dimension. A
+  work-conserving policy reaches 1; one that refuses requests while the pool has room does not.
 - **Overshoot**: how far the pool's sliding-window count went above its limit, per dimension,
   as a fraction of the limit (0 is the promise).
 - **Blocked**: refusals per key; **time to first block** of each well-behaved key (one whose
@@ -24,8 +29,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from fractions import Fraction
 
-from fairgate.sim.ideal import max_min_fair
+from fairgate.sim.ideal import exact_dominant_resource_fair, max_min_fair
 
 
 def jain(xs: Sequence[float]) -> float:
@@ -41,20 +47,54 @@ def jain(xs: Sequence[float]) -> float:
 
 @dataclass(frozen=True, slots=True)
 class WindowFigures:
+    """One window: what each key asked, its ideal and what it got, per measured dimension.
+
+    ``capacity``/``demand``/``ideal``/``admitted`` are the primary dimension's (the first of
+    the pool); the ``*_by_dim`` tables hold every measured dimension (the primary's included)
+    by name, and ``dominant`` names each key's dominant dimension in the window (the one a
+    request of its takes the largest share of, by what it asked): its ratio is measured there.
+    """
+
     index: int
     capacity: float
     demand: dict[str, float]
     ideal: dict[str, float]
     admitted: dict[str, float]
+    capacities: dict[str, float] = field(default_factory=dict)
+    demand_by_dim: dict[str, dict[str, float]] = field(default_factory=dict)
+    ideal_by_dim: dict[str, dict[str, float]] = field(default_factory=dict)
+    admitted_by_dim: dict[str, dict[str, float]] = field(default_factory=dict)
+    dominant: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def bottleneck(self) -> str:
+        """The dimension the ideal fills most (as a share of its capacity); first on ties."""
+        best, most = next(iter(self.capacities)), -1.0
+        for d, cap in self.capacities.items():
+            used = sum(self.ideal_by_dim[d].values()) / cap if cap > 0 else 0.0
+            if used > most:
+                best, most = d, used
+        return best
 
     @property
     def allowed(self) -> float:
-        """The most demand allowed in this window (what the ideal hands out)."""
-        return sum(self.ideal.values())
+        """The most demand allowed in this window (what the ideal hands out), in the
+        bottleneck dimension."""
+        return sum(self.ideal_by_dim[self.bottleneck].values())
+
+    def ratio_parts(self, key: str) -> tuple[str, float, float] | None:
+        """(dominant dimension, admitted, ideal) of a key owed something, else None."""
+        d = self.dominant.get(key)
+        if d is None:
+            return None
+        ideal = self.ideal_by_dim[d].get(key, 0.0)
+        if ideal <= 0:
+            return None
+        return d, self.admitted_by_dim[d].get(key, 0.0), ideal
 
     def jain(self) -> float | None:
         """Jain's index of this window alone, None when fewer than two keys had demand."""
-        xs = [self.admitted.get(k, 0.0) / v for k, v in self.ideal.items() if v > 0]
+        xs = [p[1] / p[2] for k in self.ideal if (p := self.ratio_parts(k)) is not None]
         return jain(xs) if len(xs) >= 2 else None
 
 
@@ -65,19 +105,100 @@ def window_figures(
     demand: Sequence[Mapping[str, float]],
     admitted: Sequence[Mapping[str, float]],
 ) -> list[WindowFigures]:
-    """The ideal of every window, beside what was asked and admitted in it."""
+    """One dimension: the weighted max-min ideal of every window, beside what was asked and
+    admitted in it (:func:`dominant_window_figures` with that dimension alone)."""
     keys = list(weights)
     out: list[WindowFigures] = []
     for i, (want, got) in enumerate(zip(demand, admitted, strict=True)):
         bounded = [_bounded(want.get(k, 0.0), caps.get(k)) for k in keys]
-        ideal = max_min_fair(capacity, [weights[k] for k in keys], bounded)
+        ideal = dict(
+            zip(keys, max_min_fair(capacity, [weights[k] for k in keys], bounded), strict=True)
+        )
+        asked = {k: want.get(k, 0.0) for k in keys}
+        took = {k: got.get(k, 0.0) for k in keys}
         out.append(
             WindowFigures(
                 index=i,
                 capacity=capacity,
-                demand={k: want.get(k, 0.0) for k in keys},
-                ideal=dict(zip(keys, ideal, strict=True)),
-                admitted={k: got.get(k, 0.0) for k in keys},
+                demand=asked,
+                ideal=ideal,
+                admitted=took,
+                capacities={"": capacity},
+                demand_by_dim={"": asked},
+                ideal_by_dim={"": ideal},
+                admitted_by_dim={"": took},
+                dominant={k: "" for k in keys if asked[k] > 0},
+            )
+        )
+    return out
+
+
+def dominant_window_figures(
+    capacities: Mapping[str, float],
+    weights: Mapping[str, float],
+    caps: Mapping[str, tuple[str, float] | None],
+    demand: Sequence[Mapping[str, Mapping[str, float]]],
+    admitted: Sequence[Mapping[str, Mapping[str, float]]],
+) -> list[WindowFigures]:
+    """Several dimensions of the same window: the weighted dominant-resource-fair ideal of
+    every window (:func:`~fairgate.sim.ideal.dominant_resource_fair`), beside what was asked
+    and admitted in it, per dimension.
+
+    ``capacities`` by dimension name, the first the primary; ``demand[w][dim][key]`` and
+    ``admitted[w][dim][key]`` in each dimension's unit; ``caps`` a key's cap as ``(dimension,
+    value)``. A key's requests in a window cost, per dimension, what it asked there divided by
+    what it asked in the primary one (its average request, e.g. 1 request and 3,400 tokens),
+    so the ideal is in primary units and multiplied back out per dimension. With one
+    dimension it is the max-min ideal of :func:`window_figures`, exactly (the arithmetic is
+    rational); with several where only one binds, too.
+    """
+    dims = list(capacities)
+    primary = dims[0]
+    keys = list(weights)
+    out: list[WindowFigures] = []
+    for i, (want, got) in enumerate(zip(demand, admitted, strict=True)):
+        asked = {d: {k: want.get(d, {}).get(k, 0.0) for k in keys} for d in dims}
+        took = {d: {k: got.get(d, {}).get(k, 0.0) for k in keys} for d in dims}
+        costs: list[list[Fraction]] = []
+        bounds: list[Fraction] = []
+        for k in keys:
+            n = Fraction(max(0.0, asked[primary][k]))
+            row = [Fraction(max(0.0, asked[d][k])) / n if n > 0 else Fraction(0) for d in dims]
+            costs.append(row)
+            bound = n
+            cap = caps.get(k)
+            if cap is not None and cap[0] in capacities:
+                per = row[dims.index(cap[0])]
+                if per > 0:
+                    bound = min(bound, Fraction(max(0.0, cap[1])) / per)
+            bounds.append(bound)
+        alloc = exact_dominant_resource_fair(
+            [Fraction(max(0.0, capacities[d])) for d in dims],
+            [weights[k] for k in keys],
+            costs,
+            bounds,
+        )
+        ideal = {
+            d: {k: float(a * costs[j][x]) for j, (k, a) in enumerate(zip(keys, alloc, strict=True))}
+            for x, d in enumerate(dims)
+        }
+        dominant = {}
+        for j, k in enumerate(keys):
+            if asked[primary][k] > 0:
+                shares = [costs[j][x] / Fraction(capacities[d]) for x, d in enumerate(dims)]
+                dominant[k] = dims[shares.index(max(shares))]
+        out.append(
+            WindowFigures(
+                index=i,
+                capacity=capacities[primary],
+                demand=asked[primary],
+                ideal=ideal[primary],
+                admitted=took[primary],
+                capacities=dict(capacities),
+                demand_by_dim=asked,
+                ideal_by_dim=ideal,
+                admitted_by_dim=took,
+                dominant=dominant,
             )
         )
     return out
@@ -102,6 +223,9 @@ class Metrics:
     ratio: dict[str, float]
     well_behaved: list[str]
     first_block_ms: dict[str, int | None] = field(default_factory=dict)
+    #: admitted ÷ what the ideal hands out, per measured dimension (``utilisation`` is that
+    #: of each window's bottleneck dimension)
+    utilisation_by_dim: dict[str, float] = field(default_factory=dict)
     #: 95th percentile of the time admitted requests waited (refused, retried), per key
     wait_p95_ms: dict[str, int] = field(default_factory=dict)
 
@@ -140,16 +264,28 @@ def summarize(
     admitted = {k: sum(w.admitted.get(k, 0.0) for w in windows) for k in keys}
     ideal = {k: sum(w.ideal.get(k, 0.0) for w in windows) for k in keys}
     demand = {k: sum(w.demand.get(k, 0.0) for w in windows) for k in keys}
-    ratio = {k: admitted[k] / ideal[k] for k in keys if ideal[k] > 0}
+    caps = windows[0].capacities if windows else {}
+    ratio: dict[str, float] = {}
+    for k in keys:
+        parts = [p for w in windows if (p := w.ratio_parts(k)) is not None]
+        if parts:
+            ratio[k] = _share_ratio(parts, caps)
     per_window = [j for w in windows if (j := w.jain()) is not None]
-    allowed = sum(w.allowed for w in windows)
-    total = sum(admitted.values())
+    bottleneck = [
+        (w.bottleneck, sum(w.admitted_by_dim[w.bottleneck].values()), w.allowed) for w in windows
+    ]
+    by_dim: dict[str, float] = {}
+    for d in caps:
+        got = sum(sum(w.admitted_by_dim[d].values()) for w in windows)
+        owed = sum(sum(w.ideal_by_dim[d].values()) for w in windows)
+        by_dim[d] = got / owed if owed > 0 else 1.0
     well = well_behaved_keys(windows, shares)
     return Metrics(
         jain=jain(list(ratio.values())),
         jain_worst_window=min(per_window) if per_window else 1.0,
         jain_window_mean=sum(per_window) / len(per_window) if per_window else 1.0,
-        utilisation=total / allowed if allowed > 0 else 1.0,
+        utilisation=_share_ratio(bottleneck, caps) if bottleneck else 1.0,
+        utilisation_by_dim=by_dim,
         overshoot=dict(overshoot),
         blocked={k: int(blocked.get(k, 0)) for k in keys},
         dropped={k: int(dropped.get(k, 0)) for k in keys},
@@ -161,6 +297,19 @@ def summarize(
         first_block_ms={k: first_block_ms.get(k) for k in well},
         wait_p95_ms={k: _p95(v) for k, v in (waits_ms or {}).items()},
     )
+
+
+def _share_ratio(parts: Sequence[tuple[str, float, float]], caps: Mapping[str, float]) -> float:
+    """Σ got ÷ Σ owed over ``(dimension, got, owed)`` parts, as shares of each dimension's
+    capacity when the parts span several dimensions (in one, the plain quotient: the
+    single-dimension figures, to the last bit)."""
+    if len({d for d, _, _ in parts}) == 1:
+        got = sum(g for _, g, _ in parts)
+        owed = sum(o for _, _, o in parts)
+    else:
+        got = sum(g / caps[d] for d, g, _ in parts)
+        owed = sum(o / caps[d] for d, _, o in parts)
+    return got / owed if owed > 0 else 1.0
 
 
 def _p95(xs: Sequence[int]) -> int:

@@ -92,28 +92,42 @@ def dominant_resource_fair(
     holds two thirds of its dominant dimension, and 26.7 requests stay unused because no key
     can use them without tokens.
     """
+    exact = exact_dominant_resource_fair(
+        [Fraction(max(0.0, c)) for c in capacities],
+        weights,
+        [[Fraction(max(0.0, c)) for c in row] for row in costs],
+        [Fraction(max(0.0, d)) for d in demands],
+    )
+    return [float(a) for a in exact]
+
+
+def exact_dominant_resource_fair(
+    caps: Sequence[Fraction],
+    weights: Sequence[float],
+    cost: Sequence[Sequence[Fraction]],
+    want: Sequence[Fraction],
+) -> list[Fraction]:
+    """:func:`dominant_resource_fair` in and out in fractions (non-negative inputs), for
+    callers that multiply the allocation back out per dimension without rounding."""
     n = len(weights)
-    if len(demands) != n or len(costs) != n:
+    if len(want) != n or len(cost) != n:
         raise ValueError("weights, costs and demands must have the same length")
-    caps = [Fraction(max(0.0, c)) for c in capacities]
-    cost = [[Fraction(max(0.0, c)) for c in row] for row in costs]
     if any(len(row) != len(caps) for row in cost):
         raise ValueError("every key needs one cost per dimension")
-    want = [Fraction(max(0.0, d)) for d in demands]
     alloc = [Fraction(0)] * n
     weighted = {i: Fraction(weights[i]) for i in range(n) if weights[i] > 0}
     _progressive_fill(caps, cost, weighted, want, alloc)
     unweighted = {i: Fraction(1) for i in range(n) if weights[i] <= 0}
     if unweighted:
         _progressive_fill(caps, cost, unweighted, want, alloc)
-    return [float(a) for a in alloc]
+    return alloc
 
 
 def _progressive_fill(
-    caps: list[Fraction],
-    cost: list[list[Fraction]],
+    caps: Sequence[Fraction],
+    cost: Sequence[Sequence[Fraction]],
     weights: dict[int, Fraction],
-    want: list[Fraction],
+    want: Sequence[Fraction],
     alloc: list[Fraction],
 ) -> None:
     """Fill ``weights``' members into ``alloc`` from what ``alloc`` leaves of ``caps``."""

@@ -61,14 +61,16 @@ def _pct(x: float) -> str:
 def scenario_table(result: ScenarioResult) -> Table:
     """One row per policy; narrow enough for an 80-column terminal."""
     sc = result.scenario
-    dim = sc.primary
+    pool = " + ".join(
+        f"{d.limit * sc.pool.members:g} {d.unit.value}/{d.window.value}" for d in sc.pool.dimensions
+    )
     title = (
         f"[bold]{sc.name}[/]: {sc.description or 'scenario'}\n"
-        f"{dim.limit * sc.pool.members:g} {dim.unit.value}/{dim.window.value}, "
-        f"{len(sc.keys)} keys, {sc.duration / 3_600_000:g} h, seed {result.seed}, "
+        f"{pool}, {len(sc.keys)} keys, {sc.duration / 3_600_000:g} h, seed {result.seed}, "
         f"{result.driver}"
     )
     table = Table(title=title, title_justify="left")
+    per_dim = any(len(r.metrics.utilisation_by_dim) > 1 for r in result.runs.values())
     for col, just in (
         ("policy", "left"),
         ("Jain", "right"),
@@ -80,13 +82,15 @@ def scenario_table(result: ScenarioResult) -> Table:
         ("first\nrefusal", "right"),
     ):
         table.add_column(col, justify=just)  # type: ignore[arg-type]
+    if per_dim:
+        table.add_column("utilisation\nper dimension", justify="right")
     for name, run in result.runs.items():
         m = run.metrics
         worst_over = max(m.overshoot.values(), default=0.0)
         wb_refused = sum(m.blocked.get(k, 0) for k in m.well_behaved)
         ok_j = "green" if m.jain >= TARGET_JAIN else "yellow"
         ok_u = "green" if m.utilisation >= TARGET_UTILISATION else "yellow"
-        table.add_row(
+        cells = [
             name,
             f"[{ok_j}]{m.jain:.4f}[/]",
             f"{m.jain_worst_window:.3f}",
@@ -95,7 +99,12 @@ def scenario_table(result: ScenarioResult) -> Table:
             str(m.blocked_total),
             str(wb_refused) if m.well_behaved else "-",
             _duration(m.first_block_well_behaved_ms) if m.well_behaved else "-",
-        )
+        ]
+        if per_dim:
+            cells.append(
+                "\n".join(f"{d.split('/')[0]} {_pct(u)}" for d, u in m.utilisation_by_dim.items())
+            )
+        table.add_row(*cells)
     return table
 
 
@@ -140,11 +149,13 @@ def print_results(results: Sequence[ScenarioResult], console: Console) -> None:
                 f"{TARGET_UTILISATION:.0%}, no request overshoot): {marks}\n"
             )
     console.print(
-        "[dim]Jain: over keys with demand, of admitted ÷ ideal summed over the run; worst "
-        "window: the same per window. Utilisation: admitted ÷ the most demand allowed, "
-        "min(capacity, capped demand) per window. Overshoot: peak sliding count above the "
-        "limit (worst dimension). Well-behaved: keys that never asked more than their "
-        "weighted share in a window.[/]"
+        "[dim]Ideal: weighted dominant-resource-fair over the pool's dimensions of the first "
+        "one's window (max-min fair when one dimension binds). Jain: over keys with demand, "
+        "of admitted ÷ ideal in each key's dominant dimension, summed over the run; worst "
+        "window: the same per window. Utilisation: admitted ÷ what the ideal hands out in "
+        "each window's bottleneck dimension (per dimension: in that one). Overshoot: peak "
+        "sliding count above the limit (worst dimension). Well-behaved: keys that never "
+        "asked more than their weighted share in a window.[/]"
     )
 
 
@@ -220,6 +231,17 @@ def result_dict(result: ScenarioResult) -> dict[str, Any]:
                     "demand": w.demand,
                     "ideal": w.ideal,
                     "admitted": w.admitted,
+                    "bottleneck": w.bottleneck,
+                    "dominant": w.dominant,
+                    "dimensions": {
+                        d: {
+                            "capacity": cap,
+                            "demand": w.demand_by_dim[d],
+                            "ideal": w.ideal_by_dim[d],
+                            "admitted": w.admitted_by_dim[d],
+                        }
+                        for d, cap in w.capacities.items()
+                    },
                 }
                 for w in run.windows
             ],

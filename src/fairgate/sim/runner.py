@@ -28,7 +28,7 @@ from rich.progress import Progress
 
 from fairgate.clock import ManualClock
 from fairgate.quota.units import Unit
-from fairgate.sim.fairness import Metrics, WindowFigures, summarize, window_figures
+from fairgate.sim.fairness import Metrics, WindowFigures, dominant_window_figures, summarize
 from fairgate.sim.policies import (
     ENGINE_POLICIES,
     POLICY_NAMES,
@@ -83,6 +83,18 @@ class ScenarioResult:
 def start_ms(scenario: Scenario) -> int:
     w = scenario.primary.window.ms
     return (EPOCH_MS // w + 1) * w
+
+
+def measured_dimensions(scenario: Scenario) -> dict[str, Unit]:
+    """The dimensions fairness and utilisation are measured on, by name: the primary one and
+    every other of the same window (the dominant-resource-fair ideal spans them; a dimension
+    of another window, e.g. weekly beside hourly, is checked for overshoot only)."""
+    w = scenario.primary.window
+    return {
+        f"{d.unit.value}/{d.window.value}": d.unit
+        for d in scenario.pool.dimensions
+        if d.window is w
+    }
 
 
 def window_count(scenario: Scenario) -> int:
@@ -198,13 +210,14 @@ def _enqueue(
     backlog: int,
     key: str,
     dropped: dict[str, int],
-    demand: dict[str, float],
-    unit: Unit,
+    demand: dict[str, dict[str, float]],
+    units: dict[str, Unit],
 ) -> None:
-    """One key's arrivals of a tick: counted as demand, queued; what waited longer than the
-    key's patience or overflows its backlog is dropped (oldest first)."""
+    """One key's arrivals of a tick: counted as demand (per measured dimension), queued; what
+    waited longer than the key's patience or overflows its backlog is dropped (oldest first)."""
     for r in new:
-        demand[key] += r.size(unit)
+        for name, unit in units.items():
+            demand[name][key] += r.size(unit)
     while q and q[0][0] < t0 - max_wait:
         q.popleft()
         dropped[key] += 1
@@ -232,13 +245,18 @@ async def run_policy(
     limits = {
         f"{d.unit.value}/{d.window.value}": d.limit * sc.pool.members for d in sc.pool.dimensions
     }
+    measured = measured_dimensions(sc)
 
     ledger = Ledger(sc)
     max_wait = {k.id: k.max_wait for k in sc.keys}
     queues: dict[str, deque[tuple[int, Request]]] = {k: deque() for k in keys}
     waits: dict[str, list[int]] = {k: [] for k in keys}
-    demand_w: list[dict[str, float]] = [defaultdict(float) for _ in range(n_windows)]
-    admitted_w: list[dict[str, float]] = [defaultdict(float) for _ in range(n_windows)]
+    demand_w: list[dict[str, dict[str, float]]] = [
+        {d: defaultdict(float) for d in measured} for _ in range(n_windows)
+    ]
+    admitted_w: list[dict[str, dict[str, float]]] = [
+        {d: defaultdict(float) for d in measured} for _ in range(n_windows)
+    ]
     blocked: dict[str, int] = defaultdict(int)
     dropped: dict[str, int] = defaultdict(int)
     first_block: dict[str, int | None] = {}
@@ -262,7 +280,7 @@ async def run_policy(
                 k,
                 dropped,
                 demand_w[w_idx],
-                unit,
+                measured,
             )
         order = [k for k in keys for _ in range(len(queues[k]))]
         rng.shuffle(order)
@@ -281,9 +299,9 @@ async def run_policy(
                 ledger.add(k, actual, now)
                 # counted in the window the request was asked in, beside its demand: a burst
                 # asked at 59 minutes and served at 61 was served for what it asked then
-                admitted_w[min(n_windows - 1, (arrived - start) // window)][k] += actual.get(
-                    unit, 0.0
-                )
+                got = admitted_w[min(n_windows - 1, (arrived - start) // window)]
+                for d, u in measured.items():
+                    got[d][k] += actual.get(u, 0.0)
                 for _u, w, name in ledger.dimensions:
                     v = ledger.value(POOL, name, w, now)
                     peak[name] = max(peak[name], v)
@@ -304,12 +322,16 @@ async def run_policy(
     # so not demand either (else a burst in the run's last minute would count as refused)
     for k in keys:
         for arrived, r in queues[k]:
-            demand_w[min(n_windows - 1, (arrived - start) // window)][k] -= r.size(unit)
-    windows = window_figures(
-        result.capacity,
+            for d, u in measured.items():
+                demand_w[min(n_windows - 1, (arrived - start) // window)][d][k] -= r.size(u)
+    by_unit = {u: d for d, u in measured.items()}
+    windows = dominant_window_figures(
+        {d: limits[d] for d in measured},
         {k.id: sc.weight_of(k.id) for k in sc.keys},
         {
-            k.id: (k.cap.value if k.cap is not None and k.cap.unit is unit else None)
+            k.id: (by_unit[k.cap.unit], k.cap.value)
+            if k.cap is not None and k.cap.unit in by_unit
+            else None
             for k in sc.keys
         },
         demand_w,
