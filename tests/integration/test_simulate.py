@@ -15,6 +15,7 @@ import pytest
 from typer.testing import CliRunner
 
 from fairgate.cli import app
+from fairgate.sim.fairness import summarize, window_figures
 from fairgate.sim.report import TARGET_JAIN, TARGET_UTILISATION, request_overshoot
 from fairgate.sim.runner import run_scenario
 from fairgate.sim.scenario import (
@@ -257,3 +258,60 @@ async def test_admissions_count_in_the_window_they_were_asked_in(tmp_path: Path)
     assert first.admitted["late"] > 30  # served across the rollover, counted where asked
     assert second.demand["late"] == 0
     assert second.admitted["late"] == 0
+
+
+@pytest.mark.parametrize("name", ["bursty", "token-mix"])
+async def test_dominant_ideal_keeps_the_single_dimension_figures(name: str, tmp_path: Path) -> None:
+    """Where one dimension binds (the existing built-ins: 600 requests/hour beside 2 M tokens,
+    or tokens alone), the dominant-resource-fair measurement gives the max-min figures of that
+    dimension, to the last bit."""
+    sc = builtin(name).with_duration(parse_duration_ms("2h"))
+    result = await run_scenario(sc, seed=2, data_dir=tmp_path, policies=("fcfs", "active"))
+    weights = {k.id: sc.weight_of(k.id) for k in sc.keys}
+    caps = {
+        k.id: k.cap.value if k.cap is not None and k.cap.unit is sc.primary.unit else None
+        for k in sc.keys
+    }
+    for run in result.runs.values():
+        assert len(run.windows[0].capacities) == len(
+            [d for d in sc.pool.dimensions if d.window is sc.primary.window]
+        )
+        single = window_figures(
+            result.capacity,
+            weights,
+            caps,
+            [w.demand for w in run.windows],
+            [w.admitted for w in run.windows],
+        )
+        assert [w.ideal for w in run.windows] == [w.ideal for w in single]
+        old = summarize(
+            single,
+            shares=result.shares,
+            overshoot={},
+            blocked={},
+            dropped={},
+            first_block_ms={},
+        )
+        m = run.metrics
+        assert m.ratio == old.ratio
+        assert (m.jain, m.jain_worst_window, m.utilisation) == (
+            old.jain,
+            old.jain_worst_window,
+            old.utilisation,
+        )
+        assert m.utilisation_by_dim[f"{sc.primary.unit.value}/hourly"] == old.utilisation
+
+
+async def test_two_resource_builtin_measures_every_dimension(tmp_path: Path) -> None:
+    """Both dimensions bind: the ideal is in both, each key's ratio in its dominant one."""
+    sc = builtin("chat-agent").with_duration(parse_duration_ms("2h"))
+    result = await run_scenario(sc, seed=1, data_dir=tmp_path, policies=("active",))
+    m = result.runs["active"].metrics
+    assert set(m.utilisation_by_dim) == {"requests/hourly", "tokens/hourly"}
+    last = result.runs["active"].windows[-1]
+    assert last.dominant == {"chat": "requests/hourly", "summariser": "tokens/hourly"}
+    # the summariser alone would take every token; the ideal fills tokens, not requests
+    assert last.bottleneck == "tokens/hourly"
+    assert sum(last.ideal_by_dim["tokens/hourly"].values()) == pytest.approx(1_200_000)
+    assert sum(last.ideal_by_dim["requests/hourly"].values()) < 600
+    assert request_overshoot(result.runs["active"]) == 0.0

@@ -2,9 +2,10 @@
 
 A scenario is YAML validated by pydantic, so a typo names its field instead of producing a
 silently wrong run. Rates are requests per hour (independent of the pool's window); durations
-are ``"30s"``, ``"15m"``, ``"6h"``, ``"2d"`` or a number of seconds. The first dimension of the
-pool is the one fairness and utilisation are measured on; the built-in scenarios make it the
-binding one.
+are ``"30s"``, ``"15m"``, ``"6h"``, ``"2d"`` or a number of seconds. Fairness and utilisation
+are measured on the pool's first dimension and every other of the same window, against the
+weighted dominant-resource-fair ideal (:mod:`fairgate.sim.fairness`); a dimension of another
+window is checked for overshoot only.
 
 Example::
 
@@ -260,7 +261,8 @@ class Scenario(_Strict):
 
     @property
     def primary(self) -> DimensionSpec:
-        """The dimension fairness and utilisation are measured on."""
+        """The first dimension: its window is the measurement window, its unit the one rates
+        and greedy shares are in."""
         return self.pool.dimensions[0]
 
     @property
@@ -541,6 +543,86 @@ _BUILTIN_DATA["token-mix"] = {
             "id": "late",
             "demand": {"kind": "late", "rate": 100, "start": "2h"},
             "tokens": {"prompt": 1000, "completion": 400, "max_tokens": 1024},
+        },
+    ],
+}
+
+#: Issue 18's shape: two dimensions that both bind, keys whose requests differ 16-fold in size.
+_BUILTIN_DATA["two-resource"] = {
+    "description": "requests and tokens both bind: two teams, a CI bot, light keys, research",
+    "duration": "8h",
+    "pool": {
+        "dimensions": [
+            {"unit": "requests", "window": "hourly", "limit": 300},
+            {"unit": "tokens", "window": "hourly", "limit": 600_000},
+        ]
+    },
+    "keys": [
+        {
+            "id": "team-a",
+            "weight": 25,
+            "demand": {"kind": "diurnal", "rate": 130, "phase": 0},
+            "tokens": {"prompt": 1200, "completion": 400, "max_tokens": 1024},
+        },
+        {
+            "id": "team-b",
+            "weight": 25,
+            "demand": {"kind": "diurnal", "rate": 130, "phase": 0.5},
+            "tokens": {"prompt": 1200, "completion": 400, "max_tokens": 1024},
+        },
+        {
+            "id": "ci-bot",
+            "weight": 20,
+            "demand": {"kind": "late", "rate": 60, "start": "3h"},
+            "tokens": {"prompt": 7000, "completion": 1000, "max_tokens": 2048},
+        },
+        {
+            "id": "light-1",
+            "weight": 5,
+            "max_wait": "15m",
+            "demand": {"kind": "bursty", "rate": 20, "burst": 8},
+            "tokens": {"prompt": 600, "completion": 200, "max_tokens": 512},
+        },
+        {
+            "id": "light-2",
+            "weight": 5,
+            "max_wait": "15m",
+            "demand": {"kind": "bursty", "rate": 15, "burst": 6},
+            "tokens": {"prompt": 600, "completion": 200, "max_tokens": 512},
+        },
+        {
+            "id": "research",
+            "weight": 20,
+            "policy": "soft",
+            "demand": {"kind": "on_off", "rate": 90, "on": "20m", "off": "70m"},
+            "tokens": {"prompt": 11000, "completion": 1800, "max_tokens": 4096},
+        },
+    ],
+}
+#: A chat front-end (many small requests) beside a batch summariser (few huge ones) on an RPM
+#: + TPM pool: requests are the chat's dominant dimension, tokens the summariser's.
+_BUILTIN_DATA["chat-agent"] = {
+    "description": "a chat front-end of small requests beside a summariser of huge ones",
+    "duration": "6h",
+    "pool": {
+        "dimensions": [
+            {"unit": "requests", "window": "hourly", "limit": 600},
+            {"unit": "tokens", "window": "hourly", "limit": 1_200_000},
+        ]
+    },
+    "keys": [
+        {
+            "id": "chat",
+            "weight": 50,
+            "demand": {"kind": "steady", "rate": 450},
+            "tokens": {"prompt": 600, "completion": 250, "max_tokens": 512},
+        },
+        {
+            "id": "summariser",
+            "weight": 50,
+            "max_wait": "15m",
+            "demand": {"kind": "greedy", "factor": 0.5},
+            "tokens": {"prompt": 9000, "completion": 1000, "max_tokens": 2048},
         },
     ],
 }
