@@ -83,7 +83,7 @@ def scenario_table(result: ScenarioResult) -> Table:
     ):
         table.add_column(col, justify=just)  # type: ignore[arg-type]
     if per_dim:
-        table.add_column("utilisation\nper dimension", justify="right")
+        table.add_column("per\ndim", justify="right")
     for name, run in result.runs.items():
         m = run.metrics
         worst_over = max(m.overshoot.values(), default=0.0)
@@ -102,7 +102,7 @@ def scenario_table(result: ScenarioResult) -> Table:
         ]
         if per_dim:
             cells.append(
-                "\n".join(f"{d.split('/')[0]} {_pct(u)}" for d, u in m.utilisation_by_dim.items())
+                "\n".join(f"{d[:3]} {u * 100:.1f}%" for d, u in m.utilisation_by_dim.items())
             )
         table.add_row(*cells)
     return table
