@@ -6,6 +6,7 @@ Time is injected (``now_ms``): ``T0`` is hour-aligned, so ``T0 + k × HOUR`` sta
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import random
 import uuid
 from collections.abc import Mapping, Sequence
@@ -15,8 +16,14 @@ from typing import Any
 import pytest
 
 from fairgate.clock import ManualClock
-from fairgate.quota.decision import DimensionCheck, Outcome, Reason, compile_checks
-from fairgate.quota.model import Allocation, Dimension, ModelCap, Policy, Pool
+from fairgate.quota.decision import (
+    DimensionCheck,
+    Outcome,
+    Reason,
+    compile_checks,
+    dominant_levels,
+)
+from fairgate.quota.model import Allocation, Dimension, ModelCap, Policy, Pool, ShareMode
 from fairgate.quota.units import Unit, Window
 from fairgate.quota.window import Count, bucket_index
 from fairgate.store.base import (
@@ -67,6 +74,7 @@ def admit_request(
     threshold: float = 0.5,
     signals: Mapping[str, float] | None = None,
     reserves: Mapping[str, float] | None = None,
+    levels: Mapping[str, float] | None = None,
 ) -> AdmitRequest:
     alloc = pool.allocation(key)
     assert alloc is not None
@@ -76,6 +84,7 @@ def admit_request(
         cost or {Unit.REQUESTS: 1.0},
         model=model,
         signals=signals,
+        levels=levels,
         reserves=reserves,
     )
     return AdmitRequest(
@@ -553,6 +562,7 @@ PARITY_POOL = make_pool(
     pool_id="parity",
     connections=("c1", "c2"),
 )
+PARITY_ACTIVE = dataclasses.replace(PARITY_POOL, share_mode=ShareMode.ACTIVE)
 
 
 def _actual_usage(checks: Sequence[DimensionCheck], tokens: float, usd: float) -> list[UsageItem]:
@@ -564,6 +574,7 @@ async def _run_scenario(store: QuotaStore, seed: int) -> tuple[list[Any], list[f
     """A few hundred steps; returns (discrete log, float log, final counts)."""
     rng = random.Random(seed)
     spare = random.Random(seed + 1)  # the reserves' draws leave the main sequence as it was
+    drf = random.Random(seed + 2)  # and so do the dominant-share levels' (issue 18)
     pool = PARITY_POOL
     keys = [a.key_id for a in pool.allocations]
     held: list[AdmitRequest] = []
@@ -587,6 +598,19 @@ async def _run_scenario(store: QuotaStore, seed: int) -> tuple[list[Any], list[f
                 PARITY_DIMS[0].key: float(spare.randint(1, 6)),
                 PARITY_DIMS[1].key: float(spare.randint(0, 30_000)),
             }
+        # active mode now and then: the dominant-resource-fair shares of every dimension
+        step_pool, levels = pool, None
+        if step % 7 == 3:
+            step_pool = PARITY_ACTIVE
+            demand = {
+                k: {
+                    PARITY_DIMS[0].key: drf.uniform(0, 8),
+                    PARITY_DIMS[1].key: drf.uniform(0, 50_000),
+                    PARITY_DIMS[2].key: drf.uniform(0, 3),
+                }
+                for k in drf.sample(keys, 3)
+            }
+            levels = dominant_levels(step_pool, keys, demand)
         roll = rng.random()
         if roll < 0.6 or not held:
             key = rng.choices(keys, weights=[3, 2, 2, 3, 3, 2])[0]
@@ -597,7 +621,7 @@ async def _run_scenario(store: QuotaStore, seed: int) -> tuple[list[Any], list[f
                 Unit.USD: rng.randint(1, 40) / 1024,  # binary-exact: no float noise
             }
             req = admit_request(
-                pool,
+                step_pool,
                 key,
                 now,
                 cost=cost,
@@ -607,6 +631,7 @@ async def _run_scenario(store: QuotaStore, seed: int) -> tuple[list[Any], list[f
                 threshold=threshold,
                 signals=signals,
                 reserves=reserves,
+                levels=levels,
             )
             res = await store.admit(req)
             v = res.verdict
@@ -706,6 +731,10 @@ async def test_sqlite_parity_scenario_reaches_every_outcome(tmp_path: Path) -> N
     assert actions == {"admit", "settle", "release", "record"}
     assert any(e[1] == "release" and not e[3] for e in log)  # released after its lease lapsed
     assert final["totals"][PARITY_DIMS[0].key] != (0.0, 0.0)
+    # the dominant-resource-fair shares of active steps (issue 18) refuse and admit too
+    active = [e for e in log if e[1] == "admit" and e[0] % 7 == 3]
+    assert any(e[5] is Reason.FAIR_SHARE for e in active)
+    assert any(e[4] is Outcome.ALLOW for e in active)
     # generous steps (>= 250) only refuse a share through room held for waiting keys
     assert any(e[1] == "admit" and e[0] >= 250 and e[5] is Reason.FAIR_SHARE for e in log)
     assert {

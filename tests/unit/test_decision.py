@@ -11,10 +11,14 @@ from fairgate.quota.decision import (
     Outcome,
     Reason,
     active_fair_share,
+    active_levels,
     compile_checks,
+    dominant_levels,
+    dominant_waiting_reserves,
     evaluate,
     retry_after_ms,
     static_fair_share,
+    waiting_reserves,
     water_fill_level,
 )
 from fairgate.quota.model import Allocation, Dimension, ModelCap, Policy, Pool, ShareMode
@@ -255,3 +259,91 @@ def test_retry_after_cap_uses_own_count() -> None:
     wait = retry_after_ms(c, CAP, Count(0, 90), Count(20, 0), T + HOUR // 4, 0.5)
     # 20 × (1 - e/W) < 10 → e > W/2, we are at W/4 → W/4 more
     assert wait == pytest.approx(HOUR / 4, abs=2)
+
+
+# -- dominant-resource fairness (issue 18) ------------------------------------------------------
+
+_RPM_TPM = (
+    Dimension(Unit.REQUESTS, Window.HOURLY, 100),
+    Dimension(Unit.TOKENS, Window.HOURLY, 100_000),
+)
+
+
+def _two_keys() -> Pool:
+    return _pool((Allocation("a", 50), Allocation("b", 50)), _RPM_TPM, mode=ShareMode.ACTIVE)
+
+
+def _use(requests: float, tokens: float) -> dict[str, Count]:
+    return {_RPM_TPM[0].key: Count(0.0, requests), _RPM_TPM[1].key: Count(0.0, tokens)}
+
+
+def test_dominant_levels_worked_example() -> None:
+    # chat key a (500 tokens a request), research key b (10,000), both pressed: tokens fill
+    # at a dominant share of 2/3 each, so a may hold 66.7 requests and b 66,667 tokens
+    pool = _two_keys()
+    used = {"a": _use(40, 20_000), "b": _use(4, 40_000)}
+    levels = dominant_levels(pool, ["a", "b"], None, used, 0)
+    assert levels[_RPM_TPM[0].key] * 50 == pytest.approx(200 / 3)
+    assert levels[_RPM_TPM[1].key] * 50 == pytest.approx(200_000 / 3)
+    # per dimension on its own each would be held at half of each dimension
+    plain = active_levels(pool, ["a", "b"])
+    assert plain[_RPM_TPM[0].key] * 50 == pytest.approx(50)
+    checks = compile_checks(
+        pool, pool.allocations[0], {Unit.REQUESTS: 1, Unit.TOKENS: 500}, levels=levels
+    )
+    # strict (80 % of tokens used): a passes at 66 requests, is held at 67 (its dominant share)
+    assert evaluate(checks, [(66, 66), (80_000, 33_000)], H, 0.5).outcome is Outcome.ALLOW
+    verdict = evaluate(checks, [(67, 67), (80_000, 33_500)], H, 0.5)
+    assert (verdict.outcome, verdict.reason, verdict.index) == (Outcome.BLOCK, Reason.FAIR_SHARE, 0)
+
+
+def test_dominant_levels_leave_a_satisfied_key_its_demand() -> None:
+    # b wants 10 requests and 20,000 tokens an hour (dominant share 0.2, profile 0.5 / 1); a
+    # uses half a token share per request share: requests fill when a holds 0.9 (+ b's 0.1),
+    # while tokens are at 0.45 + 0.2
+    pool = _two_keys()
+    demand = {"b": {_RPM_TPM[0].key: 10.0, _RPM_TPM[1].key: 20_000.0}}
+    levels = dominant_levels(pool, ["a", "b"], demand, {"a": _use(50, 25_000)}, 0)
+    assert levels[_RPM_TPM[0].key] * 50 == pytest.approx(90)
+    assert levels[_RPM_TPM[1].key] * 50 == pytest.approx(90_000)
+
+
+def test_dominant_levels_of_one_dimension_are_the_water_filling_levels() -> None:
+    pool = _pool((Allocation("a", 60), Allocation("b", 40)), mode=ShareMode.ACTIVE)
+    demand = {"b": {pool.dimensions[0].key: 10.0}}
+    assert dominant_levels(pool, ["a", "b"], demand) == active_levels(pool, ["a", "b"], demand)
+
+
+def test_dominant_levels_without_use_are_the_plain_weighted_shares() -> None:
+    # nothing known of a key: it may take the same share of every dimension
+    pool = _two_keys()
+    assert dominant_levels(pool, ["a", "b"]) == pytest.approx(active_levels(pool, ["a", "b"]))
+
+
+def test_dominant_levels_respect_a_cap_in_one_dimension() -> None:
+    # b's requests take 10,000 tokens each (profile 0.1 / 1): its cap of 2 requests is a
+    # dominant share of 0.2; requests fill when a holds 0.98 (+ b's 0.02), tokens are at
+    # 0.49 + 0.2
+    pool = _pool(
+        (Allocation("a", 50), Allocation("b", 50, cap_value=2, cap_unit=Unit.REQUESTS)),
+        _RPM_TPM,
+        mode=ShareMode.ACTIVE,
+    )
+    used = {"a": _use(40, 20_000), "b": _use(1, 10_000)}
+    levels = dominant_levels(pool, ["a", "b"], None, used, 0)
+    assert levels[_RPM_TPM[0].key] * 50 == pytest.approx(98)
+
+
+def test_dominant_waiting_reserves_hold_what_the_profile_uses() -> None:
+    # b (10,000 tokens a request) waits at a dominant share of 0.2, its fair one is 2/3: it is
+    # owed 0.467 of tokens and the 4.7 requests that go with them, not 64.7 requests
+    pool = _two_keys()
+    used = {"a": _use(60, 30_000), "b": _use(2, 20_000)}
+    levels = dominant_levels(pool, ["a", "b"], None, used, 0)
+    res = dominant_waiting_reserves(pool, levels, ["a", "b"], ["b"], used, 0)
+    assert res.for_key("a") == pytest.approx(
+        {_RPM_TPM[0].key: 14 / 3, _RPM_TPM[1].key: 140_000 / 3}
+    )
+    assert res.for_key("b") == {_RPM_TPM[0].key: 0.0, _RPM_TPM[1].key: 0.0}
+    plain = waiting_reserves(pool, levels, ["a", "b"], ["b"], used, 0)
+    assert plain.for_key("a")[_RPM_TPM[0].key] == pytest.approx(200 / 3 - 2)

@@ -182,6 +182,80 @@ def active_levels(
     return levels
 
 
+def dominant_levels(
+    pool: Pool,
+    active_keys: Sequence[str],
+    demand: Mapping[str, Mapping[str, float]] | None = None,
+    used: Mapping[str, Mapping[str, Count]] | None = None,
+    now_ms: int = 0,
+) -> dict[str, float]:
+    """Water-filling levels per pool dimension that make the active-mode decision weighted
+    dominant-resource-fair (issue 18): a key's standing is its dominant share, the largest of
+    ``used / limit`` over the dimensions, and every dimension's level is ``t × limit`` for one
+    dominant level ``t``.
+
+    Why this is the DRF rule with :func:`evaluate` unchanged: a key's share of dimension ``d``
+    is then ``t × weight × limit_d``, so "its count reaches its share in some dimension" is
+    exactly "its dominant share reaches ``t × weight``". A key whose requests are huge reaches
+    it in tokens while it holds few requests, and a chat key in requests while it holds few
+    tokens; neither takes the other's budget. Still one fair share per check, O(1) per
+    admission and the same atomic step on both drivers.
+
+    ``t`` is the progressive-filling level at which the first dimension fills: every active
+    key of weight > 0 holds ``min(t × weight, bound)`` of dominant share, spread over the
+    dimensions by its *profile* (its share of each per unit of dominant share). A satisfied
+    key (in ``demand``, from :func:`demand_bounds`) takes its profile and bound from its
+    demand; a pressed one is unbounded, its profile from what it used (``used``), or, when
+    it used nothing, the same share of every dimension (the most it could take). A cap bounds
+    the dominant share at what reaches the cap. Per dimension that is water-filling of a
+    capacity of 1 over ``(weight × profile, bound × profile)``, and ``t`` the lowest of those
+    levels (:func:`water_fill_level`). With one dimension this is :func:`active_levels`.
+
+    Worked example: 100 requests and 100,000 tokens an hour, equal weights; chat key A (500
+    tokens a request) and research key B (10,000), both pressed. Profiles: A (1, 0.5), B
+    (0.1, 1). Tokens fill first: ``50 t × (0.5 + 1) = 1`` → ``50 t = 2/3``, so the levels are
+    66.7 requests and 66,667 tokens per 50 % of weight: A is held at 66.7 requests (33,333
+    tokens), B at 66,667 tokens (6.7 requests). Per dimension on its own A would be held at
+    50 requests and B at 50,000 tokens, leaving 25,000 tokens and 45 requests unused.
+    """
+    dims = [d for d in pool.enforced_dimensions() if pool.effective_limit(d) > 0]
+    if len(dims) < 2:
+        return active_levels(pool, active_keys, demand)
+    limits = {d.key: pool.effective_limit(d) for d in dims}
+    members: list[tuple[float, dict[str, float], float | None]] = []
+    for alloc in (pool.allocation(k) for k in dict.fromkeys(active_keys)):
+        if alloc is None or pool.weight_of(alloc.key_id) <= 0:
+            continue
+        want = (demand or {}).get(alloc.key_id)
+        bound: float | None = None
+        if want is not None and all(d.key in want for d in dims):
+            shares = {d.key: max(0.0, want[d.key]) / limits[d.key] for d in dims}
+            bound = max(shares.values())
+        else:
+            counts = (used or {}).get(alloc.key_id, {})
+            shares = {
+                d.key: max(0.0, c.value(now_ms, d.window_ms)) / limits[d.key]
+                if (c := counts.get(d.key)) is not None
+                else 0.0
+                for d in dims
+            }
+        top = max(shares.values())
+        profile = {k: v / top for k, v in shares.items()} if top > 0 else dict.fromkeys(limits, 1.0)
+        for d in dims:
+            cap = alloc.cap_for(d.unit)
+            if cap is not None and profile[d.key] > 0:
+                at_cap = cap / (limits[d.key] * profile[d.key])
+                bound = at_cap if bound is None else min(bound, at_cap)
+        members.append((pool.weight_of(alloc.key_id), profile, bound))
+    level = min(
+        water_fill_level(
+            1.0, [(w * p[d.key], None if b is None else b * p[d.key]) for w, p, b in members]
+        )
+        for d in dims
+    )
+    return {d.key: math.inf if math.isinf(level) else level * limits[d.key] for d in dims}
+
+
 def demand_bounds(
     pool: Pool,
     active_keys: Sequence[str],
@@ -435,6 +509,78 @@ def waiting_reserves(
             x = use[k] / w if w > 0 else math.inf
             per_key[k][dkey] = prefix[bisect.bisect_left(xs, x)]
     return Reserves(per_key, default)
+
+
+def dominant_waiting_reserves(
+    pool: Pool,
+    levels: Mapping[str, float],
+    keys: Collection[str],
+    waiting: Collection[str],
+    used: Mapping[str, Mapping[str, Count]],
+    now_ms: int,
+) -> Reserves:
+    """:func:`waiting_reserves` by dominant share, for the levels of :func:`dominant_levels`.
+
+    A waiting key is owed what it lacks of its fair *dominant* share (``t × weight``, or what
+    reaches its cap), spread over the dimensions by the profile of what it used: a summariser
+    of huge requests below its share is owed tokens and the few requests that go with them,
+    not the request share it would never use (per dimension on its own it would be owed its
+    whole request share, and a chat key beside it would have to leave those requests free).
+    A key must leave free what every waiting key further below its fair share than itself is
+    owed, comparing dominant share per unit of weight. With one dimension this is
+    :func:`waiting_reserves`.
+    """
+    dims = [d for d in pool.enforced_dimensions() if pool.effective_limit(d) > 0]
+    if len(dims) < 2:
+        return waiting_reserves(pool, levels, keys, waiting, used, now_ms)
+    limits = {d.key: pool.effective_limit(d) for d in dims}
+    first = dims[0]
+    level = levels.get(first.key, math.inf)
+    t = level / limits[first.key]  # the dominant level, per unit of weight
+
+    def shares(k: str) -> dict[str, float]:
+        counts = used.get(k, {})
+        return {
+            d.key: max(0.0, c.value(now_ms, d.window_ms)) / limits[d.key]
+            if (c := counts.get(d.key)) is not None
+            else 0.0
+            for d in dims
+        }
+
+    owed: list[tuple[float, dict[str, float]]] = []  # (dominant share per weight, owed)
+    for k in waiting:
+        alloc = pool.allocation(k)
+        w = pool.weight_of(k)
+        if alloc is None or w <= 0 or k not in used:
+            continue
+        mine = shares(k)
+        top = max(mine.values())
+        profile = {d: v / top for d, v in mine.items()} if top > 0 else dict.fromkeys(limits, 1.0)
+        fair = min(1.0, t * w)
+        for d in dims:
+            cap = alloc.cap_for(d.unit)
+            if cap is not None and profile[d.key] > 0:
+                fair = min(fair, cap / (limits[d.key] * profile[d.key]))
+        if fair > top:
+            owed.append((top / w, {d: (fair - top) * limits[d] * p for d, p in profile.items()}))
+    if not owed:
+        return NO_RESERVES
+    owed.sort(key=lambda x: x[0])
+    xs = [x for x, _ in owed]
+    prefix: dict[str, list[float]] = {}
+    for d in dims:
+        fade = reserve_fade(now_ms, d.window_ms)
+        acc = [0.0]
+        for _, o in owed:
+            acc.append(acc[-1] + o[d.key] * fade)
+        prefix[d.key] = acc
+    per_key: dict[str, dict[str, float]] = {}
+    for k in keys:
+        w = pool.weight_of(k)
+        x = max(shares(k).values()) / w if w > 0 else math.inf
+        i = bisect.bisect_left(xs, x)
+        per_key[k] = {d: acc[i] for d, acc in prefix.items()}
+    return Reserves(per_key, {d: acc[-1] for d, acc in prefix.items()})
 
 
 def _share_at_level(pool: Pool, key_id: str, dim: Dimension, level: float) -> float:

@@ -32,13 +32,13 @@ from fairgate.quota.decision import (
     Outcome,
     Reason,
     Reserves,
-    active_levels,
     compile_checks,
     demand_bounds,
+    dominant_levels,
+    dominant_waiting_reserves,
     evaluate,
     pace_reserves,
     retry_after_ms,
-    waiting_reserves,
 )
 from fairgate.quota.journal import Circuit, Journal, JournalEntry
 from fairgate.quota.model import Allocation, Policy, Pool, ShareMode
@@ -788,10 +788,10 @@ class QuotaEngine:
         bounds = demand
         if bounds is not None and pressed:
             bounds = {k: v for k, v in bounds.items() if k not in pressed}
-        levels = active_levels(pool, ordered, bounds)
+        levels = dominant_levels(pool, ordered, bounds, used, now)
         reserves = NO_RESERVES
         if used is not None and pressed:
-            reserves = waiting_reserves(pool, levels, ordered, pressed, used, now)
+            reserves = dominant_waiting_reserves(pool, levels, ordered, pressed, used, now)
         if used is not None and totals is not None:
             threshold = self.settings.saturation_threshold
             reserves = pace_reserves(pool, ordered, used, totals, now, threshold, reserves)
