@@ -53,6 +53,10 @@ async def test_simulation_is_deterministic_for_a_seed(tmp_path: Path) -> None:
 #: Built-ins of issue 17 whose targets active mode does not reach yet (docs/fairness.md, "What
 #: is left"): strict, so the day they pass the marker has to go.
 NOT_YET = {"many-keys"}
+#: Issue 18's built-in misses the 0.90-1.10 band in the first three hours (research 0.87 of its
+#: ideal, before the CI bot starts); over its eight hours it is inside but for a light bursty
+#: key at 1.12 (docs/fairness.md).
+NOT_YET |= {"two-resource"}
 
 
 @pytest.mark.parametrize(
@@ -61,7 +65,7 @@ NOT_YET = {"many-keys"}
         pytest.param(
             n,
             marks=pytest.mark.xfail(
-                strict=True, reason="issue 17 targets not reached yet (docs/fairness.md)"
+                strict=True, reason="issue 17/18 targets not reached yet (docs/fairness.md)"
             ),
         )
         if n in NOT_YET
