@@ -415,6 +415,10 @@ async def test_usage(api: Api) -> None:
     assert keys["alice"]["surplus"] == 2
     assert keys["alice"]["borrowing"] is False
     assert keys["bob"]["policy"] == "soft"
+    # the standing of active mode (issue 18): the largest consumed / limit, and where
+    assert keys["alice"]["dominantShare"] == pytest.approx(0.3)
+    assert keys["alice"]["dominantDimension"] == "requests/hourly"
+    assert (keys["bob"]["dominantShare"], keys["bob"]["dominantDimension"]) == (0, None)
 
 
 async def test_log(api: Api) -> None:

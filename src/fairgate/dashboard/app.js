@@ -548,14 +548,21 @@
           editButton(pool),
         ),
       ),
-      allocationTable(pool, dim, colors, blocked),
+      allocationTable(pool, dim, colors, blocked, usage.dimensions.length > 1),
       burnChart(pool, dim),
     );
   }
 
-  function allocationTable(pool, d, colors, blocked) {
+  // several dimensions: a key's standing in active mode is its dominant share, the largest
+  // consumed / limit over them, shown with the dimension it is in (issue 18)
+  function dominantCell(k) {
+    if (!k.dominantDimension) return h("td", { class: "num dominant muted", "data-value": 0 }, "–");
+    return h("td", { class: "num dominant", "data-value": k.dominantShare, "data-dimension": k.dominantDimension }, `${pct(k.dominantShare)} of ${k.dominantDimension}`);
+  }
+
+  function allocationTable(pool, d, colors, blocked, multi) {
     const unit = UNIT_SHORT[d.unit] || d.unit;
-    const others = d.keys.filter((k) => k.allocated === false).map((k) => unallocatedRow(k, d, blocked));
+    const others = d.keys.filter((k) => k.allocated === false).map((k) => unallocatedRow(k, d, blocked, multi));
     const rows = d.keys.filter((k) => k.allocated !== false).map((k) => {
       const surplus = k.surplus;
       const atShare = Math.abs(surplus) < 0.005 * Math.max(1, k.fairShare);
@@ -571,6 +578,7 @@
         h("td", { class: `num ${surplus >= 0 ? "surplus" : "deficit"}`, "data-value": surplus }, surplusText),
         h("td", { class: "borrowing" }, k.borrowing ? h("span", { class: "badge warn" }, "borrowing") : h("span", { class: "muted" }, "no")),
         h("td", { class: "num blocked", "data-value": blocked[k.keyId] || 0 }, String(blocked[k.keyId] || 0)),
+        multi ? dominantCell(k) : null,
       );
     });
     const table = h(
@@ -591,9 +599,10 @@
           h("th", { scope: "col", class: "num" }, "Surplus / deficit"),
           h("th", { scope: "col" }, "Borrowing"),
           h("th", { scope: "col", class: "num", title: "Blocked requests among the last 500 admissions" }, "Blocked"),
+          multi ? h("th", { scope: "col", class: "num", title: "The largest consumed / limit over the pool's dimensions: a key's standing in active mode" }, "Dominant share") : null,
         ),
       ),
-      h("tbody", {}, rows.length ? rows : h("tr", {}, h("td", { colspan: 8, class: "muted" }, noAllocationsText() + " Edit allocations to share this pool.")), others),
+      h("tbody", {}, rows.length ? rows : h("tr", {}, h("td", { colspan: multi ? 9 : 8, class: "muted" }, noAllocationsText() + " Edit allocations to share this pool.")), others),
     );
     return h("div", { class: "table-wrap", tabindex: "0", role: "region", "aria-label": `Allocations of ${pool.name || pool.id}` }, table);
   }
@@ -607,7 +616,7 @@
 
   // the use of keys with no allocation in the pool (only possible when allocations are not
   // required, or from before): no share, so all of it is borrowed
-  function unallocatedRow(k, d, blocked) {
+  function unallocatedRow(k, d, blocked, multi) {
     const unallocatedBlocked = Object.entries(blocked).filter(([id]) => !d.keys.some((x) => x.keyId === id)).reduce((s, [, n]) => s + n, 0);
     return h(
       "tr",
@@ -620,6 +629,7 @@
       h("td", { class: "num" }, "–"),
       h("td", { class: "borrowing" }, k.borrowing ? h("span", { class: "badge warn" }, "borrowing") : h("span", { class: "muted" }, "no")),
       h("td", { class: "num blocked", "data-value": unallocatedBlocked }, String(unallocatedBlocked)),
+      multi ? h("td", { class: "num dominant muted" }, "–") : null,
     );
   }
 

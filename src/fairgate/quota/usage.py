@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from fairgate.quota.burn import time_to_exhaustion_ms
@@ -23,6 +23,11 @@ class KeyUsage:
     cap: float | None
     #: False for the one row of use by keys without an allocation (:data:`UNALLOCATED`)
     allocated: bool = True
+    #: the key's largest ``consumed / limit`` over the pool's enforced dimensions (its
+    #: standing in active mode, issue 18) and which dimension that is (None: it used nothing);
+    #: the same in every dimension's row of the key
+    dominant_share: float = 0.0
+    dominant_dimension: str | None = None
 
 
 #: The ``key_id`` of the row that sums the use of keys with no allocation in the pool (not a
@@ -115,12 +120,36 @@ def build_usage(
             )
         )
     show = unallocated_allowed or any(o > 0 for o in others)
+    dominant = dominant_shares(dims, rows)
     out = []
     for d, keys, other in zip(dims, rows, others, strict=True):
+        keys[:] = [
+            replace(
+                k, dominant_share=dominant[k.key_id][1], dominant_dimension=dominant[k.key_id][0]
+            )
+            for k in keys
+        ]
         if show:
             keys.append(_unallocated_row(other, d.enforced))
         out.append(replace(d, keys=tuple(keys)))
     return PoolUsage(pool.id, now_ms, tuple(out))
+
+
+def dominant_shares(
+    dims: Sequence[DimensionUsage], rows: Sequence[Sequence[KeyUsage]]
+) -> dict[str, tuple[str | None, float]]:
+    """Each key's dominant dimension and share: the largest ``consumed / limit`` over the
+    enforced dimensions (the first on ties; None and 0 when it used nothing)."""
+    out: dict[str, tuple[str | None, float]] = {}
+    for d, keys in zip(dims, rows, strict=True):
+        for k in keys:
+            best = out.setdefault(k.key_id, (None, 0.0))
+            if not d.enforced or d.limit <= 0:
+                continue
+            share = k.consumed / d.limit
+            if share > best[1]:
+                out[k.key_id] = (d.key, share)
+    return out
 
 
 def _unallocated_row(consumed: float, enforced: bool) -> KeyUsage:

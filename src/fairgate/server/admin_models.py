@@ -294,6 +294,15 @@ class KeyUsageOut(ApiModel):
         default=True,
         description="False for the one row '(unallocated)': the use of keys with no allocation",
     )
+    dominant_share: float = Field(
+        default=0.0,
+        description="The key's largest consumed / limit over the enforced dimensions: its "
+        "standing in active mode (weighted dominant-resource fairness)",
+    )
+    dominant_dimension: str | None = Field(
+        default=None,
+        description="The dimension key of that share (null: the key used nothing)",
+    )
 
 
 class BurnSampleOut(ApiModel):
@@ -352,6 +361,8 @@ class PoolUsageOut(ApiModel):
                             borrowing=k.borrowing,
                             cap=k.cap,
                             allocated=k.allocated,
+                            dominant_share=k.dominant_share,
+                            dominant_dimension=k.dominant_dimension,
                         )
                         for k in d.keys
                     ],
