@@ -451,7 +451,8 @@ def simulate(
     ] = None,
 ) -> None:
     """Replay a workload through the real engine under four sharing policies and compare them
-    with the max-min fair ideal: Jain's index, utilisation, overshoot, refusals."""
+    with the exact fair ideal (weighted max-min; dominant-resource-fair over several dimensions):
+    Jain's index, utilisation, overshoot, refusals."""
     from fairgate.sim.command import run_simulate
 
     code = run_simulate(
