@@ -264,6 +264,9 @@ def test_pools_create_edit_traffic_and_validation(page: Any, gateway: Proc) -> N
     expect(card.locator('tr[data-key="bob"] td.consumed')).to_have_text("3")
     expect(card.locator('tr[data-key="bob"] td.surplus')).to_have_text("+5 unused")
     expect(row.locator("td.surplus")).to_have_text("at share")
+    # two dimensions: the dominant share column, at least alice's 12 of 20 requests (issue 18)
+    expect(row.locator("td.dominant")).to_contain_text(" % of ")
+    assert float(row.locator("td.dominant").get_attribute("data-value") or 0) >= 0.6 - 1e-9
     expect(card.locator("[data-status]")).to_have_text("Strict")
     bar = card.locator('.bar[data-dimension="requests/hourly"]')
     full = bar.bounding_box()["width"]
