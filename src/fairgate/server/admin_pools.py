@@ -23,8 +23,8 @@ from fairgate.quota.catalog import resolve_plan
 from fairgate.quota.decision import (
     Outcome,
     Verdict,
-    active_levels,
     compile_checks,
+    dominant_levels,
     evaluate,
     retry_after_ms,
 )
@@ -381,7 +381,7 @@ async def preview(
         levels = None
         if p.share_mode is ShareMode.ACTIVE:
             active = set(await store.active_keys(p.id, now - p.active_window_ms))
-            levels = active_levels(p, sorted(active | {key}))
+            levels = dominant_levels(p, sorted(active | {key}))
         checks = compile_checks(
             p, effective, cost, model=model, signals=gw.pool_signals(p), levels=levels
         )
