@@ -56,6 +56,15 @@ def plans() -> None:
     console.print(table)
 
 
+@app.command("secret-key")
+def secret_key() -> None:
+    """Print a new key for FAIRGATE_SECRET_KEY (seals upstream secrets and OAuth tokens at
+    rest). To rotate, set the new key first and the old one after it, comma separated."""
+    from fairgate.secretbox import SecretBox
+
+    typer.echo(SecretBox.generate_key().decode())
+
+
 @app.command("engine-demo")
 def engine_demo(
     data_dir: Annotated[

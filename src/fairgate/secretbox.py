@@ -96,14 +96,26 @@ def _keys_from_env(value: str) -> list[bytes]:
     return [k.strip().encode() for k in value.split(",") if k.strip()]
 
 
-def load_box(data_dir: str | os.PathLike[str], env: Mapping[str, str]) -> tuple[SecretBox, bool]:
+def load_box(
+    data_dir: str | os.PathLike[str], env: Mapping[str, str], *, shared_db: bool = False
+) -> tuple[SecretBox, bool]:
     """The box for this gateway, and whether a key file was just generated (log it once).
 
     The key file is created with ``O_EXCL`` and mode 0600, so two replicas starting at once on
-    one data dir agree on the key: the loser of the race reads the winner's file."""
+    one data dir agree on the key: the loser of the race reads the winner's file.
+
+    ``shared_db``: the metadata DB is shared by replicas that each have their own data dir
+    (PostgreSQL). A key file per data dir would give each replica its own key, so the second
+    replica could not open what the first sealed: the variable is then required."""
     from_env = env.get(ENV_VAR, "")
     if from_env.strip():
         return SecretBox(_keys_from_env(from_env)), False
+    if shared_db:
+        raise SecretKeyError(
+            f"{ENV_VAR} is required with a shared (PostgreSQL) metadata DB: every replica "
+            "must seal and open the stored secrets with the same key. Generate one with "
+            "`fairgate secret-key` and give it to every replica"
+        )
     path = Path(private_dir(data_dir)) / KEY_FILE
     created = False
     with contextlib.suppress(FileExistsError):

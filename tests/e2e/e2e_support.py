@@ -274,6 +274,11 @@ def launch_gateway(
     return p
 
 
+#: The FAIRGATE_SECRET_KEY of the test gateways that share a PostgreSQL metadata DB (a valid
+#: Fernet key; fixed so replicas started apart agree).
+SHARED_SECRET_KEY = "dGVzdC1vbmx5LWtleS1mb3ItZmFpcmdhdGUtc3ViMTI="
+
+
 @pytest.fixture
 def start_gateway(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[GatewayFactory]:
     """Start gateway processes; ``driver="redis"`` points them at the test Redis (own prefix)."""
@@ -289,6 +294,9 @@ def start_gateway(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Ga
         extra_args: tuple[str, ...] = (),
     ) -> Proc:
         env = {"QUOTA_STORE_DRIVER": driver, **(extra_env or {})}
+        if "FAIRGATE_DATABASE_URL" in env:
+            # replicas sharing a PostgreSQL DB must share the key of the secrets at rest
+            env.setdefault("FAIRGATE_SECRET_KEY", SHARED_SECRET_KEY)
         if driver == "redis":
             env["QUOTA_STORE_REDIS_URL"] = request.getfixturevalue("redis_url")
             env.setdefault("QUOTA_STORE_REDIS_PREFIX", request.getfixturevalue("redis_prefix"))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from fairgate.db.base import Database
 from fairgate.db.schema import REGISTRY_TABLES
+from fairgate.secretbox import SecretBox
 
 #: Every table a repository writes, so "nothing changed" covers all of them.
 TABLES = (*REGISTRY_TABLES, "resilience_state", "meta_version")
@@ -18,3 +19,7 @@ def dump(db: Database) -> list[str]:
         rows = [tuple(r) for r in db.execute(f"SELECT * FROM {table}").fetchall()]
         out.extend(f"{table} {row!r}" for row in sorted(rows, key=repr))
     return out
+
+
+#: The key the repository tests seal connection secrets with (a fresh one per test run).
+BOX = SecretBox([SecretBox.generate_key()])

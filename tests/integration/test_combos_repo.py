@@ -8,7 +8,7 @@ from typing import Any
 
 import orjson
 import pytest
-from db_support import dump
+from db_support import BOX, dump
 
 from fairgate.clock import ManualClock
 from fairgate.config import ComboSpec, parse_config
@@ -46,7 +46,7 @@ def spec(name: str = "fast", **kw: Any) -> ComboSpec:
 
 @pytest.fixture
 def populated(db: Database) -> Database:
-    conns = ConnectionRepo(db)
+    conns = ConnectionRepo(db, box=BOX)
     conns.create(conn_("m1", models=("a", "b"), weight=2))
     conns.create(conn_("m2", models=("b", "c")))
     conns.create(conn_("m3", models=("*",)))  # serves any model
@@ -168,7 +168,7 @@ def test_an_unreadable_row_is_skipped_not_fatal(populated: Database) -> None:
     )
     assert [r.name for r in repo.all()] == ["fast"]
     assert repo.find("old") is None
-    assert set(load_registry(populated).combos) == {"fast"}
+    assert set(load_registry(populated, box=BOX).combos) == {"fast"}
     with pytest.raises(Conflict):
         repo.create(spec("old"))
     repo.delete("old")  # still removable
@@ -199,10 +199,10 @@ CONFIG: dict[str, Any] = {
 
 def test_seed_is_idempotent_and_leaves_admin_combos_alone(db: Database, clock: ManualClock) -> None:
     cfg = parse_config(CONFIG, {})
-    first = seed_from_config(db, cfg, clock)
+    first = seed_from_config(db, cfg, clock, box=BOX)
     assert {"created combo fast", "created combo cheap"} <= set(first.changes)
     before = dump(db)
-    second = seed_from_config(db, cfg, clock)
+    second = seed_from_config(db, cfg, clock, box=BOX)
     assert second.changed == 0
     assert dump(db) == before
 
@@ -210,12 +210,12 @@ def test_seed_is_idempotent_and_leaves_admin_combos_alone(db: Database, clock: M
     edited = parse_config(
         {**CONFIG, "combos": [{**CONFIG["combos"][0], "strategy": "p2c"}, CONFIG["combos"][1]]}, {}
     )
-    third = seed_from_config(db, edited, clock)
+    third = seed_from_config(db, edited, clock, box=BOX)
     assert third.changes == ["updated combo fast"]
     repo = ComboRepo(db)
     assert repo.get("fast").spec.strategy == "p2c"
     assert {r.name for r in repo.all()} == {"fast", "cheap", "mine"}
-    reg = load_registry(db)
+    reg = load_registry(db, box=BOX)
     assert set(reg.combos) == {"fast", "cheap", "mine"}
     assert reg.combos["fast"].config.max_retries == 0
 
@@ -226,7 +226,7 @@ def test_seed_is_idempotent_and_leaves_admin_combos_alone(db: Database, clock: M
 def test_registry_has_user_and_minted_combos(populated: Database) -> None:
     ComboRepo(populated).create(spec())
     PoolRepo(populated).create(PoolRecord(id="pm", name="Mock", connections=("m1", "m2", "m3")))
-    reg = load_registry(populated)
+    reg = load_registry(populated, box=BOX)
     assert set(reg.combos) == {"fast"}
     fast = reg.combo("fast")
     assert fast is not None
@@ -249,35 +249,35 @@ def test_registry_has_user_and_minted_combos(populated: Database) -> None:
 
 
 def test_minted_combos_follow_the_pools(populated: Database) -> None:
-    pools, conns = PoolRepo(populated), ConnectionRepo(populated)
+    pools, conns = PoolRepo(populated), ConnectionRepo(populated, box=BOX)
     pools.create(PoolRecord(id="pm", name="Mock", connections=("m1",)))
-    reg = load_registry(populated)
+    reg = load_registry(populated, box=BOX)
     assert sorted(reg.internal_combos) == ["qtSd/pm/a", "qtSd/pm/b"]
     assert [t.connection_id for t in reg.internal_combos["qtSd/pm/b"].targets] == ["m1"]
 
     pools.update(PoolRecord(id="pm", name="Mock", connections=("m1", "m2")))
-    reg = load_registry(populated)
+    reg = load_registry(populated, box=BOX)
     assert sorted(reg.internal_combos) == ["qtSd/pm/a", "qtSd/pm/b", "qtSd/pm/c"]
     assert [t.connection_id for t in reg.internal_combos["qtSd/pm/b"].targets] == ["m1", "m2"]
 
     pools.update(PoolRecord(id="pm", name="Mock", connections=("m2",)))
-    reg = load_registry(populated)
+    reg = load_registry(populated, box=BOX)
     assert sorted(reg.internal_combos) == ["qtSd/pm/b", "qtSd/pm/c"]
 
     conns.update(replace(conns.get("m2"), models=("c", "d"), weight=5))
-    reg = load_registry(populated)
+    reg = load_registry(populated, box=BOX)
     assert sorted(reg.internal_combos) == ["qtSd/pm/c", "qtSd/pm/d"]
     assert reg.internal_combos["qtSd/pm/d"].targets[0].weight == 5
 
     conns.update(replace(conns.get("m2"), enabled=False))  # a disabled member takes no traffic
-    assert load_registry(populated).internal_combos == {}
+    assert load_registry(populated, box=BOX).internal_combos == {}
 
     conns.update(replace(conns.get("m2"), enabled=True))
     pools.create(PoolRecord(id="pk", name="Kimi", connections=("k1",)))
-    reg = load_registry(populated)
+    reg = load_registry(populated, box=BOX)
     assert sorted(reg.internal_combos) == ["qtSd/pk/k2", "qtSd/pm/c", "qtSd/pm/d"]
     pools.delete("pm")
-    assert sorted(load_registry(populated).internal_combos) == ["qtSd/pk/k2"]
+    assert sorted(load_registry(populated, box=BOX).internal_combos) == ["qtSd/pk/k2"]
 
 
 def test_registry_build_keeps_its_old_signature() -> None:

@@ -7,6 +7,7 @@ import threading
 from pathlib import Path
 
 import pytest
+from db_support import BOX
 
 from fairgate.config import parse_config
 from fairgate.db.base import Database
@@ -86,7 +87,7 @@ def test_every_registry_write_bumps_the_counter_seen_by_other_connections(
     b = open_database(metadata_url, tmp_path / "fairgate.sqlite")
     try:
         before = version(b)
-        ConnectionRepo(a).create(
+        ConnectionRepo(a, box=BOX).create(
             Connection(id="m1", provider="mock", base_url="http://u/v1", secret="s")
         )
         after_create = version(b)
@@ -121,9 +122,9 @@ def test_seeding_twice_from_two_replicas_creates_once_and_bumps_nothing(
     a = open_database(metadata_url, tmp_path / "fairgate.sqlite")
     b = open_database(metadata_url, tmp_path / "fairgate.sqlite")
     try:
-        first = seed_from_config(a, cfg)
+        first = seed_from_config(a, cfg, box=BOX)
         seeded = version(a)
-        second = seed_from_config(b, cfg)
+        second = seed_from_config(b, cfg, box=BOX)
         assert (first.created, second.created, second.changed) == (3, 0, 0)
         assert version(b) == seeded  # nothing written, so no replica reloads for nothing
     finally:

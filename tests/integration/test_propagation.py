@@ -25,6 +25,9 @@ from fairgate.db.settings import SettingsRepo
 from fairgate.server.admin import create_admin_app
 from fairgate.server.state import Gateway
 
+#: one key for the replicas sharing a PostgreSQL DB (a valid Fernet key)
+SHARED_SECRET_KEY = "dGVzdC1vbmx5LWtleS1mb3ItZmFpcmdhdGUtc3ViMTI="
+
 CONFIG = {
     "connections": [
         {"id": "m1", "provider": "mock", "base_url": "http://127.0.0.1:9/v1", "models": ["*"]},
@@ -69,6 +72,7 @@ async def gateways(
         env = {"FAIRGATE_METADATA_POLL_MS": str(poll_ms)}
         if metadata_url is not None:
             env["FAIRGATE_DATABASE_URL"] = metadata_url
+            env["FAIRGATE_SECRET_KEY"] = SHARED_SECRET_KEY
         for i in range(n):
             data = tmp_path if metadata_url is None else tmp_path / f"replica-{i}"
             gw = Gateway(data_dir=data, config=parse_config(CONFIG, {}), env=env, clock=clock)
@@ -119,7 +123,11 @@ async def test_settings_written_elsewhere_are_applied(
 
 
 async def _replicas(url: str, tmp_path: Path, clock: ManualClock, poll_ms: int) -> list[Gateway]:
-    env = {"FAIRGATE_DATABASE_URL": url, "FAIRGATE_METADATA_POLL_MS": str(poll_ms)}
+    env = {
+        "FAIRGATE_DATABASE_URL": url,
+        "FAIRGATE_METADATA_POLL_MS": str(poll_ms),
+        "FAIRGATE_SECRET_KEY": SHARED_SECRET_KEY,
+    }
     out = []
     for i in range(2):
         gw = Gateway(

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from db_support import dump
+from db_support import BOX, dump
 
 from fairgate.config import Config, parse_config
 from fairgate.db.base import Database
@@ -45,7 +45,7 @@ def key_(kid: str) -> ClientKey:
 
 @pytest.fixture
 def populated(db: Database) -> Database:
-    conns = ConnectionRepo(db)
+    conns = ConnectionRepo(db, box=BOX)
     for c in (conn_("m1"), conn_("m2"), conn_("m3"), conn_("k1", "kimi"), conn_("o1", "openai")):
         conns.create(c)
     for k in ("alice", "bob", "carol"):
@@ -57,7 +57,7 @@ def populated(db: Database) -> Database:
 
 
 def test_connection_crud(db: Database) -> None:
-    repo = ConnectionRepo(db)
+    repo = ConnectionRepo(db, box=BOX)
     c = conn_("m1", models=("gpt-x",), max_concurrent=4, weight=2.5)
     repo.create(c)
     got = repo.get("m1")
@@ -83,7 +83,7 @@ def test_connection_crud(db: Database) -> None:
 
 
 def test_anthropic_protocol_by_provider(db: Database) -> None:
-    repo = ConnectionRepo(db)
+    repo = ConnectionRepo(db, box=BOX)
     repo.create(conn_("a1", "anthropic", protocol=Protocol.ANTHROPIC))
     assert repo.get("a1").protocol is Protocol.ANTHROPIC
 
@@ -92,7 +92,7 @@ def test_connection_in_pool_cannot_be_deleted_or_change_provider(
     populated: Database,
 ) -> None:
     PoolRepo(populated).create(PoolRecord("p", "P", ("m1",)))
-    repo = ConnectionRepo(populated)
+    repo = ConnectionRepo(populated, box=BOX)
     before = dump(populated)
     with pytest.raises(Conflict, match="belongs to pool 'p'"):
         repo.delete("m1")
@@ -104,7 +104,7 @@ def test_connection_in_pool_cannot_be_deleted_or_change_provider(
 
 def test_deleting_a_connection_drops_its_plan(populated: Database) -> None:
     PlanRepo(populated).set("m2", [REQ_H])
-    ConnectionRepo(populated).delete("m2")
+    ConnectionRepo(populated, box=BOX).delete("m2")
     assert PlanRepo(populated).get("m2") is None
 
 
@@ -289,7 +289,7 @@ def test_transaction_rolls_back_nested_work(populated: Database) -> None:
 
     def work() -> None:
         with transaction(populated):
-            ConnectionRepo(populated).create(conn_("x1"))
+            ConnectionRepo(populated, box=BOX).create(conn_("x1"))
             with transaction(populated):
                 KeyRepo(populated).insert(key_("dave"))
             raise RuntimeError
@@ -350,17 +350,17 @@ def _config() -> Config:
 
 
 def test_seed_is_idempotent(db: Database) -> None:
-    first = seed_from_config(db, _config())
+    first = seed_from_config(db, _config(), box=BOX)
     assert first.created == 4 + 2 + 2
     assert first.updated == 1  # the plan
     snapshot = dump(db)
-    second = seed_from_config(db, _config())
+    second = seed_from_config(db, _config(), box=BOX)
     assert second.changed == 0
     assert dump(db) == snapshot
 
 
 def test_seed_stores_only_the_key_hash(db: Database) -> None:
-    seed_from_config(db, _config())
+    seed_from_config(db, _config(), box=BOX)
     text = "\n".join(dump(db))
     assert "fg-alice-secret-value" not in text
     alice = KeyRepo(db).get("alice")
@@ -369,9 +369,9 @@ def test_seed_stores_only_the_key_hash(db: Database) -> None:
 
 
 def test_seed_applies_edits_and_keeps_api_additions(db: Database) -> None:
-    seed_from_config(db, _config())
+    seed_from_config(db, _config(), box=BOX)
     KeyRepo(db).insert(key_("carol"))
-    ConnectionRepo(db).create(conn_("m3"))
+    ConnectionRepo(db, box=BOX).create(conn_("m3"))
     repo = PoolRepo(db)
     rec = repo.record("demo")
     repo.update(
@@ -385,7 +385,7 @@ def test_seed_applies_edits_and_keeps_api_additions(db: Database) -> None:
         {**SEED, "pools": [{**SEED["pools"][0], "name": "Renamed"}, SEED["pools"][1]]},  # type: ignore[dict-item]
         {},
     )
-    report = seed_from_config(db, edited)
+    report = seed_from_config(db, edited, box=BOX)
     assert report.changes == ["updated pool demo"]
     rec = repo.record("demo")
     assert rec.name == "Renamed"
@@ -394,14 +394,15 @@ def test_seed_applies_edits_and_keeps_api_additions(db: Database) -> None:
 
 
 def test_seed_conflict_leaves_db_unchanged(db: Database) -> None:
-    seed_from_config(db, _config())
+    seed_from_config(db, _config(), box=BOX)
     repo = PoolRepo(db)
     rec = repo.record("demo")
     repo.update(replace(rec, connections=("m1",)))
     repo.create(PoolRecord("other", "O", ("m2",)))
     before = dump(db)
     with pytest.raises(Conflict):
-        seed_from_config(db, _config())  # the config wants m2 in demo; the DB has it elsewhere
+        # the config wants m2 in demo; the DB has it elsewhere
+        seed_from_config(db, _config(), box=BOX)
     assert dump(db) == before
 
 
@@ -409,8 +410,8 @@ def test_seed_conflict_leaves_db_unchanged(db: Database) -> None:
 
 
 def test_load_registry(db: Database) -> None:
-    seed_from_config(db, _config())
-    reg = load_registry(db, "mock", version=7)
+    seed_from_config(db, _config(), box=BOX)
+    reg = load_registry(db, "mock", version=7, box=BOX)
     assert reg.version == 7
     assert reg.default_provider == "mock"
     assert set(reg.connections) == {"m1", "m2", "k1", "a1"}

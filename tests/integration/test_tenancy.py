@@ -26,7 +26,6 @@ import uvicorn
 from fairgate.clock import ManualClock
 from fairgate.config import load_config_text
 from fairgate.db.connection import open_db
-from fairgate.db.connections import ConnectionRepo
 from fairgate.db.schema import MIGRATIONS
 from fairgate.db.settings import SettingsRepo, access_policy
 from fairgate.providers.mock import MockConfig, MockUpstream
@@ -417,7 +416,7 @@ async def test_no_character_of_a_client_key_is_stored(start: Start) -> None:
 async def test_a_url_password_stored_before_is_never_echoed(start: Start) -> None:
     env = await start()
     old = env.gw.registry.connections["free-1"]
-    ConnectionRepo(env.gw.db).update(replace(old, base_url="http://u:hunter2-pw@h/v1"))
+    env.gw.connections().update(replace(old, base_url="http://u:hunter2-pw@h/v1"))
     env.gw.reload()
     for path in ("/connections", "/connections/free-1"):
         r = await env.admin("GET", path)

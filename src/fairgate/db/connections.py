@@ -1,7 +1,8 @@
 """Repository of upstream connections (``registry.Connection``).
 
-The upstream secret is stored as given (the gateway must send it upstream) and never leaves this
-module except inside the domain object, whose ``repr`` hides it.
+The upstream secret is stored sealed by the gateway's :class:`~fairgate.secretbox.SecretBox`
+(Fernet: the gateway must send it upstream, so it is encrypted, not hashed) and opened only here,
+into the domain object, whose ``repr`` hides it. ``db.sealing`` seals the rows written before.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from fairgate.clock import SYSTEM_CLOCK, Clock
 from fairgate.db.base import Database, Row
 from fairgate.db.common import Conflict, NotFound, dumps, strings_from_json, transaction
 from fairgate.registry import AuthType, Connection, protocol_for
+from fairgate.secretbox import SecretBox
 
 _COLUMNS = (
     "id, provider, base_url, secret, protocol, auth_type, weight, max_concurrent, models, enabled, "
@@ -17,12 +19,12 @@ _COLUMNS = (
 )
 
 
-def _row_to_connection(row: Row) -> Connection:
+def _row_to_connection(row: Row, box: SecretBox) -> Connection:
     return Connection(
         id=row["id"],
         provider=row["provider"],
         base_url=row["base_url"],
-        secret=row["secret"],
+        secret=box.open(row["secret"]),
         protocol=protocol_for(row["provider"], row["protocol"]),
         auth_type=AuthType(row["auth_type"]),
         weight=float(row["weight"]),
@@ -33,11 +35,11 @@ def _row_to_connection(row: Row) -> Connection:
     )
 
 
-def _values(c: Connection) -> tuple[object, ...]:
+def _values(c: Connection, box: SecretBox) -> tuple[object, ...]:
     return (
         c.provider,
         c.base_url,
-        c.secret,
+        box.seal(c.secret),
         c.protocol.value,
         c.auth_type,
         c.weight,
@@ -49,19 +51,20 @@ def _values(c: Connection) -> tuple[object, ...]:
 
 
 class ConnectionRepo:
-    def __init__(self, conn: Database, clock: Clock = SYSTEM_CLOCK) -> None:
+    def __init__(self, conn: Database, clock: Clock = SYSTEM_CLOCK, *, box: SecretBox) -> None:
         self._conn = conn
         self._clock = clock
+        self._box = box
 
     def all(self) -> list[Connection]:
         rows = self._conn.execute(f"SELECT {_COLUMNS} FROM connections ORDER BY id")
-        return [_row_to_connection(r) for r in rows]
+        return [_row_to_connection(r, self._box) for r in rows]
 
     def find(self, connection_id: str) -> Connection | None:
         row = self._conn.execute(
             f"SELECT {_COLUMNS} FROM connections WHERE id = ?", (connection_id,)
         ).fetchone()
-        return None if row is None else _row_to_connection(row)
+        return None if row is None else _row_to_connection(row, self._box)
 
     def get(self, connection_id: str) -> Connection:
         found = self.find(connection_id)
@@ -82,7 +85,7 @@ class ConnectionRepo:
             self._conn.execute(
                 f"INSERT INTO connections ({_COLUMNS}, created_ms) "
                 "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (c.id, *_values(c), self._clock.now_ms()),
+                (c.id, *_values(c, self._box), self._clock.now_ms()),
             )
         return c
 
@@ -101,7 +104,7 @@ class ConnectionRepo:
                 "UPDATE connections SET provider = ?, base_url = ?, secret = ?, protocol = ?, "
                 "auth_type = ?, weight = ?, max_concurrent = ?, models = ?, enabled = ?, "
                 "forward_headers = ? WHERE id = ?",
-                (*_values(c), c.id),
+                (*_values(c, self._box), c.id),
             )
         return c
 

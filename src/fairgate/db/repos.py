@@ -37,6 +37,7 @@ from fairgate.db.settings import SettingsRepo, access_policy
 from fairgate.quota.model import Allocation, Dimension, ModelCap
 from fairgate.registry import AuthType, ClientKey, Connection, Registry, hash_key, protocol_for
 from fairgate.routing.model import ComboConfig
+from fairgate.secretbox import SecretBox
 
 log = logging.getLogger("fairgate.db")
 
@@ -149,10 +150,12 @@ class SeedReport:
         self.changes.append(f"{outcome} {what}")
 
 
-def seed_from_config(conn: Database, config: Config, clock: Clock = SYSTEM_CLOCK) -> SeedReport:
+def seed_from_config(
+    conn: Database, config: Config, clock: Clock = SYSTEM_CLOCK, *, box: SecretBox
+) -> SeedReport:
     """Upsert the config file into the DB in one transaction (all or nothing)."""
     report = SeedReport()
-    conns, keys = ConnectionRepo(conn, clock), KeyRepo(conn, clock)
+    conns, keys = ConnectionRepo(conn, clock, box=box), KeyRepo(conn, clock)
     plans, pools = PlanRepo(conn, clock), PoolRepo(conn, clock)
     with transaction(conn):
         for c in config.connections:
@@ -198,6 +201,7 @@ def load_registry(
     conn: Database,
     default_provider: str | None = None,
     *,
+    box: SecretBox,
     version: int = 0,
     require_allocation: bool | None = None,
 ) -> Registry:
@@ -207,7 +211,7 @@ def load_registry(
     settings = SettingsRepo(conn).all()
     global_layer, provider_layers = _combo_layers(settings)
     return Registry.build(
-        ConnectionRepo(conn).all(),
+        ConnectionRepo(conn, box=box).all(),
         KeyRepo(conn).all(),
         [resolve_pool(r, overrides) for r in PoolRepo(conn).records()],
         default_provider=default_provider,

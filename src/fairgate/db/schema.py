@@ -197,6 +197,18 @@ MIGRATIONS: tuple[str | PerEngine, ...] = (
         sqlite=_META_VERSION + _sqlite_version_triggers(),
         postgres=_META_VERSION + _postgres_version_triggers(),
     ),
+    # 7: upstream secrets sealed at rest (db/sealing.py). SQL cannot run Fernet, so this step
+    # only adds the key check: one value sealed under the key that sealed the DB, so a
+    # gateway started with a missing or wrong FAIRGATE_SECRET_KEY stops with a clear error
+    # instead of sending garbage upstream. The clear secrets of older DBs are sealed by
+    # ``db.sealing.prepare_secrets`` at the next start, before anything reads them.
+    """
+    CREATE TABLE IF NOT EXISTS secret_check (
+        id INTEGER PRIMARY KEY CHECK (id = 1),
+        token TEXT NOT NULL,
+        created_ms INTEGER NOT NULL DEFAULT 0
+    )
+    """,
 )
 
 

@@ -15,7 +15,6 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Query, Request, Response
 
 from fairgate.db.common import Invalid, transaction
-from fairgate.db.connections import ConnectionRepo
 from fairgate.db.keys import KeyRepo
 from fairgate.db.plans import PlanRepo
 from fairgate.db.pools import PoolRecord, PoolRepo, resolve_pool
@@ -270,12 +269,12 @@ def _plan_out(c: Connection, override: tuple[Dimension, ...] | None) -> PlanOut:
 @router.get("/quota/plans", tags=["plans"])
 async def list_plans(gw: GW) -> list[PlanOut]:
     overrides = PlanRepo(gw.db).all()
-    return [_plan_out(c, overrides.get(c.id)) for c in ConnectionRepo(gw.db).all()]
+    return [_plan_out(c, overrides.get(c.id)) for c in gw.connections().all()]
 
 
 @router.get("/quota/plans/{connection_id}", tags=["plans"])
 async def get_plan(connection_id: str, gw: GW) -> PlanOut:
-    conn = ConnectionRepo(gw.db).get(connection_id)
+    conn = gw.connections().get(connection_id)
     return _plan_out(conn, PlanRepo(gw.db).get(connection_id))
 
 
@@ -283,7 +282,7 @@ async def get_plan(connection_id: str, gw: GW) -> PlanOut:
 async def put_plan(connection_id: str, body: PlanIn, gw: GW) -> PlanOut:
     """Set the manual plan of a connection (it wins over the catalog)."""
     with transaction(gw.db):
-        conn = ConnectionRepo(gw.db).get(connection_id)
+        conn = gw.connections().get(connection_id)
         PlanRepo(gw.db).set(connection_id, [d.to_domain() for d in body.dimensions])
     gw.reload()
     return _plan_out(conn, PlanRepo(gw.db).get(connection_id))
@@ -293,7 +292,7 @@ async def put_plan(connection_id: str, body: PlanIn, gw: GW) -> PlanOut:
 async def delete_plan(connection_id: str, gw: GW) -> PlanOut:
     """Drop the manual plan: the catalog plan (or the empty plan) applies again."""
     with transaction(gw.db):
-        conn = ConnectionRepo(gw.db).get(connection_id)
+        conn = gw.connections().get(connection_id)
         PlanRepo(gw.db).delete(connection_id)
     gw.reload()
     return _plan_out(conn, None)

@@ -13,7 +13,6 @@ from typing import Literal
 from fastapi import APIRouter, Response
 
 from fairgate.db.common import transaction
-from fairgate.db.connections import ConnectionRepo
 from fairgate.db.keys import KeyRepo
 from fairgate.db.settings import REQUIRE_ALLOCATION, SettingsRepo, access_policy
 from fairgate.providers.probe import probe_connection
@@ -60,12 +59,12 @@ def _no_nulls(body: ConnectionPatch | KeyPatch, nullable: frozenset[str] = froze
 
 
 def _conn_out(gw: Gateway, c: Connection) -> ConnectionOut:
-    return ConnectionOut.of(c, ConnectionRepo(gw.db).pool_of(c.id))
+    return ConnectionOut.of(c, gw.connections().pool_of(c.id))
 
 
 @router.get("/connections", tags=["connections"])
 async def list_connections(gw: GW) -> list[ConnectionOut]:
-    return [_conn_out(gw, c) for c in ConnectionRepo(gw.db).all()]
+    return [_conn_out(gw, c) for c in gw.connections().all()]
 
 
 @router.post("/connections", status_code=201, tags=["connections"])
@@ -83,14 +82,14 @@ async def create_connection(body: ConnectionIn, gw: GW) -> ConnectionOut:
         enabled=body.enabled,
         forward_headers=tuple(body.forward_headers),
     )
-    ConnectionRepo(gw.db).create(conn)
+    gw.connections().create(conn)
     gw.reload()
     return _conn_out(gw, conn)
 
 
 @router.get("/connections/{connection_id}", tags=["connections"])
 async def get_connection(connection_id: str, gw: GW) -> ConnectionOut:
-    return _conn_out(gw, ConnectionRepo(gw.db).get(connection_id))
+    return _conn_out(gw, gw.connections().get(connection_id))
 
 
 @router.patch("/connections/{connection_id}", tags=["connections"])
@@ -99,7 +98,7 @@ async def patch_connection(connection_id: str, body: ConnectionPatch, gw: GW) ->
     ``protocol: null`` means "by provider"."""
     _no_nulls(body, frozenset({"max_concurrent", "protocol"}))
     given = body.model_fields_set
-    repo = ConnectionRepo(gw.db)
+    repo = gw.connections()
     with transaction(gw.db):
         c = repo.get(connection_id)
         provider = body.provider or c.provider
@@ -134,7 +133,7 @@ async def test_connection(connection_id: str, gw: GW) -> ConnectionTestOut:
     """One cheap upstream call with the connection's secret (``GET <baseUrl>/models``: no
     tokens spent) and what it returned. An upstream failure is a reading (``ok: false``), not
     an error of this route."""
-    conn = ConnectionRepo(gw.db).get(connection_id)
+    conn = gw.connections().get(connection_id)
     async with UpstreamClient() as http:  # a pool of its own, closed with the call
         res = await probe_connection(conn, http, now_ms=gw.clock.now_ms())
     snap = res.rate_limit
@@ -161,7 +160,7 @@ async def test_connection(connection_id: str, gw: GW) -> ConnectionTestOut:
 @router.delete("/connections/{connection_id}", status_code=204, tags=["connections"])
 async def delete_connection(connection_id: str, gw: GW) -> Response:
     """Refused (409) while the connection is a pool member; its plan override goes with it."""
-    ConnectionRepo(gw.db).delete(connection_id)
+    gw.connections().delete(connection_id)
     gw.reload()
     return Response(status_code=204)
 
@@ -171,7 +170,7 @@ async def delete_connection(connection_id: str, gw: GW) -> Response:
 
 def _check_connections(gw: Gateway, ids: list[str]) -> None:
     """An allow-list names existing connections (a typo would silently allow nothing)."""
-    repo = ConnectionRepo(gw.db)
+    repo = gw.connections()
     bad = [
         (f"allowedConnections.{i}", f"unknown connection '{c}'")
         for i, c in enumerate(ids)

@@ -5,18 +5,12 @@ static secret."""
 
 from __future__ import annotations
 
-import logging
-import os
-
 from fairgate.config import ConnectionConfig
 from fairgate.db.oauth_tokens import FileRefreshLock, FileTokenStore
 from fairgate.providers.oauth import OAuthTokens, TokenEndpoint, TokenSet, chatgpt_account_id
 from fairgate.providers.oauth_http import HttpTokenEndpoint
 from fairgate.providers.upstream import UpstreamClient
-from fairgate.secretbox import ENV_VAR, KEY_FILE, load_box
 from fairgate.server.state import Gateway
-
-log = logging.getLogger("fairgate.oauth")
 
 __all__ = ["start_oauth"]
 
@@ -25,14 +19,7 @@ async def start_oauth(gw: Gateway, upstream: UpstreamClient) -> OAuthTokens | No
     configured = [c for c in gw.config.connections if c.oauth is not None]
     if not configured:
         return None
-    box, created = load_box(gw.data_dir, os.environ)
-    if created:
-        log.warning(
-            "generated the key that seals OAuth tokens at rest: %s (keep it with the data dir, "
-            "or set %s)",
-            gw.data_dir / KEY_FILE,
-            ENV_VAR,
-        )
+    box = gw.box
     directory = gw.data_dir / "oauth"
     store = FileTokenStore(directory, box)
     endpoints: dict[str, TokenEndpoint] = {}

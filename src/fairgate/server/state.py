@@ -20,8 +20,10 @@ from fairgate.clock import SYSTEM_CLOCK, Clock
 from fairgate.config import Config, ConfigError
 from fairgate.db.base import Database
 from fairgate.db.common import RepoError
+from fairgate.db.connections import ConnectionRepo
 from fairgate.db.engine import database_url, open_database
 from fairgate.db.repos import load_registry, seed_from_config
+from fairgate.db.sealing import prepare_secrets
 from fairgate.db.settings import SettingsRepo, access_policy
 from fairgate.db.watch import ChangeWatcher
 from fairgate.files import private_dir
@@ -35,6 +37,7 @@ from fairgate.resilience.manager import RateLimitManager
 from fairgate.resilience.settings import ResilienceSettings
 from fairgate.routing.fallbacks import FallbackCounts
 from fairgate.routing.metrics import TargetMetrics
+from fairgate.secretbox import ENV_VAR, KEY_FILE, SecretBox, SecretKeyError, load_box
 from fairgate.store.admission_log import (
     LogBackend,
     RedisLogBackend,
@@ -63,6 +66,9 @@ class Gateway:
     store_choice: StoreChoice
     quota_settings: QuotaSettings
     db: Database
+    #: seals the upstream secrets and OAuth tokens at rest (``FAIRGATE_SECRET_KEY`` or the
+    #: data dir's key file; see fairgate.secretbox)
+    box: SecretBox
     #: the admission log of every pool, shared like the quota counters (store/admission_log.py)
     pool_log: SharedPoolLog
 
@@ -129,10 +135,17 @@ class Gateway:
             poll_s = self._metadata_poll_s()
         except ValueError as exc:
             raise ConfigError([("", str(exc))]) from None
+        self.box = self._secret_box(shared_db=db_url is not None)
         self.db = open_database(db_url, self.db_path)
         try:
             try:
-                report = seed_from_config(self.db, self.config, self.clock)
+                sealed = prepare_secrets(self.db, self.box, self.clock)
+            except SecretKeyError as exc:
+                raise ConfigError([("", str(exc))]) from None
+            if sealed:
+                log.info("sealed %d upstream secret(s) stored in clear by an older version", sealed)
+            try:
+                report = seed_from_config(self.db, self.config, self.clock, box=self.box)
             except RepoError as exc:
                 # the file is valid but disagrees with what the admin API stored meanwhile
                 raise ConfigError(
@@ -236,12 +249,33 @@ class Gateway:
         source = self.signals_source
         return source(pool) if source is not None else {}
 
+    def _secret_box(self, *, shared_db: bool) -> SecretBox:
+        """The key of the secrets at rest; a generated key file is logged once (losing it
+        loses the stored secrets). Unusable → :class:`ConfigError` (the CLI exits 2)."""
+        try:
+            box, created = load_box(self.data_dir, self.env, shared_db=shared_db)
+        except SecretKeyError as exc:
+            raise ConfigError([("", str(exc))]) from None
+        if created:
+            log.warning(
+                "generated the key that seals upstream secrets and OAuth tokens at rest: %s "
+                "(back it up with the data dir, or set %s)",
+                self.data_dir / KEY_FILE,
+                ENV_VAR,
+            )
+        return box
+
+    def connections(self) -> ConnectionRepo:
+        """The connections table, sealing and opening secrets with this gateway's key."""
+        return ConnectionRepo(self.db, self.clock, box=self.box)
+
     def reload(self) -> None:
         """Rebuild the registry from the DB and swap it in (one assignment: readers see the old
         or the new snapshot, never a mix)."""
         self.registry = load_registry(
             self.db,
             self.config.server.default_provider,
+            box=self.box,
             version=self.registry.version + 1,
             require_allocation=self.config.server.require_allocation,
         )
