@@ -27,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass, field, replace
 from typing import Protocol
@@ -215,7 +215,9 @@ class OAuthTokens:
         *,
         refresh_ahead_ms: int = DEFAULT_REFRESH_AHEAD_MS,
         retry_ms: int = DEFAULT_RETRY_MS,
+        on_close: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
+        self._on_close = on_close
         self._clock = clock
         self._endpoint_for = endpoint_for
         self._store = store
@@ -367,3 +369,9 @@ class OAuthTokens:
 
     def forget(self, connection_id: str) -> None:
         self._states.pop(connection_id, None)
+
+    async def close(self) -> None:
+        """Release what the store and lock hold (a Redis client); safe to call twice."""
+        on_close, self._on_close = self._on_close, None
+        if on_close is not None:
+            await on_close()

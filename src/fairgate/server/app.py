@@ -117,6 +117,10 @@ def create_app(
                 await gw.engine.release(ticket)
             services.inflight.clear()
             await services.upstream.close()
+            if isinstance(services.upstream, UpstreamClient) and isinstance(
+                services.upstream.oauth, OAuthTokens
+            ):
+                await services.upstream.oauth.close()
             await gw.stop()
             if tracing_on:
                 tracing.shutdown()

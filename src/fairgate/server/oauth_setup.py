@@ -5,12 +5,25 @@ static secret."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import redis.asyncio
+
 from fairgate.config import ConnectionConfig
+from fairgate.db.oauth_redis import RedisRefreshLock, RedisTokenStore
 from fairgate.db.oauth_tokens import FileRefreshLock, FileTokenStore
-from fairgate.providers.oauth import OAuthTokens, TokenEndpoint, TokenSet, chatgpt_account_id
+from fairgate.db.settings import SettingsRepo
+from fairgate.providers.oauth import (
+    OAuthTokens,
+    RefreshLock,
+    TokenEndpoint,
+    TokenSet,
+    chatgpt_account_id,
+)
 from fairgate.providers.oauth_http import HttpTokenEndpoint
 from fairgate.providers.upstream import UpstreamClient
 from fairgate.server.state import Gateway
+from fairgate.store.factory import redis_url
 
 __all__ = ["start_oauth"]
 
@@ -19,20 +32,40 @@ async def start_oauth(gw: Gateway, upstream: UpstreamClient) -> OAuthTokens | No
     configured = [c for c in gw.config.connections if c.oauth is not None]
     if not configured:
         return None
-    box = gw.box
-    directory = gw.data_dir / "oauth"
-    store = FileTokenStore(directory, box)
+    store, lock, client = _token_persistence(gw, gw.data_dir / "oauth")
     endpoints: dict[str, TokenEndpoint] = {}
     for c in configured:
         assert c.oauth is not None
         endpoints[c.id] = HttpTokenEndpoint(
             upstream, c.oauth.token_url, c.oauth.client_id, gw.clock
         )
-    tokens = OAuthTokens(gw.clock, endpoints.__getitem__, store, FileRefreshLock(directory))
+    tokens = OAuthTokens(
+        gw.clock,
+        endpoints.__getitem__,
+        store,
+        lock,
+        on_close=None if client is None else client.aclose,
+    )
     for c in configured:
         await store.seed(c.id, _seed_tokens(c))
         tokens.manage(c.id)
     return tokens
+
+
+def _token_persistence(
+    gw: Gateway, directory: Path
+) -> tuple[FileTokenStore | RedisTokenStore, RefreshLock, redis.asyncio.Redis | None]:
+    """Sealed files and ``flock`` for the replicas of one data dir; with the Redis quota store,
+    the tokens and the refresh lease in Redis (replicas on several hosts), the files kept as
+    this host's durable copy (fairgate.db.oauth_redis)."""
+    files = FileTokenStore(directory, gw.box)
+    url = redis_url(gw.env, SettingsRepo(gw.db).all())
+    if gw.store_choice.driver != "redis" or url is None:
+        return files, FileRefreshLock(directory), None
+    client = redis.asyncio.Redis.from_url(url)
+    prefix = gw.redis_prefix
+    store = RedisTokenStore(client, gw.box, files, prefix=prefix)
+    return store, RedisRefreshLock(client, prefix=prefix), client
 
 
 def _seed_tokens(c: ConnectionConfig) -> TokenSet:
