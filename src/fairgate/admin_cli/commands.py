@@ -22,6 +22,7 @@ from rich.live import Live
 
 from fairgate.admin_cli import render
 from fairgate.admin_cli.client import DEFAULT_URL, AdminClient, AdminCliError, quote
+from fairgate.admin_cli.credentials import login_fields
 
 __all__ = ["register"]
 
@@ -213,6 +214,53 @@ def conns_test(
     _show(res, as_json, render.connection_test)
     if not res["ok"]:
         raise typer.Exit(2)
+
+
+@conns_app.command("login")
+def conns_login(
+    connection_id: Annotated[str, typer.Argument(help="The connection's id (authType oauth).")],
+    token_url: Annotated[
+        str, typer.Option("--token-url", help="The provider's OAuth token endpoint.")
+    ],
+    client_id: Annotated[str, typer.Option("--client-id", help="The OAuth client id.")] = "",
+    credentials: Annotated[
+        Path | None,
+        typer.Option(
+            "--credentials",
+            help="A Codex auth.json or Claude .credentials.json to take the tokens from.",
+        ),
+    ] = None,
+    code: Annotated[
+        str | None, typer.Option("--code", help="A PKCE login's one-time authorization code.")
+    ] = None,
+    code_verifier: Annotated[
+        str | None, typer.Option("--code-verifier", help="The PKCE verifier of --code.")
+    ] = None,
+    redirect_uri: Annotated[
+        str | None, typer.Option("--redirect-uri", help="The redirect URI of --code.")
+    ] = None,
+    url: Url = DEFAULT_URL,
+    admin_key: AdminKey = None,
+    as_json: AsJson = False,
+) -> None:
+    """Log an OAuth connection in: tokens from a credentials file, or a PKCE code the gateway
+    trades at the token endpoint. Tokens are sent once to the gateway (stored sealed) and never
+    printed."""
+    body: dict[str, Any] = {"tokenUrl": token_url, "clientId": client_id}
+    if (credentials is None) == (code is None):
+        _fail("give exactly one of --credentials or --code")
+    if credentials is not None:
+        try:
+            body.update(login_fields(json.loads(credentials.read_text())))
+        except OSError as exc:
+            _fail(f"cannot read {credentials}: {exc.strerror}")
+        except ValueError as exc:  # JSON errors included; the message names no token
+            _fail(f"{credentials}: {exc}")
+    else:
+        body.update(authorizationCode=code, codeVerifier=code_verifier, redirectUri=redirect_uri)
+    path = f"/api/connections/{quote(connection_id)}/oauth"
+    res = _call(url, admin_key, lambda c: c.post(path, body))
+    _show(res, as_json, render.oauth_login)
 
 
 # -- combos -----------------------------------------------------------------------------------

@@ -159,6 +159,15 @@ def connection_test(res: JSON) -> Table:
     return t
 
 
+def oauth_login(res: JSON) -> str:
+    """One sentence: the login's outcome (no token is in the answer)."""
+    exp = res.get("expiresAtMs")
+    until = f", access token until {when(exp)}" if exp else ", access token refreshed on first use"
+    acct = f" (account {res['accountId']})" if res.get("accountId") else ""
+    reason = f": {res['reason']}" if res.get("reason") else ""
+    return f"Connection {res['connectionId']} logged in{acct}: {res['state']}{reason}{until}"
+
+
 def _target(t: JSON) -> str:
     conn = f" via {t['connection']}" if t.get("connection") else ""
     return f"{t['provider']}/{t['model']}{conn}"

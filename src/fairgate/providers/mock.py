@@ -24,7 +24,9 @@ What it serves (all deterministic, so tests can assert exact numbers):
   (refresh with rotating refresh tokens); OAuth bearer tokens on ``/v1/messages`` need the
   ``anthropic-beta: oauth-2025-04-20`` flag, as Anthropic's do; an expired token is a 401.
   ``POST /_mock/oauth/login`` ``{"account_id"}`` hands out a first token pair (the interactive
-  login a user would do), ``/_mock/oauth/revoke`` kills an account's refresh tokens.
+  login a user would do), ``/_mock/oauth/authorize`` ``{"account_id", "code_challenge",
+  "redirect_uri"}`` the one-time code of a PKCE login (exchanged at ``/oauth/token`` with
+  ``grant_type=authorization_code``), ``/_mock/oauth/revoke`` kills an account's refresh tokens.
 - Control endpoints without auth: ``/_mock/schedule``, ``/_mock/config``, ``/_mock/stats``,
   ``/_mock/reset``. Credentials the mock receives are compared, never stored or echoed.
 """
@@ -908,6 +910,19 @@ async def _oauth_login(request: web.Request) -> web.Response:
     return _json(200, state.issuer.login(account), {})
 
 
+async def _oauth_authorize(request: web.Request) -> web.Response:
+    """The browser step of a login (``{"account_id", "code_challenge", "redirect_uri"}``): the
+    one-time code the provider would put in the redirect."""
+    body = await _control_body(request)
+    fields = [body.get(k) for k in ("account_id", "code_challenge", "redirect_uri")]
+    if not all(isinstance(v, str) and v for v in fields):
+        return _control_error("'account_id', 'code_challenge', 'redirect_uri' must be strings")
+    account, challenge, redirect = (str(v) for v in fields)
+    return _json(
+        200, {"code": request.app[STATE_KEY].issuer.authorize(account, challenge, redirect)}, {}
+    )
+
+
 async def _oauth_revoke(request: web.Request) -> web.Response:
     account = (await _control_body(request)).get("account_id")
     if not isinstance(account, str) or not account:
@@ -1007,6 +1022,7 @@ def create_mock_app(
     r.add_post("/v1/oauth/token", _oauth_token)
     r.add_post("/_mock/oauth/login", _oauth_login)
     r.add_post("/_mock/oauth/revoke", _oauth_revoke)
+    r.add_post("/_mock/oauth/authorize", _oauth_authorize)
     r.add_post("/_mock/schedule", _post_schedule)
     r.add_get("/_mock/config", _get_config)
     r.add_post("/_mock/config", _post_config)

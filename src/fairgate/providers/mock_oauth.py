@@ -12,11 +12,19 @@ as the real APIs refuse an expired bearer token.
 Pure apart from the injected clock; the mock's HTTP handlers call it, and in-process tests can
 call it directly. ``refresh_calls`` counts every refresh attempt (the replica-race test asserts
 exactly one).
+
+The first login is the authorization-code grant with PKCE (RFC 7636), as the Codex CLI's
+``codex login`` and Claude Code's login do: ``authorize`` stands for the browser step and
+returns a one-time ``code`` bound to the ``code_challenge`` (S256) and ``redirect_uri``; the
+token endpoint then takes ``{"grant_type": "authorization_code", "code", "code_verifier",
+"redirect_uri", "client_id"}`` and answers like a refresh. A used, unknown or mismatched code
+is 400 ``invalid_grant``.
 """
 
 from __future__ import annotations
 
 import base64
+import hashlib
 import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -57,7 +65,10 @@ class MockTokenIssuer:
         self._access: dict[str, Grant] = {}
         self._refresh: dict[str, str] = {}  # live refresh token → account id
         self.refresh_calls = 0
+        self.code_exchanges = 0
         self.failing = False  # answer 503 (the authority is down)
+        # one-time authorization code → (account id, code challenge, redirect uri)
+        self._codes: dict[str, tuple[str, str, str]] = {}
 
     def login(self, account_id: str) -> dict[str, Any]:
         """A first token pair, as an interactive login would give (what ``auth.json`` holds)."""
@@ -83,8 +94,30 @@ class MockTokenIssuer:
             "account_id": account_id,
         }
 
+    def authorize(self, account_id: str, code_challenge: str, redirect_uri: str) -> str:
+        """The browser step of a login: a one-time code for this challenge and redirect."""
+        code = "mock-code-" + secrets.token_urlsafe(16)
+        self._codes[code] = (account_id, code_challenge, redirect_uri)
+        return code
+
+    def _exchange(self, body: Mapping[str, Any]) -> tuple[int, dict[str, Any]]:
+        self.code_exchanges += 1
+        code, verifier = body.get("code"), body.get("code_verifier")
+        if not isinstance(code, str) or not isinstance(verifier, str):
+            return 400, {"error": "invalid_request", "error_description": "code missing"}
+        grant = self._codes.pop(code, None)  # a code works once, whatever the outcome
+        challenge = _b64(hashlib.sha256(verifier.encode()).digest())
+        if grant is None or grant[1] != challenge or grant[2] != body.get("redirect_uri"):
+            return 400, {
+                "error": "invalid_grant",
+                "error_description": "authorization code is invalid, used or does not match",
+            }
+        return 200, self._issue(grant[0])
+
     def token(self, body: Mapping[str, Any]) -> tuple[int, dict[str, Any]]:
         """The token endpoint: (status, JSON body)."""
+        if body.get("grant_type") == "authorization_code" and not self.failing:
+            return self._exchange(body)
         if body.get("grant_type") != "refresh_token":
             return 400, {"error": "unsupported_grant_type"}
         self.refresh_calls += 1

@@ -9,6 +9,8 @@ body, which could echo the token); anything else, or no answer → ``RefreshUnav
 
 from __future__ import annotations
 
+from urllib.parse import urlencode
+
 import orjson
 
 from fairgate.clock import Clock
@@ -45,12 +47,29 @@ class HttpTokenEndpoint:
         body: dict[str, str] = {"grant_type": "refresh_token", "refresh_token": refresh_token}
         if self.client_id:
             body["client_id"] = self.client_id
+        return await self._grant(orjson.dumps(body), "application/json")
+
+    async def exchange_code(self, code: str, code_verifier: str, redirect_uri: str) -> TokenSet:
+        """The second half of a PKCE login: the one-time ``code`` for the first pair. A form
+        body, as the Codex CLI sends it (RFC 6749 section 4.1.3). Raises ``RefreshRejected``
+        (a used, expired or mismatched code) or ``RefreshUnavailable``."""
+        body = {
+            "grant_type": "authorization_code",
+            "code": code,
+            "code_verifier": code_verifier,
+            "redirect_uri": redirect_uri,
+        }
+        if self.client_id:
+            body["client_id"] = self.client_id
+        return await self._grant(urlencode(body).encode(), "application/x-www-form-urlencoded")
+
+    async def _grant(self, payload: bytes, content_type: str) -> TokenSet:
         try:
             resp = await self._http.send(
                 "POST",
                 self.token_url,
-                body=orjson.dumps(body),
-                headers={"content-type": "application/json", "accept": "application/json"},
+                body=payload,
+                headers={"content-type": content_type, "accept": "application/json"},
                 timeout_s=self._timeout_s,
             )
             try:

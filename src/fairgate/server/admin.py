@@ -33,6 +33,7 @@ from fairgate.db.common import Conflict, Invalid, MetadataUnavailable, NotFound,
 from fairgate.server.admin_combo_stats import router as combo_stats_router
 from fairgate.server.admin_combos import router as combos_router
 from fairgate.server.admin_common import AdminError, error_response
+from fairgate.server.admin_oauth import router as oauth_router
 from fairgate.server.admin_pools import router as pools_router
 from fairgate.server.admin_resilience import router as resilience_router
 from fairgate.server.admin_resources import router as resources_router
@@ -271,6 +272,7 @@ def create_admin_app(gw: Gateway, limits: HttpSettings | None = None) -> FastAPI
     app.include_router(combo_stats_router)  # before /combos/{name:path}, which would match it
     app.include_router(combos_router)
     app.include_router(resources_router)
+    app.include_router(oauth_router)
     app.include_router(resilience_router)
     app.include_router(testing_router)
     app.add_middleware(AdminGuard, gw=gw, limits=limits or HttpSettings())

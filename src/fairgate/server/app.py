@@ -161,7 +161,7 @@ def create_app(
             "memory": _memory_sizes(svc, gw),
         }
         oauth = svc.upstream.oauth if isinstance(svc.upstream, UpstreamClient) else None
-        if isinstance(oauth, OAuthTokens):  # no token in it: states, reasons, expiry times
+        if isinstance(oauth, OAuthTokens) and oauth.health():  # states, reasons, expiry times
             body["oauth"] = [h.as_json() for h in oauth.health()]
         return Response(orjson.dumps(body), media_type="application/json")
 

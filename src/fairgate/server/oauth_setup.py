@@ -1,10 +1,12 @@
 """Start-up of the OAuth side: the secret box, the sealed token files, the token endpoints, and
 the config's tokens seeded (see :mod:`fairgate.db.oauth_tokens` for when they replace stored
-ones). Only connections configured with an ``oauth`` block are managed; the others keep their
+ones), and the logins made through the admin API (:mod:`fairgate.server.oauth_service`).
+Only connections with an ``oauth`` block or such a login are managed; the others keep their
 static secret."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import redis.asyncio
@@ -13,43 +15,40 @@ from fairgate.config import ConnectionConfig
 from fairgate.db.oauth_redis import RedisRefreshLock, RedisTokenStore
 from fairgate.db.oauth_tokens import FileRefreshLock, FileTokenStore
 from fairgate.db.settings import SettingsRepo
-from fairgate.providers.oauth import (
-    OAuthTokens,
-    RefreshLock,
-    TokenEndpoint,
-    TokenSet,
-    chatgpt_account_id,
-)
-from fairgate.providers.oauth_http import HttpTokenEndpoint
+from fairgate.providers.oauth import OAuthTokens, RefreshLock, TokenSet, chatgpt_account_id
 from fairgate.providers.upstream import UpstreamClient
+from fairgate.server.oauth_service import OAuthAccounts, OAuthClient
 from fairgate.server.state import Gateway
 from fairgate.store.factory import redis_url
 
 __all__ = ["start_oauth"]
 
 
-async def start_oauth(gw: Gateway, upstream: UpstreamClient) -> OAuthTokens | None:
-    configured = [c for c in gw.config.connections if c.oauth is not None]
-    if not configured:
-        return None
+async def start_oauth(gw: Gateway, upstream: UpstreamClient) -> OAuthTokens:
+    """The gateway's OAuth side: config connections seeded and managed, logins made through
+    the admin API (stored endpoint, sealed tokens) adopted now and on every reload."""
     store, lock, client = _token_persistence(gw, gw.data_dir / "oauth")
-    endpoints: dict[str, TokenEndpoint] = {}
-    for c in configured:
-        assert c.oauth is not None
-        endpoints[c.id] = HttpTokenEndpoint(
-            upstream, c.oauth.token_url, c.oauth.client_id, gw.clock
-        )
-    tokens = OAuthTokens(
-        gw.clock,
-        endpoints.__getitem__,
-        store,
-        lock,
-        on_close=None if client is None else client.aclose,
+    accounts = OAuthAccounts(
+        gw.clock, upstream, store, lock, on_close=None if client is None else client.aclose
     )
-    for c in configured:
-        await store.seed(c.id, _seed_tokens(c))
-        tokens.manage(c.id)
-    return tokens
+    for c in gw.config.connections:
+        if c.oauth is not None:
+            accounts.register(c.id, OAuthClient(c.oauth.token_url, c.oauth.client_id))
+            await store.seed(c.id, _seed_tokens(c))
+    gw.oauth = accounts
+    adopt = _adopter(gw, accounts)
+    adopt()
+    gw.reload_hooks.append(adopt)
+    return accounts.tokens
+
+
+def _adopter(gw: Gateway, accounts: OAuthAccounts) -> Callable[[], None]:
+    def adopt() -> None:
+        oauth_ids = [c.id for c in gw.registry.connections.values() if c.auth_type == "oauth"]
+        if oauth_ids:
+            accounts.adopt(SettingsRepo(gw.db).all(), oauth_ids)
+
+    return adopt
 
 
 def _token_persistence(

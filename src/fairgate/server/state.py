@@ -38,6 +38,7 @@ from fairgate.resilience.settings import ResilienceSettings
 from fairgate.routing.fallbacks import FallbackCounts
 from fairgate.routing.metrics import TargetMetrics
 from fairgate.secretbox import ENV_VAR, KEY_FILE, SecretBox, SecretKeyError, load_box
+from fairgate.server.oauth_service import OAuthAccounts
 from fairgate.store.admission_log import (
     LogBackend,
     RedisLogBackend,
@@ -113,6 +114,10 @@ class Gateway:
         self._gc_task: asyncio.Task[None] | None = None
         #: follows the metadata DB's change counter (writes by other replicas or workers)
         self.watcher: ChangeWatcher | None = None
+        #: the OAuth connections' tokens and logins (set by the app at start)
+        self.oauth: OAuthAccounts | None = None
+        #: called after each registry rebuild (the OAuth side adopts other replicas' logins)
+        self.reload_hooks: list[Callable[[], None]] = []
         self._watch_task: asyncio.Task[None] | None = None
         self._log_task: asyncio.Task[None] | None = None
 
@@ -279,6 +284,8 @@ class Gateway:
             version=self.registry.version + 1,
             require_allocation=self.config.server.require_allocation,
         )
+        for hook in self.reload_hooks:
+            hook()
 
     def _log_backend(self, db_settings: Mapping[str, str]) -> LogBackend:
         """Where the admission log lives: with the counters, so it is shared as widely."""
