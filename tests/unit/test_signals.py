@@ -11,6 +11,7 @@ from fairgate.providers.ratelimit import RateLimitSnapshot
 from fairgate.quota.signals import (
     MAX_BUCKETS_PER_CONNECTION,
     AccountBuckets,
+    BucketState,
     SaturationSignals,
     SingleFlight,
     family_of,
@@ -285,3 +286,55 @@ def test_buckets_memory_is_bounded(clock: ManualClock) -> None:
     assert "7d:family-41" in b.buckets("c")
     b.forget("c")
     assert b.buckets("c") == {}
+
+
+def test_openai_request_and_token_limits_saturate_the_models_family(clock: ManualClock) -> None:
+    """OpenAI's documented headers: limits, remaining, and resets as Go durations."""
+    from fairgate.providers.ratelimit import parse_rate_limit_headers
+
+    b = AccountBuckets(clock)
+    now = clock.now_ms()
+    headers = {
+        "x-ratelimit-limit-requests": "500",
+        "x-ratelimit-remaining-requests": "0",
+        "x-ratelimit-reset-requests": "20ms",
+        "x-ratelimit-limit-tokens": "30000",
+        "x-ratelimit-remaining-tokens": "29000",
+        "x-ratelimit-reset-tokens": "6m0s",
+    }
+    snap = parse_rate_limit_headers(headers, now)
+    assert snap is not None
+    b.observe_snapshot("c", "gpt-4o-2024-08-06", snap)
+    assert b.buckets("c")["requests:gpt-4o"] == BucketState(1.0, now + 20, now)
+    assert b.buckets("c")["tokens:gpt-4o"].reset_ms == now + 360_000
+    assert b.buckets("c")["tokens:gpt-4o"].used == pytest.approx(1 / 30)
+    assert b.is_saturated("c", "gpt-4o")
+    assert not b.is_saturated("c", "gpt-4o-mini")  # limits are per model at OpenAI
+    clock.advance(20)  # the request limit's reset passed
+    assert not b.is_saturated("c", "gpt-4o")
+
+    # the token limit runs out: saturated for the stated 6m0s, not a millisecond less
+    headers |= {"x-ratelimit-remaining-requests": "499", "x-ratelimit-remaining-tokens": "0"}
+    snap = parse_rate_limit_headers(headers, clock.now_ms())
+    assert snap is not None
+    b.observe_snapshot("c", "gpt-4o", snap)
+    clock.advance(359_999)
+    assert b.is_saturated("c", "gpt-4o")
+    clock.advance(1)
+    assert not b.is_saturated("c", "gpt-4o")
+
+
+def test_anthropic_split_token_limits_use_the_fullest_and_its_reset(clock: ManualClock) -> None:
+    b = AccountBuckets(clock)
+    snap = RateLimitSnapshot(
+        input_tokens_limit=100,
+        input_tokens_remaining=50,
+        input_tokens_reset_ms=clock.now_ms() + 5,
+        output_tokens_limit=10,
+        output_tokens_remaining=0,
+        output_tokens_reset_ms=clock.now_ms() + 7,
+    )
+    b.observe_snapshot("c", "claude-sonnet-4-5", snap)
+    state = b.buckets("c")["tokens:sonnet"]
+    assert (state.used, state.reset_ms) == (1.0, clock.now_ms() + 7)
+    assert b.is_saturated("c", "claude-sonnet-4-5")

@@ -37,6 +37,7 @@ from fairgate.resilience.retry_after import parse_reset
 __all__ = [
     "RateLimitSnapshot",
     "WindowReading",
+    "count_limits",
     "parse_rate_limit_headers",
     "used_fractions",
     "window_name",
@@ -276,29 +277,41 @@ def _used(limit: int | None, remaining: int | None) -> float | None:
     return min(max(1.0 - remaining / limit, 0.0), 1.0)
 
 
-def used_fractions(snap: RateLimitSnapshot) -> dict[str, float]:
-    """How full each reported limit is, keyed for the quota engine: ``requests``, ``tokens``,
-    ``percent/<window>`` (``5h``, ``weekly``, ``monthly``…); only keys the snapshot knows are
-    present.
-
-    ``tokens`` is the fullest of the combined, input and output token limits (Anthropic splits
-    them; whichever runs out first stops the account).
-    """
-    out: dict[str, float] = {}
+def count_limits(snap: RateLimitSnapshot) -> dict[str, tuple[float, int | None]]:
+    """The request and token limits the snapshot reports: ``requests`` / ``tokens`` → (used
+    fraction, reset in epoch ms or None). OpenAI's ``x-ratelimit-*`` and Anthropic's
+    ``anthropic-ratelimit-*`` alike; ``tokens`` is the fullest of the combined, input and output
+    token limits (Anthropic splits them; whichever runs out first stops the account), with that
+    limit's reset."""
+    out: dict[str, tuple[float, int | None]] = {}
     req = _used(snap.requests_limit, snap.requests_remaining)
     if req is not None:
-        out["requests"] = req
+        out["requests"] = (req, snap.requests_reset_ms)
     tok = [
-        u
-        for u in (
-            _used(snap.tokens_limit, snap.tokens_remaining),
-            _used(snap.input_tokens_limit, snap.input_tokens_remaining),
-            _used(snap.output_tokens_limit, snap.output_tokens_remaining),
+        (u, reset)
+        for u, reset in (
+            (_used(snap.tokens_limit, snap.tokens_remaining), snap.tokens_reset_ms),
+            (
+                _used(snap.input_tokens_limit, snap.input_tokens_remaining),
+                snap.input_tokens_reset_ms,
+            ),
+            (
+                _used(snap.output_tokens_limit, snap.output_tokens_remaining),
+                snap.output_tokens_reset_ms,
+            ),
         )
         if u is not None
     ]
     if tok:
-        out["tokens"] = max(tok)
+        out["tokens"] = max(tok, key=lambda t: t[0])
+    return out
+
+
+def used_fractions(snap: RateLimitSnapshot) -> dict[str, float]:
+    """How full each reported limit is, keyed for the quota engine: ``requests``, ``tokens``
+    (:func:`count_limits`), ``percent/<window>`` (``5h``, ``weekly``, ``monthly``…); only keys
+    the snapshot knows are present."""
+    out = {unit: used for unit, (used, _reset) in count_limits(snap).items()}
     for reading in snap.percent_windows:
         key = f"percent/{reading.window}"
         out[key] = max(out.get(key, 0.0), reading.used)

@@ -8,8 +8,9 @@ therefore the better judge of how full an account is:
   fair-share engine, per pool dimension, the fullest member's fraction; the engine takes the max
   of that and its own total/limit, so a pool goes strict when the provider says it is filling.
 - ``AccountBuckets`` remembers, per connection, whether the 5-hour, 7-day or per-model-family
-  7-day subscription window is exhausted, so quota-share routing moves that connection to the
-  tail until the window resets.
+  7-day subscription window is exhausted, or the request or token limit of the model's family
+  (OpenAI's ``x-ratelimit-*``, Anthropic's ``anthropic-ratelimit-*``: remaining 0), so
+  quota-share routing moves that connection to the tail until the window resets.
 - ``SingleFlight`` lets concurrent requests that miss a signal share one fetch of it.
 
 Memory is bounded: both stores are plain dicts keyed by connection id, capped at
@@ -29,16 +30,26 @@ from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
 from fairgate.clock import Clock
-from fairgate.providers.ratelimit import RateLimitSnapshot, used_fractions
+from fairgate.providers.ratelimit import RateLimitSnapshot, count_limits, used_fractions
 
-__all__ = ["AccountBuckets", "BucketState", "SaturationSignals", "SingleFlight", "family_of"]
+__all__ = [
+    "LIMIT_BUCKET",
+    "AccountBuckets",
+    "BucketState",
+    "SaturationSignals",
+    "SingleFlight",
+    "family_of",
+]
 
 T = TypeVar("T")
 
 DEFAULT_TTL_MS = 30_000
 DEFAULT_MAX_CONNECTIONS = 10_000
 MAX_BUCKETS_PER_CONNECTION = 32
-_CORE_BUCKETS = frozenset({"5h", "7d"})
+#: The provider refused with its account's usage limit (Codex ``usage_limit_reached``, a
+#: structured temporary-quota code on a 429), until the reset it stated.
+LIMIT_BUCKET = "limit"
+_CORE_BUCKETS = frozenset({"5h", "7d", LIMIT_BUCKET})
 
 
 def _touch(store: dict[str, Any], key: str, value: Any, cap: int) -> None:
@@ -199,7 +210,9 @@ class BucketState:
 
 
 class AccountBuckets:
-    """Per-connection 5h / 7d / 7d:<family> saturation (SPEC §5).
+    """Per-connection 5h / 7d / 7d:<family> / requests:<family> / tokens:<family> saturation
+    (SPEC §5). Request and token limits are per model at OpenAI and Anthropic, hence per
+    family: a full ``gpt-4o`` limit does not push the connection back for ``gpt-4o-mini``.
 
     A bucket is saturated when its last reading is ≥ 1.0. It clears lazily: when its reset time
     has passed (checked on read), or when a reading < 1.0 arrives. A saturated bucket with an
@@ -230,16 +243,31 @@ class AccountBuckets:
 
     def observe_snapshot(self, connection_id: str, model: str, snap: RateLimitSnapshot) -> None:
         """The 5h reading (Anthropic unified or Codex) → ``5h``; the weekly one → ``7d`` and,
-        when the model has a family, ``7d:<family>``."""
+        when the model has a family, ``7d:<family>``; the request and token limits (OpenAI's
+        ``x-ratelimit-*``, with their ``6m0s``-style resets) → ``requests:<family>`` and
+        ``tokens:<family>``."""
+        family = family_of(model)
+        for unit, (used, reset_ms) in count_limits(snap).items():
+            self.observe(connection_id, f"{unit}:{family or '*'}", used, reset_ms)
         five = snap.window("5h")
         if five is not None:
             self.observe(connection_id, "5h", five.used, five.reset_ms)
         week = snap.window("weekly")
         if week is not None:
             self.observe(connection_id, "7d", week.used, week.reset_ms)
-            family = family_of(model)
             if family is not None:
                 self.observe(connection_id, f"7d:{family}", week.used, week.reset_ms)
+
+    def limit_reached(
+        self, connection_id: str, model: str, reset_ms: int, *, model_scoped: bool
+    ) -> None:
+        """The provider refused: the account's usage limit is reached until ``reset_ms``
+        (``limit``, or ``limit:<family>`` when the provider named one model's limit). Unlike
+        a resilience cooldown (capped at an hour, see docs/security.md) it lasts until the
+        stated reset, which for a weekly window is days: the connection stays at the tail."""
+        family = family_of(model) if model_scoped else None
+        name = LIMIT_BUCKET if family is None else f"{LIMIT_BUCKET}:{family}"
+        self.observe(connection_id, name, 1.0, reset_ms)
 
     def _saturated(self, buckets: dict[str, BucketState], name: str, now_ms: int) -> bool:
         state = buckets.get(name)
@@ -251,15 +279,25 @@ class AccountBuckets:
         return True
 
     def is_saturated(self, connection_id: str, model: str) -> bool:
-        """Whether any of ``5h``, ``7d`` or ``7d:<family(model)>`` is exhausted right now."""
+        """Whether any of ``5h``, ``7d``, ``limit``, ``7d:<family(model)>``,
+        ``limit:<family>``, ``requests:<family>`` or ``tokens:<family>`` is exhausted now."""
         buckets = self._buckets.get(connection_id)
         if not buckets:
             return False
         now = self._clock.now_ms()
-        if self._saturated(buckets, "5h", now) or self._saturated(buckets, "7d", now):
-            return True
+        for name in ("5h", "7d", LIMIT_BUCKET):
+            if self._saturated(buckets, name, now):
+                return True
         family = family_of(model)
-        return family is not None and self._saturated(buckets, f"7d:{family}", now)
+        limits = family or "*"
+        if self._saturated(buckets, f"requests:{limits}", now) or self._saturated(
+            buckets, f"tokens:{limits}", now
+        ):
+            return True
+        return family is not None and (
+            self._saturated(buckets, f"7d:{family}", now)
+            or self._saturated(buckets, f"{LIMIT_BUCKET}:{family}", now)
+        )
 
     def buckets(self, connection_id: str) -> dict[str, BucketState]:
         """A copy of the connection's buckets (for the dashboard and health API)."""

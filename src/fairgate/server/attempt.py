@@ -115,6 +115,9 @@ async def _attempt_on(
         else:
             await res.release()
         verdict = await _report_failure(call, conn, upstream_model, status, body, headers, exc)
+        if status == 429 and "retry-after" not in err.headers and verdict.retry_after_ms:
+            # the reset a provider states in its body (Codex resets_at / resets_in_seconds)
+            err.headers["retry-after"] = str(max(1, math.ceil(verdict.retry_after_ms / 1000)))
         cls = verdict.cls.value
         latency = _ms_since(t_send)
         svc.record_attempt(cand, "connect_error" if kind == "connect_error" else cls, latency)
@@ -341,6 +344,7 @@ async def _report_failure(
     cls = classify(
         status, body, headers, exception=exc, model=model, now_ms=call.svc.gw.clock.now_ms()
     )
+    call.svc.signals.refused(conn.id, model, cls)
     if mgr is not None:
         await mgr.on_failure(
             conn.provider,

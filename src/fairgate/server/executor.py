@@ -103,6 +103,9 @@ class _Execution:
         self.blocked: list[Blocked] = []
         self.exclusions: list[Exclusion] = []
         self.last_error: ApiError | None = None
+        #: the soonest Retry-After (ms) of the 429s the attempts got: when every target failed,
+        #: the first moment one of them said it may serve again
+        self.soonest_retry_ms: int | None = None
         self.blocked_pools: set[str] = set()
         self.full: list[Candidate] = []  # at their concurrency cap in this pass
         self.failed: list[Candidate] = []  # attempted and failed in this pass
@@ -226,6 +229,9 @@ class _Execution:
                 break
         assert isinstance(result, ApiError)
         self.last_error = result
+        hint = _retry_ms(result) if result.status == 429 else None
+        if hint is not None and (self.soonest_retry_ms is None or hint < self.soonest_retry_ms):
+            self.soonest_retry_ms = hint
         self.failed.append(a.cand)
         if result.final:
             self.diag.terminal = Terminal.CLIENT_ERROR
@@ -333,7 +339,14 @@ class _Execution:
         )
 
     def _no_answer(self) -> ApiError:
-        return _no_answer(self.call, self.diag, self.blocked, self.exclusions, self.last_error)
+        return _no_answer(
+            self.call,
+            self.diag,
+            self.blocked,
+            self.exclusions,
+            self.last_error,
+            self.soonest_retry_ms,
+        )
 
 
 async def _client_gone(request: Request) -> None:
@@ -350,12 +363,17 @@ def _no_answer(
     blocked: list[Blocked],
     exclusions: list[Exclusion],
     last_error: ApiError | None,
+    soonest_retry_ms: int | None = None,
 ) -> ApiError:
-    """The error for a request nothing could serve, with its diagnostics."""
+    """The error for a request nothing could serve, with its diagnostics. When every attempt
+    was refused with a 429, the Retry-After is the soonest any of them stated (a Codex
+    ``usage_limit_reached`` states its reset in the body: see ``attempt``)."""
     now = call.svc.gw.clock.now_ms()
     if last_error is not None:
         diag.terminal = Terminal.UPSTREAM_FAILED
         if not blocked and exclusions == [] and last_error.status == 429:
+            if soonest_retry_ms is not None:
+                last_error.headers["retry-after"] = str(soonest_retry_ms // 1000)
             diag.retry_after_ms = _retry_ms(last_error)
         return diag.attach(last_error)
     if blocked and not exclusions:

@@ -2,7 +2,8 @@
 
 - Saturation: the provider's own used fraction per dimension makes a pool strict even when our
   counters (which only see traffic through this gateway) say it is not.
-- Account buckets: 5h / 7d / 7d:<family> saturation per connection, for quota-share gating.
+- Account buckets: 5h / 7d / 7d:<family>, request and token limits per family, and a usage
+  limit the provider refused with, per connection, for quota-share gating.
 - Percent attribution: a subscription plan reports one global percent per window (5h, weekly,
   monthly…); every rise of a window's reading is charged to that window's dimension only, split
   over the keys that used tokens since that window's previous reading, in proportion
@@ -19,6 +20,7 @@ from fairgate.providers.ratelimit import RateLimitSnapshot, parse_rate_limit_hea
 from fairgate.quota.attribution import PercentAttributor
 from fairgate.quota.model import Pool
 from fairgate.quota.signals import AccountBuckets, SaturationSignals
+from fairgate.resilience.classify import Classification, FailureClass
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +74,20 @@ class ProviderSignals:
             for key_id, pct in attr.observe(reading.used * 100.0).items():
                 charges.append(PercentCharge(key_id, counter, pct))
         return snap, charges
+
+    def refused(self, connection_id: str, model: str, cls: Classification) -> None:
+        """A failed attempt: a 429 whose *structured* code says the account's usage limit is
+        reached until a stated reset (Codex ``usage_limit_reached`` with ``resets_at`` /
+        ``resets_in_seconds``) saturates the connection's ``limit`` bucket until then. Text
+        refinements never do (a client could make an upstream echo such words)."""
+        if (
+            cls.cls is FailureClass.QUOTA_TEMPORARY
+            and cls.status == 429
+            and cls.retry_after_ms is not None
+            and cls.signal.startswith("code:")
+        ):
+            reset = self.clock.now_ms() + cls.retry_after_ms
+            self.buckets.limit_reached(connection_id, model, reset, model_scoped=cls.model_scoped)
 
     def sizes(self) -> dict[str, int]:
         """Entries of the per-connection maps (bounded by the connections, not the traffic)."""
