@@ -338,3 +338,32 @@ def test_anthropic_split_token_limits_use_the_fullest_and_its_reset(clock: Manua
     state = b.buckets("c")["tokens:sonnet"]
     assert (state.used, state.reset_ms) == (1.0, clock.now_ms() + 7)
     assert b.is_saturated("c", "claude-sonnet-4-5")
+
+
+def test_only_a_usage_limit_code_saturates_the_limit_bucket(clock: ManualClock) -> None:
+    """Codex's 429 body (as the Codex CLI parses it) saturates ``limit`` until ``resets_at``;
+    a 429 whose quota reading came from its text, with a Retry-After, does not."""
+    import orjson
+
+    from fairgate.resilience.classify import classify
+    from fairgate.server.provider_signals import ProviderSignals
+
+    sig = ProviderSignals(clock)
+    now = clock.now_ms()
+    body = {
+        "error": {
+            "type": "usage_limit_reached",
+            "message": "The usage limit has been reached",
+            "plan_type": "plus",
+            "resets_at": now // 1000 + 3 * 86_400,
+        }
+    }
+    sig.refused("c", "gpt-5-codex", classify(429, orjson.dumps(body), {}, now_ms=now))
+    assert sig.buckets.buckets("c")["limit"].reset_ms == now + 3 * 86_400_000
+    assert sig.buckets.is_saturated("c", "any-model")  # the account, not a model
+    echo = {"error": {"message": "daily quota exceeded", "type": "rate_limit_error"}}
+    cls = classify(429, orjson.dumps(echo), {"retry-after": "60"}, now_ms=now)
+    sig.refused("d", "m", cls)
+    assert sig.buckets.buckets("d") == {}
+    clock.advance(3 * 86_400_000)
+    assert not sig.buckets.is_saturated("c", "any-model")

@@ -20,7 +20,7 @@ from fairgate.providers.ratelimit import RateLimitSnapshot, parse_rate_limit_hea
 from fairgate.quota.attribution import PercentAttributor
 from fairgate.quota.model import Pool
 from fairgate.quota.signals import AccountBuckets, SaturationSignals
-from fairgate.resilience.classify import Classification, FailureClass
+from fairgate.resilience.classify import CODE_TABLE, Classification, FailureClass
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,13 +78,16 @@ class ProviderSignals:
     def refused(self, connection_id: str, model: str, cls: Classification) -> None:
         """A failed attempt: a 429 whose *structured* code says the account's usage limit is
         reached until a stated reset (Codex ``usage_limit_reached`` with ``resets_at`` /
-        ``resets_in_seconds``) saturates the connection's ``limit`` bucket until then. Text
-        refinements never do (a client could make an upstream echo such words)."""
+        ``resets_in_seconds``, GLM 1308/1310) saturates the connection's ``limit`` bucket
+        until then. The code itself must mean it: a quota the text suggested never does (a
+        client could make an upstream echo such words)."""
+        code = cls.signal.removeprefix("code:") if cls.signal.startswith("code:") else None
         if (
             cls.cls is FailureClass.QUOTA_TEMPORARY
             and cls.status == 429
             and cls.retry_after_ms is not None
-            and cls.signal.startswith("code:")
+            and code is not None
+            and CODE_TABLE.get(code) is FailureClass.QUOTA_TEMPORARY
         ):
             reset = self.clock.now_ms() + cls.retry_after_ms
             self.buckets.limit_reached(connection_id, model, reset, model_scoped=cls.model_scoped)
