@@ -26,7 +26,9 @@ from fairgate.cli import app as cli_app
 from fairgate.clock import ManualClock
 from fairgate.config import load_config_text
 from fairgate.providers.mock import MockUpstream
+from fairgate.providers.upstream import UpstreamClient
 from fairgate.server.app import create_app
+from fairgate.server.oauth_setup import start_oauth
 from fairgate.server.state import Gateway
 
 ADMIN = "adm-oauth-login-test-key-000000000"
@@ -275,3 +277,36 @@ def test_claude_credentials_are_read_with_their_millisecond_expiry() -> None:
     assert fields == {"accessToken": "a", "refreshToken": "r", "expiresAt": 1_800_000_123}
     with pytest.raises(ValueError, match="nor a Claude"):
         login_fields({"something": "else"})
+
+
+async def test_another_worker_adopts_the_login_on_its_next_reload(
+    start: Start, tmp_path: Path, clock: ManualClock
+) -> None:
+    """A second gateway process on the same data dir (a worker; a replica on PostgreSQL and
+    Redis alike): the login's endpoint reaches it through the settings, the tokens through the
+    shared token store."""
+    env = await start()
+    await _codex_connection(env)
+    other = Gateway(
+        data_dir=tmp_path / "data", config=load_config_text(CONFIG, env={}), env={}, clock=clock
+    )
+    await other.start()
+    try:
+        async with UpstreamClient() as http:
+            tokens = await start_oauth(other, http)
+            assert not tokens.manages("codex-1")  # nobody logged in yet
+            pair = env.mock.state.issuer.login("acct-9")
+            body = {
+                "tokenUrl": env.mock.url + "/oauth/token",
+                "accessToken": pair["access_token"],
+                "refreshToken": pair["refresh_token"],
+                "expiresAt": 4_000_000_000,
+            }
+            r = await env.admin("POST", "/connections/codex-1/oauth", json=body)
+            assert r.status_code == 200, r.text
+            other.reload()  # what its metadata watcher does on the change counter's bump
+            assert tokens.manages("codex-1")
+            assert (await tokens.access("codex-1")).access_token == pair["access_token"]
+            await tokens.close()
+    finally:
+        await other.stop()
