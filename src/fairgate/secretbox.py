@@ -17,8 +17,8 @@ secret.
 
 from __future__ import annotations
 
-import contextlib
 import os
+import secrets
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -101,8 +101,9 @@ def load_box(
 ) -> tuple[SecretBox, bool]:
     """The box for this gateway, and whether a key file was just generated (log it once).
 
-    The key file is created with ``O_EXCL`` and mode 0600, so two replicas starting at once on
-    one data dir agree on the key: the loser of the race reads the winner's file.
+    The key file is created whole, mode 0600, by one process (see :func:`_create_key_file`), so
+    workers or replicas starting at once on one data dir agree on the key: the losers of the
+    race read the winner's file.
 
     ``shared_db``: the metadata DB is shared by replicas that each have their own data dir
     (PostgreSQL). A key file per data dir would give each replica its own key, so the second
@@ -118,12 +119,27 @@ def load_box(
         )
     path = Path(private_dir(data_dir)) / KEY_FILE
     created = False
-    with contextlib.suppress(FileExistsError):
-        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, FILE_MODE)
-        try:
-            os.write(fd, Fernet.generate_key() + b"\n")
-        finally:
-            os.close(fd)
-        created = True
+    if not path.exists():
+        created = _create_key_file(path)
     keys = _keys_from_env(path.read_text())
     return SecretBox(keys), created
+
+
+def _create_key_file(path: Path) -> bool:
+    """Write a new key to a private temporary file, then hard-link it into place: the link
+    fails if another process won the race, and nobody ever reads a half-written key (workers
+    of ``serve --workers N`` all start at once). True if this call created it."""
+    tmp = path.with_name(f".{KEY_FILE}.{os.getpid()}.{secrets.token_hex(4)}")
+    fd = os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, FILE_MODE)
+    try:
+        os.write(fd, Fernet.generate_key() + b"\n")
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    try:
+        os.link(tmp, path)
+        return True
+    except FileExistsError:
+        return False
+    finally:
+        tmp.unlink()

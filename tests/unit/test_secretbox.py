@@ -59,3 +59,24 @@ def test_env_key_wins_over_the_file(tmp_path: Path) -> None:
     assert not created
     assert not (tmp_path / KEY_FILE).exists()
     assert SecretBox([key]).open(box.seal(SECRET)) == SECRET
+
+
+def test_workers_starting_together_agree_on_one_whole_key(tmp_path: Path) -> None:
+    """Eight processes' worth of first starts racing on one data dir: exactly one creates the
+    key file, and every one reads a whole key, the same one."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(lambda _: load_box(tmp_path, {}), range(8)))
+    assert sum(created for _, created in results) == 1
+    sealed = results[0][0].seal("x")
+    assert all(box.open(sealed) == "x" for box, _ in results)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [KEY_FILE]  # no temporary left
+
+
+def test_a_shared_db_requires_the_variable(tmp_path: Path) -> None:
+    with pytest.raises(SecretKeyError, match=ENV_VAR):
+        load_box(tmp_path, {}, shared_db=True)
+    box, created = load_box(tmp_path, {ENV_VAR: SecretBox.generate_key().decode()}, shared_db=True)
+    assert not created
+    assert box.open(box.seal("y")) == "y"
