@@ -65,6 +65,38 @@ def secret_key() -> None:
     typer.echo(SecretBox.generate_key().decode())
 
 
+@app.command()
+def reseal(
+    data_dir: Annotated[
+        Path | None, typer.Option(help="Data directory (FAIRGATE_DATA_DIR).")
+    ] = None,
+) -> None:
+    """Rotate the key of the secrets at rest: reseal every connection secret and OAuth token
+    file with the first key of FAIRGATE_SECRET_KEY (set it to NEW,OLD first, on every replica
+    too). The metadata DB is FAIRGATE_DATABASE_URL's, else the data dir's SQLite file."""
+    from fairgate.db.engine import database_url, open_database
+    from fairgate.db.oauth_tokens import FileTokenStore
+    from fairgate.db.sealing import reseal_all
+    from fairgate.secretbox import ENV_VAR, SecretKeyError, load_box
+
+    env = dict(os.environ)
+    if not env.get(ENV_VAR, "").strip():
+        _fail(f"set {ENV_VAR} to the new key, then the old one after it (NEW,OLD)")
+    ddir = data_dir or Path(env.get("FAIRGATE_DATA_DIR") or "data")
+    try:
+        url = database_url(env)
+        box, _ = load_box(ddir, env, shared_db=url is not None)
+        db = open_database(url, ddir / "fairgate.sqlite")
+        try:
+            secrets_n = reseal_all(db, box)
+        finally:
+            db.close()
+        files = FileTokenStore(ddir / "oauth", box).reseal()
+    except (ValueError, SecretKeyError) as exc:
+        _fail(str(exc))
+    typer.echo(f"resealed {secrets_n} connection secret(s) and {files} OAuth token file(s)")
+
+
 @app.command("engine-demo")
 def engine_demo(
     data_dir: Annotated[

@@ -179,3 +179,43 @@ def test_the_cli_prints_a_usable_key() -> None:
     assert out.exit_code == 0
     box = SecretBox([out.stdout.strip().encode()])
     assert box.open(box.seal("x")) == "x"
+
+
+async def test_rotation_reseals_everything_under_the_new_key(
+    tmp_path: Path, clock: ManualClock
+) -> None:
+    from typer.testing import CliRunner
+
+    from fairgate.cli import app
+    from fairgate.db.oauth_tokens import FileTokenStore
+    from fairgate.providers.oauth import TokenSet
+
+    old, new = SecretBox.generate_key().decode(), SecretBox.generate_key().decode()
+    data = tmp_path / "data"
+    gw = Gateway(
+        data_dir=data, config=load_config_text(CONFIG, {}), env={ENV_VAR: old}, clock=clock
+    )
+    await gw.start()
+    await gw.stop()
+    pair = TokenSet("access-SECRET", "refresh-SECRET", 5, "acct")
+    await FileTokenStore(data / "oauth", SecretBox([old.encode()])).save("c", pair, replaces=None)
+
+    runner = CliRunner()
+    res = runner.invoke(app, ["reseal", "--data-dir", str(data)], env={ENV_VAR: ""})
+    assert res.exit_code == 2
+    assert "NEW,OLD" in res.output
+    res = runner.invoke(app, ["reseal", "--data-dir", str(data)], env={ENV_VAR: f"{new},{old}"})
+    assert res.exit_code == 0, res.output
+    assert "resealed 1 connection secret(s) and 1 OAuth token file(s)" in res.output
+
+    # the old key is gone: everything opens with the new one alone
+    only_new = SecretBox([new.encode()])
+    assert await FileTokenStore(data / "oauth", only_new).load("c") == pair
+    gw = Gateway(
+        data_dir=data, config=load_config_text(CONFIG, {}), env={ENV_VAR: new}, clock=clock
+    )
+    await gw.start()
+    try:
+        assert gw.registry.connections["cfg-1"].secret == UPSTREAM + "-cfg"
+    finally:
+        await gw.stop()

@@ -83,14 +83,7 @@ class FileTokenStore:
             "issued_at_ms": tokens.issued_at_ms,
             "seed": seed,
         }
-        path = self._path(connection_id)
-        tmp = path.with_suffix(".tmp")
-        fd = os.open(tmp, os.O_CREAT | os.O_TRUNC | os.O_WRONLY, FILE_MODE)
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(orjson.dumps(data))
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
+        _replace_file(self._path(connection_id), data)
 
     async def load(self, connection_id: str) -> TokenSet | None:
         data = await asyncio.to_thread(self._read, connection_id)
@@ -119,9 +112,35 @@ class FileTokenStore:
             self._write(connection_id, tokens, digest)
             return True
 
+    def reseal(self) -> int:
+        """Key rotation: every token file sealed again under the box's first key, each under
+        its save lock (a refresh meanwhile is not lost); the number of files."""
+        n = 0
+        for path in sorted(self.dir.glob("*.json")):
+            with _flocked(path.with_suffix(".save.lock")):
+                data = orjson.loads(path.read_bytes())
+                if not isinstance(data, dict):
+                    continue
+                for field in ("access_token", "refresh_token"):
+                    data[field] = self._box.reseal(str(data.get(field, "")))
+                _replace_file(path, data)
+                n += 1
+        return n
+
     async def seed(self, connection_id: str, tokens: TokenSet) -> bool:
         """Store the config's tokens unless they are the ones already seeded. True if stored."""
         return await asyncio.to_thread(self._seed, connection_id, tokens)
+
+
+def _replace_file(path: Path, data: dict[str, Any]) -> None:
+    """All or nothing: a temporary file, synced, renamed over ``path``."""
+    tmp = path.with_suffix(".tmp")
+    fd = os.open(tmp, os.O_CREAT | os.O_TRUNC | os.O_WRONLY, FILE_MODE)
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(orjson.dumps(data))
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
 
 
 @contextlib.contextmanager

@@ -20,7 +20,7 @@ from fairgate.db.base import Database
 from fairgate.db.common import transaction
 from fairgate.secretbox import ENV_VAR, KEY_FILE, PREFIX, SecretBox, SecretKeyError
 
-__all__ = ["CHECK_PLAINTEXT", "prepare_secrets"]
+__all__ = ["CHECK_PLAINTEXT", "prepare_secrets", "reseal_all"]
 
 #: What the check row opens to under the right key (not a secret: a known value).
 CHECK_PLAINTEXT = "fairgate-secret-check-v1"
@@ -61,3 +61,22 @@ def prepare_secrets(db: Database, box: SecretBox, clock: Clock = SYSTEM_CLOCK) -
             )
             sealed += max(cur.rowcount, 0)
     return sealed
+
+
+def reseal_all(db: Database, box: SecretBox, clock: Clock = SYSTEM_CLOCK) -> int:
+    """Key rotation: every connection secret and the key check sealed again under ``box``'s
+    first key, in one transaction (the old keys must still be in ``box`` to open them); the
+    number of secrets resealed. Raises :class:`SecretKeyError` if a value opens with none."""
+    _check_key(db, box, clock.now_ms())
+    n = 0
+    with transaction(db):
+        token = str(db.execute("SELECT token FROM secret_check WHERE id = 1").fetchone()[0])
+        db.execute("UPDATE secret_check SET token = ? WHERE id = 1", (box.reseal(token),))
+        for cid, stored in db.execute(
+            "SELECT id, secret FROM connections WHERE secret != ''"
+        ).fetchall():
+            db.execute(
+                "UPDATE connections SET secret = ? WHERE id = ?", (box.reseal(str(stored)), cid)
+            )
+            n += 1
+    return n
