@@ -62,7 +62,8 @@ def test_an_anchored_count_is_its_current_bucket_and_drops_at_the_reset() -> Non
 def test_first_reading_anchors_and_carries_the_current_epoch_bucket() -> None:
     got = reanchor(None, R, W, T, "codex-1")
     assert got is not None
-    assert got.reset_ms == R and got.source == "codex-1"
+    assert got.reset_ms == R
+    assert got.source == "codex-1"
     # never an index below the one in use (the epoch bucket holding this window's use so far)
     assert got.index >= bucket_index(T, W)
     assert got.index == max(natural_index(R, W), bucket_index(T, W))
@@ -91,7 +92,8 @@ def test_a_reading_of_another_member_does_not_move_a_live_anchor() -> None:
 def test_another_member_takes_over_once_the_anchor_lapsed() -> None:
     now = R + 30 * MIN  # the owner's window ended, it stated no new one
     got = reanchor(A, now + W - 5 * MIN, W, now, "codex-2")
-    assert got is not None and got.source == "codex-2"
+    assert got is not None
+    assert got.source == "codex-2"
     assert got.index >= bucket_index(now, W, A)
 
 

@@ -22,7 +22,7 @@ from enum import StrEnum
 
 from fairgate.quota.model import Allocation, Dimension, Policy, Pool, ShareMode
 from fairgate.quota.units import Unit, Window
-from fairgate.quota.window import Count, bucket_index, ms_until_at_most
+from fairgate.quota.window import Anchor, Count, bucket_index, ms_until_at_most
 
 
 class Outcome(StrEnum):
@@ -77,6 +77,8 @@ class DimensionCheck:
     #: room this key must leave free when the request takes it above its fair share: what the
     #: keys waiting below their share are owed (``active`` mode, :func:`owed_reserve`); 0 = none
     reserve: float = 0.0
+    #: the window anchored to the provider's reset (``fairgate.quota.window``); None = epoch
+    anchor: Anchor | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -599,12 +601,15 @@ def compile_checks(
     signals: Mapping[str, float] | None = None,
     levels: Mapping[str, float] | None = None,
     reserves: Mapping[str, float] | None = None,
+    anchors: Mapping[str, Anchor] | None = None,
 ) -> tuple[DimensionCheck, ...]:
     """Turn a pool, an allocation and a request's cost into the checks of one admission.
 
     Unknown-limit dimensions are skipped. ``signals`` maps a dimension key to the provider's
     reported used fraction for it. ``levels`` are the water-filling levels of ``active`` mode
     (from :func:`active_levels`; computed over an active set that includes this key).
+    ``anchors``: the pool's provider-anchored windows by dimension key (the others, and model
+    caps, stay epoch-aligned).
     """
     out: list[DimensionCheck] = []
     for dim in pool.enforced_dimensions():
@@ -623,6 +628,7 @@ def compile_checks(
                 cost=float(cost.get(dim.unit, 0.0)),
                 signal=float((signals or {}).get(dim.key, 0.0)),
                 reserve=max(0.0, float((reserves or {}).get(dim.key, 0.0))),
+                anchor=None if anchors is None else anchors.get(dim.key),
             )
         )
     for mc in alloc.model_cap(model):

@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from fairgate.quota.decision import Scope
-from fairgate.quota.window import bucket_index
+from fairgate.quota.window import Anchor, bucket_index
 from fairgate.store.base import UsageItem
 
 log = logging.getLogger("fairgate.quota")
@@ -128,7 +128,7 @@ class Journal:
         releases; then cut to half the bound if still needed (releases first, oldest first)."""
         self.compactions += 1
         releases: list[JournalEntry] = []
-        sums: dict[tuple[Op, str, str, str, int, str, int], tuple[float, int]] = {}
+        sums: dict[tuple[Op, str, str, str, int, str, int], tuple[float, int, Anchor | None]] = {}
         for e in self._entries:
             if e.reserved and e.op in ("settle", "release"):
                 releases.append(
@@ -139,15 +139,16 @@ class Journal:
             for item in e.usage:
                 if item.amount == 0:
                     continue
-                b = bucket_index(e.now_ms, item.window_ms)
+                b = bucket_index(e.now_ms, item.window_ms, item.anchor)
                 k = (e.op, e.pool_id, e.key_id, item.key, item.window_ms, item.scope, b)
-                total, last = sums.get(k, (0.0, e.now_ms))
-                sums[k] = (total + item.amount, max(last, e.now_ms))
+                total, last, _ = sums.get(k, (0.0, e.now_ms, None))
+                sums[k] = (total + item.amount, max(last, e.now_ms), item.anchor)
         usage: list[JournalEntry] = []
-        for (op, pool_id, key_id, counter, window_ms, scope, _), (amount, at) in sums.items():
+        for (op, pool_id, key_id, counter, window_ms, scope, _), found in sums.items():
+            amount, at, anchor = found
             # a settle without a reservation: marks the key active, adds the use
             rid = f"journal-{next(self._ids)}" if op == "settle" else ""
-            item = UsageItem(counter, window_ms, amount, Scope(scope))
+            item = UsageItem(counter, window_ms, amount, Scope(scope), anchor)
             usage.append(JournalEntry(op, pool_id, key_id, rid, (item,), at, reserved=False))
         usage.sort(key=lambda e: e.now_ms)
         releases.sort(key=lambda e: e.now_ms)

@@ -2,8 +2,10 @@
 
 Drivers: ``sqlite`` (default) and ``redis``. Both keep, per (pool, key, counter), two buckets of
 the sliding window (SPEC §2), pool totals kept incrementally beside them, reservations with a
-lease, a per-pool active set (``active`` share mode) and a monotonic cumulative total per pool
-counter (burn rate).
+lease, a per-pool active set (``active`` share mode), a monotonic cumulative total per pool
+counter (burn rate) and the pool's provider-anchored windows (one
+:class:`~fairgate.quota.window.Anchor` per counter). The caller passes a counter's anchor with
+each check, usage item and counter reference; the store computes the bucket from it.
 
 Contract of ``admit`` (the promise tested on every driver): in ONE atomic step, reclaim a few
 expired reservations of the pool, read every check's pool total and key count, evaluate the rule of
@@ -38,7 +40,7 @@ from typing import Protocol, runtime_checkable
 
 from fairgate.quota.decision import DimensionCheck, Scope, Verdict
 from fairgate.quota.model import Policy
-from fairgate.quota.window import Count
+from fairgate.quota.window import Anchor, Count
 
 #: Reservations not settled within this lease are reclaimed (SPEC §4).
 DEFAULT_LEASE_MS = 10 * 60_000
@@ -96,6 +98,7 @@ class UsageItem:
     window_ms: int
     amount: float
     scope: Scope = Scope.POOL
+    anchor: Anchor | None = None  # the counter's provider-anchored window, if any
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,6 +125,7 @@ class GcResult:
 class CounterRef:
     key: str
     window_ms: int
+    anchor: Anchor | None = None  # the counter's provider-anchored window, if any
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,6 +179,25 @@ class QuotaStore(Protocol):
 
     async def cumulative(self, pool_id: str, counter_keys: Sequence[str]) -> dict[str, float]:
         """Monotonic total of everything ever settled or recorded per pool counter."""
+        ...
+
+    async def anchors(self, pool_id: str) -> dict[str, Anchor]:
+        """The pool's provider-anchored windows, by counter (``percent/5h``): every replica
+        reads the same ones (docs/subscriptions.md, "Provider-anchored windows")."""
+        ...
+
+    async def set_anchor(
+        self,
+        pool_id: str,
+        counter: str,
+        window_ms: int,
+        reset_ms: int,
+        now_ms: int,
+        source: str,
+    ) -> Anchor | None:
+        """Apply a reading's stated reset to the pool's anchor of ``counter`` atomically, by
+        :func:`fairgate.quota.window.reanchor`; returns the anchor stored afterwards (None:
+        there is none)."""
         ...
 
     async def clear(self, pool_id: str) -> None:

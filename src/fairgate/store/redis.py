@@ -13,6 +13,8 @@ script may touch all of them)::
     <prefix>:{<pool>}:rz                              ZSET reservation id -> expires_ms
     <prefix>:{<pool>}:act                             ZSET key id -> last admission ms
     <prefix>:{<pool>}:cum                             HASH counter -> cumulative use
+    <prefix>:{<pool>}:anchor                          HASH counter -> provider-anchored window
+                                                      ("<reset_ms>|<bucket index>|<source>")
     <prefix>:{slot:<connection>}:leases               ZSET concurrency lease id -> expires_ms
                                                       (per connection; see redis_slots.py)
 
@@ -45,7 +47,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry as SyncRetry
 
 from fairgate.quota.decision import POLICY_CODES, REASON_CODES, Outcome, Verdict
-from fairgate.quota.window import Count, bucket_index
+from fairgate.quota.window import Anchor, Count, bucket_index, reanchor
 from fairgate.store.base import (
     RECLAIM_BATCH,
     TOTAL_KEY,
@@ -78,6 +80,11 @@ _UNLOCK: Final = (
 #: timed out, the engine journaled and replayed it) adds its usage once.
 SETTLED_TTL_MS: Final = 120_000
 _SCAN_COUNT: Final = 1000
+#: A pool's anchor hash lives 2 × its window beyond the last write (a reading of a new window
+#: rewrites it), plus a day: readings that stop for that long fall back to epoch-aligned windows.
+_ANCHOR_MARGIN_MS: Final = 86_400_000
+#: Compare-and-set attempts of one reading against replicas writing the same anchor.
+_ANCHOR_ATTEMPTS: Final = 5
 _DELETE_BATCH: Final = 500
 #: The store's timeout per command (``QUOTA_STORE_REDIS_TIMEOUT_MS``), and the out-of-loop
 #: probe's connect timeout. Short on purpose: when Redis hangs, the admissions in flight wait
@@ -178,6 +185,16 @@ def _float(value: object) -> float:
     return 0.0 if value is None else float(_text(value))
 
 
+def _parse_anchor(value: str) -> Anchor | None:
+    """A stored ``"<reset_ms>|<index>|<source>"`` (None: empty or unreadable)."""
+    reset, _, rest = value.partition("|")
+    index, _, source = rest.partition("|")
+    try:
+        return Anchor(int(reset), int(index), source)
+    except ValueError:
+        return None
+
+
 def _discard(command: Awaitable[Any]) -> None:
     """Close a command coroutine that will never be awaited (no "never awaited" warning)."""
     close = getattr(command, "close", None)
@@ -238,6 +255,7 @@ class RedisQuotaStore:
         self._admit = self._register("admit.lua")
         self._settle = self._register("settle.lua")
         self._release = self._register("release.lua")
+        self._anchor = self._register("anchor.lua")
         self._unlock = self._client.register_script(_UNLOCK)
 
     async def _call(self, command: Awaitable[T]) -> T:
@@ -278,8 +296,6 @@ class RedisQuotaStore:
                 raise
         finally:
             self._slots.release()
-
-
 
     @staticmethod
     def _own_client(url: str, ceiling_s: float) -> redis.asyncio.Redis:
@@ -329,7 +345,7 @@ class RedisQuotaStore:
         return f"{base}:c:{key_id}:{counter}:{bucket}"
 
     def _buckets(self, base: str, key_id: str, ref: CounterRef, now_ms: int) -> tuple[str, str]:
-        curr = bucket_index(now_ms, ref.window_ms)
+        curr = bucket_index(now_ms, ref.window_ms, ref.anchor)
         return (
             self._counter(base, key_id, ref.key, curr - 1),
             self._counter(base, key_id, ref.key, curr),
@@ -353,7 +369,7 @@ class RedisQuotaStore:
             len(req.checks),
         ]
         for check in req.checks:
-            ref = CounterRef(check.key, check.window_ms)
+            ref = CounterRef(check.key, check.window_ms, check.anchor)
             keys.extend(self._buckets(base, TOTAL_KEY, ref, req.now_ms))
             keys.extend(self._buckets(base, key_id, ref, req.now_ms))
             args.extend(
@@ -366,6 +382,7 @@ class RedisQuotaStore:
                     _num(_finite(check.cost)),
                     _num(check.signal),
                     _num(check.reserve),
+                    0 if check.anchor is None else 1,
                 )
             )
         reply = cast(list[Any], await self._call(self._admit(keys=keys, args=args)))
@@ -380,8 +397,9 @@ class RedisQuotaStore:
             None if index < 0 else index,
         )
         raw = [_float(v) for v in reply[3:]]
-        totals = tuple(Count(raw[i], raw[i + 1]) for i in range(0, len(raw), 4))
-        mine = tuple(Count(raw[i + 2], raw[i + 3]) for i in range(0, len(raw), 4))
+        anchors = [c.anchor for c in req.checks]
+        totals = tuple(Count(raw[i], raw[i + 1], anchors[i // 4]) for i in range(0, len(raw), 4))
+        mine = tuple(Count(raw[i + 2], raw[i + 3], anchors[i // 4]) for i in range(0, len(raw), 4))
         return AdmitResult(verdict, totals, mine, reserved=outcome is not Outcome.BLOCK)
 
     @staticmethod
@@ -428,7 +446,7 @@ class RedisQuotaStore:
         keys = [f"{base}:rz", f"{base}:r:{reservation_id}", f"{base}:cum", f"{base}:act"]
         args: list[str | int] = [now_ms, mode, reservation_id, key_id, len(usage), SETTLED_TTL_MS]
         for item in usage:
-            curr = bucket_index(now_ms, item.window_ms)
+            curr = bucket_index(now_ms, item.window_ms, item.anchor)
             keys.append(self._counter(base, key_id, item.key, curr))
             keys.append(self._counter(base, TOTAL_KEY, item.key, curr))
             args.extend(
@@ -458,7 +476,10 @@ class RedisQuotaStore:
         key_id = _check_key_id(key_id)
         keys = [k for ref in counters for k in self._buckets(base, key_id, ref, now_ms)]
         values = await self._mget(keys)
-        return {ref.key: Count(values[2 * i], values[2 * i + 1]) for i, ref in enumerate(counters)}
+        return {
+            ref.key: Count(values[2 * i], values[2 * i + 1], ref.anchor)
+            for i, ref in enumerate(counters)
+        }
 
     async def pool_usage(
         self,
@@ -478,7 +499,9 @@ class RedisQuotaStore:
         values = iter(await self._mget(keys))
         counts: dict[str, dict[str, Count]] = {}
         for owner in owners:
-            counts[owner] = {ref.key: Count(next(values), next(values)) for ref in counters}
+            counts[owner] = {
+                ref.key: Count(next(values), next(values), ref.anchor) for ref in counters
+            }
         totals = counts.pop(TOTAL_KEY)
         return PoolCounts(totals=totals, per_key=counts)
 
@@ -493,6 +516,41 @@ class RedisQuotaStore:
         base = self._base(pool_id)
         values = await self._call(self._client.hmget(f"{base}:cum", list(counter_keys)))
         return {k: _float(v) for k, v in zip(counter_keys, cast(list[object], values), strict=True)}
+
+    async def anchors(self, pool_id: str) -> dict[str, Anchor]:
+        raw = await self._call(self._client.hgetall(f"{self._base(pool_id)}:anchor"))
+        out: dict[str, Anchor] = {}
+        for field, value in cast(dict[object, object], raw).items():
+            anchor = _parse_anchor(_text(value))
+            if anchor is not None:
+                out[_text(field)] = anchor
+        return out
+
+    async def set_anchor(
+        self,
+        pool_id: str,
+        counter: str,
+        window_ms: int,
+        reset_ms: int,
+        now_ms: int,
+        source: str,
+    ) -> Anchor | None:
+        """Read, apply :func:`~fairgate.quota.window.reanchor`, compare-and-set (anchor.lua);
+        read again when another replica wrote in between (rare: once per window at most)."""
+        key = f"{self._base(pool_id)}:anchor"
+        ttl = 2 * window_ms + _ANCHOR_MARGIN_MS
+        for _ in range(_ANCHOR_ATTEMPTS):
+            raw = await self._call(self._client.hget(key, counter))
+            seen = "" if raw is None else _text(raw)
+            current = _parse_anchor(seen)
+            moved = reanchor(current, reset_ms, window_ms, now_ms, source)
+            if moved is None:
+                return current
+            value = f"{moved.reset_ms}|{moved.index}|{moved.source}"
+            written = await self._call(self._anchor(keys=[key], args=[counter, seen, value, ttl]))
+            if int(cast(int, written)) == 1:
+                return moved
+        return current
 
     # -- maintenance ----------------------------------------------------------------------------
 

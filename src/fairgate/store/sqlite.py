@@ -16,6 +16,8 @@ Layout (all primary-key addressed, so admission is O(checks) whatever the number
   or lease expiry; ``parts`` is JSON ``[[counter, window_ms, bucket, amount, scope], ...]``.
 - ``quota_active``: when each key last asked (share mode ``active``).
 - ``quota_cumulative``: monotonic per pool counter (burn rate), never decremented.
+- ``quota_anchor``: per (pool, counter) the provider-anchored window (reset, bucket index, the
+  connection that set it), read by every process that shares the file.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from typing import Any
 import orjson
 
 from fairgate.quota.decision import Outcome, evaluate
-from fairgate.quota.window import Count, bucket_index
+from fairgate.quota.window import Anchor, Count, bucket_index, reanchor
 from fairgate.store.base import (
     RECLAIM_BATCH,
     TOTAL_KEY,
@@ -75,6 +77,15 @@ _SCHEMA = (
         pool_id TEXT NOT NULL,
         counter TEXT NOT NULL,
         value REAL NOT NULL DEFAULT 0,
+        PRIMARY KEY (pool_id, counter)
+    ) WITHOUT ROWID""",
+    """CREATE TABLE IF NOT EXISTS quota_anchor (
+        pool_id TEXT NOT NULL,
+        counter TEXT NOT NULL,
+        window_ms INTEGER NOT NULL,
+        reset_ms INTEGER NOT NULL,
+        bucket INTEGER NOT NULL,
+        source TEXT NOT NULL DEFAULT '',
         PRIMARY KEY (pool_id, counter)
     ) WITHOUT ROWID""",
 )
@@ -122,11 +133,20 @@ _CUM_ADD = (
     " ON CONFLICT (pool_id, counter) DO UPDATE SET value = value + excluded.value"
 )
 _CUM_GET = "SELECT value FROM quota_cumulative WHERE pool_id = ? AND counter = ?"
+_ANCHORS = "SELECT counter, reset_ms, bucket, source FROM quota_anchor WHERE pool_id = ?"
+_ANCHOR_GET = "SELECT reset_ms, bucket, source FROM quota_anchor WHERE pool_id = ? AND counter = ?"
+_ANCHOR_PUT = (
+    "INSERT INTO quota_anchor (pool_id, counter, window_ms, reset_ms, bucket, source)"
+    " VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (pool_id, counter) DO UPDATE SET"
+    " window_ms = excluded.window_ms, reset_ms = excluded.reset_ms, bucket = excluded.bucket,"
+    " source = excluded.source"
+)
 _CLEAR = (
     "DELETE FROM quota_counter WHERE pool_id = ?",
     "DELETE FROM quota_reservation WHERE pool_id = ?",
     "DELETE FROM quota_active WHERE pool_id = ?",
     "DELETE FROM quota_cumulative WHERE pool_id = ?",
+    "DELETE FROM quota_anchor WHERE pool_id = ?",
 )
 # A bucket is kept while its end is within max(retention, 2 × its window) of now.
 _GC_COUNTERS = (
@@ -314,14 +334,14 @@ class SqliteQuotaStore:
             values: list[tuple[float, float]] = []
             for check in req.checks:
                 w = check.window_ms
-                curr = bucket_index(now, w)
+                curr = bucket_index(now, w, check.anchor)
                 if check.scope == "pool":
                     rows = c.execute(
                         _READ_PAIR, (pool, TOTAL_KEY, key, check.key, curr - 1, curr)
                     ).fetchall()
                 else:
                     rows = c.execute(_READ_ONE, (pool, key, check.key, curr - 1, curr)).fetchall()
-                total, own = _counts(rows, key, curr)
+                total, own = _counts(rows, key, curr, check.anchor)
                 totals.append(total)
                 mine.append(own)
                 values.append((total.value(now, w), own.value(now, w)))
@@ -337,7 +357,7 @@ class SqliteQuotaStore:
                 part = (
                     check.key,
                     check.window_ms,
-                    bucket_index(now, check.window_ms),
+                    bucket_index(now, check.window_ms, check.anchor),
                     check.cost,
                     check.scope,
                 )
@@ -381,7 +401,8 @@ class SqliteQuotaStore:
             for item in usage:
                 if item.amount == 0:
                     continue
-                k = (item.key, item.window_ms, bucket_index(now_ms, item.window_ms), item.scope)
+                bucket = bucket_index(now_ms, item.window_ms, item.anchor)
+                k = (item.key, item.window_ms, bucket, item.scope)
                 delta[k] = delta.get(k, 0.0) + float(item.amount)
                 if item.scope == "pool":
                     c.execute(_CUM_ADD, (pool_id, item.key, float(item.amount)))
@@ -434,6 +455,32 @@ class SqliteQuotaStore:
     async def active_keys(self, pool_id: str, since_ms: int) -> list[str]:
         with self._lock:
             return [str(r[0]) for r in self._conn.execute(_ACTIVE, (pool_id, since_ms))]
+
+    async def anchors(self, pool_id: str) -> dict[str, Anchor]:
+        with self._lock:
+            rows = self._conn.execute(_ANCHORS, (pool_id,)).fetchall()
+        return {str(k): Anchor(int(r), int(b), str(s)) for k, r, b, s in rows}
+
+    async def set_anchor(
+        self,
+        pool_id: str,
+        counter: str,
+        window_ms: int,
+        reset_ms: int,
+        now_ms: int,
+        source: str,
+    ) -> Anchor | None:
+        with self._write() as c:
+            row = c.execute(_ANCHOR_GET, (pool_id, counter)).fetchone()
+            current = None if row is None else Anchor(int(row[0]), int(row[1]), str(row[2]))
+            moved = reanchor(current, reset_ms, window_ms, now_ms, source)
+            if moved is None:
+                return current
+            c.execute(
+                _ANCHOR_PUT,
+                (pool_id, counter, window_ms, moved.reset_ms, moved.index, moved.source),
+            )
+            return moved
 
     async def cumulative(self, pool_id: str, counter_keys: Sequence[str]) -> dict[str, float]:
         out: dict[str, float] = {}
@@ -505,7 +552,9 @@ def _check_key(key_id: str) -> None:
         raise ValueError(msg)
 
 
-def _counts(rows: Sequence[Any], key_id: str, curr: int) -> tuple[Count, Count]:
+def _counts(
+    rows: Sequence[Any], key_id: str, curr: int, anchor: Anchor | None = None
+) -> tuple[Count, Count]:
     total_prev = total_curr = mine_prev = mine_curr = 0.0
     for rkey, bucket, value in rows:
         v = float(value)
@@ -518,15 +567,15 @@ def _counts(rows: Sequence[Any], key_id: str, curr: int) -> tuple[Count, Count]:
             total_curr = v
         else:
             total_prev = v
-    return Count(total_prev, total_curr), Count(mine_prev, mine_curr)
+    return Count(total_prev, total_curr, anchor), Count(mine_prev, mine_curr, anchor)
 
 
 def _read_one(
     c: sqlite3.Connection, pool_id: str, key_id: str, ref: CounterRef, now_ms: int
 ) -> Count:
-    curr = bucket_index(now_ms, ref.window_ms)
+    curr = bucket_index(now_ms, ref.window_ms, ref.anchor)
     rows = c.execute(_READ_ONE, (pool_id, key_id, ref.key, curr - 1, curr)).fetchall()
-    return _counts(rows, key_id, curr)[1]
+    return _counts(rows, key_id, curr, ref.anchor)[1]
 
 
 def _add(c: sqlite3.Connection, pool_id: str, key_id: str, part: _Part) -> None:
@@ -576,7 +625,7 @@ def _apply_usage(
         part = (
             item.key,
             item.window_ms,
-            bucket_index(now_ms, item.window_ms),
+            bucket_index(now_ms, item.window_ms, item.anchor),
             float(item.amount),
             item.scope,
         )

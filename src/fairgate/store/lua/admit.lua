@@ -10,8 +10,10 @@
 -- KEYS[5 + 4*(i-1) ..] per check i: total prev, total curr, key prev, key curr
 -- ARGV[1] now_ms  ARGV[2] key id  ARGV[3] reservation id  ARGV[4] policy code (POLICY_CODES)
 -- ARGV[5] threshold  ARGV[6] lease_ms  ARGV[7] reservation TTL ms  ARGV[8] reclaim batch
--- ARGV[9] number of checks, then 8 per check: scope ('pool' | 'model'), window_ms, limit,
---         fair_share, cap ('' = none), cost, signal, reserve
+-- ARGV[9] number of checks, then 9 per check: scope ('pool' | 'model'), window_ms, limit,
+--         fair_share, cap ('' = none), cost, signal, reserve, anchored (1: the window is
+--         anchored to the provider's reset and the caller chose its bucket keys; a count is then
+--         its current bucket alone, window.Count.value)
 -- Returns {outcome (0 allow, 1 penalize, 2 block), reason code (REASON_CODES index),
 --          blocking index (0-based, -1 none), then per check the raw strings of
 --          total prev, total curr, key prev, key curr} -- strings, so floats survive the reply
@@ -42,7 +44,7 @@ end
 local checks = {}
 local raw = {}
 for i = 1, n do
-  local a = 10 + 8 * (i - 1)
+  local a = 10 + 9 * (i - 1)
   local c = {
     -- As in the SQLite driver: the pool total is read and written for scope 'pool' only, and
     -- evaluate() applies the model rule for scope 'model' only.
@@ -56,6 +58,7 @@ for i = 1, n do
     cost = tonumber(ARGV[a + 5]),
     signal = tonumber(ARGV[a + 6]),
     reserve = tonumber(ARGV[a + 7]),
+    anchored = ARGV[a + 8] == '1',
   }
   local k = 5 + 4 * (i - 1)
   c.tkey, c.kkey = KEYS[k + 1], KEYS[k + 3]
@@ -69,6 +72,9 @@ for i = 1, n do
   -- window.sliding_value: prev * (1 - elapsed / W) + curr, elapsed = now - floor(now / W) * W
   local elapsed = now - math.floor(now / c.window) * c.window
   local frac = 1.0 - elapsed / c.window
+  if c.anchored then
+    frac = 0.0
+  end
   c.total = tonumber(tp) * frac + tonumber(tc)
   c.mine = tonumber(kp) * frac + tonumber(kc)
   checks[i] = c
@@ -149,6 +155,9 @@ if outcome ~= 2 then
   local parts = {}
   for _, c in ipairs(checks) do
     if c.cost ~= 0 then
+      -- the epoch-aligned index even for an anchored window: drop_reservation only asks whether
+      -- the bucket may still count (within one window of now), and for the current anchored
+      -- window that holds as it does for the current epoch bucket
       local bucket = tostring(math.floor(now / c.window))
       local w = tostring(c.window)
       add_to(c.kkey, c.cost, c.window)
