@@ -92,6 +92,8 @@ def reanchor(
     """
     if reset_ms <= now_ms or reset_ms - window_ms > now_ms + tolerance_ms:
         return None
+    # a window stated to start a moment from now (a reset rounded up to the second) starts now
+    reset_ms = min(reset_ms, now_ms + window_ms)
     natural = natural_index(reset_ms, window_ms)
     if current is None:
         # epoch-aligned until now: carry what the current epoch bucket holds
@@ -101,9 +103,14 @@ def reanchor(
     if abs(drift) <= tolerance_ms:  # the same phase
         if current.source != source and now_ms < current.reset_ms:
             return None
-        if steps <= 0:
-            return None  # the window stored, or an older one (a late reading)
-        return Anchor(reset_ms, current.index + steps, source)
+        moved = Anchor(reset_ms, current.index + steps, source)
+        if steps <= 0 or bucket_index(now_ms, window_ms, moved) < bucket_index(
+            now_ms, window_ms, current
+        ):
+            # the window stored, an older one (a late reading), or a boundary the provider
+            # states a moment later than the stored one: the stored one stands
+            return None
+        return moved
     if current.source != source and now_ms < current.reset_ms:
         return None
     in_use = bucket_index(now_ms, window_ms, current)
