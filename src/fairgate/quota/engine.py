@@ -45,7 +45,7 @@ from fairgate.quota.model import Allocation, Policy, Pool, ShareMode
 from fairgate.quota.settings import QuotaSettings
 from fairgate.quota.units import Unit
 from fairgate.quota.usage import PoolUsage, build_usage
-from fairgate.quota.window import Count, bucket_index
+from fairgate.quota.window import Anchor, Count, reanchor, window_end_ms
 from fairgate.store.base import (
     AdmitRequest,
     CounterRef,
@@ -227,7 +227,7 @@ def _status(
             remaining = min(c.limit - total, limit - used)
             if c.cap is not None:
                 limit, remaining = min(limit, c.cap), min(remaining, c.cap - used)
-        reset = (bucket_index(now_ms, w) + 1) * w - now_ms
+        reset = window_end_ms(now_ms, w, c.anchor) - now_ms
         out.append(DimensionStatus(c.key, c.unit.value, limit, max(0.0, remaining), reset))
     return tuple(out)
 
@@ -238,7 +238,7 @@ def _unread_status(checks: tuple[DimensionCheck, ...], now_ms: int) -> tuple[Dim
     out = []
     for c in checks:
         limit = c.limit if c.cap is None else min(c.limit, c.cap)
-        reset = (bucket_index(now_ms, c.window_ms) + 1) * c.window_ms - now_ms
+        reset = window_end_ms(now_ms, c.window_ms, c.anchor) - now_ms
         out.append(DimensionStatus(c.key, c.unit.value, limit, None, reset))
     return tuple(out)
 
@@ -280,6 +280,8 @@ class QuotaEngine:
         # per pool (active mode): when this process first saw each key active (demand estimate)
         self._joined: dict[str, dict[str, int]] = {}
         self._burn: dict[tuple[str, str], BurnSeries] = {}
+        # per pool: when its provider-anchored windows were last read, and them by counter
+        self._anchors: dict[str, tuple[int, dict[str, Anchor]]] = {}
         self.fail_open_count = 0
         self.store_errors = 0
         self.slow_timeouts = 0
@@ -420,8 +422,16 @@ class QuotaEngine:
             active = await self._active_state(pool, alloc.key_id, now)
             levels, reserves = active.levels, active.reserves.for_key(alloc.key_id)
         signals = self.signals(pool) if self.signals else None
+        anchors = await self._pool_anchors(pool, now)
         return compile_checks(
-            pool, alloc, cost, model=model, signals=signals, levels=levels, reserves=reserves
+            pool,
+            alloc,
+            cost,
+            model=model,
+            signals=signals,
+            levels=levels,
+            reserves=reserves,
+            anchors=anchors,
         )
 
     async def _admit(
@@ -483,8 +493,15 @@ class QuotaEngine:
         if ticket is None:
             return
         now = self.clock.now_ms()
+        anchors = self._cached_anchors(ticket.pool_id)
         usage = tuple(
-            UsageItem(c.key, c.window_ms, float(actual.get(c.unit, 0.0)), c.scope)
+            UsageItem(
+                c.key,
+                c.window_ms,
+                float(actual.get(c.unit, 0.0)),
+                c.scope,
+                anchors.get(c.key) if c.scope == "pool" else None,
+            )
             for c in ticket.checks
         )
         entry = JournalEntry(
@@ -518,8 +535,9 @@ class QuotaEngine:
         ``amounts`` is keyed by counter (``"percent/5h"``): a provider reading is a reading of
         one window, so it is charged to that window's dimension only, never to the pool's other
         windows of the same unit. Counters the pool does not enforce are ignored."""
+        anchors = self._cached_anchors(pool.id)
         usage = [
-            UsageItem(d.key, d.window_ms, float(amounts[d.key]))
+            UsageItem(d.key, d.window_ms, float(amounts[d.key]), anchor=anchors.get(d.key))
             for d in pool.enforced_dimensions()
             if amounts.get(d.key)
         ]
@@ -660,7 +678,7 @@ class QuotaEngine:
             checks = await self._checks(pool, alloc, cost, model, now)
             if not checks:
                 return None
-            refs = [CounterRef(c.key, c.window_ms) for c in checks]
+            refs = [CounterRef(c.key, c.window_ms, c.anchor) for c in checks]
             counts = await self.store.pool_usage(pool.id, [key_id], refs, now)
         except Exception as exc:
             self._store_error("standing", exc)
@@ -684,7 +702,8 @@ class QuotaEngine:
         """``unallocated_allowed``: keys without an allocation may use the pool, so the usage
         always has their row (see :func:`~fairgate.quota.usage.build_usage`)."""
         now = self.clock.now_ms()
-        refs = [CounterRef(d.key, d.window_ms) for d in pool.dimensions]
+        anchors = await self._pool_anchors(pool, now) or {}
+        refs = [CounterRef(d.key, d.window_ms, anchors.get(d.key)) for d in pool.dimensions]
         counts = await self.store.pool_usage(
             pool.id, [a.key_id for a in pool.allocations], refs, now
         )
@@ -704,7 +723,63 @@ class QuotaEngine:
             rates,
             signals,
             unallocated_allowed=unallocated_allowed,
+            anchors=anchors,
         )
+
+    # -- provider-anchored windows -------------------------------------------------------
+
+    async def anchor(
+        self, pool: Pool, counter: str, window_ms: int, reset_ms: int, source: str
+    ) -> Anchor | None:
+        """A provider reading of ``counter``'s window (``percent/5h``) stated when it resets:
+        anchor the pool's window there (:func:`~fairgate.quota.window.reanchor`), so the keys'
+        shares roll over when the provider's quota does. O(1): the store is written only when
+        the anchor moves (a new window, at most once per window), never for a reading that
+        confirms it. Returns the anchor in force (None: the pool has no such anchored
+        dimension, or none yet)."""
+        dim = next((d for d in pool.dimensions if d.key == counter), None)
+        if dim is None or not dim.provider_anchored or dim.window_ms != window_ms:
+            return None
+        now = self.clock.now_ms()
+        try:
+            anchors = await self._pool_anchors(pool, now) or {}
+            current = anchors.get(counter)
+            if reanchor(current, reset_ms, window_ms, now, source) is None:
+                return current
+            stored = await self.store.set_anchor(pool.id, counter, window_ms, reset_ms, now, source)
+        except Exception as exc:  # a view of the provider's window, never a request failure
+            self._store_error("anchor", exc)
+            return None
+        at, cached = self._anchors.get(pool.id, (now, {}))
+        if stored is not None:
+            cached = {**cached, counter: stored}
+            self._anchors[pool.id] = (at, cached)
+            if stored != current:
+                log.info(
+                    "pool window anchored to the provider's reset",
+                    extra={"pool": pool.id, "counter": counter, "reset_ms": stored.reset_ms},
+                )
+        return stored
+
+    async def _pool_anchors(self, pool: Pool, now: int) -> dict[str, Anchor] | None:
+        """The pool's anchored windows as the store holds them, read at most once per
+        ``active_refresh_ms`` (so every replica follows a re-anchoring within that, and an
+        admission costs no extra store call); None for a pool with no dimension that can be
+        anchored."""
+        if not any(d.provider_anchored for d in pool.enforced_dimensions()):
+            return None
+        cached = self._anchors.get(pool.id)
+        if cached is not None and 0 <= now - cached[0] < self.settings.active_refresh_ms:
+            return cached[1]
+        anchors = await self.store.anchors(pool.id)
+        self._anchors[pool.id] = (now, anchors)
+        return anchors
+
+    def _cached_anchors(self, pool_id: str) -> dict[str, Anchor]:
+        """The anchors last read for the pool (settle and record: no store read of their own,
+        they write the bucket the admissions of this process read)."""
+        cached = self._anchors.get(pool_id)
+        return {} if cached is None else cached[1]
 
     def burn_samples(self, pool_id: str, counter: str) -> BurnSeries | None:
         return self._burn.get((pool_id, counter))
@@ -716,6 +791,7 @@ class QuotaEngine:
         self._active.pop(pool_id, None)
         self._pressed.pop(pool_id, None)
         self._joined.pop(pool_id, None)
+        self._anchors.pop(pool_id, None)
         for k in [k for k in self._burn if k[0] == pool_id]:
             del self._burn[k]
 
@@ -806,7 +882,8 @@ class QuotaEngine:
         dims = pool.enforced_dimensions()
         if not dims or len(keys) > DEMAND_BOUND_MAX_KEYS:
             return None
-        refs = [CounterRef(d.key, d.window_ms) for d in dims]
+        anchors = self._cached_anchors(pool.id)
+        refs = [CounterRef(d.key, d.window_ms, anchors.get(d.key)) for d in dims]
         try:
             counts = await self.store.pool_usage(pool.id, sorted(keys), refs, now)
         except Exception as exc:  # bounds are an optimisation: share by weight without them

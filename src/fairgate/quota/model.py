@@ -52,6 +52,13 @@ class Dimension:
     def window_ms(self) -> int:
         return self.window.ms
 
+    @property
+    def provider_anchored(self) -> bool:
+        """Whether the window follows the provider's stated reset once a reading gives one
+        (``fairgate.quota.window``): percent windows are a subscription's, counted from the
+        account's first use; requests, tokens and usd stay epoch-aligned."""
+        return self.unit is Unit.PERCENT
+
 
 def unenforced_message(dims: tuple[Dimension, ...]) -> str | None:
     """The warning for dimensions that are all unknown (≤ ``UNKNOWN_LIMIT``), or None."""

@@ -8,7 +8,7 @@ from dataclasses import dataclass, replace
 from fairgate.quota.burn import time_to_exhaustion_ms
 from fairgate.quota.decision import static_fair_share
 from fairgate.quota.model import Pool
-from fairgate.quota.window import Count
+from fairgate.quota.window import Anchor, Count, window_end_ms
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +48,12 @@ class DimensionUsage:
     keys: tuple[KeyUsage, ...]
     burn_rate_per_s: float
     time_to_exhaustion_ms: int | None
+    #: when the window's counts next roll over: the provider's reset for an anchored window,
+    #: the turn of the epoch-aligned bucket otherwise
+    resets_at_ms: int | None = None
+    #: the connection whose reading anchors the window to the provider's reset (None: the
+    #: window is epoch-aligned, no reading stated a reset yet or the unit is not anchored)
+    anchor_source: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +73,7 @@ def build_usage(
     signals: Mapping[str, float] | None = None,
     *,
     unallocated_allowed: bool = False,
+    anchors: Mapping[str, Anchor] | None = None,
 ) -> PoolUsage:
     """``unallocated_allowed``: keys without an allocation may use the pool
     (``server.require_allocation`` off), so their row is shown even at 0; otherwise it is shown
@@ -76,6 +83,7 @@ def build_usage(
     others: list[float] = []
     for dim in pool.dimensions:
         w = dim.window_ms
+        anchor = (anchors or {}).get(dim.key)
         limit = pool.effective_limit(dim)
         total = totals.get(dim.key, Count()).value(now_ms, w)
         used = total / limit if dim.known else 0.0
@@ -117,6 +125,8 @@ def build_usage(
                 time_to_exhaustion_ms=(
                     time_to_exhaustion_ms(limit - total, rate) if dim.known else None
                 ),
+                resets_at_ms=window_end_ms(now_ms, w, anchor),
+                anchor_source=None if anchor is None else anchor.source,
             )
         )
     show = unallocated_allowed or any(o > 0 for o in others)

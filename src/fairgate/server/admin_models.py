@@ -321,6 +321,16 @@ class DimensionUsageOut(ApiModel):
     strict: bool
     burn_rate_per_s: float
     time_to_exhaustion_ms: int | None
+    resets_at_ms: int | None = Field(
+        default=None,
+        description="When the window's counts next roll over (epoch ms): the provider's reset "
+        "when a reading anchored the window, else the turn of the epoch-aligned bucket",
+    )
+    anchor_source: str | None = Field(
+        default=None,
+        description="The connection whose reading anchors the window to the provider's reset "
+        "(null: epoch-aligned)",
+    )
     keys: list[KeyUsageOut]
     burn_samples: list[BurnSampleOut] = Field(
         default_factory=list,
@@ -350,6 +360,8 @@ class PoolUsageOut(ApiModel):
                     strict=d.strict,
                     burn_rate_per_s=d.burn_rate_per_s,
                     time_to_exhaustion_ms=d.time_to_exhaustion_ms,
+                    resets_at_ms=d.resets_at_ms,
+                    anchor_source=d.anchor_source,
                     keys=[
                         KeyUsageOut(
                             key_id=k.key_id,

@@ -382,9 +382,15 @@ async def preview(
             active = set(await store.active_keys(p.id, now - p.active_window_ms))
             levels = dominant_levels(p, sorted(active | {key}))
         checks = compile_checks(
-            p, effective, cost, model=model, signals=gw.pool_signals(p), levels=levels
+            p,
+            effective,
+            cost,
+            model=model,
+            signals=gw.pool_signals(p),
+            levels=levels,
+            anchors=await store.anchors(p.id),
         )
-        refs = [CounterRef(c.key, c.window_ms) for c in checks]
+        refs = [CounterRef(c.key, c.window_ms, c.anchor) for c in checks]
         mine = await store.peek(p.id, key, refs, now)
         pool_refs = [r for r, c in zip(refs, checks, strict=True) if c.scope == "pool"]
         totals = (await store.pool_usage(p.id, [], pool_refs, now)).totals

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 
 import orjson
 from starlette.background import BackgroundTask
@@ -22,7 +22,7 @@ from starlette.responses import Response, StreamingResponse
 from fairgate.providers.ratelimit import RateLimitSnapshot
 from fairgate.providers.transport import TRANSPORT_ERRORS, UpstreamResponse
 from fairgate.providers.usage import Usage
-from fairgate.quota.engine import Admission
+from fairgate.quota.engine import Admission, QuotaEngine
 from fairgate.quota.model import Pool
 from fairgate.quota.units import Unit
 from fairgate.registry import Connection
@@ -37,6 +37,7 @@ from fairgate.server.diagnostics import Diagnostics
 from fairgate.server.errors import ApiError
 from fairgate.server.exchange import EXCHANGES, quality_problem, stream_error_event
 from fairgate.server.logs import REQUEST_ID
+from fairgate.server.provider_signals import PercentCharge
 from fairgate.server.reservation import Reservation
 
 log = logging.getLogger("fairgate.proxy")
@@ -154,9 +155,8 @@ async def _attempt_on(
     snap, charges = svc.signals.observe(
         conn.id, upstream_model, resp.headers, force=resp.status >= 400
     )
-    if pool is not None:
-        for ch in charges:
-            await svc.gw.engine.record(pool, ch.key_id, {ch.counter: ch.amount})
+    if pool is not None and snap is not None:
+        await _apply_readings(svc.gw.engine, pool, conn.id, snap, charges)
     if resp.status >= 400:
         err, raw_err = await _upstream_error(resp, conn)
         log.warning("upstream error", extra={"connection": conn.id, "status": resp.status})
@@ -233,6 +233,24 @@ async def _attempt_on(
         headers=headers,
         background=BackgroundTask(_settle, svc, res, conn, call, upstream_model, usage),
     )
+
+
+async def _apply_readings(
+    engine: QuotaEngine,
+    pool: Pool,
+    connection_id: str,
+    snap: RateLimitSnapshot,
+    charges: Sequence[PercentCharge],
+) -> None:
+    """A provider's percent readings, into the pool: each window that states its reset anchors
+    the pool's window of that length there (first, so the charges land in the provider's
+    current window), then each rise is charged to the keys (``ProviderSignals.observe``)."""
+    for reading in snap.percent_windows:
+        if reading.reset_ms is not None and reading.window_ms is not None:
+            counter = f"percent/{reading.window}"
+            await engine.anchor(pool, counter, reading.window_ms, reading.reset_ms, connection_id)
+    for ch in charges:
+        await engine.record(pool, ch.key_id, {ch.counter: ch.amount})
 
 
 async def _report_success(
