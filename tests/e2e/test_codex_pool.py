@@ -12,6 +12,8 @@ times its output budget, and a steep rate would make that estimate alone fill th
 
 from __future__ import annotations
 
+from typing import Any
+
 import httpx
 import openai
 import pytest
@@ -30,6 +32,7 @@ WEEKLY = 0.2
 TOKENS_PER_REQUEST = 17
 FIVE_H_STEP = TOKENS_PER_REQUEST * PER_1K / 1000  # 0.017 percentage points
 WEEK_STEP = FIVE_H_STEP * WEEKLY
+HOUR = 3_600_000
 
 
 def codex_config(mock_url: str, access_token: str, keys: dict[str, str], pools: str) -> str:
@@ -128,3 +131,89 @@ def test_responses_client_through_a_codex_pool(
             final = stream.get_final_response()
         assert text == final.output_text
         assert text.startswith("mock reply: stream codex")
+
+
+def test_two_accounts_three_keys_strict_block_and_rollover_at_the_providers_reset(
+    codex_mock: Proc, start_gateway: GatewayFactory
+) -> None:
+    """The wire of the strict-mode and reset story (the behaviour in detail is
+    ``tests/inproc/test_codex_windows.py``): two Codex accounts and three keys share a pool; the
+    mock's ``x-codex-*`` readings turn it strict, attribute the rises and block the key over its
+    share with ``Retry-After`` at the account's reset, which anchors the pool's 5-hour window;
+    moving every process's clock past that reset rolls the keys' shares over with the account's
+    window, while the weekly counts stay."""
+    per_1k = 300.0  # 17 tokens a request: 5.1 % of the 5-hour window, 1.02 % of the week
+    # tokens that outlive the jump to the reset (their refresh is test_oauth_connections')
+    config = {"codex_percent_per_1k_tokens": per_1k, "oauth_access_ttl_s": 86_400.0}
+    httpx.post(codex_mock.url + "/_mock/config", json=config)
+    keys = {"a": new_secret(), "b": new_secret(), "c": new_secret()}
+    tokens = [login(codex_mock, f"acct-{n}")["access_token"] for n in (1, 2)]
+    key_lines = "".join(
+        f"  - {{id: {kid}, name: {kid}, secret: '{secret}'}}\n" for kid, secret in keys.items()
+    )
+    conns = "".join(
+        f"  - {{id: codex-{n}, provider: codex, base_url: '{codex_mock.url}/backend-api/codex',\n"
+        f"     auth_type: oauth, secret: '{token}', models: ['*']}}\n"
+        for n, token in enumerate(tokens, 1)
+    )
+    gw = start_gateway(
+        "server: {default_provider: codex}\n"
+        f"connections:\n{conns}keys:\n{key_lines}"
+        "pools:\n"
+        "  - {id: cx, name: Codex, connections: [codex-1, codex-2],\n"
+        "     dimensions: [{unit: percent, window: 5h, limit: 100},\n"
+        "                  {unit: percent, window: weekly, limit: 100}],\n"
+        "     allocations: [{key: a, weight: 0}, {key: b, weight: 0}, {key: c, weight: 0}]}\n"
+    )
+
+    def ask(who: str) -> httpx.Response:
+        r = httpx.post(
+            gw.url + "/v1/chat/completions",
+            headers={"Authorization": f"Bearer {keys[who]}"},
+            # the output budget prices the admission: the Codex answer is 16 tokens
+            json={
+                "model": "gpt-5-codex",
+                "max_tokens": 16,
+                "messages": [{"role": "user", "content": "x"}],
+            },
+        )
+        TEST_CLOCK.advance(1_100, gw, codex_mock)  # a reading per connection and second
+        return r
+
+    def usage() -> dict[str, dict[str, Any]]:
+        u = httpx.get(gw.url + "/api/quota/pools/cx/usage", headers=ADMIN).json()
+        return {d["key"]: d for d in u["dimensions"]}
+
+    def consumed(u: dict[str, dict[str, Any]], dim: str) -> dict[str, float]:
+        return {k["keyId"]: k["consumed"] for k in u[dim]["keys"] if k["keyId"] in keys}
+
+    for who in ("b", "c"):
+        assert ask(who).status_code == 200
+    blocked = None
+    for _ in range(40):
+        r = ask("a")
+        if r.status_code == 429:
+            blocked = r
+            break
+        assert r.status_code == 200, r.text
+    assert blocked is not None, "a was never blocked"
+    refused_at = TEST_CLOCK.now_ms() - 1_100
+    err = blocked.json()["error"]
+    assert (err["reason"], err["dimension"]) == ("fair-share", "percent/5h")
+    u = usage()
+    five, week = consumed(u, "percent/5h"), consumed(u, "percent/weekly")
+    assert five["a"] >= 200 / 3 > five["b"]
+    assert week["a"] > 0
+    anchored = u["percent/5h"]
+    assert anchored["anchorSource"] in ("codex-1", "codex-2")
+    reset = anchored["resetsAtMs"]
+    # the account's window started at its first use (seconds ago), and resets 5 h after it
+    assert 5 * HOUR - 120_000 < reset - refused_at <= 5 * HOUR
+    assert abs(int(blocked.headers["retry-after"]) - (reset - refused_at) / 1000) <= 2
+
+    TEST_CLOCK.advance(reset - TEST_CLOCK.now_ms() + 1_000, gw, codex_mock)
+    after = usage()
+    assert consumed(after, "percent/5h") == {"a": 0.0, "b": 0.0, "c": 0.0}
+    assert consumed(after, "percent/weekly") == week
+    r = ask("a")
+    assert r.status_code == 200, r.text
