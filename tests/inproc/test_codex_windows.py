@@ -27,6 +27,7 @@ from fairgate.clock import ManualClock
 from fairgate.providers.inprocess import Reply, UpstreamRequest
 from fairgate.providers.mock_codex import CodexWindows, responses_events
 from fairgate.quota.units import Window
+from fairgate.quota.window import Anchor
 from fairgate.timers import ManualTimer
 
 T = 1_782_297_000_000  # 2026-06-24T10:30Z: 2.5 h into an epoch-aligned 5-hour bucket
@@ -119,9 +120,11 @@ async def test_codex_pool_turns_strict_blocks_by_share_and_rolls_over_at_the_pro
         writes: list[str] = []  # the anchor writes: one per window that moves, no more
         real_set_anchor = store.set_anchor
 
-        async def counting(pool_id: str, counter: str, *args: Any) -> Any:
+        async def counting(
+            pool_id: str, counter: str, window_ms: int, reset_ms: int, now_ms: int, source: str
+        ) -> Anchor | None:
             writes.append(counter)
-            return await real_set_anchor(pool_id, counter, *args)
+            return await real_set_anchor(pool_id, counter, window_ms, reset_ms, now_ms, source)
 
         store.set_anchor = counting  # type: ignore[method-assign]
 
