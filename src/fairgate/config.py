@@ -34,7 +34,7 @@ from pydantic import (
 from pydantic.alias_generators import to_camel
 
 from fairgate.quota.model import Policy, ShareMode
-from fairgate.quota.units import Unit, Window
+from fairgate.quota.units import Unit, Window, WindowAnchor
 from fairgate.registry import ANY_MODEL, hash_key
 from fairgate.routing.combo import Combo
 from fairgate.routing.model import GLOBAL_MAX_ATTEMPTS, QTSD_PREFIX, ComboConfig, Target
@@ -227,6 +227,12 @@ class DimensionConfig(_Strict):
     unit: Unit
     window: Window
     limit: Limit
+    window_anchor: WindowAnchor = Field(
+        default=WindowAnchor.PROVIDER,
+        description="provider: a percent window follows the reset the provider's readings "
+        "state (its fair shares roll over when the account's quota does); epoch: the "
+        "epoch-aligned sliding window. Only percent windows get such readings",
+    )
 
 
 class ModelCapConfig(_Strict):

@@ -214,3 +214,38 @@ async def test_codex_pool_turns_strict_blocks_by_share_and_rolls_over_at_the_pro
         # stated reset along, the bucket in use stays
         assert sorted(writes) == ["percent/5h", "percent/5h", "percent/weekly"]
         assert (await usage())["percent/5h"]["resetsAtMs"] == reset_5h + FIVE_H
+
+
+async def test_window_anchor_epoch_keeps_a_percent_window_on_the_epoch_grid(
+    tmp_path: Path,
+) -> None:
+    """``window_anchor: epoch`` (config, admin API): that window ignores the provider's reset;
+    the others still follow it."""
+    timer = ManualTimer(ManualClock(T))
+    backend = CodexBackend(timer.clock)
+    cfg = config()
+    cfg["pools"][0]["dimensions"][0]["window_anchor"] = "epoch"
+    async with gateway(tmp_path, cfg, timer, backend) as h:
+        h.gw.admin_key = ADMIN
+        auth = {"authorization": f"Bearer {ADMIN}"}
+        assert (await h.chat("codex", key=ALICE)).status_code == 200
+        await h.settle_background()
+        r = await h.client.get("/api/quota/pools/cx/usage", headers=auth)
+        dims = {d["key"]: d for d in r.json()["dimensions"]}
+        assert dims["percent/5h"]["anchorSource"] is None
+        assert dims["percent/5h"]["resetsAtMs"] == (T // FIVE_H + 1) * FIVE_H  # 13:00
+        assert dims["percent/weekly"]["anchorSource"] == "codex-1"
+        pool = (await h.client.get("/api/quota/pools/cx", headers=auth)).json()
+        assert [d["windowAnchor"] for d in pool["dimensions"]] == ["epoch", "provider"]
+
+        dims_in: list[dict[str, Any]] = [
+            {"unit": "percent", "window": "5h", "limit": 100, "windowAnchor": "sliding"},
+            {"unit": "percent", "window": "weekly", "limit": 100},
+        ]
+        r = await h.client.patch("/api/quota/pools/cx", json={"dimensions": dims_in}, headers=auth)
+        assert r.status_code == 422, r.text
+        assert "dimensions.0.windowAnchor" in r.text
+        dims_in[0]["windowAnchor"] = "provider"
+        r = await h.client.patch("/api/quota/pools/cx", json={"dimensions": dims_in}, headers=auth)
+        assert r.status_code == 200, r.text
+        assert [d["windowAnchor"] for d in r.json()["dimensions"]] == ["provider", "provider"]

@@ -1004,7 +1004,8 @@
           field("Limit", limit, `${prefix}.${i}.limit`),
           h("div", { class: "row-actions" }, h("button", { type: "button", class: "button small danger", "aria-label": `Remove dimension ${i + 1} (${d.unit} / ${d.window})`, onclick: () => remove(i) }, "Remove")),
         );
-        return { el, read: () => ({ unit: unit.value, window: win.value, limit: limit.value.trim() === "" ? "" : Number(limit.value), limitRaw: limit.value }) };
+        // windowAnchor is not edited here: an existing dimension keeps its own (undefined = the default)
+        return { el, read: () => ({ unit: unit.value, window: win.value, limit: limit.value.trim() === "" ? "" : Number(limit.value), limitRaw: limit.value, windowAnchor: d.windowAnchor }) };
       },
     });
   }
@@ -1083,7 +1084,7 @@
             name: name.value.trim(),
             connections: chosen,
             shareMode: shareMode.value,
-            dimensions: dimItems.map((x) => ({ unit: x.unit, window: x.window, limit: x.limit })),
+            dimensions: dimItems.map((x) => ({ unit: x.unit, window: x.window, limit: x.limit, windowAnchor: x.windowAnchor })),
             allocations: allocItems.map(allocationBody),
           });
         } catch (err) {
@@ -1195,7 +1196,7 @@
     const status = h("p", { class: "notice", role: "status", id: "plan-status" }, message || "");
     const formError = h("p", { class: "alert", role: "alert" });
     const editor = dimensionEditor(
-      plan.dimensions.map((d) => ({ unit: d.unit, window: d.window, limit: d.limit })),
+      plan.dimensions.map((d) => ({ unit: d.unit, window: d.window, limit: d.limit, windowAnchor: d.windowAnchor })),
       "No dimensions: add one to give this connection a plan.",
       "dimensions",
     );
@@ -1244,7 +1245,7 @@
       formError.textContent = "";
       save.disabled = true;
       try {
-        const out = await api("PUT", `/quota/plans/${encodeURIComponent(conn.id)}`, { dimensions: items.map((x) => ({ unit: x.unit, window: x.window, limit: x.limit })) });
+        const out = await api("PUT", `/quota/plans/${encodeURIComponent(conn.id)}`, { dimensions: items.map((x) => ({ unit: x.unit, window: x.window, limit: x.limit, windowAnchor: x.windowAnchor })) });
         replacePlan(out);
         showPlan(`Saved: ${conn.id} now uses an override plan.`);
         $("#plan-save") && $("#plan-save").focus();

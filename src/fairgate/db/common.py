@@ -16,7 +16,7 @@ import orjson
 
 from fairgate.db.base import Database
 from fairgate.quota.model import Dimension, ModelCap
-from fairgate.quota.units import Unit, Window
+from fairgate.quota.units import Unit, Window, WindowAnchor
 
 
 class RepoError(Exception):
@@ -88,12 +88,27 @@ def loads_list(raw: object) -> list[Any]:
 
 
 def dims_to_json(dims: Sequence[Dimension]) -> str:
-    return dumps([{"unit": d.unit.value, "window": d.window.value, "limit": d.limit} for d in dims])
+    """``windowAnchor`` only when it is not the default, so rows written before it read the
+    same."""
+    return dumps([_dim_json(d) for d in dims])
+
+
+def _dim_json(d: Dimension) -> dict[str, object]:
+    out: dict[str, object] = {"unit": d.unit.value, "window": d.window.value, "limit": d.limit}
+    if d.anchor is not WindowAnchor.PROVIDER:
+        out["windowAnchor"] = d.anchor.value
+    return out
 
 
 def dims_from_json(raw: object) -> tuple[Dimension, ...]:
     return tuple(
-        Dimension(Unit(d["unit"]), Window(d["window"]), float(d["limit"])) for d in loads_list(raw)
+        Dimension(
+            Unit(d["unit"]),
+            Window(d["window"]),
+            float(d["limit"]),
+            WindowAnchor(d.get("windowAnchor", WindowAnchor.PROVIDER.value)),
+        )
+        for d in loads_list(raw)
     )
 
 

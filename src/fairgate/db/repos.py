@@ -69,7 +69,7 @@ __all__ = [
 
 
 def dimension_from_config(d: DimensionConfig) -> Dimension:
-    return Dimension(d.unit, d.window, d.limit)
+    return Dimension(d.unit, d.window, d.limit, d.window_anchor)
 
 
 def connection_from_config(c: ConnectionConfig) -> Connection:

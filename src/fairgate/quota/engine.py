@@ -771,7 +771,10 @@ class QuotaEngine:
         cached = self._anchors.get(pool.id)
         if cached is not None and 0 <= now - cached[0] < self.settings.active_refresh_ms:
             return cached[1]
-        anchors = await self.store.anchors(pool.id)
+        stored = await self.store.anchors(pool.id)
+        # a dimension switched to ``window_anchor: epoch`` ignores what the store still holds
+        anchored = {d.key for d in pool.dimensions if d.provider_anchored}
+        anchors = {k: a for k, a in stored.items() if k in anchored}
         self._anchors[pool.id] = (now, anchors)
         return anchors
 

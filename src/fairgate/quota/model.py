@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from fairgate.quota.units import UNKNOWN_LIMIT, Unit, Window
+from fairgate.quota.units import UNKNOWN_LIMIT, Unit, Window, WindowAnchor
 
 
 class Policy(StrEnum):
@@ -38,6 +38,7 @@ class Dimension:
     unit: Unit
     window: Window
     limit: float
+    anchor: WindowAnchor = WindowAnchor.PROVIDER
 
     @property
     def key(self) -> str:
@@ -56,8 +57,9 @@ class Dimension:
     def provider_anchored(self) -> bool:
         """Whether the window follows the provider's stated reset once a reading gives one
         (``fairgate.quota.window``): percent windows are a subscription's, counted from the
-        account's first use; requests, tokens and usd stay epoch-aligned."""
-        return self.unit is Unit.PERCENT
+        account's first use; requests, tokens and usd stay epoch-aligned, and so does a percent
+        window configured with ``window_anchor: epoch``."""
+        return self.unit is Unit.PERCENT and self.anchor is WindowAnchor.PROVIDER
 
 
 def unenforced_message(dims: tuple[Dimension, ...]) -> str | None:

@@ -12,6 +12,15 @@ class Unit(StrEnum):
     USD = "usd"
 
 
+class WindowAnchor(StrEnum):
+    """Where a dimension's windows start: at the provider's stated reset once a reading gives
+    one (``provider``, the default; only percent windows get such readings), or always on the
+    epoch-aligned grid (``epoch``). See ``fairgate.quota.window``."""
+
+    PROVIDER = "provider"
+    EPOCH = "epoch"
+
+
 class Window(StrEnum):
     HOURLY = "hourly"
     FIVE_HOURS = "5h"

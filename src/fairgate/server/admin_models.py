@@ -44,7 +44,7 @@ from fairgate.config import (
 from fairgate.db.pools import PoolRecord
 from fairgate.quota.decision import Outcome, Reason
 from fairgate.quota.model import Allocation, Dimension, ModelCap, Policy, ShareMode
-from fairgate.quota.units import Unit, Window
+from fairgate.quota.units import Unit, Window, WindowAnchor
 from fairgate.quota.usage import PoolUsage
 from fairgate.registry import ClientKey, Connection
 
@@ -78,13 +78,18 @@ class DimensionIn(ApiModel):
     unit: Unit
     window: Window
     limit: Limit
+    window_anchor: WindowAnchor = Field(
+        default=WindowAnchor.PROVIDER,
+        description="provider: a percent window follows the reset the provider states; "
+        "epoch: the epoch-aligned sliding window",
+    )
 
     def to_domain(self) -> Dimension:
-        return Dimension(self.unit, self.window, self.limit)
+        return Dimension(self.unit, self.window, self.limit, self.window_anchor)
 
     @classmethod
     def of(cls, d: Dimension) -> DimensionIn:
-        return cls(unit=d.unit, window=d.window, limit=d.limit)
+        return cls(unit=d.unit, window=d.window, limit=d.limit, window_anchor=d.anchor)
 
 
 def _unique_dims(dims: list[DimensionIn]) -> list[DimensionIn]:
@@ -99,10 +104,18 @@ class DimensionOut(ApiModel):
     window: Window
     limit: float
     enforced: bool = Field(description="False when the limit is unknown (0): shown, not enforced")
+    window_anchor: WindowAnchor = WindowAnchor.PROVIDER
 
     @classmethod
     def of(cls, d: Dimension) -> DimensionOut:
-        return cls(key=d.key, unit=d.unit, window=d.window, limit=d.limit, enforced=d.known)
+        return cls(
+            key=d.key,
+            unit=d.unit,
+            window=d.window,
+            limit=d.limit,
+            enforced=d.known,
+            window_anchor=d.anchor,
+        )
 
 
 class ModelCapIn(ApiModel):
