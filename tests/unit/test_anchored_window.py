@@ -6,6 +6,9 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
+from fairgate.quota.decision import compile_checks
+from fairgate.quota.model import Allocation, Dimension, Pool
+from fairgate.quota.units import Unit, Window, WindowAnchor
 from fairgate.quota.window import (
     ANCHOR_TOLERANCE_MS,
     Anchor,
@@ -146,3 +149,26 @@ def test_the_index_in_use_never_goes_back(steps: list[tuple[int, int, str]]) -> 
         assert bucket_index(now, W, anchor) >= before
         assert now < window_end_ms(now, W, anchor) <= now + W
         now += advance
+
+
+def test_checks_carry_an_anchor_only_for_provider_anchored_dimensions() -> None:
+    """``compile_checks`` is the one place a dimension gets its anchor: a percent window with
+    the default ``window_anchor``, never an epoch one, another unit or a model cap."""
+    pool = Pool(
+        id="p",
+        name="p",
+        provider="codex",
+        connections=("codex-1",),
+        dimensions=(
+            Dimension(Unit.PERCENT, Window.FIVE_HOURS, 100),
+            Dimension(Unit.PERCENT, Window.WEEKLY, 100, WindowAnchor.EPOCH),
+            Dimension(Unit.REQUESTS, Window.FIVE_HOURS, 100),
+        ),
+        allocations=(Allocation("a", 100),),
+    )
+    anchors = {"percent/5h": A, "percent/weekly": A, "requests/5h": A}
+    alloc = pool.allocation("a")
+    assert alloc is not None
+    checks = compile_checks(pool, alloc, {Unit.PERCENT: 1.0}, anchors=anchors)
+    assert [c.anchor for c in checks] == [A, None, None]
+    assert [c.anchor for c in compile_checks(pool, alloc, {})] == [None, None, None]

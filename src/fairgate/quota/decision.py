@@ -608,8 +608,9 @@ def compile_checks(
     Unknown-limit dimensions are skipped. ``signals`` maps a dimension key to the provider's
     reported used fraction for it. ``levels`` are the water-filling levels of ``active`` mode
     (from :func:`active_levels`; computed over an active set that includes this key).
-    ``anchors``: the pool's provider-anchored windows by dimension key (the others, and model
-    caps, stay epoch-aligned).
+    ``anchors``: the pool's provider-anchored windows by dimension key; dimensions that are not
+    :attr:`~fairgate.quota.model.Dimension.provider_anchored` (``window_anchor: epoch``, other
+    units) and model caps stay epoch-aligned whatever the store holds.
     """
     out: list[DimensionCheck] = []
     for dim in pool.enforced_dimensions():
@@ -628,7 +629,7 @@ def compile_checks(
                 cost=float(cost.get(dim.unit, 0.0)),
                 signal=float((signals or {}).get(dim.key, 0.0)),
                 reserve=max(0.0, float((reserves or {}).get(dim.key, 0.0))),
-                anchor=None if anchors is None else anchors.get(dim.key),
+                anchor=anchors.get(dim.key) if anchors and dim.provider_anchored else None,
             )
         )
     for mc in alloc.model_cap(model):

@@ -346,7 +346,8 @@ class QuotaEngine:
         ticket = None
         try:
             alloc = pool.allocation(key_id) or Allocation(key_id, 0.0, policy=Policy.HARD)
-            checks = compile_checks(pool, alloc, cost, model=model)
+            anchors = self._cached_anchors(pool.id)
+            checks = compile_checks(pool, alloc, cost, model=model, anchors=anchors)
             if checks:
                 ticket = Ticket(pool.id, key_id, self._new_id(), checks, reserved=False)
         except Exception as exc:  # the pool itself is broken: nothing to charge
