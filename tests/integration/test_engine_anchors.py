@@ -5,6 +5,7 @@ an admission's status and usage name the provider's reset."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -60,16 +61,27 @@ async def test_a_reading_anchors_only_its_own_percent_window(
     assert usage["requests/5h"].resets_at_ms == (T // W + 1) * W  # the epoch bucket's turn
 
 
+async def _replica(store: QuotaStore, tmp_path: Path, request: pytest.FixtureRequest) -> Any:
+    """A second store on the same backend (another gateway process)."""
+    if isinstance(store, SqliteQuotaStore):
+        return SqliteQuotaStore(tmp_path / "quota.sqlite")
+    from fairgate.store.redis import RedisQuotaStore
+
+    url: str = request.getfixturevalue("redis_url")
+    prefix: str = request.getfixturevalue("redis_prefix")
+    return RedisQuotaStore(url, prefix=prefix)
+
+
 async def test_replicas_count_in_the_window_one_of_them_anchored(
-    tmp_path: Path, clock: ManualClock
+    store: QuotaStore, tmp_path: Path, clock: ManualClock, request: pytest.FixtureRequest
 ) -> None:
-    """Two gateway processes on one SQLite file: the reading reaches one; the other follows the
+    """Two gateway processes on one store: the reading reaches one; the other follows the
     anchor within ``active_refresh_ms`` and blocks and releases the key at the provider's
     reset, not at the epoch bucket's turn (13:00)."""
     clock.set(T)
     settings = QuotaSettings(active_refresh_ms=1_000)
-    first = SqliteQuotaStore(tmp_path / "quota.sqlite")
-    second = SqliteQuotaStore(tmp_path / "quota.sqlite")
+    first = store
+    second = await _replica(store, tmp_path, request)
     try:
         a = QuotaEngine(first, clock=clock, settings=settings)
         b = QuotaEngine(second, clock=clock, settings=settings)
@@ -90,7 +102,6 @@ async def test_replicas_count_in_the_window_one_of_them_anchored(
         adm = await b.admit(pool, "a", {Unit.PERCENT: 1.0})
         assert adm.outcome is Outcome.ALLOW
     finally:
-        await first.close()
         await second.close()
 
 
