@@ -19,7 +19,8 @@ but gives them no share).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import heapq
+from collections.abc import Mapping, Sequence
 from fractions import Fraction
 
 
@@ -114,55 +115,103 @@ def exact_dominant_resource_fair(
         raise ValueError("weights, costs and demands must have the same length")
     if any(len(row) != len(caps) for row in cost):
         raise ValueError("every key needs one cost per dimension")
+    rows = [{d: c for d, c in enumerate(row) if c != 0} for row in cost]
+    dominant = [
+        max((row[d] / caps[d] for d in range(len(caps)) if caps[d] > 0), default=Fraction(0))
+        for row in cost
+    ]
+    return exact_progressive_filling(caps, weights, rows, want, dominant)
+
+
+def exact_progressive_filling(
+    caps: Sequence[Fraction],
+    weights: Sequence[float],
+    rows: Sequence[Mapping[int, Fraction]],
+    want: Sequence[Fraction],
+    dominant: Sequence[Fraction],
+) -> list[Fraction]:
+    """Weighted progressive filling over sparse constraints, exactly (fractions).
+
+    The general form of :func:`exact_dominant_resource_fair`, for the ideal across windows
+    (:func:`fairgate.sim.fairness.dominant_window_figures`): a *claimant* ``i`` (there: one key
+    in one window) asks ``want[i]`` units, each taking ``rows[i][c]`` of constraint ``c``
+    (capacity ``caps[c]``: a dimension in one window, a longer dimension over all the windows
+    of one of its buckets, a key's cap over a bucket); ``dominant[i]`` is one unit's dominant
+    share. Raise a level ``t``: every claimant holds ``t × weight / dominant`` units; one stops
+    when its demand is met or any constraint it uses is full. Weight-0 claimants share what is
+    left afterwards, max-min among themselves. Non-negative inputs, zero costs left out of
+    ``rows``.
+
+    Events are kept in a heap (a claimant's demand, a constraint's saturation, re-timed when a
+    claimant using it stops), so the cost is O((claimants × constraints per claimant +
+    constraints) × log) rather than a pass over every claimant at every event.
+    """
+    n = len(weights)
+    if len(want) != n or len(rows) != n or len(dominant) != n:
+        raise ValueError("weights, rows, demands and dominant shares must have the same length")
     alloc = [Fraction(0)] * n
+    used = [Fraction(0)] * len(caps)
     weighted = {i: Fraction(weights[i]) for i in range(n) if weights[i] > 0}
-    _progressive_fill(caps, cost, weighted, want, alloc)
+    _heap_fill(caps, rows, dominant, weighted, want, alloc, used)
     unweighted = {i: Fraction(1) for i in range(n) if weights[i] <= 0}
     if unweighted:
-        _progressive_fill(caps, cost, unweighted, want, alloc)
+        _heap_fill(caps, rows, dominant, unweighted, want, alloc, used)
     return alloc
 
 
-def _progressive_fill(
+def _heap_fill(
     caps: Sequence[Fraction],
-    cost: Sequence[Sequence[Fraction]],
-    weights: dict[int, Fraction],
+    rows: Sequence[Mapping[int, Fraction]],
+    dominant: Sequence[Fraction],
+    weights: Mapping[int, Fraction],
     want: Sequence[Fraction],
     alloc: list[Fraction],
+    used: list[Fraction],
 ) -> None:
-    """Fill ``weights``' members into ``alloc`` from what ``alloc`` leaves of ``caps``."""
-    dims = range(len(caps))
-    used = [sum((alloc[i] * cost[i][d] for i in range(len(alloc))), Fraction(0)) for d in dims]
-    full = {d for d in dims if used[d] >= caps[d]}
+    """One phase of :func:`exact_progressive_filling`: fill ``weights``' members into
+    ``alloc`` from what ``used`` leaves of ``caps`` (both updated)."""
     rate: dict[int, Fraction] = {}
     for i, w in weights.items():
-        if want[i] <= alloc[i]:
+        if want[i] <= alloc[i] or any(used[c] >= caps[c] for c in rows[i]):
             continue
-        if any(cost[i][d] > 0 and d in full for d in dims):
-            continue
-        dom = max((cost[i][d] / caps[d] for d in dims if caps[d] > 0), default=Fraction(0))
-        if all(c == 0 for c in cost[i]):  # costs nothing anywhere: it gets what it asks
+        if not rows[i]:  # costs nothing anywhere: it gets what it asks
             alloc[i] = want[i]
             continue
-        if dom == 0:  # uses only dimensions of capacity 0 (full from the start)
-            continue
-        rate[i] = w / dom
+        if dominant[i] > 0:
+            rate[i] = w / dominant[i]
+    users: dict[int, list[int]] = {}
+    c_rate: dict[int, Fraction] = {}
+    for i, r in rate.items():
+        for c, cost in rows[i].items():
+            users.setdefault(c, []).append(i)
+            c_rate[c] = c_rate.get(c, Fraction(0)) + r * cost
+    since = dict.fromkeys(c_rate, Fraction(0))  # the level ``used[c]`` was last brought to
+    version = dict.fromkeys(c_rate, 0)
     base = {i: alloc[i] for i in rate}
-    t = Fraction(0)
-    while rate:
-        events = [(want[i] - base[i]) / r for i, r in rate.items()]
-        for d in dims:
-            r_d = sum((r * cost[i][d] for i, r in rate.items()), Fraction(0))
-            if r_d > 0:
-                events.append(t + (caps[d] - used[d]) / r_d)
-        step = min(events)
-        for i, r in rate.items():
-            delta = r * (step - t)
-            for d in dims:
-                used[d] += delta * cost[i][d]
-            alloc[i] = base[i] + r * step
-        t = step
-        saturated = {d for d in dims if used[d] >= caps[d]}
-        for i in list(rate):
-            if alloc[i] >= want[i] or any(cost[i][d] > 0 for d in saturated):
-                del rate[i]
+    # (level, kind, index, version): kind 0 a claimant's demand, 1 a constraint's saturation
+    heap: list[tuple[Fraction, int, int, int]] = [
+        (t, 0, i, 0) for i, r in rate.items() if (t := (want[i] - base[i]) / r) >= 0
+    ]
+    heap += [(s, 1, c, 0) for c, cr in c_rate.items() if (s := (caps[c] - used[c]) / cr) >= 0]
+    heapq.heapify(heap)
+    while heap and rate:
+        level = heap[0][0]
+        met: set[int] = set()
+        while heap and heap[0][0] == level:
+            _, kind, idx, ver = heapq.heappop(heap)
+            if kind == 0 and idx in rate:
+                met.add(idx)
+            elif kind == 1 and ver == version[idx]:
+                met.update(i for i in users[idx] if i in rate)
+        for i in met:
+            r = rate.pop(i)
+            alloc[i] = base[i] + r * level
+            for c, cost in rows[i].items():
+                used[c] += c_rate[c] * (level - since[c])
+                since[c] = level
+                c_rate[c] -= r * cost
+                version[c] += 1
+                if c_rate[c] > 0:
+                    heapq.heappush(
+                        heap, (level + (caps[c] - used[c]) / c_rate[c], 1, c, version[c])
+                    )
