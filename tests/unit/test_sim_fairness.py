@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from fractions import Fraction
+
 import pytest
 
 from fairgate.sim.fairness import (
+    LongerWindow,
     WindowFigures,
+    dominant_window_figures,
     jain,
     summarize,
     well_behaved_keys,
@@ -98,3 +102,59 @@ def test_well_behaved_keys_never_ask_beyond_their_share() -> None:
         [{"a": 50, "b": 20}, {"a": 40, "b": 50}],
     )
     assert well_behaved_keys(w, {"a": 50, "b": 50, "c": 0}) == ["b"]
+
+
+def _two_windows(weekly: float, longer: bool) -> list[WindowFigures]:
+    """docs/fairness.md's example: 100 requests per 5 hours and ``weekly`` a week; A asks 100
+    in both windows, B 100 in the second."""
+    dims = {"requests/5h": 100.0, "requests/weekly": weekly}
+    demand = [
+        {d: {"A": 100.0} for d in dims},
+        {d: {"A": 100.0, "B": 100.0} for d in dims},
+    ]
+    spans = {"requests/weekly": LongerWindow(buckets=[0, 0], per_window=Fraction(5, 168))}
+    return dominant_window_figures(
+        dims, {"A": 50, "B": 50}, {}, demand, demand, spans if longer else None
+    )
+
+
+def test_a_weekly_budget_is_shared_across_the_windows() -> None:
+    w1, w2 = _two_windows(120, longer=True)
+    # one level for the three (key, window) pairs: 40 each, the week full, window 2 not
+    assert w1.ideal == {"A": 40, "B": 0}
+    assert w2.ideal == {"A": 40, "B": 40}
+    assert w1.ideal_by_dim["requests/weekly"]["A"] == 40
+    # the week sustains 120 × 5/168 = 3.6 a window: every key's dominant dimension
+    assert w2.dominant == {"A": "requests/weekly", "B": "requests/weekly"}
+    assert w2.capacities["requests/weekly"] == pytest.approx(120 * 5 / 168)
+    assert w2.bottleneck == "requests/weekly"
+    # each window on its own would hand out 200, past the week's 120
+    v1, v2 = _two_windows(120, longer=False)
+    assert v1.ideal == {"A": 100, "B": 0}
+    assert v2.ideal == {"A": 50, "B": 50}
+
+
+def test_a_budget_that_does_not_bind_leaves_every_window_on_its_own() -> None:
+    # a week of 10,000: the 5-hour windows bind, and the ideal is theirs, to the last bit
+    across = _two_windows(10_000, longer=True)
+    alone = window_figures(
+        100, {"A": 50, "B": 50}, {}, [w.demand for w in across], [w.admitted for w in across]
+    )
+    assert [w.ideal for w in across] == [w.ideal for w in alone]
+    assert [w.ideal for w in across] == [{"A": 100, "B": 0}, {"A": 50, "B": 50}]
+
+
+def test_a_cap_holds_over_the_longer_window_too() -> None:
+    # A capped at 60 requests (per 5 hours and per week, as the engine applies a cap to every
+    # dimension of its unit): 30 + 30 over the week, B takes what A leaves of the 120
+    dims = {"requests/5h": 100.0, "requests/weekly": 120.0}
+    demand = [{d: {"A": 100.0} for d in dims}, {d: {"A": 100.0, "B": 100.0} for d in dims}]
+    w1, w2 = dominant_window_figures(
+        dims,
+        {"A": 50, "B": 50},
+        {"A": {"requests/5h": 60, "requests/weekly": 60}},
+        demand,
+        demand,
+        {"requests/weekly": LongerWindow(buckets=[0, 0], per_window=Fraction(5, 168))},
+    )
+    assert (w1.ideal["A"], w2.ideal["A"], w2.ideal["B"]) == (30, 30, 60)

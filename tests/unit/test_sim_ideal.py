@@ -3,13 +3,20 @@
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from fairgate.quota.decision import water_fill_level
-from fairgate.sim.ideal import dominant_resource_fair, max_min_fair, water_level
+from fairgate.sim.ideal import (
+    dominant_resource_fair,
+    exact_dominant_resource_fair,
+    exact_progressive_filling,
+    max_min_fair,
+    water_level,
+)
 
 
 def test_equal_weights_unbounded_demand_split_equally() -> None:
@@ -124,3 +131,91 @@ def test_drf_a_satisfied_key_leaves_the_rest_and_zero_weight_keys_come_last() ->
 def test_drf_rejects_mismatched_inputs() -> None:
     with pytest.raises(ValueError, match="one cost per dimension"):
         dominant_resource_fair([1, 2], [1], [[1]], [1])
+
+
+def _reference_drf(
+    caps: list[Fraction], weights: list[float], cost: list[list[Fraction]], want: list[Fraction]
+) -> list[Fraction]:
+    """The dense progressive filling the ideal used before the event heap: every event
+    recomputed over every key and dimension. The heap must give the same fractions."""
+    alloc = [Fraction(0)] * len(weights)
+    for phase in (
+        {i: Fraction(w) for i, w in enumerate(weights) if w > 0},
+        {i: Fraction(1) for i, w in enumerate(weights) if w <= 0},
+    ):
+        dims = range(len(caps))
+        used = [sum((alloc[i] * cost[i][d] for i in range(len(alloc))), Fraction(0)) for d in dims]
+        rate: dict[int, Fraction] = {}
+        for i, w in phase.items():
+            if want[i] <= alloc[i] or any(cost[i][d] > 0 and used[d] >= caps[d] for d in dims):
+                continue
+            if all(c == 0 for c in cost[i]):
+                alloc[i] = want[i]
+                continue
+            dom = max((cost[i][d] / caps[d] for d in dims if caps[d] > 0), default=Fraction(0))
+            if dom > 0:
+                rate[i] = w / dom
+        base = {i: alloc[i] for i in rate}
+        t = Fraction(0)
+        while rate:
+            events = [(want[i] - base[i]) / r for i, r in rate.items()]
+            for d in dims:
+                r_d = sum((r * cost[i][d] for i, r in rate.items()), Fraction(0))
+                if r_d > 0:
+                    events.append(t + (caps[d] - used[d]) / r_d)
+            step = min(events)
+            for i, r in rate.items():
+                for d in dims:
+                    used[d] += r * (step - t) * cost[i][d]
+                alloc[i] = base[i] + r * step
+            t = step
+            for i in list(rate):
+                if alloc[i] >= want[i] or any(cost[i][d] > 0 and used[d] >= caps[d] for d in dims):
+                    del rate[i]
+    return alloc
+
+
+_small = st.sampled_from([0, 1, 2, 7, 10, 50, 100, 333, 1000])
+
+
+@given(
+    st.lists(_small, min_size=1, max_size=3).flatmap(
+        lambda caps: st.tuples(
+            st.just(caps),
+            st.lists(
+                st.tuples(
+                    st.sampled_from([0, 1, 5, 25, 40]),
+                    st.lists(_small, min_size=len(caps), max_size=len(caps)),
+                    _small,
+                ),
+                max_size=6,
+            ),
+        )
+    )
+)
+def test_the_event_heap_gives_the_dense_fillings_fractions(
+    case: tuple[list[int], list[tuple[int, list[int], int]]],
+) -> None:
+    caps, members = case
+    fcaps = [Fraction(c) for c in caps]
+    weights = [float(w) for w, _, _ in members]
+    cost = [[Fraction(c) for c in row] for _, row, _ in members]
+    want = [Fraction(d) for _, _, d in members]
+    exact = exact_dominant_resource_fair(fcaps, weights, cost, want)
+    assert exact == _reference_drf(fcaps, weights, cost, want)
+
+
+def test_progressive_filling_shares_a_budget_across_windows() -> None:
+    # docs/fairness.md's example: 100 per 5 hours, 120 a week; A asks 100 in both windows, B 100
+    # in the second. Constraints: window 1, window 2, the week. Every claimant costs 1 of its
+    # window and 1 of the week, and has the same dominant share: max-min over the three.
+    one = Fraction(1)
+    rows = [{0: one, 2: one}, {1: one, 2: one}, {1: one, 2: one}]  # A in 1, A in 2, B in 2
+    alloc = exact_progressive_filling(
+        [Fraction(100), Fraction(100), Fraction(120)],
+        [1, 1, 1],
+        rows,
+        [Fraction(100)] * 3,
+        [Fraction(1, 100)] * 3,
+    )
+    assert alloc == [40, 40, 40]

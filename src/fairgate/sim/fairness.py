@@ -31,7 +31,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
 
-from fairgate.sim.ideal import exact_dominant_resource_fair, max_min_fair
+from fairgate.sim.ideal import (
+    exact_dominant_resource_fair,
+    exact_progressive_filling,
+    max_min_fair,
+)
 
 
 def jain(xs: Sequence[float]) -> float:
@@ -133,32 +137,57 @@ def window_figures(
     return out
 
 
+@dataclass(frozen=True, slots=True)
+class LongerWindow:
+    """A measured dimension whose window is longer than the measurement windows (a weekly
+    budget beside 5-hour ones): its budget spans the windows of each of its buckets."""
+
+    #: the dimension's bucket of each measurement window (the one the window starts in)
+    buckets: Sequence[int]
+    #: a measurement window's length over the dimension's window (5 h / 168 h): the share of
+    #: the budget one window sustains, which a key's dominant share is measured against
+    per_window: Fraction
+
+
 def dominant_window_figures(
     capacities: Mapping[str, float],
     weights: Mapping[str, float],
-    caps: Mapping[str, tuple[str, float] | None],
+    caps: Mapping[str, Mapping[str, float]],
     demand: Sequence[Mapping[str, Mapping[str, float]]],
     admitted: Sequence[Mapping[str, Mapping[str, float]]],
+    longer: Mapping[str, LongerWindow] | None = None,
 ) -> list[WindowFigures]:
-    """Several dimensions of the same window: the weighted dominant-resource-fair ideal of
-    every window (:func:`~fairgate.sim.ideal.dominant_resource_fair`), beside what was asked
-    and admitted in it, per dimension.
+    """The weighted dominant-resource-fair ideal of every window
+    (:func:`~fairgate.sim.ideal.dominant_resource_fair`), beside what was asked and admitted
+    in it, per dimension.
 
     ``capacities`` by dimension name, the first the primary; ``demand[w][dim][key]`` and
-    ``admitted[w][dim][key]`` in each dimension's unit; ``caps`` a key's cap as ``(dimension,
-    value)``. A key's requests in a window cost, per dimension, what it asked there divided by
-    what it asked in the primary one (its average request, e.g. 1 request and 3,400 tokens),
-    so the ideal is in primary units and multiplied back out per dimension. With one
-    dimension it is the max-min ideal of :func:`window_figures`, exactly (the arithmetic is
-    rational); with several where only one binds, too.
+    ``admitted[w][dim][key]`` in each dimension's unit; ``caps[key]`` a key's cap per
+    dimension it applies to. A key's requests in a window cost, per dimension, what it asked
+    there divided by what it asked in the primary one (its average request, e.g. 1 request
+    and 3,400 tokens), so the ideal is in primary units and multiplied back out per
+    dimension. With one dimension it is the max-min ideal of :func:`window_figures`, exactly
+    (the arithmetic is rational); with several where only one binds, too.
+
+    Dimensions named in ``longer`` (their capacity is the whole budget of one of their
+    buckets) make the ideal one across windows: :func:`_across_windows`. Without them every
+    window is filled on its own, as before, to the last bit.
     """
     dims = list(capacities)
     primary = dims[0]
     keys = list(weights)
-    out: list[WindowFigures] = []
-    for i, (want, got) in enumerate(zip(demand, admitted, strict=True)):
+    longer = longer or {}
+    per_window = {
+        d: Fraction(capacities[d]) * (longer[d].per_window if d in longer else 1) for d in dims
+    }
+    asked_w: list[dict[str, dict[str, float]]] = []
+    took_w: list[dict[str, dict[str, float]]] = []
+    costs_w: list[list[list[Fraction]]] = []
+    bounds_w: list[list[Fraction]] = []
+    for want, got in zip(demand, admitted, strict=True):
         asked = {d: {k: want.get(d, {}).get(k, 0.0) for k in keys} for d in dims}
-        took = {d: {k: got.get(d, {}).get(k, 0.0) for k in keys} for d in dims}
+        asked_w.append(asked)
+        took_w.append({d: {k: got.get(d, {}).get(k, 0.0) for k in keys} for d in dims})
         costs: list[list[Fraction]] = []
         bounds: list[Fraction] = []
         for k in keys:
@@ -166,18 +195,29 @@ def dominant_window_figures(
             row = [Fraction(max(0.0, asked[d][k])) / n if n > 0 else Fraction(0) for d in dims]
             costs.append(row)
             bound = n
-            cap = caps.get(k)
-            if cap is not None and cap[0] in capacities:
-                per = row[dims.index(cap[0])]
+            for d, cap in caps.get(k, {}).items():
+                per = row[dims.index(d)] if d in capacities and d not in longer else 0
                 if per > 0:
-                    bound = min(bound, Fraction(max(0.0, cap[1])) / per)
+                    bound = min(bound, Fraction(max(0.0, cap)) / per)
             bounds.append(bound)
-        alloc = exact_dominant_resource_fair(
-            [Fraction(max(0.0, capacities[d])) for d in dims],
-            [weights[k] for k in keys],
-            costs,
-            bounds,
-        )
+        costs_w.append(costs)
+        bounds_w.append(bounds)
+    if longer:
+        allocs = _across_windows(capacities, weights, caps, costs_w, bounds_w, longer, per_window)
+    else:
+        allocs = [
+            exact_dominant_resource_fair(
+                [Fraction(max(0.0, capacities[d])) for d in dims],
+                [weights[k] for k in keys],
+                costs,
+                bounds,
+            )
+            for costs, bounds in zip(costs_w, bounds_w, strict=True)
+        ]
+    out: list[WindowFigures] = []
+    for i, (asked, took, costs, alloc) in enumerate(
+        zip(asked_w, took_w, costs_w, allocs, strict=True)
+    ):
         ideal = {
             d: {k: float(a * costs[j][x]) for j, (k, a) in enumerate(zip(keys, alloc, strict=True))}
             for x, d in enumerate(dims)
@@ -185,7 +225,7 @@ def dominant_window_figures(
         dominant = {}
         for j, k in enumerate(keys):
             if asked[primary][k] > 0:
-                shares = [costs[j][x] / Fraction(capacities[d]) for x, d in enumerate(dims)]
+                shares = [costs[j][x] / per_window[d] for x, d in enumerate(dims)]
                 dominant[k] = dims[shares.index(max(shares))]
         out.append(
             WindowFigures(
@@ -194,13 +234,88 @@ def dominant_window_figures(
                 demand=asked[primary],
                 ideal=ideal[primary],
                 admitted=took[primary],
-                capacities=dict(capacities),
+                capacities={d: float(per_window[d]) for d in dims},
                 demand_by_dim=asked,
                 ideal_by_dim=ideal,
                 admitted_by_dim=took,
                 dominant=dominant,
             )
         )
+    return out
+
+
+def _across_windows(
+    capacities: Mapping[str, float],
+    weights: Mapping[str, float],
+    caps: Mapping[str, Mapping[str, float]],
+    costs_w: Sequence[Sequence[Sequence[Fraction]]],
+    bounds_w: Sequence[Sequence[Fraction]],
+    longer: Mapping[str, LongerWindow],
+    per_window: Mapping[str, Fraction],
+) -> list[list[Fraction]]:
+    """The ideal across windows: one progressive filling over every (key, window) pair of
+    the run (:func:`~fairgate.sim.ideal.exact_progressive_filling`).
+
+    A pair asks what the key asked in the window (bounded by its cap there); its requests
+    take, per window, their cost of that window's own dimensions and, per longer dimension,
+    of that dimension's budget over the bucket the window belongs to (and of the key's cap
+    over that bucket, where it has one). A pair's dominant share is its largest cost over
+    the window's capacity, a longer dimension's counted at the share of its budget one
+    window sustains (``per_window``). Raising one level for every pair at once shares a
+    weekly budget over the windows by the same rule that shares each window over the keys:
+    no pair can get more without taking from one whose dominant share, per weight, is no
+    larger. A window whose dimensions all share its window is independent of the others, so
+    without longer dimensions this is every window filled on its own.
+    """
+    dims = list(capacities)
+    keys = list(weights)
+    short = [x for x, d in enumerate(dims) if d not in longer]
+    constraint: dict[tuple[object, ...], int] = {}
+    limits: list[Fraction] = []
+
+    def index(name: tuple[object, ...], cap: float) -> int:
+        if name not in constraint:
+            constraint[name] = len(limits)
+            limits.append(Fraction(max(0.0, cap)))
+        return constraint[name]
+
+    pairs: list[tuple[int, int]] = []
+    rows: list[dict[int, Fraction]] = []
+    dominant: list[Fraction] = []
+    for w, (costs, bounds) in enumerate(zip(costs_w, bounds_w, strict=True)):
+        for j, k in enumerate(keys):
+            if bounds[j] <= 0:
+                continue
+            row: dict[int, Fraction] = {}
+            for x in short:
+                if costs[j][x] > 0:
+                    row[index(("dim", dims[x], w), capacities[dims[x]])] = costs[j][x]
+            for d, spec in longer.items():
+                c = costs[j][dims.index(d)]
+                if c <= 0:
+                    continue
+                b = spec.buckets[w]
+                row[index(("dim", d, b), capacities[d])] = c
+                if d in caps.get(k, {}):
+                    row[index(("cap", k, d, b), caps[k][d])] = c
+            pairs.append((w, j))
+            rows.append(row)
+            dominant.append(
+                max(
+                    (costs[j][x] / per_window[d] for x, d in enumerate(dims) if per_window[d] > 0),
+                    default=Fraction(0),
+                )
+            )
+    alloc = exact_progressive_filling(
+        limits,
+        [weights[keys[j]] for _, j in pairs],
+        rows,
+        [bounds_w[w][j] for w, j in pairs],
+        dominant,
+    )
+    out = [[Fraction(0)] * len(keys) for _ in costs_w]
+    for (w, j), a in zip(pairs, alloc, strict=True):
+        out[w][j] = a
     return out
 
 

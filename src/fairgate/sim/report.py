@@ -58,6 +58,15 @@ def _pct(x: float) -> str:
     return f"{x * 100:.1f} %"
 
 
+def _dim_labels(names: list[str]) -> list[str]:
+    """Short column labels of dimension names (``req`` for ``requests/hourly``), with the
+    window where units repeat (``req/5h`` beside ``req/weekly``)."""
+    short = [n[:3] for n in names]
+    if len(set(short)) == len(short):
+        return short
+    return [f"{n[:3]}/{n.rpartition('/')[2]}" for n in names]
+
+
 def scenario_table(result: ScenarioResult) -> Table:
     """One row per policy; narrow enough for an 80-column terminal."""
     sc = result.scenario
@@ -102,7 +111,14 @@ def scenario_table(result: ScenarioResult) -> Table:
         ]
         if per_dim:
             cells.append(
-                "\n".join(f"{d[:3]} {u * 100:.1f}%" for d, u in m.utilisation_by_dim.items())
+                "\n".join(
+                    f"{label} {u * 100:.1f}%"
+                    for label, u in zip(
+                        _dim_labels(list(m.utilisation_by_dim)),
+                        m.utilisation_by_dim.values(),
+                        strict=True,
+                    )
+                )
             )
         table.add_row(*cells)
     return table
@@ -150,7 +166,8 @@ def print_results(results: Sequence[ScenarioResult], console: Console) -> None:
             )
     console.print(
         "[dim]Ideal: weighted dominant-resource-fair over the pool's dimensions of the first "
-        "one's window (max-min fair when one dimension binds). Jain: over keys with demand, "
+        "one's window and longer ones, a longer one's budget shared over its windows by the "
+        "same filling (max-min fair when one dimension binds). Jain: over keys with demand, "
         "of admitted ÷ ideal in each key's dominant dimension, summed over the run; worst "
         "window: the same per window. Utilisation: admitted ÷ what the ideal hands out in "
         "each window's bottleneck dimension (per dimension: in that one). Overshoot: peak "

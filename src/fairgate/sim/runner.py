@@ -14,6 +14,7 @@ seed gives the same figures on every run and either driver.
 
 from __future__ import annotations
 
+import math
 import os
 import random
 import tempfile
@@ -22,13 +23,21 @@ import uuid
 from collections import defaultdict, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from fractions import Fraction
 from pathlib import Path
 
 from rich.progress import Progress
 
 from fairgate.clock import ManualClock
 from fairgate.quota.units import Unit
-from fairgate.sim.fairness import Metrics, WindowFigures, dominant_window_figures, summarize
+from fairgate.quota.window import bucket_index
+from fairgate.sim.fairness import (
+    LongerWindow,
+    Metrics,
+    WindowFigures,
+    dominant_window_figures,
+    summarize,
+)
 from fairgate.sim.policies import (
     ENGINE_POLICIES,
     POLICY_NAMES,
@@ -81,19 +90,38 @@ class ScenarioResult:
 
 
 def start_ms(scenario: Scenario) -> int:
-    w = scenario.primary.window.ms
+    """The first instant after :data:`EPOCH_MS` on a boundary of every dimension's window
+    (their least common multiple: 1 h for hourly dimensions, 840 h for 5-hour beside weekly),
+    so the measurement windows are the counters' own buckets and a longer dimension's bucket
+    starts with the run."""
+    w = math.lcm(*(d.window.ms for d in scenario.pool.dimensions))
     return (EPOCH_MS // w + 1) * w
 
 
 def measured_dimensions(scenario: Scenario) -> dict[str, Unit]:
     """The dimensions fairness and utilisation are measured on, by name: the primary one and
-    every other of the same window (the dominant-resource-fair ideal spans them; a dimension
-    of another window, e.g. weekly beside hourly, is checked for overshoot only)."""
-    w = scenario.primary.window
+    every other of the same or a longer window (the dominant-resource-fair ideal spans them,
+    a longer one across the windows of each of its buckets); a dimension of a shorter window
+    (hourly beside a daily primary) is checked for overshoot only."""
+    w = scenario.primary.window.ms
     return {
         f"{d.unit.value}/{d.window.value}": d.unit
         for d in scenario.pool.dimensions
-        if d.window is w
+        if d.window.ms >= w
+    }
+
+
+def longer_windows(scenario: Scenario, n_windows: int) -> dict[str, LongerWindow]:
+    """The measured dimensions of a longer window than the primary's, with the bucket each
+    measurement window starts in (:class:`~fairgate.sim.fairness.LongerWindow`)."""
+    start, w = start_ms(scenario), scenario.primary.window.ms
+    return {
+        f"{d.unit.value}/{d.window.value}": LongerWindow(
+            buckets=[bucket_index(start + i * w, d.window.ms) for i in range(n_windows)],
+            per_window=Fraction(w, d.window.ms),
+        )
+        for d in scenario.pool.dimensions
+        if d.window.ms > w
     }
 
 
@@ -324,18 +352,17 @@ async def run_policy(
         for arrived, r in queues[k]:
             for d, u in measured.items():
                 demand_w[min(n_windows - 1, (arrived - start) // window)][d][k] -= r.size(u)
-    by_unit = {u: d for d, u in measured.items()}
     windows = dominant_window_figures(
         {d: limits[d] for d in measured},
         {k.id: sc.weight_of(k.id) for k in sc.keys},
         {
-            k.id: (by_unit[k.cap.unit], k.cap.value)
-            if k.cap is not None and k.cap.unit in by_unit
-            else None
+            k.id: {d: k.cap.value for d, u in measured.items() if u is k.cap.unit}
             for k in sc.keys
+            if k.cap is not None
         },
         demand_w,
         admitted_w,
+        longer_windows(sc, n_windows),
     )
     overshoot = {name: max(0.0, peak[name] - lim) / lim for name, lim in limits.items()}
     metrics = summarize(

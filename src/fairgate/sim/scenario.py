@@ -3,9 +3,9 @@
 A scenario is YAML validated by pydantic, so a typo names its field instead of producing a
 silently wrong run. Rates are requests per hour (independent of the pool's window); durations
 are ``"30s"``, ``"15m"``, ``"6h"``, ``"2d"`` or a number of seconds. Fairness and utilisation
-are measured on the pool's first dimension and every other of the same window, against the
-weighted dominant-resource-fair ideal (:mod:`fairgate.sim.fairness`); a dimension of another
-window is checked for overshoot only.
+are measured on the pool's first dimension and every other of the same or a longer window,
+against the weighted dominant-resource-fair ideal (:mod:`fairgate.sim.fairness`, across windows
+where a longer one is measured); a dimension of a shorter window is checked for overshoot only.
 
 Example::
 
@@ -627,6 +627,47 @@ _BUILTIN_DATA["chat-agent"] = {
             "demand": {"kind": "greedy", "factor": 0.5},
             "tokens": {"prompt": 9000, "completion": 1000, "max_tokens": 2048},
         },
+    ],
+}
+
+#: A Codex-style subscription: a 5-hour and a weekly budget at once, modelled in requests (the
+#: simulator's requests stand for the plan's percentages: one request, one step of each). Three
+#: days: a heavy user whose pace alone would spend the week's budget in those three days, two
+#: users with opposite daily rhythms, and a late joiner on day two. Every 5-hour window binds,
+#: and the weekly budget runs out on day three.
+_BUILTIN_DATA["subscription"] = {
+    "description": "5-hour and weekly budgets: a heavy user spends the week, a late joiner",
+    "duration": "3d",
+    "tick": "2m",
+    "pool": {
+        "dimensions": [
+            {"unit": "requests", "window": "5h", "limit": 250},
+            {"unit": "requests", "window": "weekly", "limit": 3000},
+        ]
+    },
+    "keys": [
+        {
+            "id": "heavy",
+            "weight": 25,
+            "demand": {"kind": "diurnal", "rate": 42, "amplitude": 0.5, "period": "24h"},
+        },
+        {
+            "id": "day",
+            "weight": 25,
+            "demand": {"kind": "diurnal", "rate": 15, "amplitude": 0.9, "period": "24h"},
+        },
+        {
+            "id": "night",
+            "weight": 25,
+            "demand": {
+                "kind": "diurnal",
+                "rate": 15,
+                "amplitude": 0.9,
+                "period": "24h",
+                "phase": 0.5,
+            },
+        },
+        {"id": "late", "weight": 25, "demand": {"kind": "late", "rate": 20, "start": "40h"}},
     ],
 }
 
