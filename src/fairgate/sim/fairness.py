@@ -1,11 +1,14 @@
 """Fairness and efficiency figures of one policy's run, against the exact ideal (pure).
 
 Measured window by window (the primary dimension's own buckets, aligned to the epoch like the
-counters) on every pool dimension of that window: in each window the ideal is the weighted
-dominant-resource-fair allocation of the window's capacities over what each key asked in it
-(bounded by its cap), see :mod:`fairgate.sim.ideal`; a key's requests cost, per dimension, what
-it asked there per request it asked. With one dimension, or several where one binds, that is
-the weighted max-min fair allocation of that dimension (exactly: rational arithmetic). Per-window
+counters) on every pool dimension of that window or a longer one: in each window the ideal is
+the weighted dominant-resource-fair allocation of the window's capacities over what each key
+asked in it (bounded by its cap), see :mod:`fairgate.sim.ideal`; a key's requests cost, per
+dimension, what it asked there per request it asked. With one dimension, or several where one
+binds, that is the weighted max-min fair allocation of that dimension (exactly: rational
+arithmetic). A pool dimension of a longer window (a weekly budget beside 5-hour windows) is
+measured too: its budget is shared over the windows of each of its buckets by one filling across
+them (:func:`_across_windows`; docs/fairness.md, "Budgets of different windows"). Per-window
 ideals follow demand that changes over time (a key that arrives late is owed nothing before it
 arrives); summed over the run they give each key's ideal.
 
