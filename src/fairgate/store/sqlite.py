@@ -29,9 +29,7 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
-from typing import Any
-
-import orjson
+from typing import Any, Protocol
 
 from fairgate.quota.decision import Outcome, evaluate
 from fairgate.quota.window import Anchor, Count, bucket_index, reanchor
@@ -46,6 +44,9 @@ from fairgate.store.base import (
     ReservationExists,
     UsageItem,
 )
+from fairgate.store.sqlite_parts import Expired, Part
+from fairgate.store.sqlite_parts import dump_parts as _dump_parts
+from fairgate.store.sqlite_parts import load_parts as _load_parts
 
 _SCHEMA = (
     """CREATE TABLE IF NOT EXISTS quota_counter (
@@ -168,7 +169,118 @@ _INLINE_CHECKPOINT_S = 1.0
 _GC_RESERVATION_BATCH = 256
 
 # A part of a reservation: (counter, window_ms, bucket, amount, scope).
-_Part = tuple[str, int, int, float, str]
+_Part = Part
+
+
+class _Ops(Protocol):
+    """The primitive reads and writes the admission algorithms below are written in.
+
+    Two implementations: :class:`_SqlOps` runs each as a statement inside the caller's
+    transaction (the shared, exact path); :class:`~fairgate.store.sqlite_memory.MemoryCounters`
+    runs them on counters held in memory and written behind (the single-owner path). The
+    algorithms (what an admission reads, decides and reserves) exist once, so a rule change
+    lands in both modes."""
+
+    def expired(self, pool_id: str | None, now_ms: int, limit: int) -> list[Expired]: ...
+
+    def take(self, reservation_id: str, pool_id: str) -> tuple[str, list[_Part]] | None: ...
+
+    def drop(self, reservation_id: str) -> None: ...
+
+    def put(
+        self, reservation_id: str, pool_id: str, key_id: str, expires_ms: int, parts: list[_Part]
+    ) -> None: ...
+
+    def touch(self, pool_id: str, key_id: str, now_ms: int) -> None: ...
+
+    def counts(
+        self,
+        pool_id: str,
+        key_id: str,
+        counter: str,
+        window_ms: int,
+        curr: int,
+        total: bool,
+        anchor: Anchor | None,
+    ) -> tuple[Count, Count]: ...
+
+    def add(
+        self, pool_id: str, key_id: str, counter: str, window_ms: int, bucket: int, amount: float
+    ) -> None: ...
+
+    def sub(
+        self, pool_id: str, key_id: str, counter: str, window_ms: int, bucket: int, amount: float
+    ) -> None: ...
+
+    def cum_add(self, pool_id: str, counter: str, amount: float) -> None: ...
+
+
+class _SqlOps:
+    """:class:`_Ops` as statements on a connection inside an open transaction."""
+
+    __slots__ = ("c",)
+
+    def __init__(self, c: sqlite3.Connection) -> None:
+        self.c = c
+
+    def expired(self, pool_id: str | None, now_ms: int, limit: int) -> list[Expired]:
+        if pool_id is None:
+            rows = self.c.execute(_EXPIRED_ANY, (now_ms, limit)).fetchall()
+            return [(str(r), str(p), str(k), _load_parts(raw)) for r, p, k, raw in rows]
+        rows = self.c.execute(_EXPIRED, (pool_id, now_ms, limit)).fetchall()
+        return [(str(r), pool_id, str(k), _load_parts(raw)) for r, k, raw in rows]
+
+    def take(self, reservation_id: str, pool_id: str) -> tuple[str, list[_Part]] | None:
+        row = self.c.execute(_RES_TAKE, (reservation_id, pool_id)).fetchone()
+        return None if row is None else (str(row[0]), _load_parts(row[1]))
+
+    def drop(self, reservation_id: str) -> None:
+        self.c.execute(_RES_DEL, (reservation_id,))
+
+    def put(
+        self, reservation_id: str, pool_id: str, key_id: str, expires_ms: int, parts: list[_Part]
+    ) -> None:
+        try:
+            self.c.execute(
+                _RES_PUT, (reservation_id, pool_id, key_id, expires_ms, _dump_parts(parts))
+            )
+        except sqlite3.IntegrityError as exc:  # rolls the whole admission back
+            msg = f"reservation id {reservation_id!r} already exists"
+            raise ReservationExists(msg) from exc
+
+    def touch(self, pool_id: str, key_id: str, now_ms: int) -> None:
+        self.c.execute(_TOUCH, (pool_id, key_id, now_ms))
+
+    def counts(
+        self,
+        pool_id: str,
+        key_id: str,
+        counter: str,
+        window_ms: int,
+        curr: int,
+        total: bool,
+        anchor: Anchor | None,
+    ) -> tuple[Count, Count]:
+        if total:
+            rows = self.c.execute(
+                _READ_PAIR, (pool_id, TOTAL_KEY, key_id, counter, curr - 1, curr)
+            ).fetchall()
+        else:
+            rows = self.c.execute(_READ_ONE, (pool_id, key_id, counter, curr - 1, curr)).fetchall()
+        return _counts(rows, key_id, curr, anchor)
+
+    def add(
+        self, pool_id: str, key_id: str, counter: str, window_ms: int, bucket: int, amount: float
+    ) -> None:
+        self.c.execute(_ADD, (pool_id, key_id, counter, bucket, window_ms, amount))
+
+    def sub(
+        self, pool_id: str, key_id: str, counter: str, window_ms: int, bucket: int, amount: float
+    ) -> None:
+        self.c.execute(_SUB, (amount, pool_id, key_id, counter, bucket))
+
+    def cum_add(self, pool_id: str, counter: str, amount: float) -> None:
+        self.c.execute(_CUM_ADD, (pool_id, counter, amount))
 
 
 class SqliteQuotaStore:
@@ -317,60 +429,56 @@ class SqliteQuotaStore:
 
     async def admit(self, req: AdmitRequest) -> AdmitResult:
         _check_key(req.key_id)
-        pool, key, now = req.pool_id, req.key_id, req.now_ms
         with self._write() as c:
-            if self._due(self._reclaimed, pool, now):
-                rows = c.execute(_EXPIRED, (pool, now, RECLAIM_BATCH)).fetchall()
-                for rid, rkey, raw in rows:
-                    _undo(c, pool, str(rkey), _load_parts(raw), now)
-                    c.execute(_RES_DEL, (rid,))
-                if len(rows) == RECLAIM_BATCH:  # more may be waiting: look again next time
-                    self._reclaimed.pop(pool, None)
-            if self._due(self._touched, (pool, key), now):
-                c.execute(_TOUCH, (pool, key, now))
+            return self._admit(_SqlOps(c), req)
 
-            totals: list[Count] = []
-            mine: list[Count] = []
-            values: list[tuple[float, float]] = []
-            for check in req.checks:
-                w = check.window_ms
-                curr = bucket_index(now, w, check.anchor)
-                if check.scope == "pool":
-                    rows = c.execute(
-                        _READ_PAIR, (pool, TOTAL_KEY, key, check.key, curr - 1, curr)
-                    ).fetchall()
-                else:
-                    rows = c.execute(_READ_ONE, (pool, key, check.key, curr - 1, curr)).fetchall()
-                total, own = _counts(rows, key, curr, check.anchor)
-                totals.append(total)
-                mine.append(own)
-                values.append((total.value(now, w), own.value(now, w)))
+    def _admit(self, ops: _Ops, req: AdmitRequest) -> AdmitResult:
+        """The admission of :class:`~fairgate.store.base.QuotaStore` (one atomic step: the
+        caller holds the transaction, or the lock of the in-memory counters)."""
+        pool, key, now = req.pool_id, req.key_id, req.now_ms
+        if self._due(self._reclaimed, pool, now):
+            expired = ops.expired(pool, now, RECLAIM_BATCH)
+            for rid, _, rkey, rparts in expired:
+                _undo(ops, pool, rkey, rparts, now)
+                ops.drop(rid)
+            if len(expired) == RECLAIM_BATCH:  # more may be waiting: look again next time
+                self._reclaimed.pop(pool, None)
+        if self._due(self._touched, (pool, key), now):
+            ops.touch(pool, key, now)
 
-            verdict = evaluate(req.checks, values, req.policy, req.threshold)
-            if verdict.outcome is Outcome.BLOCK:
-                return AdmitResult(verdict, tuple(totals), tuple(mine), reserved=False)
+        totals: list[Count] = []
+        mine: list[Count] = []
+        values: list[tuple[float, float]] = []
+        for check in req.checks:
+            w = check.window_ms
+            curr = bucket_index(now, w, check.anchor)
+            total, own = ops.counts(
+                pool, key, check.key, w, curr, check.scope == "pool", check.anchor
+            )
+            totals.append(total)
+            mine.append(own)
+            values.append((total.value(now, w), own.value(now, w)))
 
-            parts: list[_Part] = []
-            for check in req.checks:
-                if check.cost == 0:
-                    continue
-                part = (
-                    check.key,
-                    check.window_ms,
-                    bucket_index(now, check.window_ms, check.anchor),
-                    check.cost,
-                    check.scope,
-                )
-                _add(c, pool, key, part)
-                parts.append(part)
-            try:
-                c.execute(
-                    _RES_PUT,
-                    (req.reservation_id, pool, key, now + req.lease_ms, _dump_parts(parts)),
-                )
-            except sqlite3.IntegrityError as exc:  # rolls the whole admission back
-                msg = f"reservation id {req.reservation_id!r} already exists"
-                raise ReservationExists(msg) from exc
+        verdict = evaluate(req.checks, values, req.policy, req.threshold)
+        if verdict.outcome is Outcome.BLOCK:
+            return AdmitResult(verdict, tuple(totals), tuple(mine), reserved=False)
+
+        parts: list[_Part] = []
+        for check in req.checks:
+            if check.cost == 0:
+                continue
+            part: _Part = (
+                check.key,
+                check.window_ms,
+                bucket_index(now, check.window_ms, check.anchor),
+                check.cost,
+                str(check.scope),
+            )
+            parts.append(part)
+        # the reservation first: an id already held refuses before anything is added
+        ops.put(req.reservation_id, pool, key, now + req.lease_ms, parts)
+        for part in parts:
+            _add(ops, pool, key, part)
         return AdmitResult(verdict, tuple(totals), tuple(mine), reserved=True)
 
     async def settle(
@@ -383,51 +491,54 @@ class SqliteQuotaStore:
     ) -> None:
         _check_key(key_id)
         with self._write() as c:
-            row = c.execute(_RES_TAKE, (reservation_id, pool_id)).fetchone()
-            # Net the reservation against the actual use per (counter, bucket): usually both sit
-            # in the current bucket, so a settle is one write per counter (none when the
-            # estimate was exact, as for requests) instead of an undo plus an add.
-            delta: dict[tuple[str, int, int, str], float] = {}
-            owner = key_id
-            if row is not None:
-                owner = str(row[0])
-                for counter, window_ms, bucket, amount, scope in _load_parts(row[1]):
-                    if bucket >= bucket_index(now_ms, window_ms) - 1:
-                        k = (counter, window_ms, bucket, scope)
-                        delta[k] = delta.get(k, 0.0) - amount
-            if owner != key_id:  # a mismatched key must not move one key's counts to another
-                _apply_delta(c, pool_id, owner, delta)
-                delta = {}
-            for item in usage:
-                if item.amount == 0:
-                    continue
-                bucket = bucket_index(now_ms, item.window_ms, item.anchor)
-                k = (item.key, item.window_ms, bucket, item.scope)
-                delta[k] = delta.get(k, 0.0) + float(item.amount)
-                if item.scope == "pool":
-                    c.execute(_CUM_ADD, (pool_id, item.key, float(item.amount)))
-            _apply_delta(c, pool_id, key_id, delta)
-            if self._due(self._touched, (pool_id, key_id), now_ms):
-                c.execute(_TOUCH, (pool_id, key_id, now_ms))
+            self._settle(_SqlOps(c), pool_id, key_id, reservation_id, usage, now_ms)
+
+    def _settle(
+        self,
+        ops: _Ops,
+        pool_id: str,
+        key_id: str,
+        reservation_id: str,
+        usage: Sequence[UsageItem],
+        now_ms: int,
+    ) -> None:
+        taken = ops.take(reservation_id, pool_id)
+        # Net the reservation against the actual use per (counter, bucket): usually both sit
+        # in the current bucket, so a settle is one write per counter (none when the
+        # estimate was exact, as for requests) instead of an undo plus an add.
+        delta: dict[tuple[str, int, int, str], float] = {}
+        owner = key_id
+        if taken is not None:
+            owner = taken[0]
+            for counter, window_ms, bucket, amount, scope in taken[1]:
+                if bucket >= bucket_index(now_ms, window_ms) - 1:
+                    k = (counter, window_ms, bucket, scope)
+                    delta[k] = delta.get(k, 0.0) - amount
+        if owner != key_id:  # a mismatched key must not move one key's counts to another
+            _apply_delta(ops, pool_id, owner, delta)
+            delta = {}
+        for item in usage:
+            if item.amount == 0:
+                continue
+            bucket = bucket_index(now_ms, item.window_ms, item.anchor)
+            k = (item.key, item.window_ms, bucket, item.scope)
+            delta[k] = delta.get(k, 0.0) + float(item.amount)
+            if item.scope == "pool":
+                ops.cum_add(pool_id, item.key, float(item.amount))
+        _apply_delta(ops, pool_id, key_id, delta)
+        if self._due(self._touched, (pool_id, key_id), now_ms):
+            ops.touch(pool_id, key_id, now_ms)
 
     async def release(self, pool_id: str, reservation_id: str, now_ms: int) -> bool:
         with self._write() as c:
-            return self._drop(c, pool_id, reservation_id, now_ms)
+            return _drop(_SqlOps(c), pool_id, reservation_id, now_ms)
 
     async def record(
         self, pool_id: str, key_id: str, usage: Sequence[UsageItem], now_ms: int
     ) -> None:
         _check_key(key_id)
         with self._write() as c:
-            _apply_usage(c, pool_id, key_id, usage, now_ms)
-
-    @staticmethod
-    def _drop(c: sqlite3.Connection, pool_id: str, reservation_id: str, now_ms: int) -> bool:
-        row = c.execute(_RES_TAKE, (reservation_id, pool_id)).fetchone()
-        if row is None:
-            return False
-        _undo(c, pool_id, str(row[0]), _load_parts(row[1]), now_ms)
-        return True
+            _apply_usage(_SqlOps(c), pool_id, key_id, usage, now_ms)
 
     # -- reads ------------------------------------------------------------------------------
 
@@ -435,7 +546,8 @@ class SqliteQuotaStore:
         self, pool_id: str, key_id: str, counters: Sequence[CounterRef], now_ms: int
     ) -> dict[str, Count]:
         with self._read() as c:
-            return {ref.key: _read_one(c, pool_id, key_id, ref, now_ms) for ref in counters}
+            ops = _SqlOps(c)
+            return {ref.key: _read_one(ops, pool_id, key_id, ref, now_ms) for ref in counters}
 
     async def pool_usage(
         self,
@@ -445,12 +557,7 @@ class SqliteQuotaStore:
         now_ms: int,
     ) -> PoolCounts:
         with self._read() as c:
-            totals = {ref.key: _read_one(c, pool_id, TOTAL_KEY, ref, now_ms) for ref in counters}
-            per_key = {
-                k: {ref.key: _read_one(c, pool_id, k, ref, now_ms) for ref in counters}
-                for k in key_ids
-            }
-        return PoolCounts(totals=totals, per_key=per_key)
+            return _pool_counts(_SqlOps(c), pool_id, key_ids, counters, now_ms)
 
     async def active_keys(self, pool_id: str, since_ms: int) -> list[str]:
         with self._lock:
@@ -507,12 +614,9 @@ class SqliteQuotaStore:
         undone = 0
         while True:
             with self._write() as c:
-                rows = c.execute(_EXPIRED_ANY, (now_ms, _GC_RESERVATION_BATCH)).fetchall()
-                for rid, pool, rkey, raw in rows:
-                    _undo(c, str(pool), str(rkey), _load_parts(raw), now_ms)
-                    c.execute(_RES_DEL, (rid,))
-            undone += len(rows)
-            if len(rows) < _GC_RESERVATION_BATCH:
+                n = _reclaim_all(_SqlOps(c), now_ms, _GC_RESERVATION_BATCH)
+            undone += n
+            if n < _GC_RESERVATION_BATCH:
                 break
         with self._write() as c:
             deleted = c.execute(_GC_COUNTERS, (now_ms, retention_ms)).rowcount
@@ -570,39 +674,61 @@ def _counts(
     return Count(total_prev, total_curr, anchor), Count(mine_prev, mine_curr, anchor)
 
 
-def _read_one(
-    c: sqlite3.Connection, pool_id: str, key_id: str, ref: CounterRef, now_ms: int
-) -> Count:
+def _read_one(ops: _Ops, pool_id: str, key_id: str, ref: CounterRef, now_ms: int) -> Count:
     curr = bucket_index(now_ms, ref.window_ms, ref.anchor)
-    rows = c.execute(_READ_ONE, (pool_id, key_id, ref.key, curr - 1, curr)).fetchall()
-    return _counts(rows, key_id, curr, ref.anchor)[1]
+    return ops.counts(pool_id, key_id, ref.key, ref.window_ms, curr, False, ref.anchor)[1]
 
 
-def _add(c: sqlite3.Connection, pool_id: str, key_id: str, part: _Part) -> None:
+def _pool_counts(
+    ops: _Ops, pool_id: str, key_ids: Sequence[str], counters: Sequence[CounterRef], now_ms: int
+) -> PoolCounts:
+    totals = {ref.key: _read_one(ops, pool_id, TOTAL_KEY, ref, now_ms) for ref in counters}
+    per_key = {
+        k: {ref.key: _read_one(ops, pool_id, k, ref, now_ms) for ref in counters} for k in key_ids
+    }
+    return PoolCounts(totals=totals, per_key=per_key)
+
+
+def _drop(ops: _Ops, pool_id: str, reservation_id: str, now_ms: int) -> bool:
+    taken = ops.take(reservation_id, pool_id)
+    if taken is None:
+        return False
+    _undo(ops, pool_id, taken[0], taken[1], now_ms)
+    return True
+
+
+def _reclaim_all(ops: _Ops, now_ms: int, limit: int) -> int:
+    """Undo up to ``limit`` expired reservations of any pool; how many were undone."""
+    expired = ops.expired(None, now_ms, limit)
+    for rid, pool, rkey, parts in expired:
+        _undo(ops, pool, rkey, parts, now_ms)
+        ops.drop(rid)
+    return len(expired)
+
+
+def _add(ops: _Ops, pool_id: str, key_id: str, part: _Part) -> None:
     counter, window_ms, bucket, amount, scope = part
-    c.execute(_ADD, (pool_id, key_id, counter, bucket, window_ms, amount))
+    ops.add(pool_id, key_id, counter, window_ms, bucket, amount)
     if scope == "pool":
-        c.execute(_ADD, (pool_id, TOTAL_KEY, counter, bucket, window_ms, amount))
+        ops.add(pool_id, TOTAL_KEY, counter, window_ms, bucket, amount)
 
 
 def _apply_delta(
-    c: sqlite3.Connection,
+    ops: _Ops,
     pool_id: str,
     key_id: str,
     delta: dict[tuple[str, int, int, str], float],
 ) -> None:
     for (counter, window_ms, bucket, scope), amount in delta.items():
         if amount > 0:
-            _add(c, pool_id, key_id, (counter, window_ms, bucket, amount, scope))
+            _add(ops, pool_id, key_id, (counter, window_ms, bucket, amount, scope))
         elif amount < 0:
-            c.execute(_SUB, (-amount, pool_id, key_id, counter, bucket))
+            ops.sub(pool_id, key_id, counter, window_ms, bucket, -amount)
             if scope == "pool":
-                c.execute(_SUB, (-amount, pool_id, TOTAL_KEY, counter, bucket))
+                ops.sub(pool_id, TOTAL_KEY, counter, window_ms, bucket, -amount)
 
 
-def _undo(
-    c: sqlite3.Connection, pool_id: str, key_id: str, parts: Sequence[_Part], now_ms: int
-) -> None:
+def _undo(ops: _Ops, pool_id: str, key_id: str, parts: Sequence[_Part], now_ms: int) -> None:
     """Take a reservation's amounts back out, but only from buckets that still count.
 
     A bucket older than the previous one no longer contributes to any value (and may already be
@@ -611,13 +737,13 @@ def _undo(
     for counter, window_ms, bucket, amount, scope in parts:
         if bucket < bucket_index(now_ms, window_ms) - 1:
             continue
-        c.execute(_SUB, (amount, pool_id, key_id, counter, bucket))
+        ops.sub(pool_id, key_id, counter, window_ms, bucket, amount)
         if scope == "pool":
-            c.execute(_SUB, (amount, pool_id, TOTAL_KEY, counter, bucket))
+            ops.sub(pool_id, TOTAL_KEY, counter, window_ms, bucket, amount)
 
 
 def _apply_usage(
-    c: sqlite3.Connection, pool_id: str, key_id: str, usage: Sequence[UsageItem], now_ms: int
+    ops: _Ops, pool_id: str, key_id: str, usage: Sequence[UsageItem], now_ms: int
 ) -> None:
     for item in usage:
         if item.amount == 0:
@@ -629,14 +755,6 @@ def _apply_usage(
             float(item.amount),
             item.scope,
         )
-        _add(c, pool_id, key_id, part)
+        _add(ops, pool_id, key_id, part)
         if item.scope == "pool":
-            c.execute(_CUM_ADD, (pool_id, item.key, float(item.amount)))
-
-
-def _dump_parts(parts: Sequence[_Part]) -> str:
-    return orjson.dumps(parts).decode()
-
-
-def _load_parts(raw: str | bytes) -> list[_Part]:
-    return [(str(k), int(w), int(b), float(a), str(s)) for k, w, b, a, s in orjson.loads(raw)]
+            ops.cum_add(pool_id, item.key, float(item.amount))
