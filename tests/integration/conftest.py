@@ -19,17 +19,22 @@ from fairgate.store.sqlite import SqliteQuotaStore
 @pytest_asyncio.fixture(
     params=[
         pytest.param("sqlite", id="sqlite"),
+        pytest.param("sqlite-memory", id="sqlite-memory"),
         pytest.param("redis", id="redis", marks=pytest.mark.redis),
     ]
 )
 async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[QuotaStore]:
-    """An open store on a fresh SQLite file or a unique Redis prefix.
+    """An open store on a fresh SQLite file (transactional, and in memory mode: the same
+    contract, decisions included) or a unique Redis prefix.
 
     The Redis fixtures are requested only for the redis param, so SQLite runs never need a server.
     """
     s: QuotaStore
     if request.param == "sqlite":
         s = SqliteQuotaStore(tmp_path / "quota.sqlite")
+    elif request.param == "sqlite-memory":
+        s = SqliteQuotaStore(tmp_path / "quota.sqlite", mode="memory")
+        assert s.mode == "memory"  # alone on its file: it owns it
     else:
         url: str = request.getfixturevalue("redis_url")
         prefix: str = request.getfixturevalue("redis_prefix")

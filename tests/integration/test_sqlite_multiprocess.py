@@ -160,3 +160,77 @@ async def test_sqlite_store_reopens_an_existing_file(tmp_path: Path) -> None:
         assert result.totals == (Count(0.0, 1.0),)
     finally:
         await second.close()
+
+
+async def _join_race(path: str, limit: int, admits: int, worker: int, start: Any) -> int:
+    """Worker 0 owns the file in memory mode and admits before and while the others join
+    (also asking for memory mode: they cannot have it, so the owner hands over mid-traffic)."""
+    pool = _pool(limit)
+    if worker != 0:
+        start.wait()
+    store = SqliteQuotaStore(path, mode="memory")
+    try:
+        won = 0
+        if worker == 0:
+            assert store.mode == "memory"
+            for n in range(admits):  # in memory, before anyone else has the file
+                won += (await store.admit(_request(pool, 0, n))).reserved
+            start.wait()
+            n = admits
+            while store.mode == "memory":  # admitting while the others open the file
+                won += (await store.admit(_request(pool, 0, n))).reserved
+                n += 1
+                await asyncio.sleep(0.001)
+            for m in range(n, n + admits):  # and on, transactionally, beside them
+                won += (await store.admit(_request(pool, 0, m))).reserved
+            return won
+        assert store.mode == "transactional"
+        for n in range(admits):
+            won += (await store.admit(_request(pool, worker, n))).reserved
+        return won
+    finally:
+        await store.close()
+
+
+def _join_worker(path: str, limit: int, admits: int, worker: int, start: Any, out: Any) -> None:
+    try:
+        out.put((worker, asyncio.run(_join_race(path, limit, admits, worker, start)), None))
+    except BaseException as exc:  # report, never hang the parent
+        out.put((worker, 0, repr(exc)))
+
+
+@pytest.mark.slow
+async def test_processes_joining_a_memory_mode_owner_still_admit_exactly_the_limit(
+    tmp_path: Path,
+) -> None:
+    """The owner counted 20 in memory; three processes arrive while it is admitting: it commits,
+    hands over, and the 100+ attempts of all four win exactly the limit of 40."""
+    path = str(tmp_path / "quota.sqlite")
+    limit = 40
+    ctx = multiprocessing.get_context("spawn")
+    start = ctx.Barrier(PROCESSES, timeout=60)
+    out = ctx.Queue()
+    procs = [
+        ctx.Process(target=_join_worker, args=(path, limit, 20, i, start, out), daemon=True)
+        for i in range(PROCESSES)
+    ]
+    for p in procs:
+        p.start()
+    try:
+        reports = [out.get(timeout=120) for _ in procs]
+    finally:
+        for p in procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.kill()
+                p.join()
+    assert [err for _, _, err in reports] == [None] * PROCESSES
+    assert {w: won for w, won, _ in reports}[0] >= 20  # its 20 in memory all won
+    assert sum(won for _, won, _ in reports) == limit
+    db = sqlite3.connect(path)
+    try:
+        assert db.execute("SELECT COUNT(*) FROM quota_reservation").fetchone() == (limit,)
+        total = db.execute("SELECT value FROM quota_counter WHERE key_id = '*'").fetchone()
+        assert total == (float(limit),)
+    finally:
+        db.close()

@@ -11,10 +11,12 @@ import logging
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from fairgate.files import private_sqlite
 from fairgate.store.base import QuotaStore
-from fairgate.store.sqlite import SYNCHRONOUS_MODES, SqliteQuotaStore
+from fairgate.store.sqlite import MAX_FLUSH_MS, MODES, SYNCHRONOUS_MODES, SqliteQuotaStore
+from fairgate.store.sqlite_memory import DEFAULT_FLUSH_MS
 
 log = logging.getLogger("fairgate.store")
 
@@ -113,7 +115,39 @@ def _sqlite(path: str | os.PathLike[str], env: Mapping[str, str]) -> QuotaStore:
             "/".join(SYNCHRONOUS_MODES),
         )
         sync = "OFF"
-    return SqliteQuotaStore(path, synchronous=sync)
+    return SqliteQuotaStore(path, synchronous=sync, **sqlite_mode(env))
+
+
+def sqlite_mode(env: Mapping[str, str]) -> dict[str, Any]:
+    """``QUOTA_SQLITE_MODE`` (``transactional``, the default, or ``memory``) and
+    ``QUOTA_SQLITE_FLUSH_MS`` (memory mode's write-behind interval, 1..1000, default 5), as
+    :class:`SqliteQuotaStore` arguments. A bad value is named in a warning and the default used:
+    the stricter mode, never a silently longer loss window."""
+    mode = (env.get("QUOTA_SQLITE_MODE") or "transactional").strip().lower()
+    if mode not in MODES:
+        log.warning(
+            "QUOTA_SQLITE_MODE=%r is not one of %s; using transactional",
+            mode[:64],
+            "/".join(MODES),
+        )
+        mode = "transactional"
+    raw = (env.get("QUOTA_SQLITE_FLUSH_MS") or "").strip()
+    flush_ms = DEFAULT_FLUSH_MS
+    if raw:
+        try:
+            value = int(raw)
+        except ValueError:
+            value = 0
+        if 1 <= value <= MAX_FLUSH_MS:
+            flush_ms = value
+        else:
+            log.warning(
+                "QUOTA_SQLITE_FLUSH_MS=%r is not in 1..%d; using %d",
+                raw[:64],
+                MAX_FLUSH_MS,
+                DEFAULT_FLUSH_MS,
+            )
+    return {"mode": mode, "flush_ms": flush_ms}
 
 
 async def _try_redis(

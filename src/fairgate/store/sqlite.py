@@ -23,6 +23,7 @@ Layout (all primary-key addressed, so admission is O(checks) whatever the number
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import sqlite3
 import threading
@@ -44,9 +45,13 @@ from fairgate.store.base import (
     ReservationExists,
     UsageItem,
 )
+from fairgate.store.sqlite_memory import DEFAULT_FLUSH_MS, MemoryCounters, WriteBehind
+from fairgate.store.sqlite_owner import FileUse
 from fairgate.store.sqlite_parts import Expired, Part
 from fairgate.store.sqlite_parts import dump_parts as _dump_parts
 from fairgate.store.sqlite_parts import load_parts as _load_parts
+
+log = logging.getLogger("fairgate.store")
 
 _SCHEMA = (
     """CREATE TABLE IF NOT EXISTS quota_counter (
@@ -164,6 +169,11 @@ SYNCHRONOUS_MODES = ("OFF", "NORMAL", "FULL")
 
 #: Seconds between the writer's own (inline) checkpoints; see ``_write``.
 _INLINE_CHECKPOINT_S = 1.0
+
+#: The store's modes (``QUOTA_SQLITE_MODE``): see :class:`SqliteQuotaStore`.
+MODES = ("transactional", "memory")
+#: The longest write-behind interval allowed: a crash may lose this much counting.
+MAX_FLUSH_MS = 1000
 
 #: Expired reservations undone per gc transaction (keeps each write lock short).
 _GC_RESERVATION_BATCH = 256
@@ -297,14 +307,27 @@ class SqliteQuotaStore:
         busy_timeout_ms: int = 5000,
         checkpoint_interval_s: float = 0.1,
         synchronous: str = "OFF",
+        mode: str = "transactional",
+        flush_ms: int = DEFAULT_FLUSH_MS,
     ) -> None:
         """``synchronous`` OFF (the default) never fsyncs on the event loop: committed counters
         are in the OS page cache, so they survive a crash or ``kill -9`` of the gateway, and
         only a power loss or kernel crash can lose the last moments of counting. NORMAL or FULL
         add the fsync of every checkpoint (a stall of tens of milliseconds once a second under
-        load, measured) for durability against power loss too."""
+        load, measured) for durability against power loss too.
+
+        ``mode`` ``transactional`` (the default): every admission and settle is a transaction,
+        nothing committed is ever lost. ``memory``: while this process is the file's only user,
+        counters are authoritative in memory and written behind every ``flush_ms`` (a
+        ``kill -9`` loses at most the last ``flush_ms`` plus one commit of changes, a close
+        nothing); as soon as another process opens the file, this one commits and switches to
+        the transactional path (:mod:`fairgate.store.sqlite_owner`)."""
         if synchronous.upper() not in SYNCHRONOUS_MODES:
             raise ValueError(f"synchronous must be one of {', '.join(SYNCHRONOUS_MODES)}")
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {', '.join(MODES)}")
+        if not 1 <= flush_ms <= MAX_FLUSH_MS:
+            raise ValueError(f"flush_ms must be from 1 to {MAX_FLUSH_MS}")
         self._synchronous = synchronous.upper()
         self._path = os.fspath(path)
         self._lock = threading.Lock()  # the connection is shared; transactions must not interleave
@@ -324,10 +347,29 @@ class SqliteQuotaStore:
         self._stop = threading.Event()
         self._checkpointer: threading.Thread | None = None
         self._inline_checkpoint_at = time.monotonic()
+        self._memory: MemoryCounters | None = None
+        self._behind: WriteBehind | None = None
+        self._use: FileUse | None = None
         try:
+            if self._path != ":memory:":
+                self._use = FileUse(self._path)
+                if not (mode == "memory" and self._use.try_own()):
+                    self._use.share(busy_timeout_ms)
             self._init(busy_timeout_ms)
+            if self._use is not None and self._use.owner:
+                self._memory = MemoryCounters(self._conn)
+                self._behind = WriteBehind(
+                    self._memory,
+                    self._path,
+                    flush_ms=flush_ms,
+                    busy_timeout_ms=busy_timeout_ms,
+                    handover_wanted=self._use.sharer_waiting,
+                    handover=self._hand_over,
+                )
         except BaseException:
             self._conn.close()
+            if self._use is not None:
+                self._use.close()
             raise
         if checkpoint_interval_s > 0 and self._path != ":memory:":
             # A WAL checkpoint fsyncs the database; left to autocheckpoint it lands on whichever
@@ -345,6 +387,51 @@ class SqliteQuotaStore:
                 daemon=True,
             )
             self._checkpointer.start()
+
+    def _hand_over(self) -> None:
+        """(The flusher, everything committed, the counters' lock held) Another process wants
+        the file: from now on this one takes the transactional path too."""
+        assert self._use is not None
+        self._memory = None
+        self._use.hand_over()
+        log.info("quota store: another process opened %s; counting transactionally", self._path)
+
+    @property
+    def mode(self) -> str:
+        """``memory`` while this process owns the file and counts in memory, else
+        ``transactional`` (also after a hand-over)."""
+        return "memory" if self._memory is not None else "transactional"
+
+    def durability(self) -> dict[str, float]:
+        """What a ``kill -9`` now would lose, for tests and benchmarks: changes made and
+        committed so far (their difference is at risk), the longest and the last time a change
+        waited for its commit (ms). Empty in transactional mode (nothing is ever at risk)."""
+        mem, wb = self._memory, self._behind
+        if mem is None or wb is None:
+            return {}
+        return {
+            "changes": mem.seq,
+            "committed": mem.durable_seq,
+            "max_lag_ms": wb.max_lag_ms,
+            "last_lag_ms": wb.last_lag_ms,
+            "failed_commits": wb.failures,
+        }
+
+    async def flush(self) -> None:
+        """Commit the in-memory changes now (memory mode; a no-op otherwise)."""
+        with self._quiet():
+            pass
+
+    @contextmanager
+    def _quiet(self) -> Iterator[MemoryCounters | None]:
+        """Memory mode: everything committed and nothing changing while held (the file is the
+        whole state), yielding the counters; otherwise nothing to do, yielding None."""
+        wb = self._behind
+        if wb is None or self._memory is None:
+            yield None
+            return
+        with wb.quiesce():
+            yield self._memory  # None if it was handed over just before
 
     def _checkpoint_loop(self, interval_s: float, busy_timeout_ms: int) -> None:
         conn = sqlite3.connect(self._path, timeout=busy_timeout_ms / 1000.0, isolation_level=None)
@@ -429,6 +516,11 @@ class SqliteQuotaStore:
 
     async def admit(self, req: AdmitRequest) -> AdmitResult:
         _check_key(req.key_id)
+        mem = self._memory
+        if mem is not None:
+            with mem.lock:
+                if self._memory is mem:  # not handed over meanwhile
+                    return self._admit(mem, req)
         with self._write() as c:
             return self._admit(_SqlOps(c), req)
 
@@ -490,6 +582,12 @@ class SqliteQuotaStore:
         now_ms: int,
     ) -> None:
         _check_key(key_id)
+        mem = self._memory
+        if mem is not None:
+            with mem.lock:
+                if self._memory is mem:
+                    self._settle(mem, pool_id, key_id, reservation_id, usage, now_ms)
+                    return
         with self._write() as c:
             self._settle(_SqlOps(c), pool_id, key_id, reservation_id, usage, now_ms)
 
@@ -530,6 +628,11 @@ class SqliteQuotaStore:
             ops.touch(pool_id, key_id, now_ms)
 
     async def release(self, pool_id: str, reservation_id: str, now_ms: int) -> bool:
+        mem = self._memory
+        if mem is not None:
+            with mem.lock:
+                if self._memory is mem:
+                    return _drop(mem, pool_id, reservation_id, now_ms)
         with self._write() as c:
             return _drop(_SqlOps(c), pool_id, reservation_id, now_ms)
 
@@ -537,6 +640,12 @@ class SqliteQuotaStore:
         self, pool_id: str, key_id: str, usage: Sequence[UsageItem], now_ms: int
     ) -> None:
         _check_key(key_id)
+        mem = self._memory
+        if mem is not None:
+            with mem.lock:
+                if self._memory is mem:
+                    _apply_usage(mem, pool_id, key_id, usage, now_ms)
+                    return
         with self._write() as c:
             _apply_usage(_SqlOps(c), pool_id, key_id, usage, now_ms)
 
@@ -545,6 +654,11 @@ class SqliteQuotaStore:
     async def peek(
         self, pool_id: str, key_id: str, counters: Sequence[CounterRef], now_ms: int
     ) -> dict[str, Count]:
+        mem = self._memory
+        if mem is not None:
+            with mem.lock:
+                if self._memory is mem:
+                    return {r.key: _read_one(mem, pool_id, key_id, r, now_ms) for r in counters}
         with self._read() as c:
             ops = _SqlOps(c)
             return {ref.key: _read_one(ops, pool_id, key_id, ref, now_ms) for ref in counters}
@@ -556,11 +670,16 @@ class SqliteQuotaStore:
         counters: Sequence[CounterRef],
         now_ms: int,
     ) -> PoolCounts:
+        mem = self._memory
+        if mem is not None:
+            with mem.lock:
+                if self._memory is mem:
+                    return _pool_counts(mem, pool_id, key_ids, counters, now_ms)
         with self._read() as c:
             return _pool_counts(_SqlOps(c), pool_id, key_ids, counters, now_ms)
 
     async def active_keys(self, pool_id: str, since_ms: int) -> list[str]:
-        with self._lock:
+        with self._quiet(), self._lock:
             return [str(r[0]) for r in self._conn.execute(_ACTIVE, (pool_id, since_ms))]
 
     async def anchors(self, pool_id: str) -> dict[str, Anchor]:
@@ -591,7 +710,7 @@ class SqliteQuotaStore:
 
     async def cumulative(self, pool_id: str, counter_keys: Sequence[str]) -> dict[str, float]:
         out: dict[str, float] = {}
-        with self._read() as c:
+        with self._quiet(), self._read() as c:
             for k in counter_keys:
                 row = c.execute(_CUM_GET, (pool_id, k)).fetchone()
                 out[k] = float(row[0]) if row is not None else 0.0
@@ -600,9 +719,12 @@ class SqliteQuotaStore:
     # -- maintenance ------------------------------------------------------------------------
 
     async def clear(self, pool_id: str) -> None:
-        with self._write() as c:
-            for stmt in _CLEAR:
-                c.execute(stmt, (pool_id,))
+        with self._quiet() as mem:
+            with self._write() as c:
+                for stmt in _CLEAR:
+                    c.execute(stmt, (pool_id,))
+            if mem is not None:
+                mem.forget_pool(pool_id)
 
     async def gc(self, now_ms: int, retention_ms: int) -> GcResult:
         """Besides old buckets, undo expired reservations of every pool.
@@ -611,6 +733,14 @@ class SqliteQuotaStore:
         otherwise keep stale reservations (and their amounts) forever. Undoing them is exactly
         what the next admission would do, so it is safe at any time.
         """
+        with self._quiet() as mem:
+            if mem is not None:  # the reservations are in memory, the rest is in the file
+                undone = 0
+                while (n := _reclaim_all(mem, now_ms, _GC_RESERVATION_BATCH)) > 0:
+                    undone += n
+                deleted, forgotten = self._gc_rows(now_ms, retention_ms)
+                mem.forget_old(now_ms, retention_ms)
+                return GcResult(deleted, forgotten, undone)
         undone = 0
         while True:
             with self._write() as c:
@@ -618,10 +748,15 @@ class SqliteQuotaStore:
             undone += n
             if n < _GC_RESERVATION_BATCH:
                 break
+        deleted, forgotten = self._gc_rows(now_ms, retention_ms)
+        return GcResult(deleted, forgotten, undone)
+
+    def _gc_rows(self, now_ms: int, retention_ms: int) -> tuple[int, int]:
+        """Delete old buckets and forget keys inactive past the retention: (buckets, keys)."""
         with self._write() as c:
             deleted = c.execute(_GC_COUNTERS, (now_ms, retention_ms)).rowcount
             forgotten = c.execute(_GC_ACTIVE, (now_ms - retention_ms,)).rowcount
-        return GcResult(max(0, deleted), max(0, forgotten), undone)
+        return max(0, deleted), max(0, forgotten)
 
     async def ping(self) -> bool:
         try:
@@ -639,6 +774,15 @@ class SqliteQuotaStore:
         """Nothing to open: the connection exists from the constructor on."""
 
     async def close(self) -> None:
+        """Commits what memory mode holds first: a graceful stop loses nothing."""
+        if self._behind is not None:
+            self._behind.stop()
+            self._behind.close()
+            self._behind = None
+            self._memory = None
+        if self._use is not None:
+            self._use.close()
+            self._use = None
         self._stop.set()
         if self._checkpointer is not None:
             self._checkpointer.join(timeout=5)

@@ -1,0 +1,409 @@
+"""The SQLite quota store's ``memory`` mode: authoritative counters in memory, written behind.
+
+When one process is the only user of a quota file (it holds the file's owner lock,
+:mod:`fairgate.store.sqlite_owner`), nobody else can change the file, so the file's content plus
+this process's changes since the last write *is* the state. :class:`MemoryCounters` keeps that
+state (counter buckets loaded on first use, every live reservation, pending active marks and
+cumulative additions) and answers the same primitive operations the transactional path runs as
+SQL (the store's admission code is written once against them), in memory, in O(1).
+:class:`WriteBehind` commits what changed every few milliseconds in ONE transaction on its own
+thread and connection, off the event loop.
+
+Durability (docs/performance.md): a ``kill -9`` loses what changed since the last commit, at
+most ``flush_ms`` plus the time one commit takes; a graceful close commits everything first.
+Each commit is one snapshot taken under the counters' lock, so what survives is always a
+consistent state (a reservation and the amounts it added are lost or kept together).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import heapq
+import logging
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+from fairgate.quota.window import Count
+from fairgate.store.base import TOTAL_KEY, ReservationExists
+from fairgate.store.sqlite_parts import Expired, Part, dump_parts, load_parts
+
+log = logging.getLogger("fairgate.store")
+
+#: (pool id, key id, counter, bucket)
+CounterKey = tuple[str, str, str, int]
+#: a live reservation: (pool id, key id, expires_ms, parts)
+_Reservation = tuple[str, str, int, list[Part]]
+
+_LOAD = (
+    "SELECT value FROM quota_counter"
+    " WHERE pool_id = ? AND key_id = ? AND counter = ? AND bucket = ?"
+)
+_LOAD_RESERVATIONS = "SELECT id, pool_id, key_id, expires_ms, parts FROM quota_reservation"
+# absolute values: only the owner writes, so its value is the value
+_SET = (
+    "INSERT INTO quota_counter (pool_id, key_id, counter, bucket, window_ms, value)"
+    " VALUES (?, ?, ?, ?, ?, ?)"
+    " ON CONFLICT (pool_id, key_id, counter, bucket) DO UPDATE SET value = excluded.value"
+)
+_RES_SET = (
+    "INSERT OR REPLACE INTO quota_reservation (id, pool_id, key_id, expires_ms, parts)"
+    " VALUES (?, ?, ?, ?, ?)"
+)
+_RES_DEL = "DELETE FROM quota_reservation WHERE id = ?"
+_RES_DEL_ALL = "DELETE FROM quota_reservation"
+_TOUCH = (
+    "INSERT INTO quota_active (pool_id, key_id, last_ms) VALUES (?, ?, ?)"
+    " ON CONFLICT (pool_id, key_id) DO UPDATE SET last_ms = MAX(last_ms, excluded.last_ms)"
+)
+_CUM_ADD = (
+    "INSERT INTO quota_cumulative (pool_id, counter, value) VALUES (?, ?, ?)"
+    " ON CONFLICT (pool_id, counter) DO UPDATE SET value = value + excluded.value"
+)
+
+#: Default milliseconds between two write-behind commits (``QUOTA_SQLITE_FLUSH_MS``).
+DEFAULT_FLUSH_MS = 5
+#: Seconds between the flusher's own WAL checkpoints (as the transactional writer's).
+_CHECKPOINT_S = 1.0
+
+
+@dataclass(slots=True)
+class _Batch:
+    """Everything that changed between two snapshots, as rows to write."""
+
+    counters: list[tuple[str, str, str, int, int, float]] = field(default_factory=list)
+    res_put: list[tuple[str, str, str, int, str]] = field(default_factory=list)
+    res_del: list[tuple[str]] = field(default_factory=list)
+    res_resync: bool = False
+    touches: list[tuple[str, str, int]] = field(default_factory=list)
+    cumulative: list[tuple[str, str, float]] = field(default_factory=list)
+    first_change: float = 0.0  # monotonic time of the oldest change in the batch
+    seq: int = 0  # how many changes the state had seen when the batch was taken
+
+
+class MemoryCounters:
+    """The authoritative state of an owned quota file; the :class:`~fairgate.store.sqlite._Ops`
+    of the in-memory path. Every method runs under :attr:`lock` (the caller takes it)."""
+
+    def __init__(self, reader: sqlite3.Connection) -> None:
+        #: held by the event loop for one admission/settle and by the flusher for a snapshot
+        self.lock = threading.Lock()
+        self._reader = reader  # loads a bucket not yet in memory (the file is the truth for it)
+        # value None: no row in the file (an undo must not create one, as the SQL UPDATE)
+        self._counters: dict[CounterKey, float | None] = {}
+        self._windows: dict[CounterKey, int] = {}
+        self._dirty: set[CounterKey] = set()
+        self._res: dict[str, _Reservation] = {}
+        self._res_heap: dict[str, list[tuple[int, str]]] = {}
+        self._res_dirty: dict[str, _Reservation | None] = {}
+        self._res_in_db: set[str] = set()
+        self._res_resync = False
+        self._touch: dict[tuple[str, str], int] = {}
+        self._cum: dict[tuple[str, str], float] = {}
+        self._first_change = 0.0
+        #: changes made so far (admissions, settles, …): with :attr:`durable_seq`, what a crash
+        #: now would lose
+        self.seq = 0
+        self.durable_seq = 0
+        self._taken_seq = 0  # ``seq`` at the last snapshot
+        for rid, pool, key, expires, raw in reader.execute(_LOAD_RESERVATIONS):
+            parts = load_parts(raw)
+            self._res[str(rid)] = (str(pool), str(key), int(expires), parts)
+            self._res_in_db.add(str(rid))
+            heapq.heappush(self._res_heap.setdefault(str(pool), []), (int(expires), str(rid)))
+
+    # -- the _Ops of the store's admission code --------------------------------------------
+
+    def _changed(self) -> None:
+        if self.seq == self._taken_seq:  # the first change since the last snapshot
+            self._first_change = time.monotonic()
+        self.seq += 1
+
+    def _value(self, k: CounterKey, window_ms: int) -> float | None:
+        try:
+            return self._counters[k]
+        except KeyError:
+            row = self._reader.execute(_LOAD, k).fetchone()
+            v = None if row is None else float(row[0])
+            self._counters[k] = v
+            self._windows[k] = window_ms
+            return v
+
+    def counts(
+        self, pool_id: str, key_id: str, counter: str, window_ms: int, curr: int, total: bool
+    ) -> tuple[Count, Count]:
+        v = self._value
+        mine = Count(
+            v((pool_id, key_id, counter, curr - 1), window_ms) or 0.0,
+            v((pool_id, key_id, counter, curr), window_ms) or 0.0,
+        )
+        if not total:
+            return Count(0.0, 0.0), mine
+        tot = Count(
+            v((pool_id, TOTAL_KEY, counter, curr - 1), window_ms) or 0.0,
+            v((pool_id, TOTAL_KEY, counter, curr), window_ms) or 0.0,
+        )
+        return tot, mine
+
+    def add(
+        self, pool_id: str, key_id: str, counter: str, window_ms: int, bucket: int, amount: float
+    ) -> None:
+        k = (pool_id, key_id, counter, bucket)
+        old = self._value(k, window_ms)
+        self._counters[k] = amount if old is None else old + amount
+        self._dirty.add(k)
+        self._changed()
+
+    def sub(
+        self, pool_id: str, key_id: str, counter: str, window_ms: int, bucket: int, amount: float
+    ) -> None:
+        k = (pool_id, key_id, counter, bucket)
+        old = self._value(k, window_ms)
+        if old is None:  # as the SQL UPDATE of a missing row: nothing
+            return
+        self._counters[k] = max(0.0, old - amount)
+        self._dirty.add(k)
+        self._changed()
+
+    def expired(self, pool_id: str | None, now_ms: int, limit: int) -> list[Expired]:
+        out: list[Expired] = []
+        pools = list(self._res_heap) if pool_id is None else [pool_id]
+        for pool in pools:
+            heap = self._res_heap.get(pool)
+            while heap and heap[0][0] <= now_ms and len(out) < limit:
+                expires, rid = heapq.heappop(heap)
+                res = self._res.get(rid)
+                if res is not None and res[2] == expires and res[0] == pool:
+                    out.append((rid, pool, res[1], res[3]))
+        return out
+
+    def take(self, reservation_id: str, pool_id: str) -> tuple[str, list[Part]] | None:
+        res = self._res.get(reservation_id)
+        if res is None or res[0] != pool_id:
+            return None
+        self.drop(reservation_id)
+        return res[1], res[3]
+
+    def drop(self, reservation_id: str) -> None:
+        if self._res.pop(reservation_id, None) is None:
+            return
+        if reservation_id in self._res_in_db:
+            self._res_dirty[reservation_id] = None
+        else:  # never written: nothing to delete
+            self._res_dirty.pop(reservation_id, None)
+        self._changed()
+
+    def put(
+        self, reservation_id: str, pool_id: str, key_id: str, expires_ms: int, parts: list[Part]
+    ) -> None:
+        if reservation_id in self._res:
+            msg = f"reservation id {reservation_id!r} already exists"
+            raise ReservationExists(msg)
+        res = (pool_id, key_id, expires_ms, parts)
+        self._res[reservation_id] = res
+        self._res_dirty[reservation_id] = res
+        heap = self._res_heap.setdefault(pool_id, [])
+        heapq.heappush(heap, (expires_ms, reservation_id))
+        if len(heap) > 2 * len(self._res) + 1024:  # settled ones leave stale entries behind
+            self._res_heap[pool_id] = [(r[2], i) for i, r in self._res.items() if r[0] == pool_id]
+            heapq.heapify(self._res_heap[pool_id])
+        self._changed()
+
+    def touch(self, pool_id: str, key_id: str, now_ms: int) -> None:
+        k = (pool_id, key_id)
+        self._touch[k] = max(self._touch.get(k, now_ms), now_ms)
+        self._changed()
+
+    def cum_add(self, pool_id: str, counter: str, amount: float) -> None:
+        k = (pool_id, counter)
+        self._cum[k] = self._cum.get(k, 0.0) + amount
+        self._changed()
+
+    # -- write-behind -----------------------------------------------------------------------
+
+    def snapshot(self) -> _Batch | None:
+        """Everything changed since the last snapshot, as rows (None: nothing). Under lock."""
+        if self.seq == self._taken_seq:
+            return None
+        b = _Batch(first_change=self._first_change, seq=self.seq)
+        counters = self._counters
+        windows = self._windows
+        for k in self._dirty:
+            value = counters.get(k)
+            if value is not None:
+                b.counters.append((k[0], k[1], k[2], k[3], windows[k], value))
+        self._dirty = set()
+        if self._res_resync:
+            b.res_resync = True
+            self._res_resync = False
+            self._res_dirty = dict(self._res)
+            self._res_in_db = set()
+        for rid, res in self._res_dirty.items():
+            if res is None:
+                b.res_del.append((rid,))
+                self._res_in_db.discard(rid)
+            else:
+                b.res_put.append((rid, res[0], res[1], res[2], dump_parts(res[3])))
+                self._res_in_db.add(rid)
+        self._res_dirty = {}
+        b.touches = [(p, k, t) for (p, k), t in self._touch.items()]
+        self._touch = {}
+        b.cumulative = [(p, c, v) for (p, c), v in self._cum.items()]
+        self._cum = {}
+        self._taken_seq = self.seq
+        return b
+
+    def restore(self, b: _Batch) -> None:
+        """A batch could not be written: mark its changes pending again. Under lock."""
+        for p, k, c, bucket, _, _ in b.counters:
+            self._dirty.add((p, k, c, bucket))
+        self._res_resync = True  # rewrite every reservation (which rows landed is unknown)
+        for p, k, t in b.touches:
+            self._touch[(p, k)] = max(self._touch.get((p, k), t), t)
+        for p, c, v in b.cumulative:
+            self._cum[(p, c)] = self._cum.get((p, c), 0.0) + v
+        self._first_change = min(self._first_change, b.first_change)
+        self._taken_seq = -1  # something is pending
+
+    def forget_pool(self, pool_id: str) -> None:
+        """Drop a cleared pool's state (its rows are deleted in the file). Under lock, after
+        a flush."""
+        for k in [k for k in self._counters if k[0] == pool_id]:
+            del self._counters[k]
+            self._windows.pop(k, None)
+        for rid in [i for i, r in self._res.items() if r[0] == pool_id]:
+            del self._res[rid]
+            self._res_in_db.discard(rid)
+        self._res_heap.pop(pool_id, None)
+
+    def forget_old(self, now_ms: int, retention_ms: int) -> int:
+        """Drop clean buckets that ``gc`` deletes from the file (same rule); how many."""
+        old = [
+            k
+            for k, w in self._windows.items()
+            if (k[3] + 1) * w < now_ms - max(retention_ms, 2 * w) and k not in self._dirty
+        ]
+        for k in old:
+            del self._counters[k]
+            del self._windows[k]
+        return len(old)
+
+
+class WriteBehind:
+    """Commits a :class:`MemoryCounters`' changes every ``flush_ms`` on its own thread and
+    connection. ``handover_wanted`` is asked every round: when it says yes (another process
+    wants to share the file), the flusher commits everything while holding the counters' lock
+    and calls ``handover`` before letting go, so no admission happens between the last
+    in-memory one and the switch to the transactional path."""
+
+    def __init__(
+        self,
+        memory: MemoryCounters,
+        path: str,
+        *,
+        flush_ms: int,
+        busy_timeout_ms: int,
+        handover_wanted: Callable[[], bool],
+        handover: Callable[[], None],
+    ) -> None:
+        self.memory = memory
+        self._flush_s = flush_ms / 1000.0
+        self._conn = sqlite3.connect(
+            path, timeout=busy_timeout_ms / 1000.0, isolation_level=None, check_same_thread=False
+        )
+        self._conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
+        self._flush_lock = threading.Lock()  # one commit at a time, in snapshot order
+        self._stop = threading.Event()
+        self._wanted = handover_wanted
+        self._handover = handover
+        self._checkpoint_at = time.monotonic()
+        #: the oldest change's age at its commit, in ms: the longest a ``kill -9`` could have
+        #: lost so far, and the last one
+        self.max_lag_ms = 0.0
+        self.last_lag_ms = 0.0
+        self.failures = 0
+        self._thread = threading.Thread(target=self._run, name="fairgate-sqlite-flush", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._flush_s):
+            if self._wanted():
+                with self._flush_lock, self.memory.lock:
+                    self._commit_locked()
+                    self._handover()
+                return
+            self.flush()
+
+    def flush(self) -> bool:
+        """Commit what changed now (from any thread); False if the write failed (it is kept
+        pending and retried by the next round)."""
+        with self._flush_lock:
+            with self.memory.lock:
+                batch = self.memory.snapshot()
+            return batch is None or self._write(batch)
+
+    def _commit_locked(self) -> bool:
+        """Commit with the counters' lock already held (a quiet moment for the caller)."""
+        batch = self.memory.snapshot()
+        return batch is None or self._write(batch, locked=True)
+
+    @contextmanager
+    def quiesce(self) -> Iterator[None]:
+        """Hold both locks (flush, then counters) after committing everything: while held,
+        the file is the whole state and nothing changes it but the holder."""
+        with self._flush_lock, self.memory.lock:
+            if not self._commit_locked():
+                msg = "the quota file cannot be written"
+                raise sqlite3.OperationalError(msg)
+            yield
+
+    def _write(self, b: _Batch, *, locked: bool = False) -> bool:
+        c = self._conn
+        try:
+            c.execute("BEGIN IMMEDIATE")
+            try:
+                c.executemany(_SET, b.counters)
+                if b.res_resync:
+                    c.execute(_RES_DEL_ALL)
+                c.executemany(_RES_DEL, b.res_del)
+                c.executemany(_RES_SET, b.res_put)
+                c.executemany(_TOUCH, b.touches)
+                c.executemany(_CUM_ADD, b.cumulative)
+                c.execute("COMMIT")
+            except BaseException:
+                if c.in_transaction:
+                    c.execute("ROLLBACK")
+                raise
+        except sqlite3.Error as exc:
+            self.failures += 1
+            log.warning("quota store: write-behind commit failed (%s); retrying", exc)
+            if locked:
+                self.memory.restore(b)
+            else:
+                with self.memory.lock:
+                    self.memory.restore(b)
+            return False
+        lag = (time.monotonic() - b.first_change) * 1000.0
+        self.last_lag_ms = lag
+        self.max_lag_ms = max(self.max_lag_ms, lag)
+        self.memory.durable_seq = b.seq
+        now = time.monotonic()
+        if now - self._checkpoint_at >= _CHECKPOINT_S:
+            self._checkpoint_at = now
+            # busy: the checkpoint thread or the next round catches up
+            with contextlib.suppress(sqlite3.Error):
+                c.execute("PRAGMA wal_checkpoint(PASSIVE)")
+        return True
+
+    def stop(self) -> None:
+        """Stop the thread and commit what is left (a graceful close loses nothing)."""
+        self._stop.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout=10)
+        self.flush()
+
+    def close(self) -> None:
+        self._conn.close()

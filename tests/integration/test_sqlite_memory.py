@@ -1,0 +1,301 @@
+"""The SQLite store's memory mode: the same decisions as the transactional path, its durability
+contract (a graceful close loses nothing, a ``kill -9`` only what was not yet committed, and
+never half of a change), restart, and the hand-over to the transactional path when a second
+user of the file appears (in this process and in another one).
+
+Time is injected (``now_ms``); nothing here asserts on wall-clock durations.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from fairgate.quota.decision import compile_checks
+from fairgate.quota.model import Allocation, Dimension, Policy, Pool
+from fairgate.quota.units import Unit, Window
+from fairgate.quota.window import Count
+from fairgate.store.base import AdmitRequest, CounterRef, UsageItem
+from fairgate.store.factory import create_store
+from fairgate.store.sqlite import SqliteQuotaStore
+
+T0 = 1_700_002_800_000
+REQ = Dimension(Unit.REQUESTS, Window.HOURLY, 1_000_000)
+TOK = Dimension(Unit.TOKENS, Window.FIVE_HOURS, 1e12)
+POOL = Pool(
+    id="p",
+    name="p",
+    provider="kimi",
+    connections=("c",),
+    dimensions=(REQ, TOK),
+    allocations=(Allocation("a", 50, policy=Policy.SOFT), Allocation("b", 50)),
+)
+REFS = [CounterRef(REQ.key, REQ.window_ms), CounterRef(TOK.key, TOK.window_ms)]
+
+
+def _request(key: str, rid: str, now_ms: int, pool: Pool = POOL) -> AdmitRequest:
+    alloc = pool.allocation(key)
+    assert alloc is not None
+    return AdmitRequest(
+        pool_id=pool.id,
+        key_id=key,
+        checks=compile_checks(pool, alloc, {Unit.REQUESTS: 1.0, Unit.TOKENS: 100.0}),
+        policy=alloc.policy,
+        threshold=0.5,
+        reservation_id=rid,
+        now_ms=now_ms,
+    )
+
+
+def _usage(tokens: float) -> list[UsageItem]:
+    return [UsageItem(REQ.key, REQ.window_ms, 1.0), UsageItem(TOK.key, TOK.window_ms, tokens)]
+
+
+async def _serve(store: SqliteQuotaStore, n: int, *, first: int = 0, hold: int = 0) -> None:
+    """``n`` admissions settled with 40 tokens each, then ``hold`` admissions left reserved."""
+    for i in range(first, first + n + hold):
+        rid = f"r{i}"
+        assert (await store.admit(_request("ab"[i % 2], rid, T0 + i))).reserved
+        if i < first + n:
+            await store.settle(POOL.id, "ab"[i % 2], rid, _usage(40.0), T0 + i)
+
+
+def _file_state(path: Path) -> tuple[float, float, int]:
+    """(requests, tokens, reservations) as the file holds them: the pool totals of the
+    current buckets, read with plain SQL (no store, no memory)."""
+    db = sqlite3.connect(path)
+    try:
+        req = db.execute(
+            "SELECT COALESCE(SUM(value), 0) FROM quota_counter WHERE key_id = '*' AND counter = ?",
+            (REQ.key,),
+        ).fetchone()[0]
+        tok = db.execute(
+            "SELECT COALESCE(SUM(value), 0) FROM quota_counter WHERE key_id = '*' AND counter = ?",
+            (TOK.key,),
+        ).fetchone()[0]
+        held = db.execute("SELECT COUNT(*) FROM quota_reservation").fetchone()[0]
+    finally:
+        db.close()
+    return float(req), float(tok), int(held)
+
+
+async def test_graceful_close_loses_nothing_and_a_restart_restores_the_state(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "quota.sqlite"
+    # a flush interval far beyond the test: only the close can have written anything
+    store = SqliteQuotaStore(path, mode="memory", flush_ms=1000)
+    assert store.mode == "memory"
+    await _serve(store, 30, hold=3)
+    await store.close()
+    # 30 settled (1 request + 40 tokens) and 3 held (1 request + 100 tokens reserved)
+    assert _file_state(path) == (33.0, 30 * 40.0 + 3 * 100.0, 3)
+
+    again = SqliteQuotaStore(path, mode="memory")
+    try:
+        assert again.mode == "memory"
+        usage = await again.pool_usage(POOL.id, ["a", "b"], REFS, T0 + 100)
+        assert usage.totals[REQ.key] == Count(0.0, 33.0)
+        assert usage.per_key["a"][TOK.key].curr + usage.per_key["b"][TOK.key].curr == 1500.0
+        # a reservation held across the restart settles against what it reserved
+        await again.settle(POOL.id, "b", "r31", _usage(10.0), T0 + 100)
+        assert await again.release(POOL.id, "r32", T0 + 100)
+        assert not await again.release(POOL.id, "r32", T0 + 100)
+    finally:
+        await again.close()
+    assert _file_state(path) == (32.0, 30 * 40.0 + 100.0 + 10.0, 1)
+
+
+async def test_memory_and_transactional_give_identical_decisions_and_counts(
+    tmp_path: Path,
+) -> None:
+    """The contract suite's parity scenario (every outcome, leases lapsing, buckets rolling)
+    on both modes: the same log and the same final counts, to the last bit."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_store_contract import PARITY_SEED, _run_scenario
+
+    results = []
+    for mode in ("transactional", "memory"):
+        store = SqliteQuotaStore(tmp_path / f"{mode}.sqlite", mode=mode)
+        try:
+            assert store.mode == mode
+            results.append(await _run_scenario(store, seed=PARITY_SEED))
+        finally:
+            await store.close()
+    (t_log, t_floats, t_final), (m_log, m_floats, m_final) = results
+    for t_entry, m_entry in zip(t_log, m_log, strict=True):
+        assert t_entry == m_entry
+    assert t_floats == m_floats
+    assert t_final == m_final
+
+
+async def test_a_second_store_on_the_file_takes_over_transactionally(tmp_path: Path) -> None:
+    """In one process as across processes: the owner commits, hands over, and from then on
+    both count in the file, exactly."""
+    path = tmp_path / "quota.sqlite"
+    pool = Pool(
+        id="p",
+        name="p",
+        provider="kimi",
+        connections=("c",),
+        dimensions=(Dimension(Unit.REQUESTS, Window.HOURLY, 10),),
+        allocations=(Allocation("a", 50, policy=Policy.BURST), Allocation("b", 50)),
+    )
+
+    def req(key: str, i: int) -> AdmitRequest:
+        alloc = pool.allocation(key)
+        assert alloc is not None
+        checks = compile_checks(pool, alloc, {Unit.REQUESTS: 1.0})
+        return AdmitRequest(pool.id, key, checks, alloc.policy, 0.5, f"{key}{i}", T0)
+
+    owner = SqliteQuotaStore(path, mode="memory", flush_ms=1000)
+    assert owner.mode == "memory"
+    won = sum([(await owner.admit(req("a", i))).reserved for i in range(6)])
+    assert won == 6
+    # the newcomer's constructor waits until the owner's flusher has handed over (the owner
+    # notices within one flush round, 1 s here, so this returns after about a second)
+    newcomer = await asyncio.to_thread(SqliteQuotaStore, path, mode="memory")
+    try:
+        assert owner.mode == "transactional"
+        assert newcomer.mode == "transactional"
+        assert _file_state(path)[0] == 6.0  # committed by the hand-over
+        stores = [owner, newcomer] * 5
+        results = [await s.admit(req("a", i)) for i, s in enumerate(stores, start=6)]
+        assert sum(r.reserved for r in results) == 4  # exactly the limit of 10, across both
+    finally:
+        await newcomer.close()
+        await owner.close()
+    assert _file_state(path)[0] == 10.0
+
+
+_CHILD = textwrap.dedent(
+    """
+    import asyncio, json, sys
+    sys.path.insert(0, {tests!r})
+    from test_sqlite_memory import SqliteQuotaStore, _serve
+
+    async def main():
+        store = SqliteQuotaStore({path!r}, mode="memory", flush_ms={flush_ms})
+        assert store.mode == "memory"
+        await _serve(store, {settled})
+        await store.flush()  # everything so far is committed: must survive the kill
+        committed = store.durability()
+        await _serve(store, {more}, first={settled})  # after the commit: may be lost
+        if {wait_commit}:
+            while store.durability()["committed"] < store.durability()["changes"]:
+                await asyncio.sleep(0.001)
+        print(json.dumps({{"committed": committed, "now": store.durability()}}), flush=True)
+        await asyncio.sleep(3600)  # killed here
+
+    asyncio.run(main())
+    """
+)
+
+
+def _run_and_kill(path: Path, *, settled: int, more: int, flush_ms: int, wait: bool) -> dict:
+    code = _CHILD.format(
+        tests=str(Path(__file__).parent),
+        path=str(path),
+        flush_ms=flush_ms,
+        settled=settled,
+        more=more,
+        wait_commit=wait,
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, env={**os.environ}, text=True
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert line, "the child died before reporting"
+        report: dict = json.loads(line)
+        proc.send_signal(signal.SIGKILL)  # kill -9: no close, no final commit
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
+    assert proc.returncode == -signal.SIGKILL
+    return report
+
+
+@pytest.mark.slow
+def test_kill_9_loses_at_most_what_was_not_committed_and_never_half_a_change(
+    tmp_path: Path,
+) -> None:
+    """40 requests settled and committed, then 25 more that a 1 s flush interval has most
+    likely not written yet: after the kill the file holds the 40 and at most the 25, and
+    whatever it holds is one consistent moment (every request counted once, in both counters,
+    no reservation left behind by a settle that was written without its reservation's delete)."""
+    path = tmp_path / "quota.sqlite"
+    report = _run_and_kill(path, settled=40, more=25, flush_ms=1000, wait=False)
+    assert report["committed"]["committed"] == report["committed"]["changes"]
+    req, tok, held = _file_state(path)
+    assert 40.0 <= req <= 65.0  # the committed 40 survive; the 25 may be lost
+    # one consistent moment: each settled request with its 40 tokens, and a request caught
+    # between its admission and its settle with its reservation (100 tokens) and its row
+    assert held <= 1
+    assert tok == (req - held) * 40.0 + held * 100.0
+
+    async def reopen() -> Count:
+        store = SqliteQuotaStore(path, mode="memory")
+        try:
+            assert store.mode == "memory"
+            usage = await store.pool_usage(POOL.id, [], REFS, T0 + 100)
+            return usage.totals[REQ.key]
+        finally:
+            await store.close()
+
+    assert asyncio.run(reopen()) == Count(0.0, req)  # restart counts on from what survived
+
+
+@pytest.mark.slow
+def test_kill_9_after_the_commit_caught_up_loses_nothing(tmp_path: Path) -> None:
+    """The contract's other half: once the write-behind has committed (within ``flush_ms`` of
+    the change, 5 ms by default), a kill -9 loses nothing, reservations included."""
+    path = tmp_path / "quota.sqlite"
+    report = _run_and_kill(path, settled=30, more=20, flush_ms=5, wait=True)
+    assert report["now"]["committed"] == report["now"]["changes"]
+    assert _file_state(path) == (50.0, 50 * 40.0, 0)
+
+
+async def test_factory_reads_the_mode_and_flush_interval(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    store, _ = await create_store(tmp_path / "a.sqlite", env={})
+    assert isinstance(store, SqliteQuotaStore)
+    assert store.mode == "transactional"
+    await store.close()
+    env = {"QUOTA_SQLITE_MODE": "Memory", "QUOTA_SQLITE_FLUSH_MS": "20"}
+    store, _ = await create_store(tmp_path / "b.sqlite", env=env)
+    assert isinstance(store, SqliteQuotaStore)
+    assert store.mode == "memory"
+    assert store._behind is not None
+    assert store._behind._flush_s == 0.02
+    await store.close()
+    env = {"QUOTA_SQLITE_MODE": "fast", "QUOTA_SQLITE_FLUSH_MS": "5000"}
+    store, _ = await create_store(tmp_path / "c.sqlite", env=env)
+    assert isinstance(store, SqliteQuotaStore)
+    assert store.mode == "transactional"
+    await store.close()
+    messages = " ".join(r.getMessage() for r in caplog.records)
+    assert "QUOTA_SQLITE_MODE='fast'" in messages
+    assert "QUOTA_SQLITE_FLUSH_MS='5000'" in messages
+
+
+def test_the_store_refuses_a_bad_mode_or_interval(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="mode"):
+        SqliteQuotaStore(tmp_path / "a.sqlite", mode="fast")
+    with pytest.raises(ValueError, match="flush_ms"):
+        SqliteQuotaStore(tmp_path / "b.sqlite", mode="memory", flush_ms=0)
