@@ -1,5 +1,8 @@
-"""Admission cost: µs per admit+settle for the pure decision, the SQLite and the Redis driver,
-and how it changes from 10 to 100,000 keys in a pool. Prints figures; asserts nothing.
+"""Admission cost: µs per admit+settle for the pure decision, the SQLite driver in both modes
+(``transactional``: a transaction per call; ``memory``: counters in memory, written behind) and
+the Redis driver, and how it changes from 10 to 100,000 keys in a pool. Prints figures and the
+memory mode's measured durability window (how long a change waited for its commit: what a
+``kill -9`` could have lost); asserts nothing.
 
 Run: ``make bench`` (or ``python benchmarks/admission.py [--quick]``). Uses the Redis at
 ``FAIRGATE_TEST_REDIS_URL`` (else 127.0.0.1:6379) under a unique key prefix it deletes afterwards.
@@ -13,7 +16,11 @@ import asyncio
 import math
 import os
 import random
+import re
+import shutil
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 import uuid
@@ -25,7 +32,7 @@ from fairgate.quota.engine import QuotaEngine
 from fairgate.quota.model import Allocation, Dimension, Policy, Pool
 from fairgate.quota.units import Unit, Window
 from fairgate.store.base import QuotaStore, UsageItem
-from fairgate.store.sqlite import SqliteQuotaStore
+from fairgate.store.sqlite import MAX_FLUSH_MS, SqliteQuotaStore
 
 T0 = 1_700_002_800_000
 COST = {Unit.REQUESTS: 1.0, Unit.TOKENS: 500.0}
@@ -148,6 +155,19 @@ async def cleanup(url: str, prefix: str) -> None:
 
 Row = tuple[str, int, float, float]  # (path, keys, mean µs, p99 µs or nan)
 
+SQLITE_TX = "sqlite admit+settle"
+SQLITE_MEMORY = "sqlite memory a+s"
+
+
+async def warm(store: QuotaStore, pool: Pool) -> None:
+    """One admit+settle per key, untimed: the memory mode loads a key's buckets from the file
+    on its first use, so the timed loop measures the steady state (as the transactional path's
+    pages are already in SQLite's cache after the prefill)."""
+    engine = QuotaEngine(store, clock=ManualClock(T0 + 500))
+    for a in pool.allocations:
+        adm = await engine.admit(pool, a.key_id, COST)
+        await engine.settle(adm.ticket, COST)
+
 
 async def redis_available(url: str) -> bool:
     try:
@@ -162,9 +182,14 @@ async def redis_available(url: str) -> bool:
 
 
 async def measure(
-    sizes: list[int], ops: int, url: str, progress: bool = True
+    sizes: list[int],
+    ops: int,
+    url: str,
+    progress: bool = True,
+    lags: list[tuple[int, dict[str, float]]] | None = None,
 ) -> tuple[list[Row], tuple[float, float] | None]:
-    """Every row of the table, and Redis round trips per admit (None: Redis not reachable).
+    """Every row of the table, and Redis round trips per admit (None: Redis not reachable);
+    ``lags`` receives the memory mode's durability figures per size.
 
     Callable from ``benchmarks/run_all.py``; nothing is printed but progress."""
     prefix = f"fgbench:{uuid.uuid4().hex[:8]}"
@@ -180,8 +205,20 @@ async def measure(
             # checkpoint a moment so we measure the steady state, not the burst's backlog
             await asyncio.sleep(1.0)
             mean, p99 = await bench_store(sqlite, pool, ops)
-            rows.append(("sqlite admit+settle", n, mean, p99))
+            rows.append((SQLITE_TX, n, mean, p99))
             await sqlite.close()
+            memory = SqliteQuotaStore(Path(tmp) / f"m{n}.sqlite", mode="memory")
+            assert memory.mode == "memory"
+            await prefill(memory, pool)
+            await warm(memory, pool)
+            await memory.flush()
+            memory.durability(reset=True)  # the prefill's burst is not the steady state
+            mean, p99 = await bench_store(memory, pool, ops)
+            rows.append((SQLITE_MEMORY, n, mean, p99))
+            await asyncio.sleep(0.05)  # let the last rounds commit: their lag counts too
+            if lags is not None:
+                lags.append((n, memory.durability()))
+            await memory.close()
             if have_redis:
                 from fairgate.store.redis import RedisQuotaStore
 
@@ -198,14 +235,82 @@ async def measure(
     return rows, trips
 
 
+async def run_ops(mode: str, n_keys: int, ops: int) -> None:
+    """(Under callgrind) prefill, warm, then ``ops`` admit+settle on one SQLite mode."""
+    pool = make_pool(n_keys)
+    with tempfile.TemporaryDirectory() as tmp:
+        # under valgrind the program runs ~50x slower, so a 5 ms write-behind would commit
+        # after every operation or two instead of every ~100 as at full speed: commit once a
+        # second instead (and at the close), i.e. the commit amortized over the run
+        store = SqliteQuotaStore(Path(tmp) / "q.sqlite", mode=mode, flush_ms=MAX_FLUSH_MS)
+        await prefill(store, pool)
+        await warm(store, pool)
+        if ops:
+            await bench_store(store, pool, ops)
+        await store.close()
+
+
+#: The two run lengths whose instruction counts are subtracted: what is left is the cost of
+#: (high - low) admit+settle, start-up, prefill and the close cancelled out.
+CALLGRIND_OPS = (200, 1200)
+
+
+def instructions_per_op(mode: str, n_keys: int) -> float | None:
+    """Instructions per admit+settle (all threads: the write-behind commits count too), from
+    two callgrind runs; None without valgrind. Load-independent, unlike wall-clock µs."""
+    if shutil.which("valgrind") is None:
+        return None
+    counts: list[int] = []
+    for ops in CALLGRIND_OPS:
+        cmd = [
+            "valgrind",
+            "--tool=callgrind",
+            "--callgrind-out-file=/dev/null",
+            sys.executable,
+            __file__,
+            "--run-ops",
+            mode,
+            str(n_keys),
+            str(ops),
+        ]
+        out = subprocess.run(cmd, capture_output=True, text=True, check=True)
+        found = re.search(r"Collected : (\d+)", out.stderr)
+        if found is None:
+            return None
+        counts.append(int(found.group(1)))
+    return (counts[1] - counts[0]) / (CALLGRIND_OPS[1] - CALLGRIND_OPS[0])
+
+
+def print_instructions(sizes: list[int]) -> None:
+    print("\ninstructions per admit+settle (callgrind, all threads):")
+    for n in sizes:
+        tx = instructions_per_op("transactional", n)
+        mem = instructions_per_op("memory", n)
+        if tx is None or mem is None:
+            print("  valgrind not installed: not measured")
+            return
+        print(f"  {n:>7,} keys: transactional {tx:>10,.0f}, memory {mem:>9,.0f} ({tx / mem:.1f}x)")
+
+
 async def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--quick", action="store_true", help="fewer ops and keys (a smoke run)")
+    ap.add_argument(
+        "--callgrind",
+        action="store_true",
+        help="also count instructions per SQLite admit+settle (valgrind; minutes)",
+    )
+    ap.add_argument("--run-ops", nargs=3, metavar=("MODE", "KEYS", "OPS"), help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.run_ops:
+        mode, n_keys, n_ops = args.run_ops
+        await run_ops(mode, int(n_keys), int(n_ops))
+        return
     sizes = [10, 1000, 10_000] if args.quick else [10, 1000, 100_000]
     ops = 500 if args.quick else 3000
     url = os.environ.get("FAIRGATE_TEST_REDIS_URL") or "redis://127.0.0.1:6379/0"
-    rows, trips = await measure(sizes, ops, url)
+    lags: list[tuple[int, dict[str, float]]] = []
+    rows, trips = await measure(sizes, ops, url, lags=lags)
 
     print()
     print(f"{'path':<22} {'keys':>8} {'mean µs':>9} {'p99 µs':>9} {'vs 10 keys':>11}")
@@ -214,6 +319,21 @@ async def main() -> None:
         base.setdefault(name, mean)
         p99s = "" if math.isnan(p99) else f"{p99:9.1f}"
         print(f"{name:<22} {n:>8,} {mean:9.1f} {p99s:>9} {mean / base[name]:10.2f}x")
+    by = {(name, n): mean for name, n, mean, _ in rows}
+    print()
+    for n in sizes:
+        tx, mem = by[(SQLITE_TX, n)], by[(SQLITE_MEMORY, n)]
+        print(
+            f"sqlite at {n:>7,} keys: transactional {tx:7.1f} µs, "
+            f"memory {mem:6.1f} µs ({tx / mem:.1f}x)"
+        )
+    for n, d in lags:
+        print(
+            f"memory mode at {n:>7,} keys: a change waited for its commit "
+            f"p50 {d['p50_lag_ms']:.1f} ms, p99 {d['p99_lag_ms']:.1f} ms, "
+            f"max {d['max_lag_ms']:.1f} ms over {d['commits']:.0f} commits "
+            f"(flush interval 5 ms; failed commits {d['failed_commits']:.0f})"
+        )
     if trips is not None:
         print(
             f"\nredis round trips (EVALSHA) per admit: {trips[0]:.2f}; "
@@ -222,9 +342,12 @@ async def main() -> None:
     else:
         print("\nredis: not reachable, driver not measured")
     print(
-        "targets: pure ≤ 20 µs, sqlite admit+settle ≤ 150 µs, redis 1 round trip per admit, "
+        "targets: pure ≤ 20 µs, sqlite admit+settle ≤ 150 µs (memory mode ≤ 60 µs), "
+        "redis 1 round trip per admit, "
         "100,000 keys within 1.3x of 10 keys"
     )
+    if args.callgrind:
+        print_instructions([10, 1000])
 
 
 if __name__ == "__main__":

@@ -264,7 +264,13 @@ def run(quick: bool, console: Console) -> Results:
     ]
     res.raw["redis_round_trips"] = trips
     first = {p: m for p, n, m, _ in rows if n == sizes[0]}
-    for path in ("pure decision", "sqlite admit+settle", "redis admit+settle"):
+    paths = (
+        "pure decision",
+        admission.SQLITE_TX,
+        admission.SQLITE_MEMORY,
+        "redis admit+settle",
+    )
+    for path in paths:
         r = [x for x in rows if x[0] == path]
         if not r:
             res.add("admission", path, "not measured", "Redis not reachable")
@@ -272,7 +278,7 @@ def run(quick: bool, console: Console) -> Results:
         _p, n0, m0, q0 = r[0]
         p99 = "" if math.isnan(q0) else f", p99 {q0:.0f} µs"
         res.add("admission", f"{path}, {n0} keys", f"{m0:.1f} µs", f"this machine{p99}")
-    for path in ("pure decision", "sqlite admit+settle", "redis admit+settle"):
+    for path in paths:
         r = [x for x in rows if x[0] == path]
         if r:
             _p, n1, m1, _q = r[-1]

@@ -402,18 +402,29 @@ class SqliteQuotaStore:
         ``transactional`` (also after a hand-over)."""
         return "memory" if self._memory is not None else "transactional"
 
-    def durability(self) -> dict[str, float]:
+    def durability(self, *, reset: bool = False) -> dict[str, float]:
         """What a ``kill -9`` now would lose, for tests and benchmarks: changes made and
-        committed so far (their difference is at risk), the longest and the last time a change
-        waited for its commit (ms). Empty in transactional mode (nothing is ever at risk)."""
+        committed so far (their difference is at risk), commits, and how long the oldest change
+        of each commit had waited for it (ms: median, 99th percentile, longest, over the last
+        few thousand commits; ``reset`` starts those over). Empty in transactional mode
+        (nothing is ever at risk)."""
         mem, wb = self._memory, self._behind
         if mem is None or wb is None:
             return {}
+        lags = sorted(wb.lags_ms)
+        if reset:
+            wb.lags_ms.clear()
+
+        def pct(q: float) -> float:
+            return lags[min(len(lags) - 1, int(len(lags) * q))] if lags else 0.0
+
         return {
             "changes": mem.seq,
             "committed": mem.durable_seq,
-            "max_lag_ms": wb.max_lag_ms,
-            "last_lag_ms": wb.last_lag_ms,
+            "commits": len(lags),
+            "p50_lag_ms": pct(0.5),
+            "p99_lag_ms": pct(0.99),
+            "max_lag_ms": lags[-1] if lags else 0.0,
             "failed_commits": wb.failures,
         }
 

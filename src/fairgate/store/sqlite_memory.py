@@ -23,6 +23,7 @@ import logging
 import sqlite3
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -320,22 +321,25 @@ class WriteBehind:
         self._wanted = handover_wanted
         self._handover = handover
         self._checkpoint_at = time.monotonic()
-        #: the oldest change's age at its commit, in ms: the longest a ``kill -9`` could have
-        #: lost so far, and the last one
-        self.max_lag_ms = 0.0
-        self.last_lag_ms = 0.0
+        #: the oldest change's age at each commit, in ms (the last few thousand commits): how
+        #: much counting a ``kill -9`` just before that commit would have lost
+        self.lags_ms: deque[float] = deque(maxlen=4096)
         self.failures = 0
         self._thread = threading.Thread(target=self._run, name="fairgate-sqlite-flush", daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
         while not self._stop.wait(self._flush_s):
-            if self._wanted():
-                with self._flush_lock, self.memory.lock:
-                    self._commit_locked()
-                    self._handover()
-                return
-            self.flush()
+            try:
+                if self._wanted():
+                    with self._flush_lock, self.memory.lock:
+                        if self._commit_locked():  # else: retried next round, still owner
+                            self._handover()
+                            return
+                    continue
+                self.flush()
+            except Exception:  # never let the thread die: the next round retries
+                log.exception("quota store: write-behind round failed")
 
     def flush(self) -> bool:
         """Commit what changed now (from any thread); False if the write failed (it is kept
@@ -387,8 +391,7 @@ class WriteBehind:
                     self.memory.restore(b)
             return False
         lag = (time.monotonic() - b.first_change) * 1000.0
-        self.last_lag_ms = lag
-        self.max_lag_ms = max(self.max_lag_ms, lag)
+        self.lags_ms.append(lag)
         self.memory.durable_seq = b.seq
         now = time.monotonic()
         if now - self._checkpoint_at >= _CHECKPOINT_S:
