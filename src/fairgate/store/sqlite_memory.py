@@ -17,6 +17,7 @@ consistent state (a reservation and the amounts it added are lost or kept togeth
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import heapq
 import logging
@@ -95,7 +96,9 @@ class MemoryCounters:
         self._reader = reader  # loads a bucket not yet in memory (the file is the truth for it)
         # value None: no row in the file (an undo must not create one, as the SQL UPDATE)
         self._counters: dict[CounterKey, float | None] = {}
-        self._windows: dict[CounterKey, int] = {}
+        # (pool id, counter) → its window: a counter's window never changes, and one entry per
+        # counter instead of per bucket is a fifth less memory at 100,000 keys
+        self._windows: dict[tuple[str, str], int] = {}
         self._dirty: set[CounterKey] = set()
         self._res: dict[str, _Reservation] = {}
         self._res_heap: dict[str, list[tuple[int, str]]] = {}
@@ -110,6 +113,8 @@ class MemoryCounters:
         self.seq = 0
         self.durable_seq = 0
         self._taken_seq = 0  # ``seq`` at the last snapshot
+        #: called at the first change after a snapshot (schedules its commit)
+        self.on_first_change: Callable[[], None] | None = None
         for rid, pool, key, expires, raw in reader.execute(_LOAD_RESERVATIONS):
             parts = load_parts(raw)
             self._res[str(rid)] = (str(pool), str(key), int(expires), parts)
@@ -121,6 +126,8 @@ class MemoryCounters:
     def _changed(self) -> None:
         if self.seq == self._taken_seq:  # the first change since the last snapshot
             self._first_change = time.monotonic()
+            if self.on_first_change is not None:
+                self.on_first_change()
         self.seq += 1
 
     def _value(self, k: CounterKey, window_ms: int) -> float | None:
@@ -130,7 +137,7 @@ class MemoryCounters:
             row = self._reader.execute(_LOAD, k).fetchone()
             v = None if row is None else float(row[0])
             self._counters[k] = v
-            self._windows[k] = window_ms
+            self._windows[(k[0], k[2])] = window_ms
             return v
 
     def counts(
@@ -225,6 +232,10 @@ class MemoryCounters:
 
     # -- write-behind -----------------------------------------------------------------------
 
+    def pending_since(self) -> float | None:
+        """Monotonic time of the oldest change not yet taken by a snapshot (None: none)."""
+        return None if self.seq == self._taken_seq else self._first_change
+
     def snapshot(self) -> _Batch | None:
         """Everything changed since the last snapshot, as rows (None: nothing). Under lock."""
         if self.seq == self._taken_seq:
@@ -235,7 +246,7 @@ class MemoryCounters:
         for k in self._dirty:
             value = counters.get(k)
             if value is not None:
-                b.counters.append((k[0], k[1], k[2], k[3], windows[k], value))
+                b.counters.append((k[0], k[1], k[2], k[3], windows[(k[0], k[2])], value))
         self._dirty = set()
         if self._res_resync:
             b.res_resync = True
@@ -274,7 +285,8 @@ class MemoryCounters:
         a flush."""
         for k in [k for k in self._counters if k[0] == pool_id]:
             del self._counters[k]
-            self._windows.pop(k, None)
+        for w in [w for w in self._windows if w[0] == pool_id]:
+            del self._windows[w]
         for rid in [i for i, r in self._res.items() if r[0] == pool_id]:
             del self._res[rid]
             self._res_in_db.discard(rid)
@@ -282,23 +294,31 @@ class MemoryCounters:
 
     def forget_old(self, now_ms: int, retention_ms: int) -> int:
         """Drop clean buckets that ``gc`` deletes from the file (same rule); how many."""
-        old = [
-            k
-            for k, w in self._windows.items()
-            if (k[3] + 1) * w < now_ms - max(retention_ms, 2 * w) and k not in self._dirty
-        ]
+        windows = self._windows
+        old = []
+        for k in self._counters:
+            w = windows[(k[0], k[2])]
+            if (k[3] + 1) * w < now_ms - max(retention_ms, 2 * w) and k not in self._dirty:
+                old.append(k)
         for k in old:
             del self._counters[k]
-            del self._windows[k]
         return len(old)
 
 
 class WriteBehind:
-    """Commits a :class:`MemoryCounters`' changes every ``flush_ms`` on its own thread and
-    connection. ``handover_wanted`` is asked every round: when it says yes (another process
-    wants to share the file), the flusher commits everything while holding the counters' lock
-    and calls ``handover`` before letting go, so no admission happens between the last
-    in-memory one and the switch to the transactional path."""
+    """Commits a :class:`MemoryCounters`' changes ``flush_ms`` after the first of them, in one
+    transaction on a connection of its own.
+
+    The commit runs on the event loop that made the change (a timer set at the first change
+    after a commit): a commit per ``flush_ms`` at most, whatever the request rate. A thread
+    would keep it off the loop but not off the GIL: with the loop busy, each of the commit's
+    statements waited up to a switch interval (5 ms) for the GIL to come back, and a 5 ms
+    flush interval became commits 100-150 ms apart (measured). The thread kept here only
+    watches: every ``flush_ms`` it asks ``handover_wanted``, and when yes (another process wants
+    to share the file) it commits everything while holding the counters' lock and calls
+    ``handover`` before letting go, so no admission happens between the last in-memory one and
+    the switch to the transactional path; it also commits changes that no loop committed
+    within two intervals (made outside a running loop, or after a failed commit)."""
 
     def __init__(
         self,
@@ -325,8 +345,21 @@ class WriteBehind:
         #: much counting a ``kill -9`` just before that commit would have lost
         self.lags_ms: deque[float] = deque(maxlen=4096)
         self.failures = 0
+        memory.on_first_change = self._schedule
         self._thread = threading.Thread(target=self._run, name="fairgate-sqlite-flush", daemon=True)
         self._thread.start()
+
+    def _schedule(self) -> None:
+        """(Counters' lock held) Commit ``flush_ms`` from now on the running loop, if any."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return  # no loop: the watcher thread commits it
+        loop.call_later(self._flush_s, self._flush_on_loop)
+
+    def _flush_on_loop(self) -> None:
+        if not self._stop.is_set():
+            self.flush()
 
     def _run(self) -> None:
         while not self._stop.wait(self._flush_s):
@@ -337,7 +370,10 @@ class WriteBehind:
                             self._handover()
                             return
                     continue
-                self.flush()
+                with self.memory.lock:
+                    pending = self.memory.pending_since()
+                if pending is not None and time.monotonic() - pending > 2 * self._flush_s:
+                    self.flush()
             except Exception:  # never let the thread die: the next round retries
                 log.exception("quota store: write-behind round failed")
 
