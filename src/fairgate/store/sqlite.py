@@ -357,12 +357,11 @@ class SqliteQuotaStore:
                     self._use.share(busy_timeout_ms)
             self._init(busy_timeout_ms)
             if self._use is not None and self._use.owner:
-                self._memory = MemoryCounters(self._conn)
+                self._memory = MemoryCounters(self._conn, self._lock)
                 self._behind = WriteBehind(
                     self._memory,
-                    self._path,
+                    self._write,
                     flush_ms=flush_ms,
-                    busy_timeout_ms=busy_timeout_ms,
                     handover_wanted=self._use.sharer_waiting,
                     handover=self._hand_over,
                 )
@@ -788,7 +787,6 @@ class SqliteQuotaStore:
         """Commits what memory mode holds first: a graceful stop loses nothing."""
         if self._behind is not None:
             self._behind.stop()
-            self._behind.close()
             self._behind = None
             self._memory = None
         if self._use is not None:
