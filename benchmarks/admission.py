@@ -231,7 +231,8 @@ async def measure(
             await prefill(memory, pool)
             await warm(memory, pool)
             await memory.flush()
-            memory.durability(reset=True)  # the prefill's burst is not the steady state
+            await asyncio.sleep(1.0)  # as above: the burst's checkpoint is not the steady state
+            memory.durability(reset=True)
             mean, p99 = await bench_store(memory, pool, ops)
             rows.append((SQLITE_MEMORY, n, mean, p99))
             if cpu is not None:
