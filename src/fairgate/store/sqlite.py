@@ -8,6 +8,11 @@ commit (some tens of microseconds, most of it the commit), less than the hop to 
 would add. The cost is that a writer waiting for another process's lock blocks the event loop for
 up to ``busy_timeout_ms``; transactions are so short that this wait is in practice never seen.
 
+That is the ``transactional`` mode (the default). In ``memory`` mode a process that has the
+file to itself answers the same operations from memory and commits them every few milliseconds
+(:mod:`fairgate.store.sqlite_memory`); the admission code below is written once against
+:class:`_Ops` and runs unchanged on both.
+
 Layout (all primary-key addressed, so admission is O(checks) whatever the number of keys):
 
 - ``quota_counter``: one row per (pool, key, counter, bucket); the key id :data:`TOTAL_KEY`

@@ -6,11 +6,13 @@ this process's changes since the last write *is* the state. :class:`MemoryCounte
 state (counter buckets loaded on first use, every live reservation, pending active marks and
 cumulative additions) and answers the same primitive operations the transactional path runs as
 SQL (the store's admission code is written once against them), in memory, in O(1).
-:class:`WriteBehind` commits what changed every few milliseconds in ONE transaction on its own
-thread and connection, off the event loop.
+:class:`WriteBehind` commits what changed ``flush_ms`` (a few milliseconds) after the first
+change, everything in ONE transaction through the store's own write transaction: a commit per
+interval whatever the request rate, instead of two per request.
 
 Durability (docs/performance.md): a ``kill -9`` loses what changed since the last commit, at
-most ``flush_ms`` plus the time one commit takes; a graceful close commits everything first.
+most ``flush_ms`` plus however late a busy event loop runs the commit (measured in
+``benchmarks/admission.py``); a graceful close commits everything first.
 Each commit is one snapshot taken under the counters' lock, so what survives is always a
 consistent state (a reservation and the amounts it added are lost or kept together).
 """
@@ -312,7 +314,7 @@ class MemoryCounters:
 
 class WriteBehind:
     """Commits a :class:`MemoryCounters`' changes ``flush_ms`` after the first of them, in one
-    transaction on a connection of its own.
+    transaction.
 
     The commit runs on the event loop that made the change (a timer set at the first change
     after a commit): a commit per ``flush_ms`` at most, whatever the request rate. A thread
