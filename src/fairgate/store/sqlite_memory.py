@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 
-from fairgate.quota.window import Count
+from fairgate.quota.window import Anchor, Count
 from fairgate.store.base import TOTAL_KEY, ReservationExists
 from fairgate.store.sqlite_parts import Expired, Part, dump_parts, load_parts
 
@@ -148,18 +148,27 @@ class MemoryCounters:
             return v
 
     def counts(
-        self, pool_id: str, key_id: str, counter: str, window_ms: int, curr: int, total: bool
+        self,
+        pool_id: str,
+        key_id: str,
+        counter: str,
+        window_ms: int,
+        curr: int,
+        total: bool,
+        anchor: Anchor | None,
     ) -> tuple[Count, Count]:
         v = self._value
         mine = Count(
             v((pool_id, key_id, counter, curr - 1), window_ms) or 0.0,
             v((pool_id, key_id, counter, curr), window_ms) or 0.0,
+            anchor,
         )
         if not total:
-            return Count(0.0, 0.0), mine
+            return Count(0.0, 0.0, anchor), mine
         tot = Count(
             v((pool_id, TOTAL_KEY, counter, curr - 1), window_ms) or 0.0,
             v((pool_id, TOTAL_KEY, counter, curr), window_ms) or 0.0,
+            anchor,
         )
         return tot, mine
 
