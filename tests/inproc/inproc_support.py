@@ -9,17 +9,35 @@ the test advances it past the deadline, never by sleeping).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import logging
+import re
 import sqlite3
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
+import orjson
 
 from fairgate.config import parse_config
-from fairgate.providers.inprocess import Handler, HandlerUpstream, UpstreamRequest
+from fairgate.providers.inprocess import (
+    Handler,
+    HandlerUpstream,
+    Reply,
+    UpstreamRequest,
+    anthropic_message,
+    openai_chat,
+)
+from fairgate.providers.mock_faults import (
+    Fault,
+    Wire,
+    error_200_body,
+    parse_fault,
+    status_fault,
+)
 from fairgate.server.app import create_app
 from fairgate.server.call import Services
 from fairgate.server.state import Gateway
@@ -28,6 +46,8 @@ from fairgate.timers import ManualTimer
 ALICE = "fg-alice-secret-0123456789"
 BOB = "fg-bob-secret-0123456789"
 UPSTREAM_SECRET = "upstream-secret-abcdef"
+ADMIN_KEY = "fg-admin-inproc-key-0123456789abcdef"
+ADMIN = {"authorization": f"Bearer {ADMIN_KEY}"}
 
 
 def conn(
@@ -105,9 +125,21 @@ async def _no_handler(req: UpstreamRequest) -> Any:
 
 @contextlib.asynccontextmanager
 async def gateway(
-    tmp_path: Path, config: dict[str, Any], timer: ManualTimer, handler: Handler | None = None
+    tmp_path: Path,
+    config: dict[str, Any],
+    timer: ManualTimer,
+    handler: Handler | None = None,
+    *,
+    env: dict[str, str] | None = None,
 ) -> AsyncIterator[Harness]:
-    gw = Gateway(data_dir=tmp_path, config=parse_config(config, {}), env={}, clock=timer.clock)
+    """The app on ``config`` (the config file's shape), its admin API open to :data:`ADMIN`."""
+    gw = Gateway(
+        data_dir=tmp_path,
+        config=parse_config(config, {}),
+        env=env or {},
+        clock=timer.clock,
+        admin_key=ADMIN_KEY,
+    )
     gw.timer = timer
     upstream = HandlerUpstream(handler or _no_handler)
     app = create_app(gw, upstream=upstream)
@@ -115,3 +147,96 @@ async def gateway(
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://gw") as client:
             yield Harness(gw, upstream, client, timer, app.state.services)
+
+
+def failed_diagnostics(records: list[logging.LogRecord]) -> list[dict[str, Any]]:
+    """The admin's full diagnostics of every failed request in ``records`` (``caplog.records``),
+    oldest first: what the gateway's log line carries (a client's error body has only reason
+    codes)."""
+    return [r.__dict__["diagnostics"] for r in records if r.getMessage() == "request failed"]
+
+
+def _last_user_text(messages: list[Any]) -> str:
+    for m in reversed(messages):
+        if isinstance(m, dict) and m.get("role") == "user":
+            content = m.get("content")
+            if isinstance(content, list):
+                return "".join(p.get("text", "") for p in content if isinstance(p, dict))
+            return content if isinstance(content, str) else ""
+    return ""
+
+
+def _sse(payload: dict[str, Any], event: str | None = None) -> bytes:
+    head = f"event: {event}\n".encode() if event else b""
+    return head + b"data: " + orjson.dumps(payload) + b"\n\n"
+
+
+def openai_stream(text: str, *, model: str = "m") -> list[bytes]:
+    """The SSE events of a Chat Completions stream answering ``text`` word by word."""
+    base = {"id": "chatcmpl-stream", "object": "chat.completion.chunk", "model": model}
+    words = text.split(" ")
+    pieces = [w if i == 0 else " " + w for i, w in enumerate(words)]
+
+    def chunk(delta: dict[str, Any], finish: str | None) -> bytes:
+        return _sse({**base, "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
+
+    return [
+        chunk({"role": "assistant", "content": ""}, None),
+        *(chunk({"content": p}, None) for p in pieces),
+        chunk({}, "stop"),
+        b"data: [DONE]\n\n",
+    ]
+
+
+@dataclass
+class MockUpstream:
+    """A handler that answers like the mock provider (``fairgate mock-upstream``), for tests
+    moved from subprocess e2e: every request takes the next fault of :meth:`schedule` (the
+    mock's spec language and error bodies, ``providers/mock_faults.py``), else it answers in
+    its route's shape with "mock reply:" and the words of the last user message, about one
+    prompt token per four characters. ``latency``/``timeout`` faults hold the request until
+    the test sets :attr:`release` (or the gateway gives up on it); :attr:`holding` tells a test
+    one is held."""
+
+    faults: list[Fault] = field(default_factory=list)
+    requests: int = 0
+    release: asyncio.Event = field(default_factory=asyncio.Event)
+    #: set once a request is held by a ``latency``/``timeout`` fault
+    holding: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def schedule(self, *specs: str) -> None:
+        self.faults.extend(parse_fault(s) for s in specs)
+
+    async def __call__(self, req: UpstreamRequest) -> Reply:
+        self.requests += 1
+        wire: Wire = "anthropic" if req.path.endswith("/messages") else "openai"
+        fault = self.faults.pop(0) if self.faults else parse_fault("ok")
+        if fault.is_status:
+            status, body, headers = status_fault(fault, wire, f"req_{self.requests}", 0.0)
+            return Reply(status, body, headers=headers)
+        if fault.kind in ("latency", "timeout"):
+            self.holding.set()
+            await self.release.wait()
+        if fault.kind == "reset":
+            raise ConnectionResetError("reset by the mock")
+        body = req.json()
+        messages = body.get("messages") or []
+        words = re.findall(r"[a-z0-9]+", _last_user_text(messages).lower()) or ["hello"]
+        text = "" if fault.kind == "empty" else " ".join(["mock", "reply:", *words])
+        chars = sum(len(str(m.get("content", ""))) for m in messages if isinstance(m, dict))
+        prompt, completion = max(1, -(-chars // 4)), len(text.split())
+        model = str(body.get("model", "m"))
+        if fault.kind == "error-200":
+            err = error_200_body(wire, f"req_{self.requests}")
+            return Reply(chunks=[_sse(err)]) if body.get("stream") else Reply(200, err)
+        if wire == "anthropic":
+            assert body.get("stream") is not True, "MockUpstream streams the OpenAI wire only"
+            return anthropic_message(
+                text, model=model, input_tokens=prompt, output_tokens=completion
+            )
+        if body.get("stream") is True:
+            events: list[bytes | BaseException] = list(openai_stream(text, model=model))
+            if fault.kind == "reset-mid-stream":
+                events = [*events[: int(fault.value)], ConnectionResetError("reset mid-stream")]
+            return Reply(chunks=events)
+        return openai_chat(text, model=model, prompt_tokens=prompt, completion_tokens=completion)
