@@ -191,12 +191,12 @@ def openai_stream(text: str, *, model: str = "m") -> list[bytes]:
 @dataclass
 class MockUpstream:
     """A handler that answers like the mock provider (``fairgate mock-upstream``), for tests
-    moved from subprocess e2e: every request takes the next fault of :meth:`schedule` (the
-    mock's spec language and error bodies, ``providers/mock_faults.py``), else it answers in
-    its route's shape with "mock reply:" and the words of the last user message, about one
-    prompt token per four characters. ``latency``/``timeout`` faults hold the request until
-    the test sets :attr:`release` (or the gateway gives up on it); :attr:`holding` tells a test
-    one is held."""
+    moved from subprocess e2e: every request takes the fault of its ``x-mock-fault`` header,
+    else the next fault of :meth:`schedule` (the mock's spec language and error bodies,
+    ``providers/mock_faults.py``), else it answers in its route's shape with "mock reply:" and
+    the words of the last user message, about one prompt token per four characters.
+    ``latency``/``timeout`` faults hold the request until the test sets :attr:`release` (or
+    the gateway gives up on it); :attr:`holding` tells a test one is held."""
 
     faults: list[Fault] = field(default_factory=list)
     requests: int = 0
@@ -210,7 +210,8 @@ class MockUpstream:
     async def __call__(self, req: UpstreamRequest) -> Reply:
         self.requests += 1
         wire: Wire = "anthropic" if req.path.endswith("/messages") else "openai"
-        fault = self.faults.pop(0) if self.faults else parse_fault("ok")
+        header = req.headers.get("x-mock-fault", "").strip()  # wins, as in the mock
+        fault = parse_fault(header or "ok") if header or not self.faults else self.faults.pop(0)
         if fault.is_status:
             status, body, headers = status_fault(fault, wire, f"req_{self.requests}", 0.0)
             return Reply(status, body, headers=headers)
