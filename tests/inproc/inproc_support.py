@@ -15,13 +15,14 @@ import logging
 import re
 import sqlite3
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import httpx
 import orjson
 
+from fairgate.clock import Clock
 from fairgate.config import parse_config
 from fairgate.providers.inprocess import (
     Handler,
@@ -33,9 +34,12 @@ from fairgate.providers.inprocess import (
 )
 from fairgate.providers.mock_faults import (
     Fault,
+    Limits,
+    RateWindow,
     Wire,
     error_200_body,
     parse_fault,
+    rate_limit_headers,
     status_fault,
 )
 from fairgate.server.app import create_app
@@ -196,13 +200,21 @@ class MockUpstream:
     ``providers/mock_faults.py``), else it answers in its route's shape with "mock reply:" and
     the words of the last user message, about one prompt token per four characters.
     ``latency``/``timeout`` faults hold the request until the test sets :attr:`release` (or
-    the gateway gives up on it); :attr:`holding` tells a test one is held."""
+    the gateway gives up on it); :attr:`holding` tells a test one is held.
+
+    With :attr:`requests_limit` set, answers carry the mock's rate-limit headers (per minute
+    of ``clock``, every connection counted together, as one mock process behind several
+    connections), plus Anthropic's unified 5-hour reading :attr:`unified_5h` when set."""
 
     faults: list[Fault] = field(default_factory=list)
     requests: int = 0
     release: asyncio.Event = field(default_factory=asyncio.Event)
     #: set once a request is held by a ``latency``/``timeout`` fault
     holding: asyncio.Event = field(default_factory=asyncio.Event)
+    requests_limit: int | None = None
+    unified_5h: float | None = None
+    clock: Clock | None = None
+    window: RateWindow = field(default_factory=RateWindow)
 
     def schedule(self, *specs: str) -> None:
         self.faults.extend(parse_fault(s) for s in specs)
@@ -232,12 +244,27 @@ class MockUpstream:
             return Reply(chunks=[_sse(err)]) if body.get("stream") else Reply(200, err)
         if wire == "anthropic":
             assert body.get("stream") is not True, "MockUpstream streams the OpenAI wire only"
-            return anthropic_message(
+            reply = anthropic_message(
                 text, model=model, input_tokens=prompt, output_tokens=completion
             )
-        if body.get("stream") is True:
+        elif body.get("stream") is True:
             events: list[bytes | BaseException] = list(openai_stream(text, model=model))
             if fault.kind == "reset-mid-stream":
                 events = [*events[: int(fault.value)], ConnectionResetError("reset mid-stream")]
-            return Reply(chunks=events)
-        return openai_chat(text, model=model, prompt_tokens=prompt, completion_tokens=completion)
+            reply = Reply(chunks=events)
+        else:
+            reply = openai_chat(
+                text, model=model, prompt_tokens=prompt, completion_tokens=completion
+            )
+        return replace(reply, headers=self._signals(wire, prompt, completion))
+
+    def _signals(self, wire: Wire, prompt: int, completion: int) -> dict[str, str]:
+        """The mock's rate-limit headers for one more answer (none without a limit)."""
+        if self.requests_limit is None:
+            return {}
+        assert self.clock is not None, "rate-limit headers need the clock"
+        now_s = self.clock.now_ms() / 1000
+        self.window.record(now_s, prompt, completion)
+        unified = {"5h": (self.unified_5h, 3600.0)}
+        limits = Limits(self.requests_limit, 1_000_000, unified)
+        return rate_limit_headers(wire, now_s, limits, self.window.totals(now_s))
