@@ -38,9 +38,11 @@ from fairgate.providers.mock_faults import (
     RateWindow,
     Wire,
     error_200_body,
+    exhausted_headers,
     parse_fault,
     rate_limit_headers,
     status_fault,
+    unknown_field_error,
 )
 from fairgate.server.app import create_app
 from fairgate.server.call import Services
@@ -204,7 +206,9 @@ class MockUpstream:
 
     With :attr:`requests_limit` set, answers carry the mock's rate-limit headers (per minute
     of ``clock``, every connection counted together, as one mock process behind several
-    connections), plus Anthropic's unified 5-hour reading :attr:`unified_5h` when set."""
+    connections), plus Anthropic's unified 5-hour reading :attr:`unified_5h` when set. With
+    :attr:`reject_unknown_fields` (the mock's echoing mode) a body field the real API does not
+    know is refused with the provider's 400, which repeats the field's name."""
 
     faults: list[Fault] = field(default_factory=list)
     requests: int = 0
@@ -215,6 +219,7 @@ class MockUpstream:
     unified_5h: float | None = None
     clock: Clock | None = None
     window: RateWindow = field(default_factory=RateWindow)
+    reject_unknown_fields: bool = False
 
     def schedule(self, *specs: str) -> None:
         self.faults.extend(parse_fault(s) for s in specs)
@@ -222,10 +227,18 @@ class MockUpstream:
     async def __call__(self, req: UpstreamRequest) -> Reply:
         self.requests += 1
         wire: Wire = "anthropic" if req.path.endswith("/messages") else "openai"
+        request_id = f"req_{self.requests}"
+        if self.reject_unknown_fields:
+            echoed = unknown_field_error(wire, "/v1" + req.path, req.json(), request_id)
+            if echoed is not None:
+                return Reply(400, echoed)
         header = req.headers.get("x-mock-fault", "").strip()  # wins, as in the mock
         fault = parse_fault(header or "ok") if header or not self.faults else self.faults.pop(0)
         if fault.is_status:
-            status, body, headers = status_fault(fault, wire, f"req_{self.requests}", 0.0)
+            now_s = 0.0 if self.clock is None else self.clock.now_ms() / 1000
+            status, body, headers = status_fault(fault, wire, request_id, now_s)
+            if status == 429 and fault.kind != "quota" and self.requests_limit is not None:
+                headers.update(exhausted_headers(wire, now_s, self.requests_limit, fault.value))
             return Reply(status, body, headers=headers)
         if fault.kind in ("latency", "timeout"):
             self.holding.set()
@@ -240,7 +253,7 @@ class MockUpstream:
         prompt, completion = max(1, -(-chars // 4)), len(text.split())
         model = str(body.get("model", "m"))
         if fault.kind == "error-200":
-            err = error_200_body(wire, f"req_{self.requests}")
+            err = error_200_body(wire, request_id)
             return Reply(chunks=[_sse(err)]) if body.get("stream") else Reply(200, err)
         if wire == "anthropic":
             assert body.get("stream") is not True, "MockUpstream streams the OpenAI wire only"

@@ -1,0 +1,149 @@
+"""One client key must not be able to switch shared connections off (issue 19, item 1).
+
+The whole request path over an upstream in the mock's echoing mode, which answers an unknown
+body field with the provider's real 400 ("Unrecognized request argument supplied: X", "X: Extra
+inputs are not permitted"). On the old classifier a key that sent ``{"insufficient_quota":
+true}`` twice blocked both connections of the pool for good (persisted across restarts), and
+every other key got 503.
+
+Moved from ``tests/e2e/test_classification_attack.py`` (a gateway and a mock process per test);
+a restart is a new app on the same data directory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from inproc_support import ADMIN, UPSTREAM_SECRET, Harness, MockUpstream, conn, gateway
+
+from fairgate.timers import ManualTimer
+
+ATTACKER = "fg-test-attacker-6d2c1b0a9f8e7d6c5b4a"
+VICTIM = "fg-test-victim-1a2b3c4d5e6f7a8b9c0d"
+#: Field names an attacker picks so that the echo reads like a provider signal.
+HOSTILE_FIELDS = [
+    "insufficient_quota",
+    "invalid_api_key",
+    "rate_limit_exceeded",
+    "credit balance is too low",
+    "billing_hard_limit_reached",
+    "model_not_found",
+]
+
+
+def _pool(pool_id: str, members: list[str]) -> dict[str, Any]:
+    return {
+        "id": pool_id,
+        "name": pool_id,
+        "connections": members,
+        "dimensions": [{"unit": "requests", "window": "hourly", "limit": 100000}],
+        "allocations": [{"key": "attacker", "weight": 50}, {"key": "victim", "weight": 50}],
+    }
+
+
+def config() -> dict[str, Any]:
+    gpt, claude = ("gpt-4o-mini",), ("claude-sonnet-4",)
+    return {
+        "connections": [
+            conn("conn-a", models=gpt),
+            conn("conn-b", models=gpt),
+            conn("claude-a", "anthropic", models=claude),
+            conn("claude-b", "anthropic", models=claude),
+        ],
+        "pools": [_pool("shared", ["conn-a", "conn-b"]), _pool("claude", ["claude-a", "claude-b"])],
+        "keys": [
+            {"id": "attacker", "name": "attacker", "secret": ATTACKER},
+            {"id": "victim", "name": "victim", "secret": VICTIM},
+        ],
+    }
+
+
+def echoing() -> MockUpstream:
+    return MockUpstream(reject_unknown_fields=True)
+
+
+async def chat(h: Harness, secret: str, **extra: object) -> httpx.Response:
+    return await h.chat("gpt-4o-mini", key=secret, max_tokens=3, **extra)
+
+
+async def message(h: Harness, secret: str, **extra: object) -> httpx.Response:
+    """Anthropic's wire: the upstream's echo is "X: Extra inputs are not permitted"."""
+    return await h.client.post(
+        "/v1/messages",
+        headers={"x-api-key": secret, "anthropic-version": "2023-06-01"},
+        json={
+            "model": "claude-sonnet-4",
+            "max_tokens": 3,
+            "messages": [{"role": "user", "content": "x"}],
+            **extra,
+        },
+    )
+
+
+async def health(h: Harness) -> dict[str, Any]:
+    r = await h.client.get("/api/monitoring/health", headers=ADMIN)
+    assert r.status_code == 200
+    resilience: dict[str, Any] = r.json()["resilience"]
+    return resilience
+
+
+def persisted_rows(data_dir: Path) -> list[tuple[Any, ...]]:
+    with contextlib.closing(sqlite3.connect(data_dir / "fairgate.sqlite")) as db:
+        return db.execute("SELECT scope, kind, reason FROM resilience_state").fetchall()
+
+
+async def test_echoed_provider_words_block_no_connection(tmp_path: Path) -> None:
+    timer, up = ManualTimer(), echoing()
+    async with gateway(tmp_path, config(), timer, up) as h:
+        for _ in range(3):
+            for field in HOSTILE_FIELDS:
+                r = await chat(h, ATTACKER, **{field: True})
+                assert r.status_code == 400, r.text  # the attacker's own request fails, only
+                assert "Unrecognized request argument supplied" in r.text
+                r = await message(h, ATTACKER, **{field: True})
+                assert r.status_code == 400, r.text
+                assert "Extra inputs are not permitted" in r.text
+        state = await health(h)
+        assert (state["cooldowns"], state["lockouts"], state["permanent"]) == ([], [], [])
+        served = {(await chat(h, VICTIM)).headers["x-fairgate-connection"] for _ in range(6)}
+        assert served == {"conn-a", "conn-b"}  # both connections still serve the other key
+        claude = {(await message(h, VICTIM)).headers["x-fairgate-connection"] for _ in range(6)}
+        assert claude == {"claude-a", "claude-b"}
+    assert persisted_rows(tmp_path) == []
+    async with gateway(tmp_path, config(), timer, up) as again:  # nothing comes back
+        assert (await chat(again, VICTIM)).status_code == 200
+        assert (await health(again))["permanent"] == []
+
+
+async def test_health_names_the_key_and_request_behind_a_real_block(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    up = echoing()
+    async with gateway(tmp_path, config(), ManualTimer(), up) as h:
+        # a real account-level signal: OpenAI's 429 insufficient_quota, answered to the victim
+        up.schedule("quota", "429:30")
+        with caplog.at_level(logging.INFO):
+            first = await chat(h, VICTIM)
+        assert first.status_code == 429  # both connections failed: one quota, one rate limit
+        rid = first.headers["x-request-id"]
+        state = await health(h)
+        [perm] = state["permanent"]
+        assert perm["caused_by"] == {"key_id": "victim", "request_id": rid}
+        [cd] = state["cooldowns"]
+        assert cd["caused_by"]["key_id"] == "victim"
+        assert cd["caused_by"]["request_id"] == rid
+        assert cd["connection_id"] != perm["scope"].removeprefix("conn:")
+        text = (await h.client.get("/api/monitoring/health", headers=ADMIN)).text
+        assert VICTIM not in text
+        assert ATTACKER not in text
+        assert UPSTREAM_SECRET not in text
+        blocks = [r.__dict__ for r in caplog.records if "block" in r.__dict__]
+        assert any(b["block"] == "permanent" and b["request_id"] == rid for b in blocks)
+    [row] = [r for r in persisted_rows(tmp_path) if r[1] == "permanent"]
+    assert str(row[0]).startswith("perm:conn:")
