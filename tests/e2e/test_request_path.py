@@ -43,12 +43,24 @@ def _mock(tmp_path: Path, name: str) -> Proc:
     return p
 
 
-@pytest.fixture
-def mocks(tmp_path: Path) -> Iterator[tuple[Proc, Proc]]:
-    a, b = _mock(tmp_path, "mock-a"), _mock(tmp_path, "mock-b")
+@pytest.fixture(scope="module")
+def module_mocks(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Proc, Proc]]:
+    """Two mock providers for the whole module (starting them is most of a test's cost)."""
+    logs = tmp_path_factory.mktemp("mocks")
+    a, b = _mock(logs, "mock-a"), _mock(logs, "mock-b")
     yield a, b
     a.stop()
     b.stop()
+
+
+@pytest.fixture
+def mocks(module_mocks: tuple[Proc, Proc]) -> Iterator[tuple[Proc, Proc]]:
+    """The module's mocks with their stats and fault schedules cleared, before and after."""
+    for m in module_mocks:
+        httpx.post(m.url + "/_mock/reset").raise_for_status()
+    yield module_mocks
+    for m in module_mocks:
+        httpx.post(m.url + "/_mock/reset").raise_for_status()
 
 
 def requests_to(mock: Proc) -> int:
