@@ -15,6 +15,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
@@ -26,6 +27,7 @@ from e2e_support import (
     Proc,
     free_port,
     gateway_config,
+    launch_gateway,
     new_secret,
     rss_kib,
 )
@@ -41,16 +43,28 @@ SHORT_DEADLINES = {
 }
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def key() -> str:
     return new_secret()
 
 
-@pytest.fixture
-def gw(start_gateway: GatewayFactory, mock_upstream: Proc, key: str) -> Proc:
-    return start_gateway(
-        gateway_config(mock_upstream.url, keys={"a": key}), extra_env=SHORT_DEADLINES
+@pytest.fixture(scope="module")
+def gw(tmp_path_factory: pytest.TempPathFactory, mock_upstream: Proc, key: str) -> Iterator[Proc]:
+    """One gateway for the tests that only talk to it (starting one is most of a test's
+    cost); a test reads only the log lines written during it (:func:`log_since`)."""
+    p = launch_gateway(
+        tmp_path_factory.mktemp("limits"),
+        gateway_config(mock_upstream.url, keys={"a": key}),
+        {"QUOTA_STORE_DRIVER": "sqlite", **SHORT_DEADLINES},
     )
+    yield p
+    p.stop()
+
+
+def log_since(gw: Proc) -> Callable[[], str]:
+    """What ``gw`` logs from now on (the module's gateway has served other tests before)."""
+    mark = len(gw.output())
+    return lambda: gw.output()[mark:]
 
 
 def _addr(gw: Proc) -> tuple[str, int]:
@@ -117,6 +131,7 @@ def test_a_64_mib_header_gets_431_and_is_never_buffered(gw: Proc) -> None:
 
 
 def test_2000_headers_get_431(gw: Proc) -> None:
+    log = log_since(gw)
     sock = _connect(gw)
     headers = b"".join(b"X-H%d: v\r\n" % i for i in range(2000))
     sock.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n" + headers + b"\r\n")
@@ -124,7 +139,7 @@ def test_2000_headers_get_431(gw: Proc) -> None:
     sock.close()
     assert _status(answer) == 431, answer[:200]
     assert b"Too many request headers" in answer
-    assert "Invalid HTTP request" not in gw.output()  # a refusal is no warning in the log
+    assert "Invalid HTTP request" not in log()  # a refusal is no warning in the log
     bad = _connect(gw)
     bad.sendall(b"NOT HTTP AT ALL\r\n\r\n")
     assert _status(_read_all(bad)) == 400
@@ -173,6 +188,7 @@ def test_a_trickled_header_is_cut_by_the_header_deadline(gw: Proc) -> None:
 def test_a_trickled_body_is_cut_by_the_body_deadline(gw: Proc, key: str) -> None:
     """One byte every 0.25 s of a 1,000-byte body: cut after the 1 s body deadline (the issue's
     trickle was one byte every 2 s, still open after 40 s on main)."""
+    log = log_since(gw)
     sock = _connect(gw)
     sock.sendall(
         b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
@@ -184,7 +200,7 @@ def test_a_trickled_body_is_cut_by_the_body_deadline(gw: Proc, key: str) -> None
     assert elapsed < CUT_WITHIN_S, f"still open after {elapsed:.1f}s"
     assert elapsed >= DEADLINE_S * 0.9
     assert _status(answer) in (408, None), answer[:200]  # 408, or closed with nothing to say
-    assert "Traceback" not in gw.output()
+    assert "Traceback" not in log()
 
 
 def test_idle_connections_are_closed(gw: Proc) -> None:
@@ -240,6 +256,7 @@ def test_the_connection_limit_refuses_one_more(
 
 
 def test_a_client_that_hangs_up_mid_body_is_no_error(gw: Proc, key: str) -> None:
+    log = log_since(gw)
     sock = _connect(gw)
     sock.sendall(
         b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
@@ -258,9 +275,9 @@ def test_a_client_that_hangs_up_mid_body_is_no_error(gw: Proc, key: str) -> None
     admin_sock.close()
     assert _health_ok(gw)
     time.sleep(0.3)
-    lines = [json.loads(line) for line in gw.output().splitlines() if line.startswith("{")]
+    lines = [json.loads(line) for line in log().splitlines() if line.startswith("{")]
     assert not [line for line in lines if line.get("level") in ("error", "critical")], lines
-    assert "Traceback" not in gw.output()
+    assert "Traceback" not in log()
 
 
 # -- the host check, the admin key ---------------------------------------------------------------
