@@ -40,6 +40,7 @@ from e2e_support import (
     Proc,
     assert_window_count,
     free_port,
+    launch_gateway,
     logged_diagnostics,
     new_secret,
     spawn,
@@ -199,10 +200,11 @@ def clear_resilience(gw: Proc) -> None:
     assert r.status_code in (204, 404), r.text
 
 
-def settle_and_read(gw: Proc) -> tuple[dict[str, Any], dict[str, float]]:
+def settle_and_read(gw: Proc, key_id: str | None = None) -> tuple[dict[str, Any], dict[str, float]]:
     """Wait until nothing is in flight and the background settlements landed (twice in a row);
-    then ``/health`` and the pool's totals per dimension. Quiet is read from ``/health``, not
-    from the totals staying put: across a bucket boundary a window total keeps fading."""
+    then ``/health`` and the pool's totals per dimension (``key_id``'s row of them, if given).
+    Quiet is read from ``/health``, not from the totals staying put: across a bucket boundary a
+    window total keeps fading."""
     deadline = time.monotonic() + 10
     quiet_before = False
     health: dict[str, Any] = {}
@@ -215,7 +217,12 @@ def settle_and_read(gw: Proc) -> tuple[dict[str, Any], dict[str, float]]:
         ) == (0, 0, 0)
         if quiet and quiet_before:
             usage = httpx.get(gw.url + "/api/quota/pools/p/usage", headers=ADMIN).json()
-            return health, {d["key"]: d["total"] for d in usage["dimensions"]}
+            if key_id is None:
+                return health, {d["key"]: d["total"] for d in usage["dimensions"]}
+            return health, {
+                d["key"]: next(k["consumed"] for k in d["keys"] if k["keyId"] == key_id)
+                for d in usage["dimensions"]
+            }
         quiet_before = quiet
         time.sleep(0.2)
     raise AssertionError(f"in-flight state never settled: {health}")
@@ -295,14 +302,46 @@ def assert_clean_error(out: Outcome, attempts: list[str]) -> None:
     assert diag["recoveryHint"]
 
 
+@pytest.fixture(scope="module")
+def matrix_gw(
+    tmp_path_factory: pytest.TempPathFactory, mock_upstream: Proc, mock_b: Proc
+) -> Iterator[Proc]:
+    """One gateway for every fault of the matrix (starting one is most of a case's cost);
+    each case gets a key of its own (:func:`fresh_key`) and clears the resilience state."""
+    p = launch_gateway(
+        tmp_path_factory.mktemp("matrix"),
+        config(mock_upstream.url, mock_b.url, new_secret()),
+        {"QUOTA_STORE_DRIVER": "sqlite", **GATEWAY_ENV},
+    )
+    yield p
+    p.stop()
+
+
+def fresh_key(gw: Proc, key_id: str) -> str:
+    """A new key holding the pool's only allocation: its row of the pool's usage counts this
+    case's traffic alone."""
+    created = httpx.post(f"{gw.url}/api/keys", headers=ADMIN, json={"id": key_id})
+    assert created.status_code == 201, created.text
+    r = httpx.patch(
+        f"{gw.url}/api/quota/pools/p",
+        headers=ADMIN,
+        json={"allocations": [{"key": key_id, "weight": 100}]},
+    )
+    assert r.status_code == 200, r.text
+    return str(created.json()["secret"])
+
+
 @pytest.mark.parametrize("fault", FAULTS)
 def test_fault_gets_fallback_or_clean_error_and_leaves_nothing_behind(
-    fault: str, mocks: tuple[Proc, Proc], start_gateway: GatewayFactory
+    fault: str, mocks: tuple[Proc, Proc], matrix_gw: Proc
 ) -> None:
     mock_a, mock_b = mocks
-    secret = new_secret()
+    gw = matrix_gw
+    key_id = "k-" + "".join(c if c.isalnum() else "-" for c in fault)
+    secret = fresh_key(gw, key_id)
+    clear_resilience(gw)  # what an earlier case taught the gateway
+    mark = len(gw.output())
     since = TEST_CLOCK.now_ms()
-    gw = start_gateway(config(mock_a.url, mock_b.url, secret), extra_env=GATEWAY_ENV)
     ledger = Ledger(fault)
     partial_stream = fault == "reset-mid-stream:3"  # content reached the client before the cut
     streams_through = fault == "no-finish"  # content came: a stream is passed on as it is
@@ -366,7 +405,7 @@ def test_fault_gets_fallback_or_clean_error_and_leaves_nothing_behind(
             assert_clean_error(out, [LABEL_A, LABEL_B])
             ledger.add(out, 2, stream=True)
 
-    health, totals = settle_and_read(gw)
+    health, totals = settle_and_read(gw, key_id)
     assert (health["inflight"], health["inflightLeases"]) == (0, 0)
     # exactly the settled usage: the answers plus the charged failures, no reservation left
     requests = ledger.answers + ledger.charged_failures
@@ -374,7 +413,7 @@ def test_fault_gets_fallback_or_clean_error_and_leaves_nothing_behind(
     tokens = totals["tokens/hourly"]
     lowest, _ = window_count_range(ledger.tokens, "hourly", since, TEST_CLOCK.now_ms())
     assert lowest <= tokens <= ledger.tokens + 40 * ledger.unknown_token_streams, (tokens, ledger)
-    log = gw.output()
+    log = gw.output()[mark:]
     assert "Traceback" not in log
     assert UPSTREAM_SECRET not in log
     assert secret not in log
