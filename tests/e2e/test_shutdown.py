@@ -44,17 +44,22 @@ def test_sigterm_lets_in_flight_requests_finish(
     def slow_request() -> None:
         result["r"] = httpx.post(
             gw.url + "/v1/chat/completions",
-            headers={"Authorization": f"Bearer {secret}", "x-mock-fault": "latency:800"},
+            headers={"Authorization": f"Bearer {secret}", "x-mock-fault": "latency:3000"},
             json={"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "x"}],
                   "max_tokens": 5},
-            timeout=10,
+            timeout=60,
         )
 
     t = threading.Thread(target=slow_request)
     t.start()
-    time.sleep(0.3)  # the request is now waiting on the upstream
+    # signal only once the gateway holds the request (a fixed sleep lost this race under load:
+    # the SIGTERM closed the listener before the client had connected)
+    deadline = time.monotonic() + 30
+    while httpx.get(gw.url + "/health").json()["inflight"] == 0:
+        assert time.monotonic() < deadline, "the request never reached the gateway"
+        time.sleep(0.05)
     gw.proc.send_signal(signal.SIGTERM)
-    t.join(10)
+    t.join(30)
     assert result["r"].status_code == 200
     assert result["r"].json()["usage"]["completion_tokens"] == 5
     # uvicorn drains, then re-raises the SIGTERM it caught (the convention service managers
