@@ -4,10 +4,15 @@ a real PostgreSQL with a database of the run and a schema per test."""
 from __future__ import annotations
 
 import os
+import shutil
 import socket
+import subprocess
+import tempfile
+import time
 import urllib.parse
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
@@ -62,6 +67,136 @@ def redis_prefix(redis_url: str) -> Iterator[str]:
             client.delete(*batch[i : i + 500])
     finally:
         client.close()
+
+
+# -- Redis Cluster ------------------------------------------------------------------------------
+
+#: Masters of the test cluster (the smallest cluster ``redis-cli --cluster create`` accepts).
+CLUSTER_MASTERS = 3
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _cluster_ok(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=1) as s:
+            s.sendall(b"CLUSTER INFO\r\n")
+            return b"cluster_state:ok" in s.recv(4096)
+    except OSError:
+        return False
+
+
+def _wait(what: str, check: Callable[[], bool], seconds: float = 60.0) -> None:
+    """Poll ``check()`` until it is true; the limit only ends a hopeless wait (no assertion on
+    how long it took)."""
+    deadline = time.monotonic() + seconds
+    while not check():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"redis cluster: {what} not ready after {seconds:.0f} s")
+        time.sleep(0.05)
+
+
+def _start_cluster(workdir: Path, procs: list[subprocess.Popen[bytes]]) -> list[int]:
+    """Three ``redis-server --cluster-enabled yes`` on free loopback ports, joined by
+    ``redis-cli --cluster create`` with no replicas, in ``workdir``; each process is added to
+    ``procs`` as soon as it starts (the caller stops them, whatever happens here). The cluster
+    bus port is chosen free too (by default it is port + 10000, which may be taken or beyond
+    65535)."""
+    ports: list[int] = []
+    for _ in range(CLUSTER_MASTERS):
+        port, bus = _free_port(), _free_port()
+        node_dir = workdir / str(port)
+        node_dir.mkdir()
+        procs.append(
+            subprocess.Popen(
+                [
+                    "redis-server",
+                    "--port", str(port),
+                    "--bind", "127.0.0.1",
+                    "--cluster-enabled", "yes",
+                    "--cluster-port", str(bus),
+                    "--cluster-config-file", str(node_dir / "nodes.conf"),
+                    "--dir", str(node_dir),
+                    "--save", "",
+                    "--appendonly", "no",
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+        )  # fmt: skip
+        ports.append(port)
+    for port in ports:
+        _wait(f"node {port}", lambda p=port: _redis_reachable(f"redis://127.0.0.1:{p}"))
+    subprocess.run(
+        [
+            "redis-cli",
+            "--cluster",
+            "create",
+            *(f"127.0.0.1:{p}" for p in ports),
+            "--cluster-replicas",
+            "0",
+            "--cluster-yes",
+        ],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
+    for port in ports:
+        _wait(f"cluster_state on {port}", lambda p=port: _cluster_ok(p))
+    return ports
+
+
+@pytest.fixture(scope="session")
+def redis_cluster_url() -> Iterator[str]:
+    """A ``redis+cluster://`` URL of a real 3-master Redis Cluster started for this run on free
+    loopback ports (``FAIRGATE_TEST_REDIS_CLUSTER_URL`` names an existing one instead), torn
+    down at the end. Under CI a missing ``redis-server`` fails the test; locally it skips."""
+    given = os.environ.get("FAIRGATE_TEST_REDIS_CLUSTER_URL")
+    if given:
+        yield given
+        return
+    if not (shutil.which("redis-server") and shutil.which("redis-cli")):
+        msg = "redis-server/redis-cli are not installed: no Redis Cluster can be started"
+        if os.environ.get("CI"):
+            pytest.fail(msg)
+        pytest.skip(msg)
+    with tempfile.TemporaryDirectory(prefix="fg-redis-cluster-") as tmp:
+        procs: list[subprocess.Popen[bytes]] = []
+        try:
+            ports = _start_cluster(Path(tmp), procs)
+            yield "redis+cluster://" + ",".join(f"127.0.0.1:{p}" for p in ports)
+        finally:
+            for proc in procs:
+                proc.terminate()
+            for proc in procs:
+                try:
+                    proc.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+
+
+@pytest.fixture
+def redis_cluster_prefix(redis_cluster_url: str) -> Iterator[str]:
+    """A unique key prefix on the cluster; afterwards only keys under it are deleted (each
+    master scanned on its own: a SCAN sees one node's keys)."""
+    import redis
+
+    prefix = f"fgtest:{uuid.uuid4().hex[:12]}"
+    yield prefix
+    parts = urllib.parse.urlsplit(redis_cluster_url)
+    for node in parts.netloc.rpartition("@")[2].split(","):
+        host, _, port = node.partition(":")
+        client = redis.Redis(host=host, port=int(port or 6379))
+        try:
+            for key in list(client.scan_iter(match=f"{prefix}:*", count=1000)):
+                client.delete(key)  # one key per DEL: keys of a node may sit in many slots
+        finally:
+            client.close()
 
 
 # -- PostgreSQL ---------------------------------------------------------------------------------

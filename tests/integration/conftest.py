@@ -21,13 +21,16 @@ from fairgate.store.sqlite import SqliteQuotaStore
         pytest.param("sqlite", id="sqlite"),
         pytest.param("sqlite-memory", id="sqlite-memory"),
         pytest.param("redis", id="redis", marks=pytest.mark.redis),
+        pytest.param("redis-cluster", id="redis-cluster", marks=pytest.mark.redis),
     ]
 )
 async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[QuotaStore]:
     """An open store on a fresh SQLite file (transactional, and in memory mode: the same
-    contract, decisions included) or a unique Redis prefix.
+    contract, decisions included), or a unique prefix on Redis or on a real 3-master Redis
+    Cluster (``redis+cluster://``, prepared as the gateway prepares it: discovered and its
+    connections opened before the test's traffic).
 
-    The Redis fixtures are requested only for the redis param, so SQLite runs never need a server.
+    The Redis fixtures are requested only for their params, so SQLite runs never need a server.
     """
     s: QuotaStore
     if request.param == "sqlite":
@@ -36,11 +39,14 @@ async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator
         s = SqliteQuotaStore(tmp_path / "quota.sqlite", mode="memory")
         assert s.mode == "memory"  # alone on its file: it owns it
     else:
-        url: str = request.getfixturevalue("redis_url")
-        prefix: str = request.getfixturevalue("redis_prefix")
+        cluster = request.param == "redis-cluster"
+        url: str = request.getfixturevalue("redis_cluster_url" if cluster else "redis_url")
+        prefix: str = request.getfixturevalue("redis_cluster_prefix" if cluster else "redis_prefix")
         from fairgate.store.redis import RedisQuotaStore
 
         s = RedisQuotaStore(url, prefix=prefix)
+        if cluster:
+            await s.warm()
     try:
         yield s
     finally:

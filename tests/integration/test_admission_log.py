@@ -24,14 +24,16 @@ Opener = Callable[[int], LogBackend]
     params=[
         pytest.param("sqlite", id="sqlite"),
         pytest.param("redis", id="redis", marks=pytest.mark.redis),
+        pytest.param("redis-cluster", id="redis-cluster", marks=pytest.mark.redis),
     ]
 )
 def open_backend(request: pytest.FixtureRequest, tmp_path: Path) -> Opener:
     """Opens another handle on the same log, as another process would."""
     if request.param == "sqlite":
         return lambda per_pool: SqliteLogBackend(tmp_path / "admission_log.sqlite", per_pool)
-    url: str = request.getfixturevalue("redis_url")
-    prefix: str = request.getfixturevalue("redis_prefix")
+    cluster = request.param == "redis-cluster"
+    url: str = request.getfixturevalue("redis_cluster_url" if cluster else "redis_url")
+    prefix: str = request.getfixturevalue("redis_cluster_prefix" if cluster else "redis_prefix")
     return lambda per_pool: RedisLogBackend(url, prefix, per_pool)
 
 

@@ -41,6 +41,7 @@ MEMORY = 600_000  # the default level memory
     params=[
         pytest.param("memory", id="memory"),
         pytest.param("redis", id="redis", marks=pytest.mark.redis),
+        pytest.param("redis-cluster", id="redis-cluster", marks=pytest.mark.redis),
     ]
 )
 async def rstore(
@@ -50,11 +51,13 @@ async def rstore(
     if request.param == "memory":
         s = MemoryResilienceStore(clock=clock)
     else:
-        url: str = request.getfixturevalue("redis_url")
-        prefix: str = request.getfixturevalue("redis_prefix")
+        cluster = request.param == "redis-cluster"
+        url: str = request.getfixturevalue("redis_cluster_url" if cluster else "redis_url")
+        prefix: str = request.getfixturevalue("redis_cluster_prefix" if cluster else "redis_prefix")
         from fairgate.resilience.state_redis import RedisResilienceStore
 
         s = RedisResilienceStore(url, prefix=prefix, clock=clock)
+        assert await s.ping()  # as the factory does: the cluster is discovered before traffic
     try:
         yield s
     finally:

@@ -30,9 +30,6 @@ import importlib.resources
 from typing import Any, Final, cast
 
 import orjson
-import redis.asyncio
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
 from redis.commands.core import AsyncScript
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
@@ -50,6 +47,7 @@ from fairgate.resilience.state import (
     connection_scope,
     model_scope,
 )
+from fairgate.store.redis_client import AsyncClient, async_client
 
 __all__ = ["RedisResilienceStore"]
 
@@ -142,7 +140,7 @@ class RedisResilienceStore:
         url: str | None = None,
         *,
         prefix: str = "fairgate",
-        client: redis.asyncio.Redis | None = None,
+        client: AsyncClient | None = None,
         clock: Clock = SYSTEM_CLOCK,
         level_memory_ms: int = DEFAULT_LEVEL_MEMORY_MS,
         max_connections: int = DEFAULT_MAX_CONNECTIONS,
@@ -153,7 +151,7 @@ class RedisResilienceStore:
             raise ValueError(f"invalid prefix {prefix!r}")
         self._base = f"{prefix}:{{rs}}"
         self._owns_client = client is None
-        self._client: redis.asyncio.Redis = (
+        self._client: AsyncClient = (
             client if client is not None else self._own_client(cast(str, url), max_connections)
         )
         self._clock = clock
@@ -165,20 +163,20 @@ class RedisResilienceStore:
         self._put_breaker = self._register("put_breaker.lua")
 
     @staticmethod
-    def _own_client(url: str, max_connections: int) -> redis.asyncio.Redis:
+    def _own_client(url: str, max_connections: int) -> AsyncClient:
         """A client whose pool waits for a free connection under a burst of checks (the
         default pool raises "Too many connections" past its size instead). Short socket
         timeouts: every request reads this state, so a hung Redis without them would hang every
-        request; one immediate retry on a connection error reconnects after a Redis restart."""
-        pool = redis.asyncio.BlockingConnectionPool.from_url(
+        request; one immediate retry on a connection error reconnects after a Redis restart. A
+        ``redis+cluster://`` URL gets a cluster client (:mod:`fairgate.store.redis_client`):
+        every key here shares the ``{rs}`` tag, so each script and pipeline goes to one node."""
+        return async_client(
             url,
             max_connections=max_connections,
-            timeout=POOL_TIMEOUT_S,
-            socket_connect_timeout=SOCKET_TIMEOUT_S / 2,
-            socket_timeout=SOCKET_TIMEOUT_S,
-            retry=Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)),
+            pool_timeout_s=POOL_TIMEOUT_S,
+            connect_timeout_s=SOCKET_TIMEOUT_S / 2,
+            socket_timeout_s=SOCKET_TIMEOUT_S,
         )
-        return redis.asyncio.Redis.from_pool(pool)
 
     def _register(self, name: str) -> AsyncScript:
         # register_script only hashes the text; the server loads it on the first NOSCRIPT.

@@ -51,7 +51,10 @@ from fairgate.registry import ClientKey, Connection
 Name = Annotated[str, StringConstraints(max_length=200)]
 Fraction = Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)]
 RedisUrl = Annotated[
-    str, StringConstraints(pattern=r"^(redis|rediss|unix)://\S+$", max_length=2000)
+    str,
+    StringConstraints(
+        pattern=r"^(redis|rediss|redis\+cluster|rediss\+cluster|unix)://\S+$", max_length=2000
+    ),
 ]
 
 

@@ -37,6 +37,8 @@ FLUSH_S: Final = 0.1
 #: Buffered events beyond this are dropped (and counted) until the next flush: bounded memory
 #: even when the backend is slow or down.
 MAX_PENDING: Final = 10_000
+#: Connections of the Redis backend (one flush task and the admin API's reads).
+LOG_CONNECTIONS: Final = 8
 
 Event = dict[str, Any]
 
@@ -103,14 +105,21 @@ class SqliteLogBackend:
 
 class RedisLogBackend:
     """The log as one Redis stream per pool, ``{prefix}:{<pool>}:log`` (the pool's hash tag, so
-    a cluster keeps it in the pool's slot)."""
+    a cluster keeps it in the pool's slot; a flush pipelines the streams of several pools, which
+    the cluster client sends to each stream's node)."""
 
     def __init__(self, url: str, prefix: str, per_pool: int = PER_POOL) -> None:
-        import redis.asyncio
+        from fairgate.store.redis_client import async_client
 
         self.per_pool = per_pool
         self._prefix = prefix
-        self._client = redis.asyncio.Redis.from_url(url, socket_connect_timeout=2, socket_timeout=2)
+        self._client = async_client(
+            url,
+            max_connections=LOG_CONNECTIONS,
+            pool_timeout_s=2.0,
+            connect_timeout_s=2.0,
+            socket_timeout_s=2.0,
+        )
 
     def _key(self, pool_id: str) -> str:
         return f"{self._prefix}:{{{pool_id}}}:log"

@@ -38,13 +38,10 @@ from typing import Any, Final, TypeVar, cast
 
 import redis
 import redis.asyncio
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
 from redis.commands.core import AsyncScript
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ReadOnlyError, RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
-from redis.retry import Retry as SyncRetry
 
 from fairgate.quota.decision import POLICY_CODES, REASON_CODES, Outcome, Verdict
 from fairgate.quota.window import Anchor, Count, bucket_index, reanchor
@@ -60,6 +57,7 @@ from fairgate.store.base import (
     UsageItem,
 )
 from fairgate.store.deadline import NoReply, call_within
+from fairgate.store.redis_client import AsyncClient, async_client, prepare, probe_client
 from fairgate.store.redis_slots import RedisSlotLeases
 
 log = logging.getLogger("fairgate.store")
@@ -228,7 +226,7 @@ class RedisQuotaStore:
         url: str,
         *,
         prefix: str = "fairgate",
-        client: redis.asyncio.Redis | None = None,
+        client: AsyncClient | None = None,
         connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
         socket_timeout_s: float = DEFAULT_SOCKET_TIMEOUT_S,
     ) -> None:
@@ -241,15 +239,12 @@ class RedisQuotaStore:
         self._probe_lock = threading.Lock()  # one PING at a time on the probe's connection
         self._owns_client = client is None
         # the out-of-loop probe's own blocking client (one socket, used from a worker thread)
-        self._probe_client = redis.Redis.from_url(
+        self._probe_client = probe_client(
             url,
-            socket_connect_timeout=max(PROBE_MIN_TIMEOUT_S, connect_timeout_s),
-            socket_timeout=max(PROBE_MIN_TIMEOUT_S, socket_timeout_s),
-            socket_keepalive=True,
-            max_connections=1,
-            retry=SyncRetry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)),
+            connect_timeout_s=max(PROBE_MIN_TIMEOUT_S, connect_timeout_s),
+            socket_timeout_s=max(PROBE_MIN_TIMEOUT_S, socket_timeout_s),
         )
-        self._client: redis.asyncio.Redis = (
+        self._client: AsyncClient = (
             client if client is not None else self._own_client(url, self._ceiling_s)
         )
         self._admit = self._register("admit.lua")
@@ -298,7 +293,7 @@ class RedisQuotaStore:
             self._slots.release()
 
     @staticmethod
-    def _own_client(url: str, ceiling_s: float) -> redis.asyncio.Redis:
+    def _own_client(url: str, ceiling_s: float) -> AsyncClient:
         """A client that gives up fast: the store's lag-compensated deadline on every command
         (the socket timeouts are only the hard ceiling behind it), and one immediate retry on
         a connection error only. The retry is what makes a Redis restart invisible: the pooled
@@ -309,17 +304,18 @@ class RedisQuotaStore:
         The pool is bounded and callers beyond it queue for a connection: a burst of hundreds
         of admissions would otherwise open hundreds of connections at once, and the handshakes
         of that storm (not Redis) are what can push a reply past the short read timeout on a
-        busy host, which would look like an outage and fail admissions open."""
-        pool = _Pool.from_url(
+        busy host, which would look like an outage and fail admissions open. On a Redis Cluster
+        the bound is per node; :meth:`_call`'s semaphore keeps the commands in flight within it
+        (the cluster client fails rather than queue when a node's connections are all busy)."""
+        return async_client(
             url,
             max_connections=MAX_CONNECTIONS,
-            timeout=POOL_TIMEOUT_S,
-            socket_connect_timeout=ceiling_s,
-            socket_timeout=ceiling_s,
-            socket_keepalive=True,
-            retry=Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)),
+            pool_timeout_s=POOL_TIMEOUT_S,
+            connect_timeout_s=ceiling_s,
+            socket_timeout_s=ceiling_s,
+            keepalive=True,
+            pool_class=_Pool,
         )
-        return redis.asyncio.Redis.from_pool(pool)
 
     def _register(self, name: str) -> AsyncScript:
         # register_script only hashes the text; the server loads it on the first NOSCRIPT, so
@@ -638,21 +634,7 @@ class RedisQuotaStore:
         keepalive keeps them open while idle; a connection that died anyway is replaced by the
         one immediate retry. A failure here is logged, never raised: the server may be back
         by the time traffic comes."""
-        pool = self._client.connection_pool
-        held: list[Any] = []
-        try:
-            for _ in range(pool.max_connections):
-                held.append(await pool.get_connection())  # type: ignore[no-untyped-call]
-        except (RedisError, OSError) as exc:
-            log.warning(
-                "quota store: opened %d of %d Redis connections before traffic (%s)",
-                len(held),
-                pool.max_connections,
-                type(exc).__name__,
-            )
-        finally:
-            for conn in held:
-                await pool.release(conn)
+        await prepare(self._client, MAX_CONNECTIONS)
 
     async def close(self) -> None:
         self._probe_client.close()

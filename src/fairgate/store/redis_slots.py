@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
-import redis.asyncio
+from fairgate.store.redis_client import AsyncClient
 
 __all__ = ["RedisSlotLeases"]
 
@@ -28,7 +28,7 @@ class RedisSlotLeases:
 
     def __init__(
         self,
-        client: redis.asyncio.Redis,
+        client: AsyncClient,
         prefix: str,
         call: Callable[[Awaitable[Any]], Awaitable[Any]],
         scripts: Callable[[str], str],
