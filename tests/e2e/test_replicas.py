@@ -19,12 +19,29 @@ from replica_support import REPLICAS, pools, replicas, settled, storm
 
 @pytest.mark.slow
 @pytest.mark.redis
+@pytest.mark.parametrize("backend", ["redis", "redis-cluster"])
 async def test_four_replicas_400_clients_request_limit_100_admit_exactly_100(
-    mock_upstream: Proc, start_gateway: GatewayFactory, capsys: pytest.CaptureFixture[str]
+    backend: str,
+    mock_upstream: Proc,
+    start_gateway: GatewayFactory,
+    capsys: pytest.CaptureFixture[str],
+    request: pytest.FixtureRequest,
 ) -> None:
+    """On one Redis, and on a real 3-master Redis Cluster (``redis+cluster://``): the pool's
+    keys share its hash tag, so each admission is still one script on one node."""
+    cluster: dict[str, str] = {}
+    if backend == "redis-cluster":
+        cluster = {
+            "QUOTA_STORE_REDIS_URL": request.getfixturevalue("redis_cluster_url"),
+            "QUOTA_STORE_REDIS_PREFIX": request.getfixturevalue("redis_cluster_prefix"),
+        }
     # 2 connections x 50 = 100 requests per month (a window that does not turn during the test)
     gws, keys = replicas(
-        start_gateway, mock_upstream, pools("{unit: requests, window: monthly, limit: 50}")
+        start_gateway,
+        mock_upstream,
+        pools("{unit: requests, window: monthly, limit: 50}"),
+        extra_env=cluster,
+        own_redis=bool(cluster),
     )
     body = {"model": "mock/gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}]}
     results = await storm(gws, keys, {**body, "max_tokens": 4})
@@ -35,7 +52,7 @@ async def test_four_replicas_400_clients_request_limit_100_admit_exactly_100(
     (dim,) = usage["dimensions"]  # type: ignore[misc]
     report(
         capsys,
-        "4 replicas, 400 concurrent clients, pool limit 100 requests",
+        f"4 replicas on {backend}, 400 concurrent clients, pool limit 100 requests",
         {
             "answers by status": dict(statuses),
             "refusal reasons": dict(Counter(r.reason for r in refused)),
