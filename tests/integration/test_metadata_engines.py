@@ -11,6 +11,7 @@ from db_support import BOX
 
 from fairgate.config import parse_config
 from fairgate.db.base import Database
+from fairgate.db.common import MetadataUnavailable
 from fairgate.db.connections import ConnectionRepo
 from fairgate.db.engine import DATABASE_URL_ENV, database_url, open_database
 from fairgate.db.postgres import translate_ddl, translate_sql
@@ -104,6 +105,29 @@ def test_every_registry_write_bumps_the_counter_seen_by_other_connections(
     finally:
         a.close()
         b.close()
+
+
+def test_the_first_write_after_the_server_dropped_the_connection_reconnects(
+    postgres_url: str, tmp_path: Path
+) -> None:
+    """PostgreSQL restarted (here: this connection's backend terminated): the next write opens
+    a new connection and commits, the write is not mistaken for a nested one on the dead
+    connection (a SAVEPOINT outside a transaction, an error 500 before the fix)."""
+    import psycopg
+
+    db = open_database(postgres_url, tmp_path / "unused.sqlite")
+    try:
+        pid = db.execute("SELECT pg_backend_pid()").fetchone()[0]
+        with psycopg.connect(postgres_url, autocommit=True) as other:
+            other.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        with pytest.raises(MetadataUnavailable):  # the statement that finds it dead fails
+            db.execute("SELECT 1")
+        assert not db.in_transaction
+        SettingsRepo(db).set("quota.after", "1")  # a transaction on the new connection
+        assert SettingsRepo(db).get("quota.after") == "1"
+        assert db.execute("SELECT pg_backend_pid()").fetchone()[0] != pid
+    finally:
+        db.close()
 
 
 def test_seeding_twice_from_two_replicas_creates_once_and_bumps_nothing(

@@ -116,6 +116,12 @@ class PgDatabase:
 
     @property
     def in_transaction(self) -> bool:
+        """Whether a transaction is open. A broken connection reports its status as UNKNOWN,
+        which is not IDLE, yet its transaction is gone and the next statement reopens the
+        connection outside any: it counts as none (else the first write after a database
+        restart was taken for a nested one and sent a SAVEPOINT outside a transaction)."""
+        if self._conn.broken or self._conn.closed:
+            return False
         return self._conn.info.transaction_status != TransactionStatus.IDLE
 
     def execute(self, sql: str, parameters: Sequence[Any] = (), /) -> psycopg.Cursor[PgRow]:
