@@ -106,6 +106,20 @@ class PgDatabase:
     def __init__(self, url: str, conn: psycopg.Connection[PgRow]) -> None:
         self.url = url
         self._conn = conn
+        #: False while the change watcher finds the server not answering (db/watch.py): every
+        #: statement then fails at once. This connection is synchronous and used on the event
+        #: loop, so a statement sent to a server that hangs (rather than refuses) would hold
+        #: the loop, and with it every request of the replica, until the server came back.
+        self.reachable = True
+
+    def set_reachable(self, yes: bool) -> None:
+        """Told by the change watcher whether the server answers (:attr:`reachable`). Back from
+        an outage, the connection is closed to be reopened by the next statement: it lived
+        through the outage untouched (statements were refused), so it may be one the server
+        dropped, and its first use would fail an admin write that could have succeeded."""
+        if yes and not self.reachable and not self.in_transaction:
+            self._conn.close()
+        self.reachable = yes
 
     @classmethod
     def connect(cls, url: str, *, migrate: bool = True) -> PgDatabase:
@@ -153,7 +167,12 @@ class PgDatabase:
 
     def _live(self) -> psycopg.Connection[PgRow]:
         """The connection, reopened when the previous one broke (never inside a transaction:
-        a broken transaction is lost and its statements must fail)."""
+        a broken transaction is lost and its statements must fail). Refused at once while the
+        change watcher finds the server not answering (:attr:`reachable`)."""
+        if not self.reachable:
+            raise MetadataUnavailable(
+                "the metadata database is unreachable (it does not answer the change watcher)"
+            )
         if self._conn.broken or self._conn.closed:
             try:
                 self._conn = _open(self.url)

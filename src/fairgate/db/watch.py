@@ -16,6 +16,12 @@ so requests never wait and never see a mix).
 When the database cannot be read, the replica keeps its snapshot, ``healthy`` turns False
 (``/health`` says ``metadata: down``) and the watcher retries; the first successful read after
 the outage compares the counter again, so the replica converges.
+
+A server that hangs (a frozen process, a network that drops packets) is down too: the version
+read on the async connection has a deadline (:data:`READ_TIMEOUT_S` of responsive loop time,
+``fairgate.store.deadline``), and while the watcher finds the server down the synchronous
+connection the repositories use refuses statements at once (``PgDatabase.reachable``), so an
+admin call answers 503 instead of holding the event loop on a server that does not answer.
 """
 
 from __future__ import annotations
@@ -23,19 +29,25 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Final
+from typing import Any, Final
 
 import psycopg
 
 from fairgate.db.base import Database
 from fairgate.db.common import MetadataUnavailable
+from fairgate.db.postgres import PgDatabase
 from fairgate.db.schema import NOTIFY_CHANNEL
+from fairgate.store.deadline import NoReply, call_within
 
 log = logging.getLogger("fairgate.db.watch")
 
 SQLITE_POLL_S: Final = 0.25
 POSTGRES_POLL_S: Final = 1.0
 _VERSION_SQL: Final = "SELECT version FROM meta_version WHERE id = 1"
+#: The version read on the listening connection may take this long (responsive loop time, so a
+#: busy host is no outage) before the server counts as not answering; at most READ_CEILING_S.
+READ_TIMEOUT_S: Final = 2.0
+READ_CEILING_S: Final = 30.0
 
 
 def read_version(db: Database) -> int:
@@ -83,8 +95,8 @@ class ChangeWatcher:
         rebuilt. A failed read or rebuild keeps the old snapshot and marks the DB down."""
         try:
             current = read_version(self._db) if version is None else version
+            self._up()  # it answered: the rebuild below may use the connection again
             if current == self.seen:
-                self._up()
                 return False
             self._on_change()
         except (MetadataUnavailable, psycopg.Error) as exc:
@@ -104,7 +116,7 @@ class ChangeWatcher:
         while True:
             try:
                 await self._listen(self._url)
-            except psycopg.Error as exc:
+            except (psycopg.Error, NoReply) as exc:
                 self._down(exc)
                 await self._sleep(min(self.poll_s, POSTGRES_POLL_S))
             finally:
@@ -118,19 +130,32 @@ class ChangeWatcher:
             self.listening = True
             while True:
                 # read on the async connection: the event loop never waits on the network here
-                cur = await conn.execute(_VERSION_SQL)
-                row = await cur.fetchone()
-                self.check(int(row[0]) if row is not None else 0)
+                version = await call_within(
+                    self._read_version(conn), READ_TIMEOUT_S, ceiling_s=READ_CEILING_S
+                )
+                self.check(version)
                 async for _ in conn.notifies(timeout=self.poll_s, stop_after=1):
                     pass
+
+    @staticmethod
+    async def _read_version(conn: psycopg.AsyncConnection[Any]) -> int:
+        cur = await conn.execute(_VERSION_SQL)
+        row = await cur.fetchone()
+        return int(row[0]) if row is not None else 0
 
     def _down(self, exc: BaseException) -> None:
         if self.healthy:
             reason = str(exc).strip().splitlines()[:1] or [type(exc).__name__]
             log.warning("metadata database unavailable, serving the last snapshot: %s", reason[0])
         self.healthy = False
+        self._reachable(False)
 
     def _up(self) -> None:
         if not self.healthy:
             log.info("metadata database reachable again")
         self.healthy = True
+        self._reachable(True)
+
+    def _reachable(self, yes: bool) -> None:
+        if isinstance(self._db, PgDatabase):
+            self._db.set_reachable(yes)
