@@ -143,3 +143,34 @@ def test_one_pool_one_slot() -> None:
     slots = {key_slot(f"{base}{s}".encode()) for s in (":rz", ":act", ":cum", ":r:x", ":log")}
     slots.add(key_slot(f"{base}:c:k1:requests/hourly:472223".encode()))
     assert len(slots) == 1
+
+
+@pytest.mark.redis
+async def test_shared_slot_leases_on_the_cluster(
+    redis_cluster_url: str, redis_cluster_prefix: str
+) -> None:
+    """The slot scripts (acquire, renew, release) each name one key, ``{slot:<connection>}``:
+    connections whose leases sit on different masters keep their own caps."""
+    from fairgate.store.redis import RedisQuotaStore
+
+    store = RedisQuotaStore(redis_cluster_url, prefix=redis_cluster_prefix)
+    try:
+        await store.warm()
+        leases = store.slot_leases()
+        conns = ["c1", "c2", "c3", "c4", "c5", "c6"]
+        client = store._client
+        assert isinstance(client, BoundedCluster)
+        masters = {
+            client.nodes_manager.get_node_from_slot(key_slot(leases.key(c).encode())).name
+            for c in conns
+        }
+        assert len(masters) == 3  # the six connections' leases sit on all three masters
+        now, ttl = 1_000_000, 60_000
+        for conn in conns:
+            got = [await leases.acquire(conn, 2, f"{conn}-{i}", now, ttl) for i in range(3)]
+            assert got == [True, True, False]
+            assert await leases.renew(conn, [f"{conn}-0", f"{conn}-1"], now + 1, ttl) == 2
+            assert await leases.release(conn, f"{conn}-0")
+            assert await leases.acquire(conn, 2, f"{conn}-3", now + 2, ttl)
+    finally:
+        await store.close()
