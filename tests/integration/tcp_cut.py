@@ -11,8 +11,10 @@ import threading
 
 class TcpCut:
     """Relays ``127.0.0.1:port`` to ``target``. :meth:`cut` resets every relayed connection and
-    refuses new ones; :meth:`restore` accepts again on the same port. Threads, not asyncio: the
-    code under test may block its event loop on a synchronous driver call."""
+    refuses new ones; :meth:`restore` accepts again on the same port. :meth:`freeze` holds every
+    byte instead (connections stay open, new ones are accepted, nothing answers: a server that
+    hangs) until :meth:`thaw`. Threads, not asyncio: the code under test may block its event
+    loop on a synchronous driver call."""
 
     def __init__(self, target: tuple[str, int]) -> None:
         self.target = target
@@ -21,6 +23,8 @@ class TcpCut:
         self.port: int = probe.getsockname()[1]
         probe.close()
         self._lock = threading.Lock()
+        self._flowing = threading.Event()
+        self._flowing.set()
         self._conns: list[socket.socket] = []
         self._listener: socket.socket | None = None
         self.restore()
@@ -42,7 +46,15 @@ class TcpCut:
         for s in conns:
             _kill(s)
 
-    close = cut
+    def freeze(self) -> None:
+        self._flowing.clear()
+
+    def thaw(self) -> None:
+        self._flowing.set()
+
+    def close(self) -> None:
+        self.thaw()
+        self.cut()
 
     def _accept(self, ls: socket.socket) -> None:
         while True:
@@ -59,12 +71,13 @@ class TcpCut:
             with self._lock:
                 self._conns += [client, upstream]
             for a, b in ((client, upstream), (upstream, client)):
-                threading.Thread(target=_pump, args=(a, b), daemon=True).start()
+                threading.Thread(target=_pump, args=(a, b, self._flowing), daemon=True).start()
 
 
-def _pump(src: socket.socket, dst: socket.socket) -> None:
+def _pump(src: socket.socket, dst: socket.socket, flowing: threading.Event) -> None:
     try:
         while data := src.recv(65536):
+            flowing.wait()
             dst.sendall(data)
     except OSError:
         pass

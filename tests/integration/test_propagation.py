@@ -6,6 +6,7 @@ safety net are shown to work on their own."""
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
@@ -220,3 +221,49 @@ async def test_metadata_down_serves_the_snapshot_refuses_writes_and_converges(
         relay.close()
         await a.stop()
         await b.stop()
+
+
+async def test_a_hung_metadata_db_is_down_and_refuses_admin_writes_at_once(
+    postgres_url: str, tmp_path: Path, clock: ManualClock
+) -> None:
+    """The path to PostgreSQL hangs (the relay holds every byte: connections stay open, nothing
+    answers). The watcher's version read misses its deadline, so the replica reports the DB
+    down, and an admin write answers 503 without sending anything: the repositories'
+    connection is synchronous, and a statement on a hung server would hold this event loop
+    (the test's too) until the server came back. A regression hangs here until the safety
+    timer thaws the relay, then fails."""
+    u = urlparse(postgres_url)
+    relay = TcpCut((u.hostname or "127.0.0.1", u.port or 5432))
+    via_relay = urlunparse(u._replace(netloc=f"{u.username}@127.0.0.1:{relay.port}"))
+    a, b = await _replicas(via_relay, tmp_path, clock, poll_ms=50)
+    safety = threading.Timer(60, relay.thaw)
+    try:
+        await eventually(lambda: a.watcher is not None and a.watcher.listening)
+        relay.freeze()
+        safety.start()
+        await eventually(lambda: a.watcher is not None and not a.watcher.healthy)
+        transport = httpx.ASGITransport(app=create_admin_app(a))
+        auth = {"Authorization": f"Bearer {ADMIN}"}
+        async with httpx.AsyncClient(
+            transport=transport, base_url="http://gw", headers=auth
+        ) as client:
+            resp = await client.delete("/quota/pools/demo")
+            assert resp.status_code == 503
+            assert "metadata database is unreachable" in resp.json()["error"]["message"]
+            assert relay_was_frozen(safety)  # answered while the path still hung
+
+            relay.thaw()
+            await eventually(lambda: a.watcher is not None and a.watcher.healthy)
+            resp = await client.delete("/quota/pools/demo")  # reconnects, then writes
+            assert resp.status_code == 204, resp.text
+        await eventually(lambda: "demo" not in a.registry.pools)
+    finally:
+        safety.cancel()
+        relay.close()
+        await a.stop()
+        await b.stop()
+
+
+def relay_was_frozen(safety: threading.Timer) -> bool:
+    """The safety timer (which thaws the relay) has not fired yet."""
+    return not safety.finished.is_set()
