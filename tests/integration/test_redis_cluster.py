@@ -10,6 +10,7 @@ import re
 import pytest
 import redis.asyncio
 import redis.asyncio.cluster
+import redis.exceptions
 from redis.crc import key_slot
 
 from fairgate.store.redis_client import (
@@ -178,3 +179,34 @@ async def test_shared_slot_leases_on_the_cluster(
             assert await leases.acquire(conn, 2, f"{conn}-3", now + 2, ttl)
     finally:
         await store.close()
+
+
+async def test_a_caller_that_waits_too_long_for_a_connection_gets_a_timeout() -> None:
+    """Load, not an outage: a timeout (which the quota store confirms with a probe before it
+    counts as an outage), as the single-server pool reports it. Re-entrant within a task: a
+    pipeline that re-sends a redirected command through the client does not wait on itself."""
+    client = async_client(
+        "redis+cluster://127.0.0.1:1",  # never reached: the wait ends first
+        max_connections=1,
+        pool_timeout_s=0.05,
+        connect_timeout_s=1.0,
+        socket_timeout_s=1.0,
+    )
+    assert isinstance(client, BoundedCluster)
+    held, done = asyncio.Event(), asyncio.Event()
+
+    async def holder() -> None:
+        # the same task twice: the second needs no permit of its own
+        async with client.permit(), client.permit():
+            held.set()
+            await done.wait()
+
+    task = asyncio.create_task(holder())
+    await asyncio.wait_for(held.wait(), 30)  # a permit that is not re-entrant never gets here
+    try:
+        with pytest.raises(redis.exceptions.TimeoutError, match="no Redis Cluster connection"):
+            await client.ping()
+    finally:
+        done.set()
+        await task
+        await client.aclose()
