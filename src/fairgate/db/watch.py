@@ -46,7 +46,9 @@ POSTGRES_POLL_S: Final = 1.0
 _VERSION_SQL: Final = "SELECT version FROM meta_version WHERE id = 1"
 #: The version read on the listening connection may take this long (responsive loop time, so a
 #: busy host is no outage) before the server counts as not answering; at most READ_CEILING_S.
-READ_TIMEOUT_S: Final = 2.0
+#: Generous: a false "down" refuses admin writes for a moment, and the shared PostgreSQL of a
+#: loaded host can be slow; a hang is still noticed within a poll plus this.
+READ_TIMEOUT_S: Final = 5.0
 READ_CEILING_S: Final = 30.0
 
 
@@ -123,9 +125,8 @@ class ChangeWatcher:
                 self.listening = False
 
     async def _listen(self, url: str) -> None:
-        async with await psycopg.AsyncConnection.connect(
-            url, autocommit=True, connect_timeout=3
-        ) as conn:
+        conn = await psycopg.AsyncConnection.connect(url, autocommit=True, connect_timeout=3)
+        try:
             await conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
             self.listening = True
             while True:
@@ -136,6 +137,11 @@ class ChangeWatcher:
                 self.check(version)
                 async for _ in conn.notifies(timeout=self.poll_s, stop_after=1):
                     pass
+        finally:
+            # closed, not left through ``async with``: that would first roll back (autocommit:
+            # nothing to roll back), and on a server that hangs the rollback would wait for it,
+            # delaying the "down" that the caller reports next
+            await conn.close()
 
     @staticmethod
     async def _read_version(conn: psycopg.AsyncConnection[Any]) -> int:
