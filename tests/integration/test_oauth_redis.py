@@ -7,6 +7,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import pytest
 import pytest_asyncio
 import redis.asyncio
 
@@ -20,15 +21,31 @@ from fairgate.providers.upstream import UpstreamClient
 from fairgate.secretbox import ENV_VAR, SecretBox
 from fairgate.server.oauth_setup import start_oauth
 from fairgate.server.state import Gateway
+from fairgate.store.redis_client import AsyncClient, async_client
 
 KEY = SecretBox.generate_key()
 
 
-@pytest_asyncio.fixture
-async def clients(redis_url: str) -> AsyncIterator[list[redis.asyncio.Redis]]:
-    """One client per "host"."""
-    made = [redis.asyncio.Redis.from_url(redis_url) for _ in range(2)]
+@pytest_asyncio.fixture(
+    params=[pytest.param("redis", id="redis"), pytest.param("redis-cluster", id="redis-cluster")]
+)
+async def clients(
+    request: pytest.FixtureRequest, redis_prefix: str
+) -> AsyncIterator[list[AsyncClient]]:
+    """One client per "host", from the gateway's client factory: on one Redis, and on a real
+    3-master Redis Cluster (each key carries its connection's hash tag)."""
+    cluster = request.param == "redis-cluster"
+    url: str = request.getfixturevalue("redis_cluster_url" if cluster else "redis_url")
+    made = [
+        async_client(
+            url, max_connections=8, pool_timeout_s=5.0, connect_timeout_s=2.0, socket_timeout_s=5.0
+        )
+        for _ in range(2)
+    ]
     yield made
+    if cluster:  # the redis_prefix fixture cleans the single server only
+        async for key in made[0].scan_iter(match=f"{redis_prefix}:*"):
+            await made[0].delete(key)
     for c in made:
         await c.aclose()
 
@@ -143,9 +160,14 @@ async def test_a_dead_holders_lease_expires(
     assert await clients[0].get(live.key("c")) == b"the-next-holder"
 
 
+@pytest.mark.parametrize("cluster", [False, True], ids=["redis", "redis-cluster"])
 async def test_a_gateway_on_the_redis_store_keeps_its_tokens_in_redis(
-    redis_url: str, redis_prefix: str, tmp_path: Path, clock: ManualClock
+    cluster: bool, request: pytest.FixtureRequest, tmp_path: Path, clock: ManualClock
 ) -> None:
+    redis_url: str = request.getfixturevalue("redis_cluster_url" if cluster else "redis_url")
+    redis_prefix: str = request.getfixturevalue(
+        "redis_cluster_prefix" if cluster else "redis_prefix"
+    )
     config = load_config_text(
         """
 connections:
@@ -167,7 +189,13 @@ connections:
         tokens = await start_oauth(gw, http)
         assert tokens is not None
         try:
-            check = redis.asyncio.Redis.from_url(redis_url)
+            check = async_client(
+                redis_url,
+                max_connections=1,
+                pool_timeout_s=5.0,
+                connect_timeout_s=2.0,
+                socket_timeout_s=5.0,
+            )
             key = f"{redis_prefix}:oauth:{{codex-1}}:tokens"
             raw = await check.hgetall(key)
             await check.aclose()

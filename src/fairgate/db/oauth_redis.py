@@ -28,11 +28,10 @@ import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
-import redis.asyncio
-
 from fairgate.db.oauth_tokens import FileTokenStore, seed_digest
 from fairgate.providers.oauth import TokenSet
 from fairgate.secretbox import SecretBox
+from fairgate.store.redis_client import AsyncClient
 
 __all__ = ["LEASE_MS", "RedisRefreshLock", "RedisTokenStore"]
 
@@ -77,7 +76,7 @@ class RedisTokenStore:
 
     def __init__(
         self,
-        client: redis.asyncio.Redis,
+        client: AsyncClient,
         box: SecretBox,
         backup: FileTokenStore,
         *,
@@ -149,7 +148,7 @@ class RedisRefreshLock:
 
     def __init__(
         self,
-        client: redis.asyncio.Redis,
+        client: AsyncClient,
         *,
         prefix: str = "fairgate",
         lease_ms: int = LEASE_MS,

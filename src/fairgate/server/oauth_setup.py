@@ -9,8 +9,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-import redis.asyncio
-
 from fairgate.config import ConnectionConfig
 from fairgate.db.oauth_redis import RedisRefreshLock, RedisTokenStore
 from fairgate.db.oauth_tokens import FileRefreshLock, FileTokenStore
@@ -20,6 +18,7 @@ from fairgate.providers.upstream import UpstreamClient
 from fairgate.server.oauth_service import OAuthAccounts, OAuthClient
 from fairgate.server.state import Gateway
 from fairgate.store.factory import redis_url
+from fairgate.store.redis_client import AsyncClient, async_client
 
 __all__ = ["start_oauth"]
 
@@ -53,7 +52,7 @@ def _adopter(gw: Gateway, accounts: OAuthAccounts) -> Callable[[], None]:
 
 def _token_persistence(
     gw: Gateway, directory: Path
-) -> tuple[FileTokenStore | RedisTokenStore, RefreshLock, redis.asyncio.Redis | None]:
+) -> tuple[FileTokenStore | RedisTokenStore, RefreshLock, AsyncClient | None]:
     """Sealed files and ``flock`` for the replicas of one data dir; with the Redis quota store,
     the tokens and the refresh lease in Redis (replicas on several hosts), the files kept as
     this host's durable copy (fairgate.db.oauth_redis)."""
@@ -61,7 +60,11 @@ def _token_persistence(
     url = redis_url(gw.env, SettingsRepo(gw.db).all())
     if gw.store_choice.driver != "redis" or url is None:
         return files, FileRefreshLock(directory), None
-    client = redis.asyncio.Redis.from_url(url)
+    # the one client factory: a redis+cluster:// URL gets a cluster client (the keys carry the
+    # connection's hash tag, each script names one key); rare, small commands: a few connections
+    client = async_client(
+        url, max_connections=8, pool_timeout_s=5.0, connect_timeout_s=2.0, socket_timeout_s=5.0
+    )
     prefix = gw.redis_prefix
     store = RedisTokenStore(client, gw.box, files, prefix=prefix)
     return store, RedisRefreshLock(client, prefix=prefix), client
