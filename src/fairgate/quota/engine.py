@@ -213,7 +213,9 @@ def _status(
     reserved: bool,
 ) -> tuple[DimensionStatus, ...]:
     """Remaining = what this key could still use now: its share in strict mode, the pool's free
-    room in generous mode (never more than the pool has left)."""
+    room in generous mode (never more than the pool has left), less the room it must leave for
+    keys waiting below their share (active mode, ``DimensionCheck.reserve``): a key held back
+    for a waiting one is never told it has room."""
     out: list[DimensionStatus] = []
     for c, t, m in zip(checks, totals, mine, strict=True):
         w = c.window_ms
@@ -224,7 +226,7 @@ def _status(
         else:
             strict = max(total / c.limit, c.signal) >= threshold
             limit = c.fair_share if strict else c.limit
-            remaining = min(c.limit - total, limit - used)
+            remaining = min(c.limit - total - c.reserve, limit - used)
             if c.cap is not None:
                 limit, remaining = min(limit, c.cap), min(remaining, c.cap - used)
         reset = window_end_ms(now_ms, w, c.anchor) - now_ms
