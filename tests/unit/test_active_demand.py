@@ -10,6 +10,7 @@ from fairgate.quota.decision import (
     NO_RESERVES,
     active_fair_share,
     active_levels,
+    catch_up_reserves,
     demand_bounds,
     demand_rate,
     pace_reserves,
@@ -164,3 +165,40 @@ def test_no_pace_when_every_key_is_present_or_the_last_window_was_busy() -> None
     assert pace_reserves(ABC, ["a", "b"], used, busy, now, 0.5, NO_RESERVES).for_key("a") == {}
     # a lone key may use the whole pool (SPEC), whoever else holds an allocation
     assert pace_reserves(ABC, ["a"], used, quiet, now, 0.5, NO_RESERVES) == NO_RESERVES
+
+
+def test_reserve_is_only_what_the_waiting_key_lacks_to_catch_up() -> None:
+    # 300/hour, λ = 150: A used 100 and B (waiting) 98. B is owed 52 of its share, but A is
+    # only 2 ahead of it: A leaves 2 free, not 52. Keys served in turn at about the same level
+    # (greedy keys) hold nothing back from each other, so the pool fills.
+    pool = _pool(Allocation("a", 1), Allocation("b", 1))
+    used = {"a": {DIM: Count(prev=0, curr=100)}, "b": {DIM: Count(prev=0, curr=98)}}
+    r = waiting_reserves(pool, {DIM: 150.0}, ["a", "b"], {"b"}, used, T)
+    assert r.for_key("a")[DIM] == pytest.approx(2)
+    assert r.for_key("b") == {DIM: 0}
+    assert r.for_key("newcomer") == {DIM: 52}  # unknown keys still leave everything owed
+
+
+def test_catch_up_reserves_sum_partly_and_fully_owed_keys() -> None:
+    # waiting: x = use per weight, owed, weight. j1 at 0 owed 10 (weight 2: caught up at x = 5),
+    # j2 at 4 owed 30 (weight 3: caught up at x = 14)
+    owed = [(0.0, 10.0, 2.0), (4.0, 30.0, 3.0)]
+    r = catch_up_reserves(owed, {"low": 0.0, "mid": 6.0, "high": 20.0, "zero-weight": math.inf})
+    assert r["low"] == 0  # nobody behind it
+    assert r["mid"] == pytest.approx(10 + 3 * (6 - 4))  # j1 in full, j2 up to level 6
+    assert r["high"] == pytest.approx(40)  # both in full
+    assert r["zero-weight"] == pytest.approx(40)
+
+
+def test_pace_spares_a_key_within_its_share_with_every_key_present() -> None:
+    # fresh pool, 20 minutes in, C away. B asks 20 an hour (its demand bound), so with C back
+    # A's max-min share would be (300 − 20) / 2 = 140: A at 130 is not borrowing and is not
+    # paced (with plain static shares, 100, it was)
+    now = T + 20 * 60_000
+    used = {"a": {DIM: Count(prev=0, curr=130)}, "b": {DIM: Count(prev=0, curr=7)}}
+    totals = {DIM: Count(prev=0, curr=137)}
+    demand = {"b": {DIM: 20.0}}
+    spared = pace_reserves(ABC, ["a", "b"], used, totals, now, 0.5, NO_RESERVES, demand)
+    assert DIM not in spared.for_key("a")
+    paced = pace_reserves(ABC, ["a", "b"], used, totals, now, 0.5, NO_RESERVES)
+    assert paced.for_key("a")[DIM] == pytest.approx(175)

@@ -403,6 +403,7 @@ def pace_reserves(
     now_ms: int,
     threshold: float,
     base: Reserves,
+    demand: Mapping[str, Mapping[str, float]] | None = None,
 ) -> Reserves:
     """Pace borrowing in a window that follows a quiet one, while some keys are away (active).
 
@@ -425,6 +426,7 @@ def pace_reserves(
     if weights <= 0 or len(present) < 2 or all(a.key_id in present for a in pool.allocations):
         return base  # a lone key may use the whole pool (SPEC §3, active mode)
     per_key = {k: dict(v) for k, v in base.per_key.items()}
+    allocs = pool.allocations
     for dim in pool.enforced_dimensions():
         total = totals.get(dim.key)
         limit = pool.effective_limit(dim)
@@ -435,10 +437,13 @@ def pace_reserves(
         held = (limit - max(0.0, total.prev)) * max(0.0, frac)
         if held <= 0:
             continue
+        # every allocation present: the keys away unbounded, the present ones by their demand
+        members = [(pool.weight_of(a.key_id), _demand_bound(a, dim, demand)) for a in allocs]
+        level = water_fill_level(limit, members)
         for k in keys:
             count = used.get(k, {}).get(dim.key)
             mine = 0.0 if count is None else max(0.0, count.value(now_ms, w))
-            if mine > limit * pool.weight_of(k) / weights:
+            if mine > _share_at_level(pool, k, dim, level):
                 row = per_key.setdefault(k, {})
                 row[dim.key] = row.get(dim.key, 0.0) + held
     return Reserves(per_key, base.default)
@@ -483,7 +488,7 @@ def waiting_reserves(
         for k in keys:
             count = used.get(k, {}).get(dkey)
             use[k] = 0.0 if count is None else max(0.0, count.value(now_ms, wms))
-        owed: list[tuple[float, float]] = []  # (normalised use, owed), the waiting keys
+        owed: list[tuple[float, float, float]] = []  # (use per weight, owed, weight), waiting
         for k in waiting:
             alloc = pool.allocation(k)
             w = pool.weight_of(k)
@@ -495,21 +500,16 @@ def waiting_reserves(
                 share = min(share, cap)
             count = used[k].get(dkey)
             mine = 0.0 if count is None else max(0.0, count.value(now_ms, wms))
-            if share - mine > 0:
-                owed.append((mine / w, share - mine))
+            due = share - mine
+            if due > 0:
+                owed.append((mine / w, due, w))
         if not owed:
             continue
-        owed.sort()
         fade = reserve_fade(now_ms, wms)
-        prefix = [0.0]
-        for _, o in owed:
-            prefix.append(prefix[-1] + o * fade)
-        default[dkey] = prefix[-1]
-        xs = [x for x, _ in owed]
-        for k in keys:
-            w = pool.weight_of(k)
-            x = use[k] / w if w > 0 else math.inf
-            per_key[k][dkey] = prefix[bisect.bisect_left(xs, x)]
+        default[dkey] = sum(o for _, o, _ in owed) * fade
+        xs = {k: (use[k] / w if (w := pool.weight_of(k)) > 0 else math.inf) for k in keys}
+        for k, r in catch_up_reserves(owed, xs).items():
+            per_key[k][dkey] = r * fade
     return Reserves(per_key, default)
 
 
@@ -583,6 +583,37 @@ def dominant_waiting_reserves(
         i = bisect.bisect_left(xs, x)
         per_key[k] = {d: acc[i] for d, acc in prefix.items()}
     return Reserves(per_key, {d: acc[-1] for d, acc in prefix.items()})
+
+
+def catch_up_reserves(
+    owed: Sequence[tuple[float, float, float]], xs: Mapping[str, float]
+) -> dict[str, float]:
+    """Per key ``k`` (use per weight ``xs[k]``), the room it leaves for the waiting keys behind it:
+    ``Σ min(due_j, w_j × (x_k − x_j))`` over the waiting ``j = (x_j, due_j, w_j)`` with
+    ``x_j < x_k``. A key yields to a waiting one only as far as that one is behind it, so keys
+    at about the same use per weight (greedy keys served in turn) hold nothing back from each
+    other, while a key coming back with nothing used is owed up to the others' level.
+
+    One sweep over the keys in order of ``x``: O((keys + waiting) log) at the refresh.
+    """
+    enter = sorted(owed)  # by x_j
+    leave = sorted((x + due / w, due, w, x) for x, due, w in owed)  # by t_j = x_j + due_j / w_j
+    out: dict[str, float] = {}
+    i = j = 0
+    full = 0.0  # Σ due_j of the keys fully owed (t_j <= x_k)
+    bw = bwx = 0.0  # Σ w_j and Σ w_j x_j of the keys partly owed (x_j < x_k < t_j)
+    for k, x in sorted(xs.items(), key=lambda kv: kv[1]):
+        while i < len(enter) and enter[i][0] < x:
+            xj, _, wj = enter[i]
+            bw, bwx, i = bw + wj, bwx + wj * xj, i + 1
+        while j < len(leave) and leave[j][0] <= x:
+            _, due, wj, xj = leave[j]
+            full, bw, bwx, j = full + due, bw - wj, bwx - wj * xj, j + 1
+        if math.isfinite(x):
+            out[k] = full + max(0.0, bw * x - bwx)
+        else:  # a key of weight 0: last in line, it leaves room for every waiting key
+            out[k] = sum(due for _, due, _ in owed)
+    return out
 
 
 def _share_at_level(pool: Pool, key_id: str, dim: Dimension, level: float) -> float:
