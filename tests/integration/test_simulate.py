@@ -18,7 +18,7 @@ from fairgate.cli import app
 from fairgate.quota.units import WINDOW_MS, Window
 from fairgate.sim.fairness import dominant_window_figures, summarize, window_figures
 from fairgate.sim.report import TARGET_JAIN, TARGET_UTILISATION, request_overshoot
-from fairgate.sim.runner import EPOCH_MS, run_scenario, start_ms
+from fairgate.sim.runner import EPOCH_MS, PolicyRun, run_scenario, start_ms
 from fairgate.sim.scenario import (
     ScenarioError,
     builtin,
@@ -51,49 +51,64 @@ async def test_simulation_is_deterministic_for_a_seed(tmp_path: Path) -> None:
         assert first.admissions == second.admissions
 
 
-#: Built-ins of issue 17 whose targets active mode does not reach yet (docs/fairness.md, "What
-#: is left"): strict, so the day they pass the marker has to go.
-NOT_YET = {"many-keys"}
+#: Built-ins where some key's admitted ÷ ideal is still outside 0.90-1.10 (docs/fairness.md,
+#: "What is left"): strict, so the day they pass the marker has to go. Issue 17's many-keys: a
+#: burst is charged against the sliding window, the ideal counts calendar windows.
+RANGE_NOT_YET = {"many-keys"}
 #: Issue 18's built-in misses the 0.90-1.10 band in the first three hours (research 0.87 of its
 #: ideal, before the CI bot starts); over its eight hours it is inside but for a light bursty
 #: key at 1.12 (docs/fairness.md).
-NOT_YET |= {"two-resource"}
+RANGE_NOT_YET |= {"two-resource"}
 #: The subscription built-in runs its three days (the weekly budget binds on day three only).
 #: Active mode spends the week's budget as demand comes: the heavy user takes the idle 5-hour
 #: windows of days one and two and every key is refused once the week is spent, so the day
 #: user reads above 1.10 of the ideal across windows and the worst window is far below 0.95
 #: (docs/fairness.md, "Budgets of different windows").
-NOT_YET |= {"subscription"}
+NOT_YET = {"subscription"}
+RANGE_NOT_YET |= NOT_YET
 FULL_LENGTH = {"subscription"}
 
 
+def _xfail_in(names: set[str], reason: str) -> list[object]:
+    """Every built-in, those in ``names`` as strict xfails."""
+    mark = pytest.mark.xfail(strict=True, reason=reason)
+    return [pytest.param(n, marks=mark) if n in names else n for n in builtin_names()]
+
+
+_SMOKE_RUNS: dict[str, PolicyRun] = {}
+
+
+async def _smoke(name: str, tmp_path: Path) -> PolicyRun:
+    """The active-mode run of a built-in (shortened unless FULL_LENGTH), once per module: two
+    tests read it."""
+    if name not in _SMOKE_RUNS:
+        sc = builtin(name)
+        if name not in FULL_LENGTH:
+            sc = sc.with_duration(SMOKE)
+        result = await run_scenario(sc, seed=1, data_dir=tmp_path, policies=("active",))
+        _SMOKE_RUNS[name] = result.runs["active"]
+    return _SMOKE_RUNS[name]
+
+
 @pytest.mark.parametrize(
-    "name",
-    [
-        pytest.param(
-            n,
-            marks=pytest.mark.xfail(
-                strict=True, reason="issue 17/18 targets not reached yet (docs/fairness.md)"
-            ),
-        )
-        if n in NOT_YET
-        else n
-        for n in builtin_names()
-    ],
+    "name", _xfail_in(NOT_YET, "issue 17/18 targets not reached yet (docs/fairness.md)")
 )
 async def test_builtin_scenario_meets_the_active_targets(name: str, tmp_path: Path) -> None:
-    sc = builtin(name)
-    if name not in FULL_LENGTH:
-        sc = sc.with_duration(SMOKE)
-    result = await run_scenario(sc, seed=1, data_dir=tmp_path, policies=("active",))
-    run = result.runs["active"]
+    run = await _smoke(name, tmp_path)
     m = run.metrics
     assert run.admissions > 0
     assert m.jain >= TARGET_JAIN, m.ratio
     assert m.utilisation >= TARGET_UTILISATION
     assert request_overshoot(run) == 0.0
     assert all(v <= 1e-9 for v in m.overshoot.values())
+
+
+@pytest.mark.parametrize(
+    "name", _xfail_in(RANGE_NOT_YET, "issue 17/18 per-key range not reached yet (fairness.md)")
+)
+async def test_builtin_scenario_gives_every_key_its_ideal(name: str, tmp_path: Path) -> None:
     # every key with demand gets 0.90-1.10 of its max-min ideal (issue 17)
+    m = (await _smoke(name, tmp_path)).metrics
     assert all(0.90 <= r <= 1.10 for r in m.ratio.values()), m.ratio
 
 
