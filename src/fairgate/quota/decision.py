@@ -413,13 +413,15 @@ def pace_reserves(
     on a fresh pool or after a night) nothing paces it: the keys present fill the pool in
     minutes, and a key that arrives later in the window finds it full until the bucket rolls
     over (``many-keys``: the first window's Jain index was 0.71). So while any allocated key
-    is away, a key using more than its static share (``limit × weight / Σ weights`` of every
-    allocation: what it would get if all were present) must also leave free
+    is away, a key using more than its max-min share with every allocation present (the keys
+    away unbounded, the present ones bounded by their ``demand`` estimates; with no estimates
+    its static share ``limit × weight / Σ weights``) must also leave free
     ``(limit − prev) × (1 − elapsed / window − PACE_LEAD)``: its borrowing follows the pace a
     full previous window would have set, and the room ahead of the pace is there for the keys
-    below their static share, the late ones among them. Keys within their static share, a
-    pool whose keys are all present, and a lone key (SPEC: a lone active key may use the whole
-    pool) are not paced.
+    within that share, the late ones among them. Keys within it, a pool whose keys are all
+    present, and a lone key (SPEC: a lone active key may use the whole pool) are not paced.
+    Bounding the present keys by their demand matters when many of them ask little: a key
+    with a burst is then not paced below what it would get with everyone back.
     """
     weights = sum(pool.weight_of(a.key_id) for a in pool.allocations)
     present = set(keys)
@@ -461,11 +463,15 @@ def waiting_reserves(
 
     A key is *waiting* when the ceiling or its share refused it lately and nothing admitted it
     since (the engine's pressed keys). It is owed, per dimension, what it lacks of its fair
-    share: ``min(λ × weight, cap) − used`` (0 when it has its share). A key must leave free
-    what every waiting key *further below its share than itself* is owed, comparing use per
-    unit of weight (``used / weight``): a greedy key at its share leaves room for all of
-    them, a returning key that used nothing leaves room for none, and two waiting keys never
-    hold each other back. ``evaluate`` then refuses a request when ``total + cost + reserve >
+    share: ``owed_j = min(λ × weight, cap) − used`` (0 when it has its share). Comparing use
+    per unit of weight (``x = used / weight``), a key ``k`` must leave free, for every waiting
+    key ``j`` further below (``x_j < x_k``), what ``j`` lacks to catch up with it, at most
+    what ``j`` is owed: ``Σ min(owed_j, w_j × (x_k − x_j))`` (:func:`catch_up_reserves`). A
+    greedy key far ahead leaves room for all they are owed, a returning key that used nothing
+    leaves room for none, and keys at about the same level (greedy keys served in turn) hold
+    next to nothing back from each other: room they held for each other was left unused and,
+    near a window's end, lost at the rollover (``many-keys`` utilisation 97.7 % → ≥ 98.9 %
+    over seeds 1-10). ``evaluate`` then refuses a request when ``total + cost + reserve >
     limit``; the key's own count plays no part, so the rule holds even where λ is off.
 
     Why: work conservation lends an idle key's share to the others, and the sliding window
@@ -475,8 +481,8 @@ def waiting_reserves(
 
     Bounded: the owed amount ends when the key is admitted again or stops asking (the
     pressure hold), so idle keys hold nothing back. Computed at the cached refresh over the
-    active keys (sorted once, a binary search per key), never per request; per request it
-    is one number per dimension in the atomic step, like the fair share.
+    active keys (one sorted sweep), never per request; per request it is one number per
+    dimension in the atomic step, like the fair share.
     """
     per_key: dict[str, dict[str, float]] = {k: {} for k in keys}
     default: dict[str, float] = {}
