@@ -215,9 +215,14 @@ def test_cli_invalid_yaml_exits_2(tmp_path: Path) -> None:
 
 
 @pytest.mark.redis
-async def test_redis_driver_gives_the_same_figures(redis_url: str, tmp_path: Path) -> None:
-    """Both drivers evaluate the same rule atomically, so a seed decides identically on each."""
-    sc = builtin("late-arrival").with_duration(parse_duration_ms("150m"))
+@pytest.mark.parametrize(("name", "duration"), [("late-arrival", "150m"), ("many-keys", "90m")])
+async def test_redis_driver_gives_the_same_figures(
+    name: str, duration: str, redis_url: str, tmp_path: Path
+) -> None:
+    """Both drivers evaluate the same rule atomically, so a seed decides identically on each.
+    ``many-keys`` draws on every active-mode rule: demand bounds, room held for waiting keys
+    (the catch-up reserve) and pacing after the quiet first window."""
+    sc = builtin(name).with_duration(parse_duration_ms(duration))
     on_sqlite = await run_scenario(sc, seed=2, data_dir=tmp_path, policies=("active",))
     on_redis = await run_scenario(
         sc, seed=2, driver="redis", redis_url=redis_url, policies=("active",)
