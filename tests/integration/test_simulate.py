@@ -63,14 +63,13 @@ RANGE_NOT_YET |= {"two-resource"}
 #: Active mode spends the week's budget as demand comes: the heavy user takes the idle 5-hour
 #: windows of days one and two and every key is refused once the week is spent, so the day
 #: user reads above 1.10 of the ideal across windows and the worst window is far below 0.95
-#: (docs/fairness.md, "Budgets of different windows").
-NOT_YET = {"subscription"}
-RANGE_NOT_YET |= NOT_YET
+#: (docs/fairness.md, "Budgets of different windows"). Jain and utilisation it meets.
+RANGE_NOT_YET |= {"subscription"}
 FULL_LENGTH = {"subscription"}
 
 
 def _xfail_in(names: set[str], reason: str) -> list[object]:
-    """Every built-in, those in ``names`` as strict xfails."""
+    """Every built-in, those in ``names`` as strict xfails (the day they pass, drop them)."""
     mark = pytest.mark.xfail(strict=True, reason=reason)
     return [pytest.param(n, marks=mark) if n in names else n for n in builtin_names()]
 
@@ -90,9 +89,7 @@ async def _smoke(name: str, tmp_path: Path) -> PolicyRun:
     return _SMOKE_RUNS[name]
 
 
-@pytest.mark.parametrize(
-    "name", _xfail_in(NOT_YET, "issue 17/18 targets not reached yet (docs/fairness.md)")
-)
+@pytest.mark.parametrize("name", builtin_names())
 async def test_builtin_scenario_meets_the_active_targets(name: str, tmp_path: Path) -> None:
     run = await _smoke(name, tmp_path)
     m = run.metrics

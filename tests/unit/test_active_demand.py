@@ -189,16 +189,3 @@ def test_catch_up_reserves_sum_partly_and_fully_owed_keys() -> None:
     assert r["high"] == pytest.approx(40)  # both in full
     assert r["zero-weight"] == pytest.approx(40)
 
-
-def test_pace_spares_a_key_within_its_share_with_every_key_present() -> None:
-    # fresh pool, 20 minutes in, C away. B asks 20 an hour (its demand bound), so with C back
-    # A's max-min share would be (300 − 20) / 2 = 140: A at 130 is not borrowing and is not
-    # paced (with plain static shares, 100, it was)
-    now = T + 20 * 60_000
-    used = {"a": {DIM: Count(prev=0, curr=130)}, "b": {DIM: Count(prev=0, curr=7)}}
-    totals = {DIM: Count(prev=0, curr=137)}
-    demand = {"b": {DIM: 20.0}}
-    spared = pace_reserves(ABC, ["a", "b"], used, totals, now, 0.5, NO_RESERVES, demand)
-    assert DIM not in spared.for_key("a")
-    paced = pace_reserves(ABC, ["a", "b"], used, totals, now, 0.5, NO_RESERVES)
-    assert paced.for_key("a")[DIM] == pytest.approx(175)

@@ -403,7 +403,6 @@ def pace_reserves(
     now_ms: int,
     threshold: float,
     base: Reserves,
-    demand: Mapping[str, Mapping[str, float]] | None = None,
 ) -> Reserves:
     """Pace borrowing in a window that follows a quiet one, while some keys are away (active).
 
@@ -413,22 +412,19 @@ def pace_reserves(
     on a fresh pool or after a night) nothing paces it: the keys present fill the pool in
     minutes, and a key that arrives later in the window finds it full until the bucket rolls
     over (``many-keys``: the first window's Jain index was 0.71). So while any allocated key
-    is away, a key using more than its max-min share with every allocation present (the keys
-    away unbounded, the present ones bounded by their ``demand`` estimates; with no estimates
-    its static share ``limit × weight / Σ weights``) must also leave free
+    is away, a key using more than its static share (``limit × weight / Σ weights`` of every
+    allocation: what it would get if all were present) must also leave free
     ``(limit − prev) × (1 − elapsed / window − PACE_LEAD)``: its borrowing follows the pace a
     full previous window would have set, and the room ahead of the pace is there for the keys
-    within that share, the late ones among them. Keys within it, a pool whose keys are all
-    present, and a lone key (SPEC: a lone active key may use the whole pool) are not paced.
-    Bounding the present keys by their demand matters when many of them ask little: a key
-    with a burst is then not paced below what it would get with everyone back.
+    below their static share, the late ones among them. Keys within their static share, a
+    pool whose keys are all present, and a lone key (SPEC: a lone active key may use the whole
+    pool) are not paced.
     """
     weights = sum(pool.weight_of(a.key_id) for a in pool.allocations)
     present = set(keys)
     if weights <= 0 or len(present) < 2 or all(a.key_id in present for a in pool.allocations):
         return base  # a lone key may use the whole pool (SPEC §3, active mode)
     per_key = {k: dict(v) for k, v in base.per_key.items()}
-    allocs = pool.allocations
     for dim in pool.enforced_dimensions():
         total = totals.get(dim.key)
         limit = pool.effective_limit(dim)
@@ -439,13 +435,10 @@ def pace_reserves(
         held = (limit - max(0.0, total.prev)) * max(0.0, frac)
         if held <= 0:
             continue
-        # every allocation present: the keys away unbounded, the present ones by their demand
-        members = [(pool.weight_of(a.key_id), _demand_bound(a, dim, demand)) for a in allocs]
-        level = water_fill_level(limit, members)
         for k in keys:
             count = used.get(k, {}).get(dim.key)
             mine = 0.0 if count is None else max(0.0, count.value(now_ms, w))
-            if mine > _share_at_level(pool, k, dim, level):
+            if mine > limit * pool.weight_of(k) / weights:
                 row = per_key.setdefault(k, {})
                 row[dim.key] = row.get(dim.key, 0.0) + held
     return Reserves(per_key, base.default)

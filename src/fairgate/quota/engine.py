@@ -876,7 +876,7 @@ class QuotaEngine:
             reserves = dominant_waiting_reserves(pool, levels, ordered, pressed, used, now)
         if used is not None and totals is not None:
             threshold = self.settings.saturation_threshold
-            reserves = pace_reserves(pool, ordered, used, totals, now, threshold, reserves, bounds)
+            reserves = pace_reserves(pool, ordered, used, totals, now, threshold, reserves)
         state = _ActiveCache(at, frozenset(keys), levels, demand, demand_at, used, totals, reserves)
         self._active[pool.id] = state
         return state
