@@ -463,7 +463,7 @@ def waiting_reserves(
     greedy key far ahead leaves room for all they are owed, a returning key that used nothing
     leaves room for none, and keys at about the same level (greedy keys served in turn) hold
     next to nothing back from each other: room they held for each other was left unused and,
-    near a window's end, lost at the rollover (``many-keys`` utilisation 97.7 % → ≥ 98.9 %
+    near a window's end, lost at the rollover (``many-keys`` utilisation 97.7 % → ≥ 98.8 %
     over seeds 1-10). ``evaluate`` then refuses a request when ``total + cost + reserve >
     limit``; the key's own count plays no part, so the rule holds even where λ is off.
 
