@@ -487,6 +487,7 @@
         { class: "dim-total", "data-total": d.total },
         d.enforced ? `${num(d.total, d.unit)} of ${num(d.limit, d.unit)} ${unit} · ${pct(d.usedFraction)}` : `${num(d.total, d.unit)} ${unit} · limit unknown (shown, not enforced)`,
       ),
+      resetNote(d),
     );
     const bar = h("div", { class: "bar", role: "img", "data-dimension": d.key });
     const parts = [];
@@ -506,6 +507,23 @@
     }
     bar.setAttribute("aria-label", `${name}: ${d.enforced ? `${num(d.total, d.unit)} of ${num(d.limit, d.unit)} ${unit} used (${pct(d.usedFraction)})` : "limit unknown"}${parts.length ? ". " + parts.join(", ") : ""}`);
     return h("div", { class: "dim" }, head, bar);
+  }
+
+  /* When the dimension's counts roll over, and whose clock that is: a provider-anchored window
+   * resets when the connection's own reading says, any other at the turn of fairgate's
+   * epoch-aligned bucket (docs/subscriptions.md, provider-anchored windows). */
+  function resetNote(d) {
+    if (d.resetsAtMs === null || d.resetsAtMs === undefined) return null;
+    const source = d.anchorSource ? `provider: ${d.anchorSource}` : "epoch-aligned window";
+    return h("span", { class: "dim-reset muted small", "data-reset": d.key, "data-resets-at": d.resetsAtMs, "data-anchor": d.anchorSource || "" }, `resets ${when(d.resetsAtMs)} (${source})`);
+  }
+
+  /* A moment as HH:MM today, with the day when it is another day (weekly, monthly windows). */
+  function when(ms) {
+    const t = new Date(ms);
+    const hm = t.toLocaleTimeString([], { hour: "2-digit", minute: "2-digit" });
+    if (t.toDateString() === new Date().toDateString()) return hm;
+    return `${t.toLocaleDateString([], { weekday: "short", day: "numeric", month: "short" })} ${hm}`;
   }
 
   function chosenDimension(pool, usage) {
