@@ -170,6 +170,7 @@
     clearInterval(state.timer);
     state.timer = null;
     for (const d of document.querySelectorAll("dialog")) d.close();
+    $("#oauth-warning").hidden = true;
     showSignin(message);
   }
 
@@ -260,12 +261,8 @@
     button.disabled = true;
     button.textContent = "Refreshing…";
     try {
-      if (state.route === "pools") await loadPools();
-      else if (state.route === "plans") await loadPlans();
-      else if (state.route === "keys") await loadKeys();
-      else if (state.route === "combos") await loadCombos();
-      else if (state.route === "settings") await loadSettings();
-      else await loadHealth();
+      const load = { pools: loadPools, plans: loadPlans, keys: loadKeys, combos: loadCombos, settings: loadSettings }[state.route] || loadHealth;
+      await Promise.all([load(), loadAuthWarning()]);
       $("#updated").textContent = "Updated " + clock(Date.now());
     } catch (err) {
       if (!(err instanceof ApiError && err.status === 401)) pageError(err.message);
@@ -275,6 +272,38 @@
       button.textContent = "Refresh";
     }
     if (state.pending) await refresh();
+  }
+
+  /* The banner above every page while an OAuth credential needs a human: its refresh was
+   * rejected (blocked with reason auth) or its token endpoint fails. It names the connection and
+   * the reason /health gives (never a token); nothing is shown while every credential is fine. */
+  async function loadAuthWarning() {
+    const health = await fetch(ROOT + "health", { cache: "no-store" }).then((r) => r.json()).catch(() => null);
+    if (!health) return; // unreachable: the page itself says so; keep the last known banner
+    const bad = (health.oauth || []).filter((a) => a.state !== "ok");
+    const banner = $("#oauth-warning");
+    const text = bad.map(authProblem).join("\n");
+    if (banner.dataset.text === text && banner.hidden === !text) return; // no re-announcement
+    banner.dataset.text = text;
+    banner.hidden = !text;
+    if (!text) {
+      banner.replaceChildren();
+      return;
+    }
+    banner.replaceChildren(
+      h("p", {}, h("strong", {}, bad.length > 1 ? "OAuth credentials need attention" : "An OAuth credential needs attention")),
+      h("ul", {}, bad.map((a) => h("li", { "data-oauth": a.connectionId }, authProblem(a)))),
+      h("p", { class: "small" }, "Supply new tokens (fairgate connections login, or the admin API) to lift a block."),
+    );
+  }
+
+  function authProblem(a) {
+    const since = a.sinceMs ? ` since ${when(a.sinceMs)}` : "";
+    const reason = a.reason || "no reason given";
+    if (a.state === "blocked") return `${a.connectionId}: blocked (auth)${since}: ${reason}. Until new tokens are supplied, requests routed to it fail over or fail.`;
+    const expired = a.expiresAtMs !== null && a.expiresAtMs !== undefined && a.expiresAtMs <= Date.now();
+    const token = a.expiresAtMs ? (expired ? "its access token has expired" : `its access token is valid until ${when(a.expiresAtMs)}`) : "";
+    return `${a.connectionId}: ${a.state}${since}: ${reason}${token ? `; ${token}` : ""}.`;
   }
 
   function pageError(message) {
