@@ -231,37 +231,57 @@ def stop(procs: list[subprocess.Popen[bytes]]) -> None:
             p.kill()
 
 
+def start_mock() -> tuple[str, subprocess.Popen[bytes]]:
+    """The mock upstream on a free port, its rate-limit headers set out of reach (they count
+    every request of a run, direct and bare too, and a benchmark must not trip the gateway's
+    provider-signal backoff); returns its URL and process."""
+    port = free_port()
+    mock = f"http://127.0.0.1:{port}"
+    cmd = [sys.executable, "-m", "fairgate", "mock-upstream", "--port", str(port)]
+    proc = subprocess.Popen(
+        [*cmd, "--secret", SECRET],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        wait_http(mock + "/_mock/stats")
+        post_json(mock + "/_mock/config", {"requests_limit": 10**12, "tokens_limit": 10**15})
+    except BaseException:
+        stop([proc])
+        raise
+    return mock, proc
+
+
+def start_bare(mock: str) -> tuple[str, subprocess.Popen[bytes]]:
+    """The bare aiohttp pass-through (this file run with ``--bare``) in front of ``mock``."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, __file__, "--bare", str(port), mock],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.STDOUT,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_http(url + "/ready")
+    except BaseException:
+        stop([proc])
+        raise
+    return url, proc
+
+
 @contextmanager
 def servers() -> Iterator[Servers]:
     """Start the mock upstream, the bare pass-through and fairgate; stop them afterwards."""
-    py = sys.executable
     procs: list[subprocess.Popen[bytes]] = []
     tmp = Path(tempfile.mkdtemp(prefix="fairgate-bench-"))
     try:
-        mport, bport = free_port(), free_port()
-        mock = f"http://127.0.0.1:{mport}"
-        procs.append(
-            subprocess.Popen(
-                [py, "-m", "fairgate", "mock-upstream", "--port", str(mport), "--secret", SECRET],
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.STDOUT,
-            )
-        )
-        wait_http(mock + "/_mock/stats")
-        # the mock's rate-limit headers count every request of the run (direct and bare too);
-        # a benchmark must not trip the gateway's provider-signal backoff
-        post_json(mock + "/_mock/config", {"requests_limit": 10**12, "tokens_limit": 10**15})
-        procs.append(
-            subprocess.Popen(
-                [py, __file__, "--bare", str(bport), mock + ""],
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.STDOUT,
-            )
-        )
-        wait_http(f"http://127.0.0.1:{bport}/ready")
+        mock, proc = start_mock()
+        procs.append(proc)
+        bare, proc = start_bare(mock)
+        procs.append(proc)
         url, proc = start_fairgate(mock, tmp)
         procs.append(proc)
-        yield Servers(mock, f"http://127.0.0.1:{bport}", url, proc.pid, tmp, procs)
+        yield Servers(mock, bare, url, proc.pid, tmp, procs)
     finally:
         stop(procs)
 

@@ -1,0 +1,460 @@
+"""fairgate side by side with its peers (issue 15's method), every target behind one mock upstream.
+
+Targets, each its own process: direct to the mock, a bare aiohttp pass-through (the floor for a
+Python proxy), fairgate on the SQLite quota store, fairgate on the Redis quota + resilience
+store (when Redis answers at ``--redis-url``), optionally fairgate from another source tree
+(``--compare NAME=SRC``, e.g. ``main=/work/main/src``: before/after in one run), and the LiteLLM
+proxy when it is installed (``pip install 'fairgate[bench-peers]'``, or ``--litellm PATH`` to a
+``litellm`` executable in a separate venv; its rows say "not installed" otherwise).
+
+Method: rounds alternate the targets (``--rounds``, median round of each row), so a noisy
+moment of a shared host hits every target alike. Per target and round:
+
+- c1 p50: one connection, sequential non-streamed requests;
+- c16 and c64: req/s, p50 and p99 latency;
+- time to first SSE event: sequential streamed requests, time until the first ``data:`` event;
+- CPU ms per request at c16: the server process tree's utime + stime from ``/proc`` over the
+  c16 run, divided by the requests; the Redis row adds redis-server's share (``INFO cpu``: all
+  of that server's clients, so on a Redis shared with other work it reads high);
+- the mock's request count checked against what the load generator completed, and 0 errors
+  (non-2xx, socket errors, timeouts) required: a row with errors fails the run.
+
+Load generator: ``wrk`` when it is on PATH (``apt-get install -y wrk``); else a Python aiohttp
+generator (:func:`proxy_overhead.load`). The Python generator costs about as much CPU per request
+as the bare proxy itself and shares the same two cores, so it holds the direct and bare rows
+down (they read lower than with wrk, and fairgate's ratio to the bare proxy reads higher): use
+wrk for the ratios of the issue's table.
+
+Run: ``.venv/bin/python benchmarks/peers.py --quick`` (about 2-3 minutes) or without
+``--quick`` for the full method (10 s per measurement, 3 rounds). Prints a table; asserts
+nothing about speed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib.util
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import aiohttp
+
+from proxy_overhead import (
+    CLIENT_KEY,
+    SECRET,
+    free_port,
+    load,
+    pct,
+    start_bare,
+    start_fairgate,
+    start_mock,
+    stop,
+    wait_http,
+)
+
+MODEL = "gpt-4o-mini"
+BODY = {"model": MODEL, "messages": [{"role": "user", "content": "benchmark"}], "max_tokens": 16}
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+# -- process CPU from /proc -------------------------------------------------------------------
+
+
+def _children(pid: int) -> list[int]:
+    out: list[int] = []
+    try:
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/children") as f:
+                out += [int(c) for c in f.read().split()]
+    except OSError:
+        pass
+    return out
+
+
+def tree_cpu_s(pid: int) -> float:
+    """utime + stime of ``pid`` and its live descendants, in seconds."""
+    total, todo = 0.0, [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            with open(f"/proc/{p}/stat") as f:
+                fields = f.read().rpartition(")")[2].split()
+        except OSError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime, stime (fields 14, 15)
+        todo += _children(p)
+    return total
+
+
+# -- targets ----------------------------------------------------------------------------------
+
+
+@dataclass
+class Target:
+    name: str
+    url: str
+    key: str
+    pid: int
+    redis_cpu: Callable[[], float] | None = None  # seconds of redis-server CPU so far
+    missing: str | None = None  # why the target did not run ("not installed", ...)
+
+
+def redis_cpu_reader(url: str) -> Callable[[], float] | None:
+    """redis-server's used CPU seconds (``INFO cpu``), or None when Redis does not answer."""
+    try:
+        import redis
+    except ImportError:
+        return None
+    client = redis.Redis.from_url(url, socket_timeout=2)
+
+    def read() -> float:
+        info = client.info("cpu")
+        return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+
+    try:
+        read()
+    except Exception:
+        return None
+    return read
+
+
+def litellm_command(explicit: str | None) -> list[str] | None:
+    """How to start the LiteLLM proxy, or None when it is not installed."""
+    if explicit:
+        return [explicit]
+    exe = shutil.which("litellm")
+    if exe:
+        return [exe]
+    if importlib.util.find_spec("litellm") is not None:
+        return [sys.executable, "-m", "litellm"]
+    return None
+
+
+def start_litellm(cmd: list[str], mock: str, tmp: Path) -> tuple[str, subprocess.Popen[bytes], str]:
+    """LiteLLM's proxy, one worker, logging off, in front of the mock; URL, process, version."""
+    port = free_port()
+    cfg = tmp / "litellm.yaml"
+    cfg.write_text(
+        "model_list:\n"
+        f"  - model_name: {MODEL}\n"
+        "    litellm_params:\n"
+        f"      model: openai/{MODEL}\n"
+        f"      api_base: {mock}/v1\n"
+        f"      api_key: {SECRET}\n"
+        "litellm_settings:\n  set_verbose: false\n  json_logs: false\n"
+        "general_settings:\n  disable_spend_logs: true\n"
+    )
+    env = {**os.environ, "LITELLM_LOG": "ERROR", "LITELLM_MODE": "PRODUCTION"}
+    args = [*cmd, "--config", str(cfg), "--port", str(port), "--num_workers", "1"]
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, env=env)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_http(url + "/health/liveliness", timeout=240)
+    except BaseException:
+        stop([proc])
+        raise
+    python = Path(cmd[0]).with_name("python") if cmd[0].endswith("litellm") else cmd[0]
+    out = subprocess.run(
+        [str(python), "-c", "import importlib.metadata as m; print(m.version('litellm'))"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    version = out.stdout.strip() or "?"
+    return url, proc, version
+
+
+# -- load generation --------------------------------------------------------------------------
+
+
+@dataclass
+class Run:
+    """One measurement: throughput, latencies (ms), requests completed, errors."""
+
+    rps: float
+    p50: float
+    p99: float
+    requests: int
+    errors: int
+
+
+WRK_SCRIPT = """
+wrk.method = "POST"
+wrk.body = [[%s]]
+wrk.headers["Content-Type"] = "application/json"
+wrk.headers["Authorization"] = "Bearer %s"
+done = function(summary, latency, requests)
+  local e = summary.errors
+  io.write(string.format("FGWRK %%d %%d %%d %%f %%f\\n", summary.requests, summary.duration,
+    e.connect + e.read + e.write + e.status + e.timeout,
+    latency:percentile(50), latency:percentile(99)))
+end
+"""
+
+
+def wrk_run(url: str, key: str, conc: int, seconds: float, tmp: Path) -> Run:
+    script = tmp / f"wrk-{key[-8:]}.lua"
+    script.write_text(WRK_SCRIPT % (json.dumps(BODY), key))
+    out = subprocess.run(
+        [
+            "wrk",
+            "-t1",
+            f"-c{conc}",
+            f"-d{max(1, round(seconds))}s",
+            "--timeout",
+            "10s",
+            "-s",
+            str(script),
+            url + "/v1/chat/completions",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    line = next(x for x in out.splitlines() if x.startswith("FGWRK "))
+    n, dur_us, errors, p50_us, p99_us = line.split()[1:]
+    return Run(
+        int(n) / (int(dur_us) / 1e6),
+        float(p50_us) / 1000,
+        float(p99_us) / 1000,
+        int(n),
+        int(errors),
+    )
+
+
+def python_run(url: str, key: str, conc: int, seconds: float) -> Run:
+    n = max(conc * 20, int(seconds * 400))
+    rps, lat = asyncio.run(load(url, n, conc, False, key))
+    return Run(rps, pct(lat, 0.5), pct(lat, 0.99), n, 0)
+
+
+async def first_event_ms(url: str, key: str, n: int) -> list[float]:
+    """Sequential streamed requests: ms until the first SSE ``data:`` line arrives."""
+    headers = {"authorization": f"Bearer {key}"}
+    body = {**BODY, "stream": True}
+    out: list[float] = []
+    async with aiohttp.ClientSession() as session:
+        for i in range(n + 10):  # 10 warm-up requests
+            t = time.perf_counter()
+            async with session.post(url + "/v1/chat/completions", json=body, headers=headers) as r:
+                if r.status != 200:
+                    raise RuntimeError(f"stream request to {url} failed: {r.status}")
+                first = None
+                async for line in r.content:
+                    if first is None and line.startswith(b"data:"):
+                        first = (time.perf_counter() - t) * 1000
+                if i >= 10 and first is not None:
+                    out.append(first)
+    return sorted(out)
+
+
+def mock_requests(mock: str) -> int:
+    with urllib.request.urlopen(mock + "/_mock/stats", timeout=5) as r:
+        return int(json.loads(r.read())["requests"])
+
+
+# -- one round --------------------------------------------------------------------------------
+
+
+@dataclass
+class Row:
+    c1: list[float] = field(default_factory=list)
+    c16: list[Run] = field(default_factory=list)
+    c64: list[Run] = field(default_factory=list)
+    ttfe: list[float] = field(default_factory=list)
+    cpu_ms: list[float] = field(default_factory=list)
+    redis_cpu_ms: list[float] = field(default_factory=list)
+
+
+class Bench:
+    def __init__(self, mock: str, mock_pid: int, seconds: float, ttfe_n: int, tmp: Path) -> None:
+        self.mock, self.mock_pid, self.seconds, self.ttfe_n, self.tmp = (
+            mock,
+            mock_pid,
+            seconds,
+            ttfe_n,
+            tmp,
+        )
+        self.use_wrk = shutil.which("wrk") is not None
+
+    def run(self, t: Target, conc: int, seconds: float) -> Run:
+        before = mock_requests(self.mock)
+        if self.use_wrk:
+            r = wrk_run(t.url, t.key, conc, seconds, self.tmp)
+        else:
+            r = python_run(t.url, t.key, conc, seconds)
+        time.sleep(0.2)  # requests wrk left in flight at its deadline reach the mock
+        seen = mock_requests(self.mock) - before
+        if r.errors:
+            raise RuntimeError(f"{t.name} c{conc}: {r.errors} errors")
+        # wrk counts completed requests; up to ``conc`` more were in flight when it stopped
+        # (the Python generator's warm-up requests are counted by the mock too)
+        slack = conc if self.use_wrk else conc + min(200, r.requests)
+        if not r.requests <= seen <= r.requests + slack:
+            raise RuntimeError(f"{t.name} c{conc}: the mock saw {seen}, client {r.requests}")
+        return r
+
+    def round(self, t: Target, row: Row) -> None:
+        row.c1.append(self.run(t, 1, self.seconds / 2).p50)
+        cpu0 = tree_cpu_s(t.pid)
+        rcpu0 = t.redis_cpu() if t.redis_cpu else 0.0
+        r16 = self.run(t, 16, self.seconds)
+        row.cpu_ms.append((tree_cpu_s(t.pid) - cpu0) * 1000 / r16.requests)
+        if t.redis_cpu:
+            row.redis_cpu_ms.append((t.redis_cpu() - rcpu0) * 1000 / r16.requests)
+        row.c16.append(r16)
+        row.c64.append(self.run(t, 64, self.seconds))
+        row.ttfe.append(pct(asyncio.run(first_event_ms(t.url, t.key, self.ttfe_n)), 0.5))
+
+
+def median_run(runs: list[Run]) -> Run:
+    return sorted(runs, key=lambda r: r.rps)[len(runs) // 2]
+
+
+def report(targets: list[Target], rows: dict[str, Row], bench: Bench, rounds: int) -> None:
+    gen = "wrk" if bench.use_wrk else "Python aiohttp (holds direct/bare down)"
+    total = sum(sum(r.requests for r in row.c16 + row.c64) for row in rows.values())
+    print(
+        f"\nload generator: {gen}; {rounds} alternating rounds, median round per cell; "
+        f"{total} loaded requests, 0 errors, mock counts checked"
+    )
+    head = (
+        f"{'target (latencies in ms)':<34} {'c1 p50':>8} {'c16 req/s':>10} {'c16 p99':>8} "
+        f"{'c64 req/s':>10} {'c64 p99':>8} {'TTFE p50':>9} {'CPU/req c16':>12}"
+    )
+    print(head)
+    print("-" * len(head))
+    for t in targets:
+        if t.missing:
+            print(f"{t.name:<34} {t.missing}")
+            continue
+        row = rows[t.name]
+        r16, r64 = median_run(row.c16), median_run(row.c64)
+        cpu = f"{statistics.median(row.cpu_ms):.3f} ms"
+        if row.redis_cpu_ms:
+            cpu += f" +{statistics.median(row.redis_cpu_ms):.3f} redis"
+        print(
+            f"{t.name:<34} {statistics.median(row.c1):8.2f} {r16.rps:10.0f} {r16.p99:8.2f} "
+            f"{r64.rps:10.0f} {r64.p99:8.2f} {statistics.median(row.ttfe):9.2f} {cpu:>12}"
+        )
+    bare = rows.get("bare aiohttp pass-through")
+    if bare is None:
+        return
+    print(
+        "\nrelative to the bare pass-through (targets: ≥ 70 % SQLite, ≥ 60 % Redis at c16/c64; "
+        "+p50 c1 ≤ 0.3 ms; +TTFE ≤ 0.4 ms; p99 c16 ≤ 1.5×):"
+    )
+    b16, b64 = median_run(bare.c16), median_run(bare.c64)
+    for t in targets:
+        if t.missing or not t.name.startswith(("fairgate", "LiteLLM")):
+            continue
+        row = rows[t.name]
+        r16, r64 = median_run(row.c16), median_run(row.c64)
+        print(
+            f"  {t.name:<32} c16 {r16.rps / b16.rps * 100:5.1f} %  c64 "
+            f"{r64.rps / b64.rps * 100:5.1f} %  +p50 c1 "
+            f"{statistics.median(row.c1) - statistics.median(bare.c1):+.2f} ms  +TTFE "
+            f"{statistics.median(row.ttfe) - statistics.median(bare.ttfe):+.2f} ms  "
+            f"p99 c16 {r16.p99 / b16.p99:.2f}×"
+        )
+
+
+def fairgate_targets(
+    mock: str, tmp: Path, args: argparse.Namespace, procs: list[subprocess.Popen[bytes]]
+) -> list[Target]:
+    out: list[Target] = []
+    sources: list[tuple[str, str | None]] = [("", None)]
+    for spec in args.compare:
+        label, _, src = spec.partition("=")
+        sources.append((f" [{label}]", str(Path(src).resolve())))
+    redis_cpu = redis_cpu_reader(args.redis_url)
+    for i, (label, src) in enumerate(sources):
+        base = {"PYTHONPATH": src} if src else {}
+        url, proc = start_fairgate(mock, tmp, name=f"fg-sqlite-{i}", extra_env=base)
+        procs.append(proc)
+        out.append(Target(f"fairgate, SQLite{label}", url, CLIENT_KEY, proc.pid))
+        if redis_cpu is None:
+            out.append(Target(f"fairgate, Redis{label}", "", "", 0, missing="Redis not reachable"))
+            continue
+        env = {
+            **base,
+            "QUOTA_STORE_DRIVER": "redis",
+            "QUOTA_STORE_REDIS_URL": args.redis_url,
+            "QUOTA_STORE_REDIS_PREFIX": f"fgbench{uuid.uuid4().hex[:8]}",
+        }
+        url, proc = start_fairgate(mock, tmp, name=f"fg-redis-{i}", extra_env=env)
+        procs.append(proc)
+        out.append(Target(f"fairgate, Redis{label}", url, CLIENT_KEY, proc.pid, redis_cpu))
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--quick", action="store_true", help="3 s per measurement (about 2-3 min)")
+    ap.add_argument("--seconds", type=float, default=10.0, help="per loaded measurement")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument(
+        "--redis-url", default=os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/0")
+    )
+    ap.add_argument("--litellm", help="path to a litellm executable (e.g. in its own venv)")
+    ap.add_argument("--no-litellm", action="store_true")
+    ap.add_argument(
+        "--compare",
+        action="append",
+        default=[],
+        metavar="NAME=SRC",
+        help="also run fairgate from another source tree (PYTHONPATH=SRC)",
+    )
+    args = ap.parse_args()
+    seconds = 3.0 if args.quick else args.seconds
+    ttfe_n = 100 if args.quick else 300
+    procs: list[subprocess.Popen[bytes]] = []
+    tmp = Path(tempfile.mkdtemp(prefix="fairgate-peers-"))
+    try:
+        mock, mproc = start_mock()
+        procs.append(mproc)
+        bare, bproc = start_bare(mock)
+        procs.append(bproc)
+        targets = [
+            Target("direct to the mock", mock, SECRET, mproc.pid),
+            Target("bare aiohttp pass-through", bare, SECRET, bproc.pid),
+            *fairgate_targets(mock, tmp, args, procs),
+        ]
+        cmd = None if args.no_litellm else litellm_command(args.litellm)
+        if cmd is None:
+            targets.append(Target("LiteLLM", "", "", 0, missing="not installed"))
+        else:
+            url, proc, version = start_litellm(cmd, mock, tmp)
+            procs.append(proc)
+            targets.append(Target(f"LiteLLM {version}, 1 worker", url, "sk-bench", proc.pid))
+        bench = Bench(mock, mproc.pid, seconds, ttfe_n, tmp)
+        rows: dict[str, Row] = {t.name: Row() for t in targets if not t.missing}
+        for r in range(args.rounds):
+            for t in targets:
+                if t.missing:
+                    continue
+                print(f"  round {r + 1}/{args.rounds}: {t.name} ...", flush=True)
+                bench.round(t, rows[t.name])
+        report(targets, rows, bench, args.rounds)
+    finally:
+        stop(procs)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
