@@ -42,6 +42,8 @@ MEMORY = 600_000  # the default level memory
         pytest.param("memory", id="memory"),
         pytest.param("redis", id="redis", marks=pytest.mark.redis),
         pytest.param("redis-cluster", id="redis-cluster", marks=pytest.mark.redis),
+        # the same contract with reads answered from memory (the watcher on, as a gateway runs)
+        pytest.param("redis-watched", id="redis-watched", marks=pytest.mark.redis),
     ]
 )
 async def rstore(
@@ -58,6 +60,9 @@ async def rstore(
 
         s = RedisResilienceStore(url, prefix=prefix, clock=clock)
         assert await s.ping()  # as the factory does: the cluster is discovered before traffic
+        if request.param == "redis-watched":
+            await s.start_watch()
+            await s.wait_version(0)
     try:
         yield s
     finally:
@@ -324,6 +329,128 @@ async def test_replicas_share_the_breaker_and_one_probe(
     finally:
         await a.close()
         await b.close()
+
+
+# -- Redis: reads from memory, kept current by the watcher -------------------------------------
+
+
+@pytest_asyncio.fixture
+async def watched(
+    redis_url: str, redis_prefix: str, clock: ManualClock
+) -> AsyncIterator[Callable[..., Any]]:
+    """Started stores on one prefix; ``poll_s`` large means only pub/sub can deliver a change."""
+    from fairgate.resilience.state_redis import RedisResilienceStore
+
+    made: list[RedisResilienceStore] = []
+
+    async def make(poll_s: float = 3600.0) -> RedisResilienceStore:
+        store = RedisResilienceStore(redis_url, prefix=redis_prefix, clock=clock)
+        made.append(store)
+        await store.start_watch(poll_s=poll_s)
+        await store.wait_version(0)  # the watcher is subscribed and has read the counter
+        return store
+
+    try:
+        yield make
+    finally:
+        for store in made:
+            await store.close()
+
+
+async def _until(store: Any, version: int) -> None:
+    """Wait for the watcher to deliver ``version`` (a message, not elapsed time; the timeout
+    only turns a lost message into a failure instead of a hang)."""
+    async with asyncio.timeout(30):
+        await store.wait_version(version)
+
+
+@pytest.mark.redis
+async def test_watched_replica_reads_from_memory_and_sees_another_replicas_cooldown(
+    watched: Callable[..., Any], clock: ManualClock
+) -> None:
+    a, b = await watched(), await watched()
+    assert (await b.read_target("openai", "c1", "gpt-4o")).cooldown is None
+    hits = b.cache_hits
+    assert (await b.read_target("openai", "c1", "gpt-4o")).cooldown is None
+    assert b.cache_hits == hits + 1  # no round trip: answered from memory
+    stored = await a.set_cooldown("c1", clock.now_ms() + 20 * S, 1, "rate_limit")
+    # delivered by pub/sub (the poll is an hour away), well within the 100 ms bound
+    await _until(b, await a.shared_version())
+    assert (await b.read_target("openai", "c1", "gpt-4o")).cooldown == stored
+    # a breaker, a lockout and a permanent block travel the same way, and so does a clear
+    rec = BreakerRecord("open", clock.now_ms() + 30 * S, 30 * S, clock.now_ms())
+    await a.put_breaker("openai", rec)
+    await a.set_lockout("openai", "c1", "gpt-4o", clock.now_ms() + 5 * S, 0, "quota")
+    await a.set_permanent(model_scope("openai", "c1", "gpt-4o"), "billing")
+    await _until(b, await a.shared_version())
+    ts = await b.read_target("openai", "c1", "gpt-4o")
+    assert ts.breaker == rec
+    assert ts.lockout is not None
+    assert ts.permanent is not None
+    await a.clear_permanent(model_scope("openai", "c1", "gpt-4o"))
+    await a.clear_cooldown("c1")
+    await _until(b, await a.shared_version())
+    ts = await b.read_target("openai", "c1", "gpt-4o")
+    assert ts.permanent is None
+    assert ts.cooldown is None
+
+
+@pytest.mark.redis
+async def test_a_replicas_own_write_is_read_back_at_once(
+    watched: Callable[..., Any], clock: ManualClock
+) -> None:
+    a = await watched()
+    await a.read_target("openai", "c1", "m")  # cached: nothing
+    stored = await a.set_cooldown("c1", clock.now_ms() + S, 1, "rate_limit")
+    assert (await a.read_target("openai", "c1", "m")).cooldown == stored  # no wait for a message
+
+
+@pytest.mark.redis
+async def test_the_poll_catches_a_change_whose_message_was_lost(
+    watched: Callable[..., Any], redis_url: str, redis_prefix: str, clock: ManualClock
+) -> None:
+    import redis.asyncio
+
+    b = await watched(poll_s=0.01)
+    assert (await b.read_target("openai", "c1", "m")).cooldown is None
+    raw = redis.asyncio.Redis.from_url(redis_url)
+    try:
+        # a write whose PUBLISH never reached b (as across a reconnect): hash + counter only
+        base = f"{redis_prefix}:{{rs}}"
+        until = clock.now_ms() + 10 * S
+        await raw.hset(f"{base}:cd:c1", mapping={"until": until, "level": 1, "reason": "x"})
+        version = int(await raw.incr(f"{base}:ver"))
+    finally:
+        await raw.aclose()
+    await _until(b, version)
+    assert (await b.read_target("openai", "c1", "m")).cooldown == Cooldown(until, 1, "x")
+
+
+@pytest.mark.redis
+async def test_a_view_the_watcher_has_not_vouched_for_lately_is_read_from_redis(
+    watched: Callable[..., Any], clock: ManualClock
+) -> None:
+    b = await watched()  # polls once, then only messages: nothing confirms the version again
+    await b.read_target("openai", "c1", "m")
+    hits = b.cache_hits
+    clock.advance(101)  # past MAX_STALE_MS since the last confirmation
+    await b.read_target("openai", "c1", "m")
+    assert b.cache_hits == hits  # went to Redis
+
+
+@pytest.mark.redis
+async def test_managers_on_watched_stores_share_a_cooldown(
+    watched: Callable[..., Any], clock: ManualClock
+) -> None:
+    a, b = await watched(), await watched()
+    ma, mb = RateLimitManager(a, clock=clock), RateLimitManager(b, clock=clock)
+    assert await mb.check("openai", "c1", "gpt-4o") is None
+    c = classify(429, None, {"retry-after": "20"}, now_ms=clock.now_ms())
+    await ma.on_failure("openai", "c1", "gpt-4o", "apikey", c)
+    await _until(b, await a.shared_version())
+    excl = await mb.check("openai", "c1", "gpt-4o")
+    assert excl is not None
+    assert excl.until_ms == clock.now_ms() + 20 * S
 
 
 @pytest.mark.redis

@@ -46,6 +46,7 @@ async def _redis_store(
         log.warning("resilience store: redis at %s not answering; using memory", url or "client")
         await store.close()
         return None
+    await store.start_watch()  # checks read the state from memory, kept current by the watcher
     return store
 
 

@@ -1,10 +1,20 @@
 """The Redis :class:`~fairgate.resilience.state.ResilienceStore`: state shared by replicas.
 
 Every gateway process that points at the same Redis and prefix sees a cooldown, a lockout, a
-permanent block or a breaker transition as soon as the writing process's command returns: reads
-go to Redis on every check (one pipelined round trip per target, :meth:`read_target`), nothing
-is cached locally. Updates that read before they write are Lua scripts (``resilience/lua``), so
+permanent block or a breaker transition within :data:`MAX_STALE_MS` of the writing process's
+command returning. Updates that read before they write are Lua scripts (``resilience/lua``), so
 two replicas racing to set a cooldown cannot shorten each other's deadline.
+
+Reads: without a watcher every :meth:`~RedisResilienceStore.read_target` is one pipelined round
+trip. A store whose watcher runs (:meth:`~RedisResilienceStore.start_watch`, as the gateway
+starts it) answers it from memory instead: every write bumps a version counter and publishes the
+new version in the same script or MULTI; the watcher subscribes to that channel (a message drops
+the cached reads at once) and re-reads the counter every :data:`POLL_S` as a safety net for a
+lost message. A cached read is used only while the watcher confirmed the version less than
+:data:`MAX_STALE_MS` ago by the store's clock: a stalled watcher or an unreachable Redis sends
+reads back to Redis (and so to the manager's outage handling) instead of serving an old view.
+Writes are rare (failures, rate-limit lockouts, breaker transitions), so a write drops every
+cached target rather than the one it touched.
 
 Deadlines are absolute epoch ms from the caller's clock, and each key's TTL is its remaining
 time plus the level memory (so Redis drops what the lazy reads already ignore).
@@ -18,6 +28,8 @@ scripts may touch the index beside the entry)::
     <prefix>:{rs}:probe:<provider>                STRING half-open probe token (SET NX PX)
     <prefix>:{rs}:perm                            HASH scope -> JSON {reason, since_ms}
     <prefix>:{rs}:idx                             ZSET "cd:…" / "lk:…" / "br:…" -> forget_ms
+    <prefix>:{rs}:ver                             STRING version, INCR by every write
+    channel <prefix>:{rs}:changed                 PUBLISH of the new version
 
 Provider and connection ids may not hold ``:`` (config ids never do), so a lockout key parses
 back unambiguously; a model id may hold anything.
@@ -25,8 +37,11 @@ back unambiguously; a model id may hold anything.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import functools
 import importlib.resources
+import logging
 from typing import Any, Final, cast
 
 import orjson
@@ -51,6 +66,8 @@ from fairgate.store.redis_client import AsyncClient, async_client
 
 __all__ = ["RedisResilienceStore"]
 
+log = logging.getLogger("fairgate.resilience")
+
 #: The most index entries one health snapshot reads.
 SNAPSHOT_LIMIT: Final = 10_000
 #: Connections of the pool the store opens itself (callers beyond it wait up to the timeout).
@@ -59,6 +76,15 @@ POOL_TIMEOUT_S: Final = 5.0
 #: Read timeout of the store's own connections (the connect timeout is half of it); the same as
 #: the quota store's default (see ``fairgate.store.redis``).
 SOCKET_TIMEOUT_S: Final = 1.0
+#: A watched store answers reads from memory only while its watcher confirmed the shared version
+#: this recently (by the store's clock): the bound on how late a replica honours another's write.
+MAX_STALE_MS: Final = 100
+#: How often the watcher re-reads the version counter (the safety net under pub/sub).
+POLL_S: Final = 0.04
+#: The most targets one store keeps cached reads for (past it the cache starts over).
+CACHE_LIMIT: Final = 10_000
+
+_NOTHING: Final = TargetState()
 
 
 @functools.cache
@@ -121,6 +147,50 @@ _BLOCK_FIELDS: Final = ("until", "level", "reason")
 _BREAKER_FIELDS: Final = ("state", "until", "cooldown", "updated")
 
 
+class _ReadCache:
+    """The last state read per target, and whether it may still be trusted (module docstring).
+
+    ``generation`` moves on every invalidation: a read that was in flight across one is not
+    kept, so a write is never hidden behind an answer that Redis gave before it."""
+
+    __slots__ = ("confirmed_ms", "entries", "generation", "seen", "version")
+
+    def __init__(self) -> None:
+        self.entries: dict[tuple[str, str, str], TargetState] = {}
+        self.version: int | None = None  # None: no watcher has read the counter yet
+        self.confirmed_ms = 0  # when (store clock) the last counter read was sent
+        self.generation = 0
+        self.seen = asyncio.Event()  # set and replaced whenever a new version is seen
+
+    def fresh(self, now_ms: int) -> bool:
+        return self.version is not None and now_ms - self.confirmed_ms <= MAX_STALE_MS
+
+    def invalidate(self) -> None:
+        self.generation += 1
+        self.entries.clear()
+
+    def observe(self, version: int, asked_ms: int | None) -> None:
+        """A version read from the counter (``asked_ms``: when the read was sent; the counter is
+        the authority, even when it went back after a Redis restart) or from a message (only
+        a newer one counts)."""
+        if asked_ms is None and self.version is not None and version <= self.version:
+            return
+        if version != self.version:
+            self.version = version
+            self.invalidate()
+            self.seen.set()
+            self.seen = asyncio.Event()
+        if asked_ms is not None:
+            self.confirmed_ms = max(self.confirmed_ms, asked_ms)
+
+    def keep(self, key: tuple[str, str, str], state: TargetState, generation: int) -> None:
+        if self.version is None or generation != self.generation:
+            return
+        if len(self.entries) >= CACHE_LIMIT:
+            self.entries.clear()
+        self.entries[key] = state
+
+
 class RedisResilienceStore:
     """Resilience state in Redis; see the module docstring for the key layout.
 
@@ -158,6 +228,13 @@ class RedisResilienceStore:
         self._memory = level_memory_ms
         self._idx = f"{self._base}:idx"
         self._perm = f"{self._base}:perm"
+        self._ver = f"{self._base}:ver"
+        self._channel = f"{self._base}:changed"
+        self._cache = _ReadCache()
+        self._watch_task: asyncio.Task[None] | None = None
+        self._closing = False
+        #: reads answered from memory (for tests and the benchmark: each one saved a round trip)
+        self.cache_hits = 0
         self._set_block = self._register("set_block.lua")
         self._clear_block = self._register("clear_block.lua")
         self._put_breaker = self._register("put_breaker.lua")
@@ -226,21 +303,32 @@ class RedisResilienceStore:
 
     async def _set(self, member: str, until_ms: int, level: int, reason: str) -> Cooldown:
         reply = await self._set_block(
-            keys=[self._key(member), self._idx],
-            args=[self._clock.now_ms(), int(until_ms), int(level), reason, self._memory, member],
+            keys=[self._key(member), self._idx, self._ver],
+            args=[
+                self._clock.now_ms(),
+                int(until_ms),
+                int(level),
+                reason,
+                self._memory,
+                member,
+                self._channel,
+            ],
         )
+        self._cache.invalidate()
         until, lvl, why = cast(list[object], reply)
         return Cooldown(int(_text(until)), int(_text(lvl)), _text(why))
 
     async def _clear(self, member: str, unless_active_at: int | None) -> bool:
         reply = await self._clear_block(
-            keys=[self._key(member), self._idx],
+            keys=[self._key(member), self._idx, self._ver],
             args=[
                 member,
                 "" if unless_active_at is None else int(unless_active_at),
                 self._forget_before(),
+                self._channel,
             ],
         )
+        self._cache.invalidate()
         return int(cast(int, reply)) == 1
 
     async def get_cooldown(self, conn_id: str) -> Cooldown | None:
@@ -285,14 +373,21 @@ class RedisResilienceStore:
         pipe = self._client.pipeline(transaction=True)
         pipe.hsetnx(self._perm, scope, value)
         pipe.hget(self._perm, scope)
-        _, stored = cast(list[object], await pipe.execute())
+        self._bump(pipe)
+        _, stored, *_ = cast(list[object], await pipe.execute())
+        self._cache.invalidate()
         block = _permanent(scope, stored)
         if block is None:
             block = PermanentBlock(scope, reason, since, key_id, request_id)
         return block
 
     async def clear_permanent(self, scope: str) -> bool:
-        return int(await self._client.hdel(self._perm, scope)) == 1
+        pipe = self._client.pipeline(transaction=True)
+        pipe.hdel(self._perm, scope)
+        self._bump(pipe)
+        removed, *_ = cast(list[object], await pipe.execute())
+        self._cache.invalidate()
+        return int(cast(int, removed)) == 1
 
     async def list_permanent(self) -> list[PermanentBlock]:
         raw = cast(dict[object, object], await self._client.hgetall(self._perm))
@@ -308,7 +403,7 @@ class RedisResilienceStore:
     async def put_breaker(self, provider: str, record: BreakerRecord) -> bool:
         member = self._br_member(provider)
         reply = await self._put_breaker(
-            keys=[self._key(member), self._idx],
+            keys=[self._key(member), self._idx, self._ver],
             args=[
                 self._clock.now_ms(),
                 record.state,
@@ -317,8 +412,10 @@ class RedisResilienceStore:
                 record.updated_ms,
                 self._memory,
                 member,
+                self._channel,
             ],
         )
+        self._cache.invalidate()
         return int(cast(int, reply)) == 1
 
     async def try_probe(self, provider: str, lease_ms: int) -> bool:
@@ -330,8 +427,43 @@ class RedisResilienceStore:
 
     # -- reads ----------------------------------------------------------------------------------
 
+    def _bump(self, pipe: Any) -> None:
+        """Queue the version bump and its message on a MULTI (the Lua scripts do the same)."""
+        pipe.eval(
+            "return redis.call('PUBLISH', ARGV[1], redis.call('INCR', KEYS[1]))",
+            1,
+            self._ver,
+            self._channel,
+        )
+
     async def read_target(self, provider: str, conn_id: str, model: str) -> TargetState:
-        """Cooldown, lockout, permanent blocks and breaker of one target: one round trip."""
+        """Cooldown, lockout, permanent blocks and breaker of one target: from memory while the
+        watcher vouches for it (module docstring), else one round trip."""
+        key = (provider, conn_id, model)
+        cache = self._cache
+        if cache.fresh(self._clock.now_ms()):
+            hit = cache.entries.get(key)
+            if hit is not None:
+                self.cache_hits += 1
+                return self._alive(hit)
+        generation = cache.generation
+        state = await self._fetch_target(provider, conn_id, model)
+        cache.keep(key, state, generation)
+        return self._alive(state)
+
+    def _alive(self, state: TargetState) -> TargetState:
+        """``state`` with what its deadlines have let go of by now dropped (lazy expiry)."""
+        if state is _NOTHING:
+            return state
+        return TargetState(
+            cooldown=self._live(state.cooldown),
+            lockout=self._live(state.lockout),
+            permanent=state.permanent,
+            breaker=self._live_breaker(state.breaker),
+        )
+
+    async def _fetch_target(self, provider: str, conn_id: str, model: str) -> TargetState:
+        """The target's records as stored (no expiry applied): one pipelined round trip."""
         pipe = self._client.pipeline(transaction=False)
         pipe.hmget(self._key(self._cd_member(conn_id)), list(_BLOCK_FIELDS))
         pipe.hmget(self._key(self._lk_member(provider, conn_id, model)), list(_BLOCK_FIELDS))
@@ -339,13 +471,60 @@ class RedisResilienceStore:
         pipe.hmget(self._perm, [conn_scope, m_scope])
         pipe.hmget(self._key(self._br_member(provider)), list(_BREAKER_FIELDS))
         cd, lk, perm, br = cast(list[list[object]], await pipe.execute())
-        permanent = _permanent(conn_scope, perm[0]) or _permanent(m_scope, perm[1])
-        return TargetState(
-            cooldown=self._live(_cooldown(cd)),
-            lockout=self._live(_cooldown(lk)),
-            permanent=permanent,
-            breaker=self._live_breaker(_breaker(br)),
+        state = TargetState(
+            cooldown=_cooldown(cd),
+            lockout=_cooldown(lk),
+            permanent=_permanent(conn_scope, perm[0]) or _permanent(m_scope, perm[1]),
+            breaker=_breaker(br),
         )
+        return _NOTHING if state == _NOTHING else state
+
+    # -- the watcher ----------------------------------------------------------------------------
+
+    async def start_watch(self, *, poll_s: float = POLL_S) -> None:
+        """Answer :meth:`read_target` from memory from now on, kept current by a background
+        task (module docstring); :meth:`close` stops it. Idempotent."""
+        if self._watch_task is None:
+            self._watch_task = asyncio.create_task(self._watch(poll_s), name="resilience-watch")
+
+    @property
+    def version(self) -> int | None:
+        """The shared version this store last saw (None before its watcher read it)."""
+        return self._cache.version
+
+    async def wait_version(self, version: int) -> None:
+        """Return once the watcher has seen ``version`` or a later one (tests, benchmarks)."""
+        while self._cache.version is None or self._cache.version < version:
+            await self._cache.seen.wait()
+
+    async def shared_version(self) -> int:
+        """The version counter in Redis now."""
+        return int(cast(Any, await self._client.get(self._ver)) or 0)
+
+    async def _watch(self, poll_s: float) -> None:
+        # ``_closing`` as well as the cancel: redis-py may turn a cancel that lands in a read
+        # into its own TimeoutError, which this loop would otherwise retry forever
+        while not self._closing:
+            try:
+                await self._follow(poll_s)
+            except (RedisError, OSError) as exc:
+                if not self._closing:
+                    log.debug("resilience watcher: %s; retrying", exc)
+                    await asyncio.sleep(poll_s)
+
+    async def _follow(self, poll_s: float) -> None:
+        """Subscribe, then alternate: read the counter, wait up to ``poll_s`` for a message."""
+        pubsub = self._client.pubsub()
+        try:
+            await pubsub.subscribe(self._channel)
+            while not self._closing:
+                asked = self._clock.now_ms()
+                self._cache.observe(await self.shared_version(), asked)
+                msg = await pubsub.get_message(ignore_subscribe_messages=True, timeout=poll_s)
+                if msg is not None:
+                    self._cache.observe(int(msg["data"]), None)
+        finally:
+            await pubsub.aclose()  # type: ignore[no-untyped-call]
 
     async def snapshot(self) -> StoreSnapshot:
         """Every remembered entry, found through the index (never a SCAN); the index is pruned
@@ -392,6 +571,12 @@ class RedisResilienceStore:
             return False
 
     async def close(self) -> None:
+        if self._watch_task is not None:
+            self._closing = True
+            self._watch_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watch_task
+            self._watch_task = None
         if self._owns_client:
             await self._client.aclose()
 

@@ -4,6 +4,7 @@
 -- KEYS[1] the breaker's HASH {state, until, cooldown, updated}   KEYS[2] idx ZSET
 -- ARGV[1] now_ms  ARGV[2] state ('open' | 'closed')  ARGV[3] until_ms  ARGV[4] cooldown_ms
 -- ARGV[5] updated_ms  ARGV[6] memory ms  ARGV[7] the index member
+-- KEYS[3] version counter, ARGV[8] its channel: bumped and published when a record is stored
 -- Returns 1 if stored, 0 if the stored record is as new or newer.
 
 local function fmt(x)
@@ -31,4 +32,5 @@ redis.call('HSET', KEYS[1], 'state', ARGV[2], 'until', fmt(tonumber(ARGV[3])),
   'cooldown', fmt(tonumber(ARGV[4])), 'updated', fmt(updated))
 redis.call('PEXPIRE', KEYS[1], fmt(forget - now))
 redis.call('ZADD', KEYS[2], fmt(forget), ARGV[7])
+redis.call('PUBLISH', ARGV[8], redis.call('INCR', KEYS[3]))
 return 1

@@ -6,6 +6,8 @@
 -- KEYS[2] idx: ZSET index member -> forget_ms (what the health snapshot lists)
 -- ARGV[1] now_ms  ARGV[2] until_ms  ARGV[3] level  ARGV[4] reason  ARGV[5] level memory ms
 -- ARGV[6] the index member
+-- KEYS[3] version counter, ARGV[7] its channel: a write bumps the counter and publishes it, so
+--         every replica drops its cached reads (see RedisResilienceStore.start_watch)
 -- Returns {until_ms, level, reason} as stored: the later deadline (with its reason) and the
 -- higher level. The key lives until the deadline plus the level memory, so the next failure
 -- continues the backoff; a record past that is treated as absent even before Redis drops it.
@@ -41,5 +43,6 @@ if forget > now then
     'updated', fmt(now))
   redis.call('PEXPIRE', KEYS[1], fmt(forget - now))
   redis.call('ZADD', KEYS[2], fmt(forget), ARGV[6])
+  redis.call('PUBLISH', ARGV[7], redis.call('INCR', KEYS[3]))
 end
 return {fmt(until_ms), fmt(level), reason}
