@@ -67,3 +67,32 @@ async def test_the_ceiling_bounds_the_wait_however_busy_the_loop() -> None:
 def test_tolerance_is_a_quarter_of_the_timeout_and_at_least_20_ms() -> None:
     assert tolerance(1.0) == 0.25
     assert tolerance(0.01) == 0.02
+
+
+async def test_a_cancel_the_call_turns_into_its_own_timeout_error_is_still_no_reply() -> None:
+    """redis-py may surface the watchdog's cancel as its TimeoutError: still an outage."""
+
+    async def converts() -> None:
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            raise TimeoutError("client-side timeout") from None
+
+    with pytest.raises(NoReply):
+        await call_within(converts(), 0.02, ceiling_s=5)
+    await asyncio.sleep(0)  # the task carries no leftover cancel
+
+
+async def test_a_call_that_swallows_the_cancel_and_answers_leaves_no_cancel_behind() -> None:
+    async def swallows() -> str:
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            return "late answer"
+        return "never"
+
+    assert await call_within(swallows(), 0.02, ceiling_s=5) == "late answer"
+    task = asyncio.current_task()
+    assert task is not None
+    assert task.cancelling() == 0
+    await asyncio.sleep(0)  # would raise CancelledError if a cancel were left pending
