@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from inproc_support import base_config, conn, gateway
 
+from fairgate.clock import ManualClock
 from fairgate.providers.inprocess import Reply, UpstreamRequest, openai_chat
 from fairgate.timers import ManualTimer
 
@@ -22,3 +24,65 @@ async def test_answer_through_the_whole_path(tmp_path: Path) -> None:
         assert r.status_code == 200, r.text
         assert r.json()["choices"][0]["message"]["content"] == "hello"
         assert r.headers["x-fairgate-connection"] == "c1"
+
+
+async def test_a_translated_stream_stamps_created_from_the_gateways_clock(tmp_path: Path) -> None:
+    """Chat chunks made from an Anthropic stream carry ``created`` from the injected clock."""
+    events = [
+        (
+            "message_start",
+            {
+                "type": "message_start",
+                "message": {
+                    "id": "msg_1",
+                    "type": "message",
+                    "role": "assistant",
+                    "model": "m",
+                    "content": [],
+                    "usage": {"input_tokens": 10, "output_tokens": 0},
+                },
+            },
+        ),
+        (
+            "content_block_start",
+            {
+                "type": "content_block_start",
+                "index": 0,
+                "content_block": {"type": "text", "text": ""},
+            },
+        ),
+        (
+            "content_block_delta",
+            {
+                "type": "content_block_delta",
+                "index": 0,
+                "delta": {"type": "text_delta", "text": "hi"},
+            },
+        ),
+        ("content_block_stop", {"type": "content_block_stop", "index": 0}),
+        (
+            "message_delta",
+            {
+                "type": "message_delta",
+                "delta": {"stop_reason": "end_turn"},
+                "usage": {"output_tokens": 1},
+            },
+        ),
+        ("message_stop", {"type": "message_stop"}),
+    ]
+    sse = [f"event: {e}\ndata: {json.dumps(d)}\n\n".encode() for e, d in events]
+
+    async def handler(req: UpstreamRequest) -> Reply:
+        return Reply(headers={"content-type": "text/event-stream"}, chunks=sse)
+
+    timer = ManualTimer(ManualClock(1_234_567_890_123))
+    async with gateway(tmp_path, base_config([conn("c1", "anthropic")]), timer, handler) as h:
+        r = await h.chat("m", stream=True)
+        assert r.status_code == 200, r.text
+        chunks = [
+            json.loads(line[len("data: ") :])
+            for line in r.text.splitlines()
+            if line.startswith("data: {")
+        ]
+        assert chunks
+        assert {c["created"] for c in chunks} == {1_234_567_890}

@@ -12,7 +12,6 @@ never offered as a candidate.
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
@@ -158,6 +157,12 @@ def _relay_anthropic(
     return relay.anthropic_to_anthropic(resp, tally)
 
 
+def _created(call: Call) -> int:
+    """``created`` of a translated stream's chunks, in seconds, from the gateway's clock (the
+    injected one in tests), as the upstream would stamp it."""
+    return call.svc.gw.clock.now_ms() // 1000
+
+
 def _relay_anthropic_to_chat(
     call: Call, resp: UpstreamResponse, wants_usage: bool, tally: relay.StreamTally
 ) -> AsyncIterator[bytes]:
@@ -166,7 +171,7 @@ def _relay_anthropic_to_chat(
         tally,
         model=call.model,
         client_wants_usage=wants_usage,
-        created=int(time.time()),
+        created=_created(call),
         id_=f"chatcmpl-{_stream_id()}",
     )
 
@@ -185,7 +190,7 @@ def _relay_responses_to_chat(
         tally,
         model=call.model,
         client_wants_usage=wants_usage,
-        created=int(time.time()),
+        created=_created(call),
         id_=f"chatcmpl-{_stream_id()}",
     )
 
@@ -193,7 +198,9 @@ def _relay_responses_to_chat(
 def _relay_responses_to_messages(
     call: Call, resp: UpstreamResponse, wants_usage: bool, tally: relay.StreamTally
 ) -> AsyncIterator[bytes]:
-    return relay.responses_to_anthropic(resp, tally, model=call.model, id_=f"msg_{_stream_id()}")
+    return relay.responses_to_anthropic(
+        resp, tally, model=call.model, created=_created(call), id_=f"msg_{_stream_id()}"
+    )
 
 
 EXCHANGES: Mapping[tuple[Route, Protocol], Exchange] = {

@@ -234,10 +234,10 @@ def responses_to_openai(
 
 
 async def responses_to_anthropic(
-    resp: UpstreamResponse, tally: StreamTally, *, model: str, id_: str
+    resp: UpstreamResponse, tally: StreamTally, *, model: str, created: int, id_: str
 ) -> AsyncIterator[bytes]:
     """A Responses-wire upstream → Anthropic events, through the chat chunk form."""
-    chat = ResponsesToChatStream(model, True, int(time.time()), id_)
+    chat = ResponsesToChatStream(model, True, created, id_)
     tr = OpenAIToAnthropicStream(model, id_)
     async for event, data in _events(resp):
         try:
