@@ -10,6 +10,7 @@ failure the upstream did work for; otherwise its owner releases it.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import time
@@ -447,20 +448,43 @@ def _stream_response(
     )
 
 
+@functools.lru_cache(maxsize=4096)
+def _quota_header_names(key: str, unit: str) -> tuple[str, str, str, str, str]:
+    """The header names of one dimension, formatted once per dimension, not per request:
+    limit, reset and remaining by dimension, then limit and remaining by unit."""
+    suffix = key.replace("/", "-").replace(":", "-")
+    return (
+        f"x-ratelimit-limit-{suffix}",
+        f"x-ratelimit-reset-{suffix}",
+        f"x-ratelimit-remaining-{suffix}",
+        f"x-ratelimit-limit-{unit}",
+        f"x-ratelimit-remaining-{unit}",
+    )
+
+
+@functools.lru_cache(maxsize=4096)
+def _limit_text(limit: float) -> str:
+    return f"{limit:g}"
+
+
 def quota_headers(adm: Admission) -> dict[str, str]:
     """``x-ratelimit-*`` per dimension (SPEC §4). When the store could not be read (fail-open)
     the limits and resets are still sent, the remaining counts are not, and
     ``x-fairgate-quota: unavailable`` says why (README, "Quota headers")."""
     out: dict[str, str] = {}
     for st in adm.status:
-        suffix = st.key.replace("/", "-").replace(":", "-")
-        out[f"x-ratelimit-limit-{suffix}"] = f"{st.limit:g}"
-        out[f"x-ratelimit-reset-{suffix}"] = f"{math.ceil(st.reset_ms / 1000)}s"
+        limit_h, reset_h, remaining_h, unit_limit_h, unit_remaining_h = _quota_header_names(
+            st.key, st.unit
+        )
+        limit = _limit_text(st.limit)
+        out[limit_h] = limit
+        out[reset_h] = f"{math.ceil(st.reset_ms / 1000)}s"
         # the unsuffixed names SDK users know, from the first dimension of each unit
-        out.setdefault(f"x-ratelimit-limit-{st.unit}", f"{st.limit:g}")
+        out.setdefault(unit_limit_h, limit)
         if st.remaining is None:
             out["x-fairgate-quota"] = "unavailable"
             continue
-        out[f"x-ratelimit-remaining-{suffix}"] = f"{st.remaining:g}"
-        out.setdefault(f"x-ratelimit-remaining-{st.unit}", f"{st.remaining:g}")
+        remaining = f"{st.remaining:g}"
+        out[remaining_h] = remaining
+        out.setdefault(unit_remaining_h, remaining)
     return out
