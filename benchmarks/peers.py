@@ -67,6 +67,7 @@ from proxy_overhead import (
 MODEL = "gpt-4o-mini"
 BODY = {"model": MODEL, "messages": [{"role": "user", "content": "benchmark"}], "max_tokens": 16}
 CLK_TCK = os.sysconf("SC_CLK_TCK")
+LITELLM_KEY = "sk-bench-litellm-master-0123456789abcdef"
 
 
 # -- process CPU from /proc -------------------------------------------------------------------
@@ -107,21 +108,26 @@ class Target:
     url: str
     key: str
     pid: int
-    redis_cpu: Callable[[], float] | None = None  # seconds of redis-server CPU so far
+    #: redis-server's CPU seconds and commands processed so far (all of its clients)
+    redis_cpu: Callable[[], tuple[float, int]] | None = None
     missing: str | None = None  # why the target did not run ("not installed", ...)
 
 
-def redis_cpu_reader(url: str) -> Callable[[], float] | None:
-    """redis-server's used CPU seconds (``INFO cpu``), or None when Redis does not answer."""
+def redis_cpu_reader(url: str) -> Callable[[], tuple[float, int]] | None:
+    """redis-server's used CPU seconds (``INFO cpu``) and commands processed (``INFO stats``:
+    one per command a client sent, a pipeline's count, not the calls inside a Lua script),
+    or None when Redis does not answer."""
     try:
         import redis
     except ImportError:
         return None
     client = redis.Redis.from_url(url, socket_timeout=2)
 
-    def read() -> float:
+    def read() -> tuple[float, int]:
         info = client.info("cpu")
-        return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+        stats = client.info("stats")
+        cpu = float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+        return cpu, int(stats["total_commands_processed"])
 
     try:
         read()
@@ -155,13 +161,21 @@ def start_litellm(cmd: list[str], mock: str, tmp: Path) -> tuple[str, subprocess
         f"      api_key: {SECRET}\n"
         "litellm_settings:\n  set_verbose: false\n  json_logs: false\n"
         "general_settings:\n  disable_spend_logs: true\n"
+        f"  master_key: {LITELLM_KEY}\n"
     )
     env = {**os.environ, "LITELLM_LOG": "ERROR", "LITELLM_MODE": "PRODUCTION"}
     args = [*cmd, "--config", str(cfg), "--port", str(port), "--num_workers", "1"]
     proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, env=env)
     url = f"http://127.0.0.1:{port}"
     try:
-        wait_http(url + "/health/liveliness", timeout=240)
+        for _ in range(240):  # a proxy that refused to start fails the run now, not in 4 min
+            if proc.poll() is not None:
+                raise RuntimeError(f"litellm exited with {proc.returncode} (run it by hand)")
+            try:
+                wait_http(url + "/health/liveliness", timeout=1)
+                break
+            except RuntimeError:
+                continue
     except BaseException:
         stop([proc])
         raise
@@ -277,6 +291,7 @@ class Row:
     ttfe: list[float] = field(default_factory=list)
     cpu_ms: list[float] = field(default_factory=list)
     redis_cpu_ms: list[float] = field(default_factory=list)
+    redis_cmds: list[float] = field(default_factory=list)
 
 
 class Bench:
@@ -310,11 +325,13 @@ class Bench:
     def round(self, t: Target, row: Row) -> None:
         row.c1.append(self.run(t, 1, self.seconds / 2).p50)
         cpu0 = tree_cpu_s(t.pid)
-        rcpu0 = t.redis_cpu() if t.redis_cpu else 0.0
+        rcpu0, rcmd0 = t.redis_cpu() if t.redis_cpu else (0.0, 0)
         r16 = self.run(t, 16, self.seconds)
         row.cpu_ms.append((tree_cpu_s(t.pid) - cpu0) * 1000 / r16.requests)
         if t.redis_cpu:
-            row.redis_cpu_ms.append((t.redis_cpu() - rcpu0) * 1000 / r16.requests)
+            rcpu, rcmd = t.redis_cpu()
+            row.redis_cpu_ms.append((rcpu - rcpu0) * 1000 / r16.requests)
+            row.redis_cmds.append((rcmd - rcmd0) / r16.requests)
         row.c16.append(r16)
         row.c64.append(self.run(t, 64, self.seconds))
         row.ttfe.append(pct(asyncio.run(first_event_ms(t.url, t.key, self.ttfe_n)), 0.5))
@@ -350,6 +367,12 @@ def report(targets: list[Target], rows: dict[str, Row], bench: Bench, rounds: in
             f"{t.name:<34} {statistics.median(row.c1):8.2f} {r16.rps:10.0f} {r16.p99:8.2f} "
             f"{r64.rps:10.0f} {r64.p99:8.2f} {statistics.median(row.ttfe):9.2f} {cpu:>12}"
         )
+    for t in targets:
+        if not t.missing and rows[t.name].redis_cmds:
+            print(
+                f"{t.name}: {statistics.median(rows[t.name].redis_cmds):.2f} Redis commands "
+                "per request at c16 (every client of that server counts)"
+            )
     bare = rows.get("bare aiohttp pass-through")
     if bare is None:
         return
@@ -441,7 +464,7 @@ def main() -> None:
         else:
             url, proc, version = start_litellm(cmd, mock, tmp)
             procs.append(proc)
-            targets.append(Target(f"LiteLLM {version}, 1 worker", url, "sk-bench", proc.pid))
+            targets.append(Target(f"LiteLLM {version}, 1 worker", url, LITELLM_KEY, proc.pid))
         bench = Bench(mock, mproc.pid, seconds, ttfe_n, tmp)
         rows: dict[str, Row] = {t.name: Row() for t in targets if not t.missing}
         for r in range(args.rounds):
