@@ -25,7 +25,7 @@ as the bare proxy itself and shares the same two cores, so it holds the direct a
 down (they read lower than with wrk, and fairgate's ratio to the bare proxy reads higher): use
 wrk for the ratios of the issue's table.
 
-Run: ``.venv/bin/python benchmarks/peers.py --quick`` (about 2-3 minutes) or without
+Run: ``.venv/bin/python benchmarks/peers.py --quick`` (about 3 minutes here) or without
 ``--quick`` for the full method (10 s per measurement, 3 rounds). Prints a table; asserts
 nothing about speed.
 """
@@ -428,7 +428,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument("--quick", action="store_true", help="3 s per measurement (about 2-3 min)")
+    ap.add_argument("--quick", action="store_true", help="3 s per measurement (about 3 min)")
     ap.add_argument("--seconds", type=float, default=10.0, help="per loaded measurement")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument(
