@@ -42,6 +42,7 @@ import contextlib
 import functools
 import importlib.resources
 import logging
+import time
 from typing import Any, Final, cast
 
 import orjson
@@ -81,6 +82,10 @@ SOCKET_TIMEOUT_S: Final = 1.0
 MAX_STALE_MS: Final = 100
 #: How often the watcher re-reads the version counter (the safety net under pub/sub).
 POLL_S: Final = 0.04
+#: How often a watcher waiting for messages wakes to see whether it should stop.
+WAKE_S: Final = 0.25
+#: How long closing waits for the watcher to stop.
+CLOSE_WAIT_S: Final = 2.0
 #: The most targets one store keeps cached reads for (past it the cache starts over).
 CACHE_LIMIT: Final = 10_000
 
@@ -502,8 +507,8 @@ class RedisResilienceStore:
         return int(cast(Any, await self._client.get(self._ver)) or 0)
 
     async def _watch(self, poll_s: float) -> None:
-        # ``_closing`` as well as the cancel: redis-py may turn a cancel that lands in a read
-        # into its own TimeoutError, which this loop would otherwise retry forever
+        # stopped by ``_closing``, not by a cancel: redis-py may turn a cancel that lands in a
+        # read into its own TimeoutError (or swallow it), and the loop would go on
         while not self._closing:
             try:
                 await self._follow(poll_s)
@@ -513,18 +518,36 @@ class RedisResilienceStore:
                     await asyncio.sleep(poll_s)
 
     async def _follow(self, poll_s: float) -> None:
-        """Subscribe, then alternate: read the counter, wait up to ``poll_s`` for a message."""
+        """Subscribe, then read the counter every ``poll_s`` (and right after a message), and
+        wait for messages in between, waking every :data:`WAKE_S` to see whether to stop."""
         pubsub = self._client.pubsub()
         try:
             await pubsub.subscribe(self._channel)
+            next_poll = 0.0
             while not self._closing:
-                asked = self._clock.now_ms()
-                self._cache.observe(await self.shared_version(), asked)
-                msg = await pubsub.get_message(ignore_subscribe_messages=True, timeout=poll_s)
+                if time.monotonic() >= next_poll:
+                    asked = self._clock.now_ms()
+                    self._cache.observe(await self.shared_version(), asked)
+                    next_poll = time.monotonic() + poll_s
+                wait = min(WAKE_S, max(0.0, next_poll - time.monotonic()))
+                msg = await pubsub.get_message(ignore_subscribe_messages=True, timeout=wait)
                 if msg is not None:
                     self._cache.observe(int(msg["data"]), None)
+                    next_poll = 0.0  # confirm the new version at once
         finally:
             await pubsub.aclose()  # type: ignore[no-untyped-call]
+
+    async def _stop_watch(self) -> None:
+        task, self._watch_task = self._watch_task, None
+        if task is None:
+            return
+        self._closing = True
+        with contextlib.suppress(RedisError, OSError):
+            await self._client.publish(self._channel, 0)  # wakes the watcher now (ignored)
+        done, _ = await asyncio.wait({task}, timeout=CLOSE_WAIT_S)
+        if not done:
+            task.cancel()
+            await asyncio.wait({task}, timeout=CLOSE_WAIT_S)
 
     async def snapshot(self) -> StoreSnapshot:
         """Every remembered entry, found through the index (never a SCAN); the index is pruned
@@ -571,12 +594,7 @@ class RedisResilienceStore:
             return False
 
     async def close(self) -> None:
-        if self._watch_task is not None:
-            self._closing = True
-            self._watch_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._watch_task
-            self._watch_task = None
+        await self._stop_watch()
         if self._owns_client:
             await self._client.aclose()
 
