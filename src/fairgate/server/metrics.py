@@ -23,7 +23,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -202,6 +202,27 @@ class _StateCollector(Collector):
         yield from (breaker, cooldown, lockout)
 
 
+M = TypeVar("M", Counter, Histogram)
+
+
+class _Children(Generic[M]):
+    """A labelled metric's children by their label values, each resolved once: prometheus
+    ``labels()`` validates and locks on every call (about 4 µs here, 4 calls per request),
+    a dict lookup does not. Bounded by the same label sets the metric itself keeps."""
+
+    __slots__ = ("_children", "_metric")
+
+    def __init__(self, metric: M) -> None:
+        self._metric: M = metric
+        self._children: dict[tuple[str, ...], M] = {}
+
+    def __call__(self, *values: str) -> M:
+        child = self._children.get(values)
+        if child is None:
+            child = self._children[values] = self._metric.labels(*values)
+        return child
+
+
 class Metrics:
     """The gateway's metrics. One per app; the hot path calls the ``observe_*`` methods."""
 
@@ -262,6 +283,10 @@ class Metrics:
             buckets=LATENCY_BUCKETS,
             registry=self.registry,
         )
+        self._requests = _Children(self.requests)
+        self._admissions = _Children(self.admissions)
+        self._attempts = _Children(self.attempts)
+        self._attempt_latency = _Children(self.attempt_latency)
         self.snapshot = _Snapshot()
         self.health_source: HealthSource | None = None
         self._models_of: Registry | None = None
@@ -306,7 +331,7 @@ class Metrics:
         """
         headers = resp.headers
         model = self.model_label(reg, body.get("model") if body is not None else None)
-        self.requests.labels(
+        self._requests(
             key.id if key is not None else NONE,
             model,
             headers.get("x-fairgate-connection") or NONE,
@@ -336,15 +361,15 @@ class Metrics:
     ) -> None:
         """One upstream attempt; provider and connection come from configuration, the model is
         bounded by :meth:`model_label`, the outcome by the failure classifier's classes."""
-        self.attempts.labels(provider, connection, self.model_label(reg, model), outcome).inc()
+        self._attempts(provider, connection, self.model_label(reg, model), outcome).inc()
         if outcome == "ok":
-            self.attempt_latency.labels(provider, connection).observe(max(0.0, latency_ms) / 1000)
+            self._attempt_latency(provider, connection).observe(max(0.0, latency_ms) / 1000)
 
     def observe_fallback(self, reg: Registry, combo: str, reason: str) -> None:
         self.combo_fallbacks.labels(self.model_label(reg, combo), reason).inc()
 
     def observe_admission(self, adm: Admission) -> None:
-        self.admissions.labels(adm.outcome.value, adm.reason.value if adm.reason else NONE).inc()
+        self._admissions(adm.outcome.value, adm.reason.value if adm.reason else NONE).inc()
         if adm.fail_open:
             self.fail_open.inc()
 
