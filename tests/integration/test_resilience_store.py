@@ -439,6 +439,30 @@ async def test_a_view_the_watcher_has_not_vouched_for_lately_is_read_from_redis(
 
 
 @pytest.mark.redis
+async def test_a_watcher_that_cannot_subscribe_leaves_checks_reading_redis(
+    redis_url: str, redis_prefix: str, clock: ManualClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from fairgate.resilience.state_redis import RedisResilienceStore
+
+    store = RedisResilienceStore(redis_url, prefix=redis_prefix, clock=clock)
+
+    def no_pubsub() -> None:
+        raise NotImplementedError("no pub/sub on this client")
+
+    monkeypatch.setattr(store._client, "pubsub", no_pubsub)
+    try:
+        await store.start_watch()
+        assert store._watch_task is not None
+        await asyncio.wait({store._watch_task}, timeout=30)  # it gives up at once
+        await store.read_target("openai", "c1", "m")
+        await store.read_target("openai", "c1", "m")
+        assert store.cache_hits == 0
+        assert store.version is None
+    finally:
+        await store.close()
+
+
+@pytest.mark.redis
 async def test_managers_on_watched_stores_share_a_cooldown(
     watched: Callable[..., Any], clock: ManualClock
 ) -> None:

@@ -516,6 +516,11 @@ class RedisResilienceStore:
                 if not self._closing:
                     log.debug("resilience watcher: %s; retrying", exc)
                     await asyncio.sleep(poll_s)
+            except Exception as exc:  # e.g. a client without pub/sub: checks read Redis again
+                log.warning("resilience watcher stopped (%s): checks read Redis", exc)
+                self._cache.version = None
+                self._cache.invalidate()
+                return
 
     async def _follow(self, poll_s: float) -> None:
         """Subscribe, then read the counter every ``poll_s`` (and right after a message), and
