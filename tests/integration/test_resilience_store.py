@@ -462,6 +462,27 @@ async def test_a_watcher_that_cannot_subscribe_leaves_checks_reading_redis(
         await store.close()
 
 
+async def test_when_a_cached_view_may_serve() -> None:
+    """Confirmed within 100 ms, or Redis not answering the watcher (no replica can write then):
+    the view serves. Overdue while Redis answers (a stalled watcher): it does not."""
+    from fairgate.resilience.state_redis import MAX_STALE_MS, _ReadCache
+
+    cache = _ReadCache()
+    assert not cache.fresh(0)  # no version read yet
+    cache.observe(5, 1_000)
+    assert cache.fresh(1_000 + MAX_STALE_MS)
+    assert not cache.fresh(1_001 + MAX_STALE_MS)
+    cache.pending_since = 1_050  # a counter read in flight, not yet overdue
+    assert not cache.fresh(1_150)
+    assert cache.fresh(1_151)  # pending over 100 ms: Redis hangs
+    cache.pending_since, cache.failing = None, True  # the read failed: Redis unreachable
+    assert cache.fresh(9_999)
+    cache.failing = False
+    cache.observe(6, 10_000)  # back, and the version moved: the cached reads are dropped
+    assert cache.fresh(10_000)
+    assert not cache.entries
+
+
 @pytest.mark.redis
 async def test_managers_on_watched_stores_share_a_cooldown(
     watched: Callable[..., Any], clock: ManualClock

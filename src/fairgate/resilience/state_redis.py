@@ -11,8 +11,10 @@ starts it) answers it from memory instead: every write bumps a version counter a
 new version in the same script or MULTI; the watcher subscribes to that channel (a message drops
 the cached reads at once) and re-reads the counter every :data:`POLL_S` as a safety net for a
 lost message. A cached read is used only while the watcher confirmed the version less than
-:data:`MAX_STALE_MS` ago by the store's clock: a stalled watcher or an unreachable Redis sends
-reads back to Redis (and so to the manager's outage handling) instead of serving an old view.
+:data:`MAX_STALE_MS` ago by the store's clock (a stalled watcher sends reads back to Redis), or
+while Redis does not answer the watcher at all (refused, or a read pending longer than that):
+then no replica can change the shared state either, and the last view serves rather than every
+check waiting for a timeout (a target never read before still goes to Redis and fails open).
 Writes are rare (failures, rate-limit lockouts, breaker transitions), so a write drops every
 cached target rather than the one it touched.
 
@@ -158,7 +160,15 @@ class _ReadCache:
     ``generation`` moves on every invalidation: a read that was in flight across one is not
     kept, so a write is never hidden behind an answer that Redis gave before it."""
 
-    __slots__ = ("confirmed_ms", "entries", "generation", "seen", "version")
+    __slots__ = (
+        "confirmed_ms",
+        "entries",
+        "failing",
+        "generation",
+        "pending_since",
+        "seen",
+        "version",
+    )
 
     def __init__(self) -> None:
         self.entries: dict[tuple[str, str, str], TargetState] = {}
@@ -166,9 +176,18 @@ class _ReadCache:
         self.confirmed_ms = 0  # when (store clock) the last counter read was sent
         self.generation = 0
         self.seen = asyncio.Event()  # set and replaced whenever a new version is seen
+        self.pending_since: int | None = None  # when the counter read in flight was sent
+        self.failing = False  # the last counter read failed: Redis is unreachable
 
     def fresh(self, now_ms: int) -> bool:
-        return self.version is not None and now_ms - self.confirmed_ms <= MAX_STALE_MS
+        """Confirmed within :data:`MAX_STALE_MS`, or Redis does not answer the watcher (refused,
+        or a read pending longer than that): then no replica can change the shared state
+        either, and the last view serves instead of every check waiting for a timeout."""
+        if self.version is None:
+            return False
+        if now_ms - self.confirmed_ms <= MAX_STALE_MS or self.failing:
+            return True
+        return self.pending_since is not None and now_ms - self.pending_since > MAX_STALE_MS
 
     def invalidate(self) -> None:
         self.generation += 1
@@ -513,6 +532,8 @@ class RedisResilienceStore:
             try:
                 await self._follow(poll_s)
             except (RedisError, OSError) as exc:
+                self._cache.pending_since = None
+                self._cache.failing = True
                 if not self._closing:
                     log.debug("resilience watcher: %s; retrying", exc)
                     await asyncio.sleep(poll_s)
@@ -531,8 +552,10 @@ class RedisResilienceStore:
             next_poll = 0.0
             while not self._closing:
                 if time.monotonic() >= next_poll:
-                    asked = self._clock.now_ms()
-                    self._cache.observe(await self.shared_version(), asked)
+                    asked = self._cache.pending_since = self._clock.now_ms()
+                    version = await self.shared_version()
+                    self._cache.pending_since, self._cache.failing = None, False
+                    self._cache.observe(version, asked)
                     next_poll = time.monotonic() + poll_s
                 wait = min(WAKE_S, max(0.0, next_poll - time.monotonic()))
                 msg = await pubsub.get_message(ignore_subscribe_messages=True, timeout=wait)
