@@ -48,6 +48,7 @@ import time
 from typing import Any, Final, cast
 
 import orjson
+from redis.asyncio.cluster import RedisCluster
 from redis.commands.core import AsyncScript
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
@@ -508,6 +509,10 @@ class RedisResilienceStore:
     async def start_watch(self, *, poll_s: float = POLL_S) -> None:
         """Answer :meth:`read_target` from memory from now on, kept current by a background
         task (module docstring); :meth:`close` stops it. Idempotent."""
+        if isinstance(self._client, RedisCluster):
+            # not yet on a cluster: the subscription would hold a node connection outside the
+            # bounded pool's permits (fairgate.store.redis_client), so checks read Redis there
+            return
         if self._watch_task is None:
             self._watch_task = asyncio.create_task(self._watch(poll_s), name="resilience-watch")
 
