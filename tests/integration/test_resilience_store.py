@@ -34,6 +34,10 @@ from fairgate.resilience.state import (
 )
 
 S = 1_000
+#: The Redis stores' reply timeout here: these tests check the state's rules, not how a store
+#: copes with a slow Redis (that is the outage tests'), and on a loaded host a burst's
+#: connections took longer than the 0.5 s default connect timeout ("Timeout connecting").
+TEST_TIMEOUT_S = 30.0
 MEMORY = 600_000  # the default level memory
 
 
@@ -58,7 +62,7 @@ async def rstore(
         prefix: str = request.getfixturevalue("redis_cluster_prefix" if cluster else "redis_prefix")
         from fairgate.resilience.state_redis import RedisResilienceStore
 
-        s = RedisResilienceStore(url, prefix=prefix, clock=clock)
+        s = RedisResilienceStore(url, prefix=prefix, clock=clock, socket_timeout_s=TEST_TIMEOUT_S)
         assert await s.ping()  # as the factory does: the cluster is discovered before traffic
         if request.param == "redis-watched":
             await s.start_watch()
@@ -277,7 +281,9 @@ def redis_pair(
     from fairgate.resilience.state_redis import RedisResilienceStore
 
     def make() -> ResilienceStore:
-        return RedisResilienceStore(redis_url, prefix=redis_prefix, clock=clock)
+        return RedisResilienceStore(
+            redis_url, prefix=redis_prefix, clock=clock, socket_timeout_s=TEST_TIMEOUT_S
+        )
 
     return make
 
@@ -347,7 +353,9 @@ async def watched(
     made: list[RedisResilienceStore] = []
 
     async def make(poll_s: float = 3600.0) -> RedisResilienceStore:
-        store = RedisResilienceStore(redis_url, prefix=redis_prefix, clock=clock)
+        store = RedisResilienceStore(
+            redis_url, prefix=redis_prefix, clock=clock, socket_timeout_s=TEST_TIMEOUT_S
+        )
         made.append(store)
         await store.start_watch(poll_s=poll_s)
         await store.wait_version(0)  # the watcher is subscribed and has read the counter

@@ -239,6 +239,7 @@ class RedisResilienceStore:
         clock: Clock = SYSTEM_CLOCK,
         level_memory_ms: int = DEFAULT_LEVEL_MEMORY_MS,
         max_connections: int = DEFAULT_MAX_CONNECTIONS,
+        socket_timeout_s: float = SOCKET_TIMEOUT_S,
     ) -> None:
         if client is None and not url:
             raise ValueError("RedisResilienceStore needs a url or a client")
@@ -247,7 +248,9 @@ class RedisResilienceStore:
         self._base = f"{prefix}:{{rs}}"
         self._owns_client = client is None
         self._client: AsyncClient = (
-            client if client is not None else self._own_client(cast(str, url), max_connections)
+            client
+            if client is not None
+            else self._own_client(cast(str, url), max_connections, socket_timeout_s)
         )
         self._clock = clock
         self._memory = level_memory_ms
@@ -265,7 +268,7 @@ class RedisResilienceStore:
         self._put_breaker = self._register("put_breaker.lua")
 
     @staticmethod
-    def _own_client(url: str, max_connections: int) -> AsyncClient:
+    def _own_client(url: str, max_connections: int, socket_timeout_s: float) -> AsyncClient:
         """A client whose pool waits for a free connection under a burst of checks (the
         default pool raises "Too many connections" past its size instead). Short socket
         timeouts: every request reads this state, so a hung Redis without them would hang every
@@ -276,8 +279,8 @@ class RedisResilienceStore:
             url,
             max_connections=max_connections,
             pool_timeout_s=POOL_TIMEOUT_S,
-            connect_timeout_s=SOCKET_TIMEOUT_S / 2,
-            socket_timeout_s=SOCKET_TIMEOUT_S,
+            connect_timeout_s=socket_timeout_s / 2,
+            socket_timeout_s=socket_timeout_s,
         )
 
     def _register(self, name: str) -> AsyncScript:
