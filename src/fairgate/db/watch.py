@@ -52,6 +52,26 @@ READ_TIMEOUT_S: Final = 5.0
 READ_CEILING_S: Final = 30.0
 
 
+async def _read_within(read: Awaitable[int]) -> int:
+    """The version read, given up after :data:`READ_TIMEOUT_S` of responsive loop time. The
+    read runs as its own task behind a shield: on a hung server psycopg answers a cancel by
+    asking the server to cancel the query and waiting for it (seconds more), so the deadline
+    stops waiting for the read at once and leaves it to end when its connection is closed."""
+    task = asyncio.ensure_future(read)
+    try:
+        return await call_within(asyncio.shield(task), READ_TIMEOUT_S, ceiling_s=READ_CEILING_S)
+    except BaseException:
+        task.cancel()
+        task.add_done_callback(_settled)
+        raise
+
+
+def _settled(task: asyncio.Future[int]) -> None:
+    """Retrieve an abandoned read's outcome (no "exception was never retrieved")."""
+    if not task.cancelled():
+        task.exception()
+
+
 def read_version(db: Database) -> int:
     row = db.execute(_VERSION_SQL).fetchone()
     return int(row[0]) if row is not None else 0
@@ -131,9 +151,7 @@ class ChangeWatcher:
             self.listening = True
             while True:
                 # read on the async connection: the event loop never waits on the network here
-                version = await call_within(
-                    self._read_version(conn), READ_TIMEOUT_S, ceiling_s=READ_CEILING_S
-                )
+                version = await _read_within(self._read_version(conn))
                 self.check(version)
                 async for _ in conn.notifies(timeout=self.poll_s, stop_after=1):
                     pass
