@@ -96,3 +96,14 @@ async def test_a_call_that_swallows_the_cancel_and_answers_leaves_no_cancel_behi
     assert task is not None
     assert task.cancelling() == 0
     await asyncio.sleep(0)  # would raise CancelledError if a cancel were left pending
+
+
+async def test_the_watchdogs_own_cancel_is_still_no_reply() -> None:
+    async def never() -> str:
+        await asyncio.sleep(3600)
+        return "never"
+
+    task = asyncio.create_task(call_within(never(), 0.01, ceiling_s=5))
+    with pytest.raises(NoReply):
+        await task
+    assert not task.cancelled() and task.cancelling() == 0

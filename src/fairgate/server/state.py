@@ -9,7 +9,6 @@ live here too so that a settings change (say, a new Redis URL) takes effect with
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import logging
 import os
@@ -52,6 +51,20 @@ from fairgate.timers import SystemTimer, Timer
 log = logging.getLogger("fairgate.server")
 
 SignalsSource = Callable[[Pool], Mapping[str, float]]
+
+#: How long a stop waits for each background task it cancelled. A task that outlives it (a
+#: library that swallowed the cancel, a read stuck on a hung server) is logged and left to the
+#: loop's own shutdown: a stop must never hang the process or a test.
+STOP_TASK_TIMEOUT_S = 5.0
+
+
+async def _cancel_within(task: asyncio.Task[None], timeout_s: float) -> None:
+    task.cancel()
+    done, _ = await asyncio.wait({task}, timeout=timeout_s)
+    if not done:
+        log.warning("background task %s did not stop within %g s", task.get_name(), timeout_s)
+    elif not task.cancelled() and task.exception() is not None:
+        log.warning("background task %s ended with %r", task.get_name(), task.exception())
 
 
 class Gateway:
@@ -214,9 +227,7 @@ class Gateway:
         try:
             for task in (self._watch_task, self._gc_task, self._replay_task, self._log_task):
                 if task is not None:
-                    task.cancel()
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await task
+                    await _cancel_within(task, STOP_TASK_TIMEOUT_S)
             self._watch_task = self._gc_task = self._replay_task = self._log_task = None
             await self.pool_log.close()
             await self._flush_journal()
