@@ -106,4 +106,5 @@ async def test_the_watchdogs_own_cancel_is_still_no_reply() -> None:
     task = asyncio.create_task(call_within(never(), 0.01, ceiling_s=5))
     with pytest.raises(NoReply):
         await task
-    assert not task.cancelled() and task.cancelling() == 0
+    assert not task.cancelled()
+    assert task.cancelling() == 0
