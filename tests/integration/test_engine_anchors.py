@@ -67,9 +67,14 @@ async def _replica(store: QuotaStore, tmp_path: Path, request: pytest.FixtureReq
         return SqliteQuotaStore(tmp_path / "quota.sqlite")
     from fairgate.store.redis import RedisQuotaStore
 
-    url: str = request.getfixturevalue("redis_url")
-    prefix: str = request.getfixturevalue("redis_prefix")
-    return RedisQuotaStore(url, prefix=prefix)
+    # the same backend as the first store: the single server, or the cluster
+    cluster = request.node.callspec.params.get("store") == "redis-cluster"
+    url: str = request.getfixturevalue("redis_cluster_url" if cluster else "redis_url")
+    prefix: str = request.getfixturevalue("redis_cluster_prefix" if cluster else "redis_prefix")
+    other = RedisQuotaStore(url, prefix=prefix)
+    if cluster:
+        await other.warm()  # as the gateway prepares a cluster client before traffic
+    return other
 
 
 async def test_replicas_count_in_the_window_one_of_them_anchored(
