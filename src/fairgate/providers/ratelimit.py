@@ -55,6 +55,12 @@ class WindowReading:
     reset_ms: int | None = None
     window_ms: int | None = None
 
+    @property
+    def counter(self) -> str:
+        """The pool counter this reading measures (``percent/5h``): one spelling for the
+        attribution, the anchoring and the used fractions."""
+        return f"percent/{self.window}"
+
 
 def window_name(window_ms: int) -> str:
     """The pool window a provider window of ``window_ms`` is: an exact match of a known window
@@ -313,6 +319,6 @@ def used_fractions(snap: RateLimitSnapshot) -> dict[str, float]:
     the snapshot knows are present."""
     out = {unit: used for unit, (used, _reset) in count_limits(snap).items()}
     for reading in snap.percent_windows:
-        key = f"percent/{reading.window}"
+        key = reading.counter
         out[key] = max(out.get(key, 0.0), reading.used)
     return out

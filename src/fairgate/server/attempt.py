@@ -248,8 +248,9 @@ async def _apply_readings(
     current window), then each rise is charged to the keys (``ProviderSignals.observe``)."""
     for reading in snap.percent_windows:
         if reading.reset_ms is not None and reading.window_ms is not None:
-            counter = f"percent/{reading.window}"
-            await engine.anchor(pool, counter, reading.window_ms, reading.reset_ms, connection_id)
+            await engine.anchor(
+                pool, reading.counter, reading.window_ms, reading.reset_ms, connection_id
+            )
     for ch in charges:
         await engine.record(pool, ch.key_id, {ch.counter: ch.amount})
 

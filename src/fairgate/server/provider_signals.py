@@ -69,7 +69,7 @@ class ProviderSignals:
             return snap, charges
         attrs = self._attr.setdefault(connection_id, {})
         for reading in snap.percent_windows:
-            counter = f"percent/{reading.window}"
+            counter = reading.counter
             attr = attrs.setdefault(counter, PercentAttributor())
             for key_id, pct in attr.observe(reading.used * 100.0).items():
                 charges.append(PercentCharge(key_id, counter, pct))
