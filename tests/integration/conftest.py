@@ -4,7 +4,7 @@ PostgreSQL schema)."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -32,25 +32,49 @@ async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator
 
     The Redis fixtures are requested only for their params, so SQLite runs never need a server.
     """
-    s: QuotaStore
-    if request.param == "sqlite":
-        s = SqliteQuotaStore(tmp_path / "quota.sqlite")
-    elif request.param == "sqlite-memory":
-        s = SqliteQuotaStore(tmp_path / "quota.sqlite", mode="memory")
+    s = await _open_store(request.param, request, tmp_path / "quota.sqlite")
+    if request.param == "sqlite-memory":
+        assert isinstance(s, SqliteQuotaStore)
         assert s.mode == "memory"  # alone on its file: it owns it
-    else:
-        cluster = request.param == "redis-cluster"
-        url: str = request.getfixturevalue("redis_cluster_url" if cluster else "redis_url")
-        prefix: str = request.getfixturevalue("redis_cluster_prefix" if cluster else "redis_prefix")
-        from fairgate.store.redis import RedisQuotaStore
-
-        s = RedisQuotaStore(url, prefix=prefix)
-        if cluster:
-            await s.warm()
     try:
         yield s
     finally:
         await s.close()
+
+
+@pytest.fixture
+def open_replica(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> Callable[[], Awaitable[QuotaStore]]:
+    """Opens another replica on the ``store`` fixture's backend: another gateway process (a
+    transactional store on the same SQLite file, or another client of the same Redis or Redis
+    Cluster under the same prefix). The test closes it."""
+    kind: str = request.node.callspec.params["store"]
+    replica_kind = "sqlite" if kind.startswith("sqlite") else kind
+
+    async def open_() -> QuotaStore:
+        return await _open_store(replica_kind, request, tmp_path / "quota.sqlite")
+
+    return open_
+
+
+async def _open_store(kind: str, request: pytest.FixtureRequest, path: Path) -> QuotaStore:
+    """A store of one ``store`` param; the Redis fixtures are requested only here, so SQLite
+    runs never need a server. A cluster client is prepared as the gateway prepares it
+    (discovered and its connections opened before traffic)."""
+    if kind == "sqlite":
+        return SqliteQuotaStore(path)
+    if kind == "sqlite-memory":
+        return SqliteQuotaStore(path, mode="memory")
+    cluster = kind == "redis-cluster"
+    url: str = request.getfixturevalue("redis_cluster_url" if cluster else "redis_url")
+    prefix: str = request.getfixturevalue("redis_cluster_prefix" if cluster else "redis_prefix")
+    from fairgate.store.redis import RedisQuotaStore
+
+    s = RedisQuotaStore(url, prefix=prefix)
+    if cluster:
+        await s.warm()
+    return s
 
 
 @pytest.fixture

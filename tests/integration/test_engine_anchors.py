@@ -4,8 +4,8 @@ an admission's status and usage name the provider's reset."""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -61,24 +61,8 @@ async def test_a_reading_anchors_only_its_own_percent_window(
     assert usage["requests/5h"].resets_at_ms == (T // W + 1) * W  # the epoch bucket's turn
 
 
-async def _replica(store: QuotaStore, tmp_path: Path, request: pytest.FixtureRequest) -> Any:
-    """A second store on the same backend (another gateway process)."""
-    if isinstance(store, SqliteQuotaStore):
-        return SqliteQuotaStore(tmp_path / "quota.sqlite")
-    from fairgate.store.redis import RedisQuotaStore
-
-    # the same backend as the first store: the single server, or the cluster
-    cluster = request.node.callspec.params.get("store") == "redis-cluster"
-    url: str = request.getfixturevalue("redis_cluster_url" if cluster else "redis_url")
-    prefix: str = request.getfixturevalue("redis_cluster_prefix" if cluster else "redis_prefix")
-    other = RedisQuotaStore(url, prefix=prefix)
-    if cluster:
-        await other.warm()  # as the gateway prepares a cluster client before traffic
-    return other
-
-
 async def test_replicas_count_in_the_window_one_of_them_anchored(
-    store: QuotaStore, tmp_path: Path, clock: ManualClock, request: pytest.FixtureRequest
+    store: QuotaStore, clock: ManualClock, open_replica: Callable[[], Awaitable[QuotaStore]]
 ) -> None:
     """Two gateway processes on one store: the reading reaches one; the other follows the
     anchor within ``active_refresh_ms`` and blocks and releases the key at the provider's
@@ -86,7 +70,7 @@ async def test_replicas_count_in_the_window_one_of_them_anchored(
     clock.set(T)
     settings = QuotaSettings(active_refresh_ms=1_000)
     first = store
-    second = await _replica(store, tmp_path, request)
+    second = await open_replica()
     try:
         a = QuotaEngine(first, clock=clock, settings=settings)
         b = QuotaEngine(second, clock=clock, settings=settings)

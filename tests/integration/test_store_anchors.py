@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -152,30 +152,14 @@ async def test_clear_forgets_the_anchor(store: QuotaStore) -> None:
     assert P5H.key in await store.anchors("keep-pool")
 
 
-async def _second(store: QuotaStore, tmp_path: Path, request: pytest.FixtureRequest) -> Any:
-    """Another replica on the same backend."""
-    if isinstance(store, SqliteQuotaStore):
-        return SqliteQuotaStore(tmp_path / "quota.sqlite")
-    from fairgate.store.redis import RedisQuotaStore
-
-    # the same backend as the first store: the single server, or the cluster
-    cluster = request.node.callspec.params.get("store") == "redis-cluster"
-    url: str = request.getfixturevalue("redis_cluster_url" if cluster else "redis_url")
-    prefix: str = request.getfixturevalue("redis_cluster_prefix" if cluster else "redis_prefix")
-    other = RedisQuotaStore(url, prefix=prefix)
-    if cluster:
-        await other.warm()  # as the gateway prepares a cluster client before traffic
-    return other
-
-
 async def test_replicas_racing_on_one_early_reset_move_the_anchor_once(
-    store: QuotaStore, tmp_path: Path, request: pytest.FixtureRequest
+    store: QuotaStore, open_replica: Callable[[], Awaitable[QuotaStore]]
 ) -> None:
     """Two replicas see the same reading at once: the second finds the anchor already moved
     and leaves it (one fresh bucket, not two), and both read the same anchor afterwards."""
     first = await store.set_anchor("codex-pool", P5H.key, W, R, T, "codex-1")
     assert first is not None
-    other = await _second(store, tmp_path, request)
+    other = await open_replica()
     try:
         now = T + 30 * MIN
         got = await asyncio.gather(
