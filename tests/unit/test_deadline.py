@@ -98,6 +98,30 @@ async def test_a_call_that_swallows_the_cancel_and_answers_leaves_no_cancel_behi
     await asyncio.sleep(0)  # would raise CancelledError if a cancel were left pending
 
 
+async def test_a_cancel_from_outside_during_an_expired_call_is_not_turned_into_no_reply() -> None:
+    """A shutdown cancels a task whose call already timed out while the client was still
+    tidying up: the cancel must reach the task (a loop that retries ``NoReply``, such as the
+    metadata watcher, would otherwise never stop)."""
+    timed_out = asyncio.Event()
+
+    async def slow_to_give_up() -> str:
+        try:
+            await asyncio.sleep(3600)  # no reply
+        except asyncio.CancelledError:
+            timed_out.set()  # the watchdog's cancel: the client tidies up, taking a while
+            await asyncio.sleep(3600)
+        return "never"
+
+    async def caller() -> str:
+        return await call_within(slow_to_give_up(), 0.01, ceiling_s=5)
+
+    task = asyncio.create_task(caller())
+    await timed_out.wait()
+    task.cancel()  # the shutdown
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert task.cancelled()
+
 async def test_the_watchdogs_own_cancel_is_still_no_reply() -> None:
     async def never() -> str:
         await asyncio.sleep(3600)

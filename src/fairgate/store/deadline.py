@@ -53,12 +53,15 @@ async def call_within(
     if task is None:  # pragma: no cover - always called from a task
         raise RuntimeError("call_within needs a running task")
     loop = asyncio.get_running_loop()
+    cancelling = task.cancelling()  # cancels asked before this call are not the watchdog's
     watchdog = _Watchdog(task, loop, timeout_s, ceiling_s, monotonic)
     try:
         result = await awaitable
     except BaseException as exc:
-        if watchdog.expired:
-            task.uncancel()
+        # as asyncio.timeout: only the watchdog's own cancel becomes NoReply; a cancel someone
+        # else asked meanwhile (a shutdown cancelling this task) goes on, or a caller that
+        # retries NoReply (the metadata watcher) would never stop
+        if watchdog.expired and task.uncancel() <= cancelling:
             # the cancel may surface as the client's own timeout error: it is the same outage
             raise NoReply(f"no reply within {timeout_s:g} s") from exc
         raise
