@@ -336,12 +336,16 @@ def test_dominant_levels_respect_a_cap_in_one_dimension() -> None:
 
 def test_dominant_waiting_reserves_hold_what_the_profile_uses() -> None:
     # b (10,000 tokens a request) waits at a dominant share of 0.2, its fair one is 2/3: it is
-    # owed 0.467 of tokens and the 4.7 requests that go with them, not 64.7 requests
+    # owed 0.467 of tokens and the 4.7 requests that go with them, not 64.7 requests. a, at a
+    # dominant share of 0.6, leaves what b lacks to catch up with it: 0.4 of tokens and the 4
+    # requests that go with them
     pool = _two_keys()
     used = {"a": _use(60, 30_000), "b": _use(2, 20_000)}
     levels = dominant_levels(pool, ["a", "b"], None, used, 0)
     res = dominant_waiting_reserves(pool, levels, ["a", "b"], ["b"], used, 0)
-    assert res.for_key("a") == pytest.approx(
+    assert res.for_key("a") == pytest.approx({_RPM_TPM[0].key: 4, _RPM_TPM[1].key: 40_000})
+    # a newcomer (not seen at the refresh) leaves all b is owed
+    assert res.for_key("new") == pytest.approx(
         {_RPM_TPM[0].key: 14 / 3, _RPM_TPM[1].key: 140_000 / 3}
     )
     assert res.for_key("b") == {_RPM_TPM[0].key: 0.0, _RPM_TPM[1].key: 0.0}
@@ -349,3 +353,26 @@ def test_dominant_waiting_reserves_hold_what_the_profile_uses() -> None:
     # per dimension on its own, b is owed 64.7 requests; a (60 requests) leaves what b lacks to
     # catch up with it (58), still far more than the 4.7 b's profile uses
     assert plain.for_key("a")[_RPM_TPM[0].key] == pytest.approx(60 - 2)
+
+
+def test_dominant_waiting_reserves_hold_only_the_catch_up() -> None:
+    # a at a dominant share of 0.25 (25 requests), b waiting at 0.2: a yields only the 0.05
+    # b lacks to catch up with it (0.5 requests, 5,000 tokens), not the 0.467 b is owed; a key
+    # below b (c, at 0.1) leaves nothing for it
+    pool = _pool(
+        (Allocation("a", 40), Allocation("b", 40), Allocation("c", 20)),
+        _RPM_TPM,
+        mode=ShareMode.ACTIVE,
+    )
+    used = {"a": _use(25, 12_500), "b": _use(2, 20_000), "c": _use(5, 2_500)}
+    levels = {_RPM_TPM[0].key: 1.0, _RPM_TPM[1].key: 1_000.0}  # t = 0.01: b's fair share 0.4
+    res = dominant_waiting_reserves(pool, levels, ["a", "b", "c"], ["b"], used, 0)
+    x_a, x_b = 0.25 / 40, 0.2 / 40
+    lack = 40 * (x_a - x_b)
+    assert res.for_key("a") == pytest.approx(
+        {_RPM_TPM[0].key: lack * 100 * 0.1, _RPM_TPM[1].key: lack * 100_000}
+    )
+    assert res.for_key("c") == {_RPM_TPM[0].key: 0.0, _RPM_TPM[1].key: 0.0}
+    assert res.for_key("new") == pytest.approx(
+        {_RPM_TPM[0].key: 0.2 * 100 * 0.1, _RPM_TPM[1].key: 0.2 * 100_000}
+    )

@@ -14,7 +14,6 @@ pool is generous: A may borrow up to the whole pool minus what the others used.
 
 from __future__ import annotations
 
-import bisect
 import math
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
@@ -527,9 +526,10 @@ def dominant_waiting_reserves(
     of huge requests below its share is owed tokens and the few requests that go with them,
     not the request share it would never use (per dimension on its own it would be owed its
     whole request share, and a chat key beside it would have to leave those requests free).
-    A key must leave free what every waiting key further below its fair share than itself is
-    owed, comparing dominant share per unit of weight. With one dimension this is
-    :func:`waiting_reserves`.
+    A key must leave free, for every waiting key further below than itself (comparing dominant
+    share per unit of weight), what that key lacks to catch up with it, at most what it is owed
+    (:func:`dominant_catch_up`): keys served in turn at about the same standing hold nothing
+    back from each other. With one dimension this is :func:`waiting_reserves`.
     """
     dims = [d for d in pool.enforced_dimensions() if pool.effective_limit(d) > 0]
     if len(dims) < 2:
@@ -548,7 +548,7 @@ def dominant_waiting_reserves(
             for d in dims
         }
 
-    owed: list[tuple[float, dict[str, float]]] = []  # (dominant share per weight, owed)
+    owed: list[tuple[float, float, float, dict[str, float]]] = []  # (x_j, due_j, w_j, profile)
     for k in waiting:
         alloc = pool.allocation(k)
         w = pool.weight_of(k)
@@ -563,25 +563,48 @@ def dominant_waiting_reserves(
             if cap is not None and profile[d.key] > 0:
                 fair = min(fair, cap / (limits[d.key] * profile[d.key]))
         if fair > top:
-            owed.append((top / w, {d: (fair - top) * limits[d] * p for d, p in profile.items()}))
+            owed.append((top / w, fair - top, w, profile))
     if not owed:
         return NO_RESERVES
-    owed.sort(key=lambda x: x[0])
-    xs = [x for x, _ in owed]
-    prefix: dict[str, list[float]] = {}
+    xs = {
+        k: (max(shares(k).values()) / w if (w := pool.weight_of(k)) > 0 else math.inf) for k in keys
+    }
+    return Reserves(*dominant_catch_up(owed, xs, limits, now_ms, dims))
+
+
+def dominant_catch_up(
+    owed: Sequence[tuple[float, float, float, Mapping[str, float]]],
+    xs: Mapping[str, float],
+    limits: Mapping[str, float],
+    now_ms: int,
+    dims: Sequence[Dimension],
+) -> tuple[dict[str, dict[str, float]], dict[str, float]]:
+    """The catch-up reserve (:func:`catch_up_reserves`) by dominant share: per key ``k`` and
+    dimension ``d``, ``Σ min(due_j, w_j × (x_k − x_j)) × limit_d × profile_j(d)`` over the
+    waiting ``j = (x_j, due_j, w_j, profile_j)`` with ``x_j < x_k``, where ``x`` is dominant
+    share per unit of weight and ``due_j`` the dominant share ``j`` lacks of its fair one.
+
+    A waiting key is owed by every key further along only what it lacks to catch up with that
+    key (in dominant share), spread over the dimensions by its own profile: keys at about the
+    same dominant share per weight hold nothing back from each other. Per dimension this is
+    :func:`catch_up_reserves` with ``due`` and ``w`` scaled by ``limit_d × profile_j(d)``
+    (``min(a c, b c) = c min(a, b)``), so the same sorted sweep.
+    """
+    per_key: dict[str, dict[str, float]] = {k: {} for k in xs}
+    default: dict[str, float] = {}
     for d in dims:
+        scaled = [
+            (x, due * limits[d.key] * p[d.key], w * limits[d.key] * p[d.key])
+            for x, due, w, p in owed
+            if p[d.key] > 0
+        ]
+        if not scaled:
+            continue
         fade = reserve_fade(now_ms, d.window_ms)
-        acc = [0.0]
-        for _, o in owed:
-            acc.append(acc[-1] + o[d.key] * fade)
-        prefix[d.key] = acc
-    per_key: dict[str, dict[str, float]] = {}
-    for k in keys:
-        w = pool.weight_of(k)
-        x = max(shares(k).values()) / w if w > 0 else math.inf
-        i = bisect.bisect_left(xs, x)
-        per_key[k] = {d: acc[i] for d, acc in prefix.items()}
-    return Reserves(per_key, {d: acc[-1] for d, acc in prefix.items()})
+        default[d.key] = sum(o for _, o, _ in scaled) * fade
+        for k, r in catch_up_reserves(scaled, xs).items():
+            per_key[k][d.key] = r * fade
+    return per_key, default
 
 
 def catch_up_reserves(
