@@ -7,6 +7,8 @@ import math
 import pytest
 
 from fairgate.quota.decision import (
+    NO_PACE,
+    NO_RESERVES,
     DimensionCheck,
     Outcome,
     Reason,
@@ -16,10 +18,12 @@ from fairgate.quota.decision import (
     dominant_levels,
     dominant_waiting_reserves,
     evaluate,
+    long_budget_pace,
     retry_after_ms,
     static_fair_share,
     waiting_reserves,
     water_fill_level,
+    with_pace,
 )
 from fairgate.quota.model import Allocation, Dimension, ModelCap, Policy, Pool, ShareMode
 from fairgate.quota.units import Unit, Window
@@ -376,3 +380,64 @@ def test_dominant_waiting_reserves_hold_only_the_catch_up() -> None:
     assert res.for_key("new") == pytest.approx(
         {_RPM_TPM[0].key: 0.2 * 100 * 0.1, _RPM_TPM[1].key: 0.2 * 100_000}
     )
+
+
+_WEEK = (
+    Dimension(Unit.REQUESTS, Window.FIVE_HOURS, 250),
+    Dimension(Unit.REQUESTS, Window.WEEKLY, 6000),
+)
+_WEEK_MS = 7 * 24 * 3_600_000
+
+
+def _week_pool() -> Pool:
+    allocs = tuple(Allocation(k, 25) for k in "abcd")
+    return _pool(allocs, _WEEK, mode=ShareMode.ACTIVE)
+
+
+def test_a_weekly_budget_is_paced_when_the_5_hour_windows_could_spend_it() -> None:
+    # the docstring's worked example: 24 hours in, 900 spent, 200 of them in the last 5 hours
+    pool = _week_pool()
+    now = 52 * _WEEK_MS + 24 * 3_600_000  # a week boundary, then 24 hours
+    totals = {_WEEK[0].key: Count(0.0, 200.0), _WEEK[1].key: Count(0.0, 900.0)}
+    pace = long_budget_pace(pool, totals, now)
+    assert pace.paced == {_WEEK[1].key}
+    assert pace.held[_WEEK[1].key] == pytest.approx(6000 * (1 - 24 / 168))
+    assert pace.capacities == pytest.approx({_WEEK[0].key: 200.0})
+    # the 5-hour levels are filled over 200, the week leaves the dominant standing
+    used = {k: {_WEEK[0].key: Count(0.0, 50.0), _WEEK[1].key: Count(0.0, 225.0)} for k in "abcd"}
+    levels = dominant_levels(pool, list("abcd"), None, used, now, pace)
+    assert levels[_WEEK[0].key] * 25 == pytest.approx(50)
+    assert math.isinf(levels[_WEEK[1].key])
+    demand = {"d": {_WEEK[0].key: 20.0}}
+    levels = dominant_levels(pool, list("abcd"), demand, used, now, pace)
+    assert levels[_WEEK[0].key] * 25 == pytest.approx(60)
+    # every key, a newcomer too, leaves the held room free in the weekly dimension
+    res = with_pace(NO_RESERVES, list("abcd"), pace)
+    for k in ("a", "new"):
+        assert res.for_key(k) == pytest.approx({_WEEK[1].key: 6000 * (1 - 24 / 168)})
+    checks = compile_checks(
+        pool, pool.allocations[0], {Unit.REQUESTS: 1.0}, levels=levels, reserves=res.for_key("a")
+    )
+    verdict = evaluate(checks, [(200.0, 50.0), (900.0, 225.0)], Policy.HARD, 0.5)
+    assert (verdict.outcome, verdict.reason, verdict.index) == (Outcome.BLOCK, Reason.FAIR_SHARE, 1)
+
+
+def test_a_weekly_budget_that_lasts_is_not_paced() -> None:
+    # the 5-hour windows at their limit spend 8,400 a week: a budget of 9,000 lasts
+    week = Dimension(Unit.REQUESTS, Window.WEEKLY, 9000)
+    pool = _pool(tuple(Allocation(k, 25) for k in "abcd"), (_WEEK[0], week), mode=ShareMode.ACTIVE)
+    now = 52 * _WEEK_MS + 24 * 3_600_000
+    totals = {_WEEK[0].key: Count(0.0, 200.0), week.key: Count(0.0, 900.0)}
+    assert long_budget_pace(pool, totals, now) == NO_PACE
+    # a one-dimension pool has nothing to pace
+    one = _pool((Allocation("a", 100),), (_WEEK[0],), mode=ShareMode.ACTIVE)
+    assert long_budget_pace(one, totals, now) == NO_PACE
+
+
+def test_a_full_previous_week_paces_itself() -> None:
+    # with the previous week spent in full, the sliding count alone holds the pace: no room held
+    pool = _week_pool()
+    now = 52 * _WEEK_MS + 24 * 3_600_000
+    totals = {_WEEK[0].key: Count(0.0, 200.0), _WEEK[1].key: Count(6000.0, 900.0)}
+    pace = long_budget_pace(pool, totals, now)
+    assert pace.held == {_WEEK[1].key: 0.0}

@@ -21,7 +21,7 @@ from enum import StrEnum
 
 from fairgate.quota.model import Allocation, Dimension, Policy, Pool, ShareMode
 from fairgate.quota.units import Unit, Window
-from fairgate.quota.window import Anchor, Count, bucket_index, ms_until_at_most
+from fairgate.quota.window import Anchor, Count, bucket_index, ms_until_at_most, window_end_ms
 
 
 class Outcome(StrEnum):
@@ -189,6 +189,7 @@ def dominant_levels(
     demand: Mapping[str, Mapping[str, float]] | None = None,
     used: Mapping[str, Mapping[str, Count]] | None = None,
     now_ms: int = 0,
+    pace: LongPace | None = None,
 ) -> dict[str, float]:
     """Water-filling levels per pool dimension that make the active-mode decision weighted
     dominant-resource-fair (issue 18): a key's standing is its dominant share, the largest of
@@ -211,6 +212,8 @@ def dominant_levels(
     the dominant share at what reaches the cap. Per dimension that is water-filling of a
     capacity of 1 over ``(weight × profile, bound × profile)``, and ``t`` the lowest of those
     levels (:func:`water_fill_level`). With one dimension this is :func:`active_levels`.
+    ``pace`` (:func:`long_budget_pace`): a paced longer dimension is left out (its level is
+    infinite, its share its limit) and a shorter one is filled over its paced capacity.
 
     Worked example: 100 requests and 100,000 tokens an hour, equal weights; chat key A (500
     tokens a request) and research key B (10,000), both pressed. Profiles: A (1, 0.5), B
@@ -219,10 +222,12 @@ def dominant_levels(
     tokens), B at 66,667 tokens (6.7 requests). Per dimension on its own A would be held at
     50 requests and B at 50,000 tokens, leaving 25,000 tokens and 45 requests unused.
     """
-    dims = [d for d in pool.enforced_dimensions() if pool.effective_limit(d) > 0]
-    if len(dims) < 2:
+    pace = pace or NO_PACE
+    dims, limits = _dominant_dims(pool, pace)
+    if not pace.held and len(dims) < 2:
         return active_levels(pool, active_keys, demand)
-    limits = {d.key: pool.effective_limit(d) for d in dims}
+    if not dims:
+        return dict.fromkeys(pace.paced, math.inf)
     members: list[tuple[float, dict[str, float], float | None]] = []
     for alloc in (pool.allocation(k) for k in dict.fromkeys(active_keys)):
         if alloc is None or pool.weight_of(alloc.key_id) <= 0:
@@ -254,7 +259,20 @@ def dominant_levels(
         )
         for d in dims
     )
-    return {d.key: math.inf if math.isinf(level) else level * limits[d.key] for d in dims}
+    out = {d.key: math.inf if math.isinf(level) else level * limits[d.key] for d in dims}
+    return {**dict.fromkeys(pace.paced, math.inf), **out}
+
+
+def _dominant_dims(pool: Pool, pace: LongPace) -> tuple[list[Dimension], dict[str, float]]:
+    """The dimensions a dominant standing is taken over and the capacity of each: every
+    enforced one with a limit but a paced longer budget, a shorter one at its paced capacity."""
+    dims = [
+        d
+        for d in pool.enforced_dimensions()
+        if pool.effective_limit(d) > 0 and d.key not in pace.paced
+    ]
+    limits = {d.key: pace.capacities.get(d.key, pool.effective_limit(d)) for d in dims}
+    return dims, limits
 
 
 def demand_bounds(
@@ -518,8 +536,10 @@ def dominant_waiting_reserves(
     waiting: Collection[str],
     used: Mapping[str, Mapping[str, Count]],
     now_ms: int,
+    pace: LongPace | None = None,
 ) -> Reserves:
-    """:func:`waiting_reserves` by dominant share, for the levels of :func:`dominant_levels`.
+    """:func:`waiting_reserves` by dominant share, for the levels of :func:`dominant_levels`
+    (with the same ``pace``).
 
     A waiting key is owed what it lacks of its fair *dominant* share (``t × weight``, or what
     reaches its cap), spread over the dimensions by the profile of what it used: a summariser
@@ -531,10 +551,12 @@ def dominant_waiting_reserves(
     (:func:`dominant_catch_up`): keys served in turn at about the same standing hold nothing
     back from each other. With one dimension this is :func:`waiting_reserves`.
     """
-    dims = [d for d in pool.enforced_dimensions() if pool.effective_limit(d) > 0]
-    if len(dims) < 2:
+    pace = pace or NO_PACE
+    dims, limits = _dominant_dims(pool, pace)
+    if not dims:
+        return NO_RESERVES
+    if not pace.held and len(dims) < 2:
         return waiting_reserves(pool, levels, keys, waiting, used, now_ms)
-    limits = {d.key: pool.effective_limit(d) for d in dims}
     first = dims[0]
     level = levels.get(first.key, math.inf)
     t = level / limits[first.key]  # the dominant level, per unit of weight
@@ -605,6 +627,110 @@ def dominant_catch_up(
         for k, r in catch_up_reserves(scaled, xs).items():
             per_key[k][d.key] = r * fade
     return per_key, default
+
+
+@dataclass(frozen=True, slots=True)
+class LongPace:
+    """How the budgets of longer windows are paced (``active`` mode, :func:`long_budget_pace`).
+
+    ``capacities``: per shorter dimension of the same unit, the capacity its fair levels are
+    computed on (what the pace lets the pool hold in that window); ``paced``: the longer
+    dimensions being paced, left out of the dominant standing (their fair share is their limit:
+    the pool-wide pace and the shorter window's levels share them); ``held``: per paced
+    dimension, the room the pool keeps for the rest of its window (a reserve of every key).
+    """
+
+    capacities: Mapping[str, float]
+    paced: frozenset[str]
+    held: Mapping[str, float]
+
+
+NO_PACE = LongPace({}, frozenset(), {})
+
+
+def long_budget_pace(pool: Pool, totals: Mapping[str, Count], now_ms: int) -> LongPace:
+    """Pace a budget whose window is longer than the pool's shortest (a weekly beside a
+    5-hour one) when the pool could otherwise spend it before its window ends (``active``).
+
+    Without it the longer budget goes as demand comes: the first days' shorter windows are
+    shared at the shorter limit among the keys present, and the week runs out before its end,
+    after which every key is refused (``subscription``: the last 7 of 34 windows refused whole
+    on seed 1, while the ideal across windows gives every key the same level in every window).
+
+    *When*: the pool's rate so far in the longer bucket (``curr / max(elapsed, W_s)``, ``W_s``
+    the shortest window), or the rate a shorter window of the same unit allows at its limit
+    if higher, continued to the bucket's end, passes the limit. Then:
+
+    - *The pool follows the pace* (pool-wide, exact): every key leaves free ``held = (limit −
+      prev) × (1 − elapsed / W)``, the line :func:`pace_reserves` draws after a quiet window:
+      with an empty previous bucket the pool may have spent ``limit × elapsed / W`` so far;
+      with a full one the sliding count paces itself. The ceiling check comes first, so the
+      limit is exact.
+    - *Each shorter window is shared at the pace*: a shorter dimension of the same unit gets
+      its dominant levels over ``capacity = min(limit_s, max(limit × W_s / W, total_s +
+      room))`` (``room``: what the pace lets the pool spend now), not over its whole limit, so
+      what the pool may hold in that window is split by weight and demand, as the ideal across
+      windows does (one level for every key and window), not by who asks most often.
+    - The longer dimension leaves the dominant standing (its share is its limit): a key's use
+      of the week so far is not held against it; the pace and the shorter window are.
+
+    Worked example: 250 requests per 5 hours and 6,000 a week, an empty previous week, 24
+    hours in; the pool has spent 900, 200 of them in the last 5 hours. A 5-hour window used to
+    its limit would spend 8,400 a week: paced. ``held = 6,000 × (1 − 24/168) = 5,143``, so the
+    pool may reach 857 now and is at 900 (no room: every key is held until the line passes
+    900, at 35.7 an hour, 25.2 hours in). The 5-hour levels are computed over ``max(6,000 ×
+    5/168, 200 + 0) = 200``, not 250: four keys of equal weight that ask more are held at 50
+    each in the 5-hour window, and one that asks 20 leaves 60 to each of the others.
+
+    O(dimensions²) at the refresh from the pool totals it already reads; per admission
+    nothing new (a reserve and a fair share per check, as before), so the same atomic step on
+    both drivers.
+    """
+    dims = [d for d in pool.enforced_dimensions() if pool.effective_limit(d) > 0]
+    if len(dims) < 2:
+        return NO_PACE
+    shortest = min(d.window_ms for d in dims)
+    capacities: dict[str, float] = {}
+    held: dict[str, float] = {}
+    for dim in dims:
+        w = dim.window_ms
+        total = totals.get(dim.key)
+        if w <= shortest or total is None:
+            continue
+        limit = pool.effective_limit(dim)
+        elapsed = w - (window_end_ms(now_ms, w, total.anchor) - now_ms)
+        prev = 0.0 if total.anchor is not None else max(0.0, total.prev)
+        curr = max(0.0, total.curr)
+        rate = curr / max(elapsed, shortest)
+        for short in dims:  # a shorter window of the same unit used to its limit
+            if short.unit == dim.unit and short.window_ms < w:
+                rate = max(rate, pool.effective_limit(short) / short.window_ms)
+        if curr + rate * (w - elapsed) <= limit:
+            continue  # at this rate the budget lasts its window
+        keep = (limit - prev) * max(0.0, 1.0 - elapsed / w)
+        held[dim.key] = keep
+        room = max(0.0, limit - max(0.0, total.value(now_ms, w)) - keep)
+        for short in dims:
+            s_total = totals.get(short.key)
+            if short.unit != dim.unit or short.window_ms >= w or s_total is None:
+                continue
+            s_limit = pool.effective_limit(short)
+            hold = max(limit * short.window_ms / w, s_total.value(now_ms, short.window_ms) + room)
+            capacities[short.key] = min(capacities.get(short.key, s_limit), s_limit, hold)
+    return LongPace(capacities, frozenset(held), held)
+
+
+def with_pace(reserves: Reserves, keys: Collection[str], pace: LongPace) -> Reserves:
+    """``reserves`` with the room a paced longer budget keeps (:func:`long_budget_pace`): every
+    key, the newcomers too, leaves at least ``held`` free in that dimension."""
+    if not pace.held:
+        return reserves
+    per_key = {k: dict(reserves.for_key(k)) for k in {*keys, *reserves.per_key}}
+    default = dict(reserves.default)
+    for row in (*per_key.values(), default):
+        for d, keep in pace.held.items():
+            row[d] = max(row.get(d, 0.0), keep)
+    return Reserves(per_key, default)
 
 
 def catch_up_reserves(

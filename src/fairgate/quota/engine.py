@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from fairgate.clock import SYSTEM_CLOCK, Clock
 from fairgate.quota.burn import BurnSeries
 from fairgate.quota.decision import (
+    NO_PACE,
     NO_RESERVES,
     DimensionCheck,
     Outcome,
@@ -37,8 +38,10 @@ from fairgate.quota.decision import (
     dominant_levels,
     dominant_waiting_reserves,
     evaluate,
+    long_budget_pace,
     pace_reserves,
     retry_after_ms,
+    with_pace,
 )
 from fairgate.quota.journal import Circuit, Journal, JournalEntry
 from fairgate.quota.model import Allocation, Policy, Pool, ShareMode
@@ -870,13 +873,15 @@ class QuotaEngine:
         bounds = demand
         if bounds is not None and pressed:
             bounds = {k: v for k, v in bounds.items() if k not in pressed}
-        levels = dominant_levels(pool, ordered, bounds, used, now)
+        pace = NO_PACE if totals is None else long_budget_pace(pool, totals, now)
+        levels = dominant_levels(pool, ordered, bounds, used, now, pace)
         reserves = NO_RESERVES
         if used is not None and pressed:
-            reserves = dominant_waiting_reserves(pool, levels, ordered, pressed, used, now)
+            reserves = dominant_waiting_reserves(pool, levels, ordered, pressed, used, now, pace)
         if used is not None and totals is not None:
             threshold = self.settings.saturation_threshold
             reserves = pace_reserves(pool, ordered, used, totals, now, threshold, reserves)
+        reserves = with_pace(reserves, ordered, pace)
         state = _ActiveCache(at, frozenset(keys), levels, demand, demand_at, used, totals, reserves)
         self._active[pool.id] = state
         return state

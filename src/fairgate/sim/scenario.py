@@ -631,34 +631,38 @@ _BUILTIN_DATA["chat-agent"] = {
 }
 
 #: A Codex-style subscription: a 5-hour and a weekly budget at once, modelled in requests (the
-#: simulator's requests stand for the plan's percentages: one request, one step of each). Three
-#: days: a heavy user whose pace alone would spend the week's budget in those three days, two
-#: users with opposite daily rhythms, and a late joiner on day two. Every 5-hour window binds,
-#: and the weekly budget runs out on day three.
+#: simulator's requests stand for the plan's percentages: one request, one step of each). A whole
+#: week, so that a policy pacing the weekly budget to its end and the ideal across windows
+#: (which hands out the run's budget in hindsight) agree on when the week ends: a heavy user,
+#: two users with opposite daily rhythms, and a late joiner on day two. Every 5-hour window
+#: binds, and asked first come first served the weekly budget runs out on day six.
 _BUILTIN_DATA["subscription"] = {
     "description": "5-hour and weekly budgets: a heavy user spends the week, a late joiner",
-    "duration": "3d",
-    "tick": "2m",
+    "duration": "7d",
+    "tick": "5m",
     "pool": {
         "dimensions": [
             {"unit": "requests", "window": "5h", "limit": 250},
-            {"unit": "requests", "window": "weekly", "limit": 3000},
+            {"unit": "requests", "window": "weekly", "limit": 6000},
         ]
     },
     "keys": [
         {
             "id": "heavy",
             "weight": 25,
+            "max_wait": "15m",
             "demand": {"kind": "diurnal", "rate": 42, "amplitude": 0.5, "period": "24h"},
         },
         {
             "id": "day",
             "weight": 25,
+            "max_wait": "15m",
             "demand": {"kind": "diurnal", "rate": 15, "amplitude": 0.9, "period": "24h"},
         },
         {
             "id": "night",
             "weight": 25,
+            "max_wait": "15m",
             "demand": {
                 "kind": "diurnal",
                 "rate": 15,
@@ -667,7 +671,12 @@ _BUILTIN_DATA["subscription"] = {
                 "phase": 0.5,
             },
         },
-        {"id": "late", "weight": 25, "demand": {"kind": "late", "rate": 20, "start": "40h"}},
+        {
+            "id": "late",
+            "weight": 25,
+            "max_wait": "15m",
+            "demand": {"kind": "late", "rate": 20, "start": "40h"},
+        },
     ],
 }
 
