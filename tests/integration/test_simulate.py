@@ -208,13 +208,22 @@ def test_cli_invalid_yaml_exits_2(tmp_path: Path) -> None:
 
 
 @pytest.mark.redis
-@pytest.mark.parametrize(("name", "duration"), [("late-arrival", "150m"), ("many-keys", "90m")])
+@pytest.mark.parametrize(
+    ("name", "duration"),
+    [
+        ("late-arrival", "150m"),
+        ("many-keys", "90m"),
+        ("two-resource", "90m"),
+        ("subscription", "12h"),
+    ],
+)
 async def test_redis_driver_gives_the_same_figures(
     name: str, duration: str, redis_url: str, tmp_path: Path
 ) -> None:
     """Both drivers evaluate the same rule atomically, so a seed decides identically on each.
     ``many-keys`` draws on every active-mode rule: demand bounds, room held for waiting keys
-    (the catch-up reserve) and pacing after the quiet first window."""
+    (the catch-up reserve) and pacing after the quiet first window; ``two-resource`` the
+    dominant levels and their catch-up reserve; ``subscription`` the paced week (issue 18)."""
     sc = builtin(name).with_duration(parse_duration_ms(duration))
     on_sqlite = await run_scenario(sc, seed=2, data_dir=tmp_path, policies=("active",))
     on_redis = await run_scenario(
