@@ -11,11 +11,13 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import select
 import signal
 import sqlite3
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
 
 import pytest
@@ -27,6 +29,7 @@ from fairgate.quota.window import Count
 from fairgate.store.base import AdmitRequest, CounterRef, UsageItem
 from fairgate.store.factory import create_store
 from fairgate.store.sqlite import SqliteQuotaStore
+from fairgate.store.sqlite_owner import FileUse
 
 T0 = 1_700_002_800_000
 REQ = Dimension(Unit.REQUESTS, Window.HOURLY, 1_000_000)
@@ -292,6 +295,34 @@ async def test_factory_reads_the_mode_and_flush_interval(
     messages = " ".join(r.getMessage() for r in caplog.records)
     assert "QUOTA_SQLITE_MODE='fast'" in messages
     assert "QUOTA_SQLITE_FLUSH_MS='5000'" in messages
+
+
+def test_a_sharer_rings_the_owner_awake(tmp_path: Path) -> None:
+    """The owner's watcher sleeps on a doorbell while nothing is pending: a process that wants
+    the file rings it as it announces itself (and again while it waits), and only one owner
+    can hold a file's doorbell."""
+    path = str(tmp_path / "quota.sqlite")
+    owner = FileUse(path)
+    sharer = FileUse(path)
+    assert owner.try_own()
+    bell = owner.doorbell()
+    assert bell is not None
+    try:
+        assert FileUse(path).doorbell() is None  # the name is the owner's
+        waiting = threading.Thread(target=sharer.share, args=(60_000,))
+        waiting.start()
+        readable, _, _ = select.select([bell], [], [], 60)
+        assert readable == [bell]
+        assert bell.recv(16) == b"!"
+        assert owner.sharer_waiting()
+        owner.hand_over()
+        waiting.join()
+        assert not owner.owner
+        assert not sharer.owner
+    finally:
+        bell.close()
+        owner.close()
+        sharer.close()
 
 
 def test_the_store_refuses_a_bad_mode_or_interval(tmp_path: Path) -> None:

@@ -369,6 +369,7 @@ class SqliteQuotaStore:
                     flush_ms=flush_ms,
                     handover_wanted=self._use.sharer_waiting,
                     handover=self._hand_over,
+                    doorbell=self._use.doorbell(),
                 )
         except BaseException:
             self._conn.close()

@@ -20,8 +20,11 @@ consistent state (a reservation and the amounts it added are lost or kept togeth
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import heapq
 import logging
+import select
+import socket
 import sqlite3
 import threading
 import time
@@ -69,6 +72,10 @@ _CUM_ADD = (
 
 #: Default milliseconds between two write-behind commits (``QUOTA_SQLITE_FLUSH_MS``).
 DEFAULT_FLUSH_MS = 5
+#: How long the watcher sleeps when nothing is pending and a doorbell wakes it for a sharer
+#: (seconds): its only other duties then are ones that ring it too (a change made outside a
+#: running loop, a failed commit, the stop).
+IDLE_WAIT_S = 1.0
 
 
 @dataclass(slots=True)
@@ -334,7 +341,13 @@ class WriteBehind:
     to share the file) it commits everything while holding the counters' lock and calls
     ``handover`` before letting go, so no admission happens between the last in-memory one and
     the switch to the transactional path; it also commits changes that no loop committed
-    within two intervals (made outside a running loop, or after a failed commit)."""
+    within two intervals (made outside a running loop, or after a failed commit).
+
+    While nothing is pending the watcher has nothing to commit, only a sharer to notice: with
+    a ``doorbell`` (:meth:`~fairgate.store.sqlite_owner.FileUse.doorbell`, rung by a sharer as
+    it announces itself) it sleeps on it for up to :data:`IDLE_WAIT_S` instead of waking every
+    ``flush_ms``, and a ring wakes it at once (a handover starts within one commit of the
+    announcement, not one interval). Without one it polls every ``flush_ms``."""
 
     def __init__(
         self,
@@ -344,6 +357,7 @@ class WriteBehind:
         flush_ms: int,
         handover_wanted: Callable[[], bool],
         handover: Callable[[], None],
+        doorbell: socket.socket | None = None,
     ) -> None:
         """``write`` is the store's write transaction (its connection, pragmas, lock and
         periodic checkpoint): a connection of our own would need every pragma repeated, and
@@ -360,6 +374,9 @@ class WriteBehind:
         #: much counting a ``kill -9`` just before that commit would have lost
         self.lags_ms: deque[float] = deque(maxlen=4096)
         self.failures = 0
+        #: how many times the watcher woke up (idle cost: benchmarks/admission.py)
+        self.wakeups = 0
+        self._bell = doorbell
         memory.on_first_change = self._schedule
         self._thread = threading.Thread(target=self._run, name="fairgate-sqlite-flush", daemon=True)
         self._thread.start()
@@ -369,15 +386,40 @@ class WriteBehind:
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
-            return  # no loop: the watcher thread commits it
+            self._wake()  # no loop: the watcher thread commits it
+            return
         loop.call_later(self._flush_s, self._flush_on_loop)
 
     def _flush_on_loop(self) -> None:
         if not self._stop.is_set():
             self.flush()
 
+    def _wake(self) -> None:
+        """Ring our own doorbell: the watcher stops sleeping (a no-op without one: it polls)."""
+        bell = self._bell
+        if bell is not None:
+            # a full queue already wakes it; a closed socket means it is stopping
+            with contextlib.suppress(OSError):
+                bell.sendto(b"!", bell.getsockname())
+
+    def _sleep(self) -> bool:
+        """Wait for the next round; False once stopped."""
+        self.wakeups += 1
+        bell = self._bell
+        if bell is None:
+            return not self._stop.wait(self._flush_s)
+        with self.memory.lock:
+            idle = self.memory.pending_since() is None
+        if self._stop.is_set():
+            return False
+        select.select([bell], [], [], IDLE_WAIT_S if idle else self._flush_s)
+        with contextlib.suppress(OSError):
+            while True:  # drain the rings: one round answers them all
+                bell.recv(16)
+        return not self._stop.is_set()
+
     def _run(self) -> None:
-        while not self._stop.wait(self._flush_s):
+        while self._sleep():
             try:
                 if self._wanted():
                     with self._flush_lock, self.memory.lock:
@@ -433,6 +475,7 @@ class WriteBehind:
             else:
                 with self.memory.lock:
                     self.memory.restore(b)
+            self._wake()  # the watcher retries it
             return False
         lag = (time.monotonic() - b.first_change) * 1000.0
         self.lags_ms.append(lag)
@@ -442,6 +485,11 @@ class WriteBehind:
     def stop(self) -> None:
         """Stop the thread and commit what is left (a graceful close loses nothing)."""
         self._stop.set()
+        self._wake()
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(timeout=10)
+        if self._bell is not None:
+            # kept bound after a handover: no other process can own the file before this one
+            # lets go of its lock, which happens after this close
+            self._bell.close()
         self.flush()

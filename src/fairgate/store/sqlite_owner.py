@@ -15,14 +15,44 @@ announcement, commits its in-memory state, switches to the transactional path an
 exclusive hold into a shared one, which lets the newcomer in. From then on every process on the
 file is transactional (exact across them, as the ``BEGIN IMMEDIATE`` path always was) until they
 all stop; the next process to start alone is an owner again.
+
+The owner's watcher need not poll for the announcement: an owner binds a datagram socket named
+after the lock file (Linux's abstract namespace: no file, gone with the process), and a sharer
+that announces itself rings it (again every :data:`RING_EVERY_S` while it waits, so a ring lost
+to a race is repeated). The watcher sleeps on that socket while nothing is pending, and wakes at
+once on a ring. Where the socket cannot be bound (not Linux, or a name clash) the watcher falls
+back to polling every flush interval, as before.
+
+A tool or test that reads the file beside a running gateway uses :func:`shared_connection`: it
+joins as a sharer, so an owner commits and hands over first and what is read is current. (The
+file alone is not: an owner's last few milliseconds live in its memory.)
 """
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
+import hashlib
 import os
+import socket
 import sqlite3
+import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+#: How often a waiting sharer rings the owner's doorbell again (seconds).
+RING_EVERY_S = 0.05
+
+
+def _doorbell_name(lock_fd: int) -> bytes | None:
+    """The abstract socket name of one quota file's owner (by the lock file's device and
+    inode: every path to the file agrees on it); None where abstract sockets do not exist."""
+    if not sys.platform.startswith("linux"):
+        return None
+    st = os.fstat(lock_fd)
+    digest = hashlib.sha256(f"{st.st_dev}:{st.st_ino}".encode()).hexdigest()[:32]
+    return b"\0fairgate-quota-" + digest.encode()
 
 
 def _open(path: str) -> int:
@@ -53,16 +83,45 @@ class FileUse:
         # an owner's probe holds this exclusively for a moment only: a blocking wait is short
         fcntl.flock(self._share_fd, fcntl.LOCK_SH)
         deadline = time.monotonic() + timeout_ms / 1000.0
+        ring_at = 0.0
         while True:
             try:
                 fcntl.flock(self._owner_fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
                 break
             except BlockingIOError:
-                if time.monotonic() >= deadline:
+                now = time.monotonic()
+                if now >= deadline:
                     msg = "the quota file's owner process did not hand it over in time"
                     raise sqlite3.OperationalError(msg) from None
+                if now >= ring_at:
+                    self._ring()
+                    ring_at = now + RING_EVERY_S
                 time.sleep(0.002)
         self.owner = False
+
+    def _ring(self) -> None:
+        """Wake the owner's watcher (best effort: it also polls, only less often)."""
+        name = _doorbell_name(self._owner_fd)
+        if name is None:
+            return
+        # no owner listening (yet), or its queue full (it was rung already): both fine
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s, contextlib.suppress(OSError):
+            s.sendto(b"!", name)
+
+    def doorbell(self) -> socket.socket | None:
+        """(Owner) A non-blocking socket that a waiting sharer rings, or None where there
+        is none (then the owner must poll :meth:`sharer_waiting`)."""
+        name = _doorbell_name(self._owner_fd)
+        if name is None:
+            return None
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        try:
+            s.bind(name)
+        except OSError:  # a former owner's socket not yet closed: poll instead
+            s.close()
+            return None
+        s.setblocking(False)
+        return s
 
     def sharer_waiting(self) -> bool:
         """(Owner) Has another process announced that it wants to use the file?"""
@@ -86,3 +145,25 @@ class FileUse:
             if fd >= 0:
                 os.close(fd)
         self._owner_fd = self._share_fd = -1
+
+
+@contextmanager
+def shared_connection(
+    db_path: str | os.PathLike[str], timeout_ms: int = 5000
+) -> Iterator[sqlite3.Connection]:
+    """A connection to a quota file, opened as one more sharer: a memory-mode owner commits
+    and hands over first (every process counts transactionally from then on), so the rows
+    read are the current state, not the owner's last commit. For tools and tests that read
+    the file while a gateway runs; a reader in the owner's own process can ``await
+    store.flush()`` instead and leave the mode alone."""
+    path = os.fspath(db_path)
+    use = FileUse(path)
+    try:
+        use.share(timeout_ms)
+        conn = sqlite3.connect(path, timeout=timeout_ms / 1000.0)
+        try:
+            yield conn
+        finally:
+            conn.close()
+    finally:
+        use.close()
