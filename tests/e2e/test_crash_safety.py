@@ -20,6 +20,8 @@ import pytest
 from e2e_support import TEST_CLOCK, GatewayFactory, Proc, gateway_config, new_secret
 from outage_support import ADMIN, Load, report, wait_for
 
+from fairgate.store.sqlite_owner import shared_connection
+
 #: the default reservation lease (quota.leaseMs)
 LEASE_MS = 10 * 60_000
 WORKERS = 8
@@ -44,9 +46,10 @@ def _integrity(path: Path) -> str:
 
 
 def _quota_db(data_dir: Path) -> tuple[float, int]:
-    """(everything ever settled for the pool, reservations still held), read from the file."""
-    conn = sqlite3.connect(f"file:{data_dir / 'quota.sqlite'}?mode=ro", uri=True)
-    try:
+    """(everything ever settled for the pool, reservations still held), read from the file
+    as one more process on it: a gateway that owns the file in memory mode (the default)
+    commits and hands over first, so this reads the current state, not its last commit."""
+    with shared_connection(data_dir / "quota.sqlite") as conn:
         row = conn.execute(
             "SELECT value FROM quota_cumulative WHERE pool_id = 'crash' AND counter = ?",
             (COUNTER,),
@@ -55,8 +58,6 @@ def _quota_db(data_dir: Path) -> tuple[float, int]:
             "SELECT count(*) FROM quota_reservation WHERE pool_id = 'crash'"
         ).fetchone()
         return (float(row[0]) if row else 0.0), int(held[0])
-    finally:
-        conn.close()
 
 
 async def _pool_total(api: httpx.AsyncClient) -> float:

@@ -47,6 +47,7 @@ from fairgate.providers.mock_faults import (
 from fairgate.server.app import create_app
 from fairgate.server.call import Services
 from fairgate.server.state import Gateway
+from fairgate.store.sqlite import SqliteQuotaStore
 from fairgate.timers import ManualTimer
 
 ALICE = "fg-alice-secret-0123456789"
@@ -117,7 +118,11 @@ class Harness:
 
     async def open_reservations(self) -> int:
         """Reservations the quota store still holds (every pool), read from its SQLite file
-        by a connection of our own."""
+        by a connection of our own, after the store committed what its memory mode (the
+        default) holds: the file alone lags the last few milliseconds."""
+        store = self.gw.engine.store
+        assert isinstance(store, SqliteQuotaStore)
+        await store.flush()
         with contextlib.closing(sqlite3.connect(self.gw.quota_store_path)) as db:
             return int(db.execute("SELECT COUNT(*) FROM quota_reservation").fetchone()[0])
 

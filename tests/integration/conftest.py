@@ -63,7 +63,7 @@ async def _open_store(kind: str, request: pytest.FixtureRequest, path: Path) -> 
     runs never need a server. A cluster client is prepared as the gateway prepares it
     (discovered and its connections opened before traffic)."""
     if kind == "sqlite":
-        return SqliteQuotaStore(path)
+        return SqliteQuotaStore(path, mode="transactional")
     if kind == "sqlite-memory":
         return SqliteQuotaStore(path, mode="memory")
     cluster = kind == "redis-cluster"

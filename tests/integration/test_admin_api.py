@@ -452,6 +452,8 @@ async def test_preview_has_no_side_effect(api: Api, tmp_path: Path) -> None:
     await _use(api, "alice", 5)  # alice at her fair share of 5 ...
     await _use(api, "bob", 1)  # ... and the pool strict (6/10 ≥ 0.5)
     before = (await api.request("GET", "/quota/pools/demo/usage")).json()
+    # the store's memory mode (the default) writes behind: commit, then the file is the state
+    await api.gw.engine.store.flush()
     quota_db = sqlite3.connect(tmp_path / "quota.sqlite")
     counters = list(quota_db.iterdump())
     for _ in range(3):
@@ -476,6 +478,7 @@ async def test_preview_has_no_side_effect(api: Api, tmp_path: Path) -> None:
     after = (await api.request("GET", "/quota/pools/demo/usage")).json()
     assert after["dimensions"][0]["total"] == before["dimensions"][0]["total"]
     assert after["dimensions"][0]["keys"] == before["dimensions"][0]["keys"]
+    await api.gw.engine.store.flush()  # anything the previews changed in memory, in the file
     assert list(quota_db.iterdump()) == counters
     quota_db.close()
     for params, status, field in [

@@ -46,12 +46,16 @@ CONFIG: dict[str, Any] = {
 RETENTION_DAYS = 3
 
 
-def counter_rows(gw: Gateway) -> int:
+async def counter_rows(gw: Gateway) -> int:
+    # the store's memory mode (the default) writes behind: commit first, then the file is
+    # the whole state
+    await gw.engine.store.flush()
     with sqlite3.connect(gw.quota_store_path) as db:
         return int(db.execute("SELECT COUNT(*) FROM quota_counter").fetchone()[0])
 
 
-def reservation_rows(gw: Gateway) -> int:
+async def reservation_rows(gw: Gateway) -> int:
+    await gw.engine.store.flush()
     with sqlite3.connect(gw.quota_store_path) as db:
         return int(db.execute("SELECT COUNT(*) FROM quota_reservation").fetchone()[0])
 
@@ -73,10 +77,10 @@ async def test_thirty_days_of_traffic_keep_the_counter_table_bounded(
                 await gw.engine.settle(adm.ticket, {Unit.REQUESTS: 1, Unit.TOKENS: 90})
             if hour % 24 == 0:
                 await gw.retention.run_once()  # what the hourly task does, at the clock's now
-                rows_by_day.append(counter_rows(gw))
+                rows_by_day.append(await counter_rows(gw))
             clock.advance(HOUR)
         await gw.retention.run_once()
-        rows = counter_rows(gw)
+        rows = await counter_rows(gw)
         health_gc = gw.retention.as_json()
     finally:
         await gw.stop()
@@ -113,13 +117,13 @@ async def test_a_crashed_requests_reservation_is_reclaimed_in_an_idle_pool(
         adm = await gw.engine.admit(pool, "alice", {Unit.REQUESTS: 1, Unit.TOKENS: 5_000})
         assert adm.ticket is not None
         # the process "crashes": nothing settles or releases; nobody uses the pool again
-        assert reservation_rows(gw) == 1
+        assert await reservation_rows(gw) == 1
         clock.advance(gw.quota_settings.lease_ms - 1)
         assert (await gw.retention.run_once()).result.reservations == 0  # lease not over yet
         clock.advance(1)
         run = await gw.retention.run_once()
         assert run.result.reservations == 1
-        assert reservation_rows(gw) == 0
+        assert await reservation_rows(gw) == 0
         usage = await gw.engine.usage(pool)
         assert [d.total for d in usage.dimensions] == [0, 0]  # the estimate is given back
         last = gw.retention.as_json()["lastRemoved"]

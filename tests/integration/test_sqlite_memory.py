@@ -29,7 +29,7 @@ from fairgate.quota.window import Count
 from fairgate.store.base import AdmitRequest, CounterRef, UsageItem
 from fairgate.store.factory import create_store
 from fairgate.store.sqlite import SqliteQuotaStore
-from fairgate.store.sqlite_owner import FileUse
+from fairgate.store.sqlite_owner import FileUse, shared_connection
 
 T0 = 1_700_002_800_000
 REQ = Dimension(Unit.REQUESTS, Window.HOURLY, 1_000_000)
@@ -77,17 +77,17 @@ def _file_state(path: Path) -> tuple[float, float, int]:
     current buckets, read with plain SQL (no store, no memory)."""
     db = sqlite3.connect(path)
     try:
-        req = db.execute(
-            "SELECT COALESCE(SUM(value), 0) FROM quota_counter WHERE key_id = '*' AND counter = ?",
-            (REQ.key,),
-        ).fetchone()[0]
-        tok = db.execute(
-            "SELECT COALESCE(SUM(value), 0) FROM quota_counter WHERE key_id = '*' AND counter = ?",
-            (TOK.key,),
-        ).fetchone()[0]
-        held = db.execute("SELECT COUNT(*) FROM quota_reservation").fetchone()[0]
+        return _rows(db)
     finally:
         db.close()
+
+
+def _rows(db: sqlite3.Connection) -> tuple[float, float, int]:
+    """:func:`_file_state` on an open connection."""
+    total = "SELECT COALESCE(SUM(value), 0) FROM quota_counter WHERE key_id = '*' AND counter = ?"
+    req = db.execute(total, (REQ.key,)).fetchone()[0]
+    tok = db.execute(total, (TOK.key,)).fetchone()[0]
+    held = db.execute("SELECT COUNT(*) FROM quota_reservation").fetchone()[0]
     return float(req), float(tok), int(held)
 
 
@@ -278,6 +278,11 @@ async def test_factory_reads_the_mode_and_flush_interval(
 ) -> None:
     store, _ = await create_store(tmp_path / "a.sqlite", env={})
     assert isinstance(store, SqliteQuotaStore)
+    assert store.mode == "memory"  # the default
+    await store.close()
+    env = {"QUOTA_SQLITE_MODE": " Transactional "}
+    store, _ = await create_store(tmp_path / "t.sqlite", env=env)
+    assert isinstance(store, SqliteQuotaStore)
     assert store.mode == "transactional"
     await store.close()
     env = {"QUOTA_SQLITE_MODE": "Memory", "QUOTA_SQLITE_FLUSH_MS": "20"}
@@ -295,6 +300,43 @@ async def test_factory_reads_the_mode_and_flush_interval(
     messages = " ".join(r.getMessage() for r in caplog.records)
     assert "QUOTA_SQLITE_MODE='fast'" in messages
     assert "QUOTA_SQLITE_FLUSH_MS='5000'" in messages
+
+
+async def test_every_reader_sees_the_counters_not_the_last_commit(tmp_path: Path) -> None:
+    """The default mode holds the last milliseconds in memory, so the file alone is stale. A
+    flush interval far beyond the test keeps it stale here: every reader must see the counters
+    all the same. The store's own reads (the usage API's ``pool_usage`` and ``peek``,
+    ``cumulative``, ``active_keys``) answer from memory or commit first; a reader in another
+    connection opened as one more user of the file (``shared_connection``) makes the owner
+    commit and hand over before it reads, and the counts stay exact after."""
+    path = tmp_path / "quota.sqlite"
+    store = SqliteQuotaStore(path, flush_ms=1000)
+    assert store.mode == "memory"  # the default
+    try:
+        await _serve(store, 7, hold=2)  # a: 4 settled + 1 held, b: 3 settled + 1 held
+        now = T0 + 20
+        usage = await store.pool_usage(POOL.id, ["a", "b"], REFS, now)
+        assert usage.totals[REQ.key] == Count(0.0, 9.0)
+        assert usage.totals[TOK.key] == Count(0.0, 7 * 40.0 + 2 * 100.0)
+        assert usage.per_key["a"][REQ.key] == Count(0.0, 5.0)
+        assert (await store.peek(POOL.id, "b", REFS, now))[REQ.key] == Count(0.0, 4.0)
+        assert await store.cumulative(POOL.id, [REQ.key, TOK.key]) == {
+            REQ.key: 7.0,
+            TOK.key: 280.0,
+        }
+        assert sorted(await store.active_keys(POOL.id, T0)) == ["a", "b"]
+
+        def read_as_sharer() -> tuple[float, float, int]:
+            with shared_connection(path) as db:
+                return _rows(db)
+
+        # off the loop: the owner's watcher thread commits and hands over meanwhile
+        assert await asyncio.to_thread(read_as_sharer) == (9.0, 480.0, 2)
+        assert store.mode == "transactional"
+        await store.settle(POOL.id, "a", "r8", _usage(40.0), now)
+        assert _file_state(path) == (9.0, 420.0, 1)  # committed at once from now on
+    finally:
+        await store.close()
 
 
 def test_a_sharer_rings_the_owner_awake(tmp_path: Path) -> None:

@@ -15,7 +15,13 @@ from typing import Any
 
 from fairgate.files import private_sqlite
 from fairgate.store.base import QuotaStore
-from fairgate.store.sqlite import MAX_FLUSH_MS, MODES, SYNCHRONOUS_MODES, SqliteQuotaStore
+from fairgate.store.sqlite import (
+    DEFAULT_MODE,
+    MAX_FLUSH_MS,
+    MODES,
+    SYNCHRONOUS_MODES,
+    SqliteQuotaStore,
+)
 from fairgate.store.sqlite_memory import DEFAULT_FLUSH_MS
 
 log = logging.getLogger("fairgate.store")
@@ -119,11 +125,12 @@ def _sqlite(path: str | os.PathLike[str], env: Mapping[str, str]) -> QuotaStore:
 
 
 def sqlite_mode(env: Mapping[str, str]) -> dict[str, Any]:
-    """``QUOTA_SQLITE_MODE`` (``transactional``, the default, or ``memory``) and
+    """``QUOTA_SQLITE_MODE`` (``memory``, the default, or ``transactional``) and
     ``QUOTA_SQLITE_FLUSH_MS`` (memory mode's write-behind interval, 1..1000, default 5), as
-    :class:`SqliteQuotaStore` arguments. A bad value is named in a warning and the default used:
-    the stricter mode, never a silently longer loss window."""
-    mode = (env.get("QUOTA_SQLITE_MODE") or "transactional").strip().lower()
+    :class:`SqliteQuotaStore` arguments. A bad value is named in a warning and the stricter
+    choice used (``transactional``; the default interval): never a silently longer loss
+    window."""
+    mode = (env.get("QUOTA_SQLITE_MODE") or DEFAULT_MODE).strip().lower()
     if mode not in MODES:
         log.warning(
             "QUOTA_SQLITE_MODE=%r is not one of %s; using transactional",
