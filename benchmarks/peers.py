@@ -409,11 +409,11 @@ def fairgate_targets(
         url, proc = start_fairgate(mock, tmp, name=f"fg-sqlite-{i}", extra_env=base)
         procs.append(proc)
         out.append(Target(f"fairgate, SQLite{label}", url, CLIENT_KEY, proc.pid))
-        if not src:  # this tree's SQLite memory mode (counters in memory, written behind)
-            mem = {"QUOTA_SQLITE_MODE": "memory"}
-            url, proc = start_fairgate(mock, tmp, name="fg-sqlite-memory", extra_env=mem)
+        if not src:  # this tree's SQLite store in its other mode (the default is memory)
+            tx = {"QUOTA_SQLITE_MODE": "transactional"}
+            url, proc = start_fairgate(mock, tmp, name="fg-sqlite-transactional", extra_env=tx)
             procs.append(proc)
-            out.append(Target("fairgate, SQLite memory mode", url, CLIENT_KEY, proc.pid))
+            out.append(Target("fairgate, SQLite transactional", url, CLIENT_KEY, proc.pid))
         if redis_cpu is None:
             out.append(Target(f"fairgate, Redis{label}", "", "", 0, missing="Redis not reachable"))
             continue
