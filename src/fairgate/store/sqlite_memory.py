@@ -412,8 +412,9 @@ class WriteBehind:
             idle = self.memory.pending_since() is None
         if self._stop.is_set():
             return False
-        select.select([bell], [], [], IDLE_WAIT_S if idle else self._flush_s)
-        with contextlib.suppress(OSError):
+        # OSError, ValueError: the socket closed under us (a stop that gave up waiting)
+        with contextlib.suppress(OSError, ValueError):
+            select.select([bell], [], [], IDLE_WAIT_S if idle else self._flush_s)
             while True:  # drain the rings: one round answers them all
                 bell.recv(16)
         return not self._stop.is_set()
