@@ -313,28 +313,30 @@ async def test_every_reader_sees_the_counters_not_the_last_commit(tmp_path: Path
     store = SqliteQuotaStore(path, flush_ms=1000)
     assert store.mode == "memory"  # the default
     try:
-        await _serve(store, 7, hold=2)  # a: 4 settled + 1 held, b: 3 settled + 1 held
-        now = T0 + 20
-        usage = await store.pool_usage(POOL.id, ["a", "b"], REFS, now)
-        assert usage.totals[REQ.key] == Count(0.0, 9.0)
-        assert usage.totals[TOK.key] == Count(0.0, 7 * 40.0 + 2 * 100.0)
-        assert usage.per_key["a"][REQ.key] == Count(0.0, 5.0)
-        assert (await store.peek(POOL.id, "b", REFS, now))[REQ.key] == Count(0.0, 4.0)
+        await _serve(store, 7, hold=2)  # r0..r8: 7 settled, r7 (b) and r8 (a) held
+        # these two commit first (they read the file), so they see everything
         assert await store.cumulative(POOL.id, [REQ.key, TOK.key]) == {
             REQ.key: 7.0,
             TOK.key: 280.0,
         }
         assert sorted(await store.active_keys(POOL.id, T0)) == ["a", "b"]
+        await _serve(store, 3, first=9)  # r9..r11 settled: in memory only from here
+        now = T0 + 20
+        usage = await store.pool_usage(POOL.id, ["a", "b"], REFS, now)
+        assert usage.totals[REQ.key] == Count(0.0, 12.0)
+        assert usage.totals[TOK.key] == Count(0.0, 10 * 40.0 + 2 * 100.0)
+        assert usage.per_key["a"][REQ.key] == Count(0.0, 6.0)
+        assert (await store.peek(POOL.id, "b", REFS, now))[REQ.key] == Count(0.0, 6.0)
 
         def read_as_sharer() -> tuple[float, float, int]:
             with shared_connection(path) as db:
                 return _rows(db)
 
         # off the loop: the owner's watcher thread commits and hands over meanwhile
-        assert await asyncio.to_thread(read_as_sharer) == (9.0, 480.0, 2)
+        assert await asyncio.to_thread(read_as_sharer) == (12.0, 600.0, 2)
         assert store.mode == "transactional"
         await store.settle(POOL.id, "a", "r8", _usage(40.0), now)
-        assert _file_state(path) == (9.0, 420.0, 1)  # committed at once from now on
+        assert _file_state(path) == (12.0, 540.0, 1)  # committed at once from now on
     finally:
         await store.close()
 
