@@ -136,6 +136,13 @@ async def test_restart_under_load_on_the_same_port_loses_nothing(
     load = Load(gw.url, keys["a"], workers=WORKERS, extra_headers={"x-mock-fault": "latency:50"})
     load.start()
     await asyncio.sleep(LOAD_S)
+    # and until the clients have answers in hand (a loaded host may not have served one in
+    # LOAD_S): the stop must cut a gateway that is really serving
+
+    async def serving() -> bool:
+        return load.ok() > 2 * WORKERS
+
+    await wait_for(serving, 120)
 
     signalled = time.monotonic()
     if stop == "kill-9":
