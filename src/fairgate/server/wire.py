@@ -37,7 +37,7 @@ from uvicorn.server import ServerState
 
 from fairgate.server.http_settings import HttpSettings
 
-__all__ = ["LimitedHttpToolsProtocol", "protocol_for", "run"]
+__all__ = ["LimitedHttpToolsProtocol", "protocol_for", "run", "server_options"]
 
 log = logging.getLogger("fairgate.wire")
 
@@ -233,18 +233,25 @@ def protocol_for(limits: HttpSettings) -> type[LimitedHttpToolsProtocol]:
     return type("FairgateHttpProtocol", (LimitedHttpToolsProtocol,), {"limits": limits})
 
 
+def server_options(limits: HttpSettings, drain_s: int) -> dict[str, Any]:
+    """uvicorn's options for a gateway process, one process (:func:`run`) or several
+    (:mod:`fairgate.server.workers`)."""
+    return {
+        "loop": "uvloop",
+        "log_level": "warning",
+        "log_config": None,  # uvicorn's loggers propagate to our JSON handler (configure_logging)
+        # uvicorn's access lines are info (never written at our level), but their arguments are
+        # still built for every answer unless the access log is off
+        "access_log": False,
+        "timeout_graceful_shutdown": drain_s,
+        # a deep accept queue lets a connection burst wait for a slot instead of a reset
+        "backlog": max(2048, limits.max_connections),
+    }
+
+
 def run(app: Any, host: str, port: int, limits: HttpSettings, drain_s: int = 30) -> None:
     """Serve ``app`` on ``host:port`` until SIGINT/SIGTERM (in-flight requests drain for up to
     ``drain_s`` seconds first)."""
     uvicorn.run(
-        app,
-        host=host,
-        port=port,
-        loop="uvloop",
-        http=protocol_for(limits),
-        log_level="warning",
-        log_config=None,  # uvicorn's loggers propagate to our JSON handler (configure_logging)
-        timeout_graceful_shutdown=drain_s,
-        # a deep accept queue lets a connection burst wait for a slot instead of a reset
-        backlog=max(2048, limits.max_connections),
+        app, host=host, port=port, http=protocol_for(limits), **server_options(limits, drain_s)
     )

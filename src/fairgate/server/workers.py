@@ -25,6 +25,7 @@ from fairgate.server.app import create_app
 from fairgate.server.http_settings import HttpSettings
 from fairgate.server.logs import configure_from_env
 from fairgate.server.state import Gateway
+from fairgate.server.wire import server_options
 from fairgate.testclock import process_clock
 
 #: How the parent tells each worker what to serve (JSON: config path, data dir, bind address).
@@ -80,11 +81,6 @@ def run_workers(
         workers=workers,
         host=host,
         port=port,
-        loop="uvloop",
         http="fairgate.server.worker_protocol:WorkerHttpProtocol",
-        log_level="warning",
-        log_config=None,
-        timeout_graceful_shutdown=drain_s,
-        # a deep accept queue lets a connection burst wait for a slot instead of a reset
-        backlog=max(2048, limits.max_connections),
+        **server_options(limits, drain_s),
     )
