@@ -9,13 +9,11 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import logging
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import orjson
 from starlette.applications import Starlette
-from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Mount, Route
@@ -29,16 +27,14 @@ from fairgate.server.admin import create_admin_app
 from fairgate.server.admin_common import error_response as admin_error_response
 from fairgate.server.call import Services
 from fairgate.server.dashboard import dashboard_mount
-from fairgate.server.edge import AllowedHostsMiddleware
+from fairgate.server.edge import FastRoute, GatewayApp, internal_error
 from fairgate.server.errors import ApiError, error_response
 from fairgate.server.http_settings import HttpSettings
-from fairgate.server.logs import REDACTOR, RequestIdMiddleware
+from fairgate.server.logs import REDACTOR
 from fairgate.server.metrics import Metrics, metrics_endpoint
 from fairgate.server.oauth_setup import start_oauth
 from fairgate.server.provider_signals import ProviderSignals
 from fairgate.server.state import Gateway
-
-log = logging.getLogger("fairgate.server")
 
 Hook = Callable[[], Awaitable[None]]
 
@@ -165,12 +161,17 @@ def create_app(
             body["oauth"] = [h.as_json() for h in oauth.health()]
         return Response(orjson.dumps(body), media_type="application/json")
 
+    # the client API: served by GatewayApp's fast lane; also routed below, so that a wrong
+    # method on these paths gets the router's 405
+    client: list[FastRoute] = [
+        ("/v1/chat/completions", "POST", proxy.chat_completions),
+        ("/v1/responses", "POST", responses_edge.responses),
+        ("/v1/messages", "POST", proxy.messages),
+        ("/v1/embeddings", "POST", proxy.embeddings),
+        ("/v1/models", "GET", proxy.models),
+    ]
     routes = [
-        Route("/v1/chat/completions", proxy.chat_completions, methods=["POST"]),
-        Route("/v1/responses", responses_edge.responses, methods=["POST"]),
-        Route("/v1/messages", proxy.messages, methods=["POST"]),
-        Route("/v1/embeddings", proxy.embeddings, methods=["POST"]),
-        Route("/v1/models", proxy.models, methods=["GET"]),
+        *(Route(path, handler, methods=[method]) for path, method, handler in client),
         Route("/health", health, methods=["GET"]),
         Mount("/api", app=create_admin_app(gw, limits)),
         Route("/metrics", metrics_endpoint(gw, metrics, limits), methods=["GET"]),
@@ -189,16 +190,12 @@ def create_app(
         return error_response(ApiError(405, f"Method {request.method} not allowed here"))
 
     async def crashed(request: Request, exc: Exception) -> Response:
-        # never a stack trace, a path or a secret in the answer; the log has the type only
-        log.error("unhandled error", extra={"path": request.url.path, "error": type(exc).__name__})
-        return error_response(ApiError(500, "Internal error in the gateway", code="internal_error"))
+        return internal_error(request.url.path, exc)
 
-    return Starlette(
+    return GatewayApp(
+        fast=client,
+        allowed_hosts=limits.allowed_hosts,
         routes=routes,
         lifespan=lifespan,
-        middleware=[
-            Middleware(AllowedHostsMiddleware, allowed=limits.allowed_hosts),
-            Middleware(RequestIdMiddleware),
-        ],
         exception_handlers={404: not_found, 405: method_not_allowed, Exception: crashed},
     )

@@ -1,38 +1,132 @@
-"""The outermost ASGI layer: refuse a request whose ``Host`` names no address of this gateway.
+"""The outermost ASGI layer: what every HTTP request goes through, and the ``/v1`` fast lane.
 
-A browser page on an attacker's site can resolve its own name to 127.0.0.1 (DNS rebinding) and
-then read a gateway listening on loopback as if it were same-origin; the request still carries
-the attacker's name in ``Host``, which is what this check refuses (400, before any route).
+Every request (any path) gets, here and nowhere else:
+
+- the host check: a ``Host`` that names no address of this gateway is refused (400) before any
+  route. A browser page on an attacker's site can resolve its own name to 127.0.0.1 (DNS
+  rebinding) and then read a gateway listening on loopback as if it were same-origin; the
+  request still carries the attacker's name in ``Host``, which is what this check refuses;
+- a request id (the client's ``x-request-id`` when it is a sane token, else a new one), set for
+  the logs while the request runs and echoed in the answer.
+
+Then the client API (``/v1/...``: one exact path and method per route) goes straight to its
+handler: no Starlette middleware stack, router, exception middleware or per-request send
+wrappers, which cost as much as a bare proxy's whole HTTP layer. Everything else (the admin
+API, the dashboard, ``/health``, ``/metrics``, a wrong method or path under ``/v1``) goes to the
+Starlette application underneath, with the same host check and request id.
 """
 
 from __future__ import annotations
 
-from starlette.datastructures import Headers
-from starlette.types import ASGIApp, Receive, Scope, Send
+import logging
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.types import Message, Receive, Scope, Send
 
 from fairgate.server.errors import ApiError, error_response
 from fairgate.server.http_settings import host_allowed
+from fairgate.server.logs import REQUEST_ID, REQUEST_ID_HEADER, request_id_from
 
-__all__ = ["AllowedHostsMiddleware"]
+__all__ = ["FastRoute", "GatewayApp", "internal_error"]
+
+log = logging.getLogger("fairgate.server")
+
+Handler = Callable[[Request], Awaitable[Response]]
+
+#: One client route: its path, its one method, its handler.
+FastRoute = tuple[str, str, Handler]
 
 
-class AllowedHostsMiddleware:
-    """400 ``host_not_allowed`` when the ``Host`` header is not in ``allowed`` (None: any)."""
-
-    def __init__(self, app: ASGIApp, allowed: frozenset[str] | None) -> None:
-        self.app = app
-        self.allowed = allowed
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if self.allowed is None or scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        if host_allowed(self.allowed, Headers(scope=scope).get("host")):
-            await self.app(scope, receive, send)
-            return
-        err = ApiError(
+def host_refusal() -> Response:
+    """The answer to a request whose ``Host`` names no address of this gateway."""
+    return error_response(
+        ApiError(
             400,
             "This gateway does not answer to that host name (see FAIRGATE_ALLOWED_HOSTS)",
             code="host_not_allowed",
         )
-        await error_response(err)(scope, receive, send)
+    )
+
+
+def internal_error(path: str, exc: BaseException) -> Response:
+    """The answer to a handler that crashed: never a stack trace, a path or a secret in the
+    answer; the log has the path and the error's type only."""
+    log.error("unhandled error", extra={"path": path, "error": type(exc).__name__})
+    return error_response(ApiError(500, "Internal error in the gateway", code="internal_error"))
+
+
+class GatewayApp(Starlette):
+    """The Starlette application with the outermost layer of the module docstring in front.
+
+    ``fast`` lists the client routes served without Starlette's routing; they must also be in
+    ``routes`` (so a wrong method under the same path gets the router's 405). ``allowed_hosts``
+    is the host check's list (None: any host)."""
+
+    def __init__(
+        self,
+        *,
+        fast: Sequence[FastRoute],
+        allowed_hosts: frozenset[str] | None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.fast: Mapping[str, tuple[str, Handler]] = {p: (m, h) for p, m, h in fast}
+        self.allowed_hosts = allowed_hosts
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":  # lifespan (and websockets, which no route serves)
+            await super().__call__(scope, receive, send)
+            return
+        host: bytes | None = None
+        incoming: bytes | None = None
+        for name, value in scope["headers"]:  # one pass; the server gives lower-case names
+            if name == b"host":
+                host = value if host is None else host
+            elif name == REQUEST_ID_HEADER and incoming is None:
+                incoming = value
+        rid = request_id_from(incoming)
+        raw_id = rid.encode("ascii")
+        token = REQUEST_ID.set(rid)
+        try:
+            if not host_allowed(
+                self.allowed_hosts, None if host is None else host.decode("latin-1")
+            ):
+                refused = host_refusal()
+                refused.raw_headers.append((REQUEST_ID_HEADER, raw_id))
+                await refused(scope, receive, send)
+                return
+            route = self.fast.get(scope["path"])
+            if route is not None and route[0] == scope["method"]:
+                await self._serve(route[1], scope, receive, send, raw_id)
+                return
+
+            async def send_with_id(message: Message) -> None:
+                if message["type"] == "http.response.start":
+                    message["headers"] = [*message.get("headers", ()), (REQUEST_ID_HEADER, raw_id)]
+                await send(message)
+
+            await super().__call__(scope, receive, send_with_id)
+        finally:
+            REQUEST_ID.reset(token)
+
+    async def _serve(
+        self, handler: Handler, scope: Scope, receive: Receive, send: Send, raw_id: bytes
+    ) -> None:
+        """One client request: the handler builds the whole answer (errors included) before a
+        byte is sent, so a crash in it still gets the JSON 500; a crash while a stream is being
+        written is uvicorn's to log and close, as under Starlette. The request object is
+        Starlette's (a thin view of the scope: the headers are decoded only when read)."""
+        scope["app"] = self
+        try:
+            resp = await handler(Request(scope, receive))
+        except Exception as exc:
+            crash = internal_error(scope["path"], exc)
+            crash.raw_headers.append((REQUEST_ID_HEADER, raw_id))
+            await crash(scope, receive, send)
+            raise  # as Starlette's outermost middleware does: the server logs it too
+        resp.raw_headers.append((REQUEST_ID_HEADER, raw_id))
+        await resp(scope, receive, send)

@@ -26,13 +26,12 @@ from contextvars import ContextVar
 from typing import Any
 
 import orjson
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 #: The id of the request being handled (None outside a request).
 REQUEST_ID: ContextVar[str | None] = ContextVar("fairgate_request_id", default=None)
 
 HEADER = "x-request-id"
-_HEADER_BYTES = HEADER.encode()
+REQUEST_ID_HEADER = HEADER.encode()
 #: An incoming id is echoed and logged as is, so only a short, harmless token is accepted.
 _VALID_ID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
 
@@ -229,38 +228,15 @@ def configure_from_env(env: dict[str, str] | None = None, secrets: Iterable[str]
 # -- request ids ---------------------------------------------------------------------------
 
 
-def _incoming_id(scope: Scope) -> str | None:
-    for name, value in scope.get("headers", ()):
-        if name == _HEADER_BYTES:
-            try:
-                rid: str = value.decode("ascii")
-            except UnicodeDecodeError:
-                return None
-            return rid if _VALID_ID.match(rid) else None
-    return None
-
-
-class RequestIdMiddleware:
-    """Pure ASGI (no per-request objects beyond a closure): take the client's ``x-request-id``
-    when it is a sane token, else make one; expose it to logs and echo it in the answer."""
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        rid = _incoming_id(scope) or new_request_id()
-        raw = rid.encode("ascii")
-
-        async def send_with_id(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                message["headers"] = [*message.get("headers", ()), (_HEADER_BYTES, raw)]
-            await send(message)
-
-        token = REQUEST_ID.set(rid)
+def request_id_from(incoming: bytes | None) -> str:
+    """The id of a request whose ``x-request-id`` header is ``incoming`` (None: absent): the
+    client's when it is a short, harmless token (it is echoed and logged as is), else a new one.
+    The outermost ASGI layer (:mod:`fairgate.server.edge`) sets it for the logs and echoes it."""
+    if incoming is not None:
         try:
-            await self.app(scope, receive, send_with_id)
-        finally:
-            REQUEST_ID.reset(token)
+            rid = incoming.decode("ascii")
+        except UnicodeDecodeError:
+            return new_request_id()
+        if _VALID_ID.match(rid):
+            return rid
+    return new_request_id()
