@@ -18,13 +18,15 @@ Starlette application underneath, with the same host check and request id.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import Response, StreamingResponse
 from starlette.types import Message, Receive, Scope, Send
 
 from fairgate.server.errors import ApiError, error_response
@@ -129,4 +131,46 @@ class GatewayApp(Starlette):
             await crash(scope, receive, send)
             raise  # as Starlette's outermost middleware does: the server logs it too
         resp.raw_headers.append((REQUEST_ID_HEADER, raw_id))
-        await resp(scope, receive, send)
+        if isinstance(resp, StreamingResponse) and _spec(scope) in _WATCH:
+            await send_stream(resp, receive, send)
+        else:
+            await resp(scope, receive, send)
+
+
+#: ASGI spec versions under which a send after the client left is silently dropped (uvicorn's
+#: httptools protocol says 2.3), so a stream must watch for the disconnect to stop.
+_WATCH = frozenset({"2.0", "2.1", "2.2", "2.3"})
+
+
+def _spec(scope: Scope) -> str:
+    spec: str = scope.get("asgi", {}).get("spec_version", "2.0")
+    return spec
+
+
+async def send_stream(resp: StreamingResponse, receive: Receive, send: Send) -> None:
+    """Send ``resp`` as Starlette does under ASGI spec < 2.4 (the stream is cancelled when the
+    client disconnects: its generator's ``finally`` settles what was streamed), with two plain
+    asyncio tasks instead of an anyio task group and its cancel scopes, which cost a streamed
+    request more than the rest of the HTTP layer. An error of the stream is raised here; its
+    background task runs after it, as Starlette's."""
+    loop = asyncio.get_running_loop()
+    streaming = loop.create_task(resp.stream_response(send))
+    watching = loop.create_task(_disconnected(receive))
+    try:
+        await asyncio.wait((streaming, watching), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watching.cancel()
+        if not streaming.done():  # the client left (or this request is being cancelled)
+            streaming.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await streaming
+    if not streaming.cancelled():
+        streaming.result()
+    if resp.background is not None:
+        await resp.background()
+
+
+async def _disconnected(receive: Receive) -> None:
+    """Returns when the client disconnects (or, under uvicorn, once the answer is complete)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
