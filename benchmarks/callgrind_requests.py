@@ -9,14 +9,24 @@ source tree the same way (``PYTHONPATH=SRC``), e.g. main before a change, for a 
 one run. Background timers add a little that depends on how long the run takes; the figure is
 good to about 1 %. Kernel time (SQLite's file locks and WAL writes) is not counted.
 
-Run: ``.venv/bin/python benchmarks/callgrind_requests.py [--compare before=/path/src] [--stream]``
-(a few minutes per tree: callgrind runs the gateway about 50 times slower).
+``--store redis`` measures the Redis quota and resilience store instead (the Redis at
+``FAIRGATE_TEST_REDIS_URL``, else ``127.0.0.1:6379``, under a key prefix unique to the run and
+deleted afterwards; redis-server's own instructions are not counted). It also counts the Redis
+round trips per request in two runs outside valgrind (N1 and N2 requests, the difference): a
+``sitecustomize`` on the gateway's path counts every ``send_packed_command`` of redis-py's asyncio
+connections (a pipeline is one) by its first command. The watcher's version polls (``GET``, a
+fixed rate per second, not per request) and its subscription are listed apart. ``--keep DIR``
+keeps the callgrind files (``callgrind_annotate --inclusive=yes DIR/<file>``).
+
+Run: ``.venv/bin/python benchmarks/callgrind_requests.py [--compare before=/path/src] [--stream]
+[--store redis]`` (a few minutes per tree: callgrind runs the gateway about 50 times slower).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import re
 import shutil
@@ -24,13 +34,57 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
+import uuid
 from pathlib import Path
+from typing import cast
 
 import httpx
+import redis
 
-from proxy_overhead import ADMIN, CLIENT_KEY, bench_config, free_port, start_mock, stop, wait_http
+from proxy_overhead import ADMIN, CLIENT_KEY, bench_config, free_port, start_mock, stop
 
 CONCURRENCY = 8
+#: Commands the resilience watcher sends at its own pace (per second, not per request).
+WATCHER_COMMANDS = frozenset({"GET", "SUBSCRIBE", "PUBLISH", "PING"})
+
+#: Installed as ``sitecustomize`` on the gateway's path for the round-trip count: every packed
+#: send of an asyncio connection, by the first command it carries, written out at exit.
+_COUNTER = """
+import atexit, collections, json, os, signal
+import redis.asyncio.connection as _c
+
+_counts = collections.Counter()
+_send = _c.AbstractConnection.send_packed_command
+
+
+def _name(command):
+    first = command if isinstance(command, (bytes, bytearray, memoryview)) else command[0]
+    parts = bytes(first[:64]).split(b"\\r\\n")
+    return parts[2].decode(errors="replace").upper() if len(parts) > 2 else "?"
+
+
+async def send_packed_command(self, command, check_health=True):
+    _counts[_name(command)] += 1
+    return await _send(self, command, check_health)
+
+
+_c.AbstractConnection.send_packed_command = send_packed_command
+
+
+@atexit.register
+def _dump():
+    with open(os.environ["FAIRGATE_BENCH_COUNTS"], "w") as f:
+        json.dump(dict(_counts), f)
+
+
+def _on_term(signum, frame):  # uvicorn re-raises SIGTERM after its graceful stop
+    _dump()
+    os._exit(0)
+
+
+signal.signal(signal.SIGTERM, _on_term)
+"""
 
 
 async def drive(url: str, n: int, stream: bool) -> None:
@@ -55,27 +109,84 @@ async def drive(url: str, n: int, stream: bool) -> None:
         await asyncio.gather(*(worker() for _ in range(CONCURRENCY)))
 
 
-def instructions(mock: str, tmp: Path, src: str | None, n: int, stream: bool, tag: str) -> int:
-    """Total instructions of one gateway process that served ``n`` requests, then stopped."""
+def wait_ready(url: str, timeout: float) -> None:
+    """Like ``proxy_overhead.wait_http``, but each try may take 30 s: under callgrind on a
+    busy host, a health check that asks Redis takes longer than that helper's 1 s."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            httpx.get(url, timeout=30)
+            return
+        except httpx.HTTPError:
+            time.sleep(0.2)
+    raise RuntimeError(f"{url} not ready")
+
+
+def redis_url() -> str:
+    return os.environ.get("FAIRGATE_TEST_REDIS_URL") or "redis://127.0.0.1:6379/0"
+
+
+def drop_prefix(url: str, prefix: str) -> None:
+    """Delete every key a run wrote under its prefix."""
+    client = redis.Redis.from_url(url)
+    try:
+        batch = list(client.scan_iter(match=f"{prefix}:*", count=1000))
+        for i in range(0, len(batch), 500):
+            client.delete(*batch[i : i + 500])
+    finally:
+        client.close()
+
+
+def gateway(
+    mock: str,
+    tmp: Path,
+    src: str | None,
+    n: int,
+    stream: bool,
+    tag: str,
+    store: str,
+    *,
+    count: bool = False,
+) -> int | dict[str, int]:
+    """One gateway process that served ``n`` requests, then stopped: its total instructions
+    (under callgrind), or with ``count`` its Redis sends by command (outside valgrind)."""
     port = free_port()
     cfg = tmp / f"{tag}.yaml"
     cfg.write_text(bench_config(mock, 0))
     out = tmp / f"{tag}.callgrind"
     env = {**os.environ, "FAIRGATE_ADMIN_KEY": ADMIN, "FAIRGATE_KEY_RATE_PER_S": "0"}
-    if src:
-        env["PYTHONPATH"] = src
-    cmd = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", sys.executable]
-    cmd += ["-m", "fairgate", "serve", "--config", str(cfg), "--port", str(port)]
+    paths = [src] if src else [p for p in [env.get("PYTHONPATH")] if p]
+    if store == "redis":
+        prefix = f"fgcg{uuid.uuid4().hex[:10]}"
+        env.update(
+            QUOTA_STORE_DRIVER="redis",
+            QUOTA_STORE_REDIS_URL=redis_url(),
+            QUOTA_STORE_REDIS_PREFIX=prefix,
+        )
+    if count:
+        hook = tmp / f"{tag}-hook"
+        hook.mkdir()
+        (hook / "sitecustomize.py").write_text(_COUNTER)
+        paths.insert(0, str(hook))
+        env["FAIRGATE_BENCH_COUNTS"] = str(tmp / f"{tag}.counts.json")
+    if paths:
+        env["PYTHONPATH"] = os.pathsep.join(paths)
+    cmd = [] if count else ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}"]
+    cmd += [sys.executable, "-m", "fairgate", "serve", "--config", str(cfg), "--port", str(port)]
     cmd += ["--data-dir", str(tmp / f"{tag}-data")]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     url = f"http://127.0.0.1:{port}"
     try:
-        wait_http(url + "/health", timeout=900)
+        wait_ready(url + "/health", timeout=900)
         asyncio.run(drive(url, n, stream))
         proc.send_signal(signal.SIGTERM)
         proc.wait(900)
     finally:
         stop([proc])
+        if store == "redis":
+            drop_prefix(redis_url(), prefix)
+    if count:
+        return cast(dict[str, int], json.loads((tmp / f"{tag}.counts.json").read_text()))
     text = out.read_text(errors="replace")
     found = re.search(r"^(?:summary|totals):\s+(\d+)", text, re.MULTILINE)
     if found is None:
@@ -90,6 +201,8 @@ def main() -> None:
     ap.add_argument("--compare", action="append", default=[], metavar="NAME=SRC")
     ap.add_argument("--requests", nargs=2, type=int, default=(80, 240), metavar=("N1", "N2"))
     ap.add_argument("--stream", action="store_true", help="streamed answers (SSE)")
+    ap.add_argument("--store", choices=("sqlite", "redis"), default="sqlite")
+    ap.add_argument("--keep", metavar="DIR", help="keep the callgrind files here")
     args = ap.parse_args()
     if shutil.which("valgrind") is None:
         sys.exit("valgrind is not installed (apt-get install -y valgrind)")
@@ -101,21 +214,54 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="fairgate-callgrind-"))
     mock, mproc = start_mock()
     rows: list[tuple[str, float]] = []
+    trips: list[tuple[str, dict[str, float]]] = []
     try:
         for i, (name, src) in enumerate(trees):
             counts = []
             for n in (n1, n2):
                 print(f"  {name}: {n} requests under callgrind ...", flush=True)
-                counts.append(instructions(mock, tmp, src, n, args.stream, f"t{i}-{n}"))
+                tag = f"t{i}-{n}"
+                got = gateway(mock, tmp, src, n, args.stream, tag, args.store)
+                counts.append(cast(int, got))
+                if args.keep:
+                    Path(args.keep).mkdir(parents=True, exist_ok=True)
+                    shutil.copy(tmp / f"{tag}.callgrind", Path(args.keep) / f"{tag}.callgrind")
             rows.append((name, (counts[1] - counts[0]) / (n2 - n1)))
+            if args.store == "redis":
+                sent = [
+                    cast(
+                        dict[str, int],
+                        gateway(
+                            mock, tmp, src, n, args.stream, f"c{i}-{n}", args.store, count=True
+                        ),
+                    )
+                    for n in (n1, n2)
+                ]
+                names = set(sent[0]) | set(sent[1])
+                trips.append(
+                    (
+                        name,
+                        {
+                            c: (sent[1].get(c, 0) - sent[0].get(c, 0)) / (n2 - n1)
+                            for c in sorted(names)
+                        },
+                    )
+                )
     finally:
         stop([mproc])
         shutil.rmtree(tmp, ignore_errors=True)
     mode = "stream" if args.stream else "non-stream"
-    print(f"\ninstructions per governed request ({mode}, SQLite store, {CONCURRENCY} clients)")
+    label = "SQLite" if args.store == "sqlite" else "Redis"
+    print(f"\ninstructions per governed request ({mode}, {label} store, {CONCURRENCY} clients)")
     base = rows[0][1]
     for name, per in rows:
         print(f"  {name:<20} {per / 1e6:8.3f} M   {per / base:6.3f}x of this tree")
+    if trips:
+        print("\nRedis round trips per request (sends by first command; the watcher's apart)")
+        for name, per_cmd in trips:
+            hot = sum(v for c, v in per_cmd.items() if c not in WATCHER_COMMANDS)
+            detail = ", ".join(f"{c} {v:.2f}" for c, v in per_cmd.items() if abs(v) >= 0.005)
+            print(f"  {name:<20} {hot:6.2f}   ({detail})")
 
 
 if __name__ == "__main__":
