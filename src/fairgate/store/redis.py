@@ -34,7 +34,7 @@ import math
 import threading
 import uuid
 from collections.abc import Awaitable, Sequence
-from typing import Any, Final, TypeVar, cast
+from typing import Any, Final, NamedTuple, TypeVar, cast
 
 import redis
 import redis.asyncio
@@ -58,6 +58,7 @@ from fairgate.store.base import (
 )
 from fairgate.store.deadline import NoReply, call_within
 from fairgate.store.redis_client import AsyncClient, async_client, prepare, probe_client
+from fairgate.store.redis_lane import LaneScript, ScriptLane
 from fairgate.store.redis_slots import RedisSlotLeases
 
 log = logging.getLogger("fairgate.store")
@@ -105,6 +106,13 @@ MIN_CEILING_S: Final = 10.0
 #: for one when all are busy (a :class:`PoolWaitTimeout`, a timeout, not an outage).
 MAX_CONNECTIONS: Final = 32
 POOL_TIMEOUT_S: Final = 5.0
+#: Of the client's pool (the reads and maintenance commands; on a single server the hot-path
+#: scripts run on the store's own lane, :mod:`.redis_lane`), how many connections
+#: :meth:`RedisQuotaStore.warm` opens before traffic.
+WARM_POOL_CONNECTIONS: Final = 4
+#: The most pools, and (pool, key, counter, bucket) pairs, whose key bytes are kept: past it
+#: the cache starts over (a bound on memory, never on correctness).
+KEY_CACHE_LIMIT: Final = 10_000
 
 
 class PoolWaitTimeout(RedisTimeoutError):
@@ -166,6 +174,15 @@ def _num(value: float) -> str:
     return repr(float(value))
 
 
+def _numb(value: float) -> bytes:
+    """:func:`_num` as the bytes a script argument is sent as."""
+    return repr(float(value)).encode()
+
+
+def _int(value: int) -> bytes:
+    return b"%d" % value
+
+
 def _finite(value: float) -> float:
     if not math.isfinite(value):
         raise ValueError(f"cost and usage amounts must be finite, got {value!r}")
@@ -202,6 +219,33 @@ def _discard(command: Awaitable[Any]) -> None:
 
 def _glob_escape(text: str) -> str:
     return "".join("\\" + ch if ch in "*?[]\\" else ch for ch in text)
+
+
+_RECLAIM_BATCH: Final = b"%d" % RECLAIM_BATCH
+_SETTLED_TTL_MS: Final = b"%d" % SETTLED_TTL_MS
+
+
+class _HotScript(NamedTuple):
+    """A hot-path script for both ways of sending it (:meth:`RedisQuotaStore._run`)."""
+
+    client: AsyncScript
+    wire: LaneScript
+
+
+class _PoolKeys:
+    """A pool's fixed keys as the bytes the scripts get (see the module docstring's layout)."""
+
+    __slots__ = ("act", "base", "base_b", "cum", "rz")
+
+    def __init__(self, base: str) -> None:
+        self.base = base
+        self.base_b = base.encode()
+        self.rz = self.base_b + b":rz"
+        self.act = self.base_b + b":act"
+        self.cum = self.base_b + b":cum"
+
+    def reservation(self, rid: bytes) -> bytes:
+        return self.base_b + b":r:" + rid
 
 
 class RedisQuotaStore:
@@ -247,11 +291,21 @@ class RedisQuotaStore:
         self._client: AsyncClient = (
             client if client is not None else self._own_client(url, self._ceiling_s)
         )
-        self._admit = self._register("admit.lua")
-        self._settle = self._register("settle.lua")
-        self._release = self._register("release.lua")
+        self._admit = self._hot("admit.lua")
+        self._settle = self._hot("settle.lua")
+        self._release = self._hot("release.lua")
         self._anchor = self._register("anchor.lua")
         self._unlock = self._client.register_script(_UNLOCK)
+        # the hot-path scripts on connections of the store's own on a single server; a
+        # cluster client routes them by slot (:mod:`.redis_lane`)
+        self._lane: ScriptLane | None = (
+            ScriptLane(self._client.connection_pool)
+            if isinstance(self._client, redis.asyncio.Redis)
+            else None
+        )
+        self._pool_keys: dict[str, _PoolKeys] = {}
+        self._bucket_keys: dict[tuple[str, str, str, int], tuple[bytes, bytes]] = {}
+        self._key_ids: set[str] = set()
 
     async def _call(self, command: Awaitable[T]) -> T:
         """Every command within the store's timeout, lag compensated (:mod:`.deadline`).
@@ -317,6 +371,16 @@ class RedisQuotaStore:
             pool_class=_Pool,
         )
 
+    def _run(self, script: _HotScript, keys: list[bytes], args: list[bytes]) -> Awaitable[Any]:
+        """EVALSHA of a hot-path script: on the lane (one write, one read) when there is one,
+        else through the client (a cluster routes it by the keys' slot)."""
+        if self._lane is not None:
+            return self._lane.evalsha(script.wire, keys, args)
+        return script.client(keys=keys, args=args)
+
+    def _hot(self, name: str) -> _HotScript:
+        return _HotScript(self._register(name), LaneScript(_script_source(name)))
+
     def _register(self, name: str) -> AsyncScript:
         # register_script only hashes the text; the server loads it on the first NOSCRIPT, so
         # a Redis restarted empty gets the scripts again on first use.
@@ -329,7 +393,14 @@ class RedisQuotaStore:
     @property
     def script_shas(self) -> dict[str, str]:
         """SHA1 of each script, as EVALSHA sends it (the same for every instance and process)."""
-        return {"admit": self._admit.sha, "settle": self._settle.sha, "release": self._release.sha}
+        return {
+            name: script.wire.sha.decode()
+            for name, script in (
+                ("admit", self._admit),
+                ("settle", self._settle),
+                ("release", self._release),
+            )
+        }
 
     # -- keys -----------------------------------------------------------------------------------
 
@@ -347,41 +418,77 @@ class RedisQuotaStore:
             self._counter(base, key_id, ref.key, curr),
         )
 
+    # The hot path's keys as bytes, cached: a pool's fixed keys per pool, a counter's previous
+    # and current bucket per (pool, key, counter, bucket), the ids already checked. Each is the
+    # same text as the ``str`` helpers above build (one layout, two encodings).
+
+    def _pool(self, pool_id: str) -> _PoolKeys:
+        found = self._pool_keys.get(pool_id)
+        if found is None:
+            if len(self._pool_keys) >= KEY_CACHE_LIMIT:
+                self._pool_keys.clear()
+            found = self._pool_keys[pool_id] = _PoolKeys(self._base(pool_id))
+        return found
+
+    def _key_id(self, key_id: str) -> str:
+        if key_id not in self._key_ids:
+            _check_key_id(key_id)
+            if len(self._key_ids) >= KEY_CACHE_LIMIT:
+                self._key_ids.clear()
+            self._key_ids.add(key_id)
+        return key_id
+
+    def _bucket_pair(self, base: str, key_id: str, counter: str, curr: int) -> tuple[bytes, bytes]:
+        """The previous and current bucket keys of one counter, as bytes."""
+        ck = (base, key_id, counter, curr)
+        found = self._bucket_keys.get(ck)
+        if found is None:
+            if len(self._bucket_keys) >= KEY_CACHE_LIMIT:
+                self._bucket_keys.clear()
+            found = self._bucket_keys[ck] = (
+                self._counter(base, key_id, counter, curr - 1).encode(),
+                self._counter(base, key_id, counter, curr).encode(),
+            )
+        return found
+
     # -- hot path -------------------------------------------------------------------------------
 
     async def admit(self, req: AdmitRequest) -> AdmitResult:
-        base = self._base(req.pool_id)
-        key_id = _check_key_id(req.key_id)
-        keys = [base, f"{base}:rz", f"{base}:act", f"{base}:r:{req.reservation_id}"]
-        args: list[str | int] = [
-            req.now_ms,
-            key_id,
-            req.reservation_id,
-            POLICY_CODES[req.policy],
-            _num(req.threshold),
-            req.lease_ms,
-            self._reservation_ttl(req),
-            RECLAIM_BATCH,
-            len(req.checks),
+        pool = self._pool(req.pool_id)
+        base = pool.base
+        key_id = self._key_id(req.key_id)
+        rid = req.reservation_id.encode()
+        keys = [pool.base_b, pool.rz, pool.act, pool.reservation(rid)]
+        args = [
+            _int(req.now_ms),
+            key_id.encode(),
+            rid,
+            _int(POLICY_CODES[req.policy]),
+            _numb(req.threshold),
+            _int(req.lease_ms),
+            _int(self._reservation_ttl(req)),
+            _RECLAIM_BATCH,
+            _int(len(req.checks)),
         ]
+        now_ms = req.now_ms
         for check in req.checks:
-            ref = CounterRef(check.key, check.window_ms, check.anchor)
-            keys.extend(self._buckets(base, TOTAL_KEY, ref, req.now_ms))
-            keys.extend(self._buckets(base, key_id, ref, req.now_ms))
+            curr = bucket_index(now_ms, check.window_ms, check.anchor)
+            keys.extend(self._bucket_pair(base, TOTAL_KEY, check.key, curr))
+            keys.extend(self._bucket_pair(base, key_id, check.key, curr))
             args.extend(
                 (
-                    check.scope,
-                    check.window_ms,
-                    _num(check.limit),
-                    _num(check.fair_share),
-                    "" if check.cap is None else _num(check.cap),
-                    _num(_finite(check.cost)),
-                    _num(check.signal),
-                    _num(check.reserve),
-                    0 if check.anchor is None else 1,
+                    check.scope.encode(),
+                    _int(check.window_ms),
+                    _numb(check.limit),
+                    _numb(check.fair_share),
+                    b"" if check.cap is None else _numb(check.cap),
+                    _numb(_finite(check.cost)),
+                    _numb(check.signal),
+                    _numb(check.reserve),
+                    b"0" if check.anchor is None else b"1",
                 )
             )
-        reply = cast(list[Any], await self._call(self._admit(keys=keys, args=args)))
+        reply = cast(list[Any], await self._call(self._run(self._admit, keys, args)))
         if int(reply[0]) < 0:  # nothing was reserved (as the SQLite driver's rollback)
             msg = f"reservation id {req.reservation_id!r} already exists"
             raise ReservationExists(msg)
@@ -417,9 +524,10 @@ class RedisQuotaStore:
         await self._apply("settle", pool_id, key_id, reservation_id, usage, now_ms)
 
     async def release(self, pool_id: str, reservation_id: str, now_ms: int) -> bool:
-        base = self._base(pool_id)
-        keys = [f"{base}:rz", f"{base}:r:{reservation_id}"]
-        reply = await self._call(self._release(keys=keys, args=[now_ms, reservation_id]))
+        pool = self._pool(pool_id)
+        rid = reservation_id.encode()
+        keys = [pool.rz, pool.reservation(rid)]
+        reply = await self._call(self._run(self._release, keys, [_int(now_ms), rid]))
         return int(cast(int, reply)) == 1
 
     async def record(
@@ -437,23 +545,32 @@ class RedisQuotaStore:
         now_ms: int,
     ) -> bool:
         """settle.lua: drop the reservation (``settle`` only) and add the actual use."""
-        base = self._base(pool_id)
-        key_id = _check_key_id(key_id)
-        keys = [f"{base}:rz", f"{base}:r:{reservation_id}", f"{base}:cum", f"{base}:act"]
-        args: list[str | int] = [now_ms, mode, reservation_id, key_id, len(usage), SETTLED_TTL_MS]
+        pool = self._pool(pool_id)
+        base = pool.base
+        key_id = self._key_id(key_id)
+        rid = reservation_id.encode()
+        keys = [pool.rz, pool.reservation(rid), pool.cum, pool.act]
+        args = [
+            _int(now_ms),
+            mode.encode(),
+            rid,
+            key_id.encode(),
+            _int(len(usage)),
+            _SETTLED_TTL_MS,
+        ]
         for item in usage:
             curr = bucket_index(now_ms, item.window_ms, item.anchor)
-            keys.append(self._counter(base, key_id, item.key, curr))
-            keys.append(self._counter(base, TOTAL_KEY, item.key, curr))
+            keys.append(self._bucket_pair(base, key_id, item.key, curr)[1])
+            keys.append(self._bucket_pair(base, TOTAL_KEY, item.key, curr)[1])
             args.extend(
                 (
-                    item.window_ms,
-                    _num(_finite(item.amount)),
-                    item.scope,
-                    item.key,
+                    _int(item.window_ms),
+                    _numb(_finite(item.amount)),
+                    item.scope.encode(),
+                    item.key.encode(),
                 )
             )
-        reply = await self._call(self._settle(keys=keys, args=args))
+        reply = await self._call(self._run(self._settle, keys, args))
         return int(cast(int, reply)) == 1
 
     # -- reads ----------------------------------------------------------------------------------
@@ -633,10 +750,24 @@ class RedisQuotaStore:
         handshakes on a busy host are what pushed replies past the read timeout). TCP
         keepalive keeps them open while idle; a connection that died anyway is replaced by the
         one immediate retry. A failure here is logged, never raised: the server may be back
-        by the time traffic comes."""
-        await prepare(self._client, MAX_CONNECTIONS)
+        by the time traffic comes.
+
+        On a single server the hot-path scripts have their own connections (the lane): all
+        :data:`MAX_CONNECTIONS` of those are opened, and a few of the client's pool, which
+        serves only the reads and maintenance commands."""
+        if self._lane is None:
+            await prepare(self._client, MAX_CONNECTIONS)
+            return
+        opened = await self._lane.open(MAX_CONNECTIONS)
+        if opened < MAX_CONNECTIONS:
+            log.warning(
+                "redis: opened %d of %d script connections before traffic", opened, MAX_CONNECTIONS
+            )
+        await prepare(self._client, WARM_POOL_CONNECTIONS)
 
     async def close(self) -> None:
         self._probe_client.close()
+        if self._lane is not None:
+            await self._lane.close()
         if self._owns_client:
             await self._client.aclose()
