@@ -48,6 +48,7 @@ MEMORY = 600_000  # the default level memory
         pytest.param("redis-cluster", id="redis-cluster", marks=pytest.mark.redis),
         # the same contract with reads answered from memory (the watcher on, as a gateway runs)
         pytest.param("redis-watched", id="redis-watched", marks=pytest.mark.redis),
+        pytest.param("redis-cluster-watched", id="redis-cluster-watched", marks=pytest.mark.redis),
     ]
 )
 async def rstore(
@@ -57,19 +58,16 @@ async def rstore(
     if request.param == "memory":
         s = MemoryResilienceStore(clock=clock)
     else:
-        cluster = request.param == "redis-cluster"
+        cluster = request.param.startswith("redis-cluster")
         url: str = request.getfixturevalue("redis_cluster_url" if cluster else "redis_url")
         prefix: str = request.getfixturevalue("redis_cluster_prefix" if cluster else "redis_prefix")
         from fairgate.resilience.state_redis import RedisResilienceStore
 
         s = RedisResilienceStore(url, prefix=prefix, clock=clock, socket_timeout_s=TEST_TIMEOUT_S)
         assert await s.ping()  # as the factory does: the cluster is discovered before traffic
-        if request.param == "redis-watched":
+        if request.param.endswith("-watched"):
             await s.start_watch()
             await s.wait_version(0)
-        elif cluster:
-            await s.start_watch()  # not on a cluster yet: a no-op, checks keep reading Redis
-            assert s.version is None
     try:
         yield s
     finally:
@@ -343,18 +341,23 @@ async def test_replicas_share_the_breaker_and_one_probe(
 # -- Redis: reads from memory, kept current by the watcher -------------------------------------
 
 
-@pytest_asyncio.fixture
+@pytest_asyncio.fixture(params=["redis", "redis-cluster"])
 async def watched(
-    redis_url: str, redis_prefix: str, clock: ManualClock
+    request: pytest.FixtureRequest, clock: ManualClock
 ) -> AsyncIterator[Callable[..., Any]]:
-    """Started stores on one prefix; ``poll_s`` large means only pub/sub can deliver a change."""
+    """Started stores on one prefix, of one server or of the test cluster (the watcher then
+    subscribes on a client of its own); ``poll_s`` large means only pub/sub can deliver a
+    change."""
     from fairgate.resilience.state_redis import RedisResilienceStore
 
+    cluster = request.param == "redis-cluster"
+    url: str = request.getfixturevalue("redis_cluster_url" if cluster else "redis_url")
+    prefix: str = request.getfixturevalue("redis_cluster_prefix" if cluster else "redis_prefix")
     made: list[RedisResilienceStore] = []
 
     async def make(poll_s: float = 3600.0) -> RedisResilienceStore:
         store = RedisResilienceStore(
-            redis_url, prefix=redis_prefix, clock=clock, socket_timeout_s=TEST_TIMEOUT_S
+            url, prefix=prefix, clock=clock, socket_timeout_s=TEST_TIMEOUT_S
         )
         made.append(store)
         await store.start_watch(poll_s=poll_s)
@@ -418,21 +421,16 @@ async def test_a_replicas_own_write_is_read_back_at_once(
 
 @pytest.mark.redis
 async def test_the_poll_catches_a_change_whose_message_was_lost(
-    watched: Callable[..., Any], redis_url: str, redis_prefix: str, clock: ManualClock
+    watched: Callable[..., Any], clock: ManualClock
 ) -> None:
-    import redis.asyncio
-
     b = await watched(poll_s=0.01)
+    a = await watched()  # its client writes as another replica would, minus the message
     assert (await b.read_target("openai", "c1", "m")).cooldown is None
-    raw = redis.asyncio.Redis.from_url(redis_url)
-    try:
-        # a write whose PUBLISH never reached b (as across a reconnect): hash + counter only
-        base = f"{redis_prefix}:{{rs}}"
-        until = clock.now_ms() + 10 * S
-        await raw.hset(f"{base}:cd:c1", mapping={"until": until, "level": 1, "reason": "x"})
-        version = int(await raw.incr(f"{base}:ver"))
-    finally:
-        await raw.aclose()
+    # a write whose PUBLISH never reached b (as across a reconnect): hash + counter only
+    base = a.info()["base"]
+    until = clock.now_ms() + 10 * S
+    await a._client.hset(f"{base}:cd:c1", mapping={"until": until, "level": 1, "reason": "x"})
+    version = int(await a._client.incr(f"{base}:ver"))
     await _until(b, version)
     assert (await b.read_target("openai", "c1", "m")).cooldown == Cooldown(until, 1, "x")
 

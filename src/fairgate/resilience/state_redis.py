@@ -16,7 +16,10 @@ while Redis does not answer the watcher at all (refused, or a read pending longe
 then no replica can change the shared state either, and the last view serves rather than every
 check waiting for a timeout (a target never read before still goes to Redis and fails open).
 Writes are rare (failures, rate-limit lockouts, breaker transitions), so a write drops every
-cached target rather than the one it touched.
+cached target rather than the one it touched. On a Redis Cluster the same: the version counter
+and the scripts sit in the ``{rs}`` slot, the watcher subscribes on a client of its own to that
+slot's primary (a ``PUBLISH`` reaches every node anyway) and reads the counter through the
+cluster client.
 
 Deadlines are absolute epoch ms from the caller's clock, and each key's TTL is its remaining
 time plus the level memory (so Redis drops what the lazy reads already ignore).
@@ -48,10 +51,11 @@ import time
 from typing import Any, Final, cast
 
 import orjson
+import redis.asyncio
 from redis.asyncio.cluster import RedisCluster
 from redis.commands.core import AsyncScript
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisError
+from redis.exceptions import RedisClusterException, RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from fairgate.clock import SYSTEM_CLOCK, Clock
@@ -512,10 +516,6 @@ class RedisResilienceStore:
     async def start_watch(self, *, poll_s: float = POLL_S) -> None:
         """Answer :meth:`read_target` from memory from now on, kept current by a background
         task (module docstring); :meth:`close` stops it. Idempotent."""
-        if isinstance(self._client, RedisCluster):
-            # not yet on a cluster: the subscription would hold a node connection outside the
-            # bounded pool's permits (fairgate.store.redis_client), so checks read Redis there
-            return
         if self._watch_task is None:
             self._watch_task = asyncio.create_task(self._watch(poll_s), name="resilience-watch")
 
@@ -554,7 +554,8 @@ class RedisResilienceStore:
     async def _follow(self, poll_s: float) -> None:
         """Subscribe, then read the counter every ``poll_s`` (and right after a message), and
         wait for messages in between, waking every :data:`WAKE_S` to see whether to stop."""
-        pubsub = self._client.pubsub()
+        subscriber = await self._subscriber()
+        pubsub = (subscriber or self._client).pubsub()
         try:
             await pubsub.subscribe(self._channel)
             next_poll = 0.0
@@ -571,7 +572,34 @@ class RedisResilienceStore:
                     self._cache.observe(int(msg["data"]), None)
                     next_poll = 0.0  # confirm the new version at once
         finally:
-            await pubsub.aclose()  # type: ignore[no-untyped-call]
+            try:
+                await pubsub.aclose()  # type: ignore[no-untyped-call]
+            finally:
+                if subscriber is not None:
+                    await subscriber.aclose()
+
+    async def _subscriber(self) -> redis.asyncio.Redis | None:
+        """On a Redis Cluster, a client of its own for the subscription: one connection to the
+        primary of the ``{rs}`` slot (asked anew on every restart of the watcher, so a failover
+        moves it along). The cluster client's own pub/sub would hold a node connection outside
+        its bounded permits (:mod:`fairgate.store.redis_client`). A ``PUBLISH`` reaches every
+        node of a cluster, so the scripts' messages arrive whichever node published them; the
+        slot's primary is the one that runs the scripts, so they arrive without a hop. The
+        version counter is still read through the cluster client (routed by its slot).
+        None on a single server: its client's pool serves the subscription."""
+        if not isinstance(self._client, RedisCluster):
+            return None
+        try:
+            await self._client.initialize()  # discovers the cluster once (a no-op after that)
+            node = self._client.get_node_from_key(self._ver)
+        except RedisClusterException as exc:  # not a RedisError: the watcher retries this too
+            raise RedisConnectionError(f"cluster unavailable: {exc}") from exc
+        if node is None:  # pragma: no cover - a primary always covers a slot of a healthy cluster
+            raise RedisConnectionError("no cluster node serves the resilience keys' slot")
+        pool = redis.asyncio.ConnectionPool(
+            connection_class=node.connection_class, max_connections=1, **node.connection_kwargs
+        )
+        return redis.asyncio.Redis.from_pool(pool)
 
     async def _stop_watch(self) -> None:
         task, self._watch_task = self._watch_task, None
