@@ -439,12 +439,45 @@ async def test_the_poll_catches_a_change_whose_message_was_lost(
 async def test_a_view_the_watcher_has_not_vouched_for_lately_is_read_from_redis(
     watched: Callable[..., Any], clock: ManualClock
 ) -> None:
+    """An overdue watcher (here: it polled once, and no message comes) never lets a check use
+    the cached view unconfirmed: the check reads the version counter, and a write whose message
+    never arrived is seen."""
     b = await watched()  # polls once, then only messages: nothing confirms the version again
-    await b.read_target("openai", "c1", "m")
+    a = await watched()
+    assert (await b.read_target("openai", "c1", "m")).cooldown is None
+    # a write whose PUBLISH never reached b: hash + counter only
+    base = a.info()["base"]
+    until = clock.now_ms() + 10 * S
+    await a._client.hset(f"{base}:cd:c1", mapping={"until": until, "level": 1, "reason": "x"})
+    await a._client.incr(f"{base}:ver")
     hits = b.cache_hits
+    assert (await b.read_target("openai", "c1", "m")).cooldown is None  # within 100 ms: cached
+    assert b.cache_hits == hits + 1
     clock.advance(101)  # past MAX_STALE_MS since the last confirmation
+    assert (await b.read_target("openai", "c1", "m")).cooldown == Cooldown(until, 1, "x")
+    assert b.cache_hits == hits + 1  # the version moved: the target was read from Redis
+    assert b.reconfirms == 1
+
+
+@pytest.mark.redis
+async def test_checks_that_find_the_watcher_overdue_share_one_version_read(
+    watched: Callable[..., Any], clock: ManualClock
+) -> None:
+    """A loop too busy to run the watcher on time: the checks confirm the version themselves,
+    one GET for all of them, and then read from memory (no read of each target)."""
+    b = await watched()
     await b.read_target("openai", "c1", "m")
-    assert b.cache_hits == hits  # went to Redis
+    await b.read_target("openai", "c2", "m")
+    hits, before = b.cache_hits, b.reconfirms
+    clock.advance(101)
+    states = await asyncio.gather(
+        *(b.read_target("openai", f"c{1 + i % 2}", "m") for i in range(20))
+    )
+    assert all(s.cooldown is None for s in states)
+    assert b.cache_hits == hits + 20
+    assert b.reconfirms == before + 1
+    await b.read_target("openai", "c1", "m")  # confirmed again just now: no other read
+    assert b.reconfirms == before + 1
 
 
 @pytest.mark.redis

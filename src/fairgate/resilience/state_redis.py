@@ -11,11 +11,14 @@ starts it) answers it from memory instead: every write bumps a version counter a
 new version in the same script or MULTI; the watcher subscribes to that channel (a message drops
 the cached reads at once) and re-reads the counter every :data:`POLL_S` as a safety net for a
 lost message. A cached read is used only while the watcher confirmed the version less than
-:data:`MAX_STALE_MS` ago by the store's clock (a stalled watcher sends reads back to Redis), or
-while Redis does not answer the watcher at all (refused, or a read pending longer than that):
-then no replica can change the shared state either, and the last view serves rather than every
-check waiting for a timeout (a target never read before still goes to Redis and fails open).
-Writes are rare (failures, rate-limit lockouts, breaker transitions), so a write drops every
+:data:`MAX_STALE_MS` ago by the store's clock, or while Redis does not answer the watcher at
+all (refused, or a read pending longer than that): then no replica can change the shared state
+either, and the last view serves rather than every check waiting for a timeout (a target never
+read before still goes to Redis and fails open). A check that finds the confirmation overdue (a
+stalled watcher, or a loop too busy to run it on time) reads the version counter itself, one
+``GET`` shared by every check overdue at that moment, which vouches for the cached reads exactly
+as the watcher's read does; only when the version moved does the check read its target from
+Redis. Writes are rare (failures, rate-limit lockouts, breaker transitions), so a write drops every
 cached target rather than the one it touched. On a Redis Cluster the same: the version counter
 and the scripts sit in the ``{rs}`` slot, the watcher subscribes on a client of its own to that
 slot's primary (a ``PUBLISH`` reaches every node anyway) and reads the counter through the
@@ -267,6 +270,9 @@ class RedisResilienceStore:
         self._closing = False
         #: reads answered from memory (for tests and the benchmark: each one saved a round trip)
         self.cache_hits = 0
+        #: version reads by checks that found the watcher overdue (:meth:`_reconfirm`)
+        self.reconfirms = 0
+        self._reconfirming: asyncio.Future[None] | None = None
         self._set_block = self._register("set_block.lua")
         self._clear_block = self._register("clear_block.lua")
         self._put_breaker = self._register("put_breaker.lua")
@@ -473,15 +479,35 @@ class RedisResilienceStore:
         watcher vouches for it (module docstring), else one round trip."""
         key = (provider, conn_id, model)
         cache = self._cache
-        if cache.fresh(self._clock.now_ms()):
-            hit = cache.entries.get(key)
-            if hit is not None:
+        hit = cache.entries.get(key)
+        if hit is not None:
+            if not cache.fresh(self._clock.now_ms()):
+                await self._reconfirm()  # the watcher is overdue: confirm the version here
+                hit = cache.entries.get(key)  # gone when the version moved
+            if hit is not None and cache.fresh(self._clock.now_ms()):
                 self.cache_hits += 1
                 return self._alive(hit)
         generation = cache.generation
         state = await self._fetch_target(provider, conn_id, model)
         cache.keep(key, state, generation)
         return self._alive(state)
+
+    async def _reconfirm(self) -> None:
+        """Read the version counter as the watcher does, for a check that found the watcher's
+        confirmation overdue (a loop too busy to run the watcher on time): one ``GET`` shared by
+        every check waiting for it, instead of each reading its target's four hashes. It
+        vouches for the cached reads as of when it was sent, exactly as the watcher's read
+        would; a moved version drops them (the check then reads its target from Redis)."""
+        pending = self._reconfirming
+        if pending is None or pending.done():
+            pending = self._reconfirming = asyncio.ensure_future(self._read_version())
+        await asyncio.shield(pending)
+
+    async def _read_version(self) -> None:
+        asked = self._clock.now_ms()
+        version = await self.shared_version()
+        self.reconfirms += 1
+        self._cache.observe(version, asked)
 
     def _alive(self, state: TargetState) -> TargetState:
         """``state`` with what its deadlines have let go of by now dropped (lazy expiry)."""
