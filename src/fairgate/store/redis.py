@@ -101,9 +101,11 @@ PROBE_MIN_TIMEOUT_S: Final = 1.0
 #: However busy the loop, a command is abandoned after this (a multiple of the timeout).
 CEILING_FACTOR: Final = 10
 MIN_CEILING_S: Final = 10.0
-#: Connections of the store's own pool, all opened by :meth:`RedisQuotaStore.warm` before
-#: traffic arrives (a burst queues for them instead of opening more), and how long a caller waits
-#: for one when all are busy (a :class:`PoolWaitTimeout`, a timeout, not an outage).
+#: The store's calls in flight at once (a burst queues for a slot instead of opening more
+#: connections): the size of its script lane on one server, all opened by
+#: :meth:`RedisQuotaStore.warm` before traffic arrives, and of its client's pool; and how long a
+#: caller waits for a pooled connection when all are busy (a :class:`PoolWaitTimeout`, a
+#: timeout, not an outage).
 MAX_CONNECTIONS: Final = 32
 POOL_TIMEOUT_S: Final = 5.0
 #: Of the client's pool (the reads and maintenance commands; on a single server the hot-path
