@@ -175,7 +175,11 @@ def rss_kib(pid: int) -> int:
     raise AssertionError("no VmRSS")
 
 
-def wait_ready(proc: Proc, path: str, timeout: float = 30) -> None:
+def wait_ready(proc: Proc, path: str, timeout: float = 120) -> None:
+    """Poll ``path`` until the process answers. The bound is for a process that hangs; a start
+    that takes 5 s quiet took over 30 s at load average 30 on two cores (seen: "process not
+    ready after 30s" in restart, outage and stress tests), and a process that dies is reported
+    at once."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.proc.poll() is not None:
