@@ -19,7 +19,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
-from fairgate.quota.model import Allocation, Dimension, Policy, Pool, ShareMode
+from fairgate.quota.model import Allocation, Dimension, ModelCap, Policy, Pool, ShareMode
 from fairgate.quota.units import Unit, Window
 from fairgate.quota.window import Anchor, Count, bucket_index, ms_until_at_most, window_end_ms
 
@@ -771,6 +771,49 @@ def _share_at_level(pool: Pool, key_id: str, dim: Dimension, level: float) -> fl
     return min(limit, level * pool.weight_of(key_id))
 
 
+@dataclass(frozen=True, slots=True)
+class _DimPlan:
+    """What a pool dimension's check takes from configuration only (pool, allocation)."""
+
+    dim: Dimension
+    window_ms: int
+    limit: float
+    static_share: float
+    cap: float | None
+    anchored: bool
+
+
+@dataclass(frozen=True, slots=True)
+class CheckPlan:
+    """The part of an admission's checks that depends on configuration only: the pool's
+    enforced dimensions with their limits, the key's static fair share and cap, and the
+    model's caps. Built once per (pool snapshot, key, model) by the engine, so an admission
+    adds only what changes per request (cost, signals, active levels, reserves, anchors)."""
+
+    dims: tuple[_DimPlan, ...]
+    model_caps: tuple[ModelCap, ...]
+    #: whether any dimension follows a provider's anchored window (else no anchors are read)
+    anchored: bool
+
+
+def check_plan(pool: Pool, alloc: Allocation, model: str | None = None) -> CheckPlan:
+    dims = tuple(
+        _DimPlan(
+            dim,
+            dim.window_ms,
+            pool.effective_limit(dim),
+            static_fair_share(pool, alloc.key_id, dim),
+            alloc.cap_for(dim.unit),
+            dim.provider_anchored,
+        )
+        for dim in pool.enforced_dimensions()
+    )
+    return CheckPlan(dims, alloc.model_cap(model), any(p.anchored for p in dims))
+
+
+_NOTHING: Mapping[str, float] = {}
+
+
 def compile_checks(
     pool: Pool,
     alloc: Allocation,
@@ -781,6 +824,7 @@ def compile_checks(
     levels: Mapping[str, float] | None = None,
     reserves: Mapping[str, float] | None = None,
     anchors: Mapping[str, Anchor] | None = None,
+    plan: CheckPlan | None = None,
 ) -> tuple[DimensionCheck, ...]:
     """Turn a pool, an allocation and a request's cost into the checks of one admission.
 
@@ -789,29 +833,38 @@ def compile_checks(
     (from :func:`active_levels`; computed over an active set that includes this key).
     ``anchors``: the pool's provider-anchored windows by dimension key; dimensions that are not
     :attr:`~fairgate.quota.model.Dimension.provider_anchored` (``window_anchor: epoch``, other
-    units) and model caps stay epoch-aligned whatever the store holds.
+    units) and model caps stay epoch-aligned whatever the store holds. ``plan``: what
+    :func:`check_plan` gives for this pool, allocation and model (computed here when absent).
     """
+    if plan is None:
+        plan = check_plan(pool, alloc, model)
+    active = levels is not None and pool.share_mode is ShareMode.ACTIVE
+    sig = signals or _NOTHING
+    owed = reserves or _NOTHING
     out: list[DimensionCheck] = []
-    for dim in pool.enforced_dimensions():
-        if pool.share_mode is ShareMode.ACTIVE and levels is not None:
-            share = _share_at_level(pool, alloc.key_id, dim, levels.get(dim.key, math.inf))
+    for p in plan.dims:
+        dim = p.dim
+        key = dim.key
+        if active:
+            assert levels is not None
+            share = _share_at_level(pool, alloc.key_id, dim, levels.get(key, math.inf))
         else:
-            share = static_fair_share(pool, alloc.key_id, dim)
+            share = p.static_share
         out.append(
             DimensionCheck(
-                key=dim.key,
+                key=key,
                 unit=dim.unit,
-                window_ms=dim.window_ms,
-                limit=pool.effective_limit(dim),
+                window_ms=p.window_ms,
+                limit=p.limit,
                 fair_share=share,
-                cap=alloc.cap_for(dim.unit),
+                cap=p.cap,
                 cost=float(cost.get(dim.unit, 0.0)),
-                signal=float((signals or {}).get(dim.key, 0.0)),
-                reserve=max(0.0, float((reserves or {}).get(dim.key, 0.0))),
-                anchor=anchors.get(dim.key) if anchors and dim.provider_anchored else None,
+                signal=float(sig.get(key, 0.0)),
+                reserve=max(0.0, float(owed.get(key, 0.0))),
+                anchor=anchors.get(key) if anchors and p.anchored else None,
             )
         )
-    for mc in alloc.model_cap(model):
+    for mc in plan.model_caps:
         out.append(
             DimensionCheck(
                 key=mc.key,

@@ -29,10 +29,12 @@ from fairgate.quota.burn import BurnSeries
 from fairgate.quota.decision import (
     NO_PACE,
     NO_RESERVES,
+    CheckPlan,
     DimensionCheck,
     Outcome,
     Reason,
     Reserves,
+    check_plan,
     compile_checks,
     demand_bounds,
     dominant_levels,
@@ -142,6 +144,10 @@ REPLAY_INTERVAL_S = 0.5
 #: (a busy event loop, not a dead store) is tried this many times in all, under the same
 #: reservation id, before it fails open.
 ADMIT_ATTEMPTS = 6
+
+#: At most this many cached check plans (one per pool, key and model in use) before the cache
+#: starts over: a guard against unbounded growth, far above what a deployment uses.
+_PLAN_CACHE_MAX = 200_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -287,6 +293,7 @@ class QuotaEngine:
         self._burn: dict[tuple[str, str], BurnSeries] = {}
         # per pool: when its provider-anchored windows were last read, and them by counter
         self._anchors: dict[str, tuple[int, dict[str, Anchor]]] = {}
+        self._plans: dict[tuple[str, str, str | None], tuple[Pool, CheckPlan]] = {}
         self.fail_open_count = 0
         self.store_errors = 0
         self.slow_timeouts = 0
@@ -352,7 +359,8 @@ class QuotaEngine:
         try:
             alloc = pool.allocation(key_id) or Allocation(key_id, 0.0, policy=Policy.HARD)
             anchors = self._cached_anchors(pool.id)
-            checks = compile_checks(pool, alloc, cost, model=model, anchors=anchors)
+            plan = self._plan(pool, alloc, model)
+            checks = compile_checks(pool, alloc, cost, model=model, anchors=anchors, plan=plan)
             if checks:
                 ticket = Ticket(pool.id, key_id, self._new_id(), checks, reserved=False)
         except Exception as exc:  # the pool itself is broken: nothing to charge
@@ -428,7 +436,8 @@ class QuotaEngine:
             active = await self._active_state(pool, alloc.key_id, now)
             levels, reserves = active.levels, active.reserves.for_key(alloc.key_id)
         signals = self.signals(pool) if self.signals else None
-        anchors = await self._pool_anchors(pool, now)
+        plan = self._plan(pool, alloc, model)
+        anchors = await self._pool_anchors(pool, now) if plan.anchored else None
         return compile_checks(
             pool,
             alloc,
@@ -438,7 +447,22 @@ class QuotaEngine:
             levels=levels,
             reserves=reserves,
             anchors=anchors,
+            plan=plan,
         )
+
+    def _plan(self, pool: Pool, alloc: Allocation, model: str | None) -> CheckPlan:
+        """The configuration-only part of the checks, built once per (pool snapshot, key,
+        model): the allocation a key gets is decided by the pool, so the pool object (frozen,
+        replaced as a whole when its configuration changes) identifies it."""
+        k = (pool.id, alloc.key_id, model)
+        hit = self._plans.get(k)
+        if hit is not None and hit[0] is pool:
+            return hit[1]
+        if len(self._plans) >= _PLAN_CACHE_MAX:
+            self._plans.clear()  # bounded: keys × models of the pools in use
+        plan = check_plan(pool, alloc, model)
+        self._plans[k] = (pool, plan)
+        return plan
 
     async def _admit(
         self,

@@ -39,11 +39,12 @@ class Dimension:
     window: Window
     limit: float
     anchor: WindowAnchor = WindowAnchor.PROVIDER
+    #: stable name used by the counters, e.g. ``requests/hourly`` (formatted once, not per
+    #: request: every admission, settle and signal lookup reads it)
+    key: str = field(init=False, repr=False, compare=False)
 
-    @property
-    def key(self) -> str:
-        """Stable name used by the counters, e.g. ``requests/hourly``."""
-        return f"{self.unit.value}/{self.window.value}"
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "key", f"{self.unit.value}/{self.window.value}")
 
     @property
     def known(self) -> bool:

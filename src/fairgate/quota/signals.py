@@ -125,8 +125,12 @@ class SaturationSignals:
     ) -> dict[str, float]:
         """``{"<unit>/<window>": fraction}`` for every key: the fullest member connection wins,
         because a pool's members share one plan and the first to fill limits the pool."""
+        if not self._readings:  # no provider reported anything: no clock read, no walk
+            return dict.fromkeys(dimension_keys, 0.0)
         now = self._clock.now_ms()
         readings = [f for c in connection_ids if (f := self._fresh(c, now)) is not None]
+        if not readings:
+            return dict.fromkeys(dimension_keys, 0.0)
         out: dict[str, float] = {}
         for key in dimension_keys:
             unit, _, window = key.partition("/")
