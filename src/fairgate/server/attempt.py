@@ -1,11 +1,12 @@
 """One attempt on one connection: encode, send, read or relay, validate, settle.
 
 Every outcome is reported once: to the resilience manager (cooldowns, lockouts and breakers
-learn from a failure; a success clears them), to the per-target metrics the strategies read,
-and to the diagnostics. A failure gets its ``step`` from the one failover rule
-(:mod:`fairgate.resilience.failover`); the executor acts on it. The reservation is settled by
-the answer (in the background once a non-stream answer is sent, when a stream ends), or by a
-failure the upstream did work for; otherwise its owner releases it.
+learn from a failure; a success clears them) and to the per-target metrics the strategies
+read; a failure also to the diagnostics (they are only ever shown for a request that got no
+answer, so a success builds nothing for them). A failure gets its ``step`` from the one
+failover rule (:mod:`fairgate.resilience.failover`); the executor acts on it. The reservation
+is settled by the answer (in the background once a non-stream answer is sent, when a stream
+ends), or by a failure the upstream did work for; otherwise its owner releases it.
 """
 
 from __future__ import annotations
@@ -59,9 +60,10 @@ async def attempt(
     """Response on success; ApiError (its ``step`` from the failover rule) otherwise.
 
     Every outcome is reported to the resilience manager (cooldowns, lockouts, breakers learn
-    from it), to the per-target metrics the strategies read, and to the diagnostics. The
-    request holds its slot (``lease``) on the target until its answer (or stream) ends; the
-    reservation is settled by the answer, or by a failure the upstream did work for.
+    from it) and to the per-target metrics the strategies read; a failure also to the
+    diagnostics. The request holds its slot (``lease``) on the target until its answer (or
+    stream) ends; the reservation is settled by the answer, or by a failure the upstream did
+    work for.
     """
     if opts.drr is not None:
         opts.drr.dispatch(cand.target)
@@ -86,7 +88,7 @@ async def _attempt_on(
     opts: ExecOptions,
 ) -> Response | ApiError:
     svc = call.svc
-    conn, upstream_model, label = cand.conn, cand.model, cand.label
+    conn, upstream_model = cand.conn, cand.model
     exchange = EXCHANGES[(call.route, conn.protocol)]
     path = exchange.path
     try:
@@ -124,7 +126,7 @@ async def _attempt_on(
         latency = _ms_since(t_send)
         svc.record_attempt(cand, "connect_error" if kind == "connect_error" else cls, latency)
         diag.attempt(
-            label,
+            cand.label,
             kind if kind != "upstream" else cls,
             status=status,
             latency_ms=latency,
@@ -162,7 +164,8 @@ async def _attempt_on(
         err, raw_err = await _upstream_error(resp, conn)
         log.warning("upstream error", extra={"connection": conn.id, "status": resp.status})
         return await fail("upstream", err, status=resp.status, body=raw_err, headers=resp.headers)
-    headers = {**quota_headers(adm), "x-fairgate-connection": conn.id}
+    headers = quota_headers(adm)  # a new dict: this answer's own
+    headers["x-fairgate-connection"] = conn.id
     if opts.combo:
         headers["x-fairgate-combo"] = opts.combo
     if call.stream:
@@ -184,7 +187,6 @@ async def _attempt_on(
                 settle_usage=tally.effective_usage(),
             )
         await _report_success(call, cand, snap, _ms_since(t_send))
-        diag.attempt(label, "ok", status=200, latency_ms=_ms_since(t_send))
         headers["x-fairgate-overhead-ms"] = f"{(t_send - call.t0) * 1000:.3f}"
         res.keep()  # the stream settles it when it ends
         return _stream_response(
@@ -222,7 +224,6 @@ async def _attempt_on(
     lease.release()
     res.keep()  # settled by the answer's background task
     await _report_success(call, cand, snap, (t_body - t_send) * 1000, usage)
-    diag.attempt(label, "ok", status=200, latency_ms=(t_body - t_send) * 1000)
     overhead = (time.perf_counter() - call.t0 - (t_body - t_send)) * 1000
     headers["x-fairgate-overhead-ms"] = f"{overhead:.3f}"
     # settle after the answer is on its way: the client need not wait for our bookkeeping

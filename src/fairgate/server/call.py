@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import math
 import random
-from collections.abc import Coroutine, Mapping
+from collections.abc import Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -50,6 +50,32 @@ class Route(StrEnum):
     EMBEDDINGS = "embeddings"
 
 
+class PlainCandidates:
+    """The candidates of a plain model (its connections, heaviest first, as routing targets),
+    built once per registry snapshot instead of per request: a request filters them by what
+    its key may use. Starts over when the registry is replaced or holds too many entries."""
+
+    __slots__ = ("_by", "_reg")
+
+    MAX = 4096
+
+    def __init__(self) -> None:
+        self._reg: object = None
+        self._by: dict[tuple[str, tuple[str, ...]], tuple[Candidate, ...]] = {}
+
+    def of(self, reg: object, model: str, conns: Sequence[Connection]) -> tuple[Candidate, ...]:
+        if reg is not self._reg:
+            self._reg, self._by = reg, {}
+        k = (model, tuple([c.id for c in conns]))
+        hit = self._by.get(k)
+        if hit is None:
+            if len(self._by) >= self.MAX:
+                self._by.clear()
+            ordered = sorted(conns, key=lambda c: -c.weight)
+            hit = self._by[k] = tuple(Candidate.of(c, model) for c in ordered)
+        return hit
+
+
 @dataclass
 class Services:
     """Long-lived things the proxy needs besides the Gateway state."""
@@ -70,6 +96,7 @@ class Services:
     limits: HttpSettings = field(default_factory=HttpSettings)
     rate: KeyRateGuard = field(init=False)
     fallbacks: FallbackCounts = field(default_factory=FallbackCounts)
+    plain_candidates: PlainCandidates = field(default_factory=PlainCandidates)
 
     def __post_init__(self) -> None:
         self.slots = Slots(self.tracker, lambda: self.gw.slot_leases, timer=lambda: self.gw.timer)

@@ -8,6 +8,10 @@ upstream status or an exclusion reason such as ``permanent``, which would map th
 accounts and their state for a tenant. The admin's (:meth:`Diagnostics.body`): everything, in
 the log line of the failed request (``request failed``, with its request id). The counts go
 into ``x-fairgate-combo-*`` headers. Never a stack trace or a secret in either.
+
+Only failed attempts and exclusions are recorded: diagnostics are shown for a request that got
+no answer, and an attempt that answered ends the request, so a success never builds an entry
+(nor its label) on the hot path.
 """
 
 from __future__ import annotations

@@ -99,7 +99,7 @@ class _Execution:
         self.call, self.diag, self.opts = call, diag, opts
         self.svc = call.svc
         self.timer = call.svc.gw.timer
-        self.stack = contextlib.AsyncExitStack()
+        self.stack: contextlib.AsyncExitStack  # set by :func:`execute` before anything runs
         self.blocked: list[Blocked] = []
         self.exclusions: list[Exclusion] = []
         self.last_error: ApiError | None = None
@@ -209,7 +209,7 @@ class _Execution:
             self.svc.record_fallback(opts.combo, self.last_error.failure)
         if self.failed and opts.fallback_delay_ms > 0:
             await self._pause(opts.fallback_delay_ms)
-        result: Response | ApiError = ApiError(502, "no attempt made")
+        result: Response | ApiError | None = None
         for n in range(1 + max(0, opts.max_retries)):
             if n > 0:
                 retry = await self._readmit(a)
@@ -227,7 +227,7 @@ class _Execution:
                 return result
             if result.step is not Step.RETRY or self._capped():
                 break
-        assert isinstance(result, ApiError)
+        assert isinstance(result, ApiError)  # the first attempt always runs
         self.last_error = result
         hint = _retry_ms(result) if result.status == 429 else None
         if hint is not None and (self.soonest_retry_ms is None or hint < self.soonest_retry_ms):

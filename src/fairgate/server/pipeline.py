@@ -57,21 +57,25 @@ log = logging.getLogger("fairgate.routing")
 
 async def route_plain(call: Call, upstream_model: str, conns: Sequence[Connection]) -> Response:
     reg = call.svc.gw.registry
-    conns, why = access.permitted(reg, call.key, conns, _itself)
-    if not conns:
+    every = call.svc.plain_candidates.of(reg, upstream_model, conns)
+    cands, why = access.permitted(reg, call.key, every, _conn_of)
+    if not cands:
         assert why is not None  # the caller routes only models some connection serves
         raise access.denied(why, call.model)
-    cands = [Candidate.of(c, upstream_model) for c in sorted(conns, key=lambda c: -c.weight)]
     diag = Diagnostics(pool_size=len(cands))
-    pools = {reg.pool_by_connection.get(c.id) for c in conns}
-    if len(conns) > 1 and len(pools) == 1:
-        pool = next(iter(pools))
+    if len(cands) > 1:
+        pools = {reg.pool_by_connection.get(c.conn.id) for c in cands}
+        pool = next(iter(pools)) if len(pools) == 1 else None
         combo = (
             None if pool is None else reg.internal_combos.get(qtsd_name(pool.id, upstream_model))
         )
         if combo is not None:
             return await _quota_share(call, combo, upstream_model, cands, diag)
     return await executor.execute(call, cands, diag, _plain_options(reg))
+
+
+def _conn_of(c: Candidate) -> Connection:
+    return c.conn
 
 
 def _plain_options(reg: Registry, **kw: Any) -> ExecOptions:
