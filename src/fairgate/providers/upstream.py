@@ -15,6 +15,7 @@ from dataclasses import replace
 from types import TracebackType
 
 import aiohttp
+from yarl import URL
 
 from fairgate.providers.oauth import (
     OAuthBlocked,
@@ -47,11 +48,43 @@ ANTHROPIC_VERSION = "2023-06-01"
 ANTHROPIC_OAUTH_BETA = "oauth-2025-04-20"
 
 
-def upstream_headers(conn: Connection, client_headers: Mapping[str, str]) -> dict[str, str]:
-    """Our headers for ``conn``, plus the client headers the connection's ``forward_headers``
-    allow-list names. Nothing of the client's passes by default: on a shared account,
-    ``openai-organization`` / ``openai-project`` would let a tenant choose who is billed and
-    ``anthropic-beta`` switch on costlier features for everyone's quota."""
+class _PerConnection:
+    """What a request to a connection sends that depends on the connection only (our headers,
+    its URLs), built once per connection object instead of per request. A connection is
+    frozen and replaced as a whole when it changes, so the object identifies its entry; the
+    cache starts over when it holds too many (connections are few)."""
+
+    __slots__ = ("_by_id",)
+
+    MAX = 4096
+
+    def __init__(self) -> None:
+        self._by_id: dict[str, tuple[Connection, dict[str, str], dict[str, URL]]] = {}
+
+    def _entry(self, conn: Connection) -> tuple[Connection, dict[str, str], dict[str, URL]]:
+        hit = self._by_id.get(conn.id)
+        if hit is None or hit[0] is not conn:
+            if len(self._by_id) >= self.MAX:
+                self._by_id.clear()
+            hit = self._by_id[conn.id] = (conn, _own_headers(conn), {})
+        return hit
+
+    def headers(self, conn: Connection) -> dict[str, str]:
+        return self._entry(conn)[1]
+
+    def url(self, conn: Connection, path: str) -> URL:
+        urls = self._entry(conn)[2]
+        found = urls.get(path)
+        if found is None:
+            found = urls[path] = URL(upstream_url(conn, path))
+        return found
+
+
+_PER_CONNECTION = _PerConnection()
+
+
+def _own_headers(conn: Connection) -> dict[str, str]:
+    """Our headers for ``conn`` (auth, protocol version, content type)."""
     headers = {"content-type": "application/json", "accept-encoding": "identity"}
     if conn.protocol is Protocol.ANTHROPIC and conn.auth_type == "oauth":
         # a Claude subscription: its OAuth access token as a bearer, and the beta flag
@@ -70,6 +103,16 @@ def upstream_headers(conn: Connection, client_headers: Mapping[str, str]) -> dic
         if account is not None:
             headers["chatgpt-account-id"] = account
         headers["accept"] = "text/event-stream"
+    return headers
+
+
+def upstream_headers(conn: Connection, client_headers: Mapping[str, str]) -> dict[str, str]:
+    """Our headers for ``conn``, plus the client headers the connection's ``forward_headers``
+    allow-list names. Nothing of the client's passes by default: on a shared account,
+    ``openai-organization`` / ``openai-project`` would let a tenant choose who is billed and
+    ``anthropic-beta`` switch on costlier features for everyone's quota. A new dict per call
+    (the caller's to change); our own part is built once per connection."""
+    headers = dict(_PER_CONNECTION.headers(conn))
     for name in conn.forward_headers:
         value = client_headers.get(name)
         if value:
@@ -197,7 +240,7 @@ class UpstreamClient:
         self, conn: Connection, path: str, body: bytes, client_headers: Mapping[str, str]
     ) -> aiohttp.ClientResponse:
         return await self.session.post(
-            upstream_url(conn, path),
+            _PER_CONNECTION.url(conn, path),  # parsed once: aiohttp takes a URL as it is
             data=body,
             headers=upstream_headers(conn, client_headers),
         )
