@@ -193,3 +193,30 @@ async def test_record_charges_only_the_named_window(store: QuotaStore, clock: Ma
     assert usage["percent/5h"].total == pytest.approx(2.0)
     weekly_by_key = {k.key_id: k.consumed for k in usage["percent/weekly"].keys}
     assert weekly_by_key == {"a": pytest.approx(3.0), "b": 0.0}
+
+
+async def test_a_replaced_pool_is_judged_by_its_new_configuration_at_once(
+    store: QuotaStore, clock: ManualClock
+) -> None:
+    """The engine keeps each (pool, key, model)'s configuration-only checks; a pool replaced
+    with other limits or weights (a config change builds new Pool objects) must not be judged
+    by the old ones, not even for one admission."""
+    engine = QuotaEngine(store, clock=clock)
+    old = pool_3()
+    first = await engine.admit(old, "a", {Unit.REQUESTS: 1})
+    assert [(s.key, s.limit) for s in first.status] == [("requests/hourly", 100)]
+    again = await engine.admit(old, "a", {Unit.REQUESTS: 1})
+    assert again.status[0].limit == 100
+    new = Pool(
+        id="p1",
+        name="shared",
+        provider="kimi",
+        connections=("k1",),
+        dimensions=(Dimension(Unit.REQUESTS, Window.HOURLY, 10),),
+        allocations=(Allocation("a", 20, cap_value=1, cap_unit=Unit.REQUESTS),),
+    )
+    blocked = await engine.admit(new, "a", {Unit.REQUESTS: 1})
+    assert blocked.reason is Reason.CAP_ABSOLUTE  # its new cap of 1, already used twice
+    assert blocked.status[0].limit == 1
+    other = await engine.admit(new, "b", {Unit.REQUESTS: 1})  # no allocation any more
+    assert other.status[0].limit == 10  # the new pool's limit (generous mode: the pool's)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import pytest
 
@@ -14,6 +15,7 @@ from fairgate.quota.decision import (
     Reason,
     active_fair_share,
     active_levels,
+    check_plan,
     compile_checks,
     dominant_levels,
     dominant_waiting_reserves,
@@ -27,7 +29,7 @@ from fairgate.quota.decision import (
 )
 from fairgate.quota.model import Allocation, Dimension, ModelCap, Policy, Pool, ShareMode
 from fairgate.quota.units import Unit, Window
-from fairgate.quota.window import Count
+from fairgate.quota.window import Anchor, Count
 
 H, S, B = Policy.HARD, Policy.SOFT, Policy.BURST
 ALLOW, PEN, BLOCK = Outcome.ALLOW, Outcome.PENALIZE, Outcome.BLOCK
@@ -441,3 +443,53 @@ def test_a_full_previous_week_paces_itself() -> None:
     totals = {_WEEK[0].key: Count(0.0, 200.0), _WEEK[1].key: Count(6000.0, 900.0)}
     pace = long_budget_pace(pool, totals, now)
     assert pace.held == {_WEEK[1].key: 0.0}
+
+
+def test_a_check_plan_gives_the_same_checks_as_compiling_from_scratch() -> None:
+    """The engine compiles with a plan built once per (pool, key, model); the checks must be
+    exactly those compile_checks builds without one, whatever the request adds per call."""
+    dims = (
+        Dimension(Unit.REQUESTS, Window.HOURLY, 100),
+        Dimension(Unit.TOKENS, Window.DAILY, 0),  # unknown: skipped
+        Dimension(Unit.PERCENT, Window.FIVE_HOURS, 100),  # provider-anchored
+        Dimension(Unit.TOKENS, Window.WEEKLY, 1e6),
+    )
+    alloc = Allocation(
+        "a",
+        40,
+        cap_value=5000,
+        cap_unit=Unit.TOKENS,
+        model_caps=(ModelCap("gpt-x", Unit.REQUESTS, 5), ModelCap("other", Unit.TOKENS, 9)),
+    )
+    anchor = Anchor(1_700_000_000_000, 7, "c0")
+    for mode in (ShareMode.STATIC, ShareMode.ACTIVE):
+        pool = _pool((alloc, Allocation("b", 60)), dims, members=2, mode=mode)
+        plan = check_plan(pool, alloc, "gpt-x")
+        assert plan.anchored
+        kw: dict[str, Any] = {
+            "model": "gpt-x",
+            "signals": {"requests/hourly": 0.7},
+            "levels": {"requests/hourly": 0.5} if mode is ShareMode.ACTIVE else None,
+            "reserves": {"tokens/weekly": 12.0, "requests/hourly": -3.0},
+            "anchors": {"percent/5h": anchor},
+        }
+        cost = {Unit.REQUESTS: 1, Unit.TOKENS: 700, Unit.PERCENT: 0.2}
+        fresh = compile_checks(pool, alloc, cost, **kw)
+        assert compile_checks(pool, alloc, cost, plan=plan, **kw) == fresh
+        assert [c.key for c in fresh] == [
+            "requests/hourly",
+            "percent/5h",
+            "tokens/weekly",
+            "model:gpt-x:requests/hourly",
+        ]
+        assert fresh[1].anchor == anchor
+        assert fresh[0].anchor is None
+    epoch_only = _pool((alloc,), (Dimension(Unit.REQUESTS, Window.HOURLY, 100),))
+    assert not check_plan(epoch_only, alloc).anchored
+
+
+def test_a_dimension_key_is_its_counter_name() -> None:
+    d = Dimension(Unit.TOKENS, Window.FIVE_HOURS, 10)
+    assert d.key == "tokens/5h"
+    assert d == Dimension(Unit.TOKENS, Window.FIVE_HOURS, 10)
+    assert "key" not in repr(d)
