@@ -414,6 +414,15 @@ def fairgate_targets(
             url, proc = start_fairgate(mock, tmp, name="fg-sqlite-transactional", extra_env=tx)
             procs.append(proc)
             out.append(Target("fairgate, SQLite transactional", url, CLIENT_KEY, proc.pid))
+            # the floor of a governed request: the same model with no quota pool
+            url, proc = start_fairgate(mock, tmp, name="fg-no-pool", pool=False)
+            procs.append(proc)
+            out.append(Target("fairgate, no pool", url, CLIENT_KEY, proc.pid))
+            if args.workers > 1:  # more cores: N processes on one port, one SQLite file
+                url, proc = start_fairgate(mock, tmp, name="fg-workers", workers=args.workers)
+                procs.append(proc)
+                name = f"fairgate, SQLite, {args.workers} workers"
+                out.append(Target(name, url, CLIENT_KEY, proc.pid))
         if redis_cpu is None:
             out.append(Target(f"fairgate, Redis{label}", "", "", 0, missing="Redis not reachable"))
             continue
@@ -441,6 +450,12 @@ def main() -> None:
     )
     ap.add_argument("--litellm", help="path to a litellm executable (e.g. in its own venv)")
     ap.add_argument("--no-litellm", action="store_true")
+    ap.add_argument(
+        "--workers",
+        type=int,
+        default=2,
+        help="also run `fairgate serve --workers N` on SQLite (1: no such row)",
+    )
     ap.add_argument(
         "--compare",
         action="append",

@@ -173,9 +173,19 @@ def extra_key_secret(i: int) -> str:
     return f"fg-bench-extra-key-{i:06d}"
 
 
-def bench_config(mock: str, extra_keys: int = 0) -> str:
+def bench_config(mock: str, extra_keys: int = 0, pool: bool = True) -> str:
     """The gateway's config: one mock connection, the bench key, and ``extra_keys`` more keys
-    with allocations in the same pool (for the memory-per-key figure)."""
+    with allocations in the same pool (for the memory-per-key figure). ``pool=False``: no quota
+    pool at all (the key may use the connection without an allocation), the floor of a
+    governed request's cost."""
+    if not pool:
+        return (
+            "server: {require_allocation: false}\n"
+            "connections:\n"
+            f"  - {{id: m1, provider: mock, base_url: '{mock}/v1', secret: '{SECRET}',"
+            " models: [gpt-4o-mini]}\n"
+            f"keys:\n  - {{id: bench, name: bench, secret: '{CLIENT_KEY}'}}\n"
+        )
     weight = 100 / (1 + extra_keys)
     keys = [f"  - {{id: bench, name: bench, secret: '{CLIENT_KEY}'}}"]
     allocs = [f"      - {{key: bench, weight: {weight:g}}}"]
@@ -200,16 +210,21 @@ def start_fairgate(
     name: str = "fg",
     extra_keys: int = 0,
     extra_env: dict[str, str] | None = None,
+    pool: bool = True,
+    workers: int = 1,
 ) -> tuple[str, subprocess.Popen[bytes]]:
-    """A fairgate process on a free port in front of ``mock``; returns its URL and process."""
+    """A fairgate process (``workers`` > 1: ``serve --workers N``, one port) on a free port in
+    front of ``mock``; returns its URL and process."""
     port = free_port()
     cfg = tmp / f"{name}.yaml"
-    cfg.write_text(bench_config(mock, extra_keys))
+    cfg.write_text(bench_config(mock, extra_keys, pool=pool))
     # the per-key flood guard (1,000 requests/s by default) would cap the one bench key
     env = {**os.environ, "FAIRGATE_ADMIN_KEY": ADMIN, "FAIRGATE_KEY_RATE_PER_S": "0"}
     env.update(extra_env or {})
     cmd = [sys.executable, "-m", "fairgate", "serve", "--config", str(cfg)]
     cmd += ["--port", str(port), "--data-dir", str(tmp / f"{name}-data")]
+    if workers > 1:
+        cmd += ["--workers", str(workers)]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, env=env)
     url = f"http://127.0.0.1:{port}"
     try:
