@@ -17,13 +17,14 @@ import pytest
 import pytest_asyncio
 
 from fairgate.clock import ManualClock
+from fairgate.quota.decision import Outcome
 from fairgate.quota.engine import ADMIT_ATTEMPTS, QuotaEngine
 from fairgate.quota.journal import Circuit
 from fairgate.quota.model import Allocation, Dimension, Policy, Pool
 from fairgate.quota.units import Unit, Window
 from fairgate.server.attempt import quota_headers
 from fairgate.store.base import AdmitRequest, AdmitResult, CounterRef
-from fairgate.store.redis import MAX_CONNECTIONS, RedisQuotaStore
+from fairgate.store.redis import MAX_CONNECTIONS, WARM_POOL_CONNECTIONS, RedisQuotaStore
 from fairgate.store.sqlite import SqliteQuotaStore
 
 HOUR = 3_600_000
@@ -205,15 +206,37 @@ async def test_redis_admissions_survive_a_blocked_event_loop(
 
 @pytest.mark.redis
 async def test_warm_opens_the_whole_pool_before_traffic(redis_url: str, redis_prefix: str) -> None:
+    # on a single server the hot-path scripts run on the store's lane: all of its connections
+    # are opened before traffic, and a few of the client's pool (reads and maintenance)
     store = RedisQuotaStore(redis_url, prefix=redis_prefix)
     try:
+        lane = store._lane
+        assert lane is not None
         pool = store._client.connection_pool
         await store.warm()
-        assert len(pool._available_connections) == pool.max_connections
+        assert len(lane._all) == MAX_CONNECTIONS
+        assert all(c.is_connected for c in lane._all)
+        assert len(pool._available_connections) == WARM_POOL_CONNECTIONS
         assert all(c.is_connected for c in pool._available_connections)
-        # a burst uses them: no connection is opened beyond the pool
+        # a burst of scripts uses the lane's open connections: none is opened beyond them
+        reqs = [
+            AdmitRequest(
+                pool_id="warm",
+                key_id="k",
+                checks=(),
+                policy=Policy.HARD,
+                threshold=0.5,
+                reservation_id=f"warm-{i}",
+                now_ms=1_000,
+            )
+            for i in range(3 * MAX_CONNECTIONS)
+        ]
+        results = await asyncio.gather(*(store.admit(r) for r in reqs))
+        assert {r.verdict.outcome for r in results} == {Outcome.ALLOW}
+        assert len(lane._all) == MAX_CONNECTIONS
+        # and a burst of reads never goes beyond the client's pool
         await asyncio.gather(*(store.ping() for _ in range(3 * pool.max_connections)))
-        assert len(pool._available_connections) + len(pool._in_use_connections) == (
+        assert len(pool._available_connections) + len(pool._in_use_connections) <= (
             pool.max_connections
         )
     finally:
