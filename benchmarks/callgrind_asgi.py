@@ -20,13 +20,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import re
 import shutil
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
+
+from callgrind_support import instruction_total
 
 KEY = "fg-bench-asgi-key-0123456789"
 
@@ -208,10 +209,7 @@ def _instructions(src: str | None, n: int, stream: bool, tmp: Path, tag: str) ->
         if proc.poll() is None:
             proc.kill()
     # with instrumentation toggled, "summary" is what was counted at the first toggle (0)
-    found = re.search(r"^totals:\s+(\d+)", out.read_text(errors="replace"), re.M)
-    if found is None:
-        raise RuntimeError(f"no instruction total in {out}")
-    return int(found.group(1))
+    return instruction_total(out, fields="totals")
 
 
 def main() -> None:

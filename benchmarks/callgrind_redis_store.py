@@ -21,13 +21,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import re
 import shutil
 import subprocess
 import sys
 import tempfile
 import uuid
 from pathlib import Path
+
+from callgrind_support import drop_prefix, instruction_total, redis_url
 
 CONCURRENCY = 8
 HOUR = 3_600_000
@@ -83,17 +84,8 @@ def instructions(src: str | None, n: int, out: Path, url: str) -> int:
     try:
         subprocess.run(cmd, env=env, check=True, stdout=subprocess.DEVNULL)
     finally:
-        import redis
-
-        client = redis.Redis.from_url(url)
-        keys = list(client.scan_iter(match=f"{prefix}:*", count=1000))
-        for i in range(0, len(keys), 500):
-            client.delete(*keys[i : i + 500])
-        client.close()
-    found = re.search(r"^(?:summary|totals):\s+(\d+)", out.read_text(errors="replace"), re.M)
-    if found is None:
-        raise RuntimeError(f"no instruction total in {out}")
-    return int(found.group(1))
+        drop_prefix(url, prefix)
+    return instruction_total(out)
 
 
 def main() -> None:
@@ -112,7 +104,7 @@ def main() -> None:
         return
     if shutil.which("valgrind") is None:
         sys.exit("valgrind is not installed (apt-get install -y valgrind)")
-    url = os.environ.get("FAIRGATE_TEST_REDIS_URL") or "redis://127.0.0.1:6379/0"
+    url = redis_url()
     trees: list[tuple[str, str | None]] = [("this tree", None)]
     for spec in args.compare:
         name, _, src = spec.partition("=")

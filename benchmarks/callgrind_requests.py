@@ -28,7 +28,6 @@ import argparse
 import asyncio
 import json
 import os
-import re
 import shutil
 import signal
 import subprocess
@@ -40,8 +39,8 @@ from pathlib import Path
 from typing import cast
 
 import httpx
-import redis
 
+from callgrind_support import drop_prefix, instruction_total, redis_url
 from proxy_overhead import ADMIN, CLIENT_KEY, bench_config, free_port, start_mock, stop
 
 CONCURRENCY = 8
@@ -122,21 +121,6 @@ def wait_ready(url: str, timeout: float) -> None:
     raise RuntimeError(f"{url} not ready")
 
 
-def redis_url() -> str:
-    return os.environ.get("FAIRGATE_TEST_REDIS_URL") or "redis://127.0.0.1:6379/0"
-
-
-def drop_prefix(url: str, prefix: str) -> None:
-    """Delete every key a run wrote under its prefix."""
-    client = redis.Redis.from_url(url)
-    try:
-        batch = list(client.scan_iter(match=f"{prefix}:*", count=1000))
-        for i in range(0, len(batch), 500):
-            client.delete(*batch[i : i + 500])
-    finally:
-        client.close()
-
-
 def gateway(
     mock: str,
     tmp: Path,
@@ -187,11 +171,7 @@ def gateway(
             drop_prefix(redis_url(), prefix)
     if count:
         return cast(dict[str, int], json.loads((tmp / f"{tag}.counts.json").read_text()))
-    text = out.read_text(errors="replace")
-    found = re.search(r"^(?:summary|totals):\s+(\d+)", text, re.MULTILINE)
-    if found is None:
-        raise RuntimeError(f"no instruction total in {out}")
-    return int(found.group(1))
+    return instruction_total(out)
 
 
 def main() -> None:

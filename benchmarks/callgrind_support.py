@@ -1,0 +1,35 @@
+"""What the callgrind benchmarks share: the instruction total of a callgrind file, and the Redis
+a run uses and cleans up after. Kept free of heavy imports: the scripts' children run under
+valgrind and import this too."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+
+def instruction_total(out: Path, fields: str = "summary|totals") -> int:
+    """The first ``summary:`` or ``totals:`` line of a callgrind file (``fields`` narrows it:
+    with instrumentation toggled, ``summary`` is what was counted at the first toggle)."""
+    found = re.search(rf"^(?:{fields}):\s+(\d+)", out.read_text(errors="replace"), re.MULTILINE)
+    if found is None:
+        raise RuntimeError(f"no instruction total in {out}")
+    return int(found.group(1))
+
+
+def redis_url() -> str:
+    return os.environ.get("FAIRGATE_TEST_REDIS_URL") or "redis://127.0.0.1:6379/0"
+
+
+def drop_prefix(url: str, prefix: str) -> None:
+    """Delete every key a run wrote under its prefix."""
+    import redis  # only the Redis runs need the client
+
+    client = redis.Redis.from_url(url)
+    try:
+        batch = list(client.scan_iter(match=f"{prefix}:*", count=1000))
+        for i in range(0, len(batch), 500):
+            client.delete(*batch[i : i + 500])
+    finally:
+        client.close()
