@@ -171,13 +171,9 @@ def _check_key_id(key_id: str) -> str:
     return key_id
 
 
-def _num(value: float) -> str:
-    """A float as the exact text Lua's ``tonumber`` reads back bit for bit."""
-    return repr(float(value))
-
-
 def _numb(value: float) -> bytes:
-    """:func:`_num` as the bytes a script argument is sent as."""
+    """A float as the exact text Lua's ``tonumber`` reads back bit for bit, in the bytes a
+    script argument is sent as."""
     return repr(float(value)).encode()
 
 
