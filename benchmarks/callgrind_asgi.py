@@ -12,18 +12,33 @@ the ASGI layer (routing, middleware, request and response objects, streaming), t
 everything below it; what it does not: the HTTP server's protocol and the socket writes.
 ``--compare NAME=SRC`` runs another source tree (``PYTHONPATH=SRC``) the same way.
 
-Run: ``.venv/bin/python benchmarks/callgrind_asgi.py [--stream] [--compare before=/path/src]``
+Each tree runs twice: the model behind a quota pool (``pool``) and the same model with no pool
+(``no pool``: the floor of a governed request), so "pool minus no pool" (what governing a request
+adds: admission, settle, the quota headers, the routing view, the admission log) comes out of one
+run. ``--variant pool`` or ``--variant no-pool`` runs one of them only.
+
+``--profile`` runs the same harness without valgrind under ``cProfile`` instead, twice per tree and
+variant (``N`` and ``3N`` requests), and prints the Python function calls per request (the
+difference over ``2N``) in total and for the functions that differ most between the variants:
+call counts barely move with the host's load, so they name *where* the instructions go, which
+callgrind on CPython cannot (it sees the interpreter's C frames only).
+
+Run: ``.venv/bin/python benchmarks/callgrind_asgi.py [--stream] [--variant pool|no-pool]
+[--profile] [--compare before=/path/src]``
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
+import json
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -32,8 +47,11 @@ from callgrind_support import instruction_total
 KEY = "fg-bench-asgi-key-0123456789"
 
 
-def _config() -> dict[str, Any]:
-    return {
+def _config(pool: bool = True) -> dict[str, Any]:
+    """One OpenAI connection and one key; with ``pool`` the connection is in a pool with a
+    requests and a tokens dimension (limits far above what a run uses: every request is
+    admitted), without it the key reaches the connection by ``allowed_providers``."""
+    cfg: dict[str, Any] = {
         "connections": [
             {
                 "id": "c1",
@@ -58,10 +76,22 @@ def _config() -> dict[str, Any]:
         ],
         "combos": [],
     }
+    if not pool:
+        cfg["pools"] = []
+    return cfg
 
 
-async def _serve(n: int, stream: bool, data_dir: Path) -> None:
-    """Build the app and send it ``n`` requests through its ASGI callable."""
+async def _serve(
+    n: int,
+    stream: bool,
+    data_dir: Path,
+    pool: bool = True,
+    start: Callable[[], None] | None = None,
+    stop: Callable[[], None] | None = None,
+) -> None:
+    """Build the app and send it ``n`` requests through its ASGI callable; ``start`` and
+    ``stop`` around the counted ones (default: the handshake with the parent, which switches
+    callgrind's instrumentation)."""
     import orjson
 
     from fairgate.config import parse_config
@@ -93,7 +123,10 @@ async def _serve(n: int, stream: bool, data_dir: Path) -> None:
             return Reply(chunks=sse, headers={"content-type": "text/event-stream"})
         return openai_chat("hi", model="gpt-4o-mini")
 
-    gw = Gateway(data_dir=data_dir, config=parse_config(_config(), {}), env={})
+    # the per-key rate guard's settings pass through (``FAIRGATE_KEY_RATE_PER_S=0`` for runs of
+    # more than its burst of requests); nothing else of the environment
+    env = {k: v for k, v in os.environ.items() if k.startswith("FAIRGATE_KEY_RATE_")}
+    gw = Gateway(data_dir=data_dir, config=parse_config(_config(pool), {}), env=env)
     app = create_app(gw, upstream=HandlerUpstream(handler))
     body = orjson.dumps(
         {
@@ -155,11 +188,11 @@ async def _serve(n: int, stream: bool, data_dir: Path) -> None:
         for _ in range(WARM_UP):
             await one()
         await app.state.services.drain()
-        _handshake("ready")  # the parent turns instrumentation on
+        (start or functools.partial(_handshake, "ready"))()  # the parent turns callgrind on
         for _ in range(n):
             await one()
         await app.state.services.drain()
-        _handshake("done")  # ... and off
+        (stop or functools.partial(_handshake, "done"))()  # ... and off
 
 
 #: Requests before counting starts: caches, the SQLite pages, the first-call paths.
@@ -173,7 +206,7 @@ def _handshake(word: str) -> None:
     sys.stdin.readline()
 
 
-def _instructions(src: str | None, n: int, stream: bool, tmp: Path, tag: str) -> int:
+def _instructions(src: str | None, n: int, stream: bool, tmp: Path, tag: str, pool: bool) -> int:
     out = tmp / f"{tag}.callgrind"
     env = dict(os.environ)
     if src:
@@ -181,6 +214,7 @@ def _instructions(src: str | None, n: int, stream: bool, tmp: Path, tag: str) ->
     cmd = ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}"]
     cmd += [sys.executable, __file__, "--child", str(n), str(tmp / f"{tag}-data")]
     cmd += ["--stream"] if stream else []
+    cmd += [] if pool else ["--variant", "no-pool"]
     proc = subprocess.Popen(
         cmd,
         env=env,
@@ -212,6 +246,53 @@ def _instructions(src: str | None, n: int, stream: bool, tmp: Path, tag: str) ->
     return instruction_total(out, fields="totals")
 
 
+def _profile_child(n: int, stream: bool, data_dir: Path, pool: bool, out: Path) -> None:
+    """The harness under cProfile (counted requests only): calls per function, as JSON."""
+    import cProfile
+    import pstats
+
+    prof = cProfile.Profile()
+    asyncio.run(_serve(n, stream, data_dir, pool, start=prof.enable, stop=prof.disable))
+    stats = pstats.Stats(prof).stats  # type: ignore[attr-defined]
+    rows = {
+        f"{Path(file).name}:{line}({name})": [nc, tt]
+        for (file, line, name), (_cc, nc, tt, _ct, _callers) in stats.items()
+    }
+    out.write_text(json.dumps(rows))
+
+
+def _profile(src: str | None, n: int, stream: bool, tmp: Path, tag: str, pool: bool) -> Any:
+    env = dict(os.environ)
+    if src:
+        env["PYTHONPATH"] = src
+    out = tmp / f"{tag}.profile.json"
+    cmd = [sys.executable, __file__, "--child-profile", str(n), str(tmp / f"{tag}-data"), str(out)]
+    cmd += ["--stream"] if stream else []
+    cmd += [] if pool else ["--variant", "no-pool"]
+    subprocess.run(cmd, env=env, check=True, stdin=subprocess.DEVNULL)
+    return json.loads(out.read_text())
+
+
+def _print_profiles(name: str, n: int, got: dict[str, Any], top: int) -> None:
+    calls = {v: {f: c / n for f, (c, _) in rows.items()} for v, rows in got.items()}
+    tott = {v: {f: t * 1e6 / n for f, (_, t) in rows.items()} for v, rows in got.items()}
+    for v in got:
+        total = sum(calls[v].values())
+        print(f"  {name} / {v}: {total:8.1f} calls per request, {sum(tott[v].values()):.0f} µs")
+    if set(got) != {"pool", "no pool"}:
+        return
+    a, b = calls["pool"], calls["no pool"]
+    diff = {f: a.get(f, 0.0) - b.get(f, 0.0) for f in set(a) | set(b)}
+    print(f"  pool minus no pool: {sum(diff.values()):+.1f} calls per request; by function:")
+    ranked = sorted(diff, key=lambda f: -abs(diff[f]))[:top]
+    for f in ranked:
+        t = tott["pool"].get(f, 0.0) - tott["no pool"].get(f, 0.0)
+        print(f"    {diff[f]:+7.2f} calls  {t:+7.1f} µs tottime  {f}")
+
+
+VARIANTS = {"pool": (True,), "no-pool": (False,), "both": (True, False)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -219,13 +300,22 @@ def main() -> None:
     ap.add_argument("--compare", action="append", default=[], metavar="NAME=SRC")
     ap.add_argument("--requests", type=int, default=200, metavar="N")
     ap.add_argument("--stream", action="store_true", help="streamed answers (SSE)")
+    ap.add_argument("--variant", choices=tuple(VARIANTS), default="both")
+    ap.add_argument("--profile", action="store_true", help="cProfile call counts, no valgrind")
+    ap.add_argument("--top", type=int, default=40, help="functions listed with --profile")
     ap.add_argument("--child", nargs=2, metavar=("N", "DATA_DIR"), help=argparse.SUPPRESS)
+    ap.add_argument("--child-profile", nargs=3, help=argparse.SUPPRESS)
     ap.add_argument("--keep", metavar="DIR", help="keep the callgrind files in DIR")
     args = ap.parse_args()
+    pools = VARIANTS[args.variant]
     if args.child:
-        asyncio.run(_serve(int(args.child[0]), args.stream, Path(args.child[1])))
+        asyncio.run(_serve(int(args.child[0]), args.stream, Path(args.child[1]), pools[0]))
         return
-    if shutil.which("valgrind") is None:
+    if args.child_profile:
+        n, data, out = args.child_profile
+        _profile_child(int(n), args.stream, Path(data), pools[0], Path(out))
+        return
+    if not args.profile and shutil.which("valgrind") is None:
         sys.exit("valgrind is not installed (apt-get install -y valgrind)")
     trees: list[tuple[str, str | None]] = [("this tree", None)]
     for spec in args.compare:
@@ -233,20 +323,38 @@ def main() -> None:
         trees.append((name, str(Path(src).resolve())))
     tmp = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="fairgate-asgi-"))
     tmp.mkdir(parents=True, exist_ok=True)
-    rows: list[tuple[str, float]] = []
+    mode = "stream" if args.stream else "non-stream"
+    rows: list[tuple[str, dict[str, float]]] = []
     try:
         for i, (name, src) in enumerate(trees):
-            print(f"  {name}: {args.requests} requests under callgrind ...", flush=True)
-            count = _instructions(src, args.requests, args.stream, tmp, f"t{i}")
-            rows.append((name, count / args.requests))
+            per: dict[str, Any] = {}
+            for pool in pools:
+                label = "pool" if pool else "no pool"
+                tag = f"t{i}-{'p' if pool else 'n'}"
+                if args.profile:
+                    print(f"  {name} / {label}: {args.requests} requests under cProfile ...")
+                    per[label] = _profile(src, args.requests, args.stream, tmp, tag, pool)
+                else:
+                    print(f"  {name} / {label}: {args.requests} requests under callgrind ...")
+                    count = _instructions(src, args.requests, args.stream, tmp, tag, pool)
+                    per[label] = count / args.requests
+            if args.profile:
+                print(f"\nPython calls per /v1 request ({mode}, SQLite store, in-process)")
+                _print_profiles(name, args.requests, per, args.top)
+            else:
+                rows.append((name, per))
     finally:
         if not args.keep:
             shutil.rmtree(tmp, ignore_errors=True)
-    mode = "stream" if args.stream else "non-stream"
+    if args.profile:
+        return
     print(f"\ninstructions per /v1 request through the ASGI app ({mode}, SQLite store, in-process)")
     base = rows[0][1]
     for name, per in rows:
-        print(f"  {name:<20} {per / 1e6:8.3f} M   {per / base:6.3f}x of this tree")
+        cells = [f"{v}: {per[v] / 1e6:6.3f} M ({per[v] / base[v]:5.3f}x)" for v in per]
+        if len(per) == 2:
+            cells.append(f"pool - no pool: {(per['pool'] - per['no pool']) / 1e3:7.1f} k")
+        print(f"  {name:<20} " + "   ".join(cells))
 
 
 if __name__ == "__main__":
