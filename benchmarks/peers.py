@@ -15,7 +15,9 @@ moment of a shared host hits every target alike. Per target and round:
 - time to first SSE event: sequential streamed requests, time until the first ``data:`` event;
 - CPU ms per request at c16: the server process tree's utime + stime from ``/proc`` over the
   c16 run, divided by the requests; the Redis row adds redis-server's share (``INFO cpu``: all
-  of that server's clients, so on a Redis shared with other work it reads high);
+  of that server's clients, so on a Redis shared with other work it reads high), and per
+  request the ``EVALSHA`` calls (the scripts' round trips) and every command the server ran
+  (``total_commands_processed``, which counts each ``redis.call`` inside a script too);
 - the mock's request count checked against what the load generator completed, and 0 errors
   (non-2xx, socket errors, timeouts) required: a row with errors fails the run.
 
@@ -108,15 +110,17 @@ class Target:
     url: str
     key: str
     pid: int
-    #: redis-server's CPU seconds and commands processed so far (all of its clients)
-    redis_cpu: Callable[[], tuple[float, int]] | None = None
+    #: redis-server's CPU seconds, commands run and EVALSHA calls so far (all of its clients)
+    redis_cpu: Callable[[], tuple[float, int, int]] | None = None
     missing: str | None = None  # why the target did not run ("not installed", ...)
 
 
-def redis_cpu_reader(url: str) -> Callable[[], tuple[float, int]] | None:
-    """redis-server's used CPU seconds (``INFO cpu``) and commands processed (``INFO stats``:
-    one per command a client sent, a pipeline's count, not the calls inside a Lua script),
-    or None when Redis does not answer."""
+def redis_cpu_reader(url: str) -> Callable[[], tuple[float, int, int]] | None:
+    """redis-server's used CPU seconds (``INFO cpu``), commands processed (``INFO stats``: every
+    command it ran, each ``redis.call`` inside a Lua script included, so a governed request's
+    two scripts count for about fifty) and ``EVALSHA`` calls (``INFO commandstats``: the
+    scripts' round trips), or None when Redis does not answer. The gateway's round trips
+    themselves are counted on its side by ``callgrind_requests.py --store redis``."""
     try:
         import redis
     except ImportError:
@@ -126,8 +130,9 @@ def redis_cpu_reader(url: str) -> Callable[[], tuple[float, int]] | None:
     def read() -> tuple[float, int]:
         info = client.info("cpu")
         stats = client.info("stats")
+        scripts = client.info("commandstats").get("cmdstat_evalsha", {})
         cpu = float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
-        return cpu, int(stats["total_commands_processed"])
+        return cpu, int(stats["total_commands_processed"]), int(scripts.get("calls", 0))
 
     try:
         read()
@@ -292,6 +297,7 @@ class Row:
     cpu_ms: list[float] = field(default_factory=list)
     redis_cpu_ms: list[float] = field(default_factory=list)
     redis_cmds: list[float] = field(default_factory=list)
+    redis_evalsha: list[float] = field(default_factory=list)
 
 
 class Bench:
@@ -325,13 +331,14 @@ class Bench:
     def round(self, t: Target, row: Row) -> None:
         row.c1.append(self.run(t, 1, self.seconds / 2).p50)
         cpu0 = tree_cpu_s(t.pid)
-        rcpu0, rcmd0 = t.redis_cpu() if t.redis_cpu else (0.0, 0)
+        rcpu0, rcmd0, reval0 = t.redis_cpu() if t.redis_cpu else (0.0, 0, 0)
         r16 = self.run(t, 16, self.seconds)
         row.cpu_ms.append((tree_cpu_s(t.pid) - cpu0) * 1000 / r16.requests)
         if t.redis_cpu:
-            rcpu, rcmd = t.redis_cpu()
+            rcpu, rcmd, reval = t.redis_cpu()
             row.redis_cpu_ms.append((rcpu - rcpu0) * 1000 / r16.requests)
             row.redis_cmds.append((rcmd - rcmd0) / r16.requests)
+            row.redis_evalsha.append((reval - reval0) / r16.requests)
         row.c16.append(r16)
         row.c64.append(self.run(t, 64, self.seconds))
         row.ttfe.append(pct(asyncio.run(first_event_ms(t.url, t.key, self.ttfe_n)), 0.5))
@@ -368,10 +375,13 @@ def report(targets: list[Target], rows: dict[str, Row], bench: Bench, rounds: in
             f"{r64.rps:10.0f} {r64.p99:8.2f} {statistics.median(row.ttfe):9.2f} {cpu:>12}"
         )
     for t in targets:
-        if not t.missing and rows[t.name].redis_cmds:
+        row = rows.get(t.name)
+        if not t.missing and row is not None and row.redis_cmds:
             print(
-                f"{t.name}: {statistics.median(rows[t.name].redis_cmds):.2f} Redis commands "
-                "per request at c16 (every client of that server counts)"
+                f"{t.name}: per request at c16, {statistics.median(row.redis_evalsha):.2f} "
+                f"EVALSHA (the scripts' round trips) and {statistics.median(row.redis_cmds):.2f} "
+                "commands run by Redis, those inside the scripts included (every client of "
+                "that server counts)"
             )
     bare = rows.get("bare aiohttp pass-through")
     if bare is None:
