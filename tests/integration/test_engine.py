@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -138,6 +139,29 @@ async def test_burn_rate_from_real_samples(store: QuotaStore, clock: ManualClock
     assert dim.burn_rate_per_s == pytest.approx(0.5, rel=0.2)
     assert dim.time_to_exhaustion_ms is not None
     assert dim.time_to_exhaustion_ms > 0
+
+
+async def test_settles_sample_the_burn_rate_when_a_series_is_due_and_only_then(
+    store: QuotaStore, clock: ManualClock
+) -> None:
+    """A settle skips the samples until one is due; the samples land where looking at every
+    settle would put them, and a dimension added to the pool starts its series at once."""
+    engine = QuotaEngine(store, clock=clock)
+    pool = pool_3()
+    start = clock.now_ms()
+    for _ in range(13):  # a settle a second for 12 s: due at 0, 5 and 10 s
+        await _send(engine, pool, "c", 1)
+        clock.advance(1_000)
+    series = engine.burn_samples(pool.id, "requests/hourly")
+    assert series is not None
+    assert [s.t_ms - start for s in series.samples] == [0, 5_000, 10_000]
+    tokens = Dimension(Unit.TOKENS, Window.HOURLY, 10_000)
+    wider = dataclasses.replace(pool, dimensions=(*pool.dimensions, tokens))
+    adm = await engine.admit(wider, "c", {Unit.REQUESTS: 1, Unit.TOKENS: 10})
+    await engine.settle(adm.ticket, {Unit.REQUESTS: 1, Unit.TOKENS: 10})
+    added = engine.burn_samples(pool.id, tokens.key)
+    assert added is not None
+    assert [s.t_ms - start for s in added.samples] == [13_000]
 
 
 async def test_forget_pool_clears_counters(store: QuotaStore, clock: ManualClock) -> None:

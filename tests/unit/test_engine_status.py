@@ -5,12 +5,14 @@ not use. In active mode that includes the room it must leave for keys waiting be
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from fairgate.quota.decision import DimensionCheck, Outcome, evaluate
+from fairgate.quota.decision import DimensionCheck, Outcome, Scope, evaluate
 from fairgate.quota.engine import _status
 from fairgate.quota.model import Policy
 from fairgate.quota.units import Unit, Window
-from fairgate.quota.window import Count
+from fairgate.quota.window import Anchor, Count, window_end_ms
 
 HOUR = Window.HOURLY.ms
 NOW = 1_700_002_800_000 + 30 * 60_000  # half an hour into an hourly bucket
@@ -45,3 +47,73 @@ def test_a_key_held_back_is_told_it_has_no_room() -> None:
     assert verdict.outcome is Outcome.BLOCK  # 50 + 1 + 60 > 100: the request waits
     (st,) = _status((check,), totals, mine, NOW, 0.5, False)
     assert st.remaining == 0
+
+
+def _reference_status(
+    checks: tuple[DimensionCheck, ...],
+    totals: tuple[Count, ...],
+    mine: tuple[Count, ...],
+    now: int,
+    threshold: float,
+    reserved: bool,
+) -> list[tuple[str, str, float, float, int]]:
+    """The standing written with the window helpers themselves (what ``_status`` inlines)."""
+    out = []
+    for c, t, m in zip(checks, totals, mine, strict=True):
+        w = c.window_ms
+        total = t.value(now, w) + (c.cost if reserved and c.scope == "pool" else 0.0)
+        used = m.value(now, w) + (c.cost if reserved else 0.0)
+        if c.scope == "model":
+            limit, remaining = c.limit, c.limit - used
+        else:
+            strict = max(total / c.limit, c.signal) >= threshold
+            limit = c.fair_share if strict else c.limit
+            remaining = min(c.limit - total - c.reserve, limit - used)
+            if c.cap is not None:
+                limit, remaining = min(limit, c.cap), min(remaining, c.cap - used)
+        reset = window_end_ms(now, w, c.anchor) - now
+        out.append((c.key, c.unit.value, limit, max(0.0, remaining), reset))
+    return out
+
+
+_counts = st.floats(min_value=0, max_value=1e6, allow_nan=False)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    prev=st.tuples(_counts, _counts),
+    curr=st.tuples(_counts, _counts),
+    cost=_counts,
+    signal=st.floats(min_value=0, max_value=1),
+    reserve=_counts,
+    cap=st.none() | st.floats(min_value=1, max_value=1e6),
+    scope=st.sampled_from(list(Scope)),
+    anchored=st.booleans(),
+    reserved=st.booleans(),
+    offset=st.integers(min_value=0, max_value=5 * HOUR),
+    window=st.sampled_from([w.ms for w in Window]),
+)
+def test_status_is_the_window_arithmetic_to_the_last_bit(
+    prev: tuple[float, float],
+    curr: tuple[float, float],
+    cost: float,
+    signal: float,
+    reserve: float,
+    cap: float | None,
+    scope: Scope,
+    anchored: bool,
+    reserved: bool,
+    offset: int,
+    window: int,
+) -> None:
+    now = NOW + offset
+    anchor = Anchor(now + window // 3, now // window) if anchored else None
+    check = DimensionCheck(
+        "tokens/5h", Unit.TOKENS, window, 1e6, 4e5, cap, cost, signal, scope, reserve, anchor
+    )
+    totals = (Count(prev[0], curr[0], anchor),)
+    mine = (Count(prev[1], curr[1], anchor),)
+    got = _status((check,), totals, mine, now, 0.5, reserved)
+    want = _reference_status((check,), totals, mine, now, 0.5, reserved)
+    assert [(s.key, s.unit, s.limit, s.remaining, s.reset_ms) for s in got] == want
+    assert type(got[0].unit) is str

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 ALPHA = 0.3
 #: No rate is reported before the samples span this long.
 MIN_SPAN_MS = 60_000
+#: :meth:`BurnSeries.next_due_ms` of a series without samples: before any instant.
+_NEVER_SAMPLED = -(2**63)
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +58,13 @@ class BurnSeries:
 
     def due(self, now_ms: int) -> bool:
         return not self._samples or now_ms - self._samples[-1].t_ms >= self._min_interval
+
+    def next_due_ms(self) -> int:
+        """The first instant at which :meth:`due` holds (the smallest int when it holds now
+        whatever the time: no sample yet)."""
+        if not self._samples:
+            return _NEVER_SAMPLED
+        return self._samples[-1].t_ms + self._min_interval
 
     def add(self, t_ms: int, value: float) -> None:
         if self._samples and t_ms <= self._samples[-1].t_ms:

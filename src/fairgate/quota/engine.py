@@ -68,10 +68,14 @@ log = logging.getLogger("fairgate.quota")
 SignalSource = Callable[[Pool], Mapping[str, float]]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)
 class Ticket:
     """What settle/release need to find the reservation again. ``reserved`` is False for an
-    admission that failed open: nothing to release, and its settle is plain usage."""
+    admission that failed open: nothing to release, and its settle is plain usage.
+
+    A ticket is one reservation, so it equals only itself (``eq=False``: identity, as its
+    reservation id is unique): the request path keeps the open ones in a set, and a hash of
+    every field would hash each check's eleven fields twice per request."""
 
     pool_id: str
     key_id: str
@@ -213,6 +217,10 @@ def _demand_every(keys: set[str]) -> int:
     return len(keys) * DEMAND_READ_MS_PER_KEY
 
 
+#: A unit's text (``Unit.value`` is an enum property: a dictionary lookup is a third of it).
+_UNIT_TEXT: Mapping[Unit, str] = {u: u.value for u in Unit}
+
+
 def _status(
     checks: tuple[DimensionCheck, ...],
     totals: tuple[Count, ...],
@@ -224,12 +232,23 @@ def _status(
     """Remaining = what this key could still use now: its share in strict mode, the pool's free
     room in generous mode (never more than the pool has left), less the room it must leave for
     keys waiting below their share (active mode, ``DimensionCheck.reserve``): a key held back
-    for a waiting one is never told it has room."""
+    for a waiting one is never told it has room.
+
+    Every admission runs this for its ``x-ratelimit-*`` headers, so the window arithmetic of
+    :meth:`~fairgate.quota.window.Count.value` and :func:`~fairgate.quota.window.window_end_ms`
+    is written out here, once per check for both counts (the same expressions, so the same
+    floats to the last bit; ``tests/unit/test_engine_status.py`` holds them together)."""
     out: list[DimensionStatus] = []
     for c, t, m in zip(checks, totals, mine, strict=True):
         w = c.window_ms
-        total = t.value(now_ms, w) + (c.cost if reserved and c.scope == "pool" else 0.0)
-        used = m.value(now_ms, w) + (c.cost if reserved else 0.0)
+        start = now_ms // w * w  # the epoch bucket's start
+        fade = 1.0 - (now_ms - start) / w  # what of the previous bucket still counts
+        total = t.curr if t.anchor is not None else t.prev * fade + t.curr
+        used = m.curr if m.anchor is not None else m.prev * fade + m.curr
+        if reserved:
+            used += c.cost
+            if c.scope == "pool":
+                total += c.cost
         if c.scope == "model":
             limit, remaining = c.limit, c.limit - used
         else:
@@ -238,8 +257,11 @@ def _status(
             remaining = min(c.limit - total - c.reserve, limit - used)
             if c.cap is not None:
                 limit, remaining = min(limit, c.cap), min(remaining, c.cap - used)
-        reset = window_end_ms(now_ms, w, c.anchor) - now_ms
-        out.append(DimensionStatus(c.key, c.unit.value, limit, max(0.0, remaining), reset))
+        anchor = c.anchor
+        end = start + w if anchor is None else window_end_ms(now_ms, w, anchor)
+        out.append(
+            DimensionStatus(c.key, _UNIT_TEXT[c.unit], limit, max(0.0, remaining), end - now_ms)
+        )
     return tuple(out)
 
 
@@ -294,6 +316,8 @@ class QuotaEngine:
         # per pool: when its provider-anchored windows were last read, and them by counter
         self._anchors: dict[str, tuple[int, dict[str, Anchor]]] = {}
         self._plans: dict[tuple[str, str, str | None], tuple[Pool, CheckPlan]] = {}
+        # per pool: when its next burn-rate sample is due, at the earliest (see _sample)
+        self._next_sample: dict[str, int] = {}
         self.fail_open_count = 0
         self.store_errors = 0
         self.slow_timeouts = 0
@@ -401,9 +425,11 @@ class QuotaEngine:
         except Exception:
             return False
 
-    def _verdict(self, exc: BaseException | None) -> None:
-        """Feed the circuit with how a store call ended (None: it answered)."""
-        now = self.clock.now_ms()
+    def _verdict(self, exc: BaseException | None, now: int | None = None) -> None:
+        """Feed the circuit with how a store call ended (None: it answered). ``now``: the
+        caller's reading of the clock, when it has one (an admission does: no second read)."""
+        if now is None:
+            now = self.clock.now_ms()
         if exc is None or not self._unavailable(exc):
             # the store answered (a refusal such as ValueError is an answer too)
             took = self.circuit.success(now)
@@ -461,6 +487,8 @@ class QuotaEngine:
         if len(self._plans) >= _PLAN_CACHE_MAX:
             self._plans.clear()  # bounded: keys × models of the pools in use
         plan = check_plan(pool, alloc, model)
+        # a new pool snapshot may have new dimensions, whose burn series _sample has not seen
+        self._next_sample.pop(pool.id, None)
         self._plans[k] = (pool, plan)
         return plan
 
@@ -501,7 +529,7 @@ class QuotaEngine:
             self._verdict(None)
             ticket = Ticket(pool.id, key_id, reservation_id, checks)
             return Admission(Outcome.ALLOW, ticket=ticket, status=_unread_status(checks, now))
-        self._verdict(None)  # the store answered (closes the circuit if this was the probe)
+        self._verdict(None, now)  # the store answered (closes the circuit if it was the probe)
         status = _status(checks, res.totals, res.mine, now, threshold, res.reserved)
         v = res.verdict
         if v.outcome is Outcome.BLOCK:
@@ -520,21 +548,44 @@ class QuotaEngine:
         return adm
 
     async def settle(self, ticket: Ticket | None, actual: Mapping[Unit, float]) -> None:
+        """Every answered request runs this, so it does no more than the store's settle: the
+        journal entry is built only when the write must be journaled, and the burn-rate
+        samples are looked at only when one is due (:meth:`_maybe_sample`)."""
         if ticket is None:
             return
         now = self.clock.now_ms()
-        anchors = self._cached_anchors(ticket.pool_id)
+        pool_id = ticket.pool_id
+        anchors = self._cached_anchors(pool_id)
         usage = tuple(
-            UsageItem(
-                c.key,
-                c.window_ms,
-                float(actual.get(c.unit, 0.0)),
-                c.scope,
-                anchors.get(c.key) if c.scope == "pool" else None,
-            )
-            for c in ticket.checks
+            [
+                UsageItem(
+                    c.key,
+                    c.window_ms,
+                    float(actual.get(c.unit, 0.0)),
+                    c.scope,
+                    anchors.get(c.key) if anchors and c.scope == "pool" else None,
+                )
+                for c in ticket.checks
+            ]
         )
-        entry = JournalEntry(
+        if self.circuit.down:
+            self.journal.append(self._settle_entry(ticket, usage, now))
+            return
+        try:
+            await self._store.settle(pool_id, ticket.key_id, ticket.reservation_id, usage, now)
+        except Exception as exc:
+            await self._write_failed(self._settle_entry(ticket, usage, now), exc)
+            return
+        if now < self._next_sample.get(pool_id, now):
+            return  # no burn-rate series of the pool is due
+        try:  # burn-rate samples: a view, never a reason to journal the settle again
+            await self._maybe_sample(pool_id, ticket.checks, now)
+        except Exception as exc:
+            self._store_error("sample", exc)
+
+    @staticmethod
+    def _settle_entry(ticket: Ticket, usage: tuple[UsageItem, ...], now: int) -> JournalEntry:
+        return JournalEntry(
             "settle",
             ticket.pool_id,
             ticket.key_id,
@@ -543,12 +594,6 @@ class QuotaEngine:
             now,
             ticket.reserved,
         )
-        if not await self._write(entry):
-            return
-        try:  # burn-rate samples: a view, never a reason to journal the settle again
-            await self._maybe_sample(ticket.pool_id, ticket.checks, now)
-        except Exception as exc:
-            self._store_error("sample", exc)
 
     async def release(self, ticket: Ticket | None) -> None:
         if ticket is None or not ticket.reserved:
@@ -597,14 +642,19 @@ class QuotaEngine:
         try:
             await self._apply(entry)
         except Exception as exc:
-            self._store_error(entry.op, exc)
-            if self._unavailable(exc):
-                # journaled either way: a write that timed out may or may not have landed, and
-                # the replay is at least once (the Redis store applies a settle once)
-                self.journal.append(entry)
-                await self._store_failed(exc)
+            await self._write_failed(entry, exc)
             return False
         return True
+
+    async def _write_failed(self, entry: JournalEntry, exc: Exception) -> None:
+        """A write the store did not take: counted, and journaled when the store is
+        unavailable (a refusal would be refused again)."""
+        self._store_error(entry.op, exc)
+        if self._unavailable(exc):
+            # journaled either way: a write that timed out may or may not have landed, and
+            # the replay is at least once (the Redis store applies a settle once)
+            self.journal.append(entry)
+            await self._store_failed(exc)
 
     # -- outages --------------------------------------------------------------------------
 
@@ -825,6 +875,7 @@ class QuotaEngine:
         self._pressed.pop(pool_id, None)
         self._joined.pop(pool_id, None)
         self._anchors.pop(pool_id, None)
+        self._next_sample.pop(pool_id, None)
         for k in [k for k in self._burn if k[0] == pool_id]:
             del self._burn[k]
 
@@ -956,9 +1007,20 @@ class QuotaEngine:
             await self._sample(pool_id, keys, now)
 
     async def _sample(self, pool_id: str, keys: list[str], now: int) -> None:
+        """Sample the pool's cumulative counters ``keys``, and note when the first of them is
+        due again (``_next_sample``): until then a settle skips :meth:`_maybe_sample`. The
+        keys of a settle are always among those sampled last (its checks' pool counters; a
+        pool whose dimensions change gets a new plan, which forgets the note), so that skip
+        never misses a due sample."""
         values = await self.store.cumulative(pool_id, keys)
+        due = None
         for k in keys:
-            self._series(pool_id, k).add(now, values.get(k, 0.0))
+            series = self._series(pool_id, k)
+            series.add(now, values.get(k, 0.0))
+            at = series.next_due_ms()
+            due = at if due is None or at < due else due
+        if due is not None:
+            self._next_sample[pool_id] = due
 
     def _series(self, pool_id: str, key: str) -> BurnSeries:
         s = self._burn.get((pool_id, key))
