@@ -781,6 +781,8 @@ class _DimPlan:
     static_share: float
     cap: float | None
     anchored: bool
+    key: str
+    unit: Unit
 
 
 @dataclass(frozen=True, slots=True)
@@ -794,6 +796,8 @@ class CheckPlan:
     model_caps: tuple[ModelCap, ...]
     #: whether any dimension follows a provider's anchored window (else no anchors are read)
     anchored: bool
+    #: each model cap's counter name (``ModelCap.key`` formats it at every read)
+    model_cap_keys: tuple[str, ...] = ()
 
 
 def check_plan(pool: Pool, alloc: Allocation, model: str | None = None) -> CheckPlan:
@@ -805,10 +809,13 @@ def check_plan(pool: Pool, alloc: Allocation, model: str | None = None) -> Check
             static_fair_share(pool, alloc.key_id, dim),
             alloc.cap_for(dim.unit),
             dim.provider_anchored,
+            dim.key,
+            dim.unit,
         )
         for dim in pool.enforced_dimensions()
     )
-    return CheckPlan(dims, alloc.model_cap(model), any(p.anchored for p in dims))
+    caps = alloc.model_cap(model)
+    return CheckPlan(dims, caps, any(p.anchored for p in dims), tuple(mc.key for mc in caps))
 
 
 _NOTHING: Mapping[str, float] = {}
@@ -839,9 +846,26 @@ def compile_checks(
     if plan is None:
         plan = check_plan(pool, alloc, model)
     active = levels is not None and pool.share_mode is ShareMode.ACTIVE
+    out: list[DimensionCheck] = []
+    if not (active or signals or reserves or anchors):
+        # the common case (a static pool, no provider reading, no anchored window): all but
+        # the cost comes from the plan, and the other fields keep their defaults (no signal,
+        # no reserve, no anchor), as the loop below would set them
+        for p in plan.dims:
+            out.append(
+                DimensionCheck(
+                    p.key,
+                    p.unit,
+                    p.window_ms,
+                    p.limit,
+                    p.static_share,
+                    p.cap,
+                    float(cost.get(p.unit, 0.0)),
+                )
+            )
+        return _with_model_caps(out, plan, cost)
     sig = signals or _NOTHING
     owed = reserves or _NOTHING
-    out: list[DimensionCheck] = []
     for p in plan.dims:
         dim = p.dim
         key = dim.key
@@ -864,10 +888,17 @@ def compile_checks(
                 anchor=anchors.get(key) if anchors and p.anchored else None,
             )
         )
-    for mc in plan.model_caps:
+    return _with_model_caps(out, plan, cost)
+
+
+def _with_model_caps(
+    out: list[DimensionCheck], plan: CheckPlan, cost: Mapping[Unit, float]
+) -> tuple[DimensionCheck, ...]:
+    """``out`` (the pool's checks) and a check per model cap of the plan, as a tuple."""
+    for mc, key in zip(plan.model_caps, plan.model_cap_keys, strict=True):
         out.append(
             DimensionCheck(
-                key=mc.key,
+                key=key,
                 unit=mc.unit,
                 window_ms=Window.HOURLY.ms,
                 limit=mc.limit,

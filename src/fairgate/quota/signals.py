@@ -83,6 +83,11 @@ class SaturationSignals:
         self._max = max_connections
         self._readings: dict[str, _Reading] = {}
 
+    @property
+    def empty(self) -> bool:
+        """No connection's reading is held (every fraction is 0)."""
+        return not self._readings
+
     def update(self, connection_id: str, snap: RateLimitSnapshot) -> None:
         """Record a response's snapshot. A snapshot reporting nothing usable keeps the previous
         reading (its age still counts from when it was taken)."""

@@ -133,9 +133,15 @@ class Count:
         return sliding_value(self.prev, self.curr, now_ms, window_ms)
 
 
+def fade(now_ms: int, window_ms: int) -> float:
+    """How much of the previous bucket still counts at ``now``: 1 as the current bucket
+    starts, 0 as it ends (epoch-aligned windows). Computed once per counter pair on the hot
+    path, where a pool total and a key's count share it."""
+    return 1.0 - (now_ms - now_ms // window_ms * window_ms) / window_ms
+
+
 def sliding_value(prev: float, curr: float, now_ms: int, window_ms: int) -> float:
-    elapsed = now_ms - bucket_index(now_ms, window_ms) * window_ms
-    return prev * (1.0 - elapsed / window_ms) + curr
+    return prev * fade(now_ms, window_ms) + curr
 
 
 def ms_until_at_most(count: Count, target: float, now_ms: int, window_ms: int) -> int | None:

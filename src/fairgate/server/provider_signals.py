@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 
 from fairgate.clock import Clock
 from fairgate.providers.ratelimit import RateLimitSnapshot, parse_rate_limit_headers
@@ -21,6 +22,8 @@ from fairgate.quota.attribution import PercentAttributor
 from fairgate.quota.model import Pool
 from fairgate.quota.signals import AccountBuckets, SaturationSignals
 from fairgate.resilience.classify import CODE_TABLE, Classification, FailureClass
+
+_NO_SIGNALS: Mapping[str, float] = MappingProxyType({})
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,4 +111,9 @@ class ProviderSignals:
         return max((a.estimate(tokens) for a in found), default=0.0)
 
     def for_pool(self, pool: Pool) -> Mapping[str, float]:
+        """The provider's used fraction per dimension key of ``pool``; empty (every fraction
+        0, as the engine reads a missing key) while no provider reported one: the admission
+        of every governed request asks, and most providers never report."""
+        if self.saturation.empty:
+            return _NO_SIGNALS
         return self.saturation.for_pool(pool.connections, [d.key for d in pool.dimensions])

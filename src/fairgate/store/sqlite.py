@@ -38,8 +38,8 @@ from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any, Protocol
 
-from fairgate.quota.decision import Outcome, evaluate
-from fairgate.quota.window import Anchor, Count, bucket_index, reanchor
+from fairgate.quota.decision import Outcome, Scope, evaluate
+from fairgate.quota.window import Anchor, Count, bucket_index, fade, reanchor
 from fairgate.store.base import (
     RECLAIM_BATCH,
     TOTAL_KEY,
@@ -189,6 +189,8 @@ _GC_RESERVATION_BATCH = 256
 
 # A part of a reservation: (counter, window_ms, bucket, amount, scope).
 _Part = Part
+#: A scope as a part stores it (``str(scope)`` of the enum, a dictionary lookup here).
+_SCOPE_TEXT: dict[str, str] = {s: s.value for s in Scope}
 
 
 class _Ops(Protocol):
@@ -561,32 +563,26 @@ class SqliteQuotaStore:
         totals: list[Count] = []
         mine: list[Count] = []
         values: list[tuple[float, float]] = []
+        parts: list[_Part] = []
         for check in req.checks:
             w = check.window_ms
-            curr = bucket_index(now, w, check.anchor)
-            total, own = ops.counts(
-                pool, key, check.key, w, curr, check.scope == "pool", check.anchor
-            )
+            anchor = check.anchor
+            curr = now // w if anchor is None else bucket_index(now, w, anchor)
+            total, own = ops.counts(pool, key, check.key, w, curr, check.scope == "pool", anchor)
             totals.append(total)
             mine.append(own)
-            values.append((total.value(now, w), own.value(now, w)))
+            if anchor is None:  # Count.value, the fade shared by both counts
+                f = fade(now, w)
+                values.append((total.prev * f + total.curr, own.prev * f + own.curr))
+            else:  # an anchored window counts its current bucket alone
+                values.append((total.curr, own.curr))
+            if check.cost != 0:  # what a reservation would add, in the bucket just read
+                parts.append((check.key, w, curr, check.cost, _SCOPE_TEXT[check.scope]))
 
         verdict = evaluate(req.checks, values, req.policy, req.threshold)
         if verdict.outcome is Outcome.BLOCK:
             return AdmitResult(verdict, tuple(totals), tuple(mine), reserved=False)
 
-        parts: list[_Part] = []
-        for check in req.checks:
-            if check.cost == 0:
-                continue
-            part: _Part = (
-                check.key,
-                check.window_ms,
-                bucket_index(now, check.window_ms, check.anchor),
-                check.cost,
-                str(check.scope),
-            )
-            parts.append(part)
         # the reservation first: an id already held refuses before anything is added
         ops.put(req.reservation_id, pool, key, now + req.lease_ms, parts)
         for part in parts:
@@ -629,20 +625,22 @@ class SqliteQuotaStore:
         if taken is not None:
             owner = taken[0]
             for counter, window_ms, bucket, amount, scope in taken[1]:
-                if bucket >= bucket_index(now_ms, window_ms) - 1:
+                if bucket >= now_ms // window_ms - 1:  # still counts: current or previous
                     k = (counter, window_ms, bucket, scope)
                     delta[k] = delta.get(k, 0.0) - amount
         if owner != key_id:  # a mismatched key must not move one key's counts to another
             _apply_delta(ops, pool_id, owner, delta)
             delta = {}
         for item in usage:
-            if item.amount == 0:
+            amount = float(item.amount)
+            if amount == 0:
                 continue
-            bucket = bucket_index(now_ms, item.window_ms, item.anchor)
-            k = (item.key, item.window_ms, bucket, item.scope)
-            delta[k] = delta.get(k, 0.0) + float(item.amount)
+            w, anchor = item.window_ms, item.anchor
+            bucket = now_ms // w if anchor is None else bucket_index(now_ms, w, anchor)
+            k = (item.key, w, bucket, item.scope)
+            delta[k] = delta.get(k, 0.0) + amount
             if item.scope == "pool":
-                ops.cum_add(pool_id, item.key, float(item.amount))
+                ops.cum_add(pool_id, item.key, amount)
         _apply_delta(ops, pool_id, key_id, delta)
         if self._due(self._touched, (pool_id, key_id), now_ms):
             ops.touch(pool_id, key_id, now_ms)
