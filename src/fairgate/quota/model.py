@@ -142,11 +142,15 @@ class Pool:
     _by_key: Mapping[str, Allocation] = field(default_factory=dict, compare=False, repr=False)
     _equal_weight: float | None = field(default=None, compare=False, repr=False)
     _enforced: tuple[Dimension, ...] = field(default=(), compare=False, repr=False)
+    _cost_units: frozenset[Unit] = field(default=frozenset(), compare=False, repr=False)
 
     def __post_init__(self) -> None:
         # derived once so per-request lookups stay O(1) however many keys share the pool
         object.__setattr__(self, "_by_key", {a.key_id: a for a in self.allocations})
         object.__setattr__(self, "_enforced", tuple(d for d in self.dimensions if d.known))
+        units = {d.unit for d in self._enforced}
+        units.update(c.unit for a in self.allocations for c in a.model_caps if c.known)
+        object.__setattr__(self, "_cost_units", frozenset(units))
         if self.allocations and all(a.weight <= 0 for a in self.allocations):
             object.__setattr__(self, "_equal_weight", 100.0 / len(self.allocations))
 
@@ -172,6 +176,13 @@ class Pool:
 
     def enforced_dimensions(self) -> tuple[Dimension, ...]:
         return self._enforced
+
+    @property
+    def cost_units(self) -> frozenset[Unit]:
+        """The units an admission to this pool reads a cost in (its enforced dimensions' and
+        its known model caps'): a request's cost in any other unit is never looked at, so the
+        request path need not work it out (a price lookup, a percent estimate)."""
+        return self._cost_units
 
     @property
     def unenforced_warning(self) -> str | None:

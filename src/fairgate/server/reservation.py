@@ -78,6 +78,19 @@ class Reservation:
         the ``async with`` block must not release it."""
         self._kept = True
 
+    async def close(self) -> None:
+        """What leaving the ``async with`` block normally does: release, unless kept. For an
+        owner that holds several without an exit stack (:func:`fairgate.server.executor.execute`)
+        as for the block itself."""
+        if not self._kept:
+            await self.release()
+
+    def abandon(self) -> None:
+        """What leaving the block by an exception (a cancellation included) does: release in a
+        task of its own, unless kept."""
+        if not self._kept:
+            self.release_soon()
+
     async def __aenter__(self) -> Reservation:
         return self
 
@@ -87,9 +100,7 @@ class Reservation:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        if self._kept:
-            return
         if exc_type is None:
-            await self.release()
+            await self.close()
         else:
-            self.release_soon()
+            self.abandon()

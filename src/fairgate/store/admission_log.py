@@ -22,7 +22,6 @@ import asyncio
 import contextlib
 import logging
 import sqlite3
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Final, Protocol
 
@@ -159,11 +158,13 @@ class SharedPoolLog:
         self.dropped = 0
         self._lock = asyncio.Lock()
 
-    def log(self, pool_id: str, event: Mapping[str, Any]) -> None:
+    def log(self, pool_id: str, event: Event) -> None:
+        """Buffer one event (O(1), no I/O). The log keeps ``event`` itself, not a copy: the
+        request path builds a new dict per admission and never touches it again."""
         if len(self._pending) >= MAX_PENDING:
             self.dropped += 1
             return
-        self._pending.append((pool_id, dict(event)))
+        self._pending.append((pool_id, event))
 
     async def flush(self) -> None:
         async with self._lock:
