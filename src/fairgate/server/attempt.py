@@ -164,10 +164,10 @@ async def _attempt_on(
         err, raw_err = await _upstream_error(resp, conn)
         log.warning("upstream error", extra={"connection": conn.id, "status": resp.status})
         return await fail("upstream", err, status=resp.status, body=raw_err, headers=resp.headers)
-    headers = quota_headers(adm)  # a new dict: this answer's own
-    headers["x-fairgate-connection"] = conn.id
+    headers = {"x-fairgate-connection": conn.id}  # a new dict: this answer's own
     if opts.combo:
         headers["x-fairgate-combo"] = opts.combo
+    quota = quota_raw_headers(adm)  # encoded already, added to the answer's raw headers
     if call.stream:
         tally = relay.StreamTally(prompt_estimate=call.prompt_estimate)
         source = exchange.relay(call, resp, wants_usage, tally)
@@ -189,9 +189,11 @@ async def _attempt_on(
         await _report_success(call, cand, snap, _ms_since(t_send))
         headers["x-fairgate-overhead-ms"] = f"{(t_send - call.t0) * 1000:.3f}"
         res.keep()  # the stream settles it when it ends
-        return _stream_response(
+        streamed = _stream_response(
             call, conn, res, resp, upstream_model, headers, tally, source, first, lease
         )
+        streamed.raw_headers.extend(quota)
+        return streamed
     try:
         raw = await resp.read()
     except TRANSPORT_ERRORS as exc:
@@ -228,13 +230,15 @@ async def _attempt_on(
     headers["x-fairgate-overhead-ms"] = f"{overhead:.3f}"
     # settle after the answer is on its way: the client need not wait for our bookkeeping
     # (the reservation holds the quota meanwhile, so nothing can overshoot)
-    return Response(
+    answer = Response(
         out,
         status_code=200,
         media_type="application/json",
         headers=headers,
         background=BackgroundTask(_settle, svc, res, conn, call, upstream_model, usage),
     )
+    answer.raw_headers.extend(quota)
+    return answer
 
 
 async def _apply_readings(
@@ -398,6 +402,8 @@ async def _settle(
         usage = Usage(prompt_tokens=call.prompt_estimate, completion_tokens=call.max_output)
     tokens = float(usage.prompt_tokens + usage.completion_tokens)
     svc.signals.add_tokens(conn.id, call.key.id, tokens)
+    if not res.open:  # no reservation to settle (no pool, or it ended already): no price
+        return
     await res.settle(
         {
             Unit.REQUESTS: 1.0,
@@ -451,42 +457,60 @@ def _stream_response(
 
 
 @functools.lru_cache(maxsize=4096)
-def _quota_header_names(key: str, unit: str) -> tuple[str, str, str, str, str]:
-    """The header names of one dimension, formatted once per dimension, not per request:
+def _quota_header_names(key: str, unit: str) -> tuple[bytes, bytes, bytes, bytes, bytes]:
+    """The header names of one dimension, encoded once per dimension, not per request:
     limit, reset and remaining by dimension, then limit and remaining by unit."""
     suffix = key.replace("/", "-").replace(":", "-")
     return (
-        f"x-ratelimit-limit-{suffix}",
-        f"x-ratelimit-reset-{suffix}",
-        f"x-ratelimit-remaining-{suffix}",
-        f"x-ratelimit-limit-{unit}",
-        f"x-ratelimit-remaining-{unit}",
+        f"x-ratelimit-limit-{suffix}".encode("latin-1"),
+        f"x-ratelimit-reset-{suffix}".encode("latin-1"),
+        f"x-ratelimit-remaining-{suffix}".encode("latin-1"),
+        f"x-ratelimit-limit-{unit}".encode("latin-1"),
+        f"x-ratelimit-remaining-{unit}".encode("latin-1"),
     )
 
 
 @functools.lru_cache(maxsize=4096)
-def _limit_text(limit: float) -> str:
-    return f"{limit:g}"
+def _limit_text(limit: float) -> bytes:
+    return b"%g" % limit
 
 
-def quota_headers(adm: Admission) -> dict[str, str]:
-    """``x-ratelimit-*`` per dimension (SPEC §4). When the store could not be read (fail-open)
-    the limits and resets are still sent, the remaining counts are not, and
-    ``x-fairgate-quota: unavailable`` says why (README, "Quota headers")."""
-    out: dict[str, str] = {}
+_UNAVAILABLE = (b"x-fairgate-quota", b"unavailable")
+
+
+def quota_raw_headers(adm: Admission) -> list[tuple[bytes, bytes]]:
+    """``x-ratelimit-*`` per dimension (SPEC §4), as the (name, value) bytes an ASGI answer
+    sends: a governed answer carries ten of them, and the names and limits are encoded once
+    per dimension instead of per request. When the store could not be read (fail-open) the
+    limits and resets are still sent, the remaining counts are not, and
+    ``x-fairgate-quota: unavailable`` says why (README, "Quota headers"). The unsuffixed names
+    SDK users know come from the first dimension of each unit."""
+    out: list[tuple[bytes, bytes]] = []
+    by_unit: set[bytes] = set()
+    unavailable = False
     for st in adm.status:
         limit_h, reset_h, remaining_h, unit_limit_h, unit_remaining_h = _quota_header_names(
             st.key, st.unit
         )
         limit = _limit_text(st.limit)
-        out[limit_h] = limit
-        out[reset_h] = f"{math.ceil(st.reset_ms / 1000)}s"
-        # the unsuffixed names SDK users know, from the first dimension of each unit
-        out.setdefault(unit_limit_h, limit)
+        out.append((limit_h, limit))
+        out.append((reset_h, b"%ds" % -(-st.reset_ms // 1000)))  # whole seconds, rounded up
+        if unit_limit_h not in by_unit:
+            by_unit.add(unit_limit_h)
+            out.append((unit_limit_h, limit))
         if st.remaining is None:
-            out["x-fairgate-quota"] = "unavailable"
+            unavailable = True
             continue
-        remaining = f"{st.remaining:g}"
-        out[remaining_h] = remaining
-        out.setdefault(unit_remaining_h, remaining)
+        remaining = b"%g" % st.remaining
+        out.append((remaining_h, remaining))
+        if unit_remaining_h not in by_unit:
+            by_unit.add(unit_remaining_h)
+            out.append((unit_remaining_h, remaining))
+    if unavailable:
+        out.append(_UNAVAILABLE)
     return out
+
+
+def quota_headers(adm: Admission) -> dict[str, str]:
+    """:func:`quota_raw_headers` as a dict of text (an error answer's headers)."""
+    return {k.decode("latin-1"): v.decode("latin-1") for k, v in quota_raw_headers(adm)}
