@@ -86,3 +86,52 @@ async def test_a_translated_stream_stamps_created_from_the_gateways_clock(tmp_pa
         ]
         assert chunks
         assert {c["created"] for c in chunks} == {1_234_567_890}
+
+
+async def test_a_governed_answer_carries_each_quota_header_once(tmp_path: Path) -> None:
+    """SPEC §4's ``x-ratelimit-*`` on the answer, stream or not: each once, with the key's
+    standing after this request (the headers are added to the answer's raw header list)."""
+    from inproc_support import openai_stream
+
+    async def handler(req: UpstreamRequest) -> Reply:
+        if req.json().get("stream"):
+            return Reply(
+                chunks=openai_stream("hi there"), headers={"content-type": "text/event-stream"}
+            )
+        return openai_chat("hello")
+
+    pool = {
+        "id": "p",
+        "connections": ["c1"],
+        "dimensions": [
+            {"unit": "requests", "window": "hourly", "limit": 100},
+            {"unit": "tokens", "window": "hourly", "limit": 10_000},
+        ],
+        "allocations": [{"key": "alice", "weight": 50}, {"key": "bob", "weight": 50}],
+    }
+    cfg = base_config([conn("c1")], pools=[pool])
+    async with gateway(tmp_path, cfg, ManualTimer(ManualClock(1_700_002_800_000)), handler) as h:
+        for stream in (False, True):
+            r = await h.chat("m", max_tokens=5, stream=stream)
+            assert r.status_code == 200, r.text
+            names = [k for k, _ in r.headers.multi_items() if k.startswith("x-ratelimit-")]
+            assert sorted(names) == sorted(set(names))  # each once
+            assert set(names) == {
+                "x-ratelimit-limit-requests-hourly",
+                "x-ratelimit-reset-requests-hourly",
+                "x-ratelimit-remaining-requests-hourly",
+                "x-ratelimit-limit-requests",
+                "x-ratelimit-remaining-requests",
+                "x-ratelimit-limit-tokens-hourly",
+                "x-ratelimit-reset-tokens-hourly",
+                "x-ratelimit-remaining-tokens-hourly",
+                "x-ratelimit-limit-tokens",
+                "x-ratelimit-remaining-tokens",
+            }
+            assert r.headers["x-ratelimit-limit-requests"] == "100"
+            assert r.headers["x-ratelimit-reset-requests-hourly"] == "3600s"
+            # generous pool: what is left of the whole pool, this request's reservation counted
+            used = 1 if not stream else 2
+            assert r.headers["x-ratelimit-remaining-requests"] == f"{100 - used:g}"
+            assert r.headers["x-fairgate-connection"] == "c1"
+            await h.settle_background()
