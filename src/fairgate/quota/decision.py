@@ -22,6 +22,7 @@ from enum import StrEnum
 from fairgate.quota.model import Allocation, Dimension, ModelCap, Policy, Pool, ShareMode
 from fairgate.quota.units import Unit, Window
 from fairgate.quota.window import Anchor, Count, bucket_index, ms_until_at_most, window_end_ms
+from fairgate.records import record
 
 
 class Outcome(StrEnum):
@@ -56,7 +57,7 @@ class Scope(StrEnum):
     MODEL = "model"
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class DimensionCheck:
     """One counter the admission must read, with every number the rule needs but the counts.
 
@@ -80,7 +81,7 @@ class DimensionCheck:
     anchor: Anchor | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Verdict:
     """What :func:`evaluate` found: the outcome and, for a block, which check blocked and why."""
 

@@ -51,6 +51,7 @@ from fairgate.quota.settings import QuotaSettings
 from fairgate.quota.units import Unit
 from fairgate.quota.usage import PoolUsage, build_usage
 from fairgate.quota.window import Anchor, Count, reanchor, window_end_ms
+from fairgate.records import record
 from fairgate.store.base import (
     AdmitRequest,
     CounterRef,
@@ -68,7 +69,7 @@ log = logging.getLogger("fairgate.quota")
 SignalSource = Callable[[Pool], Mapping[str, float]]
 
 
-@dataclass(frozen=True, slots=True, eq=False)
+@record(eq=False)
 class Ticket:
     """What settle/release need to find the reservation again. ``reserved`` is False for an
     admission that failed open: nothing to release, and its settle is plain usage.
@@ -84,7 +85,7 @@ class Ticket:
     reserved: bool = True
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class DimensionStatus:
     """The key's standing on one counter, for ``x-ratelimit-*`` headers. ``remaining`` is None
     when the store could not be read (a fail-open admission, or a reply lost to a timeout):
@@ -97,7 +98,7 @@ class DimensionStatus:
     reset_ms: int
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Admission:
     outcome: Outcome
     reason: Reason | None = None

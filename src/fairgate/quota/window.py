@@ -28,6 +28,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from fairgate.records import record
+
 #: Two stated resets this close (modulo the window) are the same window: providers state resets
 #: in seconds or as "resets in N s", so one window's reset moves by a second or two between
 #: readings.
@@ -118,7 +120,7 @@ def reanchor(
     return Anchor(reset_ms, max(natural, floor_index), source)
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Count:
     """The two raw buckets of one counter, as read at ``now``. ``anchor``: the counter's window
     is anchored to a provider's reset (its value is then the current bucket alone)."""

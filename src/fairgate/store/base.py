@@ -41,6 +41,7 @@ from typing import Protocol, runtime_checkable
 from fairgate.quota.decision import DimensionCheck, Scope, Verdict
 from fairgate.quota.model import Policy
 from fairgate.quota.window import Anchor, Count
+from fairgate.records import record
 
 #: Reservations not settled within this lease are reclaimed (SPEC §4).
 DEFAULT_LEASE_MS = 10 * 60_000
@@ -70,7 +71,7 @@ class ReservationExists(ValueError):
     did reserve (nothing is reserved twice)."""
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class AdmitRequest:
     pool_id: str
     key_id: str
@@ -82,7 +83,7 @@ class AdmitRequest:
     lease_ms: int = DEFAULT_LEASE_MS
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class AdmitResult:
     verdict: Verdict
     totals: tuple[Count, ...]  # per check: the pool total's buckets as read, before reserving
@@ -90,7 +91,7 @@ class AdmitResult:
     reserved: bool
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class UsageItem:
     """Actual use of one counter. ``scope`` ``model`` counts only for the key, never the pool."""
 
