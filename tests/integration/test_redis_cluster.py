@@ -123,7 +123,8 @@ def test_every_key_a_script_touches_is_declared_or_built_from_a_declared_one() -
         "KEYS[1] .. ':r:' .. id",  # admit.lua: reclaim an expired reservation of the pool
         "p[1]",  # lib.lua drop_reservation: a reservation part's bucket key
         "rkey",  # lib.lua drop_reservation's parameter (the calls below are checked)
-        "key",  # lib.lua add_to / keep_for parameter (the calls below are checked)
+        "key",  # lib.lua add_to / set_sum / keep_for parameter (the calls below are checked)
+        "unpack(KEYS",  # admit.lua: MGET of a range of its declared keys
         "c.kkey",  # admit.lua: KEYS[k + 3] (checked below)
         "c.tkey",  # admit.lua: KEYS[k + 1]
     }
@@ -131,7 +132,7 @@ def test_every_key_a_script_touches_is_declared_or_built_from_a_declared_one() -
     # version there): channels are not hashed to slots
     uses = re.compile(
         r"(?:redis\.call\(\s*'(?!PUBLISH')\w+'"
-        r"|(?<!function )(?:add_to|keep_for|drop_reservation)\()"
+        r"|(?<!function )(?:add_to|set_sum|keep_for|drop_reservation)\()"
         r"\s*,?\s*([^,)]+)"
     )
     sources = _lua_sources()

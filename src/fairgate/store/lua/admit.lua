@@ -40,7 +40,12 @@ for _, id in ipairs(expired) do
   redis.call('ZREM', KEYS[2], id)
 end
 
--- 2. Read and decide.
+-- 2. Read and decide. Every bucket in one MGET (a model-scope check's pool-total keys are read
+-- too and ignored: that check never reads nor writes the pool total).
+local read = {}
+if n > 0 then
+  read = redis.call('MGET', unpack(KEYS, 5, 4 + 4 * n))
+end
 local checks = {}
 local raw = {}
 for i = 1, n do
@@ -61,14 +66,17 @@ for i = 1, n do
     anchored = ARGV[a + 8] == '1',
   }
   local k = 5 + 4 * (i - 1)
+  local r = 4 * (i - 1)
   c.tkey, c.kkey = KEYS[k + 1], KEYS[k + 3]
   local tp, tc = '0', '0'
   if c.pool then
-    tp = redis.call('GET', KEYS[k]) or '0'
-    tc = redis.call('GET', KEYS[k + 1]) or '0'
+    tp = read[r + 1] or '0'
+    tc = read[r + 2] or '0'
   end
-  local kp = redis.call('GET', KEYS[k + 2]) or '0'
-  local kc = redis.call('GET', KEYS[k + 3]) or '0'
+  local kp = read[r + 3] or '0'
+  local kc = read[r + 4] or '0'
+  -- what the current buckets hold, for the reservation's writes (nothing writes them between)
+  c.tc, c.kc = tc, kc
   -- window.sliding_value: prev * (1 - elapsed / W) + curr, elapsed = now - floor(now / W) * W
   local elapsed = now - math.floor(now / c.window) * c.window
   local frac = 1.0 - elapsed / c.window
@@ -160,10 +168,10 @@ if outcome ~= 2 then
       -- window that holds as it does for the current epoch bucket
       local bucket = tostring(math.floor(now / c.window))
       local w = tostring(c.window)
-      add_to(c.kkey, c.cost, c.window)
+      set_sum(c.kkey, c.kc, c.cost, c.window)
       parts[#parts + 1] = { c.kkey, c.cost_s, w, bucket }
       if c.pool then
-        add_to(c.tkey, c.cost, c.window)
+        set_sum(c.tkey, c.tc, c.cost, c.window)
         parts[#parts + 1] = { c.tkey, c.cost_s, w, bucket }
       end
     end

@@ -13,11 +13,16 @@ local function fmt(x)
   return string.format('%.17g', x)
 end
 
--- Add `amount` (a number) to a counter bucket and give it a TTL of 2 x its window (refreshed on
--- every write): a bucket is read while it is current or previous, never after.
+-- Set a counter bucket to `old` (its value as read, a string) plus `amount` (a number) and give
+-- it a TTL of 2 x its window (refreshed on every write): a bucket is read while it is current or
+-- previous, never after.
+local function set_sum(key, old, amount, window_ms)
+  redis.call('SET', key, fmt(tonumber(old) + amount), 'PX', 2 * window_ms)
+end
+
+-- Add `amount` (a number) to a counter bucket (see set_sum).
 local function add_to(key, amount, window_ms)
-  local old = tonumber(redis.call('GET', key) or '0')
-  redis.call('SET', key, fmt(old + amount), 'PX', 2 * window_ms)
+  set_sum(key, redis.call('GET', key) or '0', amount, window_ms)
 end
 
 -- Give a ZSET or HASH that many writes share (reservations, active keys, cumulative totals) a TTL
