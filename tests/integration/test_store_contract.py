@@ -170,6 +170,27 @@ async def test_settle_replaces_the_reservation_with_actual_usage(store: QuotaSto
     assert not await store.release(pool.id, req.reservation_id, T0 + 6_000)
 
 
+async def test_settle_nets_the_reservation_against_the_use_to_the_last_bit(
+    store: QuotaStore,
+) -> None:
+    """Every driver settles a bucket with the SQLite driver's arithmetic: what it held, plus
+    the use less the reservation ((0 - reserved) + used), once. An undo followed by an add
+    rounds differently: here 0.1 held, 0.1 reserved, 0.7 used gives 0.8, not 0.7999999999999999."""
+    pool = make_pool(Allocation("a", weight=100), dims=(REQ_HOURLY, TOK_HOURLY))
+    counters = [ref(REQ_HOURLY), ref(TOK_HOURLY)]
+    await store.record(pool.id, "a", [used(TOK_HOURLY, 0.1)], T0)
+    req = admit_request(pool, "a", T0, cost={Unit.REQUESTS: 1, Unit.TOKENS: 0.1})
+    assert (await store.admit(req)).reserved
+    await store.settle(
+        pool.id, "a", req.reservation_id, [used(REQ_HOURLY, 1), used(TOK_HOURLY, 0.7)], T0 + 1
+    )
+    want = 0.1 + 0.1 + ((0.0 - 0.1) + 0.7)
+    assert want == 0.8
+    mine = await store.peek(pool.id, "a", counters, T0 + 1)
+    assert mine == {REQ_HOURLY.key: Count(0.0, 1.0), TOK_HOURLY.key: Count(0.0, want)}
+    assert (await store.pool_usage(pool.id, [], counters, T0 + 1)).totals == mine
+
+
 async def test_release_frees_the_reservation_once(store: QuotaStore) -> None:
     pool = make_pool(Allocation("a", weight=100))
     req = admit_request(pool, "a", T0)
