@@ -164,20 +164,29 @@ class MemoryCounters:
         total: bool,
         anchor: Anchor | None,
     ) -> tuple[Count, Count]:
-        v = self._value
-        mine = Count(
-            v((pool_id, key_id, counter, curr - 1), window_ms) or 0.0,
-            v((pool_id, key_id, counter, curr), window_ms) or 0.0,
-            anchor,
-        )
+        mine = self._pair(pool_id, key_id, counter, window_ms, curr, anchor)
         if not total:
             return Count(0.0, 0.0, anchor), mine
-        tot = Count(
-            v((pool_id, TOTAL_KEY, counter, curr - 1), window_ms) or 0.0,
-            v((pool_id, TOTAL_KEY, counter, curr), window_ms) or 0.0,
-            anchor,
-        )
-        return tot, mine
+        return self._pair(pool_id, TOTAL_KEY, counter, window_ms, curr, anchor), mine
+
+    def _pair(
+        self,
+        pool_id: str,
+        key_id: str,
+        counter: str,
+        window_ms: int,
+        curr: int,
+        anchor: Anchor | None,
+    ) -> Count:
+        """One owner's previous and current bucket: two dictionary lookups when both are in
+        memory (every admission reads four), :meth:`_value` (which loads) otherwise."""
+        prev_k, curr_k = (pool_id, key_id, counter, curr - 1), (pool_id, key_id, counter, curr)
+        counters = self._counters
+        try:
+            return Count(counters[prev_k] or 0.0, counters[curr_k] or 0.0, anchor)
+        except KeyError:
+            v = self._value
+            return Count(v(prev_k, window_ms) or 0.0, v(curr_k, window_ms) or 0.0, anchor)
 
     def add(
         self, pool_id: str, key_id: str, counter: str, window_ms: int, bucket: int, amount: float
