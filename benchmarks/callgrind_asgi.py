@@ -124,8 +124,9 @@ async def _serve(
         return openai_chat("hi", model="gpt-4o-mini")
 
     # the per-key rate guard's settings pass through (``FAIRGATE_KEY_RATE_PER_S=0`` for runs of
-    # more than its burst of requests); nothing else of the environment
-    env = {k: v for k, v in os.environ.items() if k.startswith("FAIRGATE_KEY_RATE_")}
+    # more than its burst of requests), and the quota store's (``QUOTA_SQLITE_FLUSH_MS``: under
+    # valgrind a 5 ms write-behind commits at every request); nothing else of the environment
+    env = {k: v for k, v in os.environ.items() if k.startswith(("FAIRGATE_KEY_RATE_", "QUOTA_"))}
     gw = Gateway(data_dir=data_dir, config=parse_config(_config(pool), {}), env=env)
     app = create_app(gw, upstream=HandlerUpstream(handler))
     body = orjson.dumps(
