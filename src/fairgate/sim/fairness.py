@@ -152,6 +152,50 @@ class LongerWindow:
     per_window: Fraction
 
 
+@dataclass(frozen=True, slots=True)
+class CapTimes:
+    """When each capped key asked, so that the ideal holds its cap the way the engine counts
+    it (:func:`sliding_cap_room`): per key and measurement window, ``(ms from the window's
+    start, size in the cap's unit)`` of every request it asked there, and how long the key
+    waits for a slot (``patience_ms``)."""
+
+    window_ms: int
+    asked: Mapping[str, Sequence[Sequence[tuple[int, float]]]]
+    patience_ms: Mapping[str, int]
+
+
+def sliding_cap_room(
+    asked: Sequence[tuple[int, float]],
+    prev: float,
+    cap: float,
+    patience_ms: int,
+    window_ms: int,
+) -> float:
+    """The most of one window's requests a key can get under its cap, counted as the engine
+    counts it (SPEC §2-3: refused once ``prev × (1 − elapsed/W) + curr`` reaches the cap,
+    ``prev`` its use of the previous window): each request no earlier than it was asked, no
+    later than its patience allows or the window ends, in the order asked and each as early
+    as the cap allows (with the cap the only constraint, that serves the most: the count
+    only rises at an admission).
+
+    Why: a cap of 30 requests an hour is 30 in any sliding hour, not 30 per calendar hour. A
+    key that used 12 in the last minutes of one hour can take only ``30 − 12 × (1 −
+    elapsed/W)`` early in the next, so one whose on-phase ends 28 minutes into it gets about
+    24, not 28. Bounding each calendar window at the cap owed a capped key up to twice its cap
+    within an hour across a boundary, which no policy that keeps the cap can give.
+    """
+    curr = 0.0
+    for at, size in sorted(asked):
+        if curr >= cap:
+            break
+        earliest = 0.0
+        if prev > 0 and prev + curr >= cap:
+            earliest = window_ms * (1.0 - (cap - curr) / prev)
+        if max(at, earliest) <= min(at + patience_ms, window_ms):
+            curr += size
+    return curr
+
+
 def dominant_window_figures(
     capacities: Mapping[str, float],
     weights: Mapping[str, float],
@@ -159,6 +203,7 @@ def dominant_window_figures(
     demand: Sequence[Mapping[str, Mapping[str, float]]],
     admitted: Sequence[Mapping[str, Mapping[str, float]]],
     longer: Mapping[str, LongerWindow] | None = None,
+    cap_times: CapTimes | None = None,
 ) -> list[WindowFigures]:
     """The weighted dominant-resource-fair ideal of every window
     (:func:`~fairgate.sim.ideal.dominant_resource_fair`), beside what was asked and admitted
@@ -175,6 +220,12 @@ def dominant_window_figures(
     Dimensions named in ``longer`` (their capacity is the whole budget of one of their
     buckets) make the ideal one across windows: :func:`_across_windows`. Without them every
     window is filled on its own, as before, to the last bit.
+
+    ``cap_times``: a capped key's cap in a dimension of the measurement window bounds it at
+    what the cap lets it take of what it asked, given when it asked and what the ideal gave
+    it in the previous window (:func:`sliding_cap_room`), instead of at the cap itself; the
+    windows are then filled in order. (Across windows, with a longer dimension, the cap
+    still bounds each window at the cap.)
     """
     dims = list(capacities)
     primary = dims[0]
@@ -208,15 +259,18 @@ def dominant_window_figures(
     if longer:
         allocs = _across_windows(capacities, weights, caps, costs_w, bounds_w, longer, per_window)
     else:
-        allocs = [
-            exact_dominant_resource_fair(
-                [Fraction(max(0.0, capacities[d])) for d in dims],
-                [weights[k] for k in keys],
-                costs,
-                bounds,
+        allocs = []
+        for w, (costs, bounds) in enumerate(zip(costs_w, bounds_w, strict=True)):
+            if cap_times is not None:
+                bounds = _sliding_cap_bounds(w, dims, keys, caps, costs_w, allocs, bounds, cap_times)
+            allocs.append(
+                exact_dominant_resource_fair(
+                    [Fraction(max(0.0, capacities[d])) for d in dims],
+                    [weights[k] for k in keys],
+                    costs,
+                    bounds,
+                )
             )
-            for costs, bounds in zip(costs_w, bounds_w, strict=True)
-        ]
     out: list[WindowFigures] = []
     for i, (asked, took, costs, alloc) in enumerate(
         zip(asked_w, took_w, costs_w, allocs, strict=True)
@@ -244,6 +298,36 @@ def dominant_window_figures(
                 dominant=dominant,
             )
         )
+    return out
+
+
+def _sliding_cap_bounds(
+    w: int,
+    dims: Sequence[str],
+    keys: Sequence[str],
+    caps: Mapping[str, Mapping[str, float]],
+    costs_w: Sequence[Sequence[Sequence[Fraction]]],
+    allocs: Sequence[Sequence[Fraction]],
+    bounds: Sequence[Fraction],
+    cap_times: CapTimes,
+) -> list[Fraction]:
+    """Window ``w``'s demand bounds with each capped key held to :func:`sliding_cap_room`
+    (in primary units); its previous use is the ideal's own allocation of window ``w − 1``."""
+    out = list(bounds)
+    for j, k in enumerate(keys):
+        asked = cap_times.asked.get(k)
+        if asked is None or w >= len(asked):
+            continue
+        for d, cap in caps.get(k, {}).items():
+            x = dims.index(d)
+            per = costs_w[w][j][x]
+            if per <= 0:
+                continue
+            prev = float(allocs[w - 1][j] * costs_w[w - 1][j][x]) if w > 0 else 0.0
+            room = sliding_cap_room(
+                asked[w], prev, cap, cap_times.patience_ms.get(k, 0), cap_times.window_ms
+            )
+            out[j] = min(out[j], Fraction(room) / per)
     return out
 
 

@@ -20,8 +20,8 @@ import random
 import tempfile
 import time
 import uuid
-from collections import defaultdict, deque
-from collections.abc import Callable, Sequence
+from collections import Counter, defaultdict, deque
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
@@ -32,6 +32,7 @@ from fairgate.clock import ManualClock
 from fairgate.quota.units import Unit
 from fairgate.quota.window import bucket_index
 from fairgate.sim.fairness import (
+    CapTimes,
     LongerWindow,
     Metrics,
     WindowFigures,
@@ -255,6 +256,36 @@ def _enqueue(
         dropped[key] += 1
 
 
+def _cap_times(
+    sc: Scenario,
+    workload: Workload,
+    queues: Mapping[str, deque[tuple[int, Request]]],
+    start: int,
+    n_windows: int,
+) -> CapTimes | None:
+    """When each capped key asked (:class:`~fairgate.sim.fairness.CapTimes`), without the
+    requests still waiting when the run ended (not demand either)."""
+    window = sc.primary.window.ms
+    asked: dict[str, list[list[tuple[int, float]]]] = {}
+    for k in sc.keys:
+        if k.cap is None:
+            continue
+        rows: list[list[tuple[int, float]]] = [[] for _ in range(n_windows)]
+        left = Counter(at for at, _ in queues[k.id])  # undecided at the end
+        for i, tick in enumerate(workload.arrivals[k.id]):
+            t0 = start + i * sc.tick
+            w = min(n_windows - 1, (t0 - start) // window)
+            for r in tick:
+                if left[t0] > 0:
+                    left[t0] -= 1
+                else:
+                    rows[w].append((t0 - start - w * window, r.size(k.cap.unit)))
+        asked[k.id] = rows
+    if not asked:
+        return None
+    return CapTimes(window, asked, {k.id: k.max_wait for k in sc.keys})
+
+
 async def run_policy(
     policy: SimPolicy,
     workload: Workload,
@@ -363,6 +394,7 @@ async def run_policy(
         demand_w,
         admitted_w,
         longer_windows(sc, n_windows),
+        _cap_times(sc, workload, queues, start, n_windows),
     )
     overshoot = {name: max(0.0, peak[name] - lim) / lim for name, lim in limits.items()}
     metrics = summarize(
