@@ -150,6 +150,10 @@ class LongerWindow:
     #: a measurement window's length over the dimension's window (5 h / 168 h): the share of
     #: the budget one window sustains, which a key's dominant share is measured against
     per_window: Fraction
+    #: how much of a whole measurement window each one covers (1, but the run's last window
+    #: when the run ends inside it): a window sustains its length's share of the budget, so
+    #: a run's last 3 hours of a 5-hour window are owed 3/5 of a whole window's part of the week
+    covers: Sequence[Fraction] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -231,9 +235,14 @@ def dominant_window_figures(
     primary = dims[0]
     keys = list(weights)
     longer = longer or {}
-    per_window = {
-        d: Fraction(capacities[d]) * (longer[d].per_window if d in longer else 1) for d in dims
-    }
+    per_window_w = [
+        {
+            d: Fraction(capacities[d])
+            * (longer[d].per_window * _covers(longer[d], w) if d in longer else 1)
+            for d in dims
+        }
+        for w in range(len(demand))
+    ]
     asked_w: list[dict[str, dict[str, float]]] = []
     took_w: list[dict[str, dict[str, float]]] = []
     costs_w: list[list[list[Fraction]]] = []
@@ -257,7 +266,7 @@ def dominant_window_figures(
         costs_w.append(costs)
         bounds_w.append(bounds)
     if longer:
-        allocs = _across_windows(capacities, weights, caps, costs_w, bounds_w, longer, per_window)
+        allocs = _across_windows(capacities, weights, caps, costs_w, bounds_w, longer, per_window_w)
     else:
         allocs = []
         for w, (costs, bounds) in enumerate(zip(costs_w, bounds_w, strict=True)):
@@ -279,6 +288,7 @@ def dominant_window_figures(
             d: {k: float(a * costs[j][x]) for j, (k, a) in enumerate(zip(keys, alloc, strict=True))}
             for x, d in enumerate(dims)
         }
+        per_window = per_window_w[i]
         dominant = {}
         for j, k in enumerate(keys):
             if asked[primary][k] > 0:
@@ -299,6 +309,10 @@ def dominant_window_figures(
             )
         )
     return out
+
+
+def _covers(spec: LongerWindow, w: int) -> Fraction:
+    return spec.covers[w] if w < len(spec.covers) else Fraction(1)
 
 
 def _sliding_cap_bounds(
@@ -338,7 +352,7 @@ def _across_windows(
     costs_w: Sequence[Sequence[Sequence[Fraction]]],
     bounds_w: Sequence[Sequence[Fraction]],
     longer: Mapping[str, LongerWindow],
-    per_window: Mapping[str, Fraction],
+    per_window_w: Sequence[Mapping[str, Fraction]],
 ) -> list[list[Fraction]]:
     """The ideal across windows: one progressive filling over every (key, window) pair of
     the run (:func:`~fairgate.sim.ideal.exact_progressive_filling`).
@@ -389,7 +403,11 @@ def _across_windows(
             rows.append(row)
             dominant.append(
                 max(
-                    (costs[j][x] / per_window[d] for x, d in enumerate(dims) if per_window[d] > 0),
+                    (
+                        costs[j][x] / per_window_w[w][d]
+                        for x, d in enumerate(dims)
+                        if per_window_w[w][d] > 0
+                    ),
                     default=Fraction(0),
                 )
             )

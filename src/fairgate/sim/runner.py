@@ -116,10 +116,13 @@ def longer_windows(scenario: Scenario, n_windows: int) -> dict[str, LongerWindow
     """The measured dimensions of a longer window than the primary's, with the bucket each
     measurement window starts in (:class:`~fairgate.sim.fairness.LongerWindow`)."""
     start, w = start_ms(scenario), scenario.primary.window.ms
+    run = scenario.ticks * scenario.tick
+    covers = [Fraction(max(0, min(w, run - i * w)), w) for i in range(n_windows)]
     return {
         f"{d.unit.value}/{d.window.value}": LongerWindow(
             buckets=[bucket_index(start + i * w, d.window.ms) for i in range(n_windows)],
             per_window=Fraction(w, d.window.ms),
+            covers=covers,
         )
         for d in scenario.pool.dimensions
         if d.window.ms > w
