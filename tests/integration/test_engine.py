@@ -10,12 +10,14 @@ import pytest
 from fairgate.clock import ManualClock
 from fairgate.quota.decision import Outcome, Reason
 from fairgate.quota.engine import QuotaEngine
-from fairgate.quota.model import Allocation, Dimension, Policy, Pool
+from fairgate.quota.model import Allocation, Dimension, Policy, Pool, ShareMode
 from fairgate.quota.units import Unit, Window
 from fairgate.store.base import QuotaStore
 from fairgate.store.sqlite import SqliteQuotaStore
 
 HOUR = 3_600_000
+#: the shared test clock's start (tests/conftest.py), on an hour
+T0_ACTIVE = 1_700_002_800_000
 
 
 def pool_3() -> Pool:
@@ -244,3 +246,59 @@ async def test_a_replaced_pool_is_judged_by_its_new_configuration_at_once(
     assert blocked.status[0].limit == 1
     other = await engine.admit(new, "b", {Unit.REQUESTS: 1})  # no allocation any more
     assert other.status[0].limit == 10  # the new pool's limit (generous mode: the pool's)
+
+
+def _active(*allocs: Allocation, limit: float = 100) -> Pool:
+    return Pool(
+        id="act",
+        name="active",
+        provider="mock",
+        connections=("c1",),
+        dimensions=(Dimension(Unit.REQUESTS, Window.HOURLY, limit),),
+        allocations=allocs,
+        share_mode=ShareMode.ACTIVE,
+    )
+
+
+async def test_active_a_key_that_borrowed_last_window_is_judged_on_this_one(
+    store: QuotaStore, clock: ManualClock
+) -> None:
+    """Issue 17: a light key that used 40 of a quiet hour and asks 5 at the start of a busy one
+    gets them. Judged on its sliding count (40 × 59/60 ≈ 39, against a share of about 10 once
+    the bot is there) it was refused until 45 minutes past."""
+    engine = QuotaEngine(store, clock=clock)
+    pool = _active(Allocation("light", 10), Allocation("bot", 90))
+    assert (await _send(engine, pool, "light", 40)).count(Outcome.ALLOW) == 40
+    clock.set(T0_ACTIVE + HOUR + 30_000)  # the next hour begins; the bot starts
+    await _send(engine, pool, "bot", 45)
+    clock.advance(30_000)
+    adm = await engine.admit(pool, "light", {Unit.REQUESTS: 1})
+    assert adm.ticket is not None
+    check = adm.ticket.checks[0]
+    assert check.window_share
+    assert check.fair_share < 40 * 59 / 60  # the sliding count would have refused it
+    await engine.settle(adm.ticket, {Unit.REQUESTS: 1})
+    assert (await _send(engine, pool, "light", 4)).count(Outcome.ALLOW) == 4
+
+
+async def test_active_a_backlogged_key_keeps_its_sliding_count(
+    store: QuotaStore, clock: ManualClock
+) -> None:
+    """Issue 17: a key refused without a break since before the window began is judged on its
+    sliding count (it is paced by it, as in the seeds' rule); judged on the new window alone it
+    would start every hour owed its whole share."""
+    engine = QuotaEngine(store, clock=clock)
+    pool = _active(Allocation("hog", 50), Allocation("other", 50))
+    clock.set(T0_ACTIVE + 40 * 60_000)
+    for _ in range(44):  # the hog asks for more than it gets, every 30 s, into the next hour
+        await _send(engine, pool, "hog", 60)
+        await _send(engine, pool, "other", 1)
+        clock.advance(30_000)
+    assert clock.now_ms() > T0_ACTIVE + HOUR
+    hog = await engine.admit(pool, "hog", {Unit.REQUESTS: 1})
+    other = await engine.admit(pool, "other", {Unit.REQUESTS: 1})
+    assert hog.reason is Reason.FAIR_SHARE
+    assert other.allowed
+    assert other.ticket is not None
+    assert other.ticket.checks[0].window_share
+    assert engine._active[pool.id].backlogged == {"hog": frozenset({"requests/hourly"})}

@@ -9,7 +9,7 @@ import asyncio
 import dataclasses
 import random
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -75,6 +75,7 @@ def admit_request(
     signals: Mapping[str, float] | None = None,
     reserves: Mapping[str, float] | None = None,
     levels: Mapping[str, float] | None = None,
+    backlogged: Collection[str] = (),
 ) -> AdmitRequest:
     alloc = pool.allocation(key)
     assert alloc is not None
@@ -86,6 +87,7 @@ def admit_request(
         signals=signals,
         levels=levels,
         reserves=reserves,
+        backlogged=backlogged,
     )
     return AdmitRequest(
         pool_id=pool.id,
@@ -596,6 +598,7 @@ async def _run_scenario(store: QuotaStore, seed: int) -> tuple[list[Any], list[f
     rng = random.Random(seed)
     spare = random.Random(seed + 1)  # the reserves' draws leave the main sequence as it was
     drf = random.Random(seed + 2)  # and so do the dominant-share levels' (issue 18)
+    back = random.Random(seed + 3)  # and the backlogged dimensions' (issue 17)
     pool = PARITY_POOL
     keys = [a.key_id for a in pool.allocations]
     held: list[AdmitRequest] = []
@@ -620,7 +623,7 @@ async def _run_scenario(store: QuotaStore, seed: int) -> tuple[list[Any], list[f
                 PARITY_DIMS[1].key: float(spare.randint(0, 30_000)),
             }
         # active mode now and then: the dominant-resource-fair shares of every dimension
-        step_pool, levels = pool, None
+        step_pool, levels, behind = pool, None, set()
         if step % 7 == 3:
             step_pool = PARITY_ACTIVE
             demand = {
@@ -632,6 +635,9 @@ async def _run_scenario(store: QuotaStore, seed: int) -> tuple[list[Any], list[f
                 for k in drf.sample(keys, 3)
             }
             levels = dominant_levels(step_pool, keys, demand)
+            # issue 17: the share judged on the current window, but in the dimensions where
+            # the key is backlogged (its sliding count there)
+            behind = set(back.sample([d.key for d in PARITY_DIMS[:3]], back.randint(0, 2)))
         roll = rng.random()
         if roll < 0.6 or not held:
             key = rng.choices(keys, weights=[3, 2, 2, 3, 3, 2])[0]
@@ -653,6 +659,7 @@ async def _run_scenario(store: QuotaStore, seed: int) -> tuple[list[Any], list[f
                 signals=signals,
                 reserves=reserves,
                 levels=levels,
+                backlogged=behind,
             )
             res = await store.admit(req)
             v = res.verdict

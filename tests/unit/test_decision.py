@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
@@ -22,6 +23,7 @@ from fairgate.quota.decision import (
     evaluate,
     long_budget_pace,
     retry_after_ms,
+    standing,
     static_fair_share,
     waiting_reserves,
     water_fill_level,
@@ -29,7 +31,7 @@ from fairgate.quota.decision import (
 )
 from fairgate.quota.model import Allocation, Dimension, ModelCap, Policy, Pool, ShareMode
 from fairgate.quota.units import Unit, Window
-from fairgate.quota.window import Anchor, Count
+from fairgate.quota.window import Anchor, Count, ms_until_at_most
 
 H, S, B = Policy.HARD, Policy.SOFT, Policy.BURST
 ALLOW, PEN, BLOCK = Outcome.ALLOW, Outcome.PENALIZE, Outcome.BLOCK
@@ -104,25 +106,25 @@ def test_rule_table(
     outcome: Outcome,
     reason: Reason | None,
 ) -> None:
-    v = evaluate([chk(**kw)], [values], policy, 0.5)  # type: ignore[arg-type]
+    v = evaluate([chk(**kw)], [(*values, values[1])], policy, 0.5)
     assert (v.outcome, v.reason) == (outcome, reason)
     assert v.index == (0 if outcome is BLOCK else None)
 
 
 def test_first_blocking_dimension_wins_and_penalty_does_not_mask_a_block() -> None:
     a, b = chk(fair=20), chk(limit=10, fair=5)
-    v = evaluate([a, b], [(40, 30), (10, 0)], S, 0.5)
+    v = evaluate([a, b], [(40, 30, 30), (10, 0, 0)], S, 0.5)
     assert (v.outcome, v.reason, v.index) == (BLOCK, SAT, 1)
-    v = evaluate([chk(), chk(cap=3)], [(60, 50), (60, 3)], H, 0.5)
+    v = evaluate([chk(), chk(cap=3)], [(60, 50, 50), (60, 3, 3)], H, 0.5)
     assert (v.reason, v.index) == (FAIR, 0)
-    v = evaluate([a, chk()], [(40, 30), (10, 1)], S, 0.5)
+    v = evaluate([a, chk()], [(40, 30, 30), (10, 1, 1)], S, 0.5)
     assert v.outcome is PEN
 
 
 def test_model_scope_blocks_on_own_count_only() -> None:
     m = chk(limit=5, fair=5, scope="model")
-    assert evaluate([m], [(0, 5)], B, 0.5).reason is Reason.MODEL_CAP
-    assert evaluate([m], [(1000, 4)], B, 0.5).outcome is ALLOW
+    assert evaluate([m], [(0, 5, 5)], B, 0.5).reason is Reason.MODEL_CAP
+    assert evaluate([m], [(1000, 4, 4)], B, 0.5).outcome is ALLOW
 
 
 def test_unknown_policy_is_hard() -> None:
@@ -298,8 +300,9 @@ def test_dominant_levels_worked_example() -> None:
         pool, pool.allocations[0], {Unit.REQUESTS: 1, Unit.TOKENS: 500}, levels=levels
     )
     # strict (80 % of tokens used): a passes at 66 requests, is held at 67 (its dominant share)
-    assert evaluate(checks, [(66, 66), (80_000, 33_000)], H, 0.5).outcome is Outcome.ALLOW
-    verdict = evaluate(checks, [(67, 67), (80_000, 33_500)], H, 0.5)
+    passed = evaluate(checks, [(66, 66, 66), (80_000, 33_000, 33_000)], H, 0.5)
+    assert passed.outcome is Outcome.ALLOW
+    verdict = evaluate(checks, [(67, 67, 67), (80_000, 33_500, 33_500)], H, 0.5)
     assert (verdict.outcome, verdict.reason, verdict.index) == (Outcome.BLOCK, Reason.FAIR_SHARE, 0)
 
 
@@ -420,7 +423,7 @@ def test_a_weekly_budget_is_paced_when_the_5_hour_windows_could_spend_it() -> No
     checks = compile_checks(
         pool, pool.allocations[0], {Unit.REQUESTS: 1.0}, levels=levels, reserves=res.for_key("a")
     )
-    verdict = evaluate(checks, [(200.0, 50.0), (900.0, 225.0)], Policy.HARD, 0.5)
+    verdict = evaluate(checks, [(200.0, 50.0, 50.0), (900.0, 225.0, 225.0)], Policy.HARD, 0.5)
     assert (verdict.outcome, verdict.reason, verdict.index) == (Outcome.BLOCK, Reason.FAIR_SHARE, 1)
 
 
@@ -493,3 +496,93 @@ def test_a_dimension_key_is_its_counter_name() -> None:
     assert d.key == "tokens/5h"
     assert d == Dimension(Unit.TOKENS, Window.FIVE_HOURS, 10)
     assert "key" not in repr(d)
+
+
+# -- the share judged on the current window (active mode, issue 17) ----------------------------
+
+
+def _win(**kw: Any) -> DimensionCheck:
+    c = chk(**kw)
+    return DimensionCheck(c.key, c.unit, c.window_ms, c.limit, c.fair_share, c.cap, c.cost,
+                          c.signal, c.scope, c.reserve, window_share=True)
+
+
+def test_a_window_share_check_judges_the_share_on_the_current_window() -> None:
+    # 60 in the pool, the key's sliding count 55 (most of it last window), 5 in this window
+    assert evaluate([chk()], [(60, 55, 5)], H, 0.5).reason is FAIR
+    assert evaluate([_win()], [(60, 55, 5)], H, 0.5).outcome is ALLOW
+    assert evaluate([_win()], [(60, 55, 50)], H, 0.5).reason is FAIR  # its window's share used
+    assert evaluate([_win()], [(60, 55, 50)], S, 0.5).outcome is PEN
+    assert evaluate([_win()], [(60, 55, 50)], B, 0.5).outcome is ALLOW
+
+
+def test_a_window_share_check_keeps_the_cap_ceiling_and_borrowing_on_the_sliding_counts() -> None:
+    assert evaluate([_win(cap=30)], [(60, 30, 5)], H, 0.5).reason is CAP  # the cap: sliding
+    assert evaluate([_win()], [(100, 55, 5)], H, 0.5).reason is SAT  # the ceiling: sliding
+    # generous (the pool under half used): a hard key borrows up to the limit on its sliding
+    # count; a soft one is penalised over its share of the window
+    assert evaluate([_win(limit=200)], [(60, 200, 5)], H, 0.5).reason is SAT
+    assert evaluate([_win(limit=200, fair=10)], [(60, 40, 20)], S, 0.5).outcome is PEN
+    assert evaluate([_win(limit=200, fair=30)], [(60, 40, 20)], S, 0.5).outcome is ALLOW
+
+
+def test_a_window_share_block_waits_for_the_window_to_turn() -> None:
+    now = T + HOUR // 4
+    c = _win(fair=20)
+    # the window's 20 drop when the hour turns, 45 minutes from now; the pool leaves strict
+    # mode sooner (its 70 × (1 − e) + 30 reaches 50 at 43 minutes past), which ends it too
+    total = Count(70, 30)
+    wait = retry_after_ms(c, FAIR, total, Count(40, 20), now, 0.5)
+    assert wait == ms_until_at_most(total, 50 - 1e-9, now, HOUR) < 3 * HOUR // 4
+    # a pool that stays strict: the window's turn
+    assert retry_after_ms(c, FAIR, Count(0, 90), Count(0, 20), now, 0.5) == 3 * HOUR // 4
+
+
+def test_standing_is_the_window_unless_backlogged() -> None:
+    c = Count(prev=60, curr=10)
+    assert standing(c, T + HOUR // 2, HOUR, backlogged=False) == 10
+    assert standing(c, T + HOUR // 2, HOUR, backlogged=True) == pytest.approx(40)
+
+
+def test_active_checks_judge_on_the_window_but_where_the_key_is_backlogged() -> None:
+    pool = Pool(
+        id="p",
+        name="p",
+        provider="mock",
+        connections=("c",),
+        dimensions=_RPM_TPM,
+        allocations=(Allocation("a", 50), Allocation("b", 50)),
+        share_mode=ShareMode.ACTIVE,
+    )
+    cost = {Unit.REQUESTS: 1.0, Unit.TOKENS: 500.0}
+    levels = dominant_levels(pool, ["a", "b"])
+    checks = compile_checks(pool, pool.allocations[0], cost, levels=levels)
+    assert [c.window_share for c in checks] == [True, True]
+    held = compile_checks(
+        pool, pool.allocations[0], cost, levels=levels, backlogged={_RPM_TPM[1].key}
+    )
+    assert [c.window_share for c in held] == [True, False]
+    static = dataclasses.replace(pool, share_mode=ShareMode.STATIC)
+    assert not any(c.window_share for c in compile_checks(static, static.allocations[0], cost))
+
+
+def test_the_catch_up_compares_window_use_but_for_backlogged_keys() -> None:
+    """A key that used 90 last hour and nothing yet in this one is not ahead of a waiting key
+    (it leaves it nothing); backlogged, its sliding count puts it ahead (it leaves room)."""
+    pool = Pool(
+        id="p",
+        name="p",
+        provider="mock",
+        connections=("c",),
+        dimensions=(Dimension(Unit.REQUESTS, Window.HOURLY, 300),),
+        allocations=(Allocation("a", 1), Allocation("b", 1)),
+        share_mode=ShareMode.ACTIVE,
+    )
+    dim = pool.dimensions[0].key
+    now = T + HOUR // 6
+    used = {"a": {dim: Count(prev=90, curr=0)}, "b": {dim: Count(prev=0, curr=10)}}
+    levels = {dim: 150.0}
+    fresh = waiting_reserves(pool, levels, ["a", "b"], ["b"], used, now, {})
+    assert fresh.for_key("a").get(dim, 0.0) == 0.0  # a stands at 0 this hour, behind b
+    back = waiting_reserves(pool, levels, ["a", "b"], ["b"], used, now, {"a": {dim}})
+    assert back.for_key("a")[dim] == pytest.approx(90 * 5 / 6 - 10)  # 75 − 10: b catches up

@@ -43,7 +43,7 @@ def test_remaining_subtracts_the_room_held_for_waiting_keys() -> None:
 def test_a_key_held_back_is_told_it_has_no_room() -> None:
     check = _check(60)
     totals, mine = (Count(prev=0, curr=50),), (Count(prev=0, curr=10),)
-    verdict = evaluate((check,), [(50.0, 10.0)], Policy.HARD, 0.5)
+    verdict = evaluate((check,), [(50.0, 10.0, 10.0)], Policy.HARD, 0.5)
     assert verdict.outcome is Outcome.BLOCK  # 50 + 1 + 60 > 100: the request waits
     (st,) = _status((check,), totals, mine, NOW, 0.5, False)
     assert st.remaining == 0

@@ -60,6 +60,7 @@ def test_the_quota_records_keep_their_fields_and_values() -> None:
         "scope",
         "reserve",
         "anchor",
+        "window_share",
     ]
     assert Count(1.0, 2.0) == Count(1.0, 2.0, None)
     assert hash(Count(1.0, 2.0)) == hash(Count(1.0, 2.0))

@@ -79,6 +79,11 @@ class DimensionCheck:
     reserve: float = 0.0
     #: the window anchored to the provider's reset (``fairgate.quota.window``); None = epoch
     anchor: Anchor | None = None
+    #: ``active`` mode: the fair share is judged on this key's use of the current window (its
+    #: current bucket), not its sliding count (:func:`standing`): what a key borrowed in an
+    #: earlier window, while others were away, is not held against it in this one. False for a
+    #: key refused without a break since before the window began, and in static mode
+    window_share: bool = False
 
 
 @record
@@ -92,16 +97,19 @@ class Verdict:
 
 def evaluate(
     checks: Sequence[DimensionCheck],
-    values: Sequence[tuple[float, float]],
+    values: Sequence[tuple[float, float, float]],
     policy: Policy,
     threshold: float,
 ) -> Verdict:
-    """Apply SPEC §3 to the sliding values ``(pool total, this key)`` of each check, in order.
+    """Apply SPEC §3 to each check's ``(pool total, this key, this key's current window)``, in
+    order: the sliding values of the pool and the key, and the key's current bucket, which a
+    ``window_share`` check judges the fair share on (active mode, issue 17; the cap, the
+    ceiling and borrowing up to the limit stay on the sliding counts).
 
     The first block wins; a soft penalty from any dimension is kept unless something blocks.
     """
     penalized = False
-    for i, (check, (total, mine)) in enumerate(zip(checks, values, strict=True)):
+    for i, (check, (total, mine, window)) in enumerate(zip(checks, values, strict=True)):
         if check.scope == "model":
             if mine >= check.limit:
                 return Verdict(Outcome.BLOCK, Reason.MODEL_CAP, i)
@@ -117,16 +125,17 @@ def evaluate(
                 return Verdict(Outcome.BLOCK, Reason.FAIR_SHARE, i)
             if policy is Policy.SOFT:
                 penalized = True
+        share_use = window if check.window_share else mine
         used = max(total / limit, check.signal)
         if used >= threshold:  # strict
-            if policy is Policy.HARD and mine >= check.fair_share:
+            if policy is Policy.HARD and share_use >= check.fair_share:
                 return Verdict(Outcome.BLOCK, Reason.FAIR_SHARE, i)
-            if policy is Policy.SOFT and mine >= check.fair_share:
+            if policy is Policy.SOFT and share_use >= check.fair_share:
                 penalized = True
         else:  # generous: borrow up to the limit
             if policy is Policy.HARD and mine >= limit:
                 return Verdict(Outcome.BLOCK, Reason.GLOBAL_SATURATED, i)
-            if policy is Policy.SOFT and mine >= check.fair_share:
+            if policy is Policy.SOFT and share_use >= check.fair_share:
                 penalized = True
     return Verdict(Outcome.PENALIZE if penalized else Outcome.ALLOW)
 
@@ -376,6 +385,24 @@ def active_fair_share(
     return _share_at_level(pool, key_id, dim, level)
 
 
+def standing(count: Count, now_ms: int, window_ms: int, backlogged: bool) -> float:
+    """A key's use of one dimension as ``active`` mode judges its share and its place in line
+    (issue 17): its use of the current window, or its sliding count while it is *backlogged*
+    there (refused without a break since before the window began).
+
+    Why the window: the ideal a policy is measured against (and what a user expects of a share
+    "per hour") gives every key its share of each window; a key that borrowed a lot in the
+    previous window while others were away owes nothing for it in this one. On the sliding
+    count it does: ``prev × (1 − elapsed/W)`` is charged against its share, so a light key
+    that used 43 in a quiet hour and asks 9 at the start of a busy one is refused until half
+    past (``two-resource``: a window at 0.83 of the ideal). Why the sliding count for a
+    backlogged key: a key that asks for more than it gets all the time is paced by it, as in
+    the seeds' rule; judged on the window alone it would start every window owed its whole
+    share and race the returning keys for the slots that open first.
+    """
+    return count.value(now_ms, window_ms) if backlogged else count.curr
+
+
 @dataclass(frozen=True, slots=True)
 class Reserves:
     """Room each key must leave free per dimension for waiting keys (``active`` mode).
@@ -469,6 +496,7 @@ def waiting_reserves(
     waiting: Collection[str],
     used: Mapping[str, Mapping[str, Count]],
     now_ms: int,
+    backlogged: Mapping[str, Collection[str]] | None = None,
 ) -> Reserves:
     """The room each key must leave free for the keys waiting below their share (``active``).
 
@@ -494,6 +522,10 @@ def waiting_reserves(
     pressure hold), so idle keys hold nothing back. Computed at the cached refresh over the
     active keys (one sorted sweep), never per request; per request it is one number per
     dimension in the atomic step, like the fair share.
+
+    ``used`` is taken as :func:`standing` has it: per key, its sliding count in the dimensions
+    ``backlogged`` names for it, its current window's use elsewhere (None: the sliding count
+    everywhere).
     """
     per_key: dict[str, dict[str, float]] = {k: {} for k in keys}
     default: dict[str, float] = {}
@@ -504,7 +536,8 @@ def waiting_reserves(
         use: dict[str, float] = {}
         for k in keys:
             count = used.get(k, {}).get(dkey)
-            use[k] = 0.0 if count is None else max(0.0, count.value(now_ms, wms))
+            back = backlogged is None or dkey in backlogged.get(k, ())
+            use[k] = 0.0 if count is None else max(0.0, standing(count, now_ms, wms, back))
         owed: list[tuple[float, float, float]] = []  # (use per weight, owed, weight), waiting
         for k in waiting:
             alloc = pool.allocation(k)
@@ -515,11 +548,9 @@ def waiting_reserves(
             cap = alloc.cap_for(dim.unit)
             if cap is not None:
                 share = min(share, cap)
-            count = used[k].get(dkey)
-            mine = 0.0 if count is None else max(0.0, count.value(now_ms, wms))
-            due = share - mine
+            due = share - use[k]
             if due > 0:
-                owed.append((mine / w, due, w))
+                owed.append((use[k] / w, due, w))
         if not owed:
             continue
         fade = reserve_fade(now_ms, wms)
@@ -538,6 +569,7 @@ def dominant_waiting_reserves(
     used: Mapping[str, Mapping[str, Count]],
     now_ms: int,
     pace: LongPace | None = None,
+    backlogged: Mapping[str, Collection[str]] | None = None,
 ) -> Reserves:
     """:func:`waiting_reserves` by dominant share, for the levels of :func:`dominant_levels`
     (with the same ``pace``).
@@ -557,15 +589,17 @@ def dominant_waiting_reserves(
     if not dims:
         return NO_RESERVES
     if not pace.held and len(dims) < 2:
-        return waiting_reserves(pool, levels, keys, waiting, used, now_ms)
+        return waiting_reserves(pool, levels, keys, waiting, used, now_ms, backlogged)
     first = dims[0]
     level = levels.get(first.key, math.inf)
     t = level / limits[first.key]  # the dominant level, per unit of weight
 
     def shares(k: str) -> dict[str, float]:
         counts = used.get(k, {})
+        back = None if backlogged is None else backlogged.get(k, ())
         return {
-            d.key: max(0.0, c.value(now_ms, d.window_ms)) / limits[d.key]
+            d.key: max(0.0, standing(c, now_ms, d.window_ms, back is None or d.key in back))
+            / limits[d.key]
             if (c := counts.get(d.key)) is not None
             else 0.0
             for d in dims
@@ -833,6 +867,7 @@ def compile_checks(
     reserves: Mapping[str, float] | None = None,
     anchors: Mapping[str, Anchor] | None = None,
     plan: CheckPlan | None = None,
+    backlogged: Collection[str] = (),
 ) -> tuple[DimensionCheck, ...]:
     """Turn a pool, an allocation and a request's cost into the checks of one admission.
 
@@ -843,6 +878,9 @@ def compile_checks(
     :attr:`~fairgate.quota.model.Dimension.provider_anchored` (``window_anchor: epoch``, other
     units) and model caps stay epoch-aligned whatever the store holds. ``plan``: what
     :func:`check_plan` gives for this pool, allocation and model (computed here when absent).
+    In ``active`` mode the share is judged on the key's current window
+    (``DimensionCheck.window_share``) but in the dimensions named in ``backlogged``, where the
+    key has been refused without a break since before the window began (:func:`standing`).
     """
     if plan is None:
         plan = check_plan(pool, alloc, model)
@@ -887,6 +925,7 @@ def compile_checks(
                 signal=float(sig.get(key, 0.0)),
                 reserve=max(0.0, float(owed.get(key, 0.0))),
                 anchor=anchors.get(key) if anchors and p.anchored else None,
+                window_share=active and key not in backlogged,
             )
         )
     return _with_model_caps(out, plan, cost)
@@ -944,7 +983,10 @@ def retry_after_ms(
         # reserve also shrinks as those keys are served, so this is the longest wait)
         return ms_until_at_most(total, check.limit - check.cost - check.reserve, now_ms, w)
     if reason is Reason.FAIR_SHARE:
-        t_mine = ms_until_at_most(mine, check.fair_share - eps, now_ms, w)
+        if check.window_share:  # judged on the current window: it frees when the window turns
+            t_mine: int | None = window_end_ms(now_ms, w, check.anchor) - now_ms
+        else:
+            t_mine = ms_until_at_most(mine, check.fair_share - eps, now_ms, w)
         t_mode: int | None = None
         if check.signal < threshold:
             t_mode = ms_until_at_most(total, threshold * check.limit - eps, now_ms, w)

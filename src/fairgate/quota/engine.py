@@ -22,9 +22,10 @@ import itertools
 import logging
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from fairgate.clock import SYSTEM_CLOCK, Clock
+from fairgate.quota.backlog import Streak, backlogged, refused
 from fairgate.quota.burn import BurnSeries
 from fairgate.quota.decision import (
     NO_PACE,
@@ -207,6 +208,9 @@ class _ActiveCache:
     used: Mapping[str, Mapping[str, Count]] | None = None
     totals: Mapping[str, Count] | None = None
     reserves: Reserves = NO_RESERVES
+    #: per key, the dimensions it is backlogged in (:mod:`fairgate.quota.backlog`): its share
+    #: is judged on its sliding count there, on its current window elsewhere
+    backlogged: Mapping[str, frozenset[str]] = field(default_factory=dict)
 
 
 def _demand_every(keys: set[str]) -> int:
@@ -246,8 +250,10 @@ def _status(
         fade = 1.0 - (now_ms - start) / w  # what of the previous bucket still counts
         total = t.curr if t.anchor is not None else t.prev * fade + t.curr
         used = m.curr if m.anchor is not None else m.prev * fade + m.curr
+        window = m.curr  # what a window_share check judges the share on
         if reserved:
             used += c.cost
+            window += c.cost
             if c.scope == "pool":
                 total += c.cost
         if c.scope == "model":
@@ -255,7 +261,8 @@ def _status(
         else:
             strict = max(total / c.limit, c.signal) >= threshold
             limit = c.fair_share if strict else c.limit
-            remaining = min(c.limit - total - c.reserve, limit - used)
+            share_use = window if strict and c.window_share else used
+            remaining = min(c.limit - total - c.reserve, limit - share_use)
             if c.cap is not None:
                 limit, remaining = min(limit, c.cap), min(remaining, c.cap - used)
         anchor = c.anchor
@@ -311,6 +318,8 @@ class QuotaEngine:
         self._active: dict[str, _ActiveCache] = {}
         # per pool (active mode): keys refused lately, with unmet demand → until when it counts
         self._pressed: dict[str, dict[str, int]] = {}
+        # per pool (active mode): each key's current run of refusals (fairgate.quota.backlog)
+        self._streaks: dict[str, dict[str, Streak]] = {}
         # per pool (active mode): when this process first saw each key active (demand estimate)
         self._joined: dict[str, dict[str, int]] = {}
         self._burn: dict[tuple[str, str], BurnSeries] = {}
@@ -459,9 +468,11 @@ class QuotaEngine:
         judge by the same rule."""
         levels = None
         reserves = None
+        behind: frozenset[str] = frozenset()
         if pool.share_mode is ShareMode.ACTIVE:
             active = await self._active_state(pool, alloc.key_id, now)
             levels, reserves = active.levels, active.reserves.for_key(alloc.key_id)
+            behind = active.backlogged.get(alloc.key_id, behind)
         signals = self.signals(pool) if self.signals else None
         plan = self._plan(pool, alloc, model)
         anchors = await self._pool_anchors(pool, now) if plan.anchored else None
@@ -475,6 +486,7 @@ class QuotaEngine:
             reserves=reserves,
             anchors=anchors,
             plan=plan,
+            backlogged=behind,
         )
 
     def _plan(self, pool: Pool, alloc: Allocation, model: str | None) -> CheckPlan:
@@ -769,7 +781,7 @@ class QuotaEngine:
         mine = tuple(mine_by.get(c.key, Count()) for c in checks)
         threshold = self.settings.saturation_threshold
         values = [
-            (t.value(now, c.window_ms), m.value(now, c.window_ms))
+            (t.value(now, c.window_ms), m.value(now, c.window_ms), m.curr)
             for c, t, m in zip(checks, totals, mine, strict=True)
         ]
         verdict = evaluate(checks, values, alloc.policy, threshold)
@@ -874,6 +886,7 @@ class QuotaEngine:
         await self.store.clear(pool_id)
         self._active.pop(pool_id, None)
         self._pressed.pop(pool_id, None)
+        self._streaks.pop(pool_id, None)
         self._joined.pop(pool_id, None)
         self._anchors.pop(pool_id, None)
         self._next_sample.pop(pool_id, None)
@@ -951,14 +964,19 @@ class QuotaEngine:
             bounds = {k: v for k, v in bounds.items() if k not in pressed}
         pace = NO_PACE if totals is None else long_budget_pace(pool, totals, now)
         levels = dominant_levels(pool, ordered, bounds, used, now, pace)
+        behind = self._backlogged(pool, now)
         reserves = NO_RESERVES
         if used is not None and pressed:
-            reserves = dominant_waiting_reserves(pool, levels, ordered, pressed, used, now, pace)
+            reserves = dominant_waiting_reserves(
+                pool, levels, ordered, pressed, used, now, pace, behind
+            )
         if used is not None and totals is not None:
             threshold = self.settings.saturation_threshold
             reserves = pace_reserves(pool, ordered, used, totals, now, threshold, reserves)
         reserves = with_pace(reserves, ordered, pace)
-        state = _ActiveCache(at, frozenset(keys), levels, demand, demand_at, used, totals, reserves)
+        state = _ActiveCache(
+            at, frozenset(keys), levels, demand, demand_at, used, totals, reserves, behind
+        )
         self._active[pool.id] = state
         return state
 
@@ -978,6 +996,25 @@ class QuotaEngine:
             return None
         return counts
 
+    def _backlogged(self, pool: Pool, now: int) -> dict[str, frozenset[str]]:
+        """Per key, the dimensions it is backlogged in now (:mod:`fairgate.quota.backlog`).
+        A key's last run is kept for a window after its last refusal (its usual gap between
+        refusals carries into its next run), then forgotten: memory bounded by the keys
+        refused within a window."""
+        runs = self._streaks.get(pool.id)
+        if not runs:
+            return {}
+        dims = pool.enforced_dimensions()
+        keep = max([pool.active_window_ms, *(d.window_ms for d in dims[:1])])
+        for k in [k for k, r in runs.items() if now - r.last_ms > keep]:
+            del runs[k]
+        anchors = self._cached_anchors(pool.id)
+        windows = [
+            (d.key, window_end_ms(now, d.window_ms, anchors.get(d.key)) - d.window_ms)
+            for d in pool.enforced_dimensions()
+        ]
+        return backlogged(runs, now, windows)
+
     def _note_pressure(self, pool: Pool, key_id: str, adm: Admission, now: int) -> None:
         """O(1) per admission: remember which keys want more than they get (active mode).
 
@@ -989,12 +1026,15 @@ class QuotaEngine:
         to come back and find the room its pressure made, short enough that a key that gave
         up does not keep the others held to their plain shares. While pressed, a key below its
         share is also *waiting*: the keys further along than it must leave room for what it is
-        owed (``waiting_reserves``), so the slots the window frees reach it first. Refusals by
-        a cap or a model cap say nothing about the pool."""
+        owed (``waiting_reserves``), so the slots the window frees reach it first. The same
+        refusals make the key's run (:func:`~fairgate.quota.backlog.refused`), which admissions
+        do not break. Refusals by a cap or a model cap say nothing about the pool."""
         if adm.outcome is Outcome.BLOCK:
             if adm.reason in (Reason.FAIR_SHARE, Reason.GLOBAL_SATURATED):
                 hold = min(max(PRESSURE_HOLD_MS, adm.retry_after_ms or 0), pool.active_window_ms)
                 self._pressed.setdefault(pool.id, {})[key_id] = now + hold
+                runs = self._streaks.setdefault(pool.id, {})
+                runs[key_id] = refused(runs.get(key_id), now, hold, pool.active_window_ms)
             return
         pressed = self._pressed.get(pool.id)
         if pressed:

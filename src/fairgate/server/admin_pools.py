@@ -401,7 +401,7 @@ async def preview(
         for c in checks
     ]
     values = [
-        (t.value(now, c.window_ms), m.value(now, c.window_ms))
+        (t.value(now, c.window_ms), m.value(now, c.window_ms), m.curr)
         for c, (t, m) in zip(checks, counts, strict=True)
     ]
     verdict = (
@@ -414,7 +414,7 @@ async def preview(
         total_c, mine_c = counts[verdict.index]
         retry = retry_after_ms(check, verdict.reason, total_c, mine_c, now, threshold)
     dims = []
-    for c, (total, consumed) in zip(checks, values, strict=True):
+    for c, (total, consumed, _) in zip(checks, values, strict=True):
         known = c.limit > UNKNOWN_LIMIT
         used = max(total / c.limit, c.signal) if c.scope == "pool" and known else 0.0
         dims.append(

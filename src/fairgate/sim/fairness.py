@@ -270,14 +270,15 @@ def dominant_window_figures(
     else:
         allocs = []
         for w, (costs, bounds) in enumerate(zip(costs_w, bounds_w, strict=True)):
+            held = bounds
             if cap_times is not None:
-                bounds = _sliding_cap_bounds(w, dims, keys, caps, costs_w, allocs, bounds, cap_times)
+                held = _sliding_cap_bounds(w, dims, keys, caps, costs_w, allocs, bounds, cap_times)
             allocs.append(
                 exact_dominant_resource_fair(
                     [Fraction(max(0.0, capacities[d])) for d in dims],
                     [weights[k] for k in keys],
                     costs,
-                    bounds,
+                    held,
                 )
             )
     out: list[WindowFigures] = []

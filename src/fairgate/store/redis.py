@@ -484,6 +484,7 @@ class RedisQuotaStore:
                     _numb(check.signal),
                     _numb(check.reserve),
                     b"0" if check.anchor is None else b"1",
+                    b"1" if check.window_share else b"0",
                 )
             )
         reply = cast(list[Any], await self._call(self._run(self._admit, keys, args)))

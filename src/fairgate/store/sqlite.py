@@ -562,7 +562,7 @@ class SqliteQuotaStore:
 
         totals: list[Count] = []
         mine: list[Count] = []
-        values: list[tuple[float, float]] = []
+        values: list[tuple[float, float, float]] = []
         parts: list[_Part] = []
         for check in req.checks:
             w = check.window_ms
@@ -573,9 +573,9 @@ class SqliteQuotaStore:
             mine.append(own)
             if anchor is None:  # Count.value, the fade shared by both counts
                 f = fade(now, w)
-                values.append((total.prev * f + total.curr, own.prev * f + own.curr))
+                values.append((total.prev * f + total.curr, own.prev * f + own.curr, own.curr))
             else:  # an anchored window counts its current bucket alone
-                values.append((total.curr, own.curr))
+                values.append((total.curr, own.curr, own.curr))
             if check.cost != 0:  # what a reservation would add, in the bucket just read
                 parts.append((check.key, w, curr, check.cost, _SCOPE_TEXT[check.scope]))
 

@@ -10,10 +10,11 @@
 -- KEYS[5 + 4*(i-1) ..] per check i: total prev, total curr, key prev, key curr
 -- ARGV[1] now_ms  ARGV[2] key id  ARGV[3] reservation id  ARGV[4] policy code (POLICY_CODES)
 -- ARGV[5] threshold  ARGV[6] lease_ms  ARGV[7] reservation TTL ms  ARGV[8] reclaim batch
--- ARGV[9] number of checks, then 9 per check: scope ('pool' | 'model'), window_ms, limit,
+-- ARGV[9] number of checks, then 10 per check: scope ('pool' | 'model'), window_ms, limit,
 --         fair_share, cap ('' = none), cost, signal, reserve, anchored (1: the window is
 --         anchored to the provider's reset and the caller chose its bucket keys; a count is then
---         its current bucket alone, window.Count.value)
+--         its current bucket alone, window.Count.value), window_share (1: the fair share is
+--         judged on the key's current bucket, DimensionCheck.window_share)
 -- Returns {outcome (0 allow, 1 penalize, 2 block), reason code (REASON_CODES index),
 --          blocking index (0-based, -1 none), then per check the raw strings of
 --          total prev, total curr, key prev, key curr} -- strings, so floats survive the reply
@@ -49,7 +50,7 @@ end
 local checks = {}
 local raw = {}
 for i = 1, n do
-  local a = 10 + 9 * (i - 1)
+  local a = 10 + 10 * (i - 1)
   local c = {
     -- As in the SQLite driver: the pool total is read and written for scope 'pool' only, and
     -- evaluate() applies the model rule for scope 'model' only.
@@ -64,6 +65,7 @@ for i = 1, n do
     signal = tonumber(ARGV[a + 6]),
     reserve = tonumber(ARGV[a + 7]),
     anchored = ARGV[a + 8] == '1',
+    window_share = ARGV[a + 9] == '1',
   }
   local k = 5 + 4 * (i - 1)
   local r = 4 * (i - 1)
@@ -85,6 +87,11 @@ for i = 1, n do
   end
   c.total = tonumber(tp) * frac + tonumber(tc)
   c.mine = tonumber(kp) * frac + tonumber(kc)
+  -- what the fair share is judged on: the key's current window, or its sliding count
+  c.share_use = c.mine
+  if c.window_share then
+    c.share_use = tonumber(kc)
+  end
   checks[i] = c
   raw[#raw + 1] = tp
   raw[#raw + 1] = tc
@@ -123,17 +130,17 @@ local function evaluate()
         used = c.signal
       end
       if used >= threshold then -- strict
-        if policy == HARD and mine >= c.fair_share then
+        if policy == HARD and c.share_use >= c.fair_share then
           return 2, FAIR_SHARE, i - 1
         end
-        if policy == SOFT and mine >= c.fair_share then
+        if policy == SOFT and c.share_use >= c.fair_share then
           penalized = true
         end
       else -- generous: borrow up to the limit
         if policy == HARD and mine >= limit then
           return 2, GLOBAL_SATURATED, i - 1
         end
-        if policy == SOFT and mine >= c.fair_share then
+        if policy == SOFT and c.share_use >= c.fair_share then
           penalized = true
         end
       end

@@ -1,0 +1,98 @@
+"""Backlogged keys (issue 17): refused without a break since before the current window began."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from fairgate.quota.backlog import GAP_FACTOR, MIN_GAP_MS, Streak, backlogged, refused
+
+MIN = 60_000
+HOUR = 60 * MIN
+IDLE = 15 * MIN  # the pool's active window
+T = 1_700_002_800_000  # hour-aligned: 10:00 in the worked example
+
+
+def _run(times: list[int], hold: int = MIN) -> Streak:
+    run: Streak | None = None
+    for t in times:
+        run = refused(run, t, hold, IDLE)
+    assert run is not None
+    return run
+
+
+def test_worked_example_a_batch_key_is_backlogged_a_burst_is_not() -> None:
+    # the batch key: refused every 30 s since 09:40
+    batch = _run([T - 20 * MIN + i * 30_000 for i in range(81)])  # up to 10:20
+    # the light key: refused from 10:02 to 10:05 while its burst waited, and at 10:20
+    light = _run([T + 2 * MIN + i * 30_000 for i in range(7)])
+    assert light.first_ms == T + 2 * MIN
+    light = refused(light, T + 20 * MIN, MIN, IDLE)
+    assert light.first_ms == T + 20 * MIN  # its run broke at about 10:06
+    now = T + 20 * MIN
+    runs = {"batch": batch, "light": light}
+    assert backlogged(runs, now, [("requests/hourly", T)]) == {
+        "batch": frozenset({"requests/hourly"})
+    }
+
+
+def test_admissions_between_refusals_do_not_break_a_run() -> None:
+    # a greedy key gets a slot now and then between refusals: only refusals make its run
+    run = _run([T + i * 40_000 for i in range(100)])
+    assert run.first_ms == T
+    assert run.until_ms >= run.last_ms + MIN_GAP_MS
+
+
+def test_a_run_breaks_after_its_gap_and_a_new_one_starts() -> None:
+    run = _run([T, T + 30_000])
+    later = refused(run, run.until_ms + 1, MIN, IDLE)
+    assert later.first_ms == run.until_ms + 1
+
+
+def test_the_gap_follows_the_clients_rhythm() -> None:
+    """A client that polls every five minutes keeps asking: its run survives its rhythm."""
+    run = _run([T + i * 5 * MIN for i in range(6)])
+    # the first pause broke the run, and taught it the rhythm: the next ones do not
+    assert run.first_ms == T + 5 * MIN
+    assert run.until_ms - run.last_ms >= 5 * MIN
+
+
+def test_a_long_retry_after_holds_the_run() -> None:
+    run = refused(None, T, 10 * MIN, IDLE)
+    assert run.until_ms == T + 10 * MIN
+    assert refused(run, T + 9 * MIN, MIN, IDLE).first_ms == T
+
+
+def test_a_pause_longer_than_the_active_window_does_not_enter_the_gap() -> None:
+    run = _run([T, T + 30_000, T + 60_000])
+    gap = run.gap_ms
+    after = refused(run, T + 2 * HOUR, MIN, IDLE)
+    assert after.gap_ms == gap
+    assert after.first_ms == T + 2 * HOUR
+
+
+def test_a_run_that_began_after_the_window_did_is_not_backlogged() -> None:
+    run = _run([T + MIN, T + 2 * MIN])
+    windows = [("requests/hourly", T), ("tokens/5h", T - 2 * HOUR)]
+    assert backlogged({"k": run}, T + 2 * MIN, windows) == {}
+    old = _run([T - MIN + i * 30_000 for i in range(7)])
+    # begun before the hour did, after the 5-hour window did: backlogged in the hour only
+    assert backlogged({"k": old}, T + 2 * MIN, windows) == {"k": frozenset({"requests/hourly"})}
+
+
+def test_a_dead_run_is_not_backlogged() -> None:
+    run = _run([T - 10 * MIN, T - 9 * MIN])
+    assert backlogged({"k": run}, run.until_ms + 1, [("requests/hourly", T)]) == {}
+
+
+@given(st.lists(st.integers(min_value=0, max_value=20 * MIN), min_size=1, max_size=40))
+def test_a_run_never_begins_after_its_last_refusal_and_lasts_a_minute_at_least(
+    gaps: list[int],
+) -> None:
+    t, run = T, None
+    for g in gaps:
+        t += g
+        run = refused(run, t, 0, IDLE)
+        assert run.first_ms <= run.last_ms == t
+        assert run.until_ms - t >= MIN_GAP_MS
+        assert run.until_ms - t >= round(GAP_FACTOR * run.gap_ms) - 1
