@@ -7,10 +7,12 @@ from fractions import Fraction
 import pytest
 
 from fairgate.sim.fairness import (
+    CapTimes,
     LongerWindow,
     WindowFigures,
     dominant_window_figures,
     jain,
+    sliding_cap_room,
     summarize,
     well_behaved_keys,
     window_figures,
@@ -158,3 +160,67 @@ def test_a_cap_holds_over_the_longer_window_too() -> None:
         {"requests/weekly": LongerWindow(buckets=[0, 0], per_window=Fraction(5, 168))},
     )
     assert (w1.ideal["A"], w2.ideal["A"], w2.ideal["B"]) == (30, 30, 60)
+
+
+MIN = 60_000
+HOUR = 60 * MIN
+
+
+def test_a_sliding_cap_lets_a_key_take_only_what_its_last_window_left() -> None:
+    """docs/fairness.md's example: cap 30 an hour; 12 used in the last minutes of the previous
+    hour, an on-phase of 28 requests over the first 28 minutes of this one."""
+    asked = [(i * MIN, 1.0) for i in range(28)]
+    room = sliding_cap_room(asked, prev=12, cap=30, patience_ms=2 * MIN, window_ms=HOUR)
+    # at t minutes the count is 12 × (1 − t/60) + served: it may reach 30 − 12 × (1 − t/60)
+    assert 24 <= room <= 25
+    assert sliding_cap_room(asked, prev=0, cap=30, patience_ms=2 * MIN, window_ms=HOUR) == 28
+    # what is asked late in the window can use the cap the fading hour frees
+    late = [(50 * MIN + i * 20_000, 1.0) for i in range(30)]
+    assert sliding_cap_room(late, prev=30, cap=30, patience_ms=10 * MIN, window_ms=HOUR) >= 25
+
+
+def test_a_request_is_served_within_its_patience_or_not_at_all() -> None:
+    # the previous hour used 40 against a cap of 30 (the cap lowered since): the count stays at
+    # or above 30 until 15 minutes past, so a request that waits 10 minutes never gets in
+    asked = [(0, 1.0)]
+    assert sliding_cap_room(asked, 40, 30, 10 * MIN, HOUR) == 0
+    assert sliding_cap_room(asked, 40, 30, 20 * MIN, HOUR) == 1
+
+
+def test_the_ideal_holds_a_capped_key_to_its_sliding_cap() -> None:
+    """Two windows, A capped at 30 and asking 40 in each, early in the second (minutes 0-10):
+    the first window gives it 30, which leaves it 30 × t/60 in the second by t minutes, not
+    another 30 (B, uncapped, takes the rest of the 100)."""
+    demand = [{"r": {"A": 40.0, "B": 100.0}}, {"r": {"A": 40.0, "B": 100.0}}]
+    asked = {
+        "A": [
+            [(i * 90_000, 1.0) for i in range(40)],  # spread over the first hour
+            [(i * 15_000, 1.0) for i in range(40)],  # all in the second one's first 10 minutes
+        ]
+    }
+    times = CapTimes(HOUR, asked, {"A": 2 * MIN})
+    w1, w2 = dominant_window_figures(
+        {"r": 100.0}, {"A": 50, "B": 50}, {"A": {"r": 30.0}}, demand, demand, None, times
+    )
+    assert w1.ideal["A"] == pytest.approx(30)
+    assert 5 <= w2.ideal["A"] <= 6  # 30 × (1 − 10/60) + served < 30 by minute 10: about 5
+    assert w2.ideal["B"] == pytest.approx(100 - w2.ideal["A"])
+    # without the times, the calendar-hour cap: 30 again
+    _, v2 = dominant_window_figures({"r": 100.0}, {"A": 50, "B": 50}, {"A": {"r": 30.0}},
+                                    demand, demand)
+    assert v2.ideal["A"] == 30
+
+
+def test_a_shorter_last_window_is_owed_its_length_of_the_week() -> None:
+    """The run ends 3 hours into its second 5-hour window: that window sustains 3/5 of what a
+    whole one does of the weekly budget, so a key asking in both is owed 3/5 as much there."""
+    dims = {"requests/5h": 100.0, "requests/weekly": 120.0}
+    demand = [{d: {"A": 100.0} for d in dims}, {d: {"A": 100.0} for d in dims}]
+    whole = LongerWindow(buckets=[0, 0], per_window=Fraction(5, 168))
+    short = LongerWindow(buckets=[0, 0], per_window=Fraction(5, 168), covers=[1, Fraction(3, 5)])
+    weekly = "requests/weekly"
+    w1, w2 = dominant_window_figures(dims, {"A": 100}, {}, demand, demand, {weekly: whole})
+    assert (w1.ideal["A"], w2.ideal["A"]) == (60, 60)
+    s1, s2 = dominant_window_figures(dims, {"A": 100}, {}, demand, demand, {weekly: short})
+    assert (s1.ideal["A"], s2.ideal["A"]) == (75, 45)  # 120 in the ratio 5 : 3
+    assert s2.capacities["requests/weekly"] == pytest.approx(120 * 3 / 168)
