@@ -14,6 +14,7 @@ from fairgate.quota.decision import (
     DimensionCheck,
     Outcome,
     Reason,
+    Reserves,
     active_fair_share,
     active_levels,
     check_plan,
@@ -425,6 +426,23 @@ def test_a_weekly_budget_is_paced_when_the_5_hour_windows_could_spend_it() -> No
     )
     verdict = evaluate(checks, [(200.0, 50.0, 50.0), (900.0, 225.0, 225.0)], Policy.HARD, 0.5)
     assert (verdict.outcome, verdict.reason, verdict.index) == (Outcome.BLOCK, Reason.FAIR_SHARE, 1)
+
+
+def test_while_the_weeks_line_binds_a_key_ahead_leaves_it_to_the_waiting_keys_too() -> None:
+    """Issue 18: the room a paced week frees goes first to the keys waiting behind, as the
+    room a 5-hour window frees does: a key's reserve in the week is the room held plus what it
+    leaves the waiting keys in the 5-hour dimension (the same unit)."""
+    pool = _week_pool()
+    now = 52 * _WEEK_MS + 24 * 3_600_000
+    totals = {_WEEK[0].key: Count(0.0, 200.0), _WEEK[1].key: Count(0.0, 900.0)}
+    pace = long_budget_pace(pool, totals, now)
+    assert pace.shorter == {_WEEK[1].key: (_WEEK[0].key,)}
+    catch_up = Reserves({"a": {_WEEK[0].key: 12.0}}, {_WEEK[0].key: 20.0})
+    res = with_pace(catch_up, list("abcd"), pace)
+    keep = 6000 * (1 - 24 / 168)
+    assert res.for_key("a") == pytest.approx({_WEEK[0].key: 12.0, _WEEK[1].key: keep + 12.0})
+    assert res.for_key("b")[_WEEK[1].key] == pytest.approx(keep + 20.0)  # as a newcomer
+    assert res.for_key("new")[_WEEK[1].key] == pytest.approx(keep + 20.0)
 
 
 def test_a_weekly_budget_that_lasts_is_not_paced() -> None:

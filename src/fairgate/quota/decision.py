@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 
 from fairgate.quota.model import Allocation, Dimension, ModelCap, Policy, Pool, ShareMode
@@ -678,6 +678,8 @@ class LongPace:
     capacities: Mapping[str, float]
     paced: frozenset[str]
     held: Mapping[str, float]
+    #: per paced dimension, the shorter dimensions of its unit whose levels it paces
+    shorter: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
 
 NO_PACE = LongPace({}, frozenset(), {})
@@ -727,6 +729,7 @@ def long_budget_pace(pool: Pool, totals: Mapping[str, Count], now_ms: int) -> Lo
     shortest = min(d.window_ms for d in dims)
     capacities: dict[str, float] = {}
     held: dict[str, float] = {}
+    shorter: dict[str, tuple[str, ...]] = {}
     for dim in dims:
         w = dim.window_ms
         total = totals.get(dim.key)
@@ -752,19 +755,26 @@ def long_budget_pace(pool: Pool, totals: Mapping[str, Count], now_ms: int) -> Lo
             s_limit = pool.effective_limit(short)
             hold = max(limit * short.window_ms / w, s_total.value(now_ms, short.window_ms) + room)
             capacities[short.key] = min(capacities.get(short.key, s_limit), s_limit, hold)
-    return LongPace(capacities, frozenset(held), held)
+            shorter[dim.key] = (*shorter.get(dim.key, ()), short.key)
+    return LongPace(capacities, frozenset(held), held, shorter)
 
 
 def with_pace(reserves: Reserves, keys: Collection[str], pace: LongPace) -> Reserves:
     """``reserves`` with the room a paced longer budget keeps (:func:`long_budget_pace`): every
-    key, the newcomers too, leaves at least ``held`` free in that dimension."""
+    key, the newcomers too, leaves ``held`` free in that dimension, and on top of it what it
+    leaves the waiting keys in the shorter dimensions the budget paces (their catch-up reserve,
+    the same unit): while the week's line binds, the room the line frees goes first to the keys
+    waiting behind, as the room a 5-hour window frees does. Without it a day user below its
+    share raced two heavier users for each slot the line opened, and lost (``subscription``:
+    windows at 0.75 of its ideal, key ratios 0.93-1.06; with it 0.94-1.05)."""
     if not pace.held:
         return reserves
     per_key = {k: dict(reserves.for_key(k)) for k in {*keys, *reserves.per_key}}
     default = dict(reserves.default)
     for row in (*per_key.values(), default):
         for d, keep in pace.held.items():
-            row[d] = max(row.get(d, 0.0), keep)
+            owed = max((row.get(s, 0.0) for s in pace.shorter.get(d, ())), default=0.0)
+            row[d] = max(row.get(d, 0.0), keep + owed)
     return Reserves(per_key, default)
 
 
