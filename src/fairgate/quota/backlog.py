@@ -22,7 +22,8 @@ is not (its run broke at 10:06, and neither run began before 10:00).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+
+from fairgate.records import record
 
 __all__ = ["GAP_FACTOR", "MIN_GAP_MS", "Streak", "backlogged", "refused"]
 
@@ -32,7 +33,7 @@ MIN_GAP_MS = 60_000
 GAP_FACTOR = 2.5
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Streak:
     """A key's current run of refusals."""
 
