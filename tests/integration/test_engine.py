@@ -302,3 +302,10 @@ async def test_active_a_backlogged_key_keeps_its_sliding_count(
     assert other.ticket is not None
     assert other.ticket.checks[0].window_share
     assert engine._active[pool.id].backlogged == {"hog": frozenset({"requests/hourly"})}
+    # the usage view says so: which key is judged on its sliding count, what each used this hour
+    (dim,) = (await engine.usage(pool)).dimensions
+    rows = {k.key_id: k for k in dim.keys}
+    assert rows["hog"].backlogged
+    assert not rows["other"].backlogged
+    assert rows["other"].window_consumed == pytest.approx(3)  # what it was admitted this hour
+    assert rows["hog"].window_consumed < rows["hog"].consumed

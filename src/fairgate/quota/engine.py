@@ -817,6 +817,7 @@ class QuotaEngine:
             signals,
             unallocated_allowed=unallocated_allowed,
             anchors=anchors,
+            backlogged=self._backlogged(pool, now) if pool.share_mode is ShareMode.ACTIVE else {},
         )
 
     # -- provider-anchored windows -------------------------------------------------------

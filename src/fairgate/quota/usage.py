@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from fairgate.quota.burn import time_to_exhaustion_ms
@@ -28,6 +28,12 @@ class KeyUsage:
     #: the same in every dimension's row of the key
     dominant_share: float = 0.0
     dominant_dimension: str | None = None
+    #: what the key used in the current window (its current bucket): what active mode judges its
+    #: share on, unless it is backlogged there (issue 17)
+    window_consumed: float = 0.0
+    #: active mode: refused without a break since before the current window began, so its share
+    #: is judged on ``consumed`` (the sliding count); as this process saw it
+    backlogged: bool = False
 
 
 #: The ``key_id`` of the row that sums the use of keys with no allocation in the pool (not a
@@ -74,10 +80,13 @@ def build_usage(
     *,
     unallocated_allowed: bool = False,
     anchors: Mapping[str, Anchor] | None = None,
+    backlogged: Mapping[str, Collection[str]] | None = None,
 ) -> PoolUsage:
     """``unallocated_allowed``: keys without an allocation may use the pool
     (``server.require_allocation`` off), so their row is shown even at 0; otherwise it is shown
-    only when there is such use (from before the setting, or a combo's shadow copies)."""
+    only when there is such use (from before the setting, or a combo's shadow copies).
+    ``backlogged``: per key, the dimensions it is backlogged in (active mode, the engine's
+    view)."""
     dims: list[DimensionUsage] = []
     rows: list[list[KeyUsage]] = []
     others: list[float] = []
@@ -90,7 +99,8 @@ def build_usage(
         used = max(used, (signals or {}).get(dim.key, 0.0))
         keys: list[KeyUsage] = []
         for alloc in pool.allocations:
-            consumed = per_key.get(alloc.key_id, {}).get(dim.key, Count()).value(now_ms, w)
+            count = per_key.get(alloc.key_id, {}).get(dim.key, Count())
+            consumed = count.value(now_ms, w)
             share = static_fair_share(pool, alloc.key_id, dim)
             keys.append(
                 KeyUsage(
@@ -102,6 +112,8 @@ def build_usage(
                     surplus=share - consumed,
                     borrowing=dim.known and consumed > share,
                     cap=alloc.cap_for(dim.unit),
+                    window_consumed=count.curr,
+                    backlogged=dim.key in (backlogged or {}).get(alloc.key_id, ()),
                 )
             )
         rate = rates.get(dim.key, 0.0)

@@ -319,6 +319,17 @@ class KeyUsageOut(ApiModel):
         default=None,
         description="The dimension key of that share (null: the key used nothing)",
     )
+    window_consumed: float = Field(
+        default=0.0,
+        description="What the key used in the current window (its current bucket): what "
+        "active mode judges its share on, unless the key is backlogged",
+    )
+    backlogged: bool = Field(
+        default=False,
+        description="Active mode: refused without a break since before the current window "
+        "began, so its share is judged on consumed (the sliding count); as this gateway "
+        "process saw it",
+    )
 
 
 class BurnSampleOut(ApiModel):
@@ -391,6 +402,8 @@ class PoolUsageOut(ApiModel):
                             allocated=k.allocated,
                             dominant_share=k.dominant_share,
                             dominant_dimension=k.dominant_dimension,
+                            window_consumed=k.window_consumed,
+                            backlogged=k.backlogged,
                         )
                         for k in d.keys
                     ],
