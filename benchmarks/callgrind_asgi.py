@@ -15,13 +15,20 @@ everything below it; what it does not: the HTTP server's protocol and the socket
 Each tree runs twice: the model behind a quota pool (``pool``) and the same model with no pool
 (``no pool``: the floor of a governed request), so "pool minus no pool" (what governing a request
 adds: admission, settle, the quota headers, the routing view, the admission log) comes out of one
-run. ``--variant pool`` or ``--variant no-pool`` runs one of them only.
+run. ``--variant pool`` or ``--variant no-pool`` runs one of them only. With no pool the key
+lists the connection's provider (``allowed_providers``): with ``server.require_allocation`` on
+(the default) a connection outside every pool is refused (403 ``connection_not_allowed``) to a
+key that does not list it or its provider. The per-key flood guard is off
+(``FAIRGATE_KEY_RATE_PER_S=0``, as in ``peers.py``) unless the environment sets it: a run faster
+than its 1,000 requests a second would otherwise be refused with 429 ``key_rate_limited`` once
+the burst is spent.
 
-``--profile`` runs the same harness without valgrind under ``cProfile`` instead, twice per tree and
-variant (``N`` and ``3N`` requests), and prints the Python function calls per request (the
-difference over ``2N``) in total and for the functions that differ most between the variants:
-call counts barely move with the host's load, so they name *where* the instructions go, which
-callgrind on CPython cannot (it sees the interpreter's C frames only).
+``--profile`` runs the same harness without valgrind under ``cProfile`` instead (switched on
+after the warm-up, off after the ``N`` counted requests), once per tree and variant, and prints
+the Python function calls per request: in total, by package (fairgate, starlette, asyncio, ...;
+every tree and variant side by side) and for the functions that differ most between the
+variants. Call counts barely move with the host's load, so they name *where* the instructions
+go, which callgrind on CPython cannot (it sees the interpreter's C frames only).
 
 Run: ``.venv/bin/python benchmarks/callgrind_asgi.py [--stream] [--variant pool|no-pool]
 [--profile] [--compare before=/path/src]``
@@ -81,6 +88,10 @@ def _config(pool: bool = True) -> dict[str, Any]:
     return cfg
 
 
+#: The gateway's environment before what passes through: no per-key flood guard.
+ENV = {"FAIRGATE_KEY_RATE_PER_S": "0"}
+
+
 async def _serve(
     n: int,
     stream: bool,
@@ -123,10 +134,13 @@ async def _serve(
             return Reply(chunks=sse, headers={"content-type": "text/event-stream"})
         return openai_chat("hi", model="gpt-4o-mini")
 
-    # the per-key rate guard's settings pass through (``FAIRGATE_KEY_RATE_PER_S=0`` for runs of
-    # more than its burst of requests), and the quota store's (``QUOTA_SQLITE_FLUSH_MS``: under
+    # no flood guard unless the environment sets one (see the module docstring); the per-key
+    # rate guard's settings pass through, and the quota store's (``QUOTA_SQLITE_FLUSH_MS``: under
     # valgrind a 5 ms write-behind commits at every request); nothing else of the environment
-    env = {k: v for k, v in os.environ.items() if k.startswith(("FAIRGATE_KEY_RATE_", "QUOTA_"))}
+    env = dict(ENV)
+    env.update(
+        (k, v) for k, v in os.environ.items() if k.startswith(("FAIRGATE_KEY_RATE_", "QUOTA_"))
+    )
     gw = Gateway(data_dir=data_dir, config=parse_config(_config(pool), {}), env=env)
     app = create_app(gw, upstream=HandlerUpstream(handler))
     body = orjson.dumps(
@@ -248,18 +262,33 @@ def _instructions(src: str | None, n: int, stream: bool, tmp: Path, tag: str, po
 
 
 def _profile_child(n: int, stream: bool, data_dir: Path, pool: bool, out: Path) -> None:
-    """The harness under cProfile (counted requests only): calls per function, as JSON."""
+    """The harness under cProfile (counted requests only): calls and own time per function,
+    and calls per package, as JSON."""
     import cProfile
     import pstats
 
     prof = cProfile.Profile()
     asyncio.run(_serve(n, stream, data_dir, pool, start=prof.enable, stop=prof.disable))
     stats = pstats.Stats(prof).stats  # type: ignore[attr-defined]
-    rows = {
-        f"{Path(file).name}:{line}({name})": [nc, tt]
-        for (file, line, name), (_cc, nc, tt, _ct, _callers) in stats.items()
-    }
-    out.write_text(json.dumps(rows))
+    functions: dict[str, list[float]] = {}
+    packages: dict[str, int] = {}
+    for (file, line, name), (_cc, nc, tt, _ct, _callers) in stats.items():
+        functions[f"{Path(file).name}:{line}({name})"] = [nc, tt]
+        packages[_package(file)] = packages.get(_package(file), 0) + nc
+    out.write_text(json.dumps({"functions": functions, "packages": packages}))
+
+
+def _package(file: str) -> str:
+    """The package a profiled function's file belongs to ("~" is a built-in)."""
+    if file == "~":
+        return "built-in (C)"
+    parts = Path(file).parts
+    for name in ("fairgate", "starlette", "uvicorn", "orjson", "prometheus_client", "anyio"):
+        if name in parts:
+            return name
+    if "asyncio" in parts:
+        return "asyncio"
+    return "other Python"
 
 
 def _profile(src: str | None, n: int, stream: bool, tmp: Path, tag: str, pool: bool) -> Any:
@@ -275,8 +304,9 @@ def _profile(src: str | None, n: int, stream: bool, tmp: Path, tag: str, pool: b
 
 
 def _print_profiles(name: str, n: int, got: dict[str, Any], top: int) -> None:
-    calls = {v: {f: c / n for f, (c, _) in rows.items()} for v, rows in got.items()}
-    tott = {v: {f: t * 1e6 / n for f, (_, t) in rows.items()} for v, rows in got.items()}
+    fns = {v: prof["functions"] for v, prof in got.items()}
+    calls = {v: {f: c / n for f, (c, _) in rows.items()} for v, rows in fns.items()}
+    tott = {v: {f: t * 1e6 / n for f, (_, t) in rows.items()} for v, rows in fns.items()}
     for v in got:
         total = sum(calls[v].values())
         print(f"  {name} / {v}: {total:8.1f} calls per request, {sum(tott[v].values()):.0f} µs")
@@ -289,6 +319,17 @@ def _print_profiles(name: str, n: int, got: dict[str, Any], top: int) -> None:
     for f in ranked:
         t = tott["pool"].get(f, 0.0) - tott["no pool"].get(f, 0.0)
         print(f"    {diff[f]:+7.2f} calls  {t:+7.1f} µs tottime  {f}")
+
+
+def _print_packages(n: int, runs: list[tuple[str, dict[str, Any]]], mode: str) -> None:
+    """Calls per request by package, one column per tree and variant."""
+    cols = [(f"{name} / {v}", prof["packages"]) for name, per in runs for v, prof in per.items()]
+    print(f"\nPython calls per /v1 request by package ({mode}; cProfile)")
+    width = max(16, *(len(c) + 2 for c, _ in cols))
+    print(f"  {'package':<20}" + "".join(f"{c:>{width}}" for c, _ in cols))
+    for g in sorted({g for _, pk in cols for g in pk}):
+        print(f"  {g:<20}" + "".join(f"{pk.get(g, 0) / n:{width}.1f}" for _, pk in cols))
+    print(f"  {'total':<20}" + "".join(f"{sum(pk.values()) / n:{width}.1f}" for _, pk in cols))
 
 
 VARIANTS = {"pool": (True,), "no-pool": (False,), "both": (True, False)}
@@ -325,7 +366,7 @@ def main() -> None:
     tmp = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="fairgate-asgi-"))
     tmp.mkdir(parents=True, exist_ok=True)
     mode = "stream" if args.stream else "non-stream"
-    rows: list[tuple[str, dict[str, float]]] = []
+    rows: list[tuple[str, dict[str, Any]]] = []
     try:
         for i, (name, src) in enumerate(trees):
             per: dict[str, Any] = {}
@@ -342,12 +383,12 @@ def main() -> None:
             if args.profile:
                 print(f"\nPython calls per /v1 request ({mode}, SQLite store, in-process)")
                 _print_profiles(name, args.requests, per, args.top)
-            else:
-                rows.append((name, per))
+            rows.append((name, per))
     finally:
         if not args.keep:
             shutil.rmtree(tmp, ignore_errors=True)
     if args.profile:
+        _print_packages(args.requests, rows, mode)
         return
     print(f"\ninstructions per /v1 request through the ASGI app ({mode}, SQLite store, in-process)")
     base = rows[0][1]
