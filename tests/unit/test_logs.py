@@ -6,6 +6,9 @@ from __future__ import annotations
 import io
 import json
 import logging
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 
 import pytest
@@ -16,7 +19,10 @@ from fairgate.server.logs import (
     JsonFormatter,
     RedactingFilter,
     Redactor,
+    _RequestIds,
     configure_logging,
+    new_request_id,
+    request_id_from,
 )
 
 CLIENT_KEY = "fg-" + "AbCdEfGhIjKlMnOpQrStUvWxYz0123456789_-xy"
@@ -165,3 +171,59 @@ def test_configure_logging_replaces_its_own_handler() -> None:
                 root.removeHandler(h)
         root.setLevel(saved_level)
         REDACTOR.set_source(None)
+
+
+# -- request ids ---------------------------------------------------------------------------
+
+_ID_SCRIPT = (
+    "from fairgate.server.logs import new_request_id\n"
+    "print('\\n'.join(new_request_id() for _ in range(2000)))\n"
+)
+
+
+def _ids_of_a_process() -> list[str]:
+    out = subprocess.run(
+        [sys.executable, "-c", _ID_SCRIPT], check=True, capture_output=True, text=True
+    ).stdout
+    return out.split()
+
+
+def test_request_ids_are_16_hex_digits_and_unique_across_batches() -> None:
+    ids = [new_request_id() for _ in range(3 * _RequestIds.BATCH + 7)]
+    assert all(len(i) == 16 and int(i, 16) >= 0 for i in ids)
+    assert len(set(ids)) == len(ids)
+
+
+def test_request_ids_of_two_processes_never_meet() -> None:
+    first, second = _ids_of_a_process(), _ids_of_a_process()
+    assert len(first) == len(second) == 2000
+    assert not set(first) & set(second)
+    assert len(set(first)) == len(first)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_forked_child_draws_ids_of_its_own() -> None:
+    new_request_id()  # the parent holds a drawn batch now
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report the ids it hands out next, then leave at once
+        try:
+            os.write(write, " ".join(new_request_id() for _ in range(20)).encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as f:
+        child = f.read().split()
+    os.waitpid(pid, 0)
+    parent = [new_request_id() for _ in range(20)]
+    assert len(child) == 20
+    assert not set(child) & set(parent)
+
+
+def test_a_sane_incoming_id_is_kept_and_anything_else_replaced() -> None:
+    assert request_id_from(b"trace-1:abc.DEF_2") == "trace-1:abc.DEF_2"
+    for bad in (b"", b"has space", b"x" * 129, b"\xff\xfe", b"semi;colon"):
+        fresh = request_id_from(bad)
+        assert fresh != bad.decode("latin-1")
+        assert len(fresh) == 16
+    assert len(request_id_from(None)) == 16
