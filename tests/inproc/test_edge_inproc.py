@@ -100,3 +100,42 @@ async def test_a_crash_in_a_client_handler_is_a_json_500_without_details(
         assert r.json()["error"]["code"] == "internal_error"
         assert "secret" not in r.text
         assert r.headers["x-request-id"] == "r-3"
+
+
+async def test_a_head_of_the_models_route_is_served_through_the_router(tmp_path: Path) -> None:
+    async with _client(tmp_path) as c:
+        r = await c.head("/v1/models", headers={**AUTH, "x-request-id": "r-4"})
+        assert r.status_code == 200
+        assert r.headers["x-request-id"] == "r-4"
+        r = await c.head("/v1/models")
+        assert r.status_code == 401
+
+
+async def test_the_handler_sees_each_header_once_with_its_first_value(tmp_path: Path) -> None:
+    seen: list[UpstreamRequest] = []
+
+    async def answer(req: UpstreamRequest) -> Reply:
+        seen.append(req)
+        return openai_chat("hello")
+
+    timer = ManualTimer()
+    cfg = base_config([conn("c1", provider="mock")])
+    gw = Gateway(data_dir=tmp_path, config=parse_config(cfg, {}), env={}, clock=timer.clock)
+    gw.timer = timer
+    app = create_app(gw, upstream=HandlerUpstream(answer))
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as c:
+            headers: list[tuple[str, str | bytes]] = [
+                ("Authorization", f"Bearer {ALICE}"),
+                ("Authorization", "Bearer not-the-key"),
+                ("X-Mock-Note", "first"),
+                ("x-mock-note", "second"),
+                ("x-mock-latin", "caf\xe9".encode("latin-1")),
+            ]
+            r = await c.post("/v1/chat/completions", json=BODY, headers=headers)
+    assert r.status_code == 200, r.text
+    (req,) = seen
+    assert req.headers["x-mock-note"] == "first"
+    assert req.headers["x-mock-latin"] == "caf\xe9"
+    assert req.headers["authorization"] != f"Bearer {ALICE}"  # ours, never the client's

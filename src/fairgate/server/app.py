@@ -27,7 +27,7 @@ from fairgate.server.admin import create_admin_app
 from fairgate.server.admin_common import error_response as admin_error_response
 from fairgate.server.call import Services
 from fairgate.server.dashboard import dashboard_mount
-from fairgate.server.edge import FastRoute, GatewayApp, internal_error
+from fairgate.server.edge import FastRoute, GatewayApp, internal_error, via_router
 from fairgate.server.errors import ApiError, error_response
 from fairgate.server.http_settings import HttpSettings
 from fairgate.server.logs import REDACTOR
@@ -171,7 +171,7 @@ def create_app(
         ("/v1/models", "GET", proxy.models),
     ]
     routes = [
-        *(Route(path, handler, methods=[method]) for path, method, handler in client),
+        *(Route(path, via_router(handler), methods=[method]) for path, method, handler in client),
         Route("/health", health, methods=["GET"]),
         Mount("/api", app=create_admin_app(gw, limits)),
         Route("/metrics", metrics_endpoint(gw, metrics, limits), methods=["GET"]),

@@ -7,17 +7,19 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
-from starlette.requests import ClientDisconnect, Request
 
+from fairgate.server.client_http import ClientRequest
 from fairgate.server.errors import ApiError
 
 log = logging.getLogger("fairgate.proxy")
 
 
-async def read_body(request: Request, max_bytes: int) -> bytes:
+async def read_body(request: ClientRequest, max_bytes: int) -> bytes:
     """The raw body. Over ``max_bytes`` → 413 (checked on Content-Length first, then while
     reading, so a lying or absent header cannot make us buffer more than the limit). A client
-    that hangs up mid-body is no error of ours: a debug line and a 499 nobody receives."""
+    that hangs up mid-body is no error of ours: a debug line and a 499 nobody receives. Read
+    from ASGI ``receive`` directly: a body that arrives in one message (most do) is returned
+    as it came, without a copy."""
     declared = request.headers.get("content-length")
     if declared is not None:
         try:
@@ -27,16 +29,25 @@ async def read_body(request: Request, max_bytes: int) -> bytes:
             raise ApiError(400, "Invalid Content-Length header") from None
     chunks: list[bytes] = []
     size = 0
-    try:
-        async for chunk in request.stream():
+    receive = request.receive
+    while True:
+        message = await receive()
+        kind = message["type"]
+        if kind == "http.request":
+            chunk: bytes = message.get("body", b"")
             size += len(chunk)
             if size > max_bytes:
                 raise _too_large(max_bytes)
-            chunks.append(chunk)
-    except ClientDisconnect:
-        log.debug("client disconnected while sending its body", extra={"received": size})
-        raise ApiError(499, "Client closed the request", code="client_closed") from None
-    return b"".join(chunks)
+            if not message.get("more_body", False):
+                if not chunks:
+                    return chunk
+                chunks.append(chunk)
+                return b"".join(chunks)
+            if chunk:
+                chunks.append(chunk)
+        elif kind == "http.disconnect":
+            log.debug("client disconnected while sending its body", extra={"received": size})
+            raise ApiError(499, "Client closed the request", code="client_closed")
 
 
 def decode_json_object(raw: bytes) -> dict[str, Any]:

@@ -16,8 +16,6 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from starlette.requests import Request
-
 from fairgate.providers.pricing import PriceTable
 from fairgate.providers.transport import Upstream
 from fairgate.quota.engine import Ticket
@@ -35,6 +33,7 @@ from fairgate.routing.model import (
     DEFAULT_MAX_WAIT_MS,
     DEFAULT_QUEUE_TIMEOUT_MS,
 )
+from fairgate.server.client_http import ClientRequest
 from fairgate.server.errors import ApiError
 from fairgate.server.guards import KeyRateGuard
 from fairgate.server.http_settings import HttpSettings
@@ -151,7 +150,7 @@ class Call:
     """One client request as it moves through the hot path."""
 
     svc: Services
-    request: Request
+    request: ClientRequest
     key: ClientKey
     body: dict[str, Any]
     route: Route

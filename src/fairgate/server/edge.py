@@ -29,18 +29,30 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.types import Message, Receive, Scope, Send
 
+from fairgate.server.client_http import ClientRequest, decode_headers
 from fairgate.server.errors import ApiError, error_response
 from fairgate.server.http_settings import host_allowed
-from fairgate.server.logs import REQUEST_ID, REQUEST_ID_HEADER, request_id_from
+from fairgate.server.logs import HEADER, REQUEST_ID, REQUEST_ID_HEADER, request_id_of
 
-__all__ = ["FastRoute", "GatewayApp", "internal_error"]
+__all__ = ["FastRoute", "GatewayApp", "internal_error", "via_router"]
 
 log = logging.getLogger("fairgate.server")
 
-Handler = Callable[[Request], Awaitable[Response]]
+Handler = Callable[[ClientRequest], Awaitable[Response]]
 
 #: One client route: its path, its one method, its handler.
 FastRoute = tuple[str, str, Handler]
+
+
+def via_router(handler: Handler) -> Callable[[Request], Awaitable[Response]]:
+    """``handler`` as a Starlette endpoint: what the router calls for a request the fast lane
+    did not take on a client path (a ``HEAD`` of ``/v1/models``: Starlette serves ``HEAD`` on
+    a ``GET`` route)."""
+
+    async def endpoint(request: Request) -> Response:
+        return await handler(ClientRequest.of_scope(request.scope, request.receive, request.app))
+
+    return endpoint
 
 
 def host_refusal() -> Response:
@@ -83,27 +95,21 @@ class GatewayApp(Starlette):
         if scope["type"] != "http":  # lifespan (and websockets, which no route serves)
             await super().__call__(scope, receive, send)
             return
-        host: bytes | None = None
-        incoming: bytes | None = None
-        for name, value in scope["headers"]:  # one pass; the server gives lower-case names
-            if name == b"host":
-                host = value if host is None else host
-            elif name == REQUEST_ID_HEADER and incoming is None:
-                incoming = value
-        rid = request_id_from(incoming)
+        # one pass over the headers (the server gives lower-case names): the host check, the
+        # request id and, on the fast lane, the handler's headers
+        headers = decode_headers(scope["headers"])
+        rid = request_id_of(headers.get(HEADER))
         raw_id = rid.encode("ascii")
         token = REQUEST_ID.set(rid)
         try:
-            if not host_allowed(
-                self.allowed_hosts, None if host is None else host.decode("latin-1")
-            ):
+            if not host_allowed(self.allowed_hosts, headers.get("host")):
                 refused = host_refusal()
                 refused.raw_headers.append((REQUEST_ID_HEADER, raw_id))
                 await refused(scope, receive, send)
                 return
             route = self.fast.get(scope["path"])
             if route is not None and route[0] == scope["method"]:
-                await self._serve(route[1], scope, receive, send, raw_id)
+                await self._serve(route[1], scope, receive, send, raw_id, headers)
                 return
 
             async def send_with_id(message: Message) -> None:
@@ -116,15 +122,21 @@ class GatewayApp(Starlette):
             REQUEST_ID.reset(token)
 
     async def _serve(
-        self, handler: Handler, scope: Scope, receive: Receive, send: Send, raw_id: bytes
+        self,
+        handler: Handler,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        raw_id: bytes,
+        headers: dict[str, str],
     ) -> None:
         """One client request: the handler builds the whole answer (errors included) before a
         byte is sent, so a crash in it still gets the JSON 500; a crash while a stream is being
-        written is uvicorn's to log and close, as under Starlette. The request object is
-        Starlette's (a thin view of the scope: the headers are decoded only when read)."""
+        written is uvicorn's to log and close, as under Starlette. The request is a
+        :class:`ClientRequest` over the headers decoded in :meth:`__call__`."""
         scope["app"] = self
         try:
-            resp = await handler(Request(scope, receive))
+            resp = await handler(ClientRequest(scope, receive, headers, self))
         except Exception as exc:
             crash = internal_error(scope["path"], exc)
             crash.raw_headers.append((REQUEST_ID_HEADER, raw_id))

@@ -18,7 +18,6 @@ from collections.abc import Collection, Coroutine
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from starlette.requests import Request
 from starlette.responses import Response
 
 from fairgate.providers.usage import Usage
@@ -38,6 +37,7 @@ from fairgate.routing.model import (
 from fairgate.server import tracing
 from fairgate.server.attempt import attempt, quota_headers
 from fairgate.server.call import Call, Candidate, ExecOptions
+from fairgate.server.client_http import ClientRequest
 from fairgate.server.diagnostics import Diagnostics, Terminal
 from fairgate.server.errors import ApiError
 from fairgate.server.reservation import Reservation
@@ -372,7 +372,7 @@ class _Execution:
         )
 
 
-async def _client_gone(request: Request) -> None:
+async def _client_gone(request: ClientRequest) -> None:
     """Returns when the client disconnects (the body has been read: only that can come)."""
     while True:
         message = await request.receive()

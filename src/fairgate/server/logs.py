@@ -264,15 +264,11 @@ def configure_from_env(env: dict[str, str] | None = None, secrets: Iterable[str]
 # -- request ids ---------------------------------------------------------------------------
 
 
-def request_id_from(incoming: bytes | None) -> str:
-    """The id of a request whose ``x-request-id`` header is ``incoming`` (None: absent): the
-    client's when it is a short, harmless token (it is echoed and logged as is), else a new one.
-    The outermost ASGI layer (:mod:`fairgate.server.edge`) sets it for the logs and echoes it."""
-    if incoming is not None:
-        try:
-            rid = incoming.decode("ascii")
-        except UnicodeDecodeError:
-            return new_request_id()
-        if _VALID_ID.match(rid):
-            return rid
+def request_id_of(incoming: str | None) -> str:
+    """The id of a request whose ``x-request-id`` header is ``incoming`` (None: absent;
+    latin-1 decoded, as every header): the client's when it is a short, harmless ASCII token
+    (it is echoed and logged as is), else a new one. The outermost ASGI layer
+    (:mod:`fairgate.server.edge`) sets it for the logs and echoes it."""
+    if incoming is not None and _VALID_ID.match(incoming):
+        return incoming
     return new_request_id()

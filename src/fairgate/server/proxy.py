@@ -20,7 +20,6 @@ from collections.abc import Callable
 from typing import Any
 
 import orjson
-from starlette.requests import Request
 from starlette.responses import Response
 
 from fairgate.providers.usage import estimate_prompt_tokens, estimate_text_tokens
@@ -42,6 +41,7 @@ from fairgate.server.bodies import (
     require_str,
 )
 from fairgate.server.call import Call, Route, Services
+from fairgate.server.client_http import ClientRequest
 from fairgate.server.errors import ApiError, error_response
 
 log = logging.getLogger("fairgate.proxy")
@@ -50,12 +50,12 @@ log = logging.getLogger("fairgate.proxy")
 # -- entry points --------------------------------------------------------------------------
 
 
-def _services(request: Request) -> Services:
+def _services(request: ClientRequest) -> Services:
     svc: Services = request.app.state.services
     return svc
 
 
-def _client_secret(request: Request) -> str | None:
+def _client_secret(request: ClientRequest) -> str | None:
     auth = request.headers.get("authorization")
     if auth:
         scheme, _, token = auth.partition(" ")
@@ -76,7 +76,7 @@ def check_model_allowed(key: ClientKey, model: str) -> None:
         )
 
 
-def authenticate(svc: Services, request: Request) -> ClientKey:
+def authenticate(svc: Services, request: ClientRequest) -> ClientKey:
     secret = _client_secret(request)
     if secret is None:
         raise ApiError(
@@ -91,19 +91,19 @@ def authenticate(svc: Services, request: Request) -> ClientKey:
     return key
 
 
-async def chat_completions(request: Request) -> Response:
+async def chat_completions(request: ClientRequest) -> Response:
     return await _handle(request, Route.CHAT)
 
 
-async def messages(request: Request) -> Response:
+async def messages(request: ClientRequest) -> Response:
     return await _handle(request, Route.MESSAGES)
 
 
-async def embeddings(request: Request) -> Response:
+async def embeddings(request: ClientRequest) -> Response:
     return await _handle(request, Route.EMBEDDINGS)
 
 
-async def models(request: Request) -> Response:
+async def models(request: ClientRequest) -> Response:
     svc = _services(request)
     try:
         key = authenticate(svc, request)
@@ -130,7 +130,7 @@ async def models(request: Request) -> Response:
 
 
 async def chat_from(
-    request: Request, prepare: Callable[[dict[str, Any]], dict[str, Any]]
+    request: ClientRequest, prepare: Callable[[dict[str, Any]], dict[str, Any]]
 ) -> Response:
     """Serve a request of another client API as a chat completion: ``prepare`` turns its body
     into a chat body (raising ``ApiError`` for what cannot be served), then everything —
@@ -140,7 +140,7 @@ async def chat_from(
 
 @tracing.traced("fairgate.request", tracing.request_attrs, tracing.response_attrs, request=True)
 async def _handle(
-    request: Request,
+    request: ClientRequest,
     route: Route,
     prepare: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
 ) -> Response:
@@ -175,7 +175,12 @@ async def _handle(
 
 
 def _parse(
-    svc: Services, request: Request, key: ClientKey, body: dict[str, Any], route: Route, t0: float
+    svc: Services,
+    request: ClientRequest,
+    key: ClientKey,
+    body: dict[str, Any],
+    route: Route,
+    t0: float,
 ) -> Call:
     model = require_str(body, "model", max_len=MAX_MODEL_LEN)
     # the cheap refusals first: a key that may not use the model, too many or too large
@@ -256,4 +261,4 @@ async def _dispatch(call: Call) -> Response:
 # -- one attempt on one connection -----------------------------------------------------------
 
 
-RouteHandler = Callable[[Request], Any]
+RouteHandler = Callable[[ClientRequest], Any]

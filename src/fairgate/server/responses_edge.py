@@ -18,7 +18,6 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import orjson
-from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from fairgate.providers.responses import (
@@ -29,6 +28,7 @@ from fairgate.providers.responses import (
 )
 from fairgate.providers.sse import SSEParser, encode_event
 from fairgate.server import proxy
+from fairgate.server.client_http import ClientRequest
 from fairgate.server.errors import ApiError
 
 __all__ = ["responses"]
@@ -41,7 +41,7 @@ def _carry(resp: Response) -> dict[str, str]:
     return {k: v for k, v in resp.headers.items() if k.lower() not in _FRAMING}
 
 
-async def responses(request: Request) -> Response:
+async def responses(request: ClientRequest) -> Response:
     original: dict[str, Any] = {}
 
     def prepare(body: dict[str, Any]) -> dict[str, Any]:

@@ -1,0 +1,44 @@
+"""What a ``/v1`` handler takes: the client's request, as the edge hands it over.
+
+Starlette's ``Request`` decodes the raw header list again on every lookup (four per request on
+the hot path: authorization, x-api-key, content-length, then the pin and forwarded headers), and
+reads the body through an async generator over ``receive``. :class:`ClientRequest` is built by
+the edge (:mod:`fairgate.server.edge`) from the one pass it makes over the headers anyway: a
+plain dict of the decoded headers, and the ASGI ``receive`` for the body and the disconnect.
+It has only what the request path reads; the admin API, the dashboard, ``/health`` and
+``/metrics`` keep Starlette's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from starlette.types import Receive, Scope
+
+__all__ = ["ClientRequest", "decode_headers"]
+
+
+def decode_headers(raw: Sequence[tuple[bytes, bytes]]) -> dict[str, str]:
+    """The ASGI header list (lower-case names) as a dict, latin-1 decoded as Starlette decodes
+    them. A header sent twice keeps its first value, as Starlette's ``headers.get`` answers."""
+    return {k.decode("latin-1"): v.decode("latin-1") for k, v in reversed(raw)}
+
+
+class ClientRequest:
+    """One client request: its ASGI scope and ``receive``, its headers decoded once (lower-case
+    names; the first value of a repeated header), and the application serving it (whose
+    ``state`` holds the long-lived services)."""
+
+    __slots__ = ("app", "headers", "receive", "scope")
+
+    def __init__(self, scope: Scope, receive: Receive, headers: dict[str, str], app: Any) -> None:
+        self.scope = scope
+        self.receive = receive
+        self.headers = headers
+        self.app = app
+
+    @classmethod
+    def of_scope(cls, scope: Scope, receive: Receive, app: Any) -> ClientRequest:
+        """A request straight from an ASGI scope (the router's way in: a HEAD for a GET route)."""
+        return cls(scope, receive, decode_headers(scope["headers"]), app)
