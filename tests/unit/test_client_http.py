@@ -3,12 +3,14 @@ body is read (``bodies.read_body``): headers decoded once, the body straight fro
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+from starlette.responses import Response, StreamingResponse
 
 from fairgate.server.bodies import read_body
-from fairgate.server.client_http import ClientRequest, decode_headers
+from fairgate.server.client_http import Answer, ClientRequest, Later, StreamAnswer, decode_headers
 from fairgate.server.errors import ApiError
 
 
@@ -84,3 +86,71 @@ async def test_a_bad_length_is_a_400_and_a_client_gone_mid_body_a_499() -> None:
         await read_body(req, 100)
     assert gone.value.status == 499
     assert gone.value.code == "client_closed"
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        None,
+        {},
+        {"x-fairgate-connection": "c1", "x-ratelimit-limit-requests": "100"},
+        {"Retry-After": "3", "X-Fairgate-Combo": "c"},
+        {"content-type": "application/problem+json"},
+        {"content-length": "2"},
+    ],
+)
+@pytest.mark.parametrize("status", [200, 404, 429, 502])
+def test_an_answer_sends_the_headers_starlette_would(
+    headers: dict[str, str] | None, status: int
+) -> None:
+    body = b'{"ok": true}'
+    ours = Answer(body, status, headers)
+    theirs = Response(body, status, headers, media_type="application/json")
+    assert ours.raw_headers == theirs.raw_headers
+    assert ours.status_code == theirs.status_code
+    assert ours.body == theirs.body
+    assert ours.served_by is None
+    assert ours.overhead_ms is None
+
+
+def test_a_bodiless_status_gets_no_length_as_with_starlette() -> None:
+    theirs = Response(b"", 204, media_type="application/json")
+    assert Answer(b"", 204).raw_headers == theirs.raw_headers
+
+
+@pytest.mark.parametrize(
+    "headers", [None, {"x-fairgate-connection": "c1", "cache-control": "no-cache"}]
+)
+def test_a_stream_answer_sends_the_headers_starlette_would(headers: dict[str, str] | None) -> None:
+    async def chunks() -> AsyncIterator[bytes]:
+        yield b"data: x\n\n"
+
+    ours = StreamAnswer(chunks(), headers, served_by="c1", overhead_ms=0.25)
+    theirs = StreamingResponse(chunks(), headers=headers, media_type="text/event-stream")
+    assert ours.raw_headers == theirs.raw_headers
+    assert ours.status_code == 200
+    assert ours.background is None
+    assert (ours.served_by, ours.overhead_ms) == ("c1", 0.25)
+
+
+async def test_later_awaits_its_function_with_its_arguments() -> None:
+    got: list[tuple[int, str]] = []
+
+    async def settle(n: int, what: str) -> None:
+        got.append((n, what))
+
+    task = Later(settle, 1, "x")
+    await task()
+    assert got == [(1, "x")]
+    answer = Answer(b"{}", background=task)
+    sent: list[dict[str, Any]] = []
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    async def receive() -> dict[str, Any]:
+        raise AssertionError("not read")
+
+    await answer({"type": "http"}, receive, send)
+    assert [m["type"] for m in sent] == ["http.response.start", "http.response.body"]
+    assert got == [(1, "x"), (1, "x")]  # the answer ran its task after the body

@@ -18,7 +18,6 @@ import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 
 import orjson
-from starlette.background import BackgroundTask
 from starlette.responses import Response, StreamingResponse
 
 from fairgate.providers.ratelimit import RateLimitSnapshot
@@ -35,6 +34,7 @@ from fairgate.routing import (
 )
 from fairgate.server import relay, tracing
 from fairgate.server.call import Call, Candidate, ExecOptions, Services
+from fairgate.server.client_http import Answer, Later, StreamAnswer
 from fairgate.server.diagnostics import Diagnostics
 from fairgate.server.errors import ApiError
 from fairgate.server.exchange import EXCHANGES, quality_problem, stream_error_event
@@ -187,10 +187,11 @@ async def _attempt_on(
                 settle_usage=tally.effective_usage(),
             )
         await _report_success(call, cand, snap, _ms_since(t_send))
-        headers["x-fairgate-overhead-ms"] = f"{(t_send - call.t0) * 1000:.3f}"
+        overhead = (t_send - call.t0) * 1000
+        headers["x-fairgate-overhead-ms"] = f"{overhead:.3f}"
         res.keep()  # the stream settles it when it ends
         streamed = _stream_response(
-            call, conn, res, resp, upstream_model, headers, tally, source, first, lease
+            call, conn, res, resp, upstream_model, headers, tally, source, first, lease, overhead
         )
         streamed.raw_headers.extend(quota)
         return streamed
@@ -230,12 +231,12 @@ async def _attempt_on(
     headers["x-fairgate-overhead-ms"] = f"{overhead:.3f}"
     # settle after the answer is on its way: the client need not wait for our bookkeeping
     # (the reservation holds the quota meanwhile, so nothing can overshoot)
-    answer = Response(
+    answer = Answer(
         out,
-        status_code=200,
-        media_type="application/json",
         headers=headers,
-        background=BackgroundTask(_settle, svc, res, conn, call, upstream_model, usage),
+        background=Later(_settle, svc, res, conn, call, upstream_model, usage),
+        served_by=conn.id,
+        overhead_ms=overhead,
     )
     answer.raw_headers.extend(quota)
     return answer
@@ -425,6 +426,7 @@ def _stream_response(
     source: AsyncIterator[bytes],
     first: list[bytes],
     lease: Lease,
+    overhead_ms: float,
 ) -> StreamingResponse:
     svc = call.svc
     route = call.route
@@ -448,11 +450,11 @@ def _stream_response(
             lease.release()
             svc.spawn(_settle(svc, res, conn, call, upstream_model, tally.effective_usage()))
 
-    return StreamingResponse(
+    return StreamAnswer(
         body(),
-        status_code=200,
-        media_type="text/event-stream",
-        headers={**headers, "cache-control": "no-cache"},
+        {**headers, "cache-control": "no-cache"},
+        served_by=conn.id,
+        overhead_ms=overhead_ms,
     )
 
 

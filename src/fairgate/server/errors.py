@@ -12,6 +12,7 @@ import orjson
 from starlette.responses import Response
 
 from fairgate.resilience.failover import Step
+from fairgate.server.client_http import Answer
 
 _TYPES = {
     400: "invalid_request_error",
@@ -89,7 +90,5 @@ def error_response(
     body = anthropic_error_body(err) if anthropic else openai_error_body(err)
     if err.client_diagnostics is not None:
         body["diagnostics"] = err.client_diagnostics
-    merged = {**err.headers, **(headers or {})}
-    return Response(
-        orjson.dumps(body), status_code=err.status, media_type="application/json", headers=merged
-    )
+    merged = {**err.headers, **headers} if headers else err.headers
+    return Answer(orjson.dumps(body), err.status, merged)

@@ -32,6 +32,7 @@ from prometheus_client.registry import Collector
 from starlette.requests import Request
 from starlette.responses import Response
 
+from fairgate.server.client_http import Answer, StreamAnswer
 from fairgate.server.http_settings import HttpSettings, is_loopback
 
 if TYPE_CHECKING:
@@ -326,27 +327,34 @@ class Metrics:
     ) -> None:
         """Count one finished ``/v1`` request (for a stream: once its headers are decided).
 
-        The overhead comes from the ``x-fairgate-overhead-ms`` header the proxy computed; the
-        upstream time is what remains of the elapsed time, so the proxy needs no extra clock.
+        The serving connection and the overhead are what the proxy computed: the attributes of
+        its own answers, else the ``x-fairgate-connection`` and ``x-fairgate-overhead-ms``
+        headers; the upstream time is what remains of the elapsed time, so the proxy needs no
+        extra clock.
         """
-        headers = resp.headers
+        if isinstance(resp, Answer | StreamAnswer):
+            connection, overhead_ms = resp.served_by, resp.overhead_ms
+        else:
+            headers = resp.headers
+            connection = headers.get("x-fairgate-connection")
+            raw = headers.get("x-fairgate-overhead-ms")
+            try:
+                overhead_ms = None if raw is None else float(raw)
+            except ValueError:
+                overhead_ms = None
         model = self.model_label(reg, body.get("model") if body is not None else None)
         self._requests(
             key.id if key is not None else NONE,
             model,
-            headers.get("x-fairgate-connection") or NONE,
+            connection or NONE,
             str(resp.status_code),
         ).inc()
         if model not in (NONE, OTHER) and reg.combo(model) is not None:
             outcome = "ok" if resp.status_code < 400 else str(resp.status_code)
             self.combo_requests.labels(model, outcome).inc()
-        raw = headers.get("x-fairgate-overhead-ms")
-        if raw is None:
+        if overhead_ms is None:
             return
-        try:
-            overhead = float(raw) / 1000.0
-        except ValueError:
-            return
+        overhead = overhead_ms / 1000.0
         self.overhead.observe(overhead)
         self.upstream_latency.observe(max(0.0, time.perf_counter() - t0 - overhead))
 

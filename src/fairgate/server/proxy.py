@@ -41,7 +41,7 @@ from fairgate.server.bodies import (
     require_str,
 )
 from fairgate.server.call import Call, Route, Services
-from fairgate.server.client_http import ClientRequest
+from fairgate.server.client_http import Answer, ClientRequest
 from fairgate.server.errors import ApiError, error_response
 
 log = logging.getLogger("fairgate.proxy")
@@ -126,7 +126,7 @@ async def models(request: ClientRequest) -> Response:
     data = [
         {"id": m, "object": "model", "created": 0, "owned_by": p} for m, p in sorted(seen.items())
     ]
-    return Response(orjson.dumps({"object": "list", "data": data}), media_type="application/json")
+    return Answer(orjson.dumps({"object": "list", "data": data}))
 
 
 async def chat_from(
