@@ -7,13 +7,21 @@ import time
 from types import SimpleNamespace
 from typing import Any
 
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.exposition import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from starlette.responses import Response
 
 from fairgate.quota.decision import Outcome, Reason
 from fairgate.quota.engine import Admission
 from fairgate.registry import ClientKey, Connection, Registry
-from fairgate.server.metrics import Metrics, ResilienceGauges, gauges_from_snapshot
+from fairgate.server.metrics import (
+    FastCounter,
+    FastHistogram,
+    Metrics,
+    ResilienceGauges,
+    gauges_from_snapshot,
+)
 
 REG = Registry.build(
     [
@@ -145,3 +153,51 @@ async def test_a_broken_health_source_does_not_break_the_scrape() -> None:
     got = samples(m)
     assert ("fairgate_fail_open_total", ()) in got
     assert not any(k[0].startswith("fairgate_breaker") for k in got)
+
+
+def _exposition(registry: CollectorRegistry) -> list[str]:
+    """The exposition's lines with the ``_created`` timestamps masked (they are creation times)."""
+    lines = generate_latest(registry).decode().splitlines()
+    return [ln.rsplit(" ", 1)[0] + " <t>" if "_created" in ln else ln for ln in lines]
+
+
+def test_the_fast_counters_and_histograms_export_as_prometheus_clients_own() -> None:
+    ours, theirs = CollectorRegistry(), CollectorRegistry()
+    counter = FastCounter("t_requests", "Requests", ["key", "status"])
+    plain = FastCounter("t_fails", "Failures")
+    hist = FastHistogram("t_latency_seconds", "Latency", (0.005, 0.1, 1), ["conn"])
+    whole = FastHistogram("t_overhead_seconds", "Overhead", (0.001, 0.01))
+    for m in (counter, plain, hist, whole):
+        ours.register(m)
+    p_counter = Counter("t_requests", "Requests", ["key", "status"], registry=theirs)
+    Counter("t_fails", "Failures", registry=theirs)
+    p_hist = Histogram(
+        "t_latency_seconds", "Latency", ["conn"], buckets=(0.005, 0.1, 1), registry=theirs
+    )
+    p_whole = Histogram("t_overhead_seconds", "Overhead", buckets=(0.001, 0.01), registry=theirs)
+    for key, status in (("a", "200"), ("b", "429"), ("a", "200")):
+        counter.inc(key, status)
+        p_counter.labels(key, status).inc()
+    # values on, between and past the bounds, in two label sets
+    for conn, v in (
+        ("c1", 0.005),
+        ("c1", 0.0049),
+        ("c2", 0.5),
+        ("c1", 1.0),
+        ("c2", 7.0),
+        ("c1", 0),
+    ):
+        hist.cell((conn,)).observe(v)
+        p_hist.labels(conn).observe(v)
+    for v in (0.001, 0.0100001, 0.0):
+        whole.cell(()).observe(v)
+        p_whole.observe(v)
+    assert _exposition(ours) == _exposition(theirs)
+    got = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for f in ours.collect()
+        for s in f.samples
+    }
+    assert got[("t_requests_total", (("key", "a"), ("status", "200")))] == 2.0
+    assert got[("t_fails_total", ())] == 0.0
+    assert got[("t_latency_seconds_bucket", (("conn", "c1"), ("le", "0.005")))] == 3.0
