@@ -19,7 +19,7 @@ from fairgate.resilience.manager import (
     retry_after_seconds,
 )
 from fairgate.resilience.settings import ResilienceSettings
-from fairgate.resilience.state import MemoryResilienceStore, TargetState
+from fairgate.resilience.state import NO_STATE, MemoryResilienceStore, TargetState
 
 S = 1_000
 P, C, M = "openai", "c1", "gpt-4o"
@@ -460,3 +460,36 @@ def test_failure_class_values_are_stable() -> None:
         "bad_request",
         "ok",
     ]
+
+
+async def test_a_store_that_remembers_nothing_answers_with_the_empty_state_itself(
+    clock: ManualClock,
+) -> None:
+    store = MemoryResilienceStore(clock=clock)
+    assert store.read_target_now(P, C, M) is NO_STATE
+    assert await store.read_target(P, C, M) is NO_STATE
+    await store.set_cooldown("c2", clock.now_ms() + 5 * S, 1, "rate_limit")
+    other = store.read_target_now(P, C, M)
+    assert other == NO_STATE
+    assert other is not NO_STATE  # something is remembered: looked up, found nothing here
+    assert store.read_target_now(P, "c2", M).cooldown is not None
+
+
+async def test_a_breaker_open_in_this_process_excludes_with_nothing_in_the_store(
+    clock: ManualClock,
+) -> None:
+    store = MemoryResilienceStore(clock=clock)
+    mgr = RateLimitManager(store, clock=clock)
+    br = mgr.breaker(P)
+    while br.record(False) is None:  # trip it here, without telling the store
+        pass
+    assert store.read_target_now(P, C, M) is NO_STATE
+    excl = await mgr.check(P, C, M)
+    assert excl is not None
+    assert excl.reason == "breaker_open"
+
+
+async def test_a_success_with_nothing_tracked_resets_no_level(mgr: RateLimitManager) -> None:
+    await mgr.on_success(P, C, M)
+    assert await mgr.check(P, C, M) is None
+    assert mgr.breaker(P).state() is BreakerState.CLOSED

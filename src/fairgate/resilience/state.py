@@ -30,6 +30,7 @@ from fairgate.resilience.breaker import BreakerRecord
 
 __all__ = [
     "DEFAULT_LEVEL_MEMORY_MS",
+    "NO_STATE",
     "LockoutKey",
     "MemoryResilienceStore",
     "PermanentBlock",
@@ -86,6 +87,11 @@ class TargetState:
     lockout: Cooldown | None = None
     permanent: PermanentBlock | None = None
     breaker: BreakerRecord | None = None
+
+
+#: A target nothing excludes (the memory store answers with this very object when it remembers
+#: nothing at all).
+NO_STATE = TargetState()
 
 
 @dataclass(frozen=True, slots=True)
@@ -280,6 +286,9 @@ class MemoryResilienceStore:
         return sorted(self._permanent.values(), key=lambda b: (b.since_ms, b.scope))
 
     async def get_breaker(self, provider: str) -> BreakerRecord | None:
+        return self._live_breaker(provider)
+
+    def _live_breaker(self, provider: str) -> BreakerRecord | None:
         rec = self._breakers.get(provider)
         if rec is not None and max(rec.until_ms, rec.updated_ms) <= self._forget_before():
             del self._breakers[provider]
@@ -306,14 +315,22 @@ class MemoryResilienceStore:
         self._probes.pop(provider, None)
 
     async def read_target(self, provider: str, conn_id: str, model: str) -> TargetState:
+        return self.read_target_now(provider, conn_id, model)
+
+    def read_target_now(self, provider: str, conn_id: str, model: str) -> TargetState:
+        """:meth:`read_target` without a coroutine (nothing here waits): what the manager's
+        check calls on every request. While nothing at all is remembered (the usual state of a
+        healthy gateway) it is :data:`NO_STATE` itself, found without a lookup."""
+        if not (self._cooldowns or self._lockouts or self._permanent or self._breakers):
+            return NO_STATE
         permanent = self._permanent.get(connection_scope(conn_id)) or self._permanent.get(
             model_scope(provider, conn_id, model)
         )
         return TargetState(
-            cooldown=await self.get_cooldown(conn_id),
-            lockout=await self.get_lockout(provider, conn_id, model),
+            cooldown=self._live(self._cooldowns, conn_id),
+            lockout=self._live(self._lockouts, LockoutKey(provider, conn_id, model)),
             permanent=permanent,
-            breaker=await self.get_breaker(provider),
+            breaker=self._live_breaker(provider),
         )
 
     async def snapshot(self) -> StoreSnapshot:
