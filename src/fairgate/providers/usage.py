@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeGuard
 
 import orjson
 
@@ -44,6 +44,8 @@ class Usage:
 
 def _int(value: object) -> int:
     """A non-negative int from whatever the provider sent; 0 for anything unusable."""
+    if type(value) is int:  # what providers send: answered before the checks below
+        return value if value > 0 else 0
     if isinstance(value, bool):
         return 0
     if isinstance(value, int):
@@ -59,8 +61,14 @@ def _int(value: object) -> int:
     return 0
 
 
+def _mapping(obj: object) -> TypeGuard[Mapping[Any, Any]]:
+    """``isinstance(obj, Mapping)``, answered at once for the dicts a JSON parser makes (the
+    abstract class's check is a Python call each time)."""
+    return type(obj) is dict or isinstance(obj, Mapping)
+
+
 def _get(obj: object, key: str) -> Any:
-    return obj.get(key) if isinstance(obj, Mapping) else None
+    return obj.get(key) if _mapping(obj) else None
 
 
 def usage_from_openai(obj: Mapping[str, Any]) -> Usage | None:
@@ -70,7 +78,7 @@ def usage_from_openai(obj: Mapping[str, Any]) -> Usage | None:
     None when there is no usage object (e.g. every stream chunk but the last).
     """
     u = obj.get("usage") if "usage" in obj else obj
-    if not isinstance(u, Mapping):
+    if not _mapping(u):
         return None
     if "prompt_tokens" in u or "completion_tokens" in u:
         prompt = _int(u.get("prompt_tokens"))
@@ -99,7 +107,7 @@ def usage_from_anthropic(obj: Mapping[str, Any]) -> Usage | None:
     if u is None:
         msg = obj.get("message")
         u = _get(msg, "usage") if msg is not None else obj
-    if not isinstance(u, Mapping):
+    if not _mapping(u):
         return None
     if not ("input_tokens" in u or "output_tokens" in u or "cache_read_input_tokens" in u):
         return None
@@ -138,7 +146,7 @@ class _Counter:
             for part in content:
                 if isinstance(part, str):
                     self.chars += len(part)
-                elif isinstance(part, Mapping):
+                elif _mapping(part):
                     self.part(part, depth)
 
     def part(self, part: Mapping[Any, Any], depth: int) -> None:
@@ -174,7 +182,7 @@ def estimate_prompt_tokens(body: Mapping[str, Any]) -> int:
         messages = body.get("messages")
         if isinstance(messages, list):
             for msg in messages:
-                if not isinstance(msg, Mapping):
+                if not _mapping(msg):
                     continue
                 c.content(msg.get("content"))
                 calls = msg.get("tool_calls")

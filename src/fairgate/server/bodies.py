@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -83,17 +84,30 @@ def _too_deep() -> ApiError:
     return ApiError(400, f"Request body nests arrays or objects deeper than {MAX_DEPTH} levels")
 
 
+_CONTAINERS = (dict, list)
+
+
 def check_depth(body: object) -> None:
-    """400 when ``body`` nests deeper than :data:`MAX_DEPTH` (iterative: no recursion limit)."""
+    """400 when ``body`` nests deeper than :data:`MAX_DEPTH` (iterative: no recursion limit).
+    Only arrays and objects are stacked, each with its depth, in plain loops (this walks the
+    whole body of every request)."""
     stack: list[tuple[object, int]] = [(body, 1)]
+    push, pop = stack.append, stack.pop
     while stack:
-        value, depth = stack.pop()
+        value, depth = pop()
         if depth > MAX_DEPTH:
             raise _too_deep()
+        children: Iterable[object]
         if isinstance(value, dict):
-            stack.extend((v, depth + 1) for v in value.values() if isinstance(v, dict | list))
+            children = value.values()
         elif isinstance(value, list):
-            stack.extend((v, depth + 1) for v in value if isinstance(v, dict | list))
+            children = value
+        else:  # the body itself, when it is no container (only containers are stacked)
+            continue
+        inner = depth + 1
+        for v in children:
+            if isinstance(v, _CONTAINERS):
+                push((v, inner))
 
 
 def _too_large(max_bytes: int) -> ApiError:
@@ -161,13 +175,33 @@ MAX_OUTPUT_TOKENS = 10_000_000
 MAX_MODEL_LEN = 200
 
 
+#: The Python type of each JSON kind as the parser makes it (``number`` also takes an integer).
+_KIND_TYPES: dict[str, tuple[type, ...]] = {
+    "string": (str,),
+    "number": (int, float),
+    "integer": (int,),
+    "boolean": (bool,),
+    "array": (list,),
+    "object": (dict,),
+    "null": (type(None),),
+}
+
+
 @dataclass(frozen=True, slots=True)
 class FieldRule:
-    """The JSON types a field may take (``null`` means it may be null) and a numeric range."""
+    """The JSON types a field may take (``null`` means it may be null) and a numeric range.
+
+    ``plain``: the exact types a value may have to be accepted without a look at its range
+    (numbers with a range are not among them), so the usual value is accepted by one set
+    lookup; anything else goes through :meth:`problem`, which has the final word."""
 
     kinds: frozenset[str]
     lo: float | None = None
     hi: float | None = None
+    plain: frozenset[type] = frozenset()
+
+    def accepts(self, value: object) -> bool:
+        return type(value) in self.plain or self.problem(value) is None
 
     def problem(self, value: object) -> str | None:
         kind = json_kind(value)
@@ -214,7 +248,10 @@ def json_kind(value: object) -> str:
 
 
 def _rule(*kinds: str, lo: float | None = None, hi: float | None = None) -> FieldRule:
-    return FieldRule(frozenset(kinds), lo, hi)
+    plain = {t for k in kinds for t in _KIND_TYPES[k]}
+    if lo is not None or hi is not None:
+        plain -= {int, float}  # a number in range is for problem() to say
+    return FieldRule(frozenset(kinds), lo, hi, frozenset(plain))
 
 
 _MESSAGE_FIELDS: dict[str, FieldRule] = {
@@ -266,7 +303,16 @@ MESSAGES_FIELDS: dict[str, FieldRule] = {
 
 
 def check_fields(body: dict[str, Any], rules: dict[str, FieldRule]) -> None:
-    """400 naming the first standard field of ``body`` whose type or range is wrong."""
+    """400 naming the first standard field of ``body`` (in the order of ``rules``) whose type or
+    range is wrong. The body's own fields are looked at first (a request sends a few of the
+    many standard fields); only when one is wrong are the rules walked in order, so that the
+    error names the same field whatever order the client sent them in."""
+    for name, value in body.items():
+        rule = rules.get(name)
+        if rule is not None and not rule.accepts(value):
+            break
+    else:
+        return
     for name, rule in rules.items():
         if name in body:
             problem = rule.problem(body[name])
@@ -283,19 +329,19 @@ def check_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
             400, "'messages' is required and must be a non-empty array", param="messages"
         )
     for i, m in enumerate(msgs):
-        where = f"messages[{i}]"
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            where = f"messages[{i}]"
             raise ApiError(400, f"'{where}' must be an object with a string 'role'", param=where)
         for name, rule in _MESSAGE_FIELDS.items():
-            if name in m:
+            if name in m and not rule.accepts(m[name]):
                 problem = rule.problem(m[name])
-                if problem is not None:
-                    raise ApiError(400, f"'{where}.{name}' {problem}", param=f"{where}.{name}")
+                where = f"messages[{i}].{name}"
+                raise ApiError(400, f"'{where}' {problem}", param=where)
         content = m.get("content")
         if isinstance(content, list):
             for j, part in enumerate(content):
                 if not isinstance(part, dict) or not isinstance(part.get("type"), str):
-                    param = f"{where}.content[{j}]"
+                    param = f"messages[{i}].content[{j}]"
                     raise ApiError(
                         400, f"'{param}' must be an object with a string 'type'", param=param
                     )
