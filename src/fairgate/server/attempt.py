@@ -231,12 +231,13 @@ async def _attempt_on(
     headers["x-fairgate-overhead-ms"] = f"{overhead:.3f}"
     # settle after the answer is on its way: the client need not wait for our bookkeeping
     # (the reservation holds the quota meanwhile, so nothing can overshoot)
+    if res.open or tracing.active():
+        settle: Later | None = Later(_settle, svc, res, conn, call, upstream_model, usage)
+    else:  # nothing reserved (no pool), no span to record: no task, only the tokens to count
+        settle = None
+        _count_tokens(svc, conn, call, usage)
     answer = Answer(
-        out,
-        headers=headers,
-        background=Later(_settle, svc, res, conn, call, upstream_model, usage),
-        served_by=conn.id,
-        overhead_ms=overhead,
+        out, headers=headers, background=settle, served_by=conn.id, overhead_ms=overhead
     )
     answer.raw_headers.extend(quota)
     return answer
@@ -390,6 +391,19 @@ def _redact(text: str, conn: Connection) -> str:
     return text
 
 
+def _count_tokens(
+    svc: Services, conn: Connection, call: Call, usage: Usage | None
+) -> tuple[Usage, float]:
+    """The usage to charge (the estimate when the upstream reported none) and its tokens, which
+    the percent attribution of ``conn`` counts for the key (a subscription's next reading is
+    split by them) whether or not a pool reserved anything."""
+    if usage is None:
+        usage = Usage(prompt_tokens=call.prompt_estimate, completion_tokens=call.max_output)
+    tokens = float(usage.prompt_tokens + usage.completion_tokens)
+    svc.signals.add_tokens(conn.id, call.key.id, tokens)
+    return usage, tokens
+
+
 @tracing.traced("fairgate.settle", tracing.settle_attrs, call_of=tracing.call_of_settle)
 async def _settle(
     svc: Services,
@@ -399,10 +413,7 @@ async def _settle(
     upstream_model: str,
     usage: Usage | None,
 ) -> None:
-    if usage is None:
-        usage = Usage(prompt_tokens=call.prompt_estimate, completion_tokens=call.max_output)
-    tokens = float(usage.prompt_tokens + usage.completion_tokens)
-    svc.signals.add_tokens(conn.id, call.key.id, tokens)
+    usage, tokens = _count_tokens(svc, conn, call, usage)
     if not res.open:  # no reservation to settle (no pool, or it ended already): no price
         return
     await res.settle(
@@ -448,7 +459,11 @@ def _stream_response(
             # settlement is its own task, so neither the cancellation nor the client waits on it
             resp.release()
             lease.release()
-            svc.spawn(_settle(svc, res, conn, call, upstream_model, tally.effective_usage()))
+            usage = tally.effective_usage()
+            if res.open or tracing.active():
+                svc.spawn(_settle(svc, res, conn, call, upstream_model, usage))
+            else:  # nothing reserved (no pool), no span to record: no task
+                _count_tokens(svc, conn, call, usage)
 
     return StreamAnswer(
         body(),

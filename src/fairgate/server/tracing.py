@@ -26,7 +26,7 @@ from typing import Any, ParamSpec, TypeVar
 
 log = logging.getLogger("fairgate.tracing")
 
-__all__ = ["configure_from_env", "shutdown", "traced", "use_tracer_provider"]
+__all__ = ["active", "configure_from_env", "shutdown", "traced", "use_tracer_provider"]
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -52,6 +52,11 @@ def use_tracer_provider(provider: Any) -> None:
     Tests pass one whose processor feeds the SDK's in-memory exporter."""
     _STATE.provider = provider
     _STATE.tracer = None if provider is None else provider.get_tracer("fairgate")
+
+
+def active() -> bool:
+    """Whether spans are being recorded now."""
+    return _STATE.tracer is not None
 
 
 def configure_from_env(env: Mapping[str, str]) -> bool:
