@@ -8,6 +8,7 @@ cannot fail them. Memory is read from ``/proc/<pid>/status`` of the gateway proc
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import socket
@@ -222,6 +223,44 @@ def test_idle_connections_are_closed(gw: Proc) -> None:
     assert time.monotonic() - t0 < CUT_WITHIN_S
     assert b"HTTP/1.1" not in rest
     kept.close()
+
+
+def test_the_deadlines_are_per_request_on_a_kept_alive_connection(
+    start_gateway: GatewayFactory, mock_upstream: Proc
+) -> None:
+    """One connection, requests one after another for over twice the head and body deadlines
+    (the connection's one deadline timer fires meanwhile and must find every request on
+    time), then a trickled head on the same connection: cut by the head deadline of that
+    request. Keep-alive is long here, so only a deadline can close the connection."""
+    gw = start_gateway(
+        gateway_config(mock_upstream.url, keys={"a": new_secret()}),
+        extra_env={**SHORT_DEADLINES, "FAIRGATE_HTTP_KEEP_ALIVE_S": "60"},
+    )
+    host, port = _addr(gw)
+    conn = http.client.HTTPConnection(host, port, timeout=30)
+    try:
+        t0 = time.monotonic()
+        answered = 0
+        first: socket.socket | None = None
+        while time.monotonic() - t0 < 2.5 * DEADLINE_S or answered < 5:
+            conn.request("GET", "/health", headers={"Host": "127.0.0.1"})
+            r = conn.getresponse()
+            r.read()
+            assert r.status == 200
+            first = first or conn.sock
+            answered += 1
+            time.sleep(0.1)
+        sock = conn.sock
+        assert sock is not None
+        assert sock is first  # one connection all along (http.client would reopen a closed one)
+        elapsed, answer = _trickle(
+            sock, b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-S: aaaa", 0.25
+        )
+    finally:
+        conn.close()
+    assert elapsed < CUT_WITHIN_S, f"still open after {elapsed:.1f}s"
+    assert elapsed >= DEADLINE_S * 0.9
+    assert _status(answer) == 408, answer[:200]
 
 
 def test_the_connection_limit_refuses_one_more(

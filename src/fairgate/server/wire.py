@@ -46,9 +46,23 @@ class _Refused(Exception):
     """Raised from a parser callback to stop parsing a request we refuse."""
 
 
+#: What the connection's one deadline timer is for (none, the request head, the body).
+_NONE, _HEAD, _BODY = 0, 1, 2
+#: A deadline timer that fires this close to its deadline counts as on time (loop clocks round).
+_SLACK_S = 0.001
+
+
 class LimitedHttpToolsProtocol(HttpToolsProtocol):
     """One client connection (see the module docstring). ``limits`` is set by
-    :func:`protocol_for`."""
+    :func:`protocol_for`.
+
+    The head and body deadlines share one timer per connection, re-armed lazily: arming a
+    later deadline leaves the pending timer alone (when it fires it finds the deadline moved
+    on and waits again), only an earlier one replaces it. A keep-alive connection then arms
+    about one timer per head timeout instead of two timers per request. Header counts are
+    checked when the head is complete (before the request is dispatched) and after each read
+    while the head is open, so a head never holds more than one read's headers past the
+    limit."""
 
     limits: ClassVar[HttpSettings] = HttpSettings()
 
@@ -63,9 +77,10 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self.timeout_keep_alive = self.limits.keep_alive_s  # type: ignore[assignment]
         self._head_open = True  # the bytes arriving now belong to a request head
         self._head_bytes = 0
-        self._header_count = 0
-        self._head_timer: TimerHandle | None = None
-        self._body_timer: TimerHandle | None = None
+        self._deadline_for = _NONE
+        self._deadline = 0.0  # loop time
+        self._timer: TimerHandle | None = None
+        self._timer_at = 0.0
         self._refusal: tuple[int, str, str] | None = None
 
     # -- connection ---------------------------------------------------------------------------
@@ -76,7 +91,7 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
             log.debug("connection refused: limit reached", extra={"client": self._peer()})
             self._reply(503, "too_many_connections", "The gateway has too many open connections")
             return
-        self._start_head_timer()
+        self._arm(_HEAD, self.limits.header_timeout_s)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_timers()
@@ -88,14 +103,22 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         if not self._head_open:
             self._feed(data)
             return
-        if self._head_timer is None:  # the first byte of a request after a keep-alive pause
-            self._start_head_timer()
+        if self._deadline_for != _HEAD:  # the first byte of a request after a keep-alive pause
+            self._arm(_HEAD, self.limits.header_timeout_s)
         room = self.limits.max_header_bytes - self._head_bytes
-        head, rest = data[:room], data[room:]
+        if len(data) <= room:
+            head, rest = data, b""
+        else:
+            head, rest = data[:room], data[room:]
         self._head_bytes += len(head)
         if head:
             self._feed(head)
-        if self.transport.is_closing() or not rest:
+        if self.transport.is_closing():
+            return
+        if self._head_open and self._too_many_headers():  # a head still open past the count
+            self._refuse(self._header_count_refusal())
+            return
+        if not rest:
             return
         if self._reading_head():  # the head goes on past the limit: never give it to the parser
             self._refuse_head(
@@ -109,33 +132,29 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         callbacks flip it while :meth:`data_received` feeds it)."""
         return self._head_open
 
+    def _too_many_headers(self) -> bool:
+        headers = self.headers  # the head being read (uvicorn collects them; None before one)
+        return headers is not None and len(headers) > self.limits.max_headers
+
+    def _header_count_refusal(self) -> tuple[int, str, str]:
+        return (
+            431,
+            "request_header_fields_too_large",
+            f"Too many request headers (the limit is {self.limits.max_headers})",
+        )
+
     # -- parser callbacks ---------------------------------------------------------------------
 
-    def on_message_begin(self) -> None:
-        super().on_message_begin()
-        self._header_count = 0
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        self._header_count += 1
-        if self._header_count > self.limits.max_headers:
-            self._refusal = (
-                431,
-                "request_header_fields_too_large",
-                f"Too many request headers (the limit is {self.limits.max_headers})",
-            )
-            raise _Refused
-        super().on_header(name, value)
-
     def on_headers_complete(self) -> None:
+        if self._too_many_headers():
+            self._refusal = self._header_count_refusal()
+            raise _Refused
         self._head_open = False
-        self._cancel_head_timer()
-        self._body_timer = self.loop.call_later(self.limits.body_timeout_s, self._body_expired)
+        self._arm(_BODY, self.limits.body_timeout_s)
         super().on_headers_complete()
 
     def on_message_complete(self) -> None:
-        if self._body_timer is not None:
-            self._body_timer.cancel()
-            self._body_timer = None
+        self._deadline_for = _NONE  # the body is in: no deadline until the next request
         self._head_open, self._head_bytes = True, 0
         super().on_message_complete()
 
@@ -153,32 +172,52 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
                 self._unsupported_upgrade_warning()
         except httptools.HttpParserError:
             if self._refusal is not None:
-                status, code, message = self._refusal
-                log.debug("request refused", extra={"client": self._peer(), "code": code})
-                self._reply(status, code, message)
+                self._refuse(self._refusal)
             else:
                 log.debug("invalid HTTP request", extra={"client": self._peer()})
                 self._reply(400, "invalid_http_request", "Invalid HTTP request")
 
+    def _refuse(self, refusal: tuple[int, str, str]) -> None:
+        status, code, message = refusal
+        log.debug("request refused", extra={"client": self._peer(), "code": code})
+        self._reply(status, code, message)
+
     # -- deadlines ----------------------------------------------------------------------------
 
-    def _start_head_timer(self) -> None:
-        self._cancel_head_timer()
-        self._head_timer = self.loop.call_later(self.limits.header_timeout_s, self._head_expired)
+    def _arm(self, what: int, timeout_s: float) -> None:
+        """From now, ``what`` (the head or the body) must be in within ``timeout_s``."""
+        at = self.loop.time() + timeout_s
+        self._deadline_for, self._deadline = what, at
+        timer = self._timer
+        if timer is None or self._timer_at > at:
+            if timer is not None:
+                timer.cancel()
+            self._timer, self._timer_at = self.loop.call_at(at, self._deadline_due), at
 
-    def _cancel_head_timer(self) -> None:
-        if self._head_timer is not None:
-            self._head_timer.cancel()
-            self._head_timer = None
+    def _deadline_due(self) -> None:
+        self._timer = None
+        what = self._deadline_for
+        if what == _NONE:
+            return  # nothing was due any more: the next deadline arms a timer again
+        if self.loop.time() < self._deadline - _SLACK_S:  # the deadline moved on meanwhile
+            self._timer, self._timer_at = (
+                self.loop.call_at(self._deadline, self._deadline_due),
+                self._deadline,
+            )
+            return
+        self._deadline_for = _NONE
+        if what == _HEAD:
+            self._head_expired()
+        else:
+            self._body_expired()
 
     def _cancel_timers(self) -> None:
-        self._cancel_head_timer()
-        if self._body_timer is not None:
-            self._body_timer.cancel()
-            self._body_timer = None
+        self._deadline_for = _NONE
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
 
     def _head_expired(self) -> None:
-        self._head_timer = None
         if self.transport.is_closing():
             return
         idle = self._head_bytes == 0
@@ -192,7 +231,6 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
             self._reply(408, "request_timeout", "The request headers took too long to arrive")
 
     def _body_expired(self) -> None:
-        self._body_timer = None
         if self.transport.is_closing():
             return
         log.debug("connection closed: request body too slow", extra={"client": self._peer()})
