@@ -19,7 +19,6 @@ Starlette application underneath, with the same host check and request id.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
@@ -160,29 +159,47 @@ def _spec(scope: Scope) -> str:
 
 
 async def send_stream(resp: StreamingResponse, receive: Receive, send: Send) -> None:
-    """Send ``resp`` as Starlette does under ASGI spec < 2.4 (the stream is cancelled when the
-    client disconnects: its generator's ``finally`` settles what was streamed), with two plain
-    asyncio tasks instead of an anyio task group and its cancel scopes, which cost a streamed
-    request more than the rest of the HTTP layer. An error of the stream is raised here; its
-    background task runs after it, as Starlette's."""
-    loop = asyncio.get_running_loop()
-    streaming = loop.create_task(resp.stream_response(send))
-    watching = loop.create_task(_disconnected(receive))
+    """Send ``resp`` as Starlette does under ASGI spec < 2.4: the stream is cancelled when the
+    client disconnects (its generator's ``finally`` settles what was streamed), an error of
+    the stream is raised here, and its background task runs after it. The stream is sent from
+    this task; one watcher task waits for the disconnect and cancels this one while the stream
+    is still being sent. Two tasks raced under ``asyncio.wait`` before (and an anyio task group
+    in Starlette), which cost a streamed request more than the rest of the HTTP layer."""
+    task = asyncio.current_task()
+    assert task is not None
+    watch = _Watch(task)
+    watcher = asyncio.get_running_loop().create_task(_watch(receive, watch))
     try:
-        await asyncio.wait((streaming, watching), return_when=asyncio.FIRST_COMPLETED)
+        await resp.stream_response(send)
+    except asyncio.CancelledError:
+        # the client left (the watcher's cancel, and no other one pending): the stream is over
+        if not watch.cancelled or task.uncancel() > 0:
+            raise
     finally:
-        watching.cancel()
-        if not streaming.done():  # the client left (or this request is being cancelled)
-            streaming.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await streaming
-    if not streaming.cancelled():
-        streaming.result()
+        watch.streaming = False  # from here the watcher's disconnect means nothing
+        watcher.cancel()
     if resp.background is not None:
         await resp.background()
 
 
-async def _disconnected(receive: Receive) -> None:
-    """Returns when the client disconnects (or, under uvicorn, once the answer is complete)."""
+class _Watch:
+    """What :func:`send_stream` and its watcher share: the task sending the stream, whether it
+    still is, and whether the watcher cancelled it."""
+
+    __slots__ = ("cancelled", "streaming", "task")
+
+    def __init__(self, task: asyncio.Task[Any]) -> None:
+        self.task = task
+        self.streaming = True
+        self.cancelled = False
+
+
+async def _watch(receive: Receive, watch: _Watch) -> None:
+    """Cancel the stream's task when the client disconnects while it is being sent (under
+    uvicorn ``receive`` also says disconnect once the answer is complete: by then the stream
+    is no longer being sent, and this task is cancelled before it could run again)."""
     while (await receive())["type"] != "http.disconnect":
         pass
+    if watch.streaming:
+        watch.cancelled = True
+        watch.task.cancel()
