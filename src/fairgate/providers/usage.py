@@ -68,7 +68,7 @@ def _mapping(obj: object) -> TypeGuard[Mapping[Any, Any]]:
 
 
 def _get(obj: object, key: str) -> Any:
-    return obj.get(key) if _mapping(obj) else None
+    return None if obj is None else obj.get(key) if _mapping(obj) else None
 
 
 def usage_from_openai(obj: Mapping[str, Any]) -> Usage | None:
