@@ -16,7 +16,8 @@ round trips per request in two runs outside valgrind (N1 and N2 requests, the di
 ``sitecustomize`` on the gateway's path counts every ``send_packed_command`` of redis-py's asyncio
 connections (a pipeline is one) by its first command. The watcher's version polls (``GET``, a
 fixed rate per second, not per request) and its subscription are listed apart. ``--keep DIR``
-keeps the callgrind files (``callgrind_annotate --inclusive=yes DIR/<file>``).
+keeps the callgrind files (``callgrind_annotate --inclusive=yes DIR/<file>``). ``--no-pool``:
+the same model with no quota pool (the floor of a governed request).
 
 Run: ``.venv/bin/python benchmarks/callgrind_requests.py [--compare before=/path/src] [--stream]
 [--store redis]`` (a few minutes per tree: callgrind runs the gateway about 50 times slower).
@@ -131,12 +132,13 @@ def gateway(
     store: str,
     *,
     count: bool = False,
+    pool: bool = True,
 ) -> int | dict[str, int]:
     """One gateway process that served ``n`` requests, then stopped: its total instructions
     (under callgrind), or with ``count`` its Redis sends by command (outside valgrind)."""
     port = free_port()
     cfg = tmp / f"{tag}.yaml"
-    cfg.write_text(bench_config(mock, 0))
+    cfg.write_text(bench_config(mock, 0, pool=pool))
     out = tmp / f"{tag}.callgrind"
     env = {**os.environ, "FAIRGATE_ADMIN_KEY": ADMIN, "FAIRGATE_KEY_RATE_PER_S": "0"}
     paths = [src] if src else [p for p in [env.get("PYTHONPATH")] if p]
@@ -182,6 +184,7 @@ def main() -> None:
     ap.add_argument("--requests", nargs=2, type=int, default=(80, 240), metavar=("N1", "N2"))
     ap.add_argument("--stream", action="store_true", help="streamed answers (SSE)")
     ap.add_argument("--store", choices=("sqlite", "redis"), default="sqlite")
+    ap.add_argument("--no-pool", action="store_true", help="the model has no quota pool")
     ap.add_argument("--keep", metavar="DIR", help="keep the callgrind files here")
     args = ap.parse_args()
     if shutil.which("valgrind") is None:
@@ -201,7 +204,9 @@ def main() -> None:
             for n in (n1, n2):
                 print(f"  {name}: {n} requests under callgrind ...", flush=True)
                 tag = f"t{i}-{n}"
-                got = gateway(mock, tmp, src, n, args.stream, tag, args.store)
+                got = gateway(
+                    mock, tmp, src, n, args.stream, tag, args.store, pool=not args.no_pool
+                )
                 counts.append(cast(int, got))
                 if args.keep:
                     Path(args.keep).mkdir(parents=True, exist_ok=True)
@@ -232,7 +237,8 @@ def main() -> None:
         shutil.rmtree(tmp, ignore_errors=True)
     mode = "stream" if args.stream else "non-stream"
     label = "SQLite" if args.store == "sqlite" else "Redis"
-    print(f"\ninstructions per governed request ({mode}, {label} store, {CONCURRENCY} clients)")
+    what = "request to a model with no pool" if args.no_pool else "governed request"
+    print(f"\ninstructions per {what} ({mode}, {label} store, {CONCURRENCY} clients)")
     base = rows[0][1]
     for name, per in rows:
         print(f"  {name:<20} {per / 1e6:8.3f} M   {per / base:6.3f}x of this tree")
