@@ -86,27 +86,40 @@ def _openai_text(obj: dict[str, Any]) -> tuple[int, bool]:
 async def openai_to_openai(
     resp: UpstreamResponse, tally: StreamTally, *, client_wants_usage: bool
 ) -> AsyncIterator[bytes]:
-    """Pass OpenAI chunks through; drop the usage-only chunk we asked for on the client's behalf."""
-    async for _event, data in _events(resp):
-        if data == "[DONE]":
-            yield b"data: [DONE]\n\n"
-            continue
-        try:
-            obj = orjson.loads(data)
-        except orjson.JSONDecodeError:
-            yield encode_event(data)
-            continue
-        if isinstance(obj, dict):
-            u = usage_from_openai(obj)
-            if u is not None:
-                tally.usage = u
-                if not obj.get("choices") and not client_wants_usage:
-                    continue
-            n, finished = _openai_text(obj)
-            tally.text_chars += n
-            tally.finished = tally.finished or finished
-        tally.mark_chunk()
-        yield encode_event(data)
+    """Pass OpenAI chunks through; drop the usage-only chunk we asked for on the client's behalf.
+    The events are parsed here rather than through :func:`_events` (one generator less per
+    event on the most common stream)."""
+    parser = SSEParser()
+    async for raw in resp.chunks():
+        for ev in parser.feed(raw):
+            out = _openai_event(ev.data, tally, client_wants_usage)
+            if out is not None:
+                yield out
+    for ev in parser.flush():  # a last event whose closing blank line never came
+        out = _openai_event(ev.data, tally, client_wants_usage)
+        if out is not None:
+            yield out
+
+
+def _openai_event(data: str, tally: StreamTally, client_wants_usage: bool) -> bytes | None:
+    """One OpenAI stream event as the client gets it (None: dropped), counted in ``tally``."""
+    if data == "[DONE]":
+        return b"data: [DONE]\n\n"
+    try:
+        obj = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return encode_event(data)
+    if isinstance(obj, dict):
+        u = usage_from_openai(obj)
+        if u is not None:
+            tally.usage = u
+            if not obj.get("choices") and not client_wants_usage:
+                return None
+        n, finished = _openai_text(obj)
+        tally.text_chars += n
+        tally.finished = tally.finished or finished
+    tally.mark_chunk()
+    return encode_event(data)
 
 
 async def anthropic_to_anthropic(
