@@ -295,7 +295,7 @@ async def _prime(
     try:
         async for chunk in source:
             first.append(chunk)
-            if b'"error"' in chunk and tally.text_chars == 0:
+            if tally.text_chars == 0 and chunk.find(b'"error"') != -1:  # find: see sse.py
                 return first, "error event"
             if tally.text_chars > 0:
                 return first, None
