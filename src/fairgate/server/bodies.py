@@ -210,7 +210,7 @@ class FieldRule:
             names = [n for k, n in _NAMES.items() if k in self.kinds]
             listed = ", ".join(names[:-1]) + " or " + names[-1] if len(names) > 1 else names[0]
             return "must be " + listed
-        if not isinstance(value, int | float) or isinstance(value, bool):
+        if not isinstance(value, (int, float)) or isinstance(value, bool):  # no union per call
             return None
         if self.lo is not None and value < self.lo:
             return f"must be ≥ {self.lo:g}" if self.hi is None else self._range()
