@@ -269,8 +269,10 @@ def main() -> None:
         shutil.rmtree(tmp, ignore_errors=True)
     mode = "stream" if args.stream else "non-stream"
     print(f"\ninstructions per request, whole server process ({mode}, {args.concurrency} clients)")
+    bare = dict(rows).get("bare")
     for label, per in rows:
-        print(f"  {label:<24} {per / 1e6:8.3f} M")
+        ratio = f"   {per / bare:5.2f}x the bare proxy" if bare and label != "bare" else ""
+        print(f"  {label:<24} {per / 1e6:8.3f} M{ratio}")
 
 
 if __name__ == "__main__":
