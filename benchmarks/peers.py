@@ -433,6 +433,12 @@ def fairgate_targets(
                 procs.append(proc)
                 name = f"fairgate, SQLite, {args.workers} workers"
                 out.append(Target(name, url, CLIENT_KEY, proc.pid))
+        else:  # the other tree's floor too, for a before/after of the no-pool row
+            url, proc = start_fairgate(
+                mock, tmp, name=f"fg-no-pool-{i}", extra_env=base, pool=False
+            )
+            procs.append(proc)
+            out.append(Target(f"fairgate, no pool{label}", url, CLIENT_KEY, proc.pid))
         if redis_cpu is None:
             out.append(Target(f"fairgate, Redis{label}", "", "", 0, missing="Redis not reachable"))
             continue
