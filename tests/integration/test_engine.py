@@ -309,3 +309,21 @@ async def test_active_a_backlogged_key_keeps_its_sliding_count(
     assert not rows["other"].backlogged
     assert rows["other"].window_consumed == pytest.approx(3)  # what it was admitted this hour
     assert rows["hog"].window_consumed < rows["hog"].consumed
+
+
+async def test_active_runs_of_refusals_are_bounded_per_pool(
+    store: QuotaStore, clock: ManualClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Memory: a pool keeps at most _RUNS_MAX keys' runs, the most recently refused ones."""
+    from fairgate.quota import engine as engine_mod
+
+    monkeypatch.setattr(engine_mod, "_RUNS_MAX", 3)
+    engine = QuotaEngine(store, clock=clock)
+    keys = [f"k{i}" for i in range(6)]
+    pool = _active(*(Allocation(k, 10) for k in keys), limit=3)
+    for k in keys:  # the pool is full after the first keys: the others are refused
+        await _send(engine, pool, k, 2)
+        clock.advance(1_000)
+    assert len(engine._streaks[pool.id]) == 4  # k2-k5
+    engine._backlogged(pool, clock.now_ms())
+    assert sorted(engine._streaks[pool.id]) == ["k3", "k4", "k5"]

@@ -143,6 +143,9 @@ DEMAND_BOUND_MAX_KEYS = 1_000
 #: keys, 5 s for 1,000.
 DEMAND_READ_MS_PER_KEY = 5
 
+#: At most this many keys' runs of refusals per pool (active mode, quota/backlog.py).
+_RUNS_MAX = 2 * DEMAND_BOUND_MAX_KEYS
+
 #: While the store is down or the journal holds writes, the replay task looks this often.
 REPLAY_INTERVAL_S = 0.5
 
@@ -999,16 +1002,20 @@ class QuotaEngine:
 
     def _backlogged(self, pool: Pool, now: int) -> dict[str, frozenset[str]]:
         """Per key, the dimensions it is backlogged in now (:mod:`fairgate.quota.backlog`).
-        A key's last run is kept for a window after its last refusal (its usual gap between
-        refusals carries into its next run), then forgotten: memory bounded by the keys
-        refused within a window."""
+        A key's last run is kept for the pool's shortest window after its last refusal (its
+        usual gap between refusals carries into its next run), then forgotten; past
+        :data:`_RUNS_MAX` runs a pool keeps its most recently refused keys' (bounded memory)."""
         runs = self._streaks.get(pool.id)
         if not runs:
             return {}
         dims = pool.enforced_dimensions()
-        keep = max([pool.active_window_ms, *(d.window_ms for d in dims[:1])])
+        keep = max(pool.active_window_ms, min((d.window_ms for d in dims), default=0))
         for k in [k for k, r in runs.items() if now - r.last_ms > keep]:
             del runs[k]
+        if len(runs) > _RUNS_MAX:
+            recent = sorted(runs.items(), key=lambda kv: kv[1].last_ms)[-_RUNS_MAX:]
+            runs.clear()
+            runs.update(recent)
         anchors = self._cached_anchors(pool.id)
         windows = [
             (d.key, window_end_ms(now, d.window_ms, anchors.get(d.key)) - d.window_ms)
