@@ -32,6 +32,7 @@ from fairgate.resilience.state import (
     connection_scope,
     model_scope,
 )
+from fairgate.resilience.writer import PersistenceWriter
 
 S = 1_000
 #: The Redis stores' reply timeout here: these tests check the state's rules, not how a store
@@ -658,7 +659,7 @@ def _db(path: Path, url: str | None = None) -> Database:
 async def _manager(
     path: Path, clock: ManualClock, store: ResilienceStore | None = None, url: str | None = None
 ) -> RateLimitManager:
-    persistence = SqlitePersistence(_db(path, url), clock=clock)
+    persistence = PersistenceWriter(lambda: _db(path, url), clock=clock)
     mgr = RateLimitManager(store or MemoryResilienceStore(clock=clock), clock=clock,
                            persistence=persistence)  # fmt: skip
     await mgr.load()
@@ -693,7 +694,7 @@ async def test_restart_keeps_active_entries_and_drops_expired_ones(
         await _fail(mgr, clock, f"s{i}", 500, provider="anthropic")
     clock.advance(20 * S)  # "short" is over, everything else still runs
 
-    del mgr  # the process dies; a new one starts on the same file with an empty store
+    await mgr.close()  # the process stops; a new one starts on the same file, an empty store
     again = await _manager(db, clock, url=metadata_url)
     assert await again.check("openai", "short", "gpt-4o") is None
     long = await again.check("openai", "long", "gpt-4o")
@@ -727,11 +728,13 @@ async def test_permanent_survives_restarts_until_cleared(
     billing = {"type": "error", "error": {"type": "billing_error", "message": "credit too low"}}
     await _fail(mgr, clock, "c1", 402, billing, key_id="k-7")
     clock.advance(90 * 86_400_000)
+    await mgr.close()
     mgr = await _manager(db, clock, url=metadata_url)
     assert (await mgr.check("openai", "c1", "gpt-4o")) is not None
     [perm] = (await mgr.snapshot())["permanent"]
     assert perm["caused_by"] == {"key_id": "k-7", "request_id": "req-1"}  # kept across restarts
     assert await mgr.clear("permanent", connection_id="c1")
+    await mgr.close()
     mgr = await _manager(db, clock, url=metadata_url)
     assert await mgr.check("openai", "c1", "gpt-4o") is None
 
@@ -747,6 +750,7 @@ async def test_success_and_clears_delete_rows(
     await mgr.on_success("openai", "c1", "gpt-4o")
     await _fail(mgr, clock, "c2", 429)
     await mgr.clear("cooldown", connection_id="c2")
+    await mgr.flush()
     count = _db(db, metadata_url).execute("SELECT COUNT(*) FROM resilience_state").fetchone()[0]
     assert count == 0
 
@@ -774,6 +778,7 @@ async def test_restore_into_redis(
     first = redis_pair()
     mgr = await _manager(db, clock, first)
     await _fail(mgr, clock, "c1", 429, None, {"retry-after": "100"})
+    await mgr.flush()
     await first.clear_cooldown("c1")  # Redis lost it (a flush, a new server)
     await first.close()
     second = redis_pair()
@@ -793,10 +798,11 @@ async def test_factory_defaults_to_memory_and_restores(tmp_path: Path, clock: Ma
     from fairgate.resilience.factory import build_manager
 
     db = tmp_path / "meta.sqlite"
-    first = await build_manager(clock=clock, db=_db(db))
+    first = await build_manager(clock=clock, db=lambda: _db(db))
     assert first.store.name == "memory"
     await _fail(first, clock, "c1", 429, None, {"retry-after": "50"})
-    second = await build_manager(clock=clock, db=_db(db))
+    await first.close()
+    second = await build_manager(clock=clock, db=lambda: _db(db))
     assert await second.check("openai", "c1", "gpt-4o") is not None
 
 

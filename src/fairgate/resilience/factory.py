@@ -1,5 +1,5 @@
 """Building the RateLimitManager the gateway runs with: Redis when asked and reachable, else
-memory, plus SQLite persistence, restored once at start.
+memory, plus persistence in the metadata DB (written off the event loop), restored once at start.
 
 Redis unusable at start (the client library missing, the server not answering) falls back to
 the memory store with a warning, as the quota store does: a gateway that refuses to start
@@ -10,14 +10,15 @@ visible in the health snapshot (``store.driver``).
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from fairgate.clock import SYSTEM_CLOCK, Clock
 from fairgate.db.base import Database
 from fairgate.resilience.manager import RateLimitManager
-from fairgate.resilience.persistence import SqlitePersistence
 from fairgate.resilience.settings import ResilienceSettings
 from fairgate.resilience.state import MemoryResilienceStore, ResilienceStore
+from fairgate.resilience.writer import PersistenceWriter
 
 if TYPE_CHECKING:
     import redis.asyncio
@@ -57,18 +58,19 @@ async def build_manager(
     redis_url: str | None = None,
     redis_client: redis.asyncio.Redis | None = None,
     redis_prefix: str = "fairgate",
-    db: Database | None = None,
+    db: Callable[[], Database] | None = None,
 ) -> RateLimitManager:
     """A ready manager: Redis store when ``redis_url``/``redis_client`` is given and answers,
-    else memory; persistence in ``db`` (an :func:`~fairgate.db.connection.open_db` connection)
-    when given, with the active entries already restored."""
+    else memory; persistence in the metadata DB when ``db`` (which opens a connection) is given,
+    on a connection and a thread of its own (``resilience.writer``),
+    with the active entries already restored."""
     settings = settings or ResilienceSettings()
     store: ResilienceStore | None = None
     if redis_url or redis_client is not None:
         store = await _redis_store(redis_url, redis_client, redis_prefix, clock, settings)
     if store is None:
         store = MemoryResilienceStore(clock=clock, level_memory_ms=settings.level_memory_ms)
-    persistence = None if db is None else SqlitePersistence(db, clock=clock)
+    persistence = None if db is None else PersistenceWriter(db, clock=clock)
     manager = RateLimitManager(store, clock=clock, settings=settings, persistence=persistence)
     restored = await manager.load()
     if restored:

@@ -52,13 +52,11 @@ from __future__ import annotations
 
 import logging
 import math
-import sqlite3
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Literal, TypeVar
 
 from fairgate.clock import SYSTEM_CLOCK, Clock
-from fairgate.db.common import MetadataUnavailable
 from fairgate.providers.ratelimit import RateLimitSnapshot, parse_rate_limit_headers
 from fairgate.resilience.backoff import Cooldown, next_cooldown_ms
 from fairgate.resilience.breaker import BreakerRecord, BreakerState, CircuitBreaker
@@ -74,6 +72,7 @@ from fairgate.resilience.state import (
     describe,
     model_scope,
 )
+from fairgate.resilience.writer import PersistenceWriter
 
 __all__ = [
     "Exclusion",
@@ -216,8 +215,8 @@ class RateLimitManager:
 
     ``store`` defaults to a :class:`MemoryResilienceStore`; pass a ``RedisResilienceStore``
     to share state between replicas (give it the same ``level_memory_ms`` as the settings).
-    ``persistence`` (a :class:`SqlitePersistence`) keeps active entries across restarts: call
-    :meth:`load` once at start.
+    ``persistence`` (a :class:`PersistenceWriter`) keeps active entries across restarts: call
+    :meth:`load` once at start and :meth:`close` at the end (it waits for the queued writes).
     """
 
     def __init__(
@@ -226,7 +225,7 @@ class RateLimitManager:
         *,
         clock: Clock = SYSTEM_CLOCK,
         settings: ResilienceSettings | None = None,
-        persistence: SqlitePersistence | None = None,
+        persistence: PersistenceWriter | None = None,
         max_tracked: int = 100_000,
     ) -> None:
         self._settings = settings or ResilienceSettings()
@@ -322,13 +321,17 @@ class RateLimitManager:
         self._store_down_until = 0
         return result
 
-    def _persist(self, op: str, call: Callable[[SqlitePersistence], object]) -> None:
-        if self._persistence is None:
-            return
-        try:
-            call(self._persistence)
-        except (sqlite3.Error, MetadataUnavailable) as exc:
-            log.warning("resilience persistence %s failed: %s", op, exc)
+    def _persist(
+        self, row: tuple[str, ...], op: str, call: Callable[[SqlitePersistence], object]
+    ) -> None:
+        """Queue a write of the row ``row`` (never waits for the database: see writer.py)."""
+        if self._persistence is not None:
+            self._persistence.submit(row, op, call)
+
+    async def flush(self) -> None:
+        """Wait until the persistence writes queued so far are done (tests, admin reads)."""
+        if self._persistence is not None:
+            await self._persistence.flush()
 
     def known_blocks(self, provider: str, conn_id: str, model: str) -> tuple[bool, bool]:
         """(cooling down, model locked out) as this process last learned them: no store
@@ -352,7 +355,7 @@ class RateLimitManager:
         record = br.export()
         await self._safe("put_breaker", lambda: self._store.put_breaker(provider, record), False)
         await self._safe("release_probe", lambda: self._store.release_probe(provider), None)
-        self._persist("save_breaker", lambda p: p.save_breaker(provider, record))
+        self._persist(("br", provider), "save_breaker", lambda p: p.save_breaker(provider, record))
 
     async def _release_probe(self, provider: str) -> None:
         """The outcome said nothing about the provider's health: give the probe back."""
@@ -478,7 +481,9 @@ class RateLimitManager:
                 False,
             )
             if cleared:
-                self._persist("delete_cooldown", lambda p: p.delete_cooldown(conn_id))
+                self._persist(
+                    _cd_key(conn_id), "delete_cooldown", lambda p: p.delete_cooldown(conn_id)
+                )
         else:
             _, provider, conn_id, model = key
             cleared = await self._safe(
@@ -488,7 +493,9 @@ class RateLimitManager:
             )
             if cleared:
                 self._persist(
-                    "delete_lockout", lambda p: p.delete_lockout(provider, conn_id, model)
+                    _lock_key(provider, conn_id, model),
+                    "delete_lockout",
+                    lambda p: p.delete_lockout(provider, conn_id, model),
                 )
 
     async def _learn(
@@ -630,7 +637,9 @@ class RateLimitManager:
             None,
         )
         if block is not None:
-            self._persist("save_permanent", lambda p: p.save_permanent(block))
+            self._persist(
+                ("perm", block.scope), "save_permanent", lambda p: p.save_permanent(block)
+            )
         self._log_block("permanent", scope, None, cause, c.cls.value)
 
     @staticmethod
@@ -726,7 +735,9 @@ class RateLimitManager:
         )
         if merged is not None:
             self._track(_cd_key(conn_id), merged.until_ms)
-            self._persist("save_cooldown", lambda p: p.save_cooldown(conn_id, merged))
+            self._persist(
+                _cd_key(conn_id), "save_cooldown", lambda p: p.save_cooldown(conn_id, merged)
+            )
         self._remember(_cd_key(conn_id), cause, merged, now + duration)
         self._log_block("cooldown", conn_id, now + duration, cause, cls.value)
 
@@ -768,7 +779,9 @@ class RateLimitManager:
         if merged is not None:
             self._track(_lock_key(provider, conn_id, model), merged.until_ms)
             self._persist(
-                "save_lockout", lambda p: p.save_lockout(provider, conn_id, model, merged)
+                _lock_key(provider, conn_id, model),
+                "save_lockout",
+                lambda p: p.save_lockout(provider, conn_id, model, merged),
             )
         self._remember(_lock_key(provider, conn_id, model), cause, merged, until_ms)
         self._log_block("lockout", f"{provider}/{model}@{conn_id}", until_ms, cause, reason)
@@ -792,14 +805,18 @@ class RateLimitManager:
             conn_id = _need(connection_id, "connection_id")
             self._tracked.pop(_cd_key(conn_id), None)
             self._causes.pop(_cd_key(conn_id), None)
-            self._persist("delete_cooldown", lambda p: p.delete_cooldown(conn_id))
+            self._persist(_cd_key(conn_id), "delete_cooldown", lambda p: p.delete_cooldown(conn_id))
             return await self._store.clear_cooldown(conn_id)
         if kind == "lockout":
             prov, conn_id = _need(provider, "provider"), _need(connection_id, "connection_id")
             mdl = _need(model, "model")
             self._tracked.pop(_lock_key(prov, conn_id, mdl), None)
             self._causes.pop(_lock_key(prov, conn_id, mdl), None)
-            self._persist("delete_lockout", lambda p: p.delete_lockout(prov, conn_id, mdl))
+            self._persist(
+                _lock_key(prov, conn_id, mdl),
+                "delete_lockout",
+                lambda p: p.delete_lockout(prov, conn_id, mdl),
+            )
             return await self._store.clear_lockout(prov, conn_id, mdl)
         if kind == "permanent":
             if scope is None:
@@ -811,7 +828,9 @@ class RateLimitManager:
                 )
             target = scope
             self._evidence.pop(target, None)
-            self._persist("delete_permanent", lambda p: p.delete_permanent(target))
+            self._persist(
+                ("perm", target), "delete_permanent", lambda p: p.delete_permanent(target)
+            )
             return await self._store.clear_permanent(target)
         if kind == "breaker":
             prov = _need(provider, "provider")
@@ -866,6 +885,9 @@ class RateLimitManager:
             br["caused_by"] = cause(("br", provider)) if br.get("state") != "closed" else None
 
     async def close(self) -> None:
+        """Save what is queued (bounded wait), then close the store."""
+        if self._persistence is not None:
+            await self._persistence.close()
         await self._store.close()
 
 

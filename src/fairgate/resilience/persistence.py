@@ -7,13 +7,14 @@ keeps state across replicas but may itself be ephemeral; the memory store keeps 
 
 The :class:`~fairgate.resilience.manager.RateLimitManager` writes through: each cooldown,
 lockout, permanent block or breaker opening it stores is also saved here, each clear deletes
-the row, and at start :meth:`SqlitePersistence.restore` pushes the still-active rows back into
+the row, and at start :func:`push_into` pushes the still-active rows back into
 the store (monotonic merges, so restoring into a Redis that other replicas kept is harmless).
 
 Rows keep absolute epoch-ms deadlines; updates are monotonic in SQL too (``MAX(until_ms)``).
 Expired rows are ignored on load and pruned lazily (on load, and at most once a minute on save):
-no sweeper. Writes run inline, as the SQLite quota store's do: these are rare events (failures,
-admin actions), a primary-key upsert each.
+no sweeper. The methods here are synchronous, on the connection they are given; the manager
+calls them through :class:`~fairgate.resilience.writer.PersistenceWriter`, on a thread and a
+connection of their own, so a database that is slow or hangs never holds the event loop.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from fairgate.resilience.backoff import Cooldown
 from fairgate.resilience.breaker import BreakerRecord, BreakerState
 from fairgate.resilience.state import LockoutKey, PermanentBlock, ResilienceStore
 
-__all__ = ["PersistedState", "SqlitePersistence"]
+__all__ = ["PersistedState", "SqlitePersistence", "push_into"]
 
 #: Expired rows are deleted at most this often by the save path.
 PRUNE_EVERY_MS: Final = 60_000
@@ -99,6 +100,10 @@ class SqlitePersistence:
         self._conn = conn
         self._clock = clock
         self._last_prune = 0
+
+    @property
+    def connection(self) -> Database:
+        return self._conn
 
     def _maybe_prune(self, now_ms: int) -> None:
         if now_ms - self._last_prune >= PRUNE_EVERY_MS:
@@ -226,23 +231,23 @@ class SqlitePersistence:
                 )
         return out
 
-    async def restore(self, store: ResilienceStore) -> PersistedState:
-        """Push every active row into ``store`` (monotonic merges); returns what was loaded."""
-        state = self.load()
-        for conn_id, cd in state.cooldowns.items():
-            await store.set_cooldown(conn_id, cd.until_ms, cd.level, cd.reason)
-        for key, cd in state.lockouts.items():
-            await store.set_lockout(
-                key.provider, key.connection_id, key.model, cd.until_ms, cd.level, cd.reason
-            )
-        for block in state.permanent:
-            await store.set_permanent(
-                block.scope,
-                block.reason,
-                since_ms=block.since_ms,
-                key_id=block.key_id,
-                request_id=block.request_id,
-            )
-        for provider, record in state.breakers.items():
-            await store.put_breaker(provider, record)
-        return state
+
+async def push_into(store: ResilienceStore, state: PersistedState) -> None:
+    """Push every loaded row into ``store`` (monotonic merges: restoring into a Redis that
+    other replicas kept is harmless)."""
+    for conn_id, cd in state.cooldowns.items():
+        await store.set_cooldown(conn_id, cd.until_ms, cd.level, cd.reason)
+    for key, cd in state.lockouts.items():
+        await store.set_lockout(
+            key.provider, key.connection_id, key.model, cd.until_ms, cd.level, cd.reason
+        )
+    for block in state.permanent:
+        await store.set_permanent(
+            block.scope,
+            block.reason,
+            since_ms=block.since_ms,
+            key_id=block.key_id,
+            request_id=block.request_id,
+        )
+    for provider, record in state.breakers.items():
+        await store.put_breaker(provider, record)

@@ -201,7 +201,8 @@ class Gateway:
             if self.store_choice.driver == "redis"
             else None,
             redis_prefix=self.redis_prefix,
-            db=self.db,
+            # a connection of its own, on a thread of its own (resilience/writer.py)
+            db=lambda: open_database(db_url, self.db_path),
         )
         self.pool_log = SharedPoolLog(self._log_backend(db_settings))
         loop = asyncio.get_running_loop()
