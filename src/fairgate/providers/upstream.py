@@ -197,6 +197,10 @@ class UpstreamClient:
                 timeout=self._timeout,
                 auto_decompress=False,
                 skip_auto_headers=("User-Agent",),
+                # no cookies kept: the session is shared by every connection (account) and
+                # every client key, so a cookie one upstream answer set (a load balancer's,
+                # a session's) would otherwise ride along on another account's requests
+                cookie_jar=aiohttp.DummyCookieJar(),
             )
         return self._session
 
