@@ -1,0 +1,187 @@
+"""What the upstream client puts on the wire, byte for byte, and how it reuses connections.
+
+The client's per-request work is cut for speed (headers built once per connection, the body
+handed to aiohttp as a ready payload, nothing read twice); these tests pin what a provider
+receives so that no such cut can change it: the request line, every header and its value,
+no ``User-Agent``, the body as given, and one keep-alive connection for requests in a row.
+Real HTTP over loopback against a raw asyncio server that records the bytes it is sent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import pytest_asyncio
+
+from fairgate.providers.upstream import UpstreamClient
+from fairgate.registry import AuthType, Connection, Protocol
+
+ANSWER = b'{"id":"x","object":"chat.completion","choices":[]}'
+
+
+@dataclass
+class Recorder:
+    """What a raw loopback server was sent: each request's head lines and body, and the
+    connection (its number in accept order) each request came on."""
+
+    port: int = 0
+    requests: list[tuple[list[str], bytes, int]] = field(default_factory=list)
+    connections: int = 0
+
+    def head(self, i: int) -> list[str]:
+        return self.requests[i][0]
+
+
+@pytest_asyncio.fixture
+async def recorder() -> AsyncIterator[Recorder]:
+    rec = Recorder()
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        rec.connections += 1
+        conn_no = rec.connections
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                lines = head.decode("latin-1").split("\r\n")[:-2]
+                length = 0
+                for line in lines[1:]:
+                    name, _, value = line.partition(":")
+                    if name.lower() == "content-length":
+                        length = int(value)
+                body = await reader.readexactly(length)
+                rec.requests.append((lines, body, conn_no))
+                writer.write(
+                    b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                    + f"Content-Length: {len(ANSWER)}\r\n\r\n".encode()
+                    + ANSWER
+                )
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    rec.port = server.sockets[0].getsockname()[1]
+    try:
+        yield rec
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+def _conn(rec: Recorder, provider: str = "openai", **kw: object) -> Connection:
+    return Connection(
+        id="c",
+        provider=provider,
+        base_url=f"http://127.0.0.1:{rec.port}/v1",
+        secret="sk-secret",
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+async def _post(
+    client: UpstreamClient, conn: Connection, body: bytes, client_headers: dict[str, str]
+) -> bytes:
+    resp = await client.post(conn, "/chat/completions", body, client_headers)
+    try:
+        assert resp.status == 200
+        return await resp.read()
+    finally:
+        resp.release()
+
+
+async def test_an_openai_request_sends_exactly_our_headers_and_the_body(
+    recorder: Recorder,
+) -> None:
+    conn = _conn(recorder, forward_headers=("openai-project",))
+    body = b'{"model":"m","messages":[{"role":"user","content":"hi \xc3\xa9"}]}'
+    async with UpstreamClient() as client:
+        answer = await _post(client, conn, body, {"openai-project": "p1", "x-other": "no"})
+    assert answer == ANSWER
+    assert recorder.head(0) == [
+        "POST /v1/chat/completions HTTP/1.1",
+        f"Host: 127.0.0.1:{recorder.port}",
+        "content-type: application/json",
+        "accept-encoding: identity",
+        "authorization: Bearer sk-secret",
+        "openai-project: p1",
+        "Accept: */*",
+        f"Content-Length: {len(body)}",
+    ]
+    assert recorder.requests[0][1] == body
+
+
+async def test_anthropic_requests_send_their_own_headers_and_no_client_header(
+    recorder: Recorder,
+) -> None:
+    key = _conn(recorder, protocol=Protocol.ANTHROPIC, provider="anthropic")
+    oauth = _conn(
+        recorder, protocol=Protocol.ANTHROPIC, provider="anthropic", auth_type=AuthType.OAUTH
+    )
+    async with UpstreamClient() as client:
+        await _post(client, key, b"{}", {"anthropic-beta": "costly", "user-agent": "sdk"})
+        await _post(client, oauth, b"{}", {})
+    host = f"Host: 127.0.0.1:{recorder.port}"
+    common = ["content-type: application/json", "accept-encoding: identity"]
+    tail = ["Accept: */*", "Content-Length: 2"]
+    assert recorder.head(0) == [
+        "POST /v1/chat/completions HTTP/1.1",
+        host,
+        *common,
+        "x-api-key: sk-secret",
+        "anthropic-version: 2023-06-01",
+        *tail,
+    ]
+    assert recorder.head(1) == [
+        "POST /v1/chat/completions HTTP/1.1",
+        host,
+        *common,
+        "authorization: Bearer sk-secret",
+        "anthropic-version: 2023-06-01",
+        "anthropic-beta: oauth-2025-04-20",
+        *tail,
+    ]
+
+
+async def test_requests_in_a_row_reuse_one_connection_whether_read_or_released_unread(
+    recorder: Recorder,
+) -> None:
+    conn = _conn(recorder)
+    async with UpstreamClient() as client:
+        for _ in range(3):
+            assert await _post(client, conn, b"{}", {}) == ANSWER
+        resp = await client.post(conn, "/chat/completions", b"{}", {})
+        resp.release()  # unread: aiohttp keeps the connection, the body is still in flight
+        assert await _post(client, conn, b"{}", {}) == ANSWER
+        resp = await client.post(conn, "/chat/completions", b"{}", {})
+        assert await resp.read() == ANSWER
+        assert await resp.read() == ANSWER  # a second read answers the same bytes
+        resp.release()
+        resp.release()  # releasing twice is harmless
+        assert await _post(client, conn, b"{}", {}) == ANSWER
+    assert len(recorder.requests) == 7
+    assert {c for _, _, c in recorder.requests} == {1}
+
+
+async def test_a_plain_send_sends_its_own_headers_and_body(recorder: Recorder) -> None:
+    async with UpstreamClient() as client:
+        resp = await client.send(
+            "POST",
+            f"http://127.0.0.1:{recorder.port}/oauth/token",
+            body=b"grant_type=refresh_token",
+            headers={"content-type": "application/x-www-form-urlencoded"},
+            timeout_s=5,
+        )
+        try:
+            assert resp.status == 200
+            assert await resp.read() == ANSWER
+        finally:
+            resp.release()
+    lines = recorder.head(0)
+    assert lines[0] == "POST /oauth/token HTTP/1.1"
+    assert "content-type: application/x-www-form-urlencoded" in lines
+    assert not [line for line in lines if line.lower().startswith("user-agent")]
+    assert recorder.requests[0][1] == b"grant_type=refresh_token"
