@@ -15,6 +15,7 @@ from dataclasses import replace
 from types import TracebackType
 
 import aiohttp
+from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
 from fairgate.providers.oauth import (
@@ -52,32 +53,46 @@ class _PerConnection:
     """What a request to a connection sends that depends on the connection only (our headers,
     its URLs), built once per connection object instead of per request. A connection is
     frozen and replaced as a whole when it changes, so the object identifies its entry; the
-    cache starts over when it holds too many (connections are few)."""
+    cache starts over when it holds too many (connections are few).
+
+    The headers are kept twice: as a dict (:func:`upstream_headers` copies it) and as a
+    read-only ``CIMultiDictProxy`` that a request with nothing of the client's to add hands
+    to aiohttp as it is (aiohttp converts any other mapping to one per request, and only
+    reads it)."""
 
     __slots__ = ("_by_id",)
 
     MAX = 4096
 
     def __init__(self) -> None:
-        self._by_id: dict[str, tuple[Connection, dict[str, str], dict[str, URL]]] = {}
+        self._by_id: dict[str, _Entry] = {}
 
-    def _entry(self, conn: Connection) -> tuple[Connection, dict[str, str], dict[str, URL]]:
+    def _entry(self, conn: Connection) -> _Entry:
         hit = self._by_id.get(conn.id)
         if hit is None or hit[0] is not conn:
             if len(self._by_id) >= self.MAX:
                 self._by_id.clear()
-            hit = self._by_id[conn.id] = (conn, _own_headers(conn), {})
+            own = _own_headers(conn)
+            hit = self._by_id[conn.id] = (conn, own, CIMultiDictProxy(CIMultiDict(own)), {})
         return hit
 
     def headers(self, conn: Connection) -> dict[str, str]:
         return self._entry(conn)[1]
 
+    def ready_headers(self, conn: Connection) -> CIMultiDictProxy[str]:
+        return self._entry(conn)[2]
+
     def url(self, conn: Connection, path: str) -> URL:
-        urls = self._entry(conn)[2]
+        urls = self._entry(conn)[3]
         found = urls.get(path)
         if found is None:
             found = urls[path] = URL(upstream_url(conn, path))
         return found
+
+
+#: A connection's cached part: the object it was built from, our headers as a dict and as
+#: aiohttp's read-only multidict, its URLs by path.
+_Entry = tuple[Connection, dict[str, str], "CIMultiDictProxy[str]", dict[str, URL]]
 
 
 _PER_CONNECTION = _PerConnection()
@@ -124,6 +139,14 @@ def upstream_headers(conn: Connection, client_headers: Mapping[str, str]) -> dic
             if name.startswith("x-mock-"):
                 headers[name] = value
     return headers
+
+
+def _request_headers(conn: Connection, client_headers: Mapping[str, str]) -> Mapping[str, str]:
+    """:func:`upstream_headers` for aiohttp: the cached read-only multidict when the request
+    adds nothing to our own headers (no ``forward_headers``, not the mock), a new dict else."""
+    if conn.forward_headers or conn.provider == "mock":
+        return upstream_headers(conn, client_headers)
+    return _PER_CONNECTION.ready_headers(conn)
 
 
 def upstream_url(conn: Connection, path: str) -> str:
@@ -246,7 +269,7 @@ class UpstreamClient:
         return await self.session.post(
             _PER_CONNECTION.url(conn, path),  # parsed once: aiohttp takes a URL as it is
             data=body,
-            headers=upstream_headers(conn, client_headers),
+            headers=_request_headers(conn, client_headers),
         )
 
     async def send(
