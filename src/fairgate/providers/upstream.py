@@ -10,7 +10,7 @@ sent the request.
 from __future__ import annotations
 
 import typing
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Iterable, Mapping
 from dataclasses import replace
 from types import TracebackType
 
@@ -207,6 +207,24 @@ class _AiohttpResponse:
             self._resp.release()
 
 
+class _Request(aiohttp.ClientRequest):
+    """aiohttp's request, less its ``User-Agent``: our requests carry none (a provider has no
+    use for aiohttp's and Python's versions). ``skip_auto_headers=("User-Agent",)`` on the
+    session says the same, but makes aiohttp build a sorted ``CIMultiDict`` of the names
+    skipped and a copy of the request's headers for every request; here aiohttp's other
+    default headers (``Accept``, ``Accept-Encoding``) are added as aiohttp adds them, each
+    only when the request has not set it."""
+
+    def update_auto_headers(self, skip_auto_headers: Iterable[str] | None) -> None:
+        if skip_auto_headers is not None:  # never from us: aiohttp's own handling
+            super().update_auto_headers(skip_auto_headers)
+            return
+        headers = self.headers
+        for name, value in self.DEFAULT_HEADERS.items():
+            if name not in headers:
+                headers[name] = value
+
+
 class UpstreamClient:
     """One keep-alive connection pool for every upstream; created inside the running loop.
     Also the :class:`~fairgate.providers.transport.HttpSender` of the gateway's side calls."""
@@ -227,7 +245,7 @@ class UpstreamClient:
                 connector=connector,
                 timeout=self._timeout,
                 auto_decompress=False,
-                skip_auto_headers=("User-Agent",),
+                request_class=_Request,  # no User-Agent (see there)
                 # no cookies kept: the session is shared by every connection (account) and
                 # every client key, so a cookie one upstream answer set (a load balancer's,
                 # a session's) would otherwise ride along on another account's requests
@@ -242,20 +260,27 @@ class UpstreamClient:
         body: bytes,
         client_headers: Mapping[str, str],
     ) -> UpstreamResponse:
+        oauth = self.oauth
         try:
-            resp = await self._post(conn, path, body, client_headers)
+            if oauth is None or conn.auth_type != "oauth" or not oauth.manages(conn.id):
+                # a static secret, the usual case: sent from here (a coroutine frame fewer)
+                resp = await self._send(conn, path, body, client_headers)
+            else:
+                resp = await self._post_oauth(oauth, conn, path, body, client_headers)
         except TimeoutError:
             raise  # aiohttp's timeouts are TimeoutErrors: a timeout, not an unreachable host
         except aiohttp.ClientError as exc:
             raise UpstreamUnreachable(type(exc).__name__) from exc
         return _AiohttpResponse(resp)
 
-    async def _post(
-        self, conn: Connection, path: str, body: bytes, client_headers: Mapping[str, str]
+    async def _post_oauth(
+        self,
+        oauth: ManagedTokens,
+        conn: Connection,
+        path: str,
+        body: bytes,
+        client_headers: Mapping[str, str],
     ) -> aiohttp.ClientResponse:
-        oauth = self.oauth
-        if oauth is None or conn.auth_type != "oauth" or not oauth.manages(conn.id):
-            return await self._send(conn, path, body, client_headers)
         try:
             tokens = await oauth.access(conn.id)
             resp = await self._send(
@@ -271,10 +296,11 @@ class UpstreamClient:
             replace(conn, secret=tokens.access_token), path, body, client_headers
         )
 
-    async def _send(
+    def _send(
         self, conn: Connection, path: str, body: bytes, client_headers: Mapping[str, str]
-    ) -> aiohttp.ClientResponse:
-        return await self.session.post(
+    ) -> Awaitable[aiohttp.ClientResponse]:
+        """aiohttp's request, to be awaited by the caller (no coroutine frame of our own)."""
+        return self.session.post(
             _PER_CONNECTION.url(conn, path),  # parsed once: aiohttp takes a URL as it is
             data=body,
             headers=_request_headers(conn, client_headers),
