@@ -10,11 +10,14 @@ Real HTTP over loopback against a raw asyncio server that records the bytes it i
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
+import pytest
 import pytest_asyncio
 
+from fairgate.providers.transport import UpstreamBroken
 from fairgate.providers.upstream import UpstreamClient
 from fairgate.registry import AuthType, Connection, Protocol
 
@@ -185,3 +188,62 @@ async def test_a_plain_send_sends_its_own_headers_and_body(recorder: Recorder) -
     assert "content-type: application/x-www-form-urlencoded" in lines
     assert not [line for line in lines if line.lower().startswith("user-agent")]
     assert recorder.requests[0][1] == b"grant_type=refresh_token"
+
+
+async def _serve_raw(answer: list[bytes], pause_s: float) -> tuple[asyncio.Server, int]:
+    """A server that reads one request head, writes ``answer``'s pieces ``pause_s`` apart and
+    closes the connection ``pause_s`` after the last."""
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            await reader.readuntil(b"\r\n\r\n")
+            for i, piece in enumerate(answer):
+                if i:
+                    await asyncio.sleep(pause_s)
+                writer.write(piece)
+                await writer.drain()
+            await asyncio.sleep(pause_s)
+        finally:
+            writer.close()
+            with contextlib.suppress(ConnectionError):
+                await writer.wait_closed()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    return server, server.sockets[0].getsockname()[1]
+
+
+async def test_a_body_that_arrives_after_its_head_is_read_whole() -> None:
+    """The read that takes a body from aiohttp's buffer in one call must not be taken while
+    the body is still on its way (aiohttp's own read waits for the rest)."""
+    head = f"HTTP/1.1 200 OK\r\nContent-Length: {len(ANSWER)}\r\n\r\n".encode()
+    server, port = await _serve_raw([head, ANSWER[:10], ANSWER[10:]], 0.05)
+    conn = Connection(id="c", provider="openai", base_url=f"http://127.0.0.1:{port}/v1", secret="s")
+    try:
+        async with UpstreamClient() as client:
+            resp = await client.post(conn, "/chat/completions", b"{}", {})
+            assert await resp.read() == ANSWER
+            assert await resp.read() == ANSWER
+            resp.release()
+        await asyncio.sleep(0.1)  # the server's side closes
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+async def test_a_body_cut_short_is_a_broken_answer_not_a_short_one() -> None:
+    head = b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n"
+    for pause_s in (0.0, 0.05):  # cut with the head, or after a wait
+        server, port = await _serve_raw([head + ANSWER[:10]], pause_s)
+        conn = Connection(
+            id="c", provider="openai", base_url=f"http://127.0.0.1:{port}/v1", secret="s"
+        )
+        try:
+            async with UpstreamClient() as client:
+                resp = await client.post(conn, "/chat/completions", b"{}", {})
+                with pytest.raises(UpstreamBroken):
+                    await resp.read()
+                resp.release()
+            await asyncio.sleep(pause_s + 0.05)  # the server's side closes
+        finally:
+            server.close()
+            await server.wait_closed()

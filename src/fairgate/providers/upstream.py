@@ -157,15 +157,17 @@ def upstream_url(conn: Connection, path: str) -> str:
 class _AiohttpResponse:
     """aiohttp's answer behind the port; read errors become :class:`UpstreamBroken`.
 
-    After a whole read, :meth:`release` does nothing: aiohttp's ``read`` has handed the
-    connection back to the pool already, and its ``release`` would only mark a stream that
-    is at its end as closed (a few thousand instructions per request for nothing)."""
+    A whole answer that has arrived with its head (a small JSON answer usually has: one
+    segment) is taken from aiohttp's buffer in one call, without the four coroutines of
+    ``ClientResponse.read``; aiohttp has handed the connection back to the pool at the
+    body's end already. After a whole read :meth:`release` does nothing: aiohttp's would only
+    mark a stream that is at its end as closed (a few thousand instructions for nothing)."""
 
-    __slots__ = ("_read", "_resp")
+    __slots__ = ("_body", "_resp")
 
     def __init__(self, resp: aiohttp.ClientResponse) -> None:
         self._resp = resp
-        self._read = False
+        self._body: bytes | None = None
 
     @property
     def status(self) -> int:
@@ -176,13 +178,19 @@ class _AiohttpResponse:
         return self._resp.headers
 
     async def read(self) -> bytes:
+        if self._body is not None:
+            return self._body
         try:
-            body = await self._resp.read()
+            content = self._resp.content
+            if content.is_eof() and content.exception() is None:
+                body = content.read_nowait()  # all of it is here: no waiting, no coroutine
+            else:
+                body = await self._resp.read()
         except TimeoutError:
             raise  # aiohttp's timeouts are TimeoutErrors: a timeout, not a broken answer
         except aiohttp.ClientError as exc:
             raise UpstreamBroken(type(exc).__name__) from exc
-        self._read = True
+        self._body = body
         return body
 
     async def read_prefix(self, limit: int) -> bytes:
@@ -203,7 +211,7 @@ class _AiohttpResponse:
             raise UpstreamBroken(type(exc).__name__) from exc
 
     def release(self) -> None:
-        if not self._read:
+        if self._body is None:
             self._resp.release()
 
 
