@@ -187,6 +187,10 @@ async def test_a_plain_send_sends_its_own_headers_and_body(recorder: Recorder) -
     assert lines[0] == "POST /oauth/token HTTP/1.1"
     assert "content-type: application/x-www-form-urlencoded" in lines
     assert not [line for line in lines if line.lower().startswith("user-agent")]
+    # nothing decompresses the answer, so none is asked for compressed
+    assert [line for line in lines if line.lower().startswith("accept-encoding")] == [
+        "accept-encoding: identity"
+    ]
     assert recorder.requests[0][1] == b"grant_type=refresh_token"
 
 

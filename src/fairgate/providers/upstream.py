@@ -323,12 +323,18 @@ class UpstreamClient:
         headers: Mapping[str, str],
         timeout_s: float,
     ) -> UpstreamResponse:
+        sent = dict(headers)
+        if not any(name.lower() == "accept-encoding" for name in sent):
+            # the session does not decompress (the relay passes bytes through): ask for the
+            # answer as it is, or a token endpoint that compresses would answer bytes that
+            # do not parse (aiohttp's default asks for gzip and deflate)
+            sent["accept-encoding"] = "identity"
         try:
             resp = await self.session.request(
                 method,
                 url,
                 data=body,
-                headers=dict(headers),
+                headers=sent,
                 timeout=aiohttp.ClientTimeout(total=timeout_s),
             )
         except TimeoutError:
