@@ -1,7 +1,7 @@
 """What the upstream client puts on the wire, byte for byte, and how it reuses connections.
 
-The client's per-request work is cut for speed (headers built once per connection, the body
-handed to aiohttp as a ready payload, nothing read twice); these tests pin what a provider
+The client's per-request work is cut for speed (headers built once per connection, no
+User-Agent by a request class, the whole answer taken in one read); these tests pin what a provider
 receives so that no such cut can change it: the request line, every header and its value,
 no ``User-Agent``, the body as given, and one keep-alive connection for requests in a row.
 Real HTTP over loopback against a raw asyncio server that records the bytes it is sent.
