@@ -49,7 +49,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from callgrind_support import instruction_total
+from callgrind_support import instruction_total, instrument
 
 KEY = "fg-bench-asgi-key-0123456789"
 
@@ -245,11 +245,7 @@ def _instructions(src: str | None, n: int, stream: bool, tmp: Path, tag: str, po
             line = proc.stdout.readline().strip()
             if line != word:
                 raise RuntimeError(f"child said {line!r}, expected {word!r}")
-            subprocess.run(
-                ["callgrind_control", "-i", switch, str(proc.pid)],
-                check=True,
-                stdout=subprocess.DEVNULL,
-            )
+            instrument(proc.pid, switch)
             proc.stdin.write("\n")
             proc.stdin.flush()
         if proc.wait(1800) != 0:

@@ -41,7 +41,7 @@ from pathlib import Path
 
 import aiohttp
 
-from callgrind_support import instruction_total
+from callgrind_support import instruction_total, instrument
 from proxy_overhead import (
     ADMIN,
     CLIENT_KEY,
@@ -208,23 +208,14 @@ def measure(
             timeout = aiohttp.ClientTimeout(total=600)
             async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
                 await drive(url, max(60, n // 4), conc, stream, key, session)  # warm-up
-                _instrument(proc.pid, "on")
+                instrument(proc.pid, "on")
                 await drive(url, n, conc, stream, key, session)
-                _instrument(proc.pid, "off")
+                instrument(proc.pid, "off")
 
         asyncio.run(run())
     finally:
         stop([proc])
     return instruction_total(out, fields="totals") / n
-
-
-def _instrument(pid: int, switch: str) -> None:
-    subprocess.run(
-        ["callgrind_control", "-i", switch, str(pid)],
-        check=True,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
 
 
 def main() -> None:

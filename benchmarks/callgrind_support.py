@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
 from pathlib import Path
 
 
@@ -33,3 +34,14 @@ def drop_prefix(url: str, prefix: str) -> None:
             client.delete(*batch[i : i + 500])
     finally:
         client.close()
+
+
+def instrument(pid: int, switch: str) -> None:
+    """Switch callgrind's instrumentation of process ``pid`` "on" or "off" (the benchmarks
+    count only the requests, not the start-up and warm-up before them)."""
+    subprocess.run(
+        ["callgrind_control", "-i", switch, str(pid)],
+        check=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )

@@ -30,7 +30,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from callgrind_support import instruction_total
+from callgrind_support import instruction_total, instrument
 from proxy_overhead import SECRET, start_mock, stop
 
 #: What the gateway sends for a small chat completion (its exchange re-encodes the client's).
@@ -105,15 +105,6 @@ def _client(mock: str, n: int, conc: int, profile: int) -> None:
 # -- the driver -----------------------------------------------------------------------------
 
 
-def _instrument(pid: int, switch: str) -> None:
-    subprocess.run(
-        ["callgrind_control", "-i", switch, str(pid)],
-        check=True,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-
-
 def measure(src: str | None, mock: str, out: Path, n: int, conc: int) -> float:
     """Instructions per request of one client process (``src`` on ``PYTHONPATH`` if given)."""
     env = dict(os.environ)
@@ -136,7 +127,7 @@ def measure(src: str | None, mock: str, out: Path, n: int, conc: int) -> float:
             line = proc.stdout.readline().strip()
             if line != expected:
                 raise RuntimeError(f"the client said {line!r}, expected {expected!r}")
-            _instrument(proc.pid, switch)
+            instrument(proc.pid, switch)
             proc.stdin.write("\n")
             proc.stdin.flush()
         proc.wait(timeout=300)
