@@ -52,17 +52,19 @@ READ_TIMEOUT_S: Final = 5.0
 READ_CEILING_S: Final = 30.0
 
 
-async def _read_within(read: Awaitable[int]) -> int:
+async def _read_within(read: Awaitable[int], abandoned: list[asyncio.Future[int]]) -> int:
     """The version read, given up after :data:`READ_TIMEOUT_S` of responsive loop time. The
     read runs as its own task behind a shield: on a hung server psycopg answers a cancel by
     asking the server to cancel the query and waiting for it (seconds more), so the deadline
-    stops waiting for the read at once and leaves it to end when its connection is closed."""
+    stops waiting for the read at once. The read given up is put in ``abandoned``: it still
+    waits on its connection's socket, which must not be closed before it ends."""
     task = asyncio.ensure_future(read)
     try:
         return await call_within(asyncio.shield(task), READ_TIMEOUT_S, ceiling_s=READ_CEILING_S)
     except BaseException:
         task.cancel()
         task.add_done_callback(_settled)
+        abandoned.append(task)
         raise
 
 
@@ -70,6 +72,23 @@ def _settled(task: asyncio.Future[int]) -> None:
     """Retrieve an abandoned read's outcome (no "exception was never retrieved")."""
     if not task.cancelled():
         task.exception()
+
+
+#: Connections whose close waits for an abandoned read (kept referenced until closed).
+_CLOSING: set[asyncio.Future[None]] = set()
+
+
+def _close_after(read: asyncio.Future[int], conn: psycopg.AsyncConnection[Any]) -> None:
+    """Close ``conn`` once ``read`` has ended. Closing it while psycopg still waits on its
+    socket would close a file descriptor the event loop watches: the number is soon reused
+    (the next connection), and uvloop aborts the process on the stale registration."""
+
+    def close(_: asyncio.Future[int]) -> None:
+        closing = asyncio.ensure_future(conn.close())
+        _CLOSING.add(closing)
+        closing.add_done_callback(_CLOSING.discard)
+
+    read.add_done_callback(close)
 
 
 def read_version(db: Database) -> int:
@@ -146,20 +165,26 @@ class ChangeWatcher:
 
     async def _listen(self, url: str) -> None:
         conn = await psycopg.AsyncConnection.connect(url, autocommit=True, connect_timeout=3)
+        abandoned: list[asyncio.Future[int]] = []
         try:
             await conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
             self.listening = True
             while True:
                 # read on the async connection: the event loop never waits on the network here
-                version = await _read_within(self._read_version(conn))
+                version = await _read_within(self._read_version(conn), abandoned)
                 self.check(version)
                 async for _ in conn.notifies(timeout=self.poll_s, stop_after=1):
                     pass
         finally:
             # closed, not left through ``async with``: that would first roll back (autocommit:
             # nothing to roll back), and on a server that hangs the rollback would wait for it,
-            # delaying the "down" that the caller reports next
-            await conn.close()
+            # delaying the "down" that the caller reports next; after a read given up, only
+            # once that read has ended (see _close_after)
+            pending = [t for t in abandoned if not t.done()]
+            if pending:
+                _close_after(pending[0], conn)
+            else:
+                await conn.close()
 
     @staticmethod
     async def _read_version(conn: psycopg.AsyncConnection[Any]) -> int:
