@@ -103,6 +103,7 @@ async def test_postgres_stopped_or_hung_under_load_serves_refuses_writes_and_con
     for load in loads:
         load.start()
     refused: dict[str, list[httpx.Response]] = {}
+    early: dict[str, httpx.Response] = {}
     outage_health: dict[str, dict[str, object]] = {}
     written: list[str] = []
     try:
@@ -114,6 +115,10 @@ async def test_postgres_stopped_or_hung_under_load_serves_refuses_writes_and_con
             down()
             for load in loads:
                 load.phase = kind
+            # an admin write at once, before the watcher can have noticed: refused, not held
+            # (on a hung server the statement is cut after its deadline; it used to wait for
+            # the server to come back, holding A's event loop and every request on it)
+            early[kind] = await _create_key(a.url, f"{kind}-early")
             await eventually(lambda: metadata_everywhere("down"))
             outage_health[kind] = await _health(a.url)
             refused[kind] = [await _create_key(g.url, f"{kind}-{i}") for i, g in enumerate((a, b))]
@@ -150,6 +155,7 @@ async def test_postgres_stopped_or_hung_under_load_serves_refuses_writes_and_con
             "client latency p50 / max, s, while hung": _latency(loads, "hung"),
             "client transport errors": sum(len(ld.errors) for ld in loads),
             "admin writes while down": {k: [x.status_code for x in v] for k, v in refused.items()},
+            "admin write at the outage's start": {k: v.status_code for k, v in early.items()},
             "metadataVersion after recovery (A, B)": sorted(versions),
         },
     )
@@ -164,6 +170,10 @@ async def test_postgres_stopped_or_hung_under_load_serves_refuses_writes_and_con
             message = resp.json()["error"]["message"]
             assert "metadata database is unreachable" in message
             assert "nothing was changed" in message
+    for kind, resp in early.items():
+        assert resp.status_code == 503, (kind, resp.text)
+        assert "metadata database is unreachable" in resp.json()["error"]["message"]
+    assert set(early) == {"stopped", "hung"}
     assert len(versions) == 1  # both replicas rebuilt from the same counter
     # nothing written before an outage was lost; nothing refused during one was written
     for g in (a, b):
@@ -184,3 +194,32 @@ def _latency(loads: list[Load], phase: str) -> list[float]:
 async def _served(loads: list[Load], n: int, phase: str | None = None) -> bool:
     """Every load has had ``n`` answers (in ``phase``) since it started."""
     return all(ld.ok(phase) >= n for ld in loads)
+
+
+@pytest.mark.slow
+def test_a_statement_to_a_hung_server_gives_up_at_its_deadline(
+    private_postgres: PrivatePostgres,
+) -> None:
+    """The connection used on the event loop (``statement_deadline_s``): a statement to a frozen
+    server fails as unreachable instead of waiting for it, later ones are refused at once, and
+    once the server answers again (the watcher sets ``reachable``) the next statement reconnects."""
+    from fairgate.db.common import MetadataUnavailable
+    from fairgate.db.postgres import PgDatabase
+
+    pg = private_postgres
+    db = PgDatabase.connect(pg.url, statement_deadline_s=0.5)
+    try:
+        assert db.execute("SELECT 1").fetchone()[0] == 1
+        pg.freeze()
+        try:
+            with pytest.raises(MetadataUnavailable, match=r"did not answer within 0\.5 s"):
+                db.execute("SELECT 2")
+            assert not db.reachable
+            with pytest.raises(MetadataUnavailable, match="does not answer the change watcher"):
+                db.execute("SELECT 3")
+        finally:
+            pg.thaw()
+        db.set_reachable(True)
+        assert db.execute("SELECT 4").fetchone()[0] == 4
+    finally:
+        db.close()

@@ -37,8 +37,16 @@ def database_url(env: Mapping[str, str]) -> str | None:
     return url
 
 
-def open_database(url: str | None, sqlite_path: str | os.PathLike[str]) -> Database:
-    """Open and migrate the metadata DB: PostgreSQL when ``url`` is set, else the SQLite file."""
+def open_database(
+    url: str | None,
+    sqlite_path: str | os.PathLike[str],
+    *,
+    statement_deadline_s: float | None = None,
+) -> Database:
+    """Open and migrate the metadata DB: PostgreSQL when ``url`` is set, else the SQLite file.
+    ``statement_deadline_s``: on PostgreSQL, how long a statement may wait for the server
+    before the connection is cut (for a connection used on the event loop; see
+    ``fairgate.db.postgres``); SQLite is a local file and takes none."""
     if url is not None:
-        return PgDatabase.connect(url)
+        return PgDatabase.connect(url, statement_deadline_s=statement_deadline_s)
     return open_db(Path(sqlite_path))

@@ -21,12 +21,14 @@ is unreachable every statement raises :class:`~fairgate.db.common.MetadataUnavai
 
 from __future__ import annotations
 
+import contextlib
 import re
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from functools import lru_cache
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 import psycopg
+from psycopg.abc import PQGen
 from psycopg.pq import TransactionStatus
 
 from fairgate.db.common import MetadataUnavailable
@@ -37,6 +39,13 @@ WRITE_LOCK: Final = 0x6661697267617465
 MIGRATE_LOCK: Final = WRITE_LOCK + 1
 #: Seconds to wait for the server when (re)connecting: a replica must not hang on a dead DB.
 CONNECT_TIMEOUT_S: Final = 3
+#: Seconds a statement on the gateway's own (event-loop) connection may wait for the server
+#: before the connection is cut (:class:`_Deadline`); plenty for the metadata DB's statements.
+STATEMENT_DEADLINE_S: Final = 5.0
+#: psycopg's own interval between checks for Ctrl-C while it waits (its default).
+_WAIT_INTERVAL_S: Final = 0.1
+
+RV = TypeVar("RV")
 
 _LITERAL_OR_QMARK = re.compile(r"'(?:[^']|'')*'|\?")
 _MAX2 = re.compile(r"\bMAX\(\s*([\w.]+)\s*,\s*([\w.]+)\s*\)")
@@ -99,13 +108,43 @@ def _params(parameters: Sequence[Any]) -> tuple[Any, ...]:
     return tuple(int(p) if isinstance(p, bool) else p for p in parameters)
 
 
+class _BoundedConnection(psycopg.Connection[PgRow]):
+    """psycopg's connection whose statements give up after :attr:`statement_deadline_s`.
+
+    Why: the connection is synchronous and, in the gateway, used on the event loop. A server
+    that hangs (a frozen host: the kernel still accepts and acknowledges, nothing answers) never
+    fails a statement by itself: no TCP timeout fires, and a cancel request would wait on the
+    same frozen server. psycopg's own wait takes a timeout; every statement passes through it,
+    so the loop is held for the deadline at most, where it was held until the server came
+    back. None (the default): no deadline (a CLI, the resilience writer's own thread)."""
+
+    statement_deadline_s: float | None = None
+
+    def wait(
+        self, gen: PQGen[RV], interval: float = _WAIT_INTERVAL_S, timeout: float | None = None
+    ) -> RV:
+        if timeout is None:
+            timeout = self.statement_deadline_s
+        return super().wait(gen, interval, timeout)
+
+
 class PgDatabase:
     """One autocommit psycopg connection shaped like the ``sqlite3.Connection`` the repositories
     use (``execute``, ``executemany``, ``in_transaction``, ``close``)."""
 
-    def __init__(self, url: str, conn: psycopg.Connection[PgRow]) -> None:
+    def __init__(
+        self,
+        url: str,
+        conn: psycopg.Connection[PgRow],
+        *,
+        statement_deadline_s: float | None = None,
+    ) -> None:
         self.url = url
         self._conn = conn
+        #: None: a statement may wait as long as the server takes (a CLI, the resilience
+        #: writer's own thread); else it gives up after that long (:class:`_BoundedConnection`)
+        self.statement_deadline_s = statement_deadline_s
+        self._bound(conn)
         #: False while the change watcher finds the server not answering (db/watch.py): every
         #: statement then fails at once. This connection is synchronous and used on the event
         #: loop, so a statement sent to a server that hangs (rather than refuses) would hold
@@ -122,11 +161,21 @@ class PgDatabase:
         self.reachable = yes
 
     @classmethod
-    def connect(cls, url: str, *, migrate: bool = True) -> PgDatabase:
+    def connect(
+        cls, url: str, *, migrate: bool = True, statement_deadline_s: float | None = None
+    ) -> PgDatabase:
+        """Connect (and migrate: without a deadline, the migration lock may be held for a
+        while by another replica migrating), then apply ``statement_deadline_s``."""
         db = cls(url, _open(url))
         if migrate:
             migrate_postgres(db)
+        db.statement_deadline_s = statement_deadline_s
+        db._bound(db._conn)
         return db
+
+    def _bound(self, conn: psycopg.Connection[PgRow]) -> None:
+        if isinstance(conn, _BoundedConnection):
+            conn.statement_deadline_s = self.statement_deadline_s
 
     @property
     def in_transaction(self) -> bool:
@@ -140,27 +189,43 @@ class PgDatabase:
 
     def execute(self, sql: str, parameters: Sequence[Any] = (), /) -> psycopg.Cursor[PgRow]:
         conn = self._live()
-        try:
+        with self._within(conn):
             if sql == "BEGIN IMMEDIATE":
                 conn.execute("BEGIN")
                 return conn.execute("SELECT pg_advisory_xact_lock(%s)", (WRITE_LOCK,))
             if parameters:
                 return conn.execute(translate_sql(sql), _params(parameters))
             return conn.execute(translate_sql(sql, False))
-        except psycopg.OperationalError as exc:
-            raise MetadataUnavailable(_reason(exc)) from None
 
     def executemany(
         self, sql: str, seq_of_parameters: Iterable[Sequence[Any]], /
     ) -> psycopg.Cursor[PgRow]:
         rows = [_params(p) for p in seq_of_parameters]
-        cur = self._live().cursor()
-        try:
-            if rows:
+        conn = self._live()
+        cur = conn.cursor()
+        if rows:
+            with self._within(conn):
                 cur.executemany(translate_sql(sql), rows)
+        return cur
+
+    @contextlib.contextmanager
+    def _within(self, conn: psycopg.Connection[PgRow]) -> Iterator[None]:
+        """The driver's connection errors become :class:`MetadataUnavailable`. A statement
+        that ran out of its deadline leaves its connection mid-query: it is closed (the next
+        statement opens another), and the server counts as unreachable, so the next statements
+        are refused at once until the change watcher reads from it again (it sets
+        :attr:`reachable` back)."""
+        try:
+            yield
+        except psycopg.errors._WaitTimeout:
+            conn.close()
+            self.reachable = False
+            raise MetadataUnavailable(
+                "the metadata database is unreachable (it did not answer within "
+                f"{self.statement_deadline_s:g} s)"
+            ) from None
         except psycopg.OperationalError as exc:
             raise MetadataUnavailable(_reason(exc)) from None
-        return cur
 
     def close(self) -> None:
         self._conn.close()
@@ -178,11 +243,12 @@ class PgDatabase:
                 self._conn = _open(self.url)
             except psycopg.OperationalError as exc:
                 raise MetadataUnavailable(_reason(exc)) from None
+            self._bound(self._conn)
         return self._conn
 
 
 def _open(url: str) -> psycopg.Connection[PgRow]:
-    return psycopg.connect(
+    return _BoundedConnection.connect(
         url, autocommit=True, row_factory=_row_factory, connect_timeout=CONNECT_TIMEOUT_S
     )
 

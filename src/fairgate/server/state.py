@@ -21,6 +21,7 @@ from fairgate.db.base import Database
 from fairgate.db.common import RepoError
 from fairgate.db.connections import ConnectionRepo
 from fairgate.db.engine import database_url, open_database
+from fairgate.db.postgres import STATEMENT_DEADLINE_S
 from fairgate.db.repos import load_registry, seed_from_config
 from fairgate.db.sealing import prepare_secrets
 from fairgate.db.settings import SettingsRepo, access_policy
@@ -154,7 +155,8 @@ class Gateway:
         except ValueError as exc:
             raise ConfigError([("", str(exc))]) from None
         self.box = self._secret_box(shared_db=db_url is not None)
-        self.db = open_database(db_url, self.db_path)
+        # used on the event loop: a statement to a hung server is cut (db/postgres.py)
+        self.db = open_database(db_url, self.db_path, statement_deadline_s=STATEMENT_DEADLINE_S)
         try:
             try:
                 sealed = prepare_secrets(self.db, self.box, self.clock)
