@@ -40,7 +40,7 @@ MIGRATE_LOCK: Final = WRITE_LOCK + 1
 #: Seconds to wait for the server when (re)connecting: a replica must not hang on a dead DB.
 CONNECT_TIMEOUT_S: Final = 3
 #: Seconds a statement on the gateway's own (event-loop) connection may wait for the server
-#: before the connection is cut (:class:`_Deadline`); plenty for the metadata DB's statements.
+#: before it gives up (:class:`_BoundedConnection`); plenty for the metadata DB's statements.
 STATEMENT_DEADLINE_S: Final = 5.0
 #: psycopg's own interval between checks for Ctrl-C while it waits (its default).
 _WAIT_INTERVAL_S: Final = 0.1
@@ -132,19 +132,13 @@ class PgDatabase:
     """One autocommit psycopg connection shaped like the ``sqlite3.Connection`` the repositories
     use (``execute``, ``executemany``, ``in_transaction``, ``close``)."""
 
-    def __init__(
-        self,
-        url: str,
-        conn: psycopg.Connection[PgRow],
-        *,
-        statement_deadline_s: float | None = None,
-    ) -> None:
+    def __init__(self, url: str, conn: psycopg.Connection[PgRow]) -> None:
         self.url = url
         self._conn = conn
         #: None: a statement may wait as long as the server takes (a CLI, the resilience
-        #: writer's own thread); else it gives up after that long (:class:`_BoundedConnection`)
-        self.statement_deadline_s = statement_deadline_s
-        self._bound(conn)
+        #: writer's own thread); else it gives up after that long (:class:`_BoundedConnection`;
+        #: set by :meth:`connect`, after the migrations, and given to every reopened connection)
+        self.statement_deadline_s: float | None = None
         #: False while the change watcher finds the server not answering (db/watch.py): every
         #: statement then fails at once. This connection is synchronous and used on the event
         #: loop, so a statement sent to a server that hangs (rather than refuses) would hold
@@ -166,16 +160,12 @@ class PgDatabase:
     ) -> PgDatabase:
         """Connect (and migrate: without a deadline, the migration lock may be held for a
         while by another replica migrating), then apply ``statement_deadline_s``."""
-        db = cls(url, _open(url))
+        conn = _open(url)
+        db = cls(url, conn)
         if migrate:
             migrate_postgres(db)
-        db.statement_deadline_s = statement_deadline_s
-        db._bound(db._conn)
+        db.statement_deadline_s = conn.statement_deadline_s = statement_deadline_s
         return db
-
-    def _bound(self, conn: psycopg.Connection[PgRow]) -> None:
-        if isinstance(conn, _BoundedConnection):
-            conn.statement_deadline_s = self.statement_deadline_s
 
     @property
     def in_transaction(self) -> bool:
@@ -217,7 +207,7 @@ class PgDatabase:
         :attr:`reachable` back)."""
         try:
             yield
-        except psycopg.errors._WaitTimeout:
+        except psycopg.errors._WaitTimeout:  # psycopg's own (private) type for its wait timeout
             conn.close()
             self.reachable = False
             raise MetadataUnavailable(
@@ -240,17 +230,18 @@ class PgDatabase:
             )
         if self._conn.broken or self._conn.closed:
             try:
-                self._conn = _open(self.url)
+                self._conn = _open(self.url, self.statement_deadline_s)
             except psycopg.OperationalError as exc:
                 raise MetadataUnavailable(_reason(exc)) from None
-            self._bound(self._conn)
         return self._conn
 
 
-def _open(url: str) -> psycopg.Connection[PgRow]:
-    return _BoundedConnection.connect(
+def _open(url: str, statement_deadline_s: float | None = None) -> _BoundedConnection:
+    conn = _BoundedConnection.connect(
         url, autocommit=True, row_factory=_row_factory, connect_timeout=CONNECT_TIMEOUT_S
     )
+    conn.statement_deadline_s = statement_deadline_s
+    return conn
 
 
 def _reason(exc: psycopg.OperationalError) -> str:
