@@ -121,6 +121,13 @@ def _own_headers(conn: Connection) -> dict[str, str]:
     return headers
 
 
+def _takes_client_headers(conn: Connection) -> bool:
+    """Whether a request to ``conn`` may carry any client header (:func:`upstream_headers`'s
+    rules: the ``forward_headers`` allow-list, the mock's ``x-mock-*``); when not, every
+    request sends exactly our own headers."""
+    return bool(conn.forward_headers) or conn.provider == "mock"
+
+
 def upstream_headers(conn: Connection, client_headers: Mapping[str, str]) -> dict[str, str]:
     """Our headers for ``conn``, plus the client headers the connection's ``forward_headers``
     allow-list names. Nothing of the client's passes by default: on a shared account,
@@ -128,6 +135,8 @@ def upstream_headers(conn: Connection, client_headers: Mapping[str, str]) -> dic
     ``anthropic-beta`` switch on costlier features for everyone's quota. A new dict per call
     (the caller's to change); our own part is built once per connection."""
     headers = dict(_PER_CONNECTION.headers(conn))
+    if not _takes_client_headers(conn):
+        return headers
     for name in conn.forward_headers:
         value = client_headers.get(name)
         if value:
@@ -143,8 +152,8 @@ def upstream_headers(conn: Connection, client_headers: Mapping[str, str]) -> dic
 
 def _request_headers(conn: Connection, client_headers: Mapping[str, str]) -> Mapping[str, str]:
     """:func:`upstream_headers` for aiohttp: the cached read-only multidict when the request
-    adds nothing to our own headers (no ``forward_headers``, not the mock), a new dict else."""
-    if conn.forward_headers or conn.provider == "mock":
+    can add nothing to our own headers (:func:`_takes_client_headers`), a new dict else."""
+    if _takes_client_headers(conn):
         return upstream_headers(conn, client_headers)
     return _PER_CONNECTION.ready_headers(conn)
 
