@@ -9,8 +9,9 @@ from fairgate.db.schema import MIGRATIONS, statements
 from fairgate.files import private_sqlite
 
 
-def open_db(path: str | os.PathLike[str]) -> sqlite3.Connection:
-    """Open (creating it 0600 in a 0700 directory: it holds upstream credentials) and migrate."""
+def open_db(path: str | os.PathLike[str], *, migrate_it: bool = True) -> sqlite3.Connection:
+    """Open (creating it 0600 in a 0700 directory: it holds upstream credentials) and migrate
+    (``migrate_it=False``: a further connection of a process that has migrated already)."""
     p = private_sqlite(path)
     conn = sqlite3.connect(p, isolation_level=None, check_same_thread=False)
     conn.row_factory = sqlite3.Row
@@ -18,7 +19,8 @@ def open_db(path: str | os.PathLike[str]) -> sqlite3.Connection:
     conn.execute("PRAGMA synchronous=NORMAL")
     conn.execute("PRAGMA busy_timeout=5000")
     conn.execute("PRAGMA foreign_keys=ON")
-    migrate(conn)
+    if migrate_it:
+        migrate(conn)
     return conn
 
 

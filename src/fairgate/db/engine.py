@@ -42,11 +42,13 @@ def open_database(
     sqlite_path: str | os.PathLike[str],
     *,
     statement_deadline_s: float | None = None,
+    migrate: bool = True,
 ) -> Database:
     """Open and migrate the metadata DB: PostgreSQL when ``url`` is set, else the SQLite file.
     ``statement_deadline_s``: on PostgreSQL, how long a statement may wait for the server
     before the connection is cut (for a connection used on the event loop; see
-    ``fairgate.db.postgres``); SQLite is a local file and takes none."""
+    ``fairgate.db.postgres``); SQLite is a local file and takes none. ``migrate=False``: a
+    further connection of a process that opened (and so migrated) the DB already."""
     if url is not None:
-        return PgDatabase.connect(url, statement_deadline_s=statement_deadline_s)
-    return open_db(Path(sqlite_path))
+        return PgDatabase.connect(url, migrate=migrate, statement_deadline_s=statement_deadline_s)
+    return open_db(Path(sqlite_path), migrate_it=migrate)

@@ -203,8 +203,9 @@ class Gateway:
             if self.store_choice.driver == "redis"
             else None,
             redis_prefix=self.redis_prefix,
-            # a connection of its own, on a thread of its own (resilience/writer.py)
-            db=lambda: open_database(db_url, self.db_path),
+            # a connection of its own, on a thread of its own (resilience/writer.py); the
+            # migrations ran when self.db was opened
+            db=lambda: open_database(db_url, self.db_path, migrate=False),
         )
         self.pool_log = SharedPoolLog(self._log_backend(db_settings))
         loop = asyncio.get_running_loop()
