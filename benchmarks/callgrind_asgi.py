@@ -49,7 +49,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from callgrind_support import instruction_total, instrument
+from callgrind_support import instruction_total, run_instrumented
 
 KEY = "fg-bench-asgi-key-0123456789"
 
@@ -230,29 +230,9 @@ def _instructions(src: str | None, n: int, stream: bool, tmp: Path, tag: str, po
     cmd += [sys.executable, __file__, "--child", str(n), str(tmp / f"{tag}-data")]
     cmd += ["--stream"] if stream else []
     cmd += [] if pool else ["--variant", "no-pool"]
-    proc = subprocess.Popen(
-        cmd,
-        env=env,
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-    )
-    assert proc.stdin is not None
-    assert proc.stdout is not None
-    try:
-        for word, switch in (("ready", "on"), ("done", "off")):
-            line = proc.stdout.readline().strip()
-            if line != word:
-                raise RuntimeError(f"child said {line!r}, expected {word!r}")
-            instrument(proc.pid, switch)
-            proc.stdin.write("\n")
-            proc.stdin.flush()
-        if proc.wait(1800) != 0:
-            raise RuntimeError(f"child exited with {proc.returncode}")
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    code = run_instrumented(cmd, env, (("ready", "on"), ("done", "off")), timeout_s=1800)
+    if code != 0:
+        raise RuntimeError(f"child exited with {code}")
     # with instrumentation toggled, "summary" is what was counted at the first toggle (0)
     return instruction_total(out, fields="totals")
 

@@ -45,3 +45,34 @@ def instrument(pid: int, switch: str) -> None:
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
+
+
+def run_instrumented(
+    cmd: list[str], env: dict[str, str], steps: tuple[tuple[str, str], ...], timeout_s: float
+) -> int:
+    """Run ``cmd`` (under ``valgrind --tool=callgrind --instr-atstart=no``), a process that
+    prints each step's word when it gets there and then waits for a line on stdin: switch the
+    instrumentation as the step says ("on"/"off") and let it go on. Returns its exit code."""
+    proc = subprocess.Popen(
+        cmd,
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    assert proc.stdin is not None
+    assert proc.stdout is not None
+    try:
+        for word, switch in steps:
+            line = proc.stdout.readline().strip()
+            if line != word:
+                raise RuntimeError(f"the measured process said {line!r}, expected {word!r}")
+            instrument(proc.pid, switch)
+            proc.stdin.write("\n")
+            proc.stdin.flush()
+        return proc.wait(timeout_s)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

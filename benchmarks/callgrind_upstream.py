@@ -30,7 +30,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from callgrind_support import instruction_total, instrument
+from callgrind_support import instruction_total, run_instrumented
 from proxy_overhead import SECRET, start_mock, stop
 
 #: What the gateway sends for a small chat completion (its exchange re-encodes the client's).
@@ -112,29 +112,7 @@ def measure(src: str | None, mock: str, out: Path, n: int, conc: int) -> float:
         env["PYTHONPATH"] = src
     cmd = [sys.executable, str(Path(__file__).resolve()), "--client", mock, str(n), str(conc)]
     vg = ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}"]
-    proc = subprocess.Popen(
-        vg + cmd,
-        env=env,
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-    )
-    assert proc.stdin is not None
-    assert proc.stdout is not None
-    try:
-        for expected, switch in (("warm", "on"), ("done", "off")):
-            line = proc.stdout.readline().strip()
-            if line != expected:
-                raise RuntimeError(f"the client said {line!r}, expected {expected!r}")
-            instrument(proc.pid, switch)
-            proc.stdin.write("\n")
-            proc.stdin.flush()
-        proc.wait(timeout=300)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    run_instrumented(vg + cmd, env, (("warm", "on"), ("done", "off")), timeout_s=300)
     return instruction_total(out, fields="totals") / n
 
 
