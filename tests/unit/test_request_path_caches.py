@@ -57,12 +57,21 @@ def test_upstream_headers_are_a_new_dict_per_request_and_follow_a_changed_connec
     assert "authorization" not in got
 
 
-def test_upstream_urls_are_parsed_once_per_connection_and_path() -> None:
-    conn = _conn("u")
-    url = _PER_CONNECTION.url(conn, "/chat/completions")
-    assert str(url) == "http://up/v1/chat/completions"
-    assert _PER_CONNECTION.url(conn, "/chat/completions") is url
-    moved = dataclasses.replace(conn, base_url="http://elsewhere/v1/")
-    assert str(_PER_CONNECTION.url(moved, "/chat/completions")) == (
-        "http://elsewhere/v1/chat/completions"
-    )
+def test_upstream_targets_are_built_once_per_connection_and_path() -> None:
+    conn = dataclasses.replace(_conn("u"), provider="openai")
+    target = _PER_CONNECTION.target(conn, "/chat/completions")
+    assert target.origin == ("http", "up", 80)
+    assert (target.path, target.host) == ("/v1/chat/completions", "up")
+    assert target.head is not None
+    assert target.head.startswith(b"POST /v1/chat/completions HTTP/1.1\r\nHost: up\r\n")
+    assert b"authorization: Bearer sk-u\r\n" in target.head
+    assert target.head.endswith(b"Accept: */*\r\nContent-Length: ")
+    assert _PER_CONNECTION.target(conn, "/chat/completions") is target
+    moved = dataclasses.replace(conn, base_url="https://elsewhere:8443/v1/")
+    there = _PER_CONNECTION.target(moved, "/chat/completions")
+    assert there.origin == ("https", "elsewhere", 8443)
+    assert there.host == "elsewhere:8443"
+    # a connection that may add client headers has no fixed head: built per request
+    forwarding = dataclasses.replace(conn, forward_headers=("openai-project",))
+    assert _PER_CONNECTION.target(forwarding, "/chat/completions").head is None
+    assert _PER_CONNECTION.target(_conn("mock"), "/chat/completions").head is None

@@ -3,8 +3,8 @@
 The request path needs four things of an upstream answer: its status, its headers, its body
 (whole, the first few KiB of an error, or as chunks for a stream) and a way to give the
 connection back. :class:`UpstreamResponse` is exactly that, and :class:`Upstream` is the one
-call that produces it. The real implementation (:class:`fairgate.providers.upstream.
-UpstreamClient`) is the only module of the request path that imports aiohttp; tests drive the
+call that produces it. The real implementation is :class:`fairgate.providers.upstream.
+UpstreamClient` (its relayed requests on :mod:`fairgate.providers.http1`); tests drive the
 whole path through :class:`fairgate.providers.inprocess.HandlerUpstream`, a handler function
 in the same process (as httpx's ``MockTransport`` does for httpx).
 
@@ -20,7 +20,7 @@ aiohttp stays inside :mod:`fairgate.providers.upstream` (and the mock provider) 
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Mapping
 from typing import Protocol
 
 from fairgate.registry import Connection
@@ -74,11 +74,13 @@ class UpstreamResponse(Protocol):
 
 class Upstream(Protocol):
     """Sends one request body to a connection's ``path`` (``/chat/completions``, …) with the
-    client's headers (the implementation decides which go through, and adds the credentials)."""
+    client's headers (the implementation decides which go through, and adds the credentials).
+    An awaitable, not necessarily a coroutine function: the real client hands back its pool's
+    coroutine without a frame of its own."""
 
-    async def post(
+    def post(
         self, conn: Connection, path: str, body: bytes, client_headers: Mapping[str, str]
-    ) -> UpstreamResponse: ...
+    ) -> Awaitable[UpstreamResponse]: ...
 
     async def close(self) -> None: ...
 

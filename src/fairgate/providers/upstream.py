@@ -1,23 +1,28 @@
-"""Sending a request to a connection: one pooled aiohttp session, per-protocol auth headers.
+"""Sending a request to a connection: per-protocol auth headers, the relayed requests' pool.
 
-The real implementation of the :class:`~fairgate.providers.transport.Upstream` port, and the
-only module of the request path that imports aiohttp: aiohttp's answer is wrapped in
+The real implementation of the :class:`~fairgate.providers.transport.Upstream` port. A relayed
+request goes out through :mod:`fairgate.providers.http1` (a small keep-alive HTTP/1.1 client:
+aiohttp's client cost more per request than the rest of a request with no pool), with a head
+built once per connection and path when the client can add nothing to it. The gateway's side
+calls (:meth:`UpstreamClient.send`: OAuth token endpoints, connection tests) go through an
+aiohttp session, the only one of the request path: its answer is wrapped in
 :class:`_AiohttpResponse` and its errors become the port's (``UpstreamUnreachable``,
-``UpstreamBroken``, ``TimeoutError``) here, so nothing past this module knows which HTTP client
-sent the request.
+``UpstreamBroken``, ``TimeoutError``) here, as :mod:`~fairgate.providers.http1` raises them
+itself, so nothing past this module knows which HTTP client sent a request.
 """
 
 from __future__ import annotations
 
+import ssl
 import typing
 from collections.abc import AsyncIterator, Awaitable, Iterable, Mapping
 from dataclasses import replace
 from types import TracebackType
 
 import aiohttp
-from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
+from fairgate.providers.http1 import Http1Pool, Origin, request_head
 from fairgate.providers.oauth import (
     OAuthBlocked,
     OAuthUnavailable,
@@ -51,14 +56,12 @@ ANTHROPIC_OAUTH_BETA = "oauth-2025-04-20"
 
 class _PerConnection:
     """What a request to a connection sends that depends on the connection only (our headers,
-    its URLs), built once per connection object instead of per request. A connection is
-    frozen and replaced as a whole when it changes, so the object identifies its entry; the
-    cache starts over when it holds too many (connections are few).
+    its origin, the request's head by path), built once per connection object instead of per
+    request. A connection is frozen and replaced as a whole when it changes, so the object
+    identifies its entry; the cache starts over when it holds too many (connections are few).
 
-    The headers are kept twice: as a dict (:func:`upstream_headers` copies it) and as a
-    read-only ``CIMultiDictProxy`` that a request with nothing of the client's to add hands
-    to aiohttp as it is (aiohttp converts any other mapping to one per request, and only
-    reads it)."""
+    A request with nothing of the client's to add (:func:`_takes_client_headers`) sends the
+    head kept here as it is, its length and the body appended."""
 
     __slots__ = ("_by_id",)
 
@@ -72,27 +75,43 @@ class _PerConnection:
         if hit is None or hit[0] is not conn:
             if len(self._by_id) >= self.MAX:
                 self._by_id.clear()
-            own = _own_headers(conn)
-            hit = self._by_id[conn.id] = (conn, own, CIMultiDictProxy(CIMultiDict(own)), {})
+            hit = self._by_id[conn.id] = (conn, _own_headers(conn), {})
         return hit
 
     def headers(self, conn: Connection) -> dict[str, str]:
         return self._entry(conn)[1]
 
-    def ready_headers(self, conn: Connection) -> CIMultiDictProxy[str]:
-        return self._entry(conn)[2]
-
-    def url(self, conn: Connection, path: str) -> URL:
-        urls = self._entry(conn)[3]
-        found = urls.get(path)
+    def target(self, conn: Connection, path: str) -> _Target:
+        targets = self._entry(conn)[2]
+        found = targets.get(path)
         if found is None:
-            found = urls[path] = URL(upstream_url(conn, path))
+            url = URL(upstream_url(conn, path))
+            origin = Origin.of(url)
+            found = targets[path] = _Target(
+                origin,
+                url.raw_path_qs,
+                origin.host_header(),
+                None
+                if _takes_client_headers(conn)
+                else request_head(
+                    "POST", url.raw_path_qs, origin.host_header(), list(_own_headers(conn).items())
+                ).encode(),
+            )
         return found
 
 
-#: A connection's cached part: the object it was built from, our headers as a dict and as
-#: aiohttp's read-only multidict, its URLs by path.
-_Entry = tuple[Connection, dict[str, str], "CIMultiDictProxy[str]", dict[str, URL]]
+class _Target(typing.NamedTuple):
+    """Where a request to one path of a connection goes, and its head when it is always the
+    same (None when the client's headers may add to it)."""
+
+    origin: Origin
+    path: str
+    host: str
+    head: bytes | None
+
+
+#: A connection's cached part: the object it was built from, our headers, its targets by path.
+_Entry = tuple[Connection, dict[str, str], dict[str, _Target]]
 
 
 _PER_CONNECTION = _PerConnection()
@@ -148,14 +167,6 @@ def upstream_headers(conn: Connection, client_headers: Mapping[str, str]) -> dic
             if name.startswith("x-mock-"):
                 headers[name] = value
     return headers
-
-
-def _request_headers(conn: Connection, client_headers: Mapping[str, str]) -> Mapping[str, str]:
-    """:func:`upstream_headers` for aiohttp: the cached read-only multidict when the request
-    can add nothing to our own headers (:func:`_takes_client_headers`), a new dict else."""
-    if _takes_client_headers(conn):
-        return upstream_headers(conn, client_headers)
-    return _PER_CONNECTION.ready_headers(conn)
 
 
 def upstream_url(conn: Connection, path: str) -> str:
@@ -243,13 +254,26 @@ class _Request(aiohttp.ClientRequest):
 
 
 class UpstreamClient:
-    """One keep-alive connection pool for every upstream; created inside the running loop.
-    Also the :class:`~fairgate.providers.transport.HttpSender` of the gateway's side calls."""
+    """The relayed requests' keep-alive pool (:mod:`fairgate.providers.http1`) and, for the
+    gateway's side calls, an aiohttp session made on first use; created inside the running
+    loop. Also the :class:`~fairgate.providers.transport.HttpSender` of those side calls."""
 
-    def __init__(self, *, timeout_s: float = 600.0, connect_timeout_s: float = 10.0) -> None:
+    def __init__(
+        self,
+        *,
+        timeout_s: float = 600.0,
+        connect_timeout_s: float = 10.0,
+        ssl_context: ssl.SSLContext | None = None,
+    ) -> None:
         self._timeout = aiohttp.ClientTimeout(
             total=None, connect=connect_timeout_s, sock_read=timeout_s
         )
+        self._pool = Http1Pool(
+            connect_timeout_s=connect_timeout_s,
+            read_timeout_s=timeout_s,
+            ssl_context=ssl_context,
+        )
+        self._ssl = ssl_context
         self._session: aiohttp.ClientSession | None = None
         #: access tokens of ``auth_type: oauth`` connections (None: every secret is static)
         self.oauth: ManagedTokens | None = None
@@ -257,7 +281,9 @@ class UpstreamClient:
     @property
     def session(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
-            connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, keepalive_timeout=60)
+            connector = aiohttp.TCPConnector(
+                limit=0, ttl_dns_cache=300, keepalive_timeout=60, ssl=self._ssl or True
+            )
             self._session = aiohttp.ClientSession(
                 connector=connector,
                 timeout=self._timeout,
@@ -270,25 +296,18 @@ class UpstreamClient:
             )
         return self._session
 
-    async def post(
+    def post(
         self,
         conn: Connection,
         path: str,
         body: bytes,
         client_headers: Mapping[str, str],
-    ) -> UpstreamResponse:
+    ) -> Awaitable[UpstreamResponse]:
         oauth = self.oauth
-        try:
-            if oauth is None or conn.auth_type != "oauth" or not oauth.manages(conn.id):
-                # a static secret, the usual case: sent from here (a coroutine frame fewer)
-                resp = await self._send(conn, path, body, client_headers)
-            else:
-                resp = await self._post_oauth(oauth, conn, path, body, client_headers)
-        except TimeoutError:
-            raise  # aiohttp's timeouts are TimeoutErrors: a timeout, not an unreachable host
-        except aiohttp.ClientError as exc:
-            raise UpstreamUnreachable(type(exc).__name__) from exc
-        return _AiohttpResponse(resp)
+        if oauth is None or conn.auth_type != "oauth" or not oauth.manages(conn.id):
+            # a static secret, the usual case: the pool's own coroutine, no frame of ours
+            return self._send(conn, path, body, client_headers)
+        return self._post_oauth(oauth, conn, path, body, client_headers)
 
     async def _post_oauth(
         self,
@@ -297,7 +316,7 @@ class UpstreamClient:
         path: str,
         body: bytes,
         client_headers: Mapping[str, str],
-    ) -> aiohttp.ClientResponse:
+    ) -> UpstreamResponse:
         try:
             tokens = await oauth.access(conn.id)
             resp = await self._send(
@@ -315,13 +334,15 @@ class UpstreamClient:
 
     def _send(
         self, conn: Connection, path: str, body: bytes, client_headers: Mapping[str, str]
-    ) -> Awaitable[aiohttp.ClientResponse]:
-        """aiohttp's request, to be awaited by the caller (no coroutine frame of our own)."""
-        return self.session.post(
-            _PER_CONNECTION.url(conn, path),  # parsed once: aiohttp takes a URL as it is
-            data=body,
-            headers=_request_headers(conn, client_headers),
-        )
+    ) -> Awaitable[UpstreamResponse]:
+        """The pool's request, to be awaited by the caller; the head is the cached one unless
+        the client's headers may add to it."""
+        target = _PER_CONNECTION.target(conn, path)
+        head = target.head
+        if head is None:
+            headers = upstream_headers(conn, client_headers)
+            head = request_head("POST", target.path, target.host, list(headers.items())).encode()
+        return self._pool.request(target.origin, head, body)
 
     async def send(
         self,
@@ -353,6 +374,7 @@ class UpstreamClient:
         return _AiohttpResponse(resp)
 
     async def close(self) -> None:
+        await self._pool.close()
         if self._session is not None and not self._session.closed:
             await self._session.close()
 
