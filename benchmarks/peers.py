@@ -428,17 +428,19 @@ def fairgate_targets(
             url, proc = start_fairgate(mock, tmp, name="fg-no-pool", pool=False)
             procs.append(proc)
             out.append(Target("fairgate, no pool", url, CLIENT_KEY, proc.pid))
-            if args.workers > 1:  # more cores: N processes on one port, one SQLite file
-                url, proc = start_fairgate(mock, tmp, name="fg-workers", workers=args.workers)
-                procs.append(proc)
-                name = f"fairgate, SQLite, {args.workers} workers"
-                out.append(Target(name, url, CLIENT_KEY, proc.pid))
         else:  # the other tree's floor too, for a before/after of the no-pool row
             url, proc = start_fairgate(
                 mock, tmp, name=f"fg-no-pool-{i}", extra_env=base, pool=False
             )
             procs.append(proc)
             out.append(Target(f"fairgate, no pool{label}", url, CLIENT_KEY, proc.pid))
+        if args.workers > 1:  # more cores: N processes on one port, one SQLite file
+            url, proc = start_fairgate(
+                mock, tmp, name=f"fg-workers-{i}", extra_env=base, workers=args.workers
+            )
+            procs.append(proc)
+            name = f"fairgate, SQLite, {args.workers} workers{label}"
+            out.append(Target(name, url, CLIENT_KEY, proc.pid))
         if redis_cpu is None:
             out.append(Target(f"fairgate, Redis{label}", "", "", 0, missing="Redis not reachable"))
             continue
