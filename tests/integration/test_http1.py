@@ -850,6 +850,46 @@ async def test_an_unknown_host_is_unreachable(lab: Lab, monkeypatch: pytest.Monk
         await pool.request(origin, head_for(origin), b"")
 
 
+async def test_an_address_that_drops_the_connect_gives_way_to_the_next(
+    lab: Lab, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Happy Eyeballs: a host whose first address drops every SYN (an IPv6 route that goes
+    nowhere, say) is reached on its second address after the delay, not after the whole
+    connect deadline. The dropping address is a listening socket whose accept queue is full:
+    Linux drops a SYN to it, as a black hole does."""
+    wire = await lab.serve(echo)
+    loop = asyncio.get_running_loop()
+    hole = socket.socket()
+    fillers: list[socket.socket] = []
+    try:
+        hole.bind(("127.0.0.1", 0))
+        hole.listen(0)
+        for _ in range(4):  # more than the queue holds: the last connects cannot complete
+            filler = socket.socket()
+            filler.setblocking(False)
+            with contextlib.suppress(BlockingIOError):
+                filler.connect(hole.getsockname())
+            fillers.append(filler)
+        probe = socket.socket()
+        probe.setblocking(False)
+        fillers.append(probe)
+        with pytest.raises(TimeoutError):  # the black hole holds: a connect to it hangs
+            await asyncio.wait_for(loop.sock_connect(probe, hole.getsockname()), 0.5)
+        addresses = [hole.getsockname(), ("127.0.0.1", wire.port)]
+
+        async def dual(*_args: object, **_kw: object) -> list[object]:
+            return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", a) for a in addresses]
+
+        monkeypatch.setattr(loop, "getaddrinfo", dual)
+        pool = lab.pool(connect_timeout_s=30.0)  # far above the delay: a success is the proof
+        origin = Origin("http", "dual.test", wire.port)
+        assert await fetch(pool, origin) == (200, OK)
+        assert wire.connections == 1
+    finally:
+        for sock in (*fillers, hole):
+            sock.close()
+
+
 async def test_a_tls_handshake_that_never_ends_is_a_connect_timeout(lab: Lab) -> None:
     """A TCP server that never answers the ClientHello: the connect deadline covers the
     handshake. (An unroutable address cannot stand in here: this host's network accepts
