@@ -629,6 +629,35 @@ async def test_a_malformed_head_is_unreachable_and_a_malformed_body_broken(lab: 
     assert pool.idle(origin) == 0
 
 
+async def test_a_head_without_end_is_refused_and_a_large_one_is_not(lab: Lab) -> None:
+    """An upstream that sends headers without end is cut off at ``MAX_HEAD`` bytes, not
+    buffered; a head of many large headers below it is read whole."""
+    big = b"".join(b"x-big-%d: %b\r\n" % (i, b"v" * 4000) for i in range(20))  # ~80 KB
+
+    async def heads(peer: Peer) -> None:
+        if await peer.request() is None:
+            return
+        if peer.number == 1:
+            await peer.write(b"HTTP/1.1 200 OK\r\n" + big + b"Content-Length: 2\r\n\r\nok")
+            return
+        await peer.write(b"HTTP/1.1 200 OK\r\nx-junk: ")
+        for _ in range(8):  # 512 KiB of one header value, and no end
+            await peer.write(b"a" * 65536)
+        await peer.until_closed()
+
+    wire = await lab.serve(heads)
+    origin = origin_of(wire)
+    pool = lab.pool()
+    resp = await pool.request(origin, head_for(origin), b"{}")
+    assert resp.headers["x-big-19"] == "v" * 4000
+    assert await resp.read() == b"ok"
+    resp.release()
+    pool2 = lab.pool()  # a new connection for the endless head
+    with pytest.raises(UpstreamUnreachable, match="HeadTooLarge"):
+        await pool2.request(origin, head_for(origin), b"{}")
+    await until(lambda: 2 in wire.client_closed, "the client closed the connection")
+
+
 async def test_a_head_split_across_writes_keeps_every_header(lab: Lab) -> None:
     async def split(peer: Peer) -> None:
         await peer.request()

@@ -61,6 +61,10 @@ __all__ = ["Http1Pool", "Http1Response", "Origin", "request_head"]
 
 #: A relayed stream's bytes buffered for a slow client before reading pauses.
 HIGH_WATER = 1 << 20
+#: The most bytes an answer's head may take (status line, headers, interim answers): an
+#: upstream that sends headers without end is refused, not buffered (aiohttp's limits are
+#: 8 KiB a line; a provider's heads are a few KiB).
+MAX_HEAD = 256 * 1024
 #: Happy Eyeballs: how long one address may try to connect before the next one starts too.
 HAPPY_EYEBALLS_DELAY_S = 0.25
 
@@ -119,6 +123,7 @@ class _Connection(asyncio.Protocol):
     __slots__ = (
         "_body_size",
         "_chunks",
+        "_head_size",
         "_interim",
         "_last_read",
         "_loop",
@@ -157,6 +162,7 @@ class _Connection(asyncio.Protocol):
         self.status = 0
         self.headers: CIMultiDictProxy[str] | None = None
         self._raw_headers: list[tuple[bytes, bytes]] = []
+        self._head_size = 0
         self._chunks: list[bytes] = []
         self._body_size = 0
         self.complete = False
@@ -182,6 +188,12 @@ class _Connection(asyncio.Protocol):
         except Exception as exc:  # httptools' parse errors (and an upgrade we never asked for)
             self._fail(type(exc).__name__)
             self.close()
+            return
+        if self.headers is None:  # still in the head: bounded, as every HTTP client bounds it
+            self._head_size += len(data)
+            if self._head_size > MAX_HEAD:
+                self._fail("HeadTooLarge")
+                self.close()
 
     def eof_received(self) -> bool:
         self.closed = True  # never taken from the pool again, even before connection_lost
