@@ -47,7 +47,7 @@ import socket
 import ssl
 import typing
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from typing import NamedTuple
 
 import aiohappyeyeballs
@@ -69,6 +69,10 @@ MAX_HEAD = 256 * 1024
 HAPPY_EYEBALLS_DELAY_S = 0.25
 
 
+#: The port a URL of each scheme means when it names none (and a ``Host`` header omits).
+_DEFAULT_PORT = {"http": 80, "https": 443}
+
+
 class Origin(NamedTuple):
     """Where a connection goes: the pool's key."""
 
@@ -79,18 +83,16 @@ class Origin(NamedTuple):
     @classmethod
     def of(cls, url: URL) -> Origin:
         scheme = url.scheme
-        if scheme not in ("http", "https") or not url.host:
+        if scheme not in _DEFAULT_PORT or not url.host:
             raise ValueError(f"not an http(s) URL: {url.scheme}://{url.host}")
-        port = url.port or (443 if scheme == "https" else 80)
-        return cls(scheme, url.host, port)
+        return cls(scheme, url.host, url.explicit_port or _DEFAULT_PORT[scheme])
 
     def host_header(self) -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host
-        default = 443 if self.scheme == "https" else 80
-        return host if self.port == default else f"{host}:{self.port}"
+        return host if self.port == _DEFAULT_PORT[self.scheme] else f"{host}:{self.port}"
 
 
-def request_head(method: str, target: str, host: str, headers: list[tuple[str, str]]) -> str:
+def request_head(method: str, target: str, host: str, headers: Iterable[tuple[str, str]]) -> str:
     """A request's head up to (not including) its ``Content-Length`` line, which the send adds:
     ``headers`` in order, then ``Accept: */*`` when they name no ``Accept`` (what aiohttp added,
     so a provider sees the same request as before). A header that could split the head (a CR or
@@ -314,11 +316,11 @@ class _Connection(asyncio.Protocol):
         assert self.transport is not None
         self.transport.write(data)
 
-    def take(self) -> list[bytes]:
-        """The body's pieces read so far, handed over (reading resumes if it had paused). The
+    def take(self) -> bytes:
+        """The body read so far, handed over (reading resumes if it had paused). The
         read deadline counts from the resume: no byte could come while reading was paused
         (aiohttp's ``sock_read`` stops its timer while paused, too)."""
-        chunks = self._chunks
+        data = b"".join(self._chunks)  # one piece is returned as it is, not copied
         self._chunks = []
         self._body_size = 0
         if self._paused:
@@ -326,7 +328,7 @@ class _Connection(asyncio.Protocol):
             if self.transport is not None and not self.closed:
                 self._last_read = self._loop.time()
                 self.transport.resume_reading()
-        return chunks
+        return data
 
     def close(self) -> None:
         self.closed = True
@@ -368,9 +370,7 @@ class Http1Response:
             if conn.error is not None:
                 raise conn.error
             await conn.wait()
-        chunks = conn.take()
-        body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
-        self._body = body
+        body = self._body = conn.take()
         return body
 
     async def read_prefix(self, limit: int) -> bytes:
@@ -383,10 +383,10 @@ class Http1Response:
             if conn.error is not None:
                 raise conn.error
             await conn.wait()
-        data = b"".join(conn._chunks)
         if conn.complete:
-            conn.take()
-            self._body = data
+            data = self._body = conn.take()
+        else:
+            data = b"".join(conn._chunks)  # kept: a later read still gets the whole body
         return data[:limit]
 
     async def chunks(self) -> AsyncIterator[bytes]:
@@ -396,8 +396,7 @@ class Http1Response:
         conn._streaming = True
         while True:
             if conn._chunks:
-                pieces = conn.take()
-                yield pieces[0] if len(pieces) == 1 else b"".join(pieces)
+                yield conn.take()
             elif conn.complete:
                 return
             elif conn.error is not None:

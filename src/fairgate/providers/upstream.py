@@ -82,21 +82,15 @@ class _PerConnection:
         return self._entry(conn)[1]
 
     def target(self, conn: Connection, path: str) -> _Target:
-        targets = self._entry(conn)[2]
+        _, own, targets = self._entry(conn)
         found = targets.get(path)
         if found is None:
             url = URL(upstream_url(conn, path))
             origin = Origin.of(url)
-            found = targets[path] = _Target(
-                origin,
-                url.raw_path_qs,
-                origin.host_header(),
-                None
-                if _takes_client_headers(conn)
-                else request_head(
-                    "POST", url.raw_path_qs, origin.host_header(), list(_own_headers(conn).items())
-                ).encode(),
-            )
+            target, host = url.raw_path_qs, origin.host_header()
+            fixed = not _takes_client_headers(conn)
+            head = request_head("POST", target, host, own.items()).encode() if fixed else None
+            found = targets[path] = _Target(origin, target, host, head)
         return found
 
 
@@ -341,7 +335,7 @@ class UpstreamClient:
         head = target.head
         if head is None:
             headers = upstream_headers(conn, client_headers)
-            head = request_head("POST", target.path, target.host, list(headers.items())).encode()
+            head = request_head("POST", target.path, target.host, headers.items()).encode()
         return self._pool.request(target.origin, head, body)
 
     async def send(
