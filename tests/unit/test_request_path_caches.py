@@ -75,3 +75,18 @@ def test_upstream_targets_are_built_once_per_connection_and_path() -> None:
     forwarding = dataclasses.replace(conn, forward_headers=("openai-project",))
     assert _PER_CONNECTION.target(forwarding, "/chat/completions").head is None
     assert _PER_CONNECTION.target(_conn("mock"), "/chat/completions").head is None
+
+
+def test_an_equal_copy_of_a_connection_keeps_its_cached_head() -> None:
+    """An OAuth request sends a copy of its connection with the current access token: while
+    the token holds, the copy is equal and the head cached for it serves; a new token builds
+    a new head."""
+    conn = dataclasses.replace(_conn("o"), provider="openai", secret="tok-1")
+    first = _PER_CONNECTION.target(conn, "/chat/completions")
+    copy = dataclasses.replace(conn, secret="tok-1")
+    assert copy is not conn
+    assert _PER_CONNECTION.target(copy, "/chat/completions") is first
+    rotated = _PER_CONNECTION.target(dataclasses.replace(conn, secret="tok-2"), "/chat/completions")
+    assert rotated is not first
+    assert rotated.head is not None
+    assert b"authorization: Bearer tok-2\r\n" in rotated.head

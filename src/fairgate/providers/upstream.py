@@ -57,8 +57,9 @@ ANTHROPIC_OAUTH_BETA = "oauth-2025-04-20"
 class _PerConnection:
     """What a request to a connection sends that depends on the connection only (our headers,
     its origin, the request's head by path), built once per connection object instead of per
-    request. A connection is frozen and replaced as a whole when it changes, so the object
-    identifies its entry; the cache starts over when it holds too many (connections are few).
+    request. A connection is frozen and replaced as a whole when it changes, so the object (or
+    an equal copy) identifies its entry; the cache starts over when it holds too many
+    (connections are few).
 
     A request with nothing of the client's to add (:func:`_takes_client_headers`) sends the
     head kept here as it is, its length and the body appended."""
@@ -72,7 +73,10 @@ class _PerConnection:
 
     def _entry(self, conn: Connection) -> _Entry:
         hit = self._by_id.get(conn.id)
-        if hit is None or hit[0] is not conn:
+        # the same object, or an equal one: an OAuth connection's request carries a copy with
+        # the current access token (``_post_oauth``), equal to the last while the token holds,
+        # so the entry is rebuilt when the token changes, not on every request
+        if hit is None or (hit[0] is not conn and hit[0] != conn):
             if len(self._by_id) >= self.MAX:
                 self._by_id.clear()
             hit = self._by_id[conn.id] = (conn, _own_headers(conn), {})
