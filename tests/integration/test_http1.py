@@ -28,6 +28,7 @@ from pathlib import Path
 
 import pytest
 import pytest_asyncio
+from http_support import read_request
 from yarl import URL
 
 from fairgate.providers import http1
@@ -81,14 +82,7 @@ class Peer:
     async def request(self) -> Request | None:
         """The next request, or None when the client closed (or reset) the connection."""
         try:
-            head = await self.reader.readuntil(b"\r\n\r\n")
-            lines = head.decode("latin-1").split("\r\n")[:-2]
-            length = 0
-            for line in lines[1:]:
-                name, _, value = line.partition(":")
-                if name.lower() == "content-length":
-                    length = int(value)
-            body = await self.reader.readexactly(length)
+            lines, body = await read_request(self.reader)
         except (asyncio.IncompleteReadError, ConnectionError):
             return None
         req = Request(self.number, lines, body)
@@ -176,6 +170,12 @@ class Lab:
         wire.port = server.sockets[0].getsockname()[1]
         return wire
 
+    async def start(self, handler: Handler = echo) -> tuple[Wire, Origin, Http1Pool]:
+        """A server running ``handler`` (:meth:`serve`), its origin and a pool with the
+        test defaults: what most tests begin with."""
+        wire = await self.serve(handler)
+        return wire, origin_of(wire), self.pool()
+
     def pool(
         self,
         *,
@@ -258,9 +258,7 @@ def pattern(n: int) -> bytes:
 
 
 async def test_requests_in_a_row_reuse_one_connection_and_send_exactly_the_head(lab: Lab) -> None:
-    wire = await lab.serve()
-    origin = origin_of(wire)
-    pool = lab.pool()
+    wire, origin, pool = await lab.start()
     assert pool.idle(origin) == 0
     for i in range(3):
         body = b'{"n":%d}' % i
@@ -278,9 +276,7 @@ async def test_requests_in_a_row_reuse_one_connection_and_send_exactly_the_head(
 
 
 async def test_the_newest_idle_connection_is_reused_first(lab: Lab) -> None:
-    wire = await lab.serve()
-    origin = origin_of(wire)
-    pool = lab.pool()
+    wire, origin, pool = await lab.start()
     first = await pool.request(origin, head_for(origin), b"a")
     second = await pool.request(origin, head_for(origin), b"b")  # the first is busy: a new one
     assert (await first.read(), await second.read()) == (b"a", b"b")
@@ -297,9 +293,7 @@ async def test_the_newest_idle_connection_is_reused_first(lab: Lab) -> None:
 async def test_many_concurrent_requests_each_get_their_own_answer_and_are_all_reused(
     lab: Lab,
 ) -> None:
-    wire = await lab.serve()
-    origin = origin_of(wire)
-    pool = lab.pool()
+    wire, origin, pool = await lab.start()
     for round_ in range(2):
         bodies = [b"%d-%d" % (round_, i) for i in range(50)]
         answers = await asyncio.gather(*(fetch(pool, origin, b) for b in bodies))
@@ -334,9 +328,7 @@ async def test_a_connection_found_expired_when_taken_is_closed_not_used(lab: Lab
 
 
 async def test_closing_the_pool_closes_idle_connections_and_refuses_requests(lab: Lab) -> None:
-    wire = await lab.serve()
-    origin = origin_of(wire)
-    pool = lab.pool()
+    wire, origin, pool = await lab.start()
     busy = await pool.request(origin, head_for(origin), b"x")
     assert await fetch(pool, origin) == (200, OK)
     await pool.close()
@@ -358,9 +350,7 @@ async def test_a_connection_the_server_closed_while_idle_is_replaced(lab: Lab) -
             await peer.answer()
         peer.hang_up()
 
-    wire = await lab.serve(once)
-    origin = origin_of(wire)
-    pool = lab.pool()
+    wire, origin, pool = await lab.start(once)
     assert await fetch(pool, origin) == (200, OK)
     await until(lambda: pool.idle(origin) == 0, "the client noticed the close")
     assert await fetch(pool, origin, b"again") == (200, OK)
@@ -388,9 +378,7 @@ async def test_a_reused_connection_closed_unanswered_is_unreachable_and_not_sent
         else:
             peer.hang_up()
 
-    wire = await lab.serve(first_answers_then_drops)
-    origin = origin_of(wire)
-    pool = lab.pool()
+    wire, origin, pool = await lab.start(first_answers_then_drops)
     assert await fetch(pool, origin) == (200, OK)
     assert pool.idle(origin) == 1  # the client has not seen any close yet
     with pytest.raises(UpstreamUnreachable):
@@ -408,9 +396,7 @@ async def test_a_new_connection_closed_unanswered_is_unreachable_and_not_retried
         await peer.request()
         peer.hang_up()
 
-    wire = await lab.serve(drop)
-    origin = origin_of(wire)
-    pool = lab.pool()
+    wire, origin, pool = await lab.start(drop)
     with pytest.raises(UpstreamUnreachable):
         await pool.request(origin, head_for(origin), b"{}")
     assert wire.connections == 1
@@ -427,9 +413,7 @@ async def test_a_reused_connection_that_began_an_answer_is_unreachable(lab: Lab)
         await peer.write(b"HTTP/1.1 200 O")
         peer.hang_up()
 
-    wire = await lab.serve(half_answer)
-    origin = origin_of(wire)
-    pool = lab.pool()
+    wire, origin, pool = await lab.start(half_answer)
     assert await fetch(pool, origin) == (200, OK)
     with pytest.raises(UpstreamUnreachable):
         await pool.request(origin, head_for(origin), b"{}")
@@ -446,9 +430,7 @@ async def test_unsolicited_bytes_on_an_idle_connection_make_it_unusable(lab: Lab
         await asyncio.sleep(0.02)
         await peer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nno")
 
-    wire = await lab.serve(chatty)
-    origin = origin_of(wire)
-    pool = lab.pool()
+    wire, origin, pool = await lab.start(chatty)
     assert await fetch(pool, origin) == (200, OK)
     await until(lambda: pool.idle(origin) == 0, "the chatty connection dropped")
     assert await fetch(pool, origin, b"yes") == (200, b"yes")
@@ -477,9 +459,7 @@ async def test_bytes_after_the_answer_in_the_same_segment_are_not_read_as_an_ans
             b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%b%b" % (len(OK), OK, extra)
         )
 
-    wire = await lab.serve(double)
-    origin = origin_of(wire)
-    pool = lab.pool()
+    wire, origin, pool = await lab.start(double)
     assert await fetch(pool, origin) == (200, OK)
     await until(lambda: wire.client_closed == {1}, "the client closed the connection")
     assert await fetch(pool, origin, b"next") == (200, b"next")
@@ -510,9 +490,7 @@ async def chunked(peer: Peer) -> None:
 
 
 async def test_a_chunked_body_is_read_whole_and_the_connection_kept(lab: Lab) -> None:
-    wire = await lab.serve(chunked)
-    origin = origin_of(wire)
-    pool = lab.pool()
+    wire, origin, pool = await lab.start(chunked)
     resp = await pool.request(origin, head_for(origin), b"{}")
     assert resp.status == 200
     assert resp.headers["transfer-encoding"] == "chunked"
@@ -525,9 +503,7 @@ async def test_a_chunked_body_is_read_whole_and_the_connection_kept(lab: Lab) ->
 
 
 async def test_a_chunked_body_streams_in_order_as_it_arrives(lab: Lab) -> None:
-    wire = await lab.serve(chunked)
-    origin = origin_of(wire)
-    pool = lab.pool()
+    wire, origin, pool = await lab.start(chunked)
     resp = await pool.request(origin, head_for(origin), b"{}")
     pieces = [piece async for piece in resp.chunks()]
     resp.release()
@@ -554,9 +530,7 @@ async def test_a_body_delimited_by_the_close_is_read_whole_and_not_reused(
             )
         peer.hang_up()
 
-    wire = await lab.serve(until_close)
-    origin = origin_of(wire)
-    pool = lab.pool()
+    wire, origin, pool = await lab.start(until_close)
     assert await fetch(pool, origin) == (200, b"first second last")
     assert pool.idle(origin) == 0
     resp = await pool.request(origin, head_for(origin), b"{}")
@@ -573,9 +547,7 @@ async def test_a_body_cut_short_is_broken_whether_read_or_streamed(lab: Lab) -> 
             await asyncio.sleep(0.02)
         peer.hang_up()
 
-    wire = await lab.serve(short)
-    origin = origin_of(wire)
-    pool = lab.pool()
+    wire, origin, pool = await lab.start(short)
     resp = await pool.request(origin, head_for(origin), b"{}")
     with pytest.raises(UpstreamBroken):
         await resp.read()
@@ -599,9 +571,7 @@ async def test_a_chunked_body_cut_before_its_last_chunk_is_broken(lab: Lab) -> N
             await asyncio.sleep(0.02)
         peer.hang_up()
 
-    wire = await lab.serve(short)
-    origin = origin_of(wire)
-    pool = lab.pool()
+    _wire, origin, pool = await lab.start(short)
     resp = await pool.request(origin, head_for(origin), b"{}")
     with pytest.raises(UpstreamBroken):
         await resp.read()
@@ -616,9 +586,7 @@ async def test_a_malformed_head_is_unreachable_and_a_malformed_body_broken(lab: 
         else:
             await peer.write(CHUNKED_HEAD + b"5\r\nhello\r\nzz\r\n")
 
-    wire = await lab.serve(garbage)
-    origin = origin_of(wire)
-    pool = lab.pool()
+    wire, origin, pool = await lab.start(garbage)
     with pytest.raises(UpstreamUnreachable):
         await pool.request(origin, head_for(origin), b"{}")
     resp = await pool.request(origin, head_for(origin), b"{}")
@@ -645,9 +613,7 @@ async def test_a_head_without_end_is_refused_and_a_large_one_is_not(lab: Lab) ->
             await peer.write(b"a" * 65536)
         await peer.until_closed()
 
-    wire = await lab.serve(heads)
-    origin = origin_of(wire)
-    pool = lab.pool()
+    wire, origin, pool = await lab.start(heads)
     resp = await pool.request(origin, head_for(origin), b"{}")
     assert resp.headers["x-big-19"] == "v" * 4000
     assert await resp.read() == b"ok"
@@ -673,9 +639,7 @@ async def test_a_head_split_across_writes_keeps_every_header(lab: Lab) -> None:
         )
         peer.wire.answered += 1
 
-    wire = await lab.serve(split)
-    origin = origin_of(wire)
-    pool = lab.pool()
+    _wire, origin, pool = await lab.start(split)
     resp = await pool.request(origin, head_for(origin), b"{}")
     assert resp.status == 201
     assert resp.headers["x-request-id"] == "abc"
@@ -694,9 +658,7 @@ async def test_an_answer_without_a_body_ends_at_its_head_and_keeps_the_connectio
         while await peer.request() is not None:
             await peer.write(b"HTTP/1.1 %b\r\nX-A: 1\r\n\r\n" % status)
 
-    wire = await lab.serve(empty)
-    origin = origin_of(wire)
-    pool = lab.pool()
+    wire, origin, pool = await lab.start(empty)
     resp = await pool.request(origin, head_for(origin), b"{}")
     assert await resp.read() == b""
     resp.release()
@@ -740,9 +702,7 @@ async def test_interim_answers_are_skipped(lab: Lab) -> None:
                 pause_s=0.01,
             )
 
-    wire = await lab.serve(interim)
-    origin = origin_of(wire)
-    pool = lab.pool()
+    wire, origin, pool = await lab.start(interim)
     resp = await pool.request(origin, head_for(origin), b"{}")
     assert resp.status == 200
     assert "link" not in resp.headers
@@ -1042,9 +1002,7 @@ async def test_releasing_an_answer_still_in_flight_closes_its_connection(lab: La
         await peer.request()
         await peer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\n012")
 
-    wire = await lab.serve(partial)
-    origin = origin_of(wire)
-    pool = lab.pool()
+    wire, origin, pool = await lab.start(partial)
     resp = await pool.request(origin, head_for(origin), b"{}")
     resp.release()
     resp.release()  # twice: harmless
@@ -1061,9 +1019,7 @@ async def test_releasing_an_answer_still_in_flight_closes_its_connection(lab: La
 
 
 async def test_releasing_a_whole_answer_unread_keeps_the_connection(lab: Lab) -> None:
-    wire = await lab.serve()
-    origin = origin_of(wire)
-    pool = lab.pool()
+    wire, origin, pool = await lab.start()
     resp = await pool.request(origin, head_for(origin), b"unread")
     await until(lambda: resp._conn.complete, "the whole answer arrived")
     resp.release()
@@ -1083,9 +1039,7 @@ async def test_reading_twice_and_reading_a_prefix(lab: Lab) -> None:
                 pause_s=0.05,
             )
 
-    wire = await lab.serve(halves)
-    origin = origin_of(wire)
-    pool = lab.pool()
+    wire, origin, pool = await lab.start(halves)
 
     resp = await pool.request(origin, head_for(origin), b"{}")
     first = await resp.read()
@@ -1117,9 +1071,7 @@ async def test_reading_twice_and_reading_a_prefix(lab: Lab) -> None:
 
 
 async def test_cancelling_a_request_awaiting_its_head_closes_the_connection(lab: Lab) -> None:
-    wire = await lab.serve(silent)
-    origin = origin_of(wire)
-    pool = lab.pool()
+    wire, origin, pool = await lab.start(silent)
     task = asyncio.create_task(pool.request(origin, head_for(origin), b"{}"))
     await until(lambda: len(wire.requests) == 1, "the request reached the server")
     task.cancel()
@@ -1139,9 +1091,7 @@ async def test_cancelling_a_request_just_as_its_head_arrives_closes_the_connecti
         await peer.request()
         await peer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\n")
 
-    wire = await lab.serve(head_then_stall)
-    origin = origin_of(wire)
-    pool = lab.pool()
+    wire, origin, pool = await lab.start(head_then_stall)
     task = asyncio.create_task(pool.request(origin, head_for(origin), b"{}"))
     wake = http1._Connection._wake
 
@@ -1161,9 +1111,7 @@ async def test_cancelling_a_read_mid_body_closes_the_connection(lab: Lab) -> Non
         await peer.request()
         await peer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\n012")
 
-    wire = await lab.serve(stall)
-    origin = origin_of(wire)
-    pool = lab.pool()
+    wire, origin, pool = await lab.start(stall)
     resp = await pool.request(origin, head_for(origin), b"{}")
     reading = asyncio.create_task(resp.read())
     await asyncio.sleep(0.02)
@@ -1212,9 +1160,7 @@ async def test_a_large_stream_read_slowly_arrives_whole_and_in_order(
             for i in range(0, len(body), 8192):
                 await peer.write(body[i : i + 8192])
 
-    wire = await lab.serve(big)
-    origin = origin_of(wire)
-    pool = lab.pool()
+    wire, origin, pool = await lab.start(big)
     resp = await pool.request(origin, head_for(origin), b"{}")
     spy = ReadingSpy(resp, monkeypatch)
     pieces: list[bytes] = []

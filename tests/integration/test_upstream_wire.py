@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 import pytest
 import pytest_asyncio
+from http_support import read_request
 
 from fairgate.providers.transport import UpstreamBroken
 from fairgate.providers.upstream import UpstreamClient
@@ -46,14 +47,7 @@ async def recorder() -> AsyncIterator[Recorder]:
         conn_no = rec.connections
         try:
             while True:
-                head = await reader.readuntil(b"\r\n\r\n")
-                lines = head.decode("latin-1").split("\r\n")[:-2]
-                length = 0
-                for line in lines[1:]:
-                    name, _, value = line.partition(":")
-                    if name.lower() == "content-length":
-                        length = int(value)
-                body = await reader.readexactly(length)
+                lines, body = await read_request(reader)
                 rec.requests.append((lines, body, conn_no))
                 writer.write(
                     b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
