@@ -206,16 +206,16 @@ async def test_redis_admissions_survive_a_blocked_event_loop(
 
 @pytest.mark.redis
 async def test_warm_opens_the_whole_pool_before_traffic(redis_url: str, redis_prefix: str) -> None:
-    # on a single server the hot-path scripts run on the store's lane: all of its connections
-    # are opened before traffic, and a few of the client's pool (reads and maintenance)
+    # on a single server the hot-path scripts run on the store's lane: its one pipelined
+    # connection is opened before traffic, and a few of the client's pool (reads, maintenance)
     store = RedisQuotaStore(redis_url, prefix=redis_prefix)
     try:
         lane = store._lane
         assert lane is not None
         pool = store._client.connection_pool
+        assert (lane.counts.opened, lane.connected) == (0, False)
         await store.warm()
-        assert len(lane._all) == MAX_CONNECTIONS
-        assert all(c.is_connected for c in lane._all)
+        assert (lane.counts.opened, lane.connected) == (1, True)
         assert len(pool._available_connections) == WARM_POOL_CONNECTIONS
         assert all(c.is_connected for c in pool._available_connections)
         # a burst of scripts uses the lane's open connections: none is opened beyond them
@@ -233,7 +233,7 @@ async def test_warm_opens_the_whole_pool_before_traffic(redis_url: str, redis_pr
         ]
         results = await asyncio.gather(*(store.admit(r) for r in reqs))
         assert {r.verdict.outcome for r in results} == {Outcome.ALLOW}
-        assert len(lane._all) == MAX_CONNECTIONS
+        assert (lane.counts.opened, lane.connected) == (1, True)
         # and a burst of reads never goes beyond the client's pool
         await asyncio.gather(*(store.ping() for _ in range(3 * pool.max_connections)))
         assert len(pool._available_connections) + len(pool._in_use_connections) <= (

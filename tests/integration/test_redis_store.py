@@ -14,6 +14,7 @@ import uuid
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
+import hiredis
 import pytest
 import pytest_asyncio
 import redis
@@ -92,34 +93,71 @@ def request(
 
 
 class Wire:
-    """Counts what really crosses the network: packets sent, replies read, commands issued."""
+    """Counts what really crosses the network: a loopback TCP proxy in front of Redis that
+    parses both directions (RESP) and counts the commands sent (by name) and the replies read,
+    each before passing it on."""
 
-    def __init__(self) -> None:
-        self.sent = 0
-        self.read = 0
+    def __init__(self, redis_url: str) -> None:
+        self._target = redis.asyncio.connection.parse_url(redis_url)
         self.commands: list[str] = []
+        self.read = 0
+        self.url = ""
+        self._server: asyncio.Server | None = None
+        self._pumps: set[asyncio.Task[None]] = set()
+
+    @property
+    def sent(self) -> int:
+        return len(self.commands)
 
     def reset(self) -> None:
-        self.sent = self.read = 0
+        self.read = 0
         self.commands = []
 
+    async def __aenter__(self) -> Wire:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        port = self._server.sockets[0].getsockname()[1]
+        self.url = f"redis://127.0.0.1:{port}/{self._target.get('db', 0)}"
+        return self
 
-def counting_client(url: str, wire: Wire) -> redis.asyncio.Redis:
-    """A client whose connections count what they send and read, and the name of each command
-    sent (the store's script lane makes its connections of the same class)."""
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._server is not None
+        self._server.close()
+        for task in self._pumps:
+            task.cancel()
+        await asyncio.gather(*self._pumps, return_exceptions=True)
 
-    class CountingConnection(redis.asyncio.Connection):
-        async def send_packed_command(self, command: Any, check_health: bool = True) -> None:
-            wire.sent += 1
-            packed = command if isinstance(command, bytes) else b"".join(command)
-            wire.commands.append(packed.split(b"\r\n")[2].decode().upper())
-            await super().send_packed_command(command, check_health)
+    async def _serve(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
+        host, port = self._target.get("host", "127.0.0.1"), self._target.get("port", 6379)
+        server_r, server_w = await asyncio.open_connection(host, port)
+        for task in (
+            asyncio.create_task(self._pump(client_r, server_w, self._command)),
+            asyncio.create_task(self._pump(server_r, client_w, self._reply)),
+        ):
+            self._pumps.add(task)
 
-        async def read_response(self, *args: Any, **kwargs: Any) -> Any:
-            wire.read += 1
-            return await super().read_response(*args, **kwargs)
+    def _command(self, message: Any) -> None:
+        self.commands.append(message[0].decode().upper())
 
-    return redis.asyncio.Redis.from_url(url, connection_class=CountingConnection)
+    def _reply(self, message: Any) -> None:
+        self.read += 1
+
+    @staticmethod
+    async def _pump(src: asyncio.StreamReader, dst: asyncio.StreamWriter, count: Any) -> None:
+        parser = hiredis.Reader()
+        try:
+            while data := await src.read(65536):
+                parser.feed(data)
+                while (message := parser.gets()) is not False:
+                    count(message)
+                dst.write(data)
+        finally:
+            dst.close()
+
+
+@pytest_asyncio.fixture
+async def wire(redis_url: str) -> AsyncIterator[Wire]:
+    async with Wire(redis_url) as w:
+        yield w
 
 
 @pytest.fixture
@@ -212,10 +250,8 @@ async def test_counters_hold_exact_doubles_like_the_sqlite_driver(
 # -- round trips and scripts --------------------------------------------------------------------
 
 
-async def test_an_admission_is_exactly_one_round_trip(redis_url: str, redis_prefix: str) -> None:
-    wire = Wire()
-    client = counting_client(redis_url, wire)
-    store = RedisQuotaStore(redis_url, prefix=redis_prefix, client=client)
+async def test_an_admission_is_exactly_one_round_trip(wire: Wire, redis_prefix: str) -> None:
+    store = RedisQuotaStore(wire.url, prefix=redis_prefix)
     try:
         await store.warm()  # connects (the handshakes are commands too)
         checks = (
@@ -245,16 +281,16 @@ async def test_an_admission_is_exactly_one_round_trip(redis_url: str, redis_pref
             assert (wire.sent, wire.read) == (1, 1), wire.commands
     finally:
         await store.close()
-        await client.aclose()
 
 
-async def test_a_second_store_reuses_the_loaded_scripts(redis_url: str, redis_prefix: str) -> None:
+async def test_a_second_store_reuses_the_loaded_scripts(
+    redis_url: str, redis_prefix: str, wire: Wire
+) -> None:
     # SCRIPT FLUSH would disturb everyone sharing the server, so the cold path is not tested here;
     # what matters is that the sha is stable and a new instance never loads again.
     first = RedisQuotaStore(redis_url, prefix=redis_prefix)
-    wire = Wire()
-    client = counting_client(redis_url, wire)
-    second = RedisQuotaStore(redis_url, prefix=redis_prefix, client=client)
+    second = RedisQuotaStore(wire.url, prefix=redis_prefix)
+    client = redis.asyncio.Redis.from_url(wire.url)
     try:
         await first.admit(request())
         await first.settle("p1", "k1", "none", [], T0)

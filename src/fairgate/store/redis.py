@@ -102,10 +102,11 @@ PROBE_MIN_TIMEOUT_S: Final = 1.0
 CEILING_FACTOR: Final = 10
 MIN_CEILING_S: Final = 10.0
 #: The store's calls in flight at once (a burst queues for a slot instead of opening more
-#: connections): the size of its script lane on one server, all opened by
-#: :meth:`RedisQuotaStore.warm` before traffic arrives, and of its client's pool; and how long a
-#: caller waits for a pooled connection when all are busy (a :class:`PoolWaitTimeout`, a
-#: timeout, not an outage).
+#: connections): on one server, the most scripts pipelined on its script connection
+#: (:mod:`.redis_lane`); the size of its client's pool, all opened by
+#: :meth:`RedisQuotaStore.warm` before traffic arrives on a cluster; and how long a caller
+#: waits for a pooled connection when all are busy (a :class:`PoolWaitTimeout`, a timeout, not
+#: an outage).
 MAX_CONNECTIONS: Final = 32
 POOL_TIMEOUT_S: Final = 5.0
 #: Of the client's pool (the reads and maintenance commands; on a single server the hot-path
@@ -370,8 +371,9 @@ class RedisQuotaStore:
         )
 
     def _run(self, script: _HotScript, keys: list[bytes], args: list[bytes]) -> Awaitable[Any]:
-        """EVALSHA of a hot-path script: on the lane (one write, one read) when there is one,
-        else through the client (a cluster routes it by the keys' slot)."""
+        """EVALSHA of a hot-path script: on the lane (pipelined with the loop turn's other
+        calls) when there is one, else through the client (a cluster routes it by the keys'
+        slot)."""
         if self._lane is not None:
             return self._lane.evalsha(script.wire, keys, args)
         return script.client(keys=keys, args=args)
@@ -751,17 +753,14 @@ class RedisQuotaStore:
         one immediate retry. A failure here is logged, never raised: the server may be back
         by the time traffic comes.
 
-        On a single server the hot-path scripts have their own connections (the lane): all
-        :data:`MAX_CONNECTIONS` of those are opened, and a few of the client's pool, which
-        serves only the reads and maintenance commands."""
+        On a single server the hot-path scripts have their own pipelined connection (the
+        lane), which is opened, and a few of the client's pool, which serves only the reads
+        and maintenance commands."""
         if self._lane is None:
             await prepare(self._client, MAX_CONNECTIONS)
             return
-        opened = await self._lane.open(MAX_CONNECTIONS)
-        if opened < MAX_CONNECTIONS:
-            log.warning(
-                "redis: opened %d of %d script connections before traffic", opened, MAX_CONNECTIONS
-            )
+        if not await self._lane.open():
+            log.warning("redis: the script connection did not open before traffic")
         await prepare(self._client, WARM_POOL_CONNECTIONS)
 
     async def close(self) -> None:

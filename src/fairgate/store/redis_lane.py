@@ -1,22 +1,38 @@
-"""The quota store's hot path to a single Redis server: EVALSHA on connections the store holds.
+"""The quota store's hot path to a single Redis server: EVALSHA pipelined on one connection.
 
 Why not ``client.evalsha`` (redis-py's ``execute_command``): per command it checks a connection
 out of the blocking pool (a condition lock and a ``can_read`` poll of the socket), wraps the call
 in a retry closure, times it for its observability hooks, packs and encodes every argument, and
 puts a socket timeout around the write (``asyncio.wait_for``) and another around the read. The
 store needs none of that per call: :meth:`RedisQuotaStore._call` already bounds the calls in
-flight (one connection each, so nobody waits here) and puts its own lag-compensated deadline
-around each one (:mod:`fairgate.store.deadline`), and the store packs its arguments once
-(the keys cached per pool, key and bucket). What a lane call costs is one ``writelines``, one read
-by redis-py's own parser (hiredis when installed), nothing else.
+flight and puts its own lag-compensated deadline around each one (:mod:`fairgate.store.deadline`),
+and the store packs its arguments once (the keys cached per pool, key and bucket).
 
-What is kept from redis-py: its connection class (TLS, AUTH, database selection, the hiredis or
-Python parser: everything the URL says) and its error handling on the socket. A read or write
-that fails or is cancelled (the store's deadline cancels it) disconnects the connection, so a
-reply can never be read by the wrong call; the next call on it reconnects. As on the store's
-client: one immediate retry on a connection error only (a Redis restart costs no failed
-command; retrying a timeout could apply a script twice), and a script the server does not know
-(``NOSCRIPT``, a Redis restarted empty) is loaded on that connection and run again.
+Why one pipelined connection, not a connection per call: a governed request makes two script
+calls, and each call on its own connection costs a write, a loop wake-up and a read in this
+process and the same again in redis-server, on the same two cores. Here every call made in one
+turn of the event loop goes out in one write (the flush is the loop's next callback), and
+redis-server answers a pipeline's commands in one write, which one ``data_received`` parses
+(hiredis, directly) and hands out in order. Redis runs one command at a time whatever the
+number of connections, so one connection holds nobody back.
+
+What a call that fails or is cancelled does to the others on its connection: nothing. Replies
+come back in the order the commands went out, so a cancelled call (the store's deadline)
+leaves its place in the queue and its reply is read and dropped when it comes; but a call the
+server did not answer in time may mean a connection that is gone without a word (a dropped
+route), so the connection is *retired*: new calls go to a fresh one, and the retired one closes
+once every call still on it has been answered or abandoned. Nothing is ever resent on a
+connection that still answers (a script applied twice would count a request twice). A
+connection that breaks (the server closed it, a restart) fails the calls on it with a connection
+error, and each gets one immediate retry on a new connection, as on the store's client: a Redis
+restart costs no failed command.
+
+What is kept from redis-py: its connection class opens the connection (TCP or a Unix socket,
+TLS, AUTH, database selection: everything the URL says, and its connect retry); the lane then
+takes over the connection's transport with its own protocol (``set_protocol``). Its error
+mapping (``NOSCRIPT`` is :class:`~redis.exceptions.NoScriptError`, and so on) is used for the
+replies. A script the server does not know (a Redis restarted empty) is loaded and run again on
+the same connection, the load and the call in one write.
 
 Only for a single server: a Redis Cluster routes each script by its keys' slot and follows
 ``MOVED`` redirections, which is the cluster client's job (the store uses it there).
@@ -24,28 +40,33 @@ Only for a single server: a Redis Cluster routes each script by its keys' slot a
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
+from collections import deque
 from typing import Any, Final
 
+import hiredis
 import redis.asyncio
+from redis._parsers import BaseParser
 from redis.asyncio.connection import AbstractConnection
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoScriptError, RedisError
+from redis.exceptions import InvalidResponse, NoScriptError
 
-__all__ = ["LaneScript", "ScriptLane", "command"]
+__all__ = ["LaneCounts", "LaneScript", "ScriptLane", "command"]
 
 _EVALSHA: Final = b"$7\r\nEVALSHA\r\n"
 _LOAD: Final = b"*3\r\n$6\r\nSCRIPT\r\n$4\r\nLOAD\r\n"
 
 
 class LaneScript:
-    """A script as the lane sends it: its SHA1 and its source, encoded once."""
+    """A script as the lane sends it: its SHA1, its ``SCRIPT LOAD`` command, encoded once."""
 
-    __slots__ = ("sha", "source")
+    __slots__ = ("load", "sha", "source")
 
     def __init__(self, source: str) -> None:
         self.source = source.encode()
         self.sha = hashlib.sha1(self.source, usedforsecurity=False).hexdigest().encode()
+        self.load = b"%b$%d\r\n%b\r\n" % (_LOAD, len(self.source), self.source)
 
 
 def command(sha: bytes, keys: list[bytes], args: list[bytes]) -> bytes:
@@ -60,75 +81,215 @@ def command(sha: bytes, keys: list[bytes], args: list[bytes]) -> bytes:
     return b"".join(out)
 
 
-class ScriptLane:
-    """Connections for EVALSHA, held by one store, each used by one call at a time.
+class LaneCounts:
+    """What a lane did so far: connections opened, writes made (each carrying every call of
+    one loop turn). For the tests and benchmarks; one integer add per write."""
 
-    The caller bounds the calls in flight (the store's slots): the lane opens a connection when
-    none is idle and keeps it for good, so it never holds more than that bound."""
+    __slots__ = ("opened", "writes")
+
+    def __init__(self) -> None:
+        self.opened = 0
+        self.writes = 0
+
+
+class _Pipe(asyncio.Protocol):
+    """One connection's protocol: commands written in order, replies handed out in order."""
+
+    def __init__(
+        self,
+        writer: asyncio.StreamWriter,
+        loop: asyncio.AbstractEventLoop,
+        decode: str | None,
+        counts: LaneCounts,
+    ) -> None:
+        # the stream writer redis-py connected with is kept while the connection lives: once
+        # collected, it closes a transport that is still open (asyncio's unclosed-stream rule)
+        self._writer = writer
+        self._transport = writer.transport
+        self._loop = loop
+        #: takes new calls: open and not retired
+        self.usable = True
+        kwargs: dict[str, Any] = {"protocolError": InvalidResponse, "replyError": _reply_error}
+        if decode is not None:
+            kwargs["encoding"] = decode
+        self._reader = hiredis.Reader(**kwargs)
+        self._waiting: deque[asyncio.Future[Any]] = deque()
+        self._out: list[bytes] = []
+        self._counts = counts
+        self.closed = False
+        self.retired = False
+
+    def call(self, packed: bytes) -> asyncio.Future[Any]:
+        """Queue ``packed`` for this turn's write; the future is its reply (or its error)."""
+        if self.closed:
+            raise RedisConnectionError("the script connection is closed")
+        fut = self._loop.create_future()
+        self._waiting.append(fut)
+        if not self._out:
+            self._loop.call_soon(self._flush)
+        self._out.append(packed)
+        return fut
+
+    def _flush(self) -> None:
+        if self._out and not self.closed:
+            self._transport.write(b"".join(self._out))
+            self._counts.writes += 1
+        self._out.clear()
+
+    def data_received(self, data: bytes) -> None:
+        reader = self._reader
+        reader.feed(data)
+        waiting = self._waiting
+        try:
+            while (reply := reader.gets()) is not False:
+                if not waiting:  # a reply nobody asked for: the stream is out of step
+                    raise InvalidResponse("a reply with no command waiting for it")
+                fut = waiting.popleft()
+                if fut.done():  # its caller gave up (a deadline): drop its reply
+                    continue
+                if isinstance(reply, Exception):
+                    fut.set_exception(reply)
+                else:
+                    fut.set_result(reply)
+        except InvalidResponse as exc:
+            self._lose(RedisConnectionError(f"the script connection broke: {exc}"))
+            return
+        if self.retired and not waiting:
+            self.close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._lose(RedisConnectionError("the script connection was closed by the server"))
+
+    def _lose(self, error: RedisConnectionError) -> None:
+        self.closed = True
+        self.usable = False
+        self._out.clear()
+        while self._waiting:
+            fut = self._waiting.popleft()
+            if not fut.done():
+                fut.set_exception(error)
+        self._transport.close()
+
+    def retire(self) -> None:
+        """Take no new calls; close once every call on it is answered or abandoned."""
+        self.retired = True
+        self.usable = False
+        if all(fut.done() for fut in self._waiting):  # at most the calls in flight
+            self.close()
+
+    def close(self) -> None:
+        if not self.closed:
+            self._lose(RedisConnectionError("the script connection was closed"))
+
+
+def _reply_error(text: str) -> Exception:
+    """An error reply as redis-py would raise it (``NOSCRIPT`` -> NoScriptError, ...)."""
+    error: Exception = BaseParser.parse_error(text)  # type: ignore[no-untyped-call]
+    return error
+
+
+def _retrieve(task: asyncio.Task[_Pipe]) -> None:
+    if not task.cancelled():
+        task.exception()
+
+
+class ScriptLane:
+    """The store's one pipelined script connection on a single server (module docstring).
+
+    The caller bounds the calls in flight (the store's slots). A connection is opened when
+    there is none (one at a time, whoever asks) and kept until it breaks or is retired."""
 
     def __init__(self, pool: redis.asyncio.ConnectionPool) -> None:
         # the pool's connection settings (host, TLS, AUTH, db, parser) without its socket
         # timeout: the store's deadline bounds every call (module docstring)
-        kwargs = {**pool.connection_kwargs, "socket_timeout": None}
+        self._kwargs = {**pool.connection_kwargs, "socket_timeout": None}
         self._connection_class: type[AbstractConnection] = pool.connection_class
-        self._kwargs = kwargs
-        self._idle: list[AbstractConnection] = []
-        self._all: list[AbstractConnection] = []
-
-    def _take(self) -> AbstractConnection:
-        if self._idle:
-            return self._idle.pop()
-        conn = self._connection_class(**self._kwargs)
-        self._all.append(conn)
-        return conn
+        self._decode: str | None = (
+            pool.connection_kwargs.get("encoding", "utf-8")
+            if pool.connection_kwargs.get("decode_responses")
+            else None
+        )
+        self._pipe: _Pipe | None = None
+        self._opening: asyncio.Task[_Pipe] | None = None
+        self._pipes: list[_Pipe] = []  # every connection not yet closed, for close()
+        self.counts = LaneCounts()
 
     async def evalsha(self, script: LaneScript, keys: list[bytes], args: list[bytes]) -> Any:
         """``EVALSHA`` of ``script`` with ``keys`` and ``args``; its reply. The script is loaded
-        on the connection when the server does not know it."""
+        when the server does not know it."""
         packed = command(script.sha, keys, args)
-        conn = self._take()
+        pipe = self._pipe
+        if pipe is None or not pipe.usable:
+            pipe = await self._connection()
         try:
-            was_open = conn.is_connected
             try:
-                return await self._round_trip(conn, packed)
+                return await self._await(pipe, pipe.call(packed))
             except RedisConnectionError:
-                if not was_open:  # the connect itself failed (redis-py retried it once)
-                    raise
-                # an open connection broke (redis-py closed it); the retry reconnects: a Redis
-                # restart costs no failed command
-                return await self._round_trip(conn, packed)
+                # the connection broke under the call; the retry reconnects: a Redis restart
+                # costs no failed command
+                pipe = await self._connection()
+                return await self._await(pipe, pipe.call(packed))
         except NoScriptError:
-            load = b"%b$%d\r\n%b\r\n" % (_LOAD, len(script.source), script.source)
-            await self._round_trip(conn, load)
-            return await self._round_trip(conn, packed)
-        finally:
-            self._idle.append(conn)
+            loaded = pipe.call(script.load)  # the load and the call in one write, in order
+            again = pipe.call(packed)
+            await self._await(pipe, loaded)
+            return await self._await(pipe, again)
 
     @staticmethod
-    async def _round_trip(conn: AbstractConnection, packed: bytes) -> Any:
-        # send_packed_command connects when needed; both calls close the connection on a
-        # failure or a cancel, so an unread reply never stays on it
-        await conn.send_packed_command(packed, check_health=False)
-        return await conn.read_response()
-
-    async def open(self, count: int) -> int:
-        """Open up to ``count`` connections now, one after the other (before traffic; see
-        ``RedisQuotaStore.warm``). Returns how many are open: the first failure stops there,
-        and the caller logs the shortfall (the server may be back by the time traffic comes)."""
-        held = [self._take() for _ in range(count)]
-        opened = 0
+    async def _await(pipe: _Pipe, fut: asyncio.Future[Any]) -> Any:
         try:
-            for conn in held:
-                await conn.connect()  # type: ignore[no-untyped-call]
-                opened += 1
-        except (RedisError, OSError):
-            pass
-        finally:
-            self._idle.extend(held)
-        return opened
+            return await fut
+        except asyncio.CancelledError:
+            # not answered in time (or its caller went away): the connection may be dead
+            # without a word, so new calls go to a fresh one (module docstring)
+            pipe.retire()
+            raise
+
+    async def _connection(self) -> _Pipe:
+        """The open connection, opening one when there is none; concurrent callers share one
+        opening, which a caller's deadline cannot cancel for the others."""
+        pipe = self._pipe
+        if pipe is not None and pipe.usable:
+            return pipe
+        opening = self._opening
+        if opening is None or opening.done():
+            opening = self._opening = asyncio.get_running_loop().create_task(self._open())
+            # its error is every waiter's; retrieved here too in case they all gave up
+            opening.add_done_callback(_retrieve)
+        return await asyncio.shield(opening)
+
+    async def _open(self) -> _Pipe:
+        conn = self._connection_class(**self._kwargs)
+        await conn.connect()  # type: ignore[no-untyped-call]
+        # the handshake is done (TLS, AUTH, SELECT); from here the transport is the lane's
+        writer = conn._writer  # redis-py keeps the connection's stream here
+        if writer is None:  # pragma: no cover - connect() either sets it or raises
+            raise RedisConnectionError("the script connection did not open")
+        conn._writer = conn._reader = None  # detached: redis-py must not close it
+        pipe = _Pipe(writer, asyncio.get_running_loop(), self._decode, self.counts)
+        writer.transport.set_protocol(pipe)
+        self._pipes = [p for p in self._pipes if not p.closed]
+        self._pipes.append(pipe)
+        self._pipe = pipe
+        self.counts.opened += 1
+        return pipe
+
+    @property
+    def connected(self) -> bool:
+        return self._pipe is not None and self._pipe.usable
+
+    async def open(self) -> bool:
+        """Open the connection now (before traffic; see ``RedisQuotaStore.warm``). Returns
+        whether it is open: a failure is the caller's to log (the server may be back by the
+        time traffic comes)."""
+        try:
+            await self._connection()
+        except (RedisConnectionError, OSError):
+            return False
+        return True
 
     async def close(self) -> None:
-        for conn in self._all:
-            await conn.disconnect()
-        self._idle.clear()
-        self._all.clear()
+        for pipe in self._pipes:
+            pipe.close()
+        self._pipes.clear()
+        self._pipe = None
