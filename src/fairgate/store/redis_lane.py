@@ -69,16 +69,31 @@ class LaneScript:
         self.load = b"%b$%d\r\n%b\r\n" % (_LOAD, len(self.source), self.source)
 
 
+#: ``$<n>\r\n``, the head of a bulk string of ``n`` bytes, for the lengths most values have
+_BULK_HEAD: Final = tuple(b"$%d\r\n" % n for n in range(1024))
+
+
 def command(sha: bytes, keys: list[bytes], args: list[bytes]) -> bytes:
-    """``EVALSHA sha numkeys *keys *args`` in RESP, from the keys' and arguments' bytes."""
+    """``EVALSHA sha numkeys *keys *args`` in RESP, from the keys' and arguments' bytes.
+
+    Packed with one table lookup and one concatenation per value and one join (an admission
+    has about 40 values: this is a third of the cost of formatting each one)."""
+    values = keys + args
     numkeys = b"%d" % len(keys)
-    out = [
-        b"*%d\r\n%b$40\r\n%b\r\n$%d\r\n%b\r\n"
-        % (3 + len(keys) + len(args), _EVALSHA, sha, len(numkeys), numkeys)
-    ]
-    out.extend(b"$%d\r\n%b\r\n" % (len(v), v) for v in keys)
-    out.extend(b"$%d\r\n%b\r\n" % (len(v), v) for v in args)
-    return b"".join(out)
+    head = b"*%d\r\n%b$40\r\n%b\r\n$%d\r\n%b\r\n" % (
+        3 + len(values),
+        _EVALSHA,
+        sha,
+        len(numkeys),
+        numkeys,
+    )
+    if not values:
+        return head
+    try:
+        body = b"\r\n".join([_BULK_HEAD[len(v)] + v for v in values])
+    except IndexError:  # a value longer than the table
+        body = b"\r\n".join([b"$%d\r\n%b" % (len(v), v) for v in values])
+    return head + body + b"\r\n"
 
 
 class LaneCounts:
