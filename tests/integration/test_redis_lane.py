@@ -12,6 +12,7 @@ reply, bounded only by a safety timeout.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
@@ -34,19 +35,22 @@ SAFETY_S = 30.0
 ECHO = LaneScript("return ARGV[1]")
 
 
-def _lane(url: str, **kwargs: Any) -> tuple[ScriptLane, redis.asyncio.Redis]:
+@contextlib.asynccontextmanager
+async def _open_lane(url: str, **kwargs: Any) -> AsyncIterator[ScriptLane]:
+    """A lane on a client's pool for ``url`` (its connection settings), both closed after."""
     client = redis.asyncio.Redis.from_url(url, **kwargs)
-    return ScriptLane(client.connection_pool), client
-
-
-@pytest_asyncio.fixture
-async def lane(redis_url: str) -> AsyncIterator[ScriptLane]:
-    lane, client = _lane(redis_url)
+    lane = ScriptLane(client.connection_pool)
     try:
         yield lane
     finally:
         await lane.close()
         await client.aclose()
+
+
+@pytest_asyncio.fixture
+async def lane(redis_url: str) -> AsyncIterator[ScriptLane]:
+    async with _open_lane(redis_url) as lane:
+        yield lane
 
 
 @pytest.fixture
@@ -59,10 +63,13 @@ def relay(redis_url: str) -> Iterator[TcpCut]:
         cut.close()
 
 
-def _via(redis_url: str, relay: TcpCut) -> str:
+@pytest_asyncio.fixture
+async def relayed(redis_url: str, relay: TcpCut) -> AsyncIterator[ScriptLane]:
+    """A lane whose connections go through ``relay``."""
     u = urlparse(redis_url)
-    netloc = u.netloc.rsplit("@", 1)[0] + "@" if "@" in u.netloc else ""
-    return urlunparse(u._replace(netloc=f"{netloc}127.0.0.1:{relay.port}"))
+    auth = u.netloc.rsplit("@", 1)[0] + "@" if "@" in u.netloc else ""
+    async with _open_lane(urlunparse(u._replace(netloc=f"{auth}127.0.0.1:{relay.port}"))) as lane:
+        yield lane
 
 
 async def _turns_until(check: Callable[[], bool]) -> None:
@@ -93,67 +100,55 @@ async def test_the_calls_of_one_loop_turn_share_one_write(lane: ScriptLane) -> N
 
 
 async def test_a_cancelled_call_leaves_the_others_their_replies(
-    redis_url: str, relay: TcpCut
+    relayed: ScriptLane, relay: TcpCut
 ) -> None:
-    lane, client = _lane(_via(redis_url, relay))
-    try:
-        assert await lane.open()
-        relay.freeze()  # the commands reach the relay; nothing comes back until the thaw
-        first = asyncio.create_task(_echo(lane, "first"))
-        second = asyncio.create_task(_echo(lane, "second"))
-        writes = lane.counts.writes
-        await _turns_until(lambda: lane.counts.writes > writes)  # both written, in one write
-        first.cancel()  # as the store's deadline does
-        with pytest.raises(asyncio.CancelledError):
-            await first
-        # retired: a call made now goes to a new connection, which the freeze holds too
-        assert not lane.connected
-        relay.thaw()
-        async with asyncio.timeout(SAFETY_S):
-            assert await second == b"second"  # not the cancelled call's reply
-            assert await _echo(lane, "third") == b"third"
-        assert lane.counts.opened == 2
-    finally:
-        relay.thaw()
-        await lane.close()
-        await client.aclose()
+    lane = relayed
+    assert await lane.open()
+    relay.freeze()  # the commands reach the relay; nothing comes back until the thaw
+    first = asyncio.create_task(_echo(lane, "first"))
+    second = asyncio.create_task(_echo(lane, "second"))
+    writes = lane.counts.writes
+    await _turns_until(lambda: lane.counts.writes > writes)  # both written, in one write
+    first.cancel()  # as the store's deadline does
+    with pytest.raises(asyncio.CancelledError):
+        await first
+    # retired: a call made now goes to a new connection, which the freeze holds too
+    assert not lane.connected
+    relay.thaw()
+    async with asyncio.timeout(SAFETY_S):
+        assert await second == b"second"  # not the cancelled call's reply
+        assert await _echo(lane, "third") == b"third"
+    assert lane.counts.opened == 2
 
 
 async def test_calls_in_flight_on_a_connection_that_breaks_are_retried_once(
-    redis_url: str, relay: TcpCut
+    relayed: ScriptLane, relay: TcpCut
 ) -> None:
-    lane, client = _lane(_via(redis_url, relay))
-    try:
-        assert await lane.open()
-        relay.freeze()
-        calls = [asyncio.create_task(_echo(lane, f"c{i}")) for i in range(3)]
-        writes = lane.counts.writes
-        await _turns_until(lambda: lane.counts.writes > writes)
-        relay.cut()  # resets the connection, as a Redis restart does
-        relay.restore()
-        relay.thaw()
-        async with asyncio.timeout(SAFETY_S):
-            assert await asyncio.gather(*calls) == [b"c0", b"c1", b"c2"]
-        assert lane.counts.opened == 2
-    finally:
-        await lane.close()
-        await client.aclose()
+    lane = relayed
+    assert await lane.open()
+    relay.freeze()
+    calls = [asyncio.create_task(_echo(lane, f"c{i}")) for i in range(3)]
+    writes = lane.counts.writes
+    await _turns_until(lambda: lane.counts.writes > writes)
+    relay.cut()  # resets the connection, as a Redis restart does
+    relay.restore()
+    relay.thaw()
+    async with asyncio.timeout(SAFETY_S):
+        assert await asyncio.gather(*calls) == [b"c0", b"c1", b"c2"]
+    assert lane.counts.opened == 2
 
 
 async def test_a_connection_that_broke_while_idle_is_replaced(
-    redis_url: str, relay: TcpCut
+    relayed: ScriptLane, relay: TcpCut
 ) -> None:
-    lane, client = _lane(_via(redis_url, relay))
-    try:
+    lane = relayed
+    async with asyncio.timeout(SAFETY_S):
         assert await _echo(lane, "known") == b"known"
-        relay.cut()  # the idle connection is reset (a restart, a failover)
-        relay.restore()
-        async with asyncio.timeout(SAFETY_S):
-            assert await _echo(lane, "after") == b"after"
-        assert lane.counts.opened == 2
-    finally:
-        await lane.close()
-        await client.aclose()
+    relay.cut()  # the idle connection is reset (a restart, a failover)
+    relay.restore()
+    async with asyncio.timeout(SAFETY_S):
+        assert await _echo(lane, "after") == b"after"
+    assert lane.counts.opened == 2
 
 
 async def test_an_unknown_script_is_loaded_and_run_in_a_burst(lane: ScriptLane) -> None:
@@ -177,25 +172,15 @@ async def test_an_error_reply_is_the_callers_and_the_connection_stays(lane: Scri
 
 
 async def test_a_client_that_decodes_gets_text(redis_url: str) -> None:
-    lane, client = _lane(redis_url, decode_responses=True)
-    try:
-        async with asyncio.timeout(SAFETY_S):
-            assert await lane.evalsha(ECHO, [], ["é".encode()]) == "é"
-    finally:
-        await lane.close()
-        await client.aclose()
+    async with _open_lane(redis_url, decode_responses=True) as lane, asyncio.timeout(SAFETY_S):
+        assert await lane.evalsha(ECHO, [], ["é".encode()]) == "é"
 
 
 def test_the_lane_runs_on_uvloop(redis_url: str) -> None:
     # the gateway's loop: its transports hand over to the lane's protocol as asyncio's do
     async def main() -> list[bytes]:
-        lane, client = _lane(redis_url)
-        try:
-            async with asyncio.timeout(SAFETY_S):
-                return await asyncio.gather(*(_echo(lane, f"u{i}") for i in range(8)))
-        finally:
-            await lane.close()
-            await client.aclose()
+        async with _open_lane(redis_url) as lane, asyncio.timeout(SAFETY_S):
+            return await asyncio.gather(*(_echo(lane, f"u{i}") for i in range(8)))
 
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
         assert runner.run(main()) == [f"u{i}".encode() for i in range(8)]
