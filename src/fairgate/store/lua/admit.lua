@@ -41,12 +41,12 @@ for _, id in ipairs(expired) do
   redis.call('ZREM', KEYS[2], id)
 end
 
--- 2. Read and decide. Every bucket in one MGET (a model-scope check's pool-total keys are read
--- too and ignored: that check never reads nor writes the pool total).
-local read = {}
-if n > 0 then
-  read = redis.call('MGET', unpack(KEYS, 5, 4 + 4 * n))
-end
+-- 2. Read and decide. This reservation's key (is the id held already?) and every bucket in one
+-- MGET (a model-scope check's pool-total keys are read too and ignored: that check never reads
+-- nor writes the pool total). Read after the reclaim, as the id's own expired reservation is
+-- gone by then.
+local read = redis.call('MGET', unpack(KEYS, 4, 4 + 4 * n))
+local held = read[1]
 local checks = {}
 local raw = {}
 for i = 1, n do
@@ -68,7 +68,7 @@ for i = 1, n do
     window_share = ARGV[a + 9] == '1',
   }
   local k = 5 + 4 * (i - 1)
-  local r = 4 * (i - 1)
+  local r = 1 + 4 * (i - 1)
   c.tkey, c.kkey = KEYS[k + 1], KEYS[k + 3]
   local tp, tc = '0', '0'
   if c.pool then
@@ -154,7 +154,7 @@ end
 
 -- Checked before deciding: the engine retries an admission whose reply timed out under the same
 -- id, and must learn that the first attempt reserved even when the pool is full by now.
-if redis.call('EXISTS', KEYS[4]) == 1 then
+if held then
   return { -1 }
 end
 
