@@ -61,12 +61,12 @@ _LOAD: Final = b"*3\r\n$6\r\nSCRIPT\r\n$4\r\nLOAD\r\n"
 class LaneScript:
     """A script as the lane sends it: its SHA1, its ``SCRIPT LOAD`` command, encoded once."""
 
-    __slots__ = ("load", "sha", "source")
+    __slots__ = ("load", "sha")
 
     def __init__(self, source: str) -> None:
-        self.source = source.encode()
-        self.sha = hashlib.sha1(self.source, usedforsecurity=False).hexdigest().encode()
-        self.load = b"%b$%d\r\n%b\r\n" % (_LOAD, len(self.source), self.source)
+        text = source.encode()
+        self.sha = hashlib.sha1(text, usedforsecurity=False).hexdigest().encode()
+        self.load = b"%b$%d\r\n%b\r\n" % (_LOAD, len(text), text)
 
 
 #: ``$<n>\r\n``, the head of a bulk string of ``n`` bytes, for the lengths most values have
@@ -122,8 +122,6 @@ class _Pipe(asyncio.Protocol):
         self._writer = writer
         self._transport = writer.transport
         self._loop = loop
-        #: takes new calls: open and not retired
-        self.usable = True
         kwargs: dict[str, Any] = {"protocolError": InvalidResponse, "replyError": _reply_error}
         if decode is not None:
             kwargs["encoding"] = decode
@@ -133,6 +131,11 @@ class _Pipe(asyncio.Protocol):
         self._counts = counts
         self.closed = False
         self.retired = False
+
+    @property
+    def usable(self) -> bool:
+        """Takes new calls: open and not retired."""
+        return not (self.closed or self.retired)
 
     def call(self, packed: bytes) -> asyncio.Future[Any]:
         """Queue ``packed`` for this turn's write; the future is its reply (or its error)."""
@@ -177,7 +180,6 @@ class _Pipe(asyncio.Protocol):
 
     def _lose(self, error: RedisConnectionError) -> None:
         self.closed = True
-        self.usable = False
         self._out.clear()
         while self._waiting:
             fut = self._waiting.popleft()
@@ -188,7 +190,6 @@ class _Pipe(asyncio.Protocol):
     def retire(self) -> None:
         """Take no new calls; close once every call on it is answered or abandoned."""
         self.retired = True
-        self.usable = False
         if all(fut.done() for fut in self._waiting):  # at most the calls in flight
             self.close()
 
