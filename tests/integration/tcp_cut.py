@@ -1,12 +1,21 @@
 """A loopback TCP relay that a test can cut and restore: the network path to a real server
-(PostgreSQL) fails the way it does in production (connections reset, new ones refused) without
-stopping the server that other tests share."""
+(PostgreSQL, Redis) fails the way it does in production (connections reset, new ones refused)
+without stopping the server that other tests share. It can also show a test every byte that
+crosses it (``tap``), before passing it on."""
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import socket
 import threading
+from collections.abc import Callable
+from urllib.parse import urlsplit, urlunsplit
+
+#: Sees each chunk the relay passes on: the relayed connection's number (from 0, in the order
+#: accepted), ``True`` for the client's side (requests, commands) or ``False`` for the server's
+#: (replies), then the bytes. Called on the relay's threads, one per connection and side.
+Tap = Callable[[int, bool, bytes], None]
 
 
 class TcpCut:
@@ -16,8 +25,9 @@ class TcpCut:
     hangs) until :meth:`thaw`. Threads, not asyncio: the code under test may block its event
     loop on a synchronous driver call."""
 
-    def __init__(self, target: tuple[str, int]) -> None:
+    def __init__(self, target: tuple[str, int], tap: Tap | None = None) -> None:
         self.target = target
+        self._tap = tap
         probe = socket.socket()
         probe.bind(("127.0.0.1", 0))
         self.port: int = probe.getsockname()[1]
@@ -27,7 +37,20 @@ class TcpCut:
         self._flowing.set()
         self._conns: list[socket.socket] = []
         self._listener: socket.socket | None = None
+        #: the server's URL through the relay (set by :meth:`for_url`)
+        self.url = ""
         self.restore()
+
+    @classmethod
+    def for_url(cls, url: str, default_port: int, tap: Tap | None = None) -> TcpCut:
+        """A relay in front of the server ``url`` names; :attr:`url` is the same URL through it
+        (its user, database and options kept)."""
+        u = urlsplit(url)
+        relay = cls((u.hostname or "127.0.0.1", u.port or default_port), tap)
+        auth = u.netloc.rpartition("@")[0]
+        netloc = f"{auth}@127.0.0.1:{relay.port}" if auth else f"127.0.0.1:{relay.port}"
+        relay.url = urlunsplit(u._replace(netloc=netloc))
+        return relay
 
     def restore(self) -> None:
         ls = socket.socket()
@@ -57,6 +80,7 @@ class TcpCut:
         self.cut()
 
     def _accept(self, ls: socket.socket) -> None:
+        number = 0
         while True:
             try:
                 client, _ = ls.accept()
@@ -70,14 +94,23 @@ class TcpCut:
                 continue
             with self._lock:
                 self._conns += [client, upstream]
-            for a, b in ((client, upstream), (upstream, client)):
-                threading.Thread(target=_pump, args=(a, b, self._flowing), daemon=True).start()
+            for a, b, asks in ((client, upstream, True), (upstream, client, False)):
+                tap = None if self._tap is None else functools.partial(self._tap, number, asks)
+                threading.Thread(target=_pump, args=(a, b, self._flowing, tap), daemon=True).start()
+            number += 1
 
 
-def _pump(src: socket.socket, dst: socket.socket, flowing: threading.Event) -> None:
+def _pump(
+    src: socket.socket,
+    dst: socket.socket,
+    flowing: threading.Event,
+    tap: Callable[[bytes], None] | None,
+) -> None:
     try:
         while data := src.recv(65536):
             flowing.wait()
+            if tap is not None:
+                tap(data)
             dst.sendall(data)
     except OSError:
         pass

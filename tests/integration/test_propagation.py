@@ -11,7 +11,6 @@ import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
 from pathlib import Path
-from urllib.parse import urlparse, urlunparse
 
 import httpx
 import psycopg
@@ -184,10 +183,8 @@ async def test_metadata_down_serves_the_snapshot_refuses_writes_and_converges(
     watcher reports the DB down (``/health``: ``metadata: down``), an admin write answers 503 and
     changes nothing; a write made meanwhile by a replica that still reaches the DB is applied
     once the path is back."""
-    u = urlparse(postgres_url)
-    relay = TcpCut((u.hostname or "127.0.0.1", u.port or 5432))
-    via_relay = urlunparse(u._replace(netloc=f"{u.username}@127.0.0.1:{relay.port}"))
-    a, b = await _replicas(via_relay, tmp_path, clock, poll_ms=50)
+    relay = TcpCut.for_url(postgres_url, 5432)
+    a, b = await _replicas(relay.url, tmp_path, clock, poll_ms=50)
     try:
         await eventually(lambda: b.watcher is not None and b.watcher.listening)
         relay.cut()
@@ -232,10 +229,8 @@ async def test_a_hung_metadata_db_is_down_and_refuses_admin_writes_at_once(
     connection is synchronous, and a statement on a hung server would hold this event loop
     (the test's too) until the server came back. A regression hangs here until the safety
     timer thaws the relay, then fails."""
-    u = urlparse(postgres_url)
-    relay = TcpCut((u.hostname or "127.0.0.1", u.port or 5432))
-    via_relay = urlunparse(u._replace(netloc=f"{u.username}@127.0.0.1:{relay.port}"))
-    a, b = await _replicas(via_relay, tmp_path, clock, poll_ms=50)
+    relay = TcpCut.for_url(postgres_url, 5432)
+    a, b = await _replicas(relay.url, tmp_path, clock, poll_ms=50)
     safety = threading.Timer(60, relay.thaw)
     try:
         await eventually(lambda: a.watcher is not None and a.watcher.listening)

@@ -16,7 +16,6 @@ import contextlib
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
-from urllib.parse import urlparse, urlunparse
 
 import pytest
 import pytest_asyncio
@@ -55,8 +54,7 @@ async def lane(redis_url: str) -> AsyncIterator[ScriptLane]:
 
 @pytest.fixture
 def relay(redis_url: str) -> Iterator[TcpCut]:
-    u = urlparse(redis_url)
-    cut = TcpCut((u.hostname or "127.0.0.1", u.port or 6379))
+    cut = TcpCut.for_url(redis_url, 6379)
     try:
         yield cut
     finally:
@@ -64,11 +62,9 @@ def relay(redis_url: str) -> Iterator[TcpCut]:
 
 
 @pytest_asyncio.fixture
-async def relayed(redis_url: str, relay: TcpCut) -> AsyncIterator[ScriptLane]:
+async def relayed(relay: TcpCut) -> AsyncIterator[ScriptLane]:
     """A lane whose connections go through ``relay``."""
-    u = urlparse(redis_url)
-    auth = u.netloc.rsplit("@", 1)[0] + "@" if "@" in u.netloc else ""
-    async with _open_lane(urlunparse(u._replace(netloc=f"{auth}127.0.0.1:{relay.port}"))) as lane:
+    async with _open_lane(relay.url) as lane:
         yield lane
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import multiprocessing
 import queue
+import threading
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -20,6 +21,7 @@ import pytest_asyncio
 import redis
 import redis.asyncio
 from redis.crc import key_slot
+from tcp_cut import TcpCut
 
 from fairgate.quota.decision import DimensionCheck, Outcome, Reason, Verdict
 from fairgate.quota.model import Policy
@@ -93,71 +95,48 @@ def request(
 
 
 class Wire:
-    """Counts what really crosses the network: a loopback TCP proxy in front of Redis that
-    parses both directions (RESP) and counts the commands sent (by name) and the replies read,
-    each before passing it on."""
+    """Counts what really crosses the network: a loopback relay (``tcp_cut.py``) in front of
+    Redis whose tap parses both directions (RESP) and counts the commands sent (by name) and
+    the replies read, each before the relay passes it on."""
 
     def __init__(self, redis_url: str) -> None:
-        self._target = redis.asyncio.connection.parse_url(redis_url)
         self.commands: list[str] = []
         self.read = 0
-        self.url = ""
-        self._server: asyncio.Server | None = None
-        self._pumps: set[asyncio.Task[None]] = set()
+        self._lock = threading.Lock()
+        self._parsers: dict[tuple[int, bool], hiredis.Reader] = {}
+        self.relay = TcpCut.for_url(redis_url, 6379, tap=self._tap)
+
+    @property
+    def url(self) -> str:
+        return self.relay.url
 
     @property
     def sent(self) -> int:
         return len(self.commands)
 
     def reset(self) -> None:
-        self.read = 0
-        self.commands = []
+        with self._lock:
+            self.read = 0
+            self.commands = []
 
-    async def __aenter__(self) -> Wire:
-        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
-        port = self._server.sockets[0].getsockname()[1]
-        self.url = f"redis://127.0.0.1:{port}/{self._target.get('db', 0)}"
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        assert self._server is not None
-        self._server.close()
-        for task in self._pumps:
-            task.cancel()
-        await asyncio.gather(*self._pumps, return_exceptions=True)
-
-    async def _serve(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
-        host, port = self._target.get("host", "127.0.0.1"), self._target.get("port", 6379)
-        server_r, server_w = await asyncio.open_connection(host, port)
-        for task in (
-            asyncio.create_task(self._pump(client_r, server_w, self._command)),
-            asyncio.create_task(self._pump(server_r, client_w, self._reply)),
-        ):
-            self._pumps.add(task)
-
-    def _command(self, message: Any) -> None:
-        self.commands.append(message[0].decode().upper())
-
-    def _reply(self, message: Any) -> None:
-        self.read += 1
-
-    @staticmethod
-    async def _pump(src: asyncio.StreamReader, dst: asyncio.StreamWriter, count: Any) -> None:
-        parser = hiredis.Reader()
-        try:
-            while data := await src.read(65536):
-                parser.feed(data)
-                while (message := parser.gets()) is not False:
-                    count(message)
-                dst.write(data)
-        finally:
-            dst.close()
+    def _tap(self, connection: int, asks: bool, data: bytes) -> None:
+        with self._lock:  # a parser per connection and direction; the counts are shared
+            parser = self._parsers.setdefault((connection, asks), hiredis.Reader())
+            parser.feed(data)
+            while (message := parser.gets()) is not False:
+                if asks:
+                    self.commands.append(message[0].decode().upper())
+                else:
+                    self.read += 1
 
 
-@pytest_asyncio.fixture
-async def wire(redis_url: str) -> AsyncIterator[Wire]:
-    async with Wire(redis_url) as w:
+@pytest.fixture
+def wire(redis_url: str) -> Iterator[Wire]:
+    w = Wire(redis_url)
+    try:
         yield w
+    finally:
+        w.relay.close()
 
 
 @pytest.fixture
