@@ -135,3 +135,35 @@ async def test_a_governed_answer_carries_each_quota_header_once(tmp_path: Path) 
             assert r.headers["x-ratelimit-remaining-requests"] == f"{100 - used:g}"
             assert r.headers["x-fairgate-connection"] == "c1"
             await h.settle_background()
+
+
+async def test_quota_header_counts_are_whole_numbers_as_providers_send_them(
+    tmp_path: Path,
+) -> None:
+    """Clients read ``x-ratelimit-*`` with ``int()`` (OpenAI and Anthropic send digits): a
+    2M-token limit is ``2000000``, not ``2e+06``, and what remains of it is exact, not rounded
+    to six significant digits."""
+    pool = {
+        "id": "p",
+        "connections": ["c1"],
+        "dimensions": [
+            {"unit": "requests", "window": "hourly", "limit": 10_000_000},
+            {"unit": "tokens", "window": "hourly", "limit": 2_000_000},
+        ],
+        "allocations": [{"key": "alice", "weight": 50}, {"key": "bob", "weight": 50}],
+    }
+
+    async def handler(req: UpstreamRequest) -> Reply:
+        return openai_chat("hello")
+
+    cfg = base_config([conn("c1")], pools=[pool])
+    async with gateway(tmp_path, cfg, ManualTimer(ManualClock(1_700_002_800_000)), handler) as h:
+        r = await h.chat("m", max_tokens=5)
+        assert r.status_code == 200, r.text
+        assert r.headers["x-ratelimit-limit-tokens"] == "2000000"
+        assert r.headers["x-ratelimit-limit-requests"] == "10000000"
+        assert r.headers["x-ratelimit-remaining-requests"] == "9999999"
+        left = r.headers["x-ratelimit-remaining-tokens"]
+        assert left.isdigit(), left
+        assert 1_999_000 < int(left) < 2_000_000  # this request's reservation taken off, exactly
+        await h.settle_background()

@@ -487,9 +487,19 @@ def _quota_header_names(key: str, unit: str) -> tuple[bytes, bytes, bytes, bytes
     )
 
 
+def header_number(value: float) -> bytes:
+    """A count as a rate-limit header value: a whole number in digits (``2000000``, as OpenAI
+    and Anthropic send them, which clients read with ``int()``), a fraction (a percent plan's
+    share, fractional token estimates) with up to 15 significant digits. ``%g`` would write
+    ``2e+06`` for a 2M-token limit and round a remaining ``1999872`` to ``2e+06``."""
+    if value % 1 == 0 and abs(value) < 1e18:  # not inf or nan; an int limit from config too
+        return b"%d" % value
+    return b"%.15g" % value
+
+
 @functools.lru_cache(maxsize=4096)
 def _limit_text(limit: float) -> bytes:
-    return b"%g" % limit
+    return header_number(limit)
 
 
 _UNAVAILABLE = (b"x-fairgate-quota", b"unavailable")
@@ -518,7 +528,7 @@ def quota_raw_headers(adm: Admission) -> list[tuple[bytes, bytes]]:
         if st.remaining is None:
             unavailable = True
             continue
-        remaining = b"%g" % st.remaining
+        remaining = header_number(st.remaining)
         out.append((remaining_h, remaining))
         if unit_remaining_h not in by_unit:
             by_unit.add(unit_remaining_h)
