@@ -369,6 +369,49 @@ def test_a_sharer_rings_the_owner_awake(tmp_path: Path) -> None:
         sharer.close()
 
 
+async def test_writers_of_every_process_queue_on_the_file_writers_lock(tmp_path: Path) -> None:
+    """Every write transaction holds ``<file>.write`` (no sleep in SQLite's busy handler while
+    another process commits): while another holder keeps it, a store's admission waits, and a
+    holder that never lets go is bounded by the busy timeout (the store's unavailable error, on
+    which the engine fails open), as SQLite's own lock was; once it is released, the waiting
+    writer gets in and nothing was half-written."""
+    path = tmp_path / "quota.sqlite"
+    store = SqliteQuotaStore(path, mode="transactional", busy_timeout_ms=50)
+    other, third = FileUse(str(path)), FileUse(str(path))
+    try:
+        assert (await store.admit(_request("a", "r0", T0))).reserved
+        with other.writing(1000):
+            with pytest.raises(tuple(store.unavailable_errors), match="locked"):
+                await store.admit(_request("a", "r1", T0 + 1))
+            with pytest.raises(sqlite3.OperationalError, match="locked"), third.writing(10):
+                pass  # a third process waits too
+        released = threading.Event()
+
+        def hold_then_release() -> None:
+            with other.writing(1000):
+                released.wait(60)
+
+        holder = threading.Thread(target=hold_then_release)
+        holder.start()
+        try:
+            # the holder runs on its own thread; the store waits on the lock, not on a timer
+            store2 = SqliteQuotaStore(path, mode="transactional", busy_timeout_ms=60_000)
+            threading.Timer(0.05, released.set).start()
+            assert (await store2.admit(_request("b", "r2", T0 + 2))).reserved
+            assert released.is_set()  # it got in only after the holder let go
+            await store2.close()
+        finally:
+            released.set()
+            holder.join()
+        assert (await store.admit(_request("a", "r3", T0 + 3))).reserved
+        counts = await store.peek(POOL.id, "a", REFS, T0 + 3)
+        assert counts[REQ.key].curr == 2.0  # r0 and r3: r1 wrote nothing
+    finally:
+        other.close()
+        third.close()
+        await store.close()
+
+
 def test_the_store_refuses_a_bad_mode_or_interval(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="mode"):
         SqliteQuotaStore(tmp_path / "a.sqlite", mode="fast")

@@ -340,6 +340,7 @@ class SqliteQuotaStore:
         if not 1 <= flush_ms <= MAX_FLUSH_MS:
             raise ValueError(f"flush_ms must be from 1 to {MAX_FLUSH_MS}")
         self._synchronous = synchronous.upper()
+        self._busy_timeout_ms = busy_timeout_ms
         self._path = os.fspath(path)
         self._lock = threading.Lock()  # the connection is shared; transactions must not interleave
         self._conn = sqlite3.connect(
@@ -495,9 +496,14 @@ class SqliteQuotaStore:
                 c.execute(stmt)
 
     @contextmanager
-    def _tx(self, begin: str) -> Iterator[sqlite3.Connection]:
-        """One transaction on the shared connection (the lock keeps them from interleaving)."""
-        with self._lock:
+    def _tx(self, begin: str, *, write: bool = False) -> Iterator[sqlite3.Connection]:
+        """One transaction on the shared connection (the lock keeps them from interleaving);
+        a ``write`` one holds the file's writers' lock too (:meth:`_write`)."""
+        use = self._use if write else None
+        with (
+            self._lock,
+            use.writing(self._busy_timeout_ms) if use is not None else contextlib.nullcontext(),
+        ):
             conn = self._conn
             conn.execute(begin)
             try:
@@ -510,8 +516,10 @@ class SqliteQuotaStore:
 
     @contextmanager
     def _write(self) -> Iterator[sqlite3.Connection]:
-        """A write transaction: the lock is taken at BEGIN, so reads inside see final state."""
-        with self._tx("BEGIN IMMEDIATE") as conn:
+        """A write transaction: the lock is taken at BEGIN, so reads inside see final state.
+        Other processes' writers queue on the file's writers' lock first (``FileUse.writing``:
+        no sleep in SQLite's busy handler)."""
+        with self._tx("BEGIN IMMEDIATE", write=True) as conn:
             yield conn
         if self._checkpointer is not None:
             now = time.monotonic()

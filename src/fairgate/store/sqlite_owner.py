@@ -23,6 +23,16 @@ to a race is repeated). The watcher sleeps on that socket while nothing is pendi
 once on a ring. Where the socket cannot be bound (not Linux, or a name clash) the watcher falls
 back to polling every flush interval, as before.
 
+Writers queue on a third lock, ``<file>.write``, held around every write transaction
+(:meth:`FileUse.writing`). SQLite's own wait for its write lock is a busy handler that sleeps
+1 ms, then 2, 5, 10..., on the event loop: with two processes committing a few thousand
+transactions a second between them, a fifth of the transactions found the lock taken and slept
+at least a millisecond for a transaction that takes tens of microseconds. A writer waiting on
+``.write`` instead polls it every few microseconds (doubling up to a millisecond) and gets in as
+soon as the other commits; SQLite's lock is then almost always free at ``BEGIN IMMEDIATE``.
+Exactness does not depend on it (``BEGIN IMMEDIATE`` still serialises writers, and a process
+that does not take ``.write`` only waits as before).
+
 A tool or test that reads the file beside a running gateway uses :func:`shared_connection`: it
 joins as a sharer, so an owner commits and hands over first and what is read is current. (The
 file alone is not: an owner's last few milliseconds live in its memory.)
@@ -43,6 +53,9 @@ from contextlib import contextmanager
 
 #: How often a waiting sharer rings the owner's doorbell again (seconds).
 RING_EVERY_S = 0.05
+#: A writer waiting for ``.write`` looks again after this long, doubling up to WRITE_POLL_MAX_S.
+WRITE_POLL_S = 0.00005
+WRITE_POLL_MAX_S = 0.001
 
 
 def _doorbell_name(lock_fd: int) -> bytes | None:
@@ -65,6 +78,7 @@ class FileUse:
     def __init__(self, db_path: str) -> None:
         self._owner_fd = _open(db_path + ".owner")
         self._share_fd = _open(db_path + ".share")
+        self._write_fd = _open(db_path + ".write")
         self.owner = False
 
     def try_own(self) -> bool:
@@ -140,11 +154,40 @@ class FileUse:
         fcntl.flock(self._owner_fd, fcntl.LOCK_SH)
         self.owner = False
 
+    @contextmanager
+    def writing(self, timeout_ms: int) -> Iterator[None]:
+        """Hold the writers' lock for one write transaction (module docstring).
+        ``sqlite3.OperationalError`` after ``timeout_ms`` (a writer stopped mid-transaction:
+        what SQLite's busy timeout would say)."""
+        fd = self._write_fd
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self._wait_to_write(fd, timeout_ms)
+        try:
+            yield
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+
+    @staticmethod
+    def _wait_to_write(fd: int, timeout_ms: int) -> None:
+        deadline = time.monotonic() + timeout_ms / 1000.0
+        pause = WRITE_POLL_S
+        while True:
+            time.sleep(pause)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise sqlite3.OperationalError("database is locked") from None
+                pause = min(pause * 2, WRITE_POLL_MAX_S)
+
     def close(self) -> None:
-        for fd in (self._owner_fd, self._share_fd):
+        for fd in (self._owner_fd, self._share_fd, self._write_fd):
             if fd >= 0:
                 os.close(fd)
-        self._owner_fd = self._share_fd = -1
+        self._owner_fd = self._share_fd = self._write_fd = -1
 
 
 @contextmanager
