@@ -412,6 +412,46 @@ async def test_writers_of_every_process_queue_on_the_file_writers_lock(tmp_path:
         await store.close()
 
 
+async def test_transactional_settles_of_one_loop_turn_share_one_commit(tmp_path: Path) -> None:
+    """Group commit: the settles asked in one loop turn are one write transaction (a request
+    then costs its admission's transaction and a share of one settle transaction, which is
+    what processes sharing a file queue for), each in its own savepoint: one that fails is
+    rolled back alone, its reservation intact, and its caller gets the error. A settle that
+    returned is committed: another process reads it."""
+    path = tmp_path / "quota.sqlite"
+    store = SqliteQuotaStore(path, mode="transactional")
+    reader = SqliteQuotaStore(path, mode="transactional")
+    try:
+        for i in range(8):
+            assert (await store.admit(_request("a", f"r{i}", T0 + i))).reserved
+        statements: list[str] = []
+        store._conn.set_trace_callback(statements.append)
+        bad = [UsageItem(REQ.key, REQ.window_ms, 1.0), UsageItem(TOK.key, TOK.window_ms, "x")]
+        results = await asyncio.gather(
+            *(
+                store.settle(POOL.id, "a", f"r{i}", bad if i == 3 else _usage(40.0), T0 + 9)
+                for i in range(8)
+            ),
+            return_exceptions=True,
+        )
+        store._conn.set_trace_callback(None)
+        assert [type(r).__name__ for r in results] == ["NoneType"] * 3 + ["ValueError"] + [
+            "NoneType"
+        ] * 4
+        assert sum(s.startswith("BEGIN") for s in statements) == 1
+        assert sum(s == "COMMIT" for s in statements) == 1
+        counts = await reader.peek(POOL.id, "a", REFS, T0 + 9)
+        assert counts[REQ.key].curr == 8.0
+        assert counts[TOK.key].curr == 7 * 40.0 + 100.0  # r3 still holds its reservation
+        # a settle alone (nothing else in its turn) is its own transaction, as before
+        await store.settle(POOL.id, "a", "r3", _usage(40.0), T0 + 10)
+        counts = await reader.peek(POOL.id, "a", REFS, T0 + 10)
+        assert counts[TOK.key].curr == 8 * 40.0
+    finally:
+        await reader.close()
+        await store.close()
+
+
 def test_the_store_refuses_a_bad_mode_or_interval(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="mode"):
         SqliteQuotaStore(tmp_path / "a.sqlite", mode="fast")

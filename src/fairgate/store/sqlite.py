@@ -9,6 +9,8 @@ would add. The cost is that a writer waiting for another process's lock blocks t
 up to ``busy_timeout_ms``; transactions are so short that this wait is in practice never seen.
 
 That is the ``transactional`` mode, and what every process does while several share the file.
+Its settles are group-committed: those asked in one loop turn share one write transaction (a
+savepoint each), and each caller is answered after that commit.
 In ``memory`` mode (the default) a process that has the file to itself answers the same
 operations from memory and commits them every few milliseconds
 (:mod:`fairgate.store.sqlite_memory`); the admission code below is written once against
@@ -28,12 +30,14 @@ Layout (all primary-key addressed, so admission is O(checks) whatever the number
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import os
 import sqlite3
 import threading
 import time
+from asyncio import Future
 from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any, Protocol
@@ -356,6 +360,9 @@ class SqliteQuotaStore:
         # a quarter hour), so doing them on every transaction would only cost writes
         self._reclaimed: dict[str, int] = {}
         self._touched: dict[tuple[str, str], int] = {}
+        #: transactional settles waiting for this loop turn's group commit, with their callers
+        self._settles: list[tuple[tuple[str, str, str, Sequence[UsageItem], int], Future[None]]]
+        self._settles = []
         self._stop = threading.Event()
         self._checkpointer: threading.Thread | None = None
         self._inline_checkpoint_at = time.monotonic()
@@ -612,8 +619,47 @@ class SqliteQuotaStore:
                 if self._memory is mem:
                     self._settle(mem, pool_id, key_id, reservation_id, usage, now_ms)
                     return
-        with self._write() as c:
-            self._settle(_SqlOps(c), pool_id, key_id, reservation_id, usage, now_ms)
+        done = asyncio.get_running_loop().create_future()
+        if not self._settles:
+            asyncio.get_running_loop().call_soon(self._commit_settles)
+        self._settles.append(((pool_id, key_id, reservation_id, usage, now_ms), done))
+        await done
+
+    def _commit_settles(self) -> None:
+        """Group commit (transactional mode): every settle asked in one loop turn in one write
+        transaction, each in a savepoint of its own, so one that fails leaves the others
+        intact. Each caller is answered after the commit (a settle that returned is on disk, as
+        before); what the batch saves is a transaction per request, which is what several
+        processes on one file queue for."""
+        batch, self._settles = self._settles, []
+        if not batch:
+            return
+        errors: list[BaseException | None] = []
+        try:
+            with self._write() as c:
+                ops = _SqlOps(c)
+                for args, _ in batch:
+                    c.execute("SAVEPOINT settle")
+                    try:
+                        self._settle(ops, *args)
+                    except Exception as exc:  # handed to that settle's caller
+                        c.execute("ROLLBACK TO settle")
+                        errors.append(exc)
+                    else:
+                        errors.append(None)
+                    c.execute("RELEASE settle")
+        except Exception as exc:  # the whole batch's failure is every caller's
+            for _, done in batch:
+                if not done.done():
+                    done.set_exception(exc)
+            return
+        for (_, done), error in zip(batch, errors, strict=True):
+            if done.done():  # its caller went away: it was settled all the same
+                continue
+            if error is None:
+                done.set_result(None)
+            else:
+                done.set_exception(error)
 
     def _settle(
         self,
@@ -801,6 +847,7 @@ class SqliteQuotaStore:
 
     async def close(self) -> None:
         """Commits what memory mode holds first: a graceful stop loses nothing."""
+        self._commit_settles()
         if self._behind is not None:
             self._behind.stop()
             self._behind = None
