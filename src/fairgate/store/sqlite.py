@@ -5,8 +5,9 @@ inside ``BEGIN IMMEDIATE`` so the write lock is taken before anything is read, a
 can never both see the same headroom. The methods are ``async`` for the :class:`QuotaStore`
 port but do their work inline: each transaction is a handful of primary-key lookups plus a WAL
 commit (some tens of microseconds, most of it the commit), less than the hop to a worker thread
-would add. The cost is that a writer waiting for another process's lock blocks the event loop for
-up to ``busy_timeout_ms``; transactions are so short that this wait is in practice never seen.
+would add. The cost is that a writer waiting for another process's transaction blocks the event
+loop until that one commits (on the file's writers' lock, :meth:`FileUse.writing`, polled in
+microseconds rather than SQLite's millisecond sleeps), at most ``busy_timeout_ms``.
 
 That is the ``transactional`` mode, and what every process does while several share the file.
 Its settles are group-committed: those asked in one loop turn share one write transaction (a
