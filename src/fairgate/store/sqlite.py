@@ -39,9 +39,9 @@ import sqlite3
 import threading
 import time
 from asyncio import Future
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from fairgate.quota.decision import Outcome, Scope, evaluate
 from fairgate.quota.window import Anchor, Count, bucket_index, fade, reanchor
@@ -63,6 +63,7 @@ from fairgate.store.sqlite_parts import dump_parts as _dump_parts
 from fairgate.store.sqlite_parts import load_parts as _load_parts
 
 log = logging.getLogger("fairgate.store")
+T = TypeVar("T")
 
 _SCHEMA = (
     """CREATE TABLE IF NOT EXISTS quota_counter (
@@ -361,9 +362,8 @@ class SqliteQuotaStore:
         # a quarter hour), so doing them on every transaction would only cost writes
         self._reclaimed: dict[str, int] = {}
         self._touched: dict[tuple[str, str], int] = {}
-        #: transactional settles waiting for this loop turn's group commit, with their callers
-        self._settles: list[tuple[tuple[str, str, str, Sequence[UsageItem], int], Future[None]]]
-        self._settles = []
+        #: transactional writes waiting for this loop turn's group commit, with their callers
+        self._group: list[tuple[Callable[[_SqlOps], Any], Future[Any]]] = []
         self._stop = threading.Event()
         self._checkpointer: threading.Thread | None = None
         self._inline_checkpoint_at = time.monotonic()
@@ -620,45 +620,50 @@ class SqliteQuotaStore:
                 if self._memory is mem:
                     self._settle(mem, pool_id, key_id, reservation_id, usage, now_ms)
                     return
-        done = asyncio.get_running_loop().create_future()
-        if not self._settles:
-            asyncio.get_running_loop().call_soon(self._commit_settles)
-        self._settles.append(((pool_id, key_id, reservation_id, usage, now_ms), done))
-        await done
+        await self._grouped(
+            lambda ops: self._settle(ops, pool_id, key_id, reservation_id, usage, now_ms)
+        )
 
-    def _commit_settles(self) -> None:
-        """Group commit (transactional mode): every settle asked in one loop turn in one write
+    def _grouped(self, op: Callable[[_SqlOps], T]) -> Future[T]:
+        """``op`` in this loop turn's group commit (:meth:`_commit_group`); its result."""
+        loop = asyncio.get_running_loop()
+        done: Future[T] = loop.create_future()
+        if not self._group:
+            loop.call_soon(self._commit_group)
+        self._group.append((op, done))
+        return done
+
+    def _commit_group(self) -> None:
+        """Group commit (transactional mode): every write asked in one loop turn in one write
         transaction, each in a savepoint of its own, so one that fails leaves the others
-        intact. Each caller is answered after the commit (a settle that returned is on disk, as
-        before); what the batch saves is a transaction per request, which is what several
+        intact. Each caller is answered after the commit (a write that returned is on disk, as
+        before); what the group saves is a transaction per request, which is what several
         processes on one file queue for."""
-        batch, self._settles = self._settles, []
+        batch, self._group = self._group, []
         if not batch:
             return
-        errors: list[BaseException | None] = []
+        results: list[tuple[Any, BaseException | None]] = []
         try:
             with self._write() as c:
                 ops = _SqlOps(c)
-                for args, _ in batch:
-                    c.execute("SAVEPOINT settle")
+                for op, _ in batch:
+                    c.execute("SAVEPOINT op")
                     try:
-                        self._settle(ops, *args)
-                    except Exception as exc:  # handed to that settle's caller
-                        c.execute("ROLLBACK TO settle")
-                        errors.append(exc)
-                    else:
-                        errors.append(None)
-                    c.execute("RELEASE settle")
-        except Exception as exc:  # the whole batch's failure is every caller's
+                        results.append((op(ops), None))
+                    except Exception as exc:  # handed to that write's caller
+                        c.execute("ROLLBACK TO op")
+                        results.append((None, exc))
+                    c.execute("RELEASE op")
+        except Exception as exc:  # the whole group's failure is every caller's
             for _, done in batch:
                 if not done.done():
                     done.set_exception(exc)
             return
-        for (_, done), error in zip(batch, errors, strict=True):
-            if done.done():  # its caller went away: it was settled all the same
+        for (_, done), (result, error) in zip(batch, results, strict=True):
+            if done.done():  # its caller went away: it was written all the same
                 continue
             if error is None:
-                done.set_result(None)
+                done.set_result(result)
             else:
                 done.set_exception(error)
 
@@ -848,7 +853,7 @@ class SqliteQuotaStore:
 
     async def close(self) -> None:
         """Commits what memory mode holds first: a graceful stop loses nothing."""
-        self._commit_settles()
+        self._commit_group()
         if self._behind is not None:
             self._behind.stop()
             self._behind = None
