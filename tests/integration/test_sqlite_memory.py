@@ -452,6 +452,40 @@ async def test_transactional_settles_of_one_loop_turn_share_one_commit(tmp_path:
         await store.close()
 
 
+async def test_transactional_admissions_of_one_loop_turn_share_one_commit_exactly(
+    tmp_path: Path,
+) -> None:
+    """Admissions are group-committed too: twelve asked in one loop turn against a limit of 5
+    are one transaction, decided in the order asked (each sees what the ones before it
+    reserved), so exactly 5 are reserved; an id already held is refused alone."""
+    small = Pool(
+        id="s",
+        name="s",
+        provider="kimi",
+        connections=("c",),
+        dimensions=(Dimension(Unit.REQUESTS, Window.HOURLY, 5),),
+        allocations=(Allocation("a", 50), Allocation("b", 50)),
+    )
+    store = SqliteQuotaStore(tmp_path / "quota.sqlite", mode="transactional")
+    try:
+        assert (await store.admit(_request("a", "held", T0, small))).reserved
+        statements: list[str] = []
+        store._conn.set_trace_callback(statements.append)
+        asked = [_request("ab"[i % 2], f"q{i}", T0 + 1, small) for i in range(11)]
+        asked.insert(1, _request("b", "held", T0 + 1, small))
+        results = await asyncio.gather(*(store.admit(r) for r in asked), return_exceptions=True)
+        store._conn.set_trace_callback(None)
+        assert sum(s.startswith("BEGIN") for s in statements) == 1
+        assert type(results[1]).__name__ == "ReservationExists"
+        verdicts = [r for i, r in enumerate(results) if i != 1]
+        assert [getattr(r, "reserved", None) for r in verdicts] == [True] * 4 + [False] * 7
+        dim = small.dimensions[0]
+        total = await store.pool_usage(small.id, [], [CounterRef(dim.key, dim.window_ms)], T0 + 1)
+        assert total.totals[dim.key].curr == 5.0
+    finally:
+        await store.close()
+
+
 def test_the_store_refuses_a_bad_mode_or_interval(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="mode"):
         SqliteQuotaStore(tmp_path / "a.sqlite", mode="fast")

@@ -10,8 +10,9 @@ loop until that one commits (on the file's writers' lock, :meth:`FileUse.writing
 microseconds rather than SQLite's millisecond sleeps), at most ``busy_timeout_ms``.
 
 That is the ``transactional`` mode, and what every process does while several share the file.
-Its settles are group-committed: those asked in one loop turn share one write transaction (a
-savepoint each), and each caller is answered after that commit.
+Its writes are group-committed: the admissions, settles, releases and records asked in one loop
+turn share one write transaction (in the order asked, a savepoint each: each decision sees the
+ones before it), and each caller is answered after that commit.
 In ``memory`` mode (the default) a process that has the file to itself answers the same
 operations from memory and commits them every few milliseconds
 (:mod:`fairgate.store.sqlite_memory`); the admission code below is written once against
@@ -559,8 +560,7 @@ class SqliteQuotaStore:
             with mem.lock:
                 if self._memory is mem:  # not handed over meanwhile
                     return self._admit(mem, req)
-        with self._write() as c:
-            return self._admit(_SqlOps(c), req)
+        return await self._grouped(lambda ops: self._admit(ops, req))
 
     def _admit(self, ops: _Ops, req: AdmitRequest) -> AdmitResult:
         """The admission of :class:`~fairgate.store.base.QuotaStore` (one atomic step: the
@@ -634,8 +634,10 @@ class SqliteQuotaStore:
         return done
 
     def _commit_group(self) -> None:
-        """Group commit (transactional mode): every write asked in one loop turn in one write
-        transaction, each in a savepoint of its own, so one that fails leaves the others
+        """Group commit (transactional mode): every write asked in one loop turn (admissions,
+        settles, releases, records) in one write transaction, in the order asked (an admission
+        decides on what the ones before it wrote: exact as one transaction each), each in a
+        savepoint of its own, so one that fails leaves the others
         intact. Each caller is answered after the commit (a write that returned is on disk, as
         before); what the group saves is a transaction per request, which is what several
         processes on one file queue for."""
@@ -711,8 +713,7 @@ class SqliteQuotaStore:
             with mem.lock:
                 if self._memory is mem:
                     return _drop(mem, pool_id, reservation_id, now_ms)
-        with self._write() as c:
-            return _drop(_SqlOps(c), pool_id, reservation_id, now_ms)
+        return await self._grouped(lambda ops: _drop(ops, pool_id, reservation_id, now_ms))
 
     async def record(
         self, pool_id: str, key_id: str, usage: Sequence[UsageItem], now_ms: int
@@ -724,8 +725,7 @@ class SqliteQuotaStore:
                 if self._memory is mem:
                     _apply_usage(mem, pool_id, key_id, usage, now_ms)
                     return
-        with self._write() as c:
-            _apply_usage(_SqlOps(c), pool_id, key_id, usage, now_ms)
+        await self._grouped(lambda ops: _apply_usage(ops, pool_id, key_id, usage, now_ms))
 
     # -- reads ------------------------------------------------------------------------------
 
