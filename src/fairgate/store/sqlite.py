@@ -46,6 +46,7 @@ from typing import Any, Protocol, TypeVar
 
 from fairgate.quota.decision import Outcome, Scope, evaluate
 from fairgate.quota.window import Anchor, Count, bucket_index, fade, reanchor
+from fairgate.sqlite_journal import use_wal
 from fairgate.store.base import (
     RECLAIM_BATCH,
     TOTAL_KEY,
@@ -479,22 +480,7 @@ class SqliteQuotaStore:
     def _init(self, busy_timeout_ms: int) -> None:
         conn = self._conn
         conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
-        # Switching to WAL needs an exclusive moment; processes that open the same fresh file
-        # together can get SQLITE_BUSY here without the busy handler being consulted.
-        deadline = time.monotonic() + max(busy_timeout_ms, 1000) / 1000.0
-        while True:
-            try:
-                mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()
-                # An in-memory database (":memory:") cannot be WAL and needs no sharing.
-                if mode is not None and str(mode[0]).lower() in ("wal", "memory"):
-                    break
-            except sqlite3.OperationalError:
-                if time.monotonic() >= deadline:
-                    raise
-            if time.monotonic() >= deadline:
-                msg = f"could not switch {self._path} to WAL journal mode"
-                raise sqlite3.OperationalError(msg)
-            time.sleep(0.01)
+        use_wal(conn, busy_timeout_ms / 1000.0, name=self._path)
         conn.execute(f"PRAGMA synchronous = {self._synchronous}")
         # counters of a 100,000-key pool are ~15 MB; the 2 MB default cache would go to the OS
         # for most random-key admissions
