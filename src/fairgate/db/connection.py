@@ -7,6 +7,7 @@ import sqlite3
 
 from fairgate.db.schema import MIGRATIONS, statements
 from fairgate.files import private_sqlite
+from fairgate.sqlite_journal import use_wal
 
 
 def open_db(path: str | os.PathLike[str], *, migrate_it: bool = True) -> sqlite3.Connection:
@@ -15,9 +16,9 @@ def open_db(path: str | os.PathLike[str], *, migrate_it: bool = True) -> sqlite3
     p = private_sqlite(path)
     conn = sqlite3.connect(p, isolation_level=None, check_same_thread=False)
     conn.row_factory = sqlite3.Row
-    conn.execute("PRAGMA journal_mode=WAL")
-    conn.execute("PRAGMA synchronous=NORMAL")
     conn.execute("PRAGMA busy_timeout=5000")
+    use_wal(conn, 5.0, name=str(p))  # replicas opening a fresh file together: retried
+    conn.execute("PRAGMA synchronous=NORMAL")
     conn.execute("PRAGMA foreign_keys=ON")
     if migrate_it:
         migrate(conn)

@@ -28,6 +28,7 @@ from typing import Any, Final, Protocol
 import orjson
 
 from fairgate.files import private_sqlite
+from fairgate.sqlite_journal import use_wal
 
 log = logging.getLogger("fairgate.store.admission_log")
 
@@ -61,9 +62,9 @@ class SqliteLogBackend:
         self._conn = sqlite3.connect(
             private_sqlite(path), isolation_level=None, check_same_thread=False
         )
-        self._conn.execute("PRAGMA journal_mode=WAL")
-        self._conn.execute("PRAGMA synchronous=NORMAL")
         self._conn.execute("PRAGMA busy_timeout=5000")
+        use_wal(self._conn, 5.0, name=str(path))  # workers opening a fresh file together
+        self._conn.execute("PRAGMA synchronous=NORMAL")
         self._conn.execute(
             "CREATE TABLE IF NOT EXISTS admission_log (id INTEGER PRIMARY KEY AUTOINCREMENT, "
             "pool_id TEXT NOT NULL, event TEXT NOT NULL)"
