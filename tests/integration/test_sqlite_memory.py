@@ -486,6 +486,30 @@ async def test_transactional_admissions_of_one_loop_turn_share_one_commit_exactl
         await store.close()
 
 
+async def test_a_group_commit_skips_admissions_whose_caller_left_not_settles(
+    tmp_path: Path,
+) -> None:
+    """A caller cancelled while its write waits for the loop turn's commit (a client that hung
+    up): its admission is not made (nobody would settle or release it, and it would hold quota
+    until its lease ran out), its settle is (it accounts for work the upstream did)."""
+    store = SqliteQuotaStore(tmp_path / "quota.sqlite", mode="transactional")
+    try:
+        assert (await store.admit(_request("a", "r0", T0))).reserved
+        admit = asyncio.ensure_future(store.admit(_request("a", "gone", T0 + 1)))
+        settle = asyncio.ensure_future(store.settle(POOL.id, "a", "r0", _usage(40.0), T0 + 1))
+        await asyncio.sleep(0)  # both wait for the group commit, which runs after this step
+        admit.cancel()
+        settle.cancel()
+        results = await asyncio.gather(admit, settle, return_exceptions=True)
+        assert [type(r).__name__ for r in results] == ["CancelledError"] * 2
+        counts = await store.peek(POOL.id, "a", REFS, T0 + 1)
+        assert counts[REQ.key].curr == 1.0  # r0 only
+        assert counts[TOK.key].curr == 40.0  # r0 settled
+        assert (await store.admit(_request("a", "gone", T0 + 2))).reserved  # never held
+    finally:
+        await store.close()
+
+
 def test_the_store_refuses_a_bad_mode_or_interval(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="mode"):
         SqliteQuotaStore(tmp_path / "a.sqlite", mode="fast")

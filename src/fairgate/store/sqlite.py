@@ -365,7 +365,7 @@ class SqliteQuotaStore:
         self._reclaimed: dict[str, int] = {}
         self._touched: dict[tuple[str, str], int] = {}
         #: transactional writes waiting for this loop turn's group commit, with their callers
-        self._group: list[tuple[Callable[[_SqlOps], Any], Future[Any]]] = []
+        self._group: list[tuple[Callable[[_SqlOps], Any], Future[Any], bool]] = []
         self._stop = threading.Event()
         self._checkpointer: threading.Thread | None = None
         self._inline_checkpoint_at = time.monotonic()
@@ -546,7 +546,9 @@ class SqliteQuotaStore:
             with mem.lock:
                 if self._memory is mem:  # not handed over meanwhile
                     return self._admit(mem, req)
-        return await self._grouped(lambda ops: self._admit(ops, req))
+        # an admission whose caller went away before the commit is not made: nobody would
+        # settle or release what it reserved
+        return await self._grouped(lambda ops: self._admit(ops, req), for_caller_only=True)
 
     def _admit(self, ops: _Ops, req: AdmitRequest) -> AdmitResult:
         """The admission of :class:`~fairgate.store.base.QuotaStore` (one atomic step: the
@@ -610,13 +612,15 @@ class SqliteQuotaStore:
             lambda ops: self._settle(ops, pool_id, key_id, reservation_id, usage, now_ms)
         )
 
-    def _grouped(self, op: Callable[[_SqlOps], T]) -> Future[T]:
-        """``op`` in this loop turn's group commit (:meth:`_commit_group`); its result."""
+    def _grouped(self, op: Callable[[_SqlOps], T], *, for_caller_only: bool = False) -> Future[T]:
+        """``op`` in this loop turn's group commit (:meth:`_commit_group`); its result.
+        ``for_caller_only``: skipped if its caller is cancelled before the group runs (a
+        settle, a release, a record are made all the same: they account for work done)."""
         loop = asyncio.get_running_loop()
         done: Future[T] = loop.create_future()
         if not self._group:
             loop.call_soon(self._commit_group)
-        self._group.append((op, done))
+        self._group.append((op, done, for_caller_only))
         return done
 
     def _commit_group(self) -> None:
@@ -634,7 +638,10 @@ class SqliteQuotaStore:
         try:
             with self._write() as c:
                 ops = _SqlOps(c)
-                for op, _ in batch:
+                for op, done, for_caller_only in batch:
+                    if for_caller_only and done.cancelled():
+                        results.append((None, None))
+                        continue
                     c.execute("SAVEPOINT op")
                     try:
                         results.append((op(ops), None))
@@ -643,11 +650,11 @@ class SqliteQuotaStore:
                         results.append((None, exc))
                     c.execute("RELEASE op")
         except Exception as exc:  # the whole group's failure is every caller's
-            for _, done in batch:
+            for _, done, _ in batch:
                 if not done.done():
                     done.set_exception(exc)
             return
-        for (_, done), (result, error) in zip(batch, results, strict=True):
+        for (_, done, _), (result, error) in zip(batch, results, strict=True):
             if done.done():  # its caller went away: it was written all the same
                 continue
             if error is None:
