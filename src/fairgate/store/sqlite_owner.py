@@ -28,7 +28,7 @@ Writers queue on a third lock, ``<file>.write``, held around every write transac
 1 ms, then 2, 5, 10..., on the event loop: with two processes committing a few thousand
 transactions a second between them, a fifth of the transactions found the lock taken and slept
 at least a millisecond for a transaction that takes tens of microseconds. A writer waiting on
-``.write`` instead polls it every few microseconds (doubling up to a millisecond) and gets in as
+``.write`` instead tries it again every 50 µs (doubling up to a millisecond) and gets in as
 soon as the other commits; SQLite's lock is then almost always free at ``BEGIN IMMEDIATE``.
 Exactness does not depend on it (``BEGIN IMMEDIATE`` still serialises writers, and a process
 that does not take ``.write`` only waits as before).
@@ -48,14 +48,44 @@ import socket
 import sqlite3
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 #: How often a waiting sharer rings the owner's doorbell again (seconds).
 RING_EVERY_S = 0.05
+#: How often a waiting sharer tries the owner's lock again (seconds).
+SHARE_POLL_S = 0.002
 #: A writer waiting for ``.write`` looks again after this long, doubling up to WRITE_POLL_MAX_S.
 WRITE_POLL_S = 0.00005
 WRITE_POLL_MAX_S = 0.001
+
+
+def _flock_within(
+    fd: int,
+    how: int,
+    timeout_ms: int,
+    pause_s: float,
+    max_pause_s: float,
+    waiting: Callable[[float], None] | None = None,
+) -> bool:
+    """Take the ``flock`` ``how`` on ``fd`` within ``timeout_ms``, trying without blocking
+    ``pause_s`` apart (doubling up to ``max_pause_s``); False once the time is up. A blocking
+    ``flock`` would wait forever for a holder that is stopped, not dead. ``waiting(now)`` runs
+    before each pause."""
+    deadline = time.monotonic() + timeout_ms / 1000.0
+    pause = pause_s
+    while True:
+        try:
+            fcntl.flock(fd, how | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            now = time.monotonic()
+            if now >= deadline:
+                return False
+            if waiting is not None:
+                waiting(now)
+            time.sleep(pause)
+            pause = min(pause * 2, max_pause_s)
 
 
 def _doorbell_name(lock_fd: int) -> bytes | None:
@@ -96,21 +126,19 @@ class FileUse:
         owner that is stopped, not dead: a dead one's lock is gone)."""
         # an owner's probe holds this exclusively for a moment only: a blocking wait is short
         fcntl.flock(self._share_fd, fcntl.LOCK_SH)
-        deadline = time.monotonic() + timeout_ms / 1000.0
         ring_at = 0.0
-        while True:
-            try:
-                fcntl.flock(self._owner_fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                now = time.monotonic()
-                if now >= deadline:
-                    msg = "the quota file's owner process did not hand it over in time"
-                    raise sqlite3.OperationalError(msg) from None
-                if now >= ring_at:
-                    self._ring()
-                    ring_at = now + RING_EVERY_S
-                time.sleep(0.002)
+
+        def ring(now: float) -> None:
+            nonlocal ring_at
+            if now >= ring_at:
+                self._ring()
+                ring_at = now + RING_EVERY_S
+
+        if not _flock_within(
+            self._owner_fd, fcntl.LOCK_SH, timeout_ms, SHARE_POLL_S, SHARE_POLL_S, waiting=ring
+        ):
+            msg = "the quota file's owner process did not hand it over in time"
+            raise sqlite3.OperationalError(msg)
         self.owner = False
 
     def _ring(self) -> None:
@@ -160,28 +188,12 @@ class FileUse:
         ``sqlite3.OperationalError`` after ``timeout_ms`` (a writer stopped mid-transaction:
         what SQLite's busy timeout would say)."""
         fd = self._write_fd
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            self._wait_to_write(fd, timeout_ms)
+        if not _flock_within(fd, fcntl.LOCK_EX, timeout_ms, WRITE_POLL_S, WRITE_POLL_MAX_S):
+            raise sqlite3.OperationalError("database is locked")
         try:
             yield
         finally:
             fcntl.flock(fd, fcntl.LOCK_UN)
-
-    @staticmethod
-    def _wait_to_write(fd: int, timeout_ms: int) -> None:
-        deadline = time.monotonic() + timeout_ms / 1000.0
-        pause = WRITE_POLL_S
-        while True:
-            time.sleep(pause)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                return
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    raise sqlite3.OperationalError("database is locked") from None
-                pause = min(pause * 2, WRITE_POLL_MAX_S)
 
     def close(self) -> None:
         for fd in (self._owner_fd, self._share_fd, self._write_fd):
