@@ -88,6 +88,19 @@ async def test_a_translated_stream_stamps_created_from_the_gateways_clock(tmp_pa
         assert {c["created"] for c in chunks} == {1_234_567_890}
 
 
+def _hourly_pool(*, requests: int, tokens: int) -> dict[str, object]:
+    """Pool ``p`` on connection ``c1``: hourly requests and tokens, alice and bob equal."""
+    return {
+        "id": "p",
+        "connections": ["c1"],
+        "dimensions": [
+            {"unit": "requests", "window": "hourly", "limit": requests},
+            {"unit": "tokens", "window": "hourly", "limit": tokens},
+        ],
+        "allocations": [{"key": "alice", "weight": 50}, {"key": "bob", "weight": 50}],
+    }
+
+
 async def test_a_governed_answer_carries_each_quota_header_once(tmp_path: Path) -> None:
     """SPEC §4's ``x-ratelimit-*`` on the answer, stream or not: each once, with the key's
     standing after this request (the headers are added to the answer's raw header list)."""
@@ -100,16 +113,7 @@ async def test_a_governed_answer_carries_each_quota_header_once(tmp_path: Path) 
             )
         return openai_chat("hello")
 
-    pool = {
-        "id": "p",
-        "connections": ["c1"],
-        "dimensions": [
-            {"unit": "requests", "window": "hourly", "limit": 100},
-            {"unit": "tokens", "window": "hourly", "limit": 10_000},
-        ],
-        "allocations": [{"key": "alice", "weight": 50}, {"key": "bob", "weight": 50}],
-    }
-    cfg = base_config([conn("c1")], pools=[pool])
+    cfg = base_config([conn("c1")], pools=[_hourly_pool(requests=100, tokens=10_000)])
     async with gateway(tmp_path, cfg, ManualTimer(ManualClock(1_700_002_800_000)), handler) as h:
         for stream in (False, True):
             r = await h.chat("m", max_tokens=5, stream=stream)
@@ -143,19 +147,11 @@ async def test_quota_header_counts_are_whole_numbers_as_providers_send_them(
     """Clients read ``x-ratelimit-*`` with ``int()`` (OpenAI and Anthropic send digits): a
     2M-token limit is ``2000000``, not ``2e+06``, and what remains of it is exact, not rounded
     to six significant digits."""
-    pool = {
-        "id": "p",
-        "connections": ["c1"],
-        "dimensions": [
-            {"unit": "requests", "window": "hourly", "limit": 10_000_000},
-            {"unit": "tokens", "window": "hourly", "limit": 2_000_000},
-        ],
-        "allocations": [{"key": "alice", "weight": 50}, {"key": "bob", "weight": 50}],
-    }
 
     async def handler(req: UpstreamRequest) -> Reply:
         return openai_chat("hello")
 
+    pool = _hourly_pool(requests=10_000_000, tokens=2_000_000)
     cfg = base_config([conn("c1")], pools=[pool])
     async with gateway(tmp_path, cfg, ManualTimer(ManualClock(1_700_002_800_000)), handler) as h:
         r = await h.chat("m", max_tokens=5)

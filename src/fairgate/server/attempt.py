@@ -487,7 +487,7 @@ def _quota_header_names(key: str, unit: str) -> tuple[bytes, bytes, bytes, bytes
     )
 
 
-def header_number(value: float) -> bytes:
+def _count_text(value: float) -> bytes:
     """A count as a rate-limit header value: a whole number in digits (``2000000``, as OpenAI
     and Anthropic send them, which clients read with ``int()``), a fraction (a percent plan's
     share, fractional token estimates) with up to 15 significant digits. ``%g`` would write
@@ -499,7 +499,7 @@ def header_number(value: float) -> bytes:
 
 @functools.lru_cache(maxsize=4096)
 def _limit_text(limit: float) -> bytes:
-    return header_number(limit)
+    return _count_text(limit)
 
 
 _UNAVAILABLE = (b"x-fairgate-quota", b"unavailable")
@@ -528,7 +528,7 @@ def quota_raw_headers(adm: Admission) -> list[tuple[bytes, bytes]]:
         if st.remaining is None:
             unavailable = True
             continue
-        remaining = header_number(st.remaining)
+        remaining = _count_text(st.remaining)
         out.append((remaining_h, remaining))
         if unit_remaining_h not in by_unit:
             by_unit.add(unit_remaining_h)

@@ -627,10 +627,10 @@ class SqliteQuotaStore:
         """Group commit (transactional mode): every write asked in one loop turn (admissions,
         settles, releases, records) in one write transaction, in the order asked (an admission
         decides on what the ones before it wrote: exact as one transaction each), each in a
-        savepoint of its own, so one that fails leaves the others
-        intact. Each caller is answered after the commit (a write that returned is on disk, as
-        before); what the group saves is a transaction per request, which is what several
-        processes on one file queue for."""
+        savepoint of its own, so one that fails leaves the others intact. Each caller is
+        answered after the commit (a write that returned is on disk, as before); what the group
+        saves is a transaction per request, which is what several processes on one file queue
+        for."""
         batch, self._group = self._group, []
         if not batch:
             return
