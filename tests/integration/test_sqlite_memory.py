@@ -385,24 +385,28 @@ async def test_writers_of_every_process_queue_on_the_file_writers_lock(tmp_path:
                 await store.admit(_request("a", "r1", T0 + 1))
             with pytest.raises(sqlite3.OperationalError, match="locked"), third.writing(10):
                 pass  # a third process waits too
-        released = threading.Event()
+        # opened before the holder takes the lock: opening writes the schema, under the lock too
+        store2 = SqliteQuotaStore(path, mode="transactional", busy_timeout_ms=60_000)
+        held, released = threading.Event(), threading.Event()
 
         def hold_then_release() -> None:
-            with other.writing(1000):
+            with other.writing(60_000):
+                held.set()
                 released.wait(60)
 
         holder = threading.Thread(target=hold_then_release)
         holder.start()
         try:
+            assert held.wait(60)  # the holder has the lock before the admission asks for it
             # the holder runs on its own thread; the store waits on the lock, not on a timer
-            store2 = SqliteQuotaStore(path, mode="transactional", busy_timeout_ms=60_000)
+            # (however late the timer fires, the admission can only get in after it has)
             threading.Timer(0.05, released.set).start()
             assert (await store2.admit(_request("b", "r2", T0 + 2))).reserved
             assert released.is_set()  # it got in only after the holder let go
-            await store2.close()
         finally:
             released.set()
             holder.join()
+            await store2.close()
         assert (await store.admit(_request("a", "r3", T0 + 3))).reserved
         counts = await store.peek(POOL.id, "a", REFS, T0 + 3)
         assert counts[REQ.key].curr == 2.0  # r0 and r3: r1 wrote nothing
