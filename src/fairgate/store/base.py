@@ -70,6 +70,9 @@ class ReservationExists(ValueError):
     admission whose reply timed out under the same id, so this tells it that the first attempt
     did reserve (nothing is reserved twice)."""
 
+    def __init__(self, reservation_id: str) -> None:
+        super().__init__(f"reservation id {reservation_id!r} already exists")
+
 
 @record
 class AdmitRequest:

@@ -491,8 +491,7 @@ class RedisQuotaStore:
             )
         reply = cast(list[Any], await self._call(self._run(self._admit, keys, args)))
         if int(reply[0]) < 0:  # nothing was reserved (as the SQLite driver's rollback)
-            msg = f"reservation id {req.reservation_id!r} already exists"
-            raise ReservationExists(msg)
+            raise ReservationExists(req.reservation_id)
         outcome = _OUTCOMES[int(reply[0])]
         index = int(reply[2])
         verdict = Verdict(

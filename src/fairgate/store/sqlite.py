@@ -274,8 +274,7 @@ class _SqlOps:
                 _RES_PUT, (reservation_id, pool_id, key_id, expires_ms, _dump_parts(parts))
             )
         except sqlite3.IntegrityError as exc:  # rolls the whole admission back
-            msg = f"reservation id {reservation_id!r} already exists"
-            raise ReservationExists(msg) from exc
+            raise ReservationExists(reservation_id) from exc
 
     def touch(self, pool_id: str, key_id: str, now_ms: int) -> None:
         self.c.execute(_TOUCH, (pool_id, key_id, now_ms))

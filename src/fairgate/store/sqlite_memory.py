@@ -240,8 +240,7 @@ class MemoryCounters:
         self, reservation_id: str, pool_id: str, key_id: str, expires_ms: int, parts: list[Part]
     ) -> None:
         if reservation_id in self._res:
-            msg = f"reservation id {reservation_id!r} already exists"
-            raise ReservationExists(msg)
+            raise ReservationExists(reservation_id)
         res = (pool_id, key_id, expires_ms, parts)
         self._res[reservation_id] = res
         self._res_dirty[reservation_id] = res
