@@ -32,6 +32,7 @@ from fairgate.store.base import (
     AdmitResult,
     CounterRef,
     QuotaStore,
+    ReservationExists,
     UsageItem,
 )
 from fairgate.store.sqlite import SqliteQuotaStore
@@ -543,6 +544,24 @@ async def test_duplicate_reservation_id_is_rejected_without_double_reserving(
     assert await requests_of(store, pool, "a", T0) == Count(0.0, 1.0)
     with pytest.raises(ValueError, match="reserved"):
         await store.record(pool.id, "*", [used(REQ_HOURLY, 1)], T0)
+
+
+async def test_a_held_reservation_id_is_refused_even_where_the_pool_would_block(
+    store: QuotaStore,
+) -> None:
+    """The engine retries an admission whose reply timed out under the same id and must learn
+    that the first attempt reserved, whatever the pool looks like by then: every driver says
+    the id is held (the Lua script checks it before deciding; SQLite once it would block), and
+    a blocked retry changes nothing."""
+    pool = make_pool(Allocation("a", weight=100, policy=Policy.HARD))
+    passed = await admit_n(store, pool, "a", 99, T0)
+    assert all(r.reserved for r in passed)
+    assert (await store.admit(admit_request(pool, "a", T0, rid="last"))).reserved  # 100 of 100
+    with pytest.raises(ReservationExists, match="last"):
+        await store.admit(admit_request(pool, "a", T0 + 1, rid="last"))
+    blocked = await store.admit(admit_request(pool, "a", T0 + 1, rid="other"))
+    assert blocked.verdict.reason is Reason.GLOBAL_SATURATED  # the pool is full
+    assert await requests_of(store, pool, "a", T0 + 1) == Count(0.0, 100.0)
 
 
 async def test_ping(store: QuotaStore) -> None:

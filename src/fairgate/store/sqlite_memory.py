@@ -236,6 +236,9 @@ class MemoryCounters:
             self._res_dirty.pop(reservation_id, None)
         self._changed()
 
+    def holds(self, reservation_id: str) -> bool:
+        return reservation_id in self._res
+
     def put(
         self, reservation_id: str, pool_id: str, key_id: str, expires_ms: int, parts: list[Part]
     ) -> None:
