@@ -71,6 +71,8 @@ def test_logs_are_json_with_request_ids_and_no_secrets(
     )
     assert r.status_code == 200
     assert r.headers["x-request-id"] == "r-ok"
+    # nothing names the server software the gateway runs on (nor the upstream's)
+    assert "server" not in r.headers
     # no request id sent: one is made up and echoed
     r = httpx.post(gw.url + "/v1/chat/completions", json=body, headers=h)
     made_up = r.headers["x-request-id"]

@@ -281,6 +281,8 @@ def server_options(limits: HttpSettings, drain_s: int) -> dict[str, Any]:
         # uvicorn's access lines are info (never written at our level), but their arguments are
         # still built for every answer unless the access log is off
         "access_log": False,
+        # "server: uvicorn" on every answer tells a scanner what to probe and a client nothing
+        "server_header": False,
         "timeout_graceful_shutdown": drain_s,
         # a deep accept queue lets a connection burst wait for a slot instead of a reset
         "backlog": max(2048, limits.max_connections),
