@@ -311,6 +311,37 @@ async def test_active_a_backlogged_key_keeps_its_sliding_count(
     assert rows["hog"].window_consumed < rows["hog"].consumed
 
 
+async def test_a_block_by_a_paced_week_says_when_the_line_lets_it_in(
+    store: QuotaStore, clock: ManualClock
+) -> None:
+    """A weekly budget paced beside a 5-hour one (``long_budget_pace``'s worked example: 24
+    hours in, 900 spent, the line rises 35.7 an hour): the refused key is told to come back
+    when the line passes 900 and its request, 1.23 hours on. Before, Retry-After counted on
+    the week's total alone, which does not decay before the week ends: 6 days."""
+    week_ms = 7 * 24 * HOUR
+    engine = QuotaEngine(store, clock=clock)
+    pool = Pool(
+        id="sub",
+        name="codex",
+        provider="codex",
+        connections=("c1",),
+        dimensions=(
+            Dimension(Unit.REQUESTS, Window.FIVE_HOURS, 250),
+            Dimension(Unit.REQUESTS, Window.WEEKLY, 6000),
+        ),
+        allocations=tuple(Allocation(k, 25) for k in "abcd"),
+        share_mode=ShareMode.ACTIVE,
+    )
+    clock.set((T0_ACTIVE // week_ms + 1) * week_ms + 24 * HOUR)
+    await engine.record(pool, "a", {"requests/weekly": 900.0, "requests/5h": 200.0})
+    adm = await engine.admit(pool, "b", {Unit.REQUESTS: 1})
+    assert (adm.reason, adm.dimension) == (Reason.FAIR_SHARE, "requests/weekly")
+    line = 6000 / week_ms  # per ms
+    assert adm.retry_after_ms == pytest.approx((901 - 6000 * 24 / 168) / line, abs=2)
+    assert adm.retry_after_ms is not None
+    assert adm.retry_after_ms < 2 * HOUR
+
+
 async def test_active_runs_of_refusals_are_bounded_per_pool(
     store: QuotaStore, clock: ManualClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:

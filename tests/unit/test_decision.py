@@ -426,6 +426,18 @@ def test_a_weekly_budget_is_paced_when_the_5_hour_windows_could_spend_it() -> No
     )
     verdict = evaluate(checks, [(200.0, 50.0, 50.0), (900.0, 225.0, 225.0)], Policy.HARD, 0.5)
     assert (verdict.outcome, verdict.reason, verdict.index) == (Outcome.BLOCK, Reason.FAIR_SHARE, 1)
+    # Retry-After: when the line (35.7 an hour) passes 900 + this request, 24 + 1.23 hours in;
+    # the total alone (nothing in the previous week to decay) would say after the week's end
+    fall = res.fall[_WEEK[1].key]
+    assert fall == pytest.approx(6000 / _WEEK_MS)
+    week, mine = Count(0.0, 900.0), Count(0.0, 225.0)
+    wait = retry_after_ms(checks[1], Reason.FAIR_SHARE, week, mine, now, 0.5, fall)
+    assert wait == pytest.approx((901 - 6000 * 24 / 168) / fall, abs=1)
+    assert wait is not None
+    assert 4_400_000 < wait < 4_430_000
+    unpaced = retry_after_ms(checks[1], Reason.FAIR_SHARE, week, mine, now, 0.5)
+    assert unpaced is not None
+    assert unpaced > _WEEK_MS - 24 * 3_600_000
 
 
 def test_while_the_weeks_line_binds_a_key_ahead_leaves_it_to_the_waiting_keys_too() -> None:

@@ -7,7 +7,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from fairgate.quota.units import WINDOW_MS, Window
-from fairgate.quota.window import Count, bucket_index, ms_until_at_most, sliding_value
+from fairgate.quota.window import (
+    Anchor,
+    Count,
+    bucket_index,
+    ms_until_at_most,
+    ms_until_under_line,
+    sliding_value,
+)
 
 H = 3_600_000
 T = 1_700_002_800_000  # a multiple of one hour
@@ -69,3 +76,45 @@ def test_ms_until_at_most_is_exact(prev: float, curr: float, offset: int, frac: 
         shift_e = bucket_index(earlier, H) - bucket_index(now, H)
         moved_e = c if shift_e == 0 else (Count(curr, 0) if shift_e == 1 else Count())
         assert moved_e.value(earlier, H) >= target - 1e-6 * max(1.0, prev + curr)
+
+
+def test_ms_until_under_line() -> None:
+    """A block by a paced budget's room: the room falls (the line rises) while the previous
+    bucket fades; both linear within the bucket."""
+    assert ms_until_under_line(Count(0, 5), 5, 0.001, T, H) == 0
+    # nothing fades (no previous bucket): the line alone rises 1 per second to 10 over 5
+    assert ms_until_under_line(Count(0, 10), 5, 0.001, T, H) == 5000
+    # the line rises 1/s and the previous bucket of 3,600 fades 1/s: 20 over, 10 s
+    assert ms_until_under_line(Count(3600, 20), 3600, 0.001, T, H) == 10_000
+    # not before the bucket turns: None (the caller falls back on the total alone)
+    assert ms_until_under_line(Count(0, 10), 5, 1e-9, T, H) is None
+    assert ms_until_under_line(Count(0, 10), 5, 0.0, T, H) is None
+    # an anchored counter does not fade: the line alone, up to the provider's reset
+    anchored = Count(500, 10, anchor=Anchor(T + H // 2, 0))
+    assert ms_until_under_line(anchored, 5, 0.001, T, H) == 5000
+
+
+@given(
+    prev=st.floats(0, 1e6),
+    curr=st.floats(0, 1e6),
+    offset=st.integers(0, H - 1),
+    frac=st.floats(0, 0.999),
+    rise=st.floats(1e-6, 1.0),
+)
+def test_ms_until_under_line_is_exact(
+    prev: float, curr: float, offset: int, frac: float, rise: float
+) -> None:
+    now = T + offset
+    c = Count(prev, curr)
+    target = c.value(now, H) * frac
+    wait = ms_until_under_line(c, target, rise, now, H)
+    if wait is None:  # the line and the fade do not meet in this bucket
+        end = (bucket_index(now, H) + 1) * H
+        assert c.value(end - 1, H) > target + rise * (end - 1 - now) - 1e-6 * max(1.0, prev + curr)
+        return
+    later = now + wait
+    assert bucket_index(later, H) == bucket_index(now, H)
+    assert c.value(later, H) <= target + rise * wait + 1e-6 * max(1.0, prev + curr)
+    if wait > 1:
+        earlier = later - 2
+        assert c.value(earlier, H) >= target + rise * (wait - 2) - 1e-6 * max(1.0, prev + curr)

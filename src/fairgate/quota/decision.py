@@ -21,7 +21,14 @@ from enum import StrEnum
 
 from fairgate.quota.model import Allocation, Dimension, ModelCap, Policy, Pool, ShareMode
 from fairgate.quota.units import Unit, Window
-from fairgate.quota.window import Anchor, Count, bucket_index, ms_until_at_most, window_end_ms
+from fairgate.quota.window import (
+    Anchor,
+    Count,
+    bucket_index,
+    ms_until_at_most,
+    ms_until_under_line,
+    window_end_ms,
+)
 from fairgate.records import record
 
 
@@ -413,6 +420,10 @@ class Reserves:
 
     per_key: Mapping[str, Mapping[str, float]]
     default: Mapping[str, float]
+    #: per dimension, how fast (per ms, with no new use) its reserves fall as the window goes
+    #: on: a paced budget's line (:func:`with_pace`). Elsewhere a reserve falls only as the
+    #: waiting keys are served. What a block's ``Retry-After`` counts on (:func:`retry_after_ms`)
+    fall: Mapping[str, float] = field(default_factory=dict)
 
     def for_key(self, key_id: str) -> Mapping[str, float]:
         return self.per_key.get(key_id, self.default)
@@ -486,7 +497,7 @@ def pace_reserves(
             if mine > limit * pool.weight_of(k) / weights:
                 row = per_key.setdefault(k, {})
                 row[dim.key] = row.get(dim.key, 0.0) + held
-    return Reserves(per_key, base.default)
+    return Reserves(per_key, base.default, base.fall)
 
 
 def waiting_reserves(
@@ -680,6 +691,8 @@ class LongPace:
     held: Mapping[str, float]
     #: per paced dimension, the shorter dimensions of its unit whose levels it paces
     shorter: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    #: per paced dimension, how fast ``held`` falls (per ms): ``(limit − prev) / W``
+    fall: Mapping[str, float] = field(default_factory=dict)
 
 
 NO_PACE = LongPace({}, frozenset(), {})
@@ -729,6 +742,7 @@ def long_budget_pace(pool: Pool, totals: Mapping[str, Count], now_ms: int) -> Lo
     shortest = min(d.window_ms for d in dims)
     capacities: dict[str, float] = {}
     held: dict[str, float] = {}
+    fall: dict[str, float] = {}
     shorter: dict[str, tuple[str, ...]] = {}
     for dim in dims:
         w = dim.window_ms
@@ -747,6 +761,7 @@ def long_budget_pace(pool: Pool, totals: Mapping[str, Count], now_ms: int) -> Lo
             continue  # at this rate the budget lasts its window
         keep = (limit - prev) * max(0.0, 1.0 - elapsed / w)
         held[dim.key] = keep
+        fall[dim.key] = (limit - prev) / w
         room = max(0.0, limit - max(0.0, total.value(now_ms, w)) - keep)
         for short in dims:
             s_total = totals.get(short.key)
@@ -756,7 +771,7 @@ def long_budget_pace(pool: Pool, totals: Mapping[str, Count], now_ms: int) -> Lo
             hold = max(limit * short.window_ms / w, s_total.value(now_ms, short.window_ms) + room)
             capacities[short.key] = min(capacities.get(short.key, s_limit), s_limit, hold)
             shorter[dim.key] = (*shorter.get(dim.key, ()), short.key)
-    return LongPace(capacities, frozenset(held), held, shorter)
+    return LongPace(capacities, frozenset(held), held, shorter, fall)
 
 
 def with_pace(reserves: Reserves, keys: Collection[str], pace: LongPace) -> Reserves:
@@ -775,7 +790,7 @@ def with_pace(reserves: Reserves, keys: Collection[str], pace: LongPace) -> Rese
         for d, keep in pace.held.items():
             owed = max((row.get(s, 0.0) for s in pace.shorter.get(d, ())), default=0.0)
             row[d] = max(row.get(d, 0.0), keep + owed)
-    return Reserves(per_key, default)
+    return Reserves(per_key, default, {**reserves.fall, **pace.fall})
 
 
 def catch_up_reserves(
@@ -968,11 +983,15 @@ def retry_after_ms(
     mine: Count,
     now_ms: int,
     threshold: float,
+    reserve_fall: float = 0.0,
 ) -> int | None:
     """When the blocking count will have decayed enough for this request to pass (no new use).
 
     A fair-share block also ends when the pool leaves strict mode, whichever comes first; a
     provider-reported saturation keeps strict mode on for an unknown time, so it is not counted.
+    ``reserve_fall`` (:attr:`Reserves.fall`): how fast the room held in this dimension falls as
+    its window goes on; a block by that room ends when the falling room and the decaying total
+    meet (a weekly pace frees a request in minutes, where the total alone decays in days).
     """
     w = check.window_ms
     eps = 1e-9
@@ -991,7 +1010,12 @@ def retry_after_ms(
     if reason is Reason.FAIR_SHARE and held:
         # blocked by room held for waiting keys: when the pool has room beyond it (the
         # reserve also shrinks as those keys are served, so this is the longest wait)
-        return ms_until_at_most(total, check.limit - check.cost - check.reserve, now_ms, w)
+        target = check.limit - check.cost - check.reserve
+        if reserve_fall > 0:
+            paced = ms_until_under_line(total, target, reserve_fall, now_ms, w)
+            if paced is not None:
+                return paced
+        return ms_until_at_most(total, target, now_ms, w)
     if reason is Reason.FAIR_SHARE:
         if check.window_share:  # judged on the current window: it frees when the window turns
             t_mine: int | None = window_end_ms(now_ms, w, check.anchor) - now_ms

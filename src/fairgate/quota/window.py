@@ -135,6 +135,26 @@ class Count:
         return sliding_value(self.prev, self.curr, now_ms, window_ms)
 
 
+def ms_until_under_line(
+    count: Count, target: float, rise_per_ms: float, now_ms: int, window_ms: int
+) -> int | None:
+    """Milliseconds until the counter's value (no new use) is at or under a line that starts
+    at ``target`` and rises ``rise_per_ms``, within the current bucket; None if not before the
+    bucket ends. The ``retry_after`` of a block by room a paced budget holds (the room falls as
+    its window goes on, ``fairgate.quota.decision.LongPace``): both move linearly until the
+    bucket turns."""
+    v = count.value(now_ms, window_ms)
+    if v <= target:
+        return 0
+    decay = 0.0 if count.anchor is not None else max(0.0, count.prev) / window_ms
+    speed = decay + max(0.0, rise_per_ms)
+    if speed <= 0:
+        return None
+    t = math.ceil((v - target) / speed)
+    left = window_end_ms(now_ms, window_ms, count.anchor) - now_ms
+    return max(1, t) if t < left else None
+
+
 def fade(now_ms: int, window_ms: int) -> float:
     """How much of the previous bucket still counts at ``now``: 1 as the current bucket
     starts, 0 as it ends (epoch-aligned windows). Computed once per counter pair on the hot
