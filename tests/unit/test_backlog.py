@@ -96,3 +96,16 @@ def test_a_run_never_begins_after_its_last_refusal_and_lasts_a_minute_at_least(
         assert run.first_ms <= run.last_ms == t
         assert run.until_ms - t >= MIN_GAP_MS
         assert run.until_ms - t >= round(GAP_FACTOR * run.gap_ms) - 1
+
+
+def test_a_burst_of_refusals_is_one_attempt_not_a_rhythm() -> None:
+    """A client that sends 30 concurrent requests every five minutes, refused at the same
+    instant: its usual gap is the five minutes, so its run outlives the wait to its next
+    burst. Averaged in, the burst's zero gaps would take the gap to nothing and break the run
+    a minute after each burst."""
+    times = [T + poll * 5 * MIN + i for poll in range(4) for i in range(30)]
+    run = _run(times)
+    # the first wait is not known yet (the run breaks once); from the second burst on, one run
+    assert run.first_ms == T + 5 * MIN
+    assert run.gap_ms > 2 * MIN
+    assert run.until_ms > times[-1] + 5 * MIN

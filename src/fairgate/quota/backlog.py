@@ -25,12 +25,16 @@ from collections.abc import Mapping, Sequence
 
 from fairgate.records import record
 
-__all__ = ["GAP_FACTOR", "MIN_GAP_MS", "Streak", "backlogged", "refused"]
+__all__ = ["GAP_FACTOR", "MIN_GAP_MS", "SAME_ATTEMPT_MS", "Streak", "backlogged", "refused"]
 
 #: A run of refusals survives at least this long without a refusal (one minute).
 MIN_GAP_MS = 60_000
 #: ... and this many times the key's usual time between refusals.
 GAP_FACTOR = 2.5
+#: Refusals closer together than this are one attempt's (a burst of concurrent requests, a
+#: client's own quick retry): they say nothing about how often the key comes back, so they do
+#: not enter its usual gap (which they would drag to nothing).
+SAME_ATTEMPT_MS = 1_000
 
 
 @record
@@ -49,7 +53,7 @@ def refused(run: Streak | None, now_ms: int, hold_ms: int, idle_ms: int) -> Stre
     between two refusals is not the key's rhythm but a key that had stopped asking (the pool's
     active window), so it does not enter the usual gap."""
     gap = MIN_GAP_MS / GAP_FACTOR if run is None else run.gap_ms
-    if run is not None and 0 <= now_ms - run.last_ms <= idle_ms:
+    if run is not None and SAME_ATTEMPT_MS <= now_ms - run.last_ms <= idle_ms:
         gap = (gap + (now_ms - run.last_ms)) / 2
     alive = run is not None and now_ms <= run.until_ms
     first = run.first_ms if alive and run is not None else now_ms
