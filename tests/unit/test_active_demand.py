@@ -8,13 +8,16 @@ import pytest
 
 from fairgate.quota.decision import (
     NO_RESERVES,
+    Reason,
     active_fair_share,
     active_levels,
     catch_up_reserves,
+    compile_checks,
     demand_bounds,
     demand_rate,
     pace_reserves,
     reserve_fade,
+    retry_after_ms,
     waiting_reserves,
 )
 from fairgate.quota.model import Allocation, Dimension, Pool, ShareMode
@@ -154,6 +157,21 @@ def test_pace_after_a_quiet_window_while_a_key_is_away() -> None:
     # A leaves (300 − 0) × (1 − 20/60 − 1/12) = 175 free: its borrowing follows the pace
     assert r.for_key("a")[DIM] == pytest.approx(175)
     assert DIM not in r.for_key("b")  # within its static share: not paced
+    # the line rises 5 a minute and reaches the limit at minute 55
+    line = r.falls_for("a")[DIM]
+    assert line.per_ms * 60_000 == pytest.approx(5)
+    assert line.until_ms == T + 55 * 60_000
+    assert DIM not in r.falls_for("b")
+    # A, refused at 190, is told to come back when the line passes 191: 13.2 minutes on (the
+    # total alone, with nothing in the previous bucket to fade, would say an hour)
+    cost = {Unit.REQUESTS: 1.0}
+    (check,) = compile_checks(ABC, ABC.allocations[0], cost, reserves=r.for_key("a"))
+    total, mine = totals[DIM], used["a"][DIM]
+    wait = retry_after_ms(check, Reason.FAIR_SHARE, total, mine, now, 0.5, line)
+    assert wait == pytest.approx(66 / line.per_ms, abs=1)
+    unpaced = retry_after_ms(check, Reason.FAIR_SHARE, total, mine, now, 0.5)
+    assert unpaced is not None
+    assert unpaced > 55 * 60_000
 
 
 def test_no_pace_when_every_key_is_present_or_the_last_window_was_busy() -> None:

@@ -428,11 +428,13 @@ def test_a_weekly_budget_is_paced_when_the_5_hour_windows_could_spend_it() -> No
     assert (verdict.outcome, verdict.reason, verdict.index) == (Outcome.BLOCK, Reason.FAIR_SHARE, 1)
     # Retry-After: when the line (35.7 an hour) passes 900 + this request, 24 + 1.23 hours in;
     # the total alone (nothing in the previous week to decay) would say after the week's end
-    fall = res.fall[_WEEK[1].key]
-    assert fall == pytest.approx(6000 / _WEEK_MS)
+    fall = res.falls_for("a")[_WEEK[1].key]
+    assert fall == res.falls_for("new")[_WEEK[1].key]
+    assert fall.per_ms == pytest.approx(6000 / _WEEK_MS)
+    assert fall.until_ms == 53 * _WEEK_MS  # the line reaches the limit as the week ends
     week, mine = Count(0.0, 900.0), Count(0.0, 225.0)
     wait = retry_after_ms(checks[1], Reason.FAIR_SHARE, week, mine, now, 0.5, fall)
-    assert wait == pytest.approx((901 - 6000 * 24 / 168) / fall, abs=1)
+    assert wait == pytest.approx((901 - 6000 * 24 / 168) / fall.per_ms, abs=1)
     assert wait is not None
     assert 4_400_000 < wait < 4_430_000
     unpaced = retry_after_ms(checks[1], Reason.FAIR_SHARE, week, mine, now, 0.5)

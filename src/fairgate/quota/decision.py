@@ -411,6 +411,14 @@ def standing(count: Count, now_ms: int, window_ms: int, backlogged: bool) -> flo
 
 
 @dataclass(frozen=True, slots=True)
+class Fall:
+    """How a reserve falls with time alone (a pacing line): ``per_ms`` until ``until_ms``."""
+
+    per_ms: float
+    until_ms: int
+
+
+@dataclass(frozen=True, slots=True)
 class Reserves:
     """Room each key must leave free per dimension for waiting keys (``active`` mode).
 
@@ -420,13 +428,18 @@ class Reserves:
 
     per_key: Mapping[str, Mapping[str, float]]
     default: Mapping[str, float]
-    #: per dimension, how fast (per ms, with no new use) its reserves fall as the window goes
-    #: on: a paced budget's line (:func:`with_pace`). Elsewhere a reserve falls only as the
-    #: waiting keys are served. What a block's ``Retry-After`` counts on (:func:`retry_after_ms`)
-    fall: Mapping[str, float] = field(default_factory=dict)
+    #: per key (and for a newcomer), per dimension: how the reserve falls with time and no new
+    #: use where it holds a pacing line's room (:func:`pace_reserves`, :func:`with_pace`);
+    #: elsewhere a reserve falls only as the waiting keys are served. What a block's
+    #: ``Retry-After`` counts on (:func:`retry_after_ms`)
+    falls: Mapping[str, Mapping[str, Fall]] = field(default_factory=dict)
+    default_falls: Mapping[str, Fall] = field(default_factory=dict)
 
     def for_key(self, key_id: str) -> Mapping[str, float]:
         return self.per_key.get(key_id, self.default)
+
+    def falls_for(self, key_id: str) -> Mapping[str, Fall]:
+        return self.falls.get(key_id, self.default_falls)
 
 
 NO_RESERVES = Reserves({}, {})
@@ -481,6 +494,7 @@ def pace_reserves(
     if weights <= 0 or len(present) < 2 or all(a.key_id in present for a in pool.allocations):
         return base  # a lone key may use the whole pool (SPEC §3, active mode)
     per_key = {k: dict(v) for k, v in base.per_key.items()}
+    falls = {k: dict(v) for k, v in base.falls.items()}
     for dim in pool.enforced_dimensions():
         total = totals.get(dim.key)
         limit = pool.effective_limit(dim)
@@ -491,13 +505,16 @@ def pace_reserves(
         held = (limit - max(0.0, total.prev)) * max(0.0, frac)
         if held <= 0:
             continue
+        # the line reaches the limit PACE_LEAD before the window ends
+        line = Fall(held / (frac * w), now_ms + round(frac * w))
         for k in keys:
             count = used.get(k, {}).get(dim.key)
             mine = 0.0 if count is None else max(0.0, count.value(now_ms, w))
             if mine > limit * pool.weight_of(k) / weights:
                 row = per_key.setdefault(k, {})
                 row[dim.key] = row.get(dim.key, 0.0) + held
-    return Reserves(per_key, base.default, base.fall)
+                falls.setdefault(k, {})[dim.key] = line
+    return Reserves(per_key, base.default, falls, base.default_falls)
 
 
 def waiting_reserves(
@@ -691,8 +708,8 @@ class LongPace:
     held: Mapping[str, float]
     #: per paced dimension, the shorter dimensions of its unit whose levels it paces
     shorter: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
-    #: per paced dimension, how fast ``held`` falls (per ms): ``(limit − prev) / W``
-    fall: Mapping[str, float] = field(default_factory=dict)
+    #: per paced dimension, how ``held`` falls: ``(limit − prev) / W`` until the window ends
+    falls: Mapping[str, Fall] = field(default_factory=dict)
 
 
 NO_PACE = LongPace({}, frozenset(), {})
@@ -742,7 +759,7 @@ def long_budget_pace(pool: Pool, totals: Mapping[str, Count], now_ms: int) -> Lo
     shortest = min(d.window_ms for d in dims)
     capacities: dict[str, float] = {}
     held: dict[str, float] = {}
-    fall: dict[str, float] = {}
+    falls: dict[str, Fall] = {}
     shorter: dict[str, tuple[str, ...]] = {}
     for dim in dims:
         w = dim.window_ms
@@ -761,7 +778,7 @@ def long_budget_pace(pool: Pool, totals: Mapping[str, Count], now_ms: int) -> Lo
             continue  # at this rate the budget lasts its window
         keep = (limit - prev) * max(0.0, 1.0 - elapsed / w)
         held[dim.key] = keep
-        fall[dim.key] = (limit - prev) / w
+        falls[dim.key] = Fall((limit - prev) / w, window_end_ms(now_ms, w, total.anchor))
         room = max(0.0, limit - max(0.0, total.value(now_ms, w)) - keep)
         for short in dims:
             s_total = totals.get(short.key)
@@ -771,7 +788,7 @@ def long_budget_pace(pool: Pool, totals: Mapping[str, Count], now_ms: int) -> Lo
             hold = max(limit * short.window_ms / w, s_total.value(now_ms, short.window_ms) + room)
             capacities[short.key] = min(capacities.get(short.key, s_limit), s_limit, hold)
             shorter[dim.key] = (*shorter.get(dim.key, ()), short.key)
-    return LongPace(capacities, frozenset(held), held, shorter, fall)
+    return LongPace(capacities, frozenset(held), held, shorter, falls)
 
 
 def with_pace(reserves: Reserves, keys: Collection[str], pace: LongPace) -> Reserves:
@@ -790,7 +807,10 @@ def with_pace(reserves: Reserves, keys: Collection[str], pace: LongPace) -> Rese
         for d, keep in pace.held.items():
             owed = max((row.get(s, 0.0) for s in pace.shorter.get(d, ())), default=0.0)
             row[d] = max(row.get(d, 0.0), keep + owed)
-    return Reserves(per_key, default, {**reserves.fall, **pace.fall})
+    # every key's reserve in a paced dimension follows the line (the quiet window's pace, if
+    # any, is a lower line of the same slope); nothing else is held there
+    falls = {k: {**reserves.falls_for(k), **pace.falls} for k in per_key}
+    return Reserves(per_key, default, falls, {**reserves.default_falls, **pace.falls})
 
 
 def catch_up_reserves(
@@ -983,15 +1003,16 @@ def retry_after_ms(
     mine: Count,
     now_ms: int,
     threshold: float,
-    reserve_fall: float = 0.0,
+    fall: Fall | None = None,
 ) -> int | None:
     """When the blocking count will have decayed enough for this request to pass (no new use).
 
     A fair-share block also ends when the pool leaves strict mode, whichever comes first; a
     provider-reported saturation keeps strict mode on for an unknown time, so it is not counted.
-    ``reserve_fall`` (:attr:`Reserves.fall`): how fast the room held in this dimension falls as
-    its window goes on; a block by that room ends when the falling room and the decaying total
-    meet (a weekly pace frees a request in minutes, where the total alone decays in days).
+    ``fall`` (:meth:`Reserves.falls_for`): how the room this key must leave falls with time
+    alone (a pacing line); a block by that room ends when the falling room and the decaying
+    total meet (a weekly pace frees a request in minutes where the total alone decays in days;
+    the morning's pace after a quiet night in seconds, not at the next hour).
     """
     w = check.window_ms
     eps = 1e-9
@@ -1011,8 +1032,8 @@ def retry_after_ms(
         # blocked by room held for waiting keys: when the pool has room beyond it (the
         # reserve also shrinks as those keys are served, so this is the longest wait)
         target = check.limit - check.cost - check.reserve
-        if reserve_fall > 0:
-            paced = ms_until_under_line(total, target, reserve_fall, now_ms, w)
+        if fall is not None and fall.per_ms > 0:
+            paced = ms_until_under_line(total, target, fall.per_ms, now_ms, w, fall.until_ms)
             if paced is not None:
                 return paced
         return ms_until_at_most(total, target, now_ms, w)

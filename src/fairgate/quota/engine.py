@@ -557,8 +557,8 @@ class QuotaEngine:
             longest = retry_after_ms(check, v.reason, total, mine, now, threshold)
             wait = longest
             active = self._active.get(pool.id) if pool.share_mode is ShareMode.ACTIVE else None
-            fall = 0.0 if active is None else active.reserves.fall.get(check.key, 0.0)
-            if fall > 0:  # a paced budget's room falls with time: the client may come back then
+            fall = None if active is None else active.reserves.falls_for(key_id).get(check.key)
+            if fall is not None:  # a pacing line's room falls with time: come back then
                 wait = retry_after_ms(check, v.reason, total, mine, now, threshold, fall)
             adm = Admission(v.outcome, v.reason, check.key, wait, None, status)
         else:

@@ -136,13 +136,18 @@ class Count:
 
 
 def ms_until_under_line(
-    count: Count, target: float, rise_per_ms: float, now_ms: int, window_ms: int
+    count: Count,
+    target: float,
+    rise_per_ms: float,
+    now_ms: int,
+    window_ms: int,
+    line_until_ms: int | None = None,
 ) -> int | None:
     """Milliseconds until the counter's value (no new use) is at or under a line that starts
-    at ``target`` and rises ``rise_per_ms``, within the current bucket; None if not before the
-    bucket ends. The ``retry_after`` of a block by room a paced budget holds (the room falls as
-    its window goes on, ``fairgate.quota.decision.LongPace``): both move linearly until the
-    bucket turns."""
+    at ``target`` and rises ``rise_per_ms`` until ``line_until_ms``; None if not before the
+    line stops or the bucket ends (then the caller knows only a longer bound). The
+    ``retry_after`` of a block by room a pacing line holds (``fairgate.quota.decision.Fall``):
+    the room and the previous bucket's fade both move linearly until then."""
     v = count.value(now_ms, window_ms)
     if v <= target:
         return 0
@@ -152,6 +157,8 @@ def ms_until_under_line(
         return None
     t = math.ceil((v - target) / speed)
     left = window_end_ms(now_ms, window_ms, count.anchor) - now_ms
+    if line_until_ms is not None:
+        left = min(left, line_until_ms - now_ms)
     return max(1, t) if t < left else None
 
 
