@@ -14,7 +14,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from inproc_support import ADMIN, Harness, MockUpstream, conn, gateway
+from inproc_support import ADMIN, Harness, MockUpstream, base_config, conn, gateway
 
 from fairgate.timers import ManualTimer
 
@@ -131,3 +131,34 @@ async def test_greedy_key_held_to_its_share_others_served(
         log = (await h.client.get("/api/quota/pools/shared/log?limit=500", headers=ADMIN)).json()
         entries = log if isinstance(log, list) else log.get("entries", log.get("events", []))
         assert sum(1 for e in entries if e["outcome"] == "block") == 60 - ok_a
+
+
+async def test_a_paced_week_tells_a_refused_key_when_its_line_lets_it_in(tmp_path: Path) -> None:
+    """A subscription-shaped pool (250 requests per 5 hours, 6,000 a week), active, 24 hours
+    into a week that has spent 900: the week is paced (the 5-hour windows would spend it
+    early) and the line rises 35.7 an hour. A refused request's 429 says to come back when the
+    line passes 901, 4,421 s on; before, Retry-After counted on the week's total alone, which
+    does not fade before the week ends (547,872 s)."""
+    week_ms = 7 * 24 * HOUR_MS
+    pool = {
+        "id": "week",
+        "connections": ["c1"],
+        "share_mode": "active",
+        "dimensions": [
+            {"unit": "requests", "window": "5h", "limit": 250},
+            {"unit": "requests", "window": "weekly", "limit": 6000},
+        ],
+        "allocations": [{"key": "alice", "weight": 50}, {"key": "bob", "weight": 50}],
+    }
+    cfg = base_config([conn("c1")], pools=[pool])
+    timer = ManualTimer()
+    timer.set((BOUNDARY_MS // week_ms + 1) * week_ms + 24 * HOUR_MS)
+    async with gateway(tmp_path, cfg, timer, MockUpstream()) as h:
+        week = h.gw.registry.pools["week"]
+        await h.gw.engine.record(week, "bob", {"requests/weekly": 900.0, "requests/5h": 200.0})
+        r = await h.chat("m", max_tokens=5)
+        assert r.status_code == 429, r.text
+        body = r.json()["error"]
+        assert (body["reason"], body["dimension"]) == ("fair-share", "requests/weekly")
+        line_per_s = 6000 / (week_ms / 1000)
+        assert int(r.headers["retry-after"]) == math.ceil((901 - 6000 * 24 / 168) / line_per_s)
