@@ -130,3 +130,29 @@ def test_logs_are_json_with_request_ids_and_no_secrets(
     assert {e["status"] for e in upstream} == {500}
     assert {e["connection"] for e in upstream} == {"solo"}
     assert any(e["msg"].startswith("fairgate ") and "url" in e for e in events)  # the banner
+
+
+def test_behind_a_proxy_on_the_same_host_clients_are_who_it_forwards(
+    mock_upstream: Proc, start_gateway: GatewayFactory
+) -> None:
+    """A reverse proxy on the gateway's host (the deployment docs/security.md recommends) is
+    trusted for ``X-Forwarded-For`` (``FORWARDED_ALLOW_IPS``, loopback by default): ``/metrics``,
+    loopback-only by default, refuses a request it forwards for an outside client, and the
+    admin API's backoff locks out that client, not every client of the proxy."""
+    gw = start_gateway(gateway_config(mock_upstream.url, POOL, {"a": new_secret()}))
+    outside, other = {"X-Forwarded-For": "203.0.113.9"}, {"X-Forwarded-For": "203.0.113.10"}
+    assert httpx.get(gw.url + "/metrics").status_code == 200  # the host itself
+    refused = httpx.get(gw.url + "/metrics", headers=outside)
+    assert refused.status_code == 403
+    assert "loopback" in refused.text
+    assert (
+        httpx.get(gw.url + "/metrics", headers={"X-Forwarded-For": "127.0.0.1"}).status_code == 200
+    )
+    wrong = {**outside, "Authorization": "Bearer fg-admin-wrong-0000000000000000000000"}
+    codes = [httpx.get(gw.url + "/api/keys", headers=wrong).status_code for _ in range(8)]
+    assert codes[0] == 401
+    assert codes[-1] == 429  # that client is backed off
+    right = {"Authorization": f"Bearer {ADMIN_KEY}"}
+    assert httpx.get(gw.url + "/api/keys", headers={**other, **right}).status_code == 200
+    locked = httpx.get(gw.url + "/api/keys", headers={**outside, **right})
+    assert locked.status_code == 429
