@@ -125,3 +125,19 @@ async def test_metrics_key_guards_the_endpoint_when_set(tmp_path: Path) -> None:
         assert r.status_code == 401
         samples = await scrape(h, {"Authorization": "Bearer scrape-me-123"})
         assert val(samples, "fairgate_fail_open_total") == 0
+
+
+@pytest.mark.parametrize(
+    ("trusted", "status"), [(None, 403), ("10.0.0.1", 200)], ids=["loopback-proxy", "untrusted"]
+)
+async def test_metrics_see_the_client_a_trusted_proxy_forwards(
+    tmp_path: Path, trusted: str | None, status: int
+) -> None:
+    """``/metrics`` answers loopback clients only: a request a proxy on the host forwards for
+    an outside address is refused; from a peer not in ``FORWARDED_ALLOW_IPS`` the header is
+    ignored (the peer itself is the client)."""
+    env = {} if trusted is None else {"FORWARDED_ALLOW_IPS": trusted}
+    async with gateway(tmp_path, config(), ManualTimer(), MockUpstream(), env=env) as h:
+        forwarded = {"X-Forwarded-For": "203.0.113.9"}
+        assert (await h.client.get("/metrics", headers=forwarded)).status_code == status
+        assert (await h.client.get("/metrics")).status_code == 200

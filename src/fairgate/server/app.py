@@ -195,6 +195,7 @@ def create_app(
     return GatewayApp(
         fast=client,
         allowed_hosts=limits.allowed_hosts,
+        trusted_proxies=limits.trusted_proxies,
         routes=routes,
         lifespan=lifespan,
         exception_handlers={404: not_found, 405: method_not_allowed, Exception: crashed},

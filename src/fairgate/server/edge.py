@@ -13,7 +13,10 @@ Then the client API (``/v1/...``: one exact path and method per route) goes stra
 handler: no Starlette middleware stack, router, exception middleware or per-request send
 wrappers, which cost as much as a bare proxy's whole HTTP layer. Everything else (the admin
 API, the dashboard, ``/health``, ``/metrics``, a wrong method or path under ``/v1``) goes to the
-Starlette application underneath, with the same host check and request id.
+Starlette application underneath, with the same host check and request id, and there only the
+client address a trusted proxy forwards (``X-Forwarded-For`` and ``-Proto`` from
+``FORWARDED_ALLOW_IPS``, uvicorn's middleware run here instead of around every request): the
+admin API's backoff and ``/metrics``' loopback rule look at the client, ``/v1`` never does.
 """
 
 from __future__ import annotations
@@ -21,12 +24,13 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
-from starlette.types import Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
 from fairgate.server.client_http import ClientRequest, decode_headers
 from fairgate.server.errors import ApiError, error_response
@@ -77,18 +81,26 @@ class GatewayApp(Starlette):
 
     ``fast`` lists the client routes served without Starlette's routing; they must also be in
     ``routes`` (so a wrong method under the same path gets the router's 405). ``allowed_hosts``
-    is the host check's list (None: any host)."""
+    is the host check's list (None: any host); ``trusted_proxies`` the peers whose forwarded
+    client address the routes underneath see (``FORWARDED_ALLOW_IPS``)."""
 
     def __init__(
         self,
         *,
         fast: Sequence[FastRoute],
         allowed_hosts: frozenset[str] | None,
+        trusted_proxies: str = "127.0.0.1",
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self.fast: Mapping[str, tuple[str, Handler]] = {p: (m, h) for p, m, h in fast}
         self.allowed_hosts = allowed_hosts
+        # uvicorn types the ASGI messages its own way; the callables are the same
+        forwarded = ProxyHeadersMiddleware(cast(Any, self._routed), trusted_hosts=trusted_proxies)
+        self._forwarded = cast(ASGIApp, forwarded)
+
+    async def _routed(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await super().__call__(scope, receive, send)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":  # lifespan (and websockets, which no route serves)
@@ -116,7 +128,7 @@ class GatewayApp(Starlette):
                     message["headers"] = [*message.get("headers", ()), (REQUEST_ID_HEADER, raw_id)]
                 await send(message)
 
-            await super().__call__(scope, receive, send_with_id)
+            await self._forwarded(scope, receive, send_with_id)
         finally:
             REQUEST_ID.reset(token)
 

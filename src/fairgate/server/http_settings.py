@@ -28,6 +28,9 @@ allowed_hosts      FAIRGATE_ALLOWED_HOSTS                 loopback names + the b
 admin_free_fails   FAIRGATE_ADMIN_FREE_FAILURES           5 (wrong admin keys before backoff)
 admin_backoff_s    FAIRGATE_ADMIN_BACKOFF_S               1 (first lockout; doubles per failure)
 admin_backoff_max  FAIRGATE_ADMIN_BACKOFF_MAX_S           60
+trusted_proxies    FORWARDED_ALLOW_IPS                    127.0.0.1 (peers whose X-Forwarded-For
+                                                          and -Proto name the client; ``*`` = any;
+                                                          uvicorn's own variable, kept)
 =================  =====================================  ==========================================
 """
 
@@ -114,6 +117,8 @@ class HttpSettings:
     admin_free_failures: int = 5
     admin_backoff_s: float = 1.0
     admin_backoff_max_s: float = 60.0
+    #: ``FORWARDED_ALLOW_IPS`` as uvicorn reads it: addresses, networks or ``*``
+    trusted_proxies: str = "127.0.0.1"
 
     @classmethod
     def from_env(cls, env: Mapping[str, str], bind: str | None = None) -> HttpSettings:
@@ -135,6 +140,9 @@ class HttpSettings:
                 raise SettingsError("FAIRGATE_METRICS_PUBLIC must be true or false")
             values["metrics_public"] = public in _TRUE
         values["allowed_hosts"] = _allowed_hosts(env.get("FAIRGATE_ALLOWED_HOSTS", ""), bind)
+        proxies = env.get("FORWARDED_ALLOW_IPS", "").strip()
+        if proxies:
+            values["trusted_proxies"] = proxies
         return dataclasses.replace(cls(), **values)  # type: ignore[arg-type]
 
 

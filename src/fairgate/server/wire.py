@@ -283,6 +283,9 @@ def server_options(limits: HttpSettings, drain_s: int) -> dict[str, Any]:
         "access_log": False,
         # "server: uvicorn" on every answer tells a scanner what to probe and a client nothing
         "server_header": False,
+        # the forwarded client address is read only where it is used (server/edge.py), not for
+        # every /v1 request
+        "proxy_headers": False,
         "timeout_graceful_shutdown": drain_s,
         # a deep accept queue lets a connection burst wait for a slot instead of a reset
         "backlog": max(2048, limits.max_connections),
