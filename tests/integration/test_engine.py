@@ -198,20 +198,32 @@ async def test_fail_open_on_store_error(
     await store.close()
 
 
-async def test_record_charges_only_the_named_window(store: QuotaStore, clock: ManualClock) -> None:
-    """A provider reading is a reading of one window: a weekly rise must not land on 5h."""
-    engine = QuotaEngine(store, clock=clock)
-    pool = Pool(
+def _subscription(
+    unit: Unit,
+    five_hours: float,
+    weekly: float,
+    allocations: tuple[Allocation, ...],
+    mode: ShareMode = ShareMode.STATIC,
+) -> Pool:
+    """A subscription-shaped pool: a 5-hour and a weekly budget of one unit."""
+    return Pool(
         id="sub",
         name="codex",
         provider="codex",
         connections=("c1",),
         dimensions=(
-            Dimension(Unit.PERCENT, Window.FIVE_HOURS, 100),
-            Dimension(Unit.PERCENT, Window.WEEKLY, 100),
+            Dimension(unit, Window.FIVE_HOURS, five_hours),
+            Dimension(unit, Window.WEEKLY, weekly),
         ),
-        allocations=(Allocation("a", 1), Allocation("b", 1)),
+        allocations=allocations,
+        share_mode=mode,
     )
+
+
+async def test_record_charges_only_the_named_window(store: QuotaStore, clock: ManualClock) -> None:
+    """A provider reading is a reading of one window: a weekly rise must not land on 5h."""
+    engine = QuotaEngine(store, clock=clock)
+    pool = _subscription(Unit.PERCENT, 100, 100, (Allocation("a", 1), Allocation("b", 1)))
     await engine.record(pool, "a", {"percent/weekly": 3.0})
     await engine.record(pool, "b", {"percent/5h": 2.0, "percent/monthly": 9.0})
     usage = {d.key: d for d in (await engine.usage(pool)).dimensions}
@@ -320,18 +332,8 @@ async def test_a_block_by_a_paced_week_says_when_the_line_lets_it_in(
     the week's total alone, which does not decay before the week ends: 6 days."""
     week_ms = 7 * 24 * HOUR
     engine = QuotaEngine(store, clock=clock)
-    pool = Pool(
-        id="sub",
-        name="codex",
-        provider="codex",
-        connections=("c1",),
-        dimensions=(
-            Dimension(Unit.REQUESTS, Window.FIVE_HOURS, 250),
-            Dimension(Unit.REQUESTS, Window.WEEKLY, 6000),
-        ),
-        allocations=tuple(Allocation(k, 25) for k in "abcd"),
-        share_mode=ShareMode.ACTIVE,
-    )
+    allocs = tuple(Allocation(k, 25) for k in "abcd")
+    pool = _subscription(Unit.REQUESTS, 250, 6000, allocs, ShareMode.ACTIVE)
     clock.set((T0_ACTIVE // week_ms + 1) * week_ms + 24 * HOUR)
     await engine.record(pool, "a", {"requests/weekly": 900.0, "requests/5h": 200.0})
     adm = await engine.admit(pool, "b", {Unit.REQUESTS: 1})
