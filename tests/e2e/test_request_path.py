@@ -260,19 +260,22 @@ def test_concurrency_cap_queues_then_answers_503_concurrency_full(
         "  - {name: q, strategy: priority, config: {queueTimeoutMs: 300}, targets: [\n"
         "      {provider: sub, model: gpt-4o-mini, connection: s1}]}\n"
     )
-    schedule(a, "latency:1500")
+    # the slot is held for 8 s: the second request must queue (300 ms) and give up while it
+    # is, however long a busy host takes between the two (1.5 s was a margin of 1.2 s)
+    schedule(a, "latency:8000")
     slow: dict[str, httpx.Response] = {}
     t = threading.Thread(target=lambda: slow.setdefault("r", ask(gw, secret, "q")))
     t.start()
-    deadline = time.monotonic() + 10
-    while requests_to(a) == 0 and time.monotonic() < deadline:
+    deadline = time.monotonic() + 30
+    while requests_to(a) == 0:
+        assert time.monotonic() < deadline, "the first request never reached the upstream"
         time.sleep(0.02)
-    r = ask(gw, secret, "q")  # the one slot is busy for 1.5 s: queued 300 ms, then 503
+    r = ask(gw, secret, "q")  # the one slot is busy: queued 300 ms, then 503
     assert r.status_code == 503
     assert r.json()["error"]["code"] == "concurrency_full"
     assert r.json()["diagnostics"]["terminalReason"] == "concurrency_full"
     assert r.headers["retry-after"] == "1"
-    t.join(15)
+    t.join(60)
     assert slow["r"].status_code == 200
     assert requests_to(a) == 1  # never more than the cap upstream
 
@@ -302,9 +305,15 @@ def test_a_timed_out_combo_leaves_no_reservation(
     r = ask(gw, secret, "late")
     assert r.status_code == 504
     assert requests_to(a) == 0  # s1 was only held, never used
-    time.sleep(0.3)  # the releases run off the response path
+    # the releases run off the response path: wait for them (a fixed 0.3 s sleep was a bet on
+    # a quiet host), then nothing may be left held
+    deadline = time.monotonic() + 30
     for pool in ("ps1", "pk1"):
-        usage = httpx.get(gw.url + f"/api/quota/pools/{pool}/usage", headers=ADMIN).json()
-        assert usage["dimensions"][0]["total"] == 0, (pool, usage)
+        while True:
+            usage = httpx.get(gw.url + f"/api/quota/pools/{pool}/usage", headers=ADMIN).json()
+            if usage["dimensions"][0]["total"] == 0:
+                break
+            assert time.monotonic() < deadline, (pool, usage)
+            time.sleep(0.05)
     health = httpx.get(gw.url + "/health").json()
     assert health["inflight"] == 0
