@@ -783,14 +783,16 @@ async def test_a_kept_connections_earlier_deadline_does_not_cut_the_next_request
         while await peer.request() is not None:
             n += 1
             if n == 2:
-                await asyncio.sleep(0.2)  # past the first request's deadline
+                await asyncio.sleep(0.8)  # past the first request's deadline
             await peer.answer()
 
+    # real time (the client's deadline is the loop's timer): margins of 0.4 s, which a busy
+    # host's stalls do not eat (0.1 s did not leave room for one)
     wire = await lab.serve(slow_second)
     origin = origin_of(wire)
-    pool = lab.pool(read_timeout_s=0.3)
+    pool = lab.pool(read_timeout_s=1.2)
     assert await fetch(pool, origin) == (200, OK)
-    await asyncio.sleep(0.15)
+    await asyncio.sleep(0.6)
     assert await fetch(pool, origin) == (200, OK)
     assert wire.connections == 1
 
@@ -801,14 +803,14 @@ async def test_a_deadline_that_lapsed_while_idle_is_armed_anew(lab: Lab) -> None
         while await peer.request() is not None:
             n += 1
             if n == 2:
-                await asyncio.sleep(0.05)
+                await asyncio.sleep(0.2)
             await peer.answer()
 
     wire = await lab.serve(slow_later)
     origin = origin_of(wire)
-    pool = lab.pool(read_timeout_s=0.15)
+    pool = lab.pool(read_timeout_s=0.6)  # margins of 0.4 s (real time, as above)
     assert await fetch(pool, origin) == (200, OK)
-    await asyncio.sleep(0.25)  # the first request's timer fires with nobody waiting
+    await asyncio.sleep(1.0)  # the first request's timer fires with nobody waiting
     assert await fetch(pool, origin) == (200, OK)
     assert wire.connections == 1
 
@@ -1190,19 +1192,19 @@ async def test_time_paused_for_a_slow_client_does_not_count_against_the_read_dea
         await asyncio.sleep(0.02)
         await peer.write(b"b" * 4096)  # past the high water: reading pauses
         await go.wait()
-        await asyncio.sleep(0.05)  # well within a deadline counted from the resume
+        await asyncio.sleep(0.2)  # well within a deadline counted from the resume
         await peer.write(b"c")
 
     wire = await lab.serve(burst_then_wait)
     origin = origin_of(wire)
-    pool = lab.pool(read_timeout_s=0.2)
+    pool = lab.pool(read_timeout_s=0.8)  # real time: a margin of 0.6 s
     resp = await pool.request(origin, head_for(origin), b"{}")
     spy = ReadingSpy(resp, monkeypatch)
     pieces: list[bytes] = []
     async for piece in resp.chunks():
         pieces.append(piece)
         if len(pieces) == 1:
-            await asyncio.sleep(0.3)  # the client is slow: longer than the deadline
+            await asyncio.sleep(1.2)  # the client is slow: longer than the deadline
         elif spy.resumes:
             go.set()
     resp.release()
