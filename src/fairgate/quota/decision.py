@@ -502,11 +502,12 @@ def pace_reserves(
             continue
         w = dim.window_ms
         frac = 1.0 - (now_ms - bucket_index(now_ms, w) * w) / w - PACE_LEAD
-        held = (limit - max(0.0, total.prev)) * max(0.0, frac)
+        room = limit - max(0.0, total.prev)
+        held = room * max(0.0, frac)
         if held <= 0:
             continue
-        # the line reaches the limit PACE_LEAD before the window ends
-        line = Fall(held / (frac * w), now_ms + round(frac * w))
+        # the line rises as the window goes on and reaches the limit PACE_LEAD before its end
+        line = Fall(room / w, now_ms + round(frac * w))
         for k in keys:
             count = used.get(k, {}).get(dim.key)
             mine = 0.0 if count is None else max(0.0, count.value(now_ms, w))
@@ -1032,7 +1033,7 @@ def retry_after_ms(
         # blocked by room held for waiting keys: when the pool has room beyond it (the
         # reserve also shrinks as those keys are served, so this is the longest wait)
         target = check.limit - check.cost - check.reserve
-        if fall is not None and fall.per_ms > 0:
+        if fall is not None:
             paced = ms_until_under_line(total, target, fall.per_ms, now_ms, w, fall.until_ms)
             if paced is not None:
                 return paced

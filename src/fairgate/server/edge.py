@@ -89,7 +89,7 @@ class GatewayApp(Starlette):
         *,
         fast: Sequence[FastRoute],
         allowed_hosts: frozenset[str] | None,
-        trusted_proxies: str = "127.0.0.1",
+        trusted_proxies: str,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)

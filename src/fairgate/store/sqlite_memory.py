@@ -242,7 +242,7 @@ class MemoryCounters:
     def put(
         self, reservation_id: str, pool_id: str, key_id: str, expires_ms: int, parts: list[Part]
     ) -> None:
-        if reservation_id in self._res:
+        if self.holds(reservation_id):
             raise ReservationExists(reservation_id)
         res = (pool_id, key_id, expires_ms, parts)
         self._res[reservation_id] = res
