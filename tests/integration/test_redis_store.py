@@ -214,6 +214,39 @@ async def test_counter_keys_live_at_most_two_windows_and_reservations_outlive_th
     assert raw.zscore(f"{base}:rz", req.reservation_id) == T0 + DEFAULT_LEASE_MS
 
 
+async def test_the_pools_shared_keys_outlive_every_write_by_their_ttl_and_are_refreshed_rarely(
+    store: RedisQuotaStore, raw: redis.Redis, redis_prefix: str
+) -> None:
+    # The reservations' ZSET and the active keys' must live at least the reservation TTL past
+    # every admission (a late reclaim still finds the parts). A refresh sets twice that, so the
+    # writes of the next stretch find enough left and skip the PEXPIRE.
+    base = f"{redis_prefix}:{{p1}}"
+    need = RedisQuotaStore._reservation_ttl(request())
+    await store.admit(request())
+    for name in ("rz", "act"):
+        assert need < raw.pttl(f"{base}:{name}") <= 2 * need, name
+
+    for name in ("rz", "act"):  # enough left: the next admission leaves the TTL alone
+        raw.pexpire(f"{base}:{name}", need + 60_000)
+    await store.admit(request(now_ms=T0 + 1))
+    for name in ("rz", "act"):
+        assert need < raw.pttl(f"{base}:{name}") <= need + 60_000, name
+
+    for name in ("rz", "act"):  # too little left: refreshed, never below the need
+        raw.pexpire(f"{base}:{name}", need - 60_000)
+    await store.admit(request(now_ms=T0 + 2))
+    for name in ("rz", "act"):
+        assert need + 60_000 < raw.pttl(f"{base}:{name}") <= 2 * need, name
+
+    # the cumulative totals the same way, for their own need (2 x the window, plus a minute)
+    cum_need = 2 * HOUR + 60_000
+    await store.record("p1", "k1", [UsageItem(TOK, HOUR, 10)], T0 + 3)
+    assert cum_need < raw.pttl(f"{base}:cum") <= 2 * cum_need
+    raw.pexpire(f"{base}:cum", cum_need - 60_000)
+    await store.record("p1", "k1", [UsageItem(TOK, HOUR, 10)], T0 + 4)
+    assert cum_need + 60_000 < raw.pttl(f"{base}:cum") <= 2 * cum_need
+
+
 async def test_counters_hold_exact_doubles_like_the_sqlite_driver(
     store: RedisQuotaStore, raw: redis.Redis, redis_prefix: str
 ) -> None:

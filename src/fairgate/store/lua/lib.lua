@@ -26,11 +26,14 @@ local function add_to(key, amount, window_ms)
 end
 
 -- Give a ZSET or HASH that many writes share (reservations, active keys, cumulative totals) a TTL
--- of at least `ttl_ms`: never shortened (a monthly reservation must outlive an hourly one), set
--- when the key has none. Every key fairgate writes expires, so nothing outlives its use.
+-- of at least `ttl_ms` after every write: never shortened (a monthly reservation must outlive an
+-- hourly one), set when the key has none. Every key fairgate writes expires, so nothing outlives
+-- its use. Once what is left falls below `ttl_ms`, it is set to 2 x `ttl_ms`: the next writes
+-- of that stretch cost one PTTL each, not a PTTL and a PEXPIRE (a hot pool's every admission
+-- and settle writes these keys; one command in three of a request's was this refresh).
 local function keep_for(key, ttl_ms)
   if redis.call('PTTL', key) < ttl_ms then
-    redis.call('PEXPIRE', key, ttl_ms)
+    redis.call('PEXPIRE', key, 2 * ttl_ms)
   end
 end
 
