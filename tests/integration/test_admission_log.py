@@ -9,6 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from resp_wire import Wire
 
 from fairgate.store.admission_log import (
     LogBackend,
@@ -86,3 +87,29 @@ async def test_a_backend_that_fails_never_fails_the_caller(tmp_path: Path) -> No
     await log.flush()
     assert log.dropped == 1
     assert log.size() == (0, 0)
+
+
+@pytest.mark.redis
+async def test_a_flush_sends_one_command_per_pool_however_many_events(
+    redis_url: str, redis_prefix: str
+) -> None:
+    # One event per governed request: a command per event (redis-py's pipeline builds and
+    # parses each in Python) cost more CPU per request than the quota scripts' packing did.
+    wire = Wire(redis_url)
+    log = SharedPoolLog(RedisLogBackend(wire.url, redis_prefix, per_pool=40))
+    try:
+        log.log("p", {"ts": -1})
+        await log.flush()  # the script is loaded on first use
+        wire.reset()
+        for i in range(50):
+            log.log("p" if i % 5 else "q", {"ts": i})
+        await log.flush()
+        assert wire.commands == ["EVALSHA", "EVALSHA"]
+        # each event its own entry, in order, and the pool's stream trimmed to its newest 40
+        assert [e["ts"] for e in await log.recent("p", 100)] == [
+            i for i in reversed(range(50)) if i % 5
+        ]
+        assert [e["ts"] for e in await log.recent("q", 100)] == list(range(45, -1, -5))
+    finally:
+        await log.close()
+        wire.relay.close()
