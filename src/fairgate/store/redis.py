@@ -43,7 +43,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ReadOnlyError, RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from fairgate.quota.decision import POLICY_CODES, REASON_CODES, Outcome, Verdict
+from fairgate.quota.decision import POLICY_CODES, REASON_CODES, DimensionCheck, Outcome, Verdict
 from fairgate.quota.window import Anchor, Count, bucket_index, reanchor
 from fairgate.store.base import (
     RECLAIM_BATCH,
@@ -67,6 +67,8 @@ T = TypeVar("T")
 
 #: Outcome codes returned by admit.lua.
 _OUTCOMES: Final = (Outcome.ALLOW, Outcome.PENALIZE, Outcome.BLOCK)
+#: each policy's code (``POLICY_CODES``) as the admit script's argument
+_POLICY_ARGS: Final = {policy: b"%d" % code for policy, code in POLICY_CODES.items()}
 #: Beyond the lease, a reservation's key lives this long so a late reclaim still finds its parts.
 _RESERVATION_MARGIN_MS: Final = 60_000
 #: The GC lock's TTL: a replica that dies while collecting holds it no longer than this.
@@ -304,6 +306,8 @@ class RedisQuotaStore:
         )
         self._pool_keys: dict[str, _PoolKeys] = {}
         self._bucket_keys: dict[tuple[str, str, str, int], tuple[bytes, bytes]] = {}
+        self._check_keys: dict[tuple[str, str, str, int], tuple[bytes, ...]] = {}
+        self._fixed: dict[tuple[object, ...], tuple[bytes, ...]] = {}
         self._key_ids: set[str] = set()
 
     async def _call(self, command: Awaitable[T]) -> T:
@@ -451,6 +455,45 @@ class RedisQuotaStore:
             )
         return found
 
+    def _admit_keys(self, base: str, key_id: str, counter: str, curr: int) -> tuple[bytes, ...]:
+        """One check's four keys as admit.lua takes them: the pool total's previous and current
+        bucket, then the key's (one cached tuple per pool, key, counter and bucket)."""
+        ck = (base, key_id, counter, curr)
+        found = self._check_keys.get(ck)
+        if found is None:
+            if len(self._check_keys) >= KEY_CACHE_LIMIT:
+                self._check_keys.clear()
+            found = self._check_keys[ck] = (
+                *self._bucket_pair(base, TOTAL_KEY, counter, curr),
+                *self._bucket_pair(base, key_id, counter, curr),
+            )
+        return found
+
+    def _fixed_args(self, check: DimensionCheck) -> tuple[bytes, ...]:
+        """The arguments of a check that the pool's configuration fixes (admit.lua's first six
+        per check), packed once per distinct configuration, not on every admission."""
+        ck: tuple[object, ...] = (
+            check.scope,
+            check.window_ms,
+            check.limit,
+            check.cap,
+            check.anchor is None,
+            check.window_share,
+        )
+        found = self._fixed.get(ck)
+        if found is None:
+            if len(self._fixed) >= KEY_CACHE_LIMIT:
+                self._fixed.clear()
+            found = self._fixed[ck] = (
+                check.scope.encode(),
+                _int(check.window_ms),
+                _numb(check.limit),
+                b"" if check.cap is None else _numb(check.cap),
+                b"0" if check.anchor is None else b"1",
+                b"1" if check.window_share else b"0",
+            )
+        return found
+
     # -- hot path -------------------------------------------------------------------------------
 
     async def admit(self, req: AdmitRequest) -> AdmitResult:
@@ -459,35 +502,28 @@ class RedisQuotaStore:
         key_id = self._key_id(req.key_id)
         rid = req.reservation_id.encode()
         keys = [pool.base_b, pool.rz, pool.act, pool.reservation(rid)]
+        checks = req.checks
         args = [
             _int(req.now_ms),
             key_id.encode(),
             rid,
-            _int(POLICY_CODES[req.policy]),
+            _POLICY_ARGS[req.policy],
             _numb(req.threshold),
             _int(req.lease_ms),
             _int(self._reservation_ttl(req)),
             _RECLAIM_BATCH,
-            _int(len(req.checks)),
+            _int(len(checks)),
         ]
         now_ms = req.now_ms
-        for check in req.checks:
+        for check in checks:
             curr = bucket_index(now_ms, check.window_ms, check.anchor)
-            keys.extend(self._bucket_pair(base, TOTAL_KEY, check.key, curr))
-            keys.extend(self._bucket_pair(base, key_id, check.key, curr))
-            args.extend(
-                (
-                    check.scope.encode(),
-                    _int(check.window_ms),
-                    _numb(check.limit),
-                    _numb(check.fair_share),
-                    b"" if check.cap is None else _numb(check.cap),
-                    _numb(_finite(check.cost)),
-                    _numb(check.signal),
-                    _numb(check.reserve),
-                    b"0" if check.anchor is None else b"1",
-                    b"1" if check.window_share else b"0",
-                )
+            keys += self._admit_keys(base, key_id, check.key, curr)
+            args += self._fixed_args(check)
+            args += (
+                _numb(check.fair_share),
+                _numb(_finite(check.cost)),
+                _numb(check.signal),
+                _numb(check.reserve),
             )
         reply = cast(list[Any], await self._call(self._run(self._admit, keys, args)))
         if int(reply[0]) < 0:  # nothing was reserved (as the SQLite driver's rollback)
@@ -499,11 +535,18 @@ class RedisQuotaStore:
             REASON_CODES[int(reply[1])],
             None if index < 0 else index,
         )
-        raw = [_float(v) for v in reply[3:]]
-        anchors = [c.anchor for c in req.checks]
-        totals = tuple(Count(raw[i], raw[i + 1], anchors[i // 4]) for i in range(0, len(raw), 4))
-        mine = tuple(Count(raw[i + 2], raw[i + 3], anchors[i // 4]) for i in range(0, len(raw), 4))
-        return AdmitResult(verdict, totals, mine, reserved=outcome is not Outcome.BLOCK)
+        # per check the raw strings of total prev, total curr, key prev, key curr (never nil:
+        # the script sends '0' for a missing bucket); float() reads bytes and str alike
+        totals = []
+        mine = []
+        i = 3
+        for check in checks:
+            totals.append(Count(float(reply[i]), float(reply[i + 1]), check.anchor))
+            mine.append(Count(float(reply[i + 2]), float(reply[i + 3]), check.anchor))
+            i += 4
+        return AdmitResult(
+            verdict, tuple(totals), tuple(mine), reserved=outcome is not Outcome.BLOCK
+        )
 
     @staticmethod
     def _reservation_ttl(req: AdmitRequest) -> int:

@@ -10,11 +10,13 @@
 -- KEYS[5 + 4*(i-1) ..] per check i: total prev, total curr, key prev, key curr
 -- ARGV[1] now_ms  ARGV[2] key id  ARGV[3] reservation id  ARGV[4] policy code (POLICY_CODES)
 -- ARGV[5] threshold  ARGV[6] lease_ms  ARGV[7] reservation TTL ms  ARGV[8] reclaim batch
--- ARGV[9] number of checks, then 10 per check: scope ('pool' | 'model'), window_ms, limit,
---         fair_share, cap ('' = none), cost, signal, reserve, anchored (1: the window is
---         anchored to the provider's reset and the caller chose its bucket keys; a count is then
---         its current bucket alone, window.Count.value), window_share (1: the fair share is
---         judged on the key's current bucket, DimensionCheck.window_share)
+-- ARGV[9] number of checks, then 10 per check: first what the pool's configuration fixes (the
+--         store packs these once): scope ('pool' | 'model'), window_ms, limit, cap ('' = none),
+--         anchored (1: the window is anchored to the provider's reset and the caller chose its
+--         bucket keys; a count is then its current bucket alone, window.Count.value),
+--         window_share (1: the fair share is judged on the key's current bucket,
+--         DimensionCheck.window_share); then what each admission computes: fair_share, cost,
+--         signal, reserve
 -- Returns {outcome (0 allow, 1 penalize, 2 block), reason code (REASON_CODES index),
 --          blocking index (0-based, -1 none), then per check the raw strings of
 --          total prev, total curr, key prev, key curr} -- strings, so floats survive the reply
@@ -58,14 +60,14 @@ for i = 1, n do
     model = ARGV[a] == 'model',
     window = tonumber(ARGV[a + 1]),
     limit = tonumber(ARGV[a + 2]),
-    fair_share = tonumber(ARGV[a + 3]),
-    cap = ARGV[a + 4] ~= '' and tonumber(ARGV[a + 4]) or nil,
-    cost_s = ARGV[a + 5],
-    cost = tonumber(ARGV[a + 5]),
-    signal = tonumber(ARGV[a + 6]),
-    reserve = tonumber(ARGV[a + 7]),
-    anchored = ARGV[a + 8] == '1',
-    window_share = ARGV[a + 9] == '1',
+    cap = ARGV[a + 3] ~= '' and tonumber(ARGV[a + 3]) or nil,
+    anchored = ARGV[a + 4] == '1',
+    window_share = ARGV[a + 5] == '1',
+    fair_share = tonumber(ARGV[a + 6]),
+    cost_s = ARGV[a + 7],
+    cost = tonumber(ARGV[a + 7]),
+    signal = tonumber(ARGV[a + 8]),
+    reserve = tonumber(ARGV[a + 9]),
   }
   local k = 5 + 4 * (i - 1)
   local r = 1 + 4 * (i - 1)
