@@ -122,6 +122,7 @@ async def test_a_cancel_from_outside_during_an_expired_call_is_not_turned_into_n
         await task
     assert task.cancelled()
 
+
 async def test_the_watchdogs_own_cancel_is_still_no_reply() -> None:
     async def never() -> str:
         await asyncio.sleep(3600)
@@ -131,4 +132,35 @@ async def test_the_watchdogs_own_cancel_is_still_no_reply() -> None:
     with pytest.raises(NoReply):
         await task
     assert not task.cancelled()
+    assert task.cancelling() == 0
+
+
+async def test_every_call_in_flight_gets_its_own_deadline_from_the_one_timer() -> None:
+    """The loop's calls share one timer (set for the earliest deadline): each must still come
+    due, not just the first, and a short deadline added after a long one must not wait for
+    it."""
+
+    async def hung() -> None:
+        await asyncio.Event().wait()
+
+    long = asyncio.create_task(call_within(hung(), 30.0, ceiling_s=60))
+    await asyncio.sleep(0)  # the long deadline is in first and set the timer
+    results = await asyncio.gather(
+        *(call_within(hung(), 0.02, ceiling_s=5) for _ in range(200)), return_exceptions=True
+    )
+    assert all(isinstance(r, NoReply) for r in results)
+    assert not long.done()  # its deadline is its own: 30 s, not the short calls'
+    long.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await long
+
+    # calls that answer leave nothing behind that would cancel a later caller
+    async def quick() -> str:
+        await asyncio.sleep(0)
+        return "PONG"
+
+    assert [await call_within(quick(), 0.02, ceiling_s=5) for _ in range(50)] == ["PONG"] * 50
+    await asyncio.sleep(0.1)  # past every deadline those calls had
+    task = asyncio.current_task()
+    assert task is not None
     assert task.cancelling() == 0

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import weakref
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
@@ -46,81 +47,144 @@ async def call_within(
     """Await ``awaitable`` for ``timeout_s`` of *responsive* loop time (module docstring);
     cancel it and raise :class:`NoReply` when it is exceeded, or after ``ceiling_s`` in all.
 
-    The watchdog is a timer on the loop that cancels the calling task, as ``asyncio.timeout``
-    does: no task per call and no ``asyncio.wait`` (those cost more than the Redis command
-    itself on the hot path)."""
+    The watchdog cancels the calling task, as ``asyncio.timeout`` does: no task per call and
+    no ``asyncio.wait`` (those cost more than the Redis command itself on the hot path). Nor a
+    timer per call: the loop's one :class:`_Sweeper` looks at every call in flight when the
+    earliest of them is due (a timer made and cancelled per call cost more than the rest of
+    this function)."""
     task = asyncio.current_task()
     if task is None:  # pragma: no cover - always called from a task
         raise RuntimeError("call_within needs a running task")
-    loop = asyncio.get_running_loop()
+    sweeper = _sweeper(asyncio.get_running_loop())
     cancelling = task.cancelling()  # cancels asked before this call are not the watchdog's
-    watchdog = _Watchdog(task, loop, timeout_s, ceiling_s, monotonic)
+    watch = _Watch(task, timeout_s, ceiling_s, monotonic)
+    sweeper.add(watch)
     try:
         result = await awaitable
     except BaseException as exc:
         # as asyncio.timeout: only the watchdog's own cancel becomes NoReply; a cancel someone
         # else asked meanwhile (a shutdown cancelling this task) goes on, or a caller that
         # retries NoReply (the metadata watcher) would never stop
-        if watchdog.expired and task.uncancel() <= cancelling:
+        if watch.expired and task.uncancel() <= cancelling:
             # the cancel may surface as the client's own timeout error: it is the same outage
             raise NoReply(f"no reply within {timeout_s:g} s") from exc
         raise
     finally:
-        watchdog.disarm()
-    if watchdog.expired:  # the call swallowed the cancel and answered: take the cancel back
+        watch.done = True
+    if watch.expired:  # the call swallowed the cancel and answered: take the cancel back
         task.uncancel()
     return result
 
 
-class _Watchdog:
-    """The timer of one :func:`call_within`: wakes after the wait, re-arms while the loop was
-    late, cancels the task once it woke on time (or the ceiling is reached)."""
+class _Watch:
+    """One :func:`call_within`'s deadline: due ``wait`` after ``asked``; once due, cancels the
+    task if the loop came on time (or the ceiling is reached), else waits again for the time
+    the loop lost."""
 
     __slots__ = (
-        "_asked",
         "_ceiling",
-        "_handle",
-        "_loop",
         "_mono",
         "_start",
         "_task",
         "_timeout",
-        "_wait",
+        "asked",
+        "done",
         "expired",
+        "wait",
     )
 
     def __init__(
         self,
         task: asyncio.Task[object],
-        loop: asyncio.AbstractEventLoop,
         timeout_s: float,
         ceiling_s: float,
         monotonic: Callable[[], float],
     ) -> None:
-        self._task, self._loop, self._mono = task, loop, monotonic
+        self._task, self._mono = task, monotonic
         self._timeout, self._ceiling = timeout_s, ceiling_s
-        self.expired = False
-        self._start = monotonic()
-        self._handle: asyncio.TimerHandle | None = None
-        self._arm(timeout_s)
+        self.expired = self.done = False
+        self._start = self.asked = monotonic()
+        self.wait = timeout_s
 
-    def _arm(self, wait: float) -> None:
-        self._asked, self._wait = self._mono(), wait
-        self._handle = self._loop.call_later(wait, self._wake)
+    def due_in(self) -> float:
+        """Seconds until this deadline is due (0 or less: due)."""
+        return self.asked + self.wait - self._mono()
 
-    def _wake(self) -> None:
+    def look(self) -> bool:
+        """Act on a due deadline; True while it is still to be watched (it waits again)."""
         now = self._mono()
-        late = now - self._asked - self._wait
+        late = now - self.asked - self.wait
+        if late < 0:  # not due yet (another call's deadline woke the sweeper)
+            return True
         left = self._ceiling - (now - self._start)
         if late <= tolerance(self._timeout) or left <= 0:
-            self._handle = None
             self.expired = True
             self._task.cancel()
-            return
+            return False
         # the loop was busy: give the call the time it lost, then look again
-        self._arm(min(max(late, tolerance(self._timeout)), left))
+        self.asked, self.wait = now, min(max(late, tolerance(self._timeout)), left)
+        return True
 
-    def disarm(self) -> None:
+
+class _Sweeper:
+    """The deadlines of one event loop's calls in flight, and one timer for all of them, set
+    for the earliest. A call adds its deadline and marks it done when it returns: O(1), no
+    timer touched while the deadlines come due in the order they were added (one timeout per
+    caller). When the timer fires, every deadline is looked at once: the done ones dropped, the
+    due ones acted on (:meth:`_Watch.look`), the timer set for the earliest left. That is one
+    pass per timeout over the calls made meanwhile, O(1) per call."""
+
+    __slots__ = ("_due_at", "_handle", "_watches", "loop")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self._watches: list[_Watch] = []
+        self._handle: asyncio.TimerHandle | None = None
+        self._due_at = 0.0  # loop time the timer fires at
+
+    def add(self, watch: _Watch) -> None:
+        self._watches.append(watch)
+        at = self.loop.time() + watch.wait
+        if self._handle is None or at < self._due_at:
+            self._arm(at)
+
+    def _arm(self, at: float) -> None:
         if self._handle is not None:
             self._handle.cancel()
-            self._handle = None
+        self._due_at = at
+        self._handle = self.loop.call_at(at, self._sweep)
+
+    def _sweep(self) -> None:
+        self._handle = None
+        kept: list[_Watch] = []
+        soonest: float | None = None
+        for watch in self._watches:
+            if watch.done or not watch.look():
+                continue
+            kept.append(watch)
+            due = watch.due_in()
+            if soonest is None or due < soonest:
+                soonest = due
+        self._watches = kept
+        if soonest is not None:
+            self._arm(self.loop.time() + max(soonest, 0.0))
+
+
+#: each running loop's sweeper (a loop that is gone takes its own with it)
+_SWEEPERS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Sweeper] = (
+    weakref.WeakKeyDictionary()
+)
+#: the last one asked for: a process runs one loop, and this spares the weak lookup per call
+#: (a list, so threads running loops of their own replace it without a ``global``)
+_last: list[_Sweeper | None] = [None]
+
+
+def _sweeper(loop: asyncio.AbstractEventLoop) -> _Sweeper:
+    last = _last[0]
+    if last is not None and last.loop is loop:
+        return last
+    found = _SWEEPERS.get(loop)
+    if found is None:
+        found = _SWEEPERS[loop] = _Sweeper(loop)
+    _last[0] = found
+    return found
