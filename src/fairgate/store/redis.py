@@ -33,7 +33,7 @@ import logging
 import math
 import threading
 import uuid
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Final, NamedTuple, TypeVar, cast
 
 import redis
@@ -249,6 +249,48 @@ class _PoolKeys:
         return self.base_b + b":r:" + rid
 
 
+#: (pool base key, key id, counter, current bucket index): one counter's buckets
+_BucketRef = tuple[str, str, str, int]
+#: (scope, window ms, limit, cap, anchored, window share): a check's fixed arguments
+_FixedRef = tuple[str, int, float, float | None, bool, bool]
+
+
+def _build_fixed_args(ref: _FixedRef) -> tuple[bytes, ...]:
+    scope, window_ms, limit, cap, anchored, window_share = ref
+    return (
+        scope.encode(),
+        _int(window_ms),
+        _numb(limit),
+        b"" if cap is None else _numb(cap),
+        b"1" if anchored else b"0",
+        b"1" if window_share else b"0",
+    )
+
+
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+class _Memo(dict[K, V]):
+    """The hot path's cached values: a dict that builds a missing value from its key and starts
+    over once it holds :data:`KEY_CACHE_LIMIT` (bounded memory however many pools, keys and
+    buckets pass through). A hit is a plain dict lookup; ``build`` runs once per distinct key,
+    and a key it refuses (an invalid id) is stored nowhere."""
+
+    __slots__ = ("_build",)
+
+    def __init__(self, build: Callable[[K], V]) -> None:
+        super().__init__()
+        self._build = build
+
+    def __missing__(self, key: K) -> V:
+        value = self._build(key)
+        if len(self) >= KEY_CACHE_LIMIT:
+            self.clear()
+        self[key] = value
+        return value
+
+
 class RedisQuotaStore:
     """Quota counters in Redis; see the module docstring for the key layout."""
 
@@ -304,11 +346,11 @@ class RedisQuotaStore:
             if isinstance(self._client, redis.asyncio.Redis)
             else None
         )
-        self._pool_keys: dict[str, _PoolKeys] = {}
-        self._bucket_keys: dict[tuple[str, str, str, int], tuple[bytes, bytes]] = {}
-        self._check_keys: dict[tuple[str, str, str, int], tuple[bytes, ...]] = {}
-        self._fixed: dict[tuple[object, ...], tuple[bytes, ...]] = {}
-        self._key_ids: set[str] = set()
+        self._pool_keys = _Memo[str, _PoolKeys](lambda pool_id: _PoolKeys(self._base(pool_id)))
+        self._key_ids = _Memo[str, str](_check_key_id)
+        self._bucket_keys = _Memo[_BucketRef, tuple[bytes, bytes]](self._build_bucket_pair)
+        self._check_keys = _Memo[_BucketRef, tuple[bytes, ...]](self._build_admit_keys)
+        self._fixed = _Memo[_FixedRef, tuple[bytes, ...]](_build_fixed_args)
 
     async def _call(self, command: Awaitable[T]) -> T:
         """Every command within the store's timeout, lag compensated (:mod:`.deadline`).
@@ -427,72 +469,46 @@ class RedisQuotaStore:
     # same text as the ``str`` helpers above build (one layout, two encodings).
 
     def _pool(self, pool_id: str) -> _PoolKeys:
-        found = self._pool_keys.get(pool_id)
-        if found is None:
-            if len(self._pool_keys) >= KEY_CACHE_LIMIT:
-                self._pool_keys.clear()
-            found = self._pool_keys[pool_id] = _PoolKeys(self._base(pool_id))
-        return found
+        return self._pool_keys[pool_id]
 
     def _key_id(self, key_id: str) -> str:
-        if key_id not in self._key_ids:
-            _check_key_id(key_id)
-            if len(self._key_ids) >= KEY_CACHE_LIMIT:
-                self._key_ids.clear()
-            self._key_ids.add(key_id)
-        return key_id
+        return self._key_ids[key_id]
 
     def _bucket_pair(self, base: str, key_id: str, counter: str, curr: int) -> tuple[bytes, bytes]:
         """The previous and current bucket keys of one counter, as bytes."""
-        ck = (base, key_id, counter, curr)
-        found = self._bucket_keys.get(ck)
-        if found is None:
-            if len(self._bucket_keys) >= KEY_CACHE_LIMIT:
-                self._bucket_keys.clear()
-            found = self._bucket_keys[ck] = (
-                self._counter(base, key_id, counter, curr - 1).encode(),
-                self._counter(base, key_id, counter, curr).encode(),
-            )
-        return found
+        return self._bucket_keys[(base, key_id, counter, curr)]
+
+    def _build_bucket_pair(self, ref: _BucketRef) -> tuple[bytes, bytes]:
+        base, key_id, counter, curr = ref
+        return (
+            self._counter(base, key_id, counter, curr - 1).encode(),
+            self._counter(base, key_id, counter, curr).encode(),
+        )
 
     def _admit_keys(self, base: str, key_id: str, counter: str, curr: int) -> tuple[bytes, ...]:
         """One check's four keys as admit.lua takes them: the pool total's previous and current
         bucket, then the key's (one cached tuple per pool, key, counter and bucket)."""
-        ck = (base, key_id, counter, curr)
-        found = self._check_keys.get(ck)
-        if found is None:
-            if len(self._check_keys) >= KEY_CACHE_LIMIT:
-                self._check_keys.clear()
-            found = self._check_keys[ck] = (
-                *self._bucket_pair(base, TOTAL_KEY, counter, curr),
-                *self._bucket_pair(base, key_id, counter, curr),
-            )
-        return found
+        return self._check_keys[(base, key_id, counter, curr)]
+
+    def _build_admit_keys(self, ref: _BucketRef) -> tuple[bytes, ...]:
+        base, key_id, counter, curr = ref
+        return (
+            *self._bucket_pair(base, TOTAL_KEY, counter, curr),
+            *self._bucket_pair(base, key_id, counter, curr),
+        )
 
     def _fixed_args(self, check: DimensionCheck) -> tuple[bytes, ...]:
         """The arguments of a check that the pool's configuration fixes (admit.lua's first six
         per check), packed once per distinct configuration, not on every admission."""
-        ck: tuple[object, ...] = (
+        ref = (
             check.scope,
             check.window_ms,
             check.limit,
             check.cap,
-            check.anchor is None,
+            check.anchor is not None,
             check.window_share,
         )
-        found = self._fixed.get(ck)
-        if found is None:
-            if len(self._fixed) >= KEY_CACHE_LIMIT:
-                self._fixed.clear()
-            found = self._fixed[ck] = (
-                check.scope.encode(),
-                _int(check.window_ms),
-                _numb(check.limit),
-                b"" if check.cap is None else _numb(check.cap),
-                b"0" if check.anchor is None else b"1",
-                b"1" if check.window_share else b"0",
-            )
-        return found
+        return self._fixed[ref]
 
     # -- hot path -------------------------------------------------------------------------------
 
