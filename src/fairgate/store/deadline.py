@@ -106,24 +106,21 @@ class _Watch:
         self._start = self.asked = monotonic()
         self.wait = timeout_s
 
-    def due_in(self) -> float:
-        """Seconds until this deadline is due (0 or less: due)."""
-        return self.asked + self.wait - self._mono()
-
-    def look(self) -> bool:
-        """Act on a due deadline; True while it is still to be watched (it waits again)."""
+    def look(self) -> float | None:
+        """Act on a due deadline: the seconds until it is due (again), or None once it has
+        cancelled the task."""
         now = self._mono()
         late = now - self.asked - self.wait
         if late < 0:  # not due yet (another call's deadline woke the sweeper)
-            return True
+            return -late
         left = self._ceiling - (now - self._start)
         if late <= tolerance(self._timeout) or left <= 0:
             self.expired = True
             self._task.cancel()
-            return False
+            return None
         # the loop was busy: give the call the time it lost, then look again
         self.asked, self.wait = now, min(max(late, tolerance(self._timeout)), left)
-        return True
+        return self.wait
 
 
 class _Sweeper:
@@ -159,15 +156,14 @@ class _Sweeper:
         kept: list[_Watch] = []
         soonest: float | None = None
         for watch in self._watches:
-            if watch.done or not watch.look():
+            if watch.done or (due := watch.look()) is None:
                 continue
             kept.append(watch)
-            due = watch.due_in()
             if soonest is None or due < soonest:
                 soonest = due
         self._watches = kept
         if soonest is not None:
-            self._arm(self.loop.time() + max(soonest, 0.0))
+            self._arm(self.loop.time() + soonest)
 
 
 #: each running loop's sweeper (a loop that is gone takes its own with it)
