@@ -104,28 +104,17 @@ class SqliteLogBackend:
         self._conn.close()
 
 
-#: One pool's events of a flush in one script call: each its own stream entry (XADD), then one
-#: exact trim to the newest ``per_pool``. KEYS[1] the pool's stream, ARGV[1] per_pool, then the
-#: events (JSON) in order. Returns how many were added.
-_APPEND_LUA: Final = """
-for i = 2, #ARGV do
-  redis.call('XADD', KEYS[1], '*', 'e', ARGV[i])
-end
-redis.call('XTRIM', KEYS[1], 'MAXLEN', ARGV[1])
-return #ARGV - 1
-"""
-
-
 class RedisLogBackend:
     """The log as one Redis stream per pool, ``{prefix}:{<pool>}:log`` (the pool's hash tag, so
     a cluster keeps it in the pool's slot).
 
-    A flush writes each pool's events with one script call (:data:`_APPEND_LUA`), not one
+    A flush writes each pool's events with one script call (``lua/log_append.lua``), not one
     ``XADD`` per event: redis-py builds, packs and parses each command of a pipeline in Python,
     about 45 µs of this process's CPU per event, i.e. per governed request; the script's one
     call costs that once per pool and flush (every 100 ms)."""
 
     def __init__(self, url: str, prefix: str, per_pool: int = PER_POOL) -> None:
+        from fairgate.store.redis import script_source
         from fairgate.store.redis_client import async_client
 
         self.per_pool = per_pool
@@ -137,7 +126,7 @@ class RedisLogBackend:
             connect_timeout_s=2.0,
             socket_timeout_s=2.0,
         )
-        self._append = self._client.register_script(_APPEND_LUA)
+        self._append = self._client.register_script(script_source("log_append.lua"))
 
     def _key(self, pool_id: str) -> str:
         return f"{self._prefix}:{{{pool_id}}}:log"

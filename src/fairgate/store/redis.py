@@ -148,7 +148,7 @@ class _Pool(redis.asyncio.BlockingConnectionPool):
 
 
 @functools.cache
-def _script_source(name: str) -> str:
+def script_source(name: str) -> str:
     """The script ``name`` with the shared helpers in front (read once per process)."""
     lua = importlib.resources.files("fairgate.store") / "lua"
     lib = (lua / "lib.lua").read_text(encoding="utf-8")
@@ -425,16 +425,16 @@ class RedisQuotaStore:
         return script.client(keys=keys, args=args)
 
     def _hot(self, name: str) -> _HotScript:
-        return _HotScript(self._register(name), LaneScript(_script_source(name)))
+        return _HotScript(self._register(name), LaneScript(script_source(name)))
 
     def _register(self, name: str) -> AsyncScript:
         # register_script only hashes the text; the server loads it on the first NOSCRIPT, so
         # a Redis restarted empty gets the scripts again on first use.
-        return self._client.register_script(_script_source(name))
+        return self._client.register_script(script_source(name))
 
     def slot_leases(self) -> RedisSlotLeases:
         """Concurrency slots shared through this store's Redis (:mod:`.redis_slots`)."""
-        return RedisSlotLeases(self._client, self._prefix, self._call, _script_source)
+        return RedisSlotLeases(self._client, self._prefix, self._call, script_source)
 
     @property
     def script_shas(self) -> dict[str, str]:

@@ -1,6 +1,6 @@
 -- Helpers shared by every fairgate quota script. redis.py prepends this file to every script
--- (admit.lua, settle.lua, release.lua, and the slot_*.lua ones, which use none of it), so
--- the reclaim arithmetic exists once.
+-- (admit.lua, settle.lua, release.lua, and the slot_*.lua and log_append.lua ones, which use
+-- none of it), so the reclaim arithmetic exists once.
 --
 -- Counters are plain strings holding a double printed with '%.17g' (exact round trip) and
 -- updated with GET + SET inside the script, not INCRBYFLOAT: INCRBYFLOAT adds in long double and
