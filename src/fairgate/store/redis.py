@@ -464,9 +464,11 @@ class RedisQuotaStore:
             self._counter(base, key_id, ref.key, curr),
         )
 
-    # The hot path's keys as bytes, cached: a pool's fixed keys per pool, a counter's previous
-    # and current bucket per (pool, key, counter, bucket), the ids already checked. Each is the
-    # same text as the ``str`` helpers above build (one layout, two encodings).
+    # The hot path's keys and fixed arguments as bytes, cached (each a _Memo): a pool's fixed
+    # keys per pool, the ids already checked, a counter's previous and current bucket and a
+    # check's four keys per (pool, key, counter, bucket), a check's fixed arguments per
+    # configuration. Each key is the same text as the ``str`` helpers above build (one layout,
+    # two encodings).
 
     def _pool(self, pool_id: str) -> _PoolKeys:
         return self._pool_keys[pool_id]
