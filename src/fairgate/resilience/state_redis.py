@@ -599,7 +599,7 @@ class RedisResilienceStore:
                     next_poll = 0.0  # confirm the new version at once
         finally:
             try:
-                await pubsub.aclose()  # type: ignore[no-untyped-call]
+                await pubsub.aclose()  # type: ignore[no-untyped-call,unused-ignore]  # untyped before redis 8
             finally:
                 if subscriber is not None:
                     await subscriber.aclose()
