@@ -207,3 +207,14 @@ def test_catch_up_reserves_sum_partly_and_fully_owed_keys() -> None:
     assert r["high"] == pytest.approx(40)  # both in full
     assert r["zero-weight"] == pytest.approx(40)
 
+
+def test_catch_up_with_lumps_is_flat_then_rising_then_full() -> None:
+    # j at x = 0, owed 10, weight 2, refused for 4: a key at x holds min(10, max(4, 2x)) for
+    # x > 0 (4 up to x = 2, then rising to 10 at x = 5), nothing at or below 0
+    owed = [(0.0, 10.0, 2.0)]
+    xs = {"at": 0.0, "just-ahead": 0.5, "edge": 2.0, "rising": 3.0, "far": 9.0}
+    r = catch_up_reserves(owed, xs, [4.0])
+    assert r == pytest.approx({"at": 0, "just-ahead": 4, "edge": 4, "rising": 6, "far": 10})
+    # a lump at least what is owed holds what is owed from the start; no lump is the plain rule
+    assert catch_up_reserves(owed, xs, [50.0])["just-ahead"] == pytest.approx(10)
+    assert catch_up_reserves(owed, xs, [0.0]) == catch_up_reserves(owed, xs)

@@ -815,31 +815,54 @@ def with_pace(reserves: Reserves, keys: Collection[str], pace: LongPace) -> Rese
 
 
 def catch_up_reserves(
-    owed: Sequence[tuple[float, float, float]], xs: Mapping[str, float]
+    owed: Sequence[tuple[float, float, float]],
+    xs: Mapping[str, float],
+    lumps: Sequence[float] = (),
 ) -> dict[str, float]:
     """Per key ``k`` (use per weight ``xs[k]``), the room it leaves for the waiting keys behind it:
-    ``Σ min(due_j, w_j × (x_k − x_j))`` over the waiting ``j = (x_j, due_j, w_j)`` with
-    ``x_j < x_k``. A key yields to a waiting one only as far as that one is behind it, so keys
-    at about the same use per weight (greedy keys served in turn) hold nothing back from each
-    other, while a key coming back with nothing used is owed up to the others' level.
+    ``Σ min(due_j, max(a_j, w_j × (x_k − x_j)))`` over the waiting ``j = (x_j, due_j, w_j)``
+    with ``x_j < x_k``, where ``a_j`` (``lumps``, 0 when absent) is the size of the request
+    ``j`` was refused for. A key yields to a waiting one only as far as that one is behind it,
+    so keys at about the same use per weight (greedy keys served in turn) hold nothing back
+    from each other, while a key coming back with nothing used is owed up to the others' level.
 
-    One sweep over the keys in order of ``x``: O((keys + waiting) log) at the refresh.
+    The lump is why a key of large requests is not starved by keys of small ones at about its
+    level: room the window frees comes in slivers, and held back only as far as ``j`` is
+    behind, each sliver fits a small request long before it adds up to ``j``'s large one.
+    Every key ahead of ``j`` leaves at least room for that one request (at most what ``j`` is
+    owed), so the slivers add up for it. Measured on ``two-resource`` (a research agent of
+    12.8k-token requests beside chat keys): the agent's admitted requests were 5-28 % smaller
+    than the ones it asked, and it got 0.88-0.96 of its ideal.
+
+    One sweep over the keys in order of ``x``: O((keys + waiting) log) at the refresh. Each
+    ``j``'s contribution is 0 up to ``x_j``, then ``a_j`` up to ``x_j + a_j / w_j``, then
+    rising with slope ``w_j`` until ``x_j + due_j / w_j``, then ``due_j``: continuous past
+    ``x_j``, so each stage change is applied once ``x`` is past its start.
     """
-    enter = sorted(owed)  # by x_j
-    leave = sorted((x + due / w, due, w, x) for x, due, w in owed)  # by t_j = x_j + due_j / w_j
+    events: list[tuple[float, int, int]] = []  # (where, stage entered, j)
+    flats: list[float] = []
+    for j, (x, due, w) in enumerate(owed):
+        a = min(due, max(0.0, lumps[j] if j < len(lumps) else 0.0))
+        flats.append(a)
+        events += [(x, 1, j), (x + a / w, 2, j), (x + due / w, 3, j)]
+    events.sort()
     out: dict[str, float] = {}
-    i = j = 0
-    full = 0.0  # Σ due_j of the keys fully owed (t_j <= x_k)
-    bw = bwx = 0.0  # Σ w_j and Σ w_j x_j of the keys partly owed (x_j < x_k < t_j)
-    for k, x in sorted(xs.items(), key=lambda kv: kv[1]):
-        while i < len(enter) and enter[i][0] < x:
-            xj, _, wj = enter[i]
-            bw, bwx, i = bw + wj, bwx + wj * xj, i + 1
-        while j < len(leave) and leave[j][0] <= x:
-            _, due, wj, xj = leave[j]
-            full, bw, bwx, j = full + due, bw - wj, bwx - wj * xj, j + 1
-        if math.isfinite(x):
-            out[k] = full + max(0.0, bw * x - bwx)
+    i = 0
+    flat = full = 0.0  # Σ a_j (stage 1), Σ due_j (stage 3)
+    bw = bwx = 0.0  # Σ w_j and Σ w_j x_j of the keys rising (stage 2)
+    for k, xk in sorted(xs.items(), key=lambda kv: kv[1]):
+        while i < len(events) and events[i][0] < xk:
+            _, stage, j = events[i]
+            xj, due, wj = owed[j]
+            if stage == 1:
+                flat += flats[j]
+            elif stage == 2:
+                flat, bw, bwx = flat - flats[j], bw + wj, bwx + wj * xj
+            else:
+                full, bw, bwx = full + due, bw - wj, bwx - wj * xj
+            i += 1
+        if math.isfinite(xk):
+            out[k] = full + max(0.0, flat) + max(0.0, bw * xk - bwx)
         else:  # a key of weight 0: last in line, it leaves room for every waiting key
             out[k] = sum(due for _, due, _ in owed)
     return out
