@@ -323,6 +323,56 @@ async def test_active_a_backlogged_key_keeps_its_sliding_count(
     assert rows["hog"].window_consumed < rows["hog"].consumed
 
 
+async def test_active_a_key_ahead_leaves_room_for_the_large_request_a_waiting_key_needs(
+    store: QuotaStore, clock: ManualClock
+) -> None:
+    """Issue 18: a research agent (large requests) waiting just behind a chat key (small ones).
+    1,000 tokens an hour, equal weights; an old key filled 600 of the last hour, so a minute
+    into this one 590 of it still counts. The chat key used 190, the agent 150, and the agent
+    is refused for a request of 100. The chat key is 40 ahead of it: held back only that far
+    it was admitted (930 + 10 + 40 ≤ 1,000) and took the room the window frees in slivers, each
+    fitting its 10-token requests long before they add up to the agent's 100 (``two-resource``:
+    the agent's admitted requests were 5-28 % smaller than the ones it asked). It now leaves
+    room for the agent's request, and the agent is served first."""
+    engine = QuotaEngine(store, clock=clock)
+    pool = Pool(
+        id="lumps",
+        name="lumps",
+        provider="mock",
+        connections=("c1",),
+        dimensions=(Dimension(Unit.TOKENS, Window.HOURLY, 1000),),
+        allocations=(Allocation("agent", 1), Allocation("chat", 1), Allocation("old", 1)),
+        share_mode=ShareMode.ACTIVE,
+    )
+
+    async def ask(key: str, size: float) -> Reason | None:
+        adm = await engine.admit(pool, key, {Unit.TOKENS: size})
+        if adm.ticket is not None:
+            await engine.settle(adm.ticket, {Unit.TOKENS: size})
+        return adm.reason
+
+    for _ in range(6):
+        assert await ask("old", 100) is None
+    clock.set(T0_ACTIVE + HOUR)
+    for _ in range(19):
+        assert await ask("chat", 10) is None
+    for _ in range(3):
+        assert await ask("agent", 50) is None
+    clock.advance(60_000)
+    assert await ask("agent", 100) is Reason.GLOBAL_SATURATED  # 590 + 340 + 100 > 1,000
+    clock.advance(1_000)  # the next refresh of the room held for waiting keys
+    assert await ask("chat", 10) is Reason.FAIR_SHARE  # into the room held for the agent
+    # both retry every 30 s (the old hour fades 5 tokens per 30 s): the chat key is held back
+    # until the agent is in, within minutes
+    for tries in range(1, 20):  # noqa: B007 (read after the loop)
+        clock.advance(30_000)
+        assert await ask("chat", 10) is Reason.FAIR_SHARE
+        if await ask("agent", 100) is None:
+            break
+    assert tries < 10
+    assert (await engine.usage(pool)).dimensions[0].total <= 1000  # exact limits
+
+
 async def test_a_block_by_a_paced_week_says_when_the_line_lets_it_in(
     store: QuotaStore, clock: ManualClock
 ) -> None:

@@ -208,6 +208,21 @@ def test_catch_up_reserves_sum_partly_and_fully_owed_keys() -> None:
     assert r["zero-weight"] == pytest.approx(40)
 
 
+def test_a_key_ahead_leaves_at_least_the_request_a_waiting_key_was_refused_for() -> None:
+    # the example above, B refused for a request of 12 (a large one): A, 2 ahead, must leave
+    # room for that request, not the 2 it is ahead. Slivers of 2 would fit A's own small
+    # requests for ever and never add up to B's 12.
+    pool = _pool(Allocation("a", 1), Allocation("b", 1))
+    used = {"a": {DIM: Count(prev=0, curr=100)}, "b": {DIM: Count(prev=0, curr=98)}}
+    asks = {"b": {DIM: 12.0}}
+    r = waiting_reserves(pool, {DIM: 150.0}, ["a", "b"], {"b"}, used, T, asks=asks)
+    assert r.for_key("a")[DIM] == pytest.approx(12)
+    assert r.for_key("b") == {DIM: 0}  # nobody is behind B
+    # never more than B is owed (52): a request of 80 holds 52
+    big = waiting_reserves(pool, {DIM: 150.0}, ["a", "b"], {"b"}, used, T, asks={"b": {DIM: 80}})
+    assert big.for_key("a")[DIM] == pytest.approx(52)
+
+
 def test_catch_up_with_lumps_is_flat_then_rising_then_full() -> None:
     # j at x = 0, owed 10, weight 2, refused for 4: a key at x holds min(10, max(4, 2x)) for
     # x > 0 (4 up to x = 2, then rising to 10 at x = 5), nothing at or below 0

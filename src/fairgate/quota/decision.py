@@ -526,6 +526,7 @@ def waiting_reserves(
     used: Mapping[str, Mapping[str, Count]],
     now_ms: int,
     backlogged: Mapping[str, Collection[str]] | None = None,
+    asks: Mapping[str, Mapping[str, float]] | None = None,
 ) -> Reserves:
     """The room each key must leave free for the keys waiting below their share (``active``).
 
@@ -533,8 +534,10 @@ def waiting_reserves(
     since (the engine's pressed keys). It is owed, per dimension, what it lacks of its fair
     share: ``owed_j = min(λ × weight, cap) − used`` (0 when it has its share). Comparing use
     per unit of weight (``x = used / weight``), a key ``k`` must leave free, for every waiting
-    key ``j`` further below (``x_j < x_k``), what ``j`` lacks to catch up with it, at most
-    what ``j`` is owed: ``Σ min(owed_j, w_j × (x_k − x_j))`` (:func:`catch_up_reserves`). A
+    key ``j`` further below (``x_j < x_k``), what ``j`` lacks to catch up with it, and at
+    least the request ``j`` was refused for (``asks``: per key and dimension, its cost), at
+    most what ``j`` is owed: ``Σ min(owed_j, max(ask_j, w_j × (x_k − x_j)))``
+    (:func:`catch_up_reserves`). A
     greedy key far ahead leaves room for all they are owed, a returning key that used nothing
     leaves room for none, and keys at about the same level (greedy keys served in turn) hold
     next to nothing back from each other: room they held for each other was left unused and,
@@ -568,6 +571,7 @@ def waiting_reserves(
             back = backlogged is None or dkey in backlogged.get(k, ())
             use[k] = 0.0 if count is None else max(0.0, standing(count, now_ms, wms, back))
         owed: list[tuple[float, float, float]] = []  # (use per weight, owed, weight), waiting
+        lumps: list[float] = []  # what each was refused for
         for k in waiting:
             alloc = pool.allocation(k)
             w = pool.weight_of(k)
@@ -580,12 +584,13 @@ def waiting_reserves(
             due = share - use[k]
             if due > 0:
                 owed.append((use[k] / w, due, w))
+                lumps.append((asks or {}).get(k, {}).get(dkey, 0.0))
         if not owed:
             continue
         fade = reserve_fade(now_ms, wms)
         default[dkey] = sum(o for _, o, _ in owed) * fade
         xs = {k: (use[k] / w if (w := pool.weight_of(k)) > 0 else math.inf) for k in keys}
-        for k, r in catch_up_reserves(owed, xs).items():
+        for k, r in catch_up_reserves(owed, xs, lumps).items():
             per_key[k][dkey] = r * fade
     return Reserves(per_key, default)
 
@@ -599,6 +604,7 @@ def dominant_waiting_reserves(
     now_ms: int,
     pace: LongPace | None = None,
     backlogged: Mapping[str, Collection[str]] | None = None,
+    asks: Mapping[str, Mapping[str, float]] | None = None,
 ) -> Reserves:
     """:func:`waiting_reserves` by dominant share, for the levels of :func:`dominant_levels`
     (with the same ``pace``).
@@ -609,7 +615,8 @@ def dominant_waiting_reserves(
     not the request share it would never use (per dimension on its own it would be owed its
     whole request share, and a chat key beside it would have to leave those requests free).
     A key must leave free, for every waiting key further below than itself (comparing dominant
-    share per unit of weight), what that key lacks to catch up with it, at most what it is owed
+    share per unit of weight), what that key lacks to catch up with it, and at least the
+    request it was refused for (``asks``, in each dimension), at most what it is owed
     (:func:`dominant_catch_up`): keys served in turn at about the same standing hold nothing
     back from each other. With one dimension this is :func:`waiting_reserves`.
     """
@@ -618,7 +625,7 @@ def dominant_waiting_reserves(
     if not dims:
         return NO_RESERVES
     if not pace.held and len(dims) < 2:
-        return waiting_reserves(pool, levels, keys, waiting, used, now_ms, backlogged)
+        return waiting_reserves(pool, levels, keys, waiting, used, now_ms, backlogged, asks)
     first = dims[0]
     level = levels.get(first.key, math.inf)
     t = level / limits[first.key]  # the dominant level, per unit of weight
@@ -635,6 +642,7 @@ def dominant_waiting_reserves(
         }
 
     owed: list[tuple[float, float, float, dict[str, float]]] = []  # (x_j, due_j, w_j, profile)
+    lumps: list[Mapping[str, float]] = []  # what each was refused for, per dimension
     for k in waiting:
         alloc = pool.allocation(k)
         w = pool.weight_of(k)
@@ -650,12 +658,13 @@ def dominant_waiting_reserves(
                 fair = min(fair, cap / (limits[d.key] * profile[d.key]))
         if fair > top:
             owed.append((top / w, fair - top, w, profile))
+            lumps.append((asks or {}).get(k, {}))
     if not owed:
         return NO_RESERVES
     xs = {
         k: (max(shares(k).values()) / w if (w := pool.weight_of(k)) > 0 else math.inf) for k in keys
     }
-    return Reserves(*dominant_catch_up(owed, xs, limits, now_ms, dims))
+    return Reserves(*dominant_catch_up(owed, xs, limits, now_ms, dims, lumps))
 
 
 def dominant_catch_up(
@@ -664,11 +673,14 @@ def dominant_catch_up(
     limits: Mapping[str, float],
     now_ms: int,
     dims: Sequence[Dimension],
+    lumps: Sequence[Mapping[str, float]] = (),
 ) -> tuple[dict[str, dict[str, float]], dict[str, float]]:
     """The catch-up reserve (:func:`catch_up_reserves`) by dominant share: per key ``k`` and
     dimension ``d``, ``Σ min(due_j, w_j × (x_k − x_j)) × limit_d × profile_j(d)`` over the
     waiting ``j = (x_j, due_j, w_j, profile_j)`` with ``x_j < x_k``, where ``x`` is dominant
-    share per unit of weight and ``due_j`` the dominant share ``j`` lacks of its fair one.
+    share per unit of weight and ``due_j`` the dominant share ``j`` lacks of its fair one; and
+    at least, in each dimension, what ``j``'s refused request costs there (``lumps``, aligned
+    with ``owed``), at most what it is owed there.
 
     A waiting key is owed by every key further along only what it lacks to catch up with that
     key (in dominant share), spread over the dimensions by its own profile: keys at about the
@@ -686,9 +698,14 @@ def dominant_catch_up(
         ]
         if not scaled:
             continue
+        asked = [
+            (lumps[j] if j < len(lumps) else {}).get(d.key, 0.0)
+            for j, (_, _, _, p) in enumerate(owed)
+            if p[d.key] > 0
+        ]
         fade = reserve_fade(now_ms, d.window_ms)
         default[d.key] = sum(o for _, o, _ in scaled) * fade
-        for k, r in catch_up_reserves(scaled, xs).items():
+        for k, r in catch_up_reserves(scaled, xs, asked).items():
             per_key[k][d.key] = r * fade
     return per_key, default
 

@@ -323,6 +323,8 @@ class QuotaEngine:
         self._pressed: dict[str, dict[str, int]] = {}
         # per pool (active mode): each key's current run of refusals (fairgate.quota.backlog)
         self._streaks: dict[str, dict[str, Streak]] = {}
+        # per pool, per pressed key: the cost per dimension of the request it was refused for
+        self._asks: dict[str, dict[str, dict[str, float]]] = {}
         # per pool (active mode): when this process first saw each key active (demand estimate)
         self._joined: dict[str, dict[str, int]] = {}
         self._burn: dict[tuple[str, str], BurnSeries] = {}
@@ -565,7 +567,7 @@ class QuotaEngine:
             ticket = Ticket(pool.id, key_id, req.reservation_id, checks)
             adm = Admission(v.outcome, ticket=ticket, status=status)
         if pool.share_mode is ShareMode.ACTIVE:
-            self._note_pressure(pool, key_id, adm, now, longest)
+            self._note_pressure(pool, key_id, adm, now, longest, checks)
         return adm
 
     async def settle(self, ticket: Ticket | None, actual: Mapping[Unit, float]) -> None:
@@ -895,6 +897,7 @@ class QuotaEngine:
         await self.store.clear(pool_id)
         self._active.pop(pool_id, None)
         self._pressed.pop(pool_id, None)
+        self._asks.pop(pool_id, None)
         self._streaks.pop(pool_id, None)
         self._joined.pop(pool_id, None)
         self._anchors.pop(pool_id, None)
@@ -940,8 +943,10 @@ class QuotaEngine:
         keys = set(await self.store.active_keys(pool.id, now - pool.active_window_ms))
         keys.add(key_id)
         pressed = self._pressed.setdefault(pool.id, {})
+        asks = self._asks.setdefault(pool.id, {})
         for k in [k for k, until in pressed.items() if until <= now or k not in keys]:
             del pressed[k]  # it stopped asking, or left the active set (no share at all)
+            asks.pop(k, None)
         seen = self._joined.setdefault(pool.id, {})
         if len(seen) > 2 * DEMAND_BOUND_MAX_KEYS:
             # bounded memory; a key that comes back later counts as new (unbounded) at first.
@@ -977,7 +982,7 @@ class QuotaEngine:
         reserves = NO_RESERVES
         if used is not None and pressed:
             reserves = dominant_waiting_reserves(
-                pool, levels, ordered, pressed, used, now, pace, behind
+                pool, levels, ordered, pressed, used, now, pace, behind, asks
             )
         if used is not None and totals is not None:
             threshold = self.settings.saturation_threshold
@@ -1029,7 +1034,13 @@ class QuotaEngine:
         return backlogged(runs, now, windows)
 
     def _note_pressure(
-        self, pool: Pool, key_id: str, adm: Admission, now: int, longest: int | None
+        self,
+        pool: Pool,
+        key_id: str,
+        adm: Admission,
+        now: int,
+        longest: int | None,
+        checks: tuple[DimensionCheck, ...],
     ) -> None:
         """O(1) per admission: remember which keys want more than they get (active mode).
 
@@ -1041,7 +1052,9 @@ class QuotaEngine:
         to come back and find the room its pressure made, short enough that a key that gave
         up does not keep the others held to their plain shares. While pressed, a key below its
         share is also *waiting*: the keys further along than it must leave room for what it is
-        owed (``waiting_reserves``), so the slots the window frees reach it first. The same
+        owed (``waiting_reserves``), so the slots the window frees reach it first; the cost of the
+        request it was refused for is kept beside it, so they leave room for that request
+        whole, not in slivers a smaller request takes first. The same
         refusals make the key's run (:func:`~fairgate.quota.backlog.refused`), which admissions
         do not break. Refusals by a cap or a model cap say nothing about the pool.
 
@@ -1054,12 +1067,16 @@ class QuotaEngine:
             if adm.reason in (Reason.FAIR_SHARE, Reason.GLOBAL_SATURATED):
                 hold = min(max(PRESSURE_HOLD_MS, longest or 0), pool.active_window_ms)
                 self._pressed.setdefault(pool.id, {})[key_id] = now + hold
+                self._asks.setdefault(pool.id, {})[key_id] = {
+                    c.key: c.cost for c in checks if c.scope == "pool"
+                }
                 runs = self._streaks.setdefault(pool.id, {})
                 runs[key_id] = refused(runs.get(key_id), now, hold, pool.active_window_ms)
             return
         pressed = self._pressed.get(pool.id)
         if pressed:
             pressed.pop(key_id, None)
+            self._asks.get(pool.id, {}).pop(key_id, None)
 
     async def _maybe_sample(
         self, pool_id: str, checks: tuple[DimensionCheck, ...], now: int
