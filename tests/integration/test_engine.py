@@ -394,6 +394,33 @@ async def test_a_block_by_a_paced_week_says_when_the_line_lets_it_in(
     assert adm.retry_after_ms < 2 * HOUR
 
 
+async def test_active_refusals_by_a_paced_week_do_not_make_a_key_backlogged_in_5_hours(
+    store: QuotaStore, clock: ManualClock
+) -> None:
+    """A key the week's line refuses (every key that asks while it binds) from before a 5-hour
+    window begins until after is not backlogged in that window: its 5-hour share is judged on
+    this window's use, not on a sliding count that still holds what it borrowed in the last
+    one (``subscription``: the day user got 38 of the 51 it asked in window 7, while a key
+    that had asked little got 70 of an ideal 53). Refusals by its 5-hour share still make it
+    backlogged there (``test_active_a_backlogged_key_keeps_its_sliding_count``)."""
+    week_ms, five_h = 7 * 24 * HOUR, 5 * HOUR
+    engine = QuotaEngine(store, clock=clock)
+    allocs = tuple(Allocation(k, 25) for k in "abcd")
+    pool = _subscription(Unit.REQUESTS, 250, 6000, allocs, ShareMode.ACTIVE)
+    week = (T0_ACTIVE // week_ms + 1) * week_ms
+    boundary = ((week + 24 * HOUR) // five_h + 1) * five_h  # a 5-hour window, a day in
+    clock.set(boundary - 30 * 60_000)
+    line = 6000 * (clock.now_ms() - week) / week_ms
+    await engine.record(pool, "a", {"requests/weekly": line + 60, "requests/5h": 100.0})
+    while clock.now_ms() < boundary + 10 * 60_000:  # 60 above the line: refused 1.7 hours
+        adm = await engine.admit(pool, "b", {Unit.REQUESTS: 1})
+        assert (adm.reason, adm.dimension) == (Reason.FAIR_SHARE, "requests/weekly")
+        clock.advance(5 * 60_000)
+    await engine.admit(pool, "b", {Unit.REQUESTS: 1})
+    assert clock.now_ms() - engine._active[pool.id].at_ms < 1_000  # refreshed just now
+    assert engine._active[pool.id].backlogged == {}
+
+
 async def test_active_runs_of_refusals_are_bounded_per_pool(
     store: QuotaStore, clock: ManualClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
