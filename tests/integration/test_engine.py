@@ -260,13 +260,13 @@ async def test_a_replaced_pool_is_judged_by_its_new_configuration_at_once(
     assert other.status[0].limit == 10  # the new pool's limit (generous mode: the pool's)
 
 
-def _active(*allocs: Allocation, limit: float = 100) -> Pool:
+def _active(*allocs: Allocation, limit: float = 100, unit: Unit = Unit.REQUESTS) -> Pool:
     return Pool(
         id="act",
         name="active",
         provider="mock",
         connections=("c1",),
-        dimensions=(Dimension(Unit.REQUESTS, Window.HOURLY, limit),),
+        dimensions=(Dimension(unit, Window.HOURLY, limit),),
         allocations=allocs,
         share_mode=ShareMode.ACTIVE,
     )
@@ -335,15 +335,8 @@ async def test_active_a_key_ahead_leaves_room_for_the_large_request_a_waiting_ke
     the agent's admitted requests were 5-28 % smaller than the ones it asked). It now leaves
     room for the agent's request, and the agent is served first."""
     engine = QuotaEngine(store, clock=clock)
-    pool = Pool(
-        id="lumps",
-        name="lumps",
-        provider="mock",
-        connections=("c1",),
-        dimensions=(Dimension(Unit.TOKENS, Window.HOURLY, 1000),),
-        allocations=(Allocation("agent", 1), Allocation("chat", 1), Allocation("old", 1)),
-        share_mode=ShareMode.ACTIVE,
-    )
+    agent, chat, old = Allocation("agent", 1), Allocation("chat", 1), Allocation("old", 1)
+    pool = _active(agent, chat, old, limit=1000, unit=Unit.TOKENS)
 
     async def ask(key: str, size: float) -> Reason | None:
         adm = await engine.admit(pool, key, {Unit.TOKENS: size})
