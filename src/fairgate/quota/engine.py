@@ -216,6 +216,14 @@ class _ActiveCache:
     backlogged: Mapping[str, frozenset[str]] = field(default_factory=dict)
 
 
+@dataclass(frozen=True, slots=True)
+class _Pressure:
+    """A key refused lately by its share or the pool ceiling (active mode, ``_note_pressure``)."""
+
+    until_ms: int  #: it counts as wanting more until then
+    asks: Mapping[str, float]  #: per pool dimension, what the refused request cost there
+
+
 def _demand_every(keys: set[str]) -> int:
     """How often (ms) an active-mode pool's counters are read for the demand estimates: every
     refresh for a small pool, less often for a large one, so that the read (about 12 µs per key
@@ -340,12 +348,11 @@ class QuotaEngine:
         self.signals = signals
         self._new_id = new_id or _id_source()
         self._active: dict[str, _ActiveCache] = {}
-        # per pool (active mode): keys refused lately, with unmet demand → until when it counts
-        self._pressed: dict[str, dict[str, int]] = {}
+        # per pool (active mode): keys refused lately, with unmet demand: until when it counts, and
+        # what the refused request asked
+        self._pressed: dict[str, dict[str, _Pressure]] = {}
         # per pool (active mode): each key's current run of refusals (fairgate.quota.backlog)
         self._streaks: dict[str, dict[str, Streak]] = {}
-        # per pool, per pressed key: the cost per dimension of the request it was refused for
-        self._asks: dict[str, dict[str, dict[str, float]]] = {}
         # per pool (active mode): when this process first saw each key active (demand estimate)
         self._joined: dict[str, dict[str, int]] = {}
         self._burn: dict[tuple[str, str], BurnSeries] = {}
@@ -918,7 +925,6 @@ class QuotaEngine:
         await self.store.clear(pool_id)
         self._active.pop(pool_id, None)
         self._pressed.pop(pool_id, None)
-        self._asks.pop(pool_id, None)
         self._streaks.pop(pool_id, None)
         self._joined.pop(pool_id, None)
         self._anchors.pop(pool_id, None)
@@ -964,10 +970,8 @@ class QuotaEngine:
         keys = set(await self.store.active_keys(pool.id, now - pool.active_window_ms))
         keys.add(key_id)
         pressed = self._pressed.setdefault(pool.id, {})
-        asks = self._asks.setdefault(pool.id, {})
-        for k in [k for k, until in pressed.items() if until <= now or k not in keys]:
+        for k in [k for k, p in pressed.items() if p.until_ms <= now or k not in keys]:
             del pressed[k]  # it stopped asking, or left the active set (no share at all)
-            asks.pop(k, None)
         seen = self._joined.setdefault(pool.id, {})
         if len(seen) > 2 * DEMAND_BOUND_MAX_KEYS:
             # bounded memory; a key that comes back later counts as new (unbounded) at first.
@@ -1002,6 +1006,7 @@ class QuotaEngine:
         behind = self._backlogged(pool, now)
         reserves = NO_RESERVES
         if used is not None and pressed:
+            asks = {k: p.asks for k, p in pressed.items()}
             reserves = dominant_waiting_reserves(
                 pool, levels, ordered, pressed, used, now, pace, behind, asks
             )
@@ -1089,10 +1094,8 @@ class QuotaEngine:
         if adm.outcome is Outcome.BLOCK:
             if adm.reason in (Reason.FAIR_SHARE, Reason.GLOBAL_SATURATED):
                 hold = min(max(PRESSURE_HOLD_MS, longest or 0), pool.active_window_ms)
-                self._pressed.setdefault(pool.id, {})[key_id] = now + hold
-                self._asks.setdefault(pool.id, {})[key_id] = {
-                    c.key: c.cost for c in checks if c.scope == "pool"
-                }
+                asks = {c.key: c.cost for c in checks if c.scope == "pool"}
+                self._pressed.setdefault(pool.id, {})[key_id] = _Pressure(now + hold, asks)
                 if not _by_a_longer_budget(adm.dimension, checks):
                     runs = self._streaks.setdefault(pool.id, {})
                     runs[key_id] = refused(runs.get(key_id), now, hold, pool.active_window_ms)
@@ -1100,7 +1103,6 @@ class QuotaEngine:
         pressed = self._pressed.get(pool.id)
         if pressed:
             pressed.pop(key_id, None)
-            self._asks.get(pool.id, {}).pop(key_id, None)
 
     async def _maybe_sample(
         self, pool_id: str, checks: tuple[DimensionCheck, ...], now: int
