@@ -15,7 +15,7 @@ all still asking. A key is backlogged in a dimension while its run is alive and 
 that dimension's current window did. A refusal by a budget of a longer window than the pool's
 shortest (a paced week beside a 5-hour window) is not part of a run: the week's line refuses
 every key that asks while it binds, and says nothing about who asks beyond its 5-hour share
-(the engine's ``_by_a_longer_budget``).
+(:func:`fairgate.quota.decision.longer_budgets`).
 
 Worked example (hourly window): a batch key refused every 30 s since 09:40 is backlogged from
 10:00 on; a light key refused from 10:02 to 10:05 while its burst waited, and again at 10:20,

@@ -733,6 +733,17 @@ class LongPace:
 NO_PACE = LongPace({}, frozenset(), {})
 
 
+def longer_budgets(pool: Pool) -> frozenset[str]:
+    """The pool's budgets whose window is longer than its shortest one (a weekly beside 5-hour
+    windows): the ones :func:`long_budget_pace` paces, and whose refusals make no run of
+    refusals (the engine's ``_note_pressure``). Only enforced dimensions with a limit count."""
+    dims = [d for d in pool.enforced_dimensions() if pool.effective_limit(d) > 0]
+    if len(dims) < 2:
+        return frozenset()
+    shortest = min(d.window_ms for d in dims)
+    return frozenset(d.key for d in dims if d.window_ms > shortest)
+
+
 def long_budget_pace(pool: Pool, totals: Mapping[str, Count], now_ms: int) -> LongPace:
     """Pace a budget whose window is longer than the pool's shortest (a weekly beside a
     5-hour one) when the pool could otherwise spend it before its window ends (``active``).
@@ -771,9 +782,10 @@ def long_budget_pace(pool: Pool, totals: Mapping[str, Count], now_ms: int) -> Lo
     nothing new (a reserve and a fair share per check, as before), so the same atomic step on
     both drivers.
     """
-    dims = [d for d in pool.enforced_dimensions() if pool.effective_limit(d) > 0]
-    if len(dims) < 2:
+    longer = longer_budgets(pool)
+    if not longer:
         return NO_PACE
+    dims = [d for d in pool.enforced_dimensions() if pool.effective_limit(d) > 0]
     shortest = min(d.window_ms for d in dims)
     capacities: dict[str, float] = {}
     held: dict[str, float] = {}
@@ -782,7 +794,7 @@ def long_budget_pace(pool: Pool, totals: Mapping[str, Count], now_ms: int) -> Lo
     for dim in dims:
         w = dim.window_ms
         total = totals.get(dim.key)
-        if w <= shortest or total is None:
+        if dim.key not in longer or total is None:
             continue
         limit = pool.effective_limit(dim)
         elapsed = w - (window_end_ms(now_ms, w, total.anchor) - now_ms)

@@ -42,6 +42,7 @@ from fairgate.quota.decision import (
     dominant_waiting_reserves,
     evaluate,
     long_budget_pace,
+    longer_budgets,
     pace_reserves,
     retry_after_ms,
     with_pace,
@@ -301,27 +302,6 @@ def _id_source() -> Callable[[], str]:
     prefix = uuid.uuid4().hex[:16]
     counter = itertools.count(1)
     return lambda: f"{prefix}{next(counter):x}"
-
-
-def _by_a_longer_budget(dimension: str | None, checks: tuple[DimensionCheck, ...]) -> bool:
-    """Whether a refusal in ``dimension`` was by a budget of a longer window than the pool's
-    shortest (a weekly beside a 5-hour one): such a refusal does not make the key's run of
-    refusals (:mod:`fairgate.quota.backlog`).
-
-    Why: a paced week refuses every key that asks while its line binds, the keys within their
-    5-hour share as well; counted, they made a key that had borrowed in the last 5-hour window
-    *backlogged* there, so in this one its share was judged on its sliding count (the last
-    window's use still in it) while a key that had asked little was judged on this window
-    alone. Measured on ``subscription`` (seeds 1-10): the day user asked 51 in window 7 and
-    got 38 (its sliding count carried the 76 it borrowed in window 6) while the night user got
-    70 of an ideal 53; the worst window was 0.941-0.957, below the 0.95 target on 7 seeds of
-    10. Not counting the week's refusals, 0.943-0.965, below it on one. A key refused by its
-    5-hour share (or the ceiling) is backlogged there as before."""
-    pool_windows = [c.window_ms for c in checks if c.scope == "pool"]
-    if dimension is None or not pool_windows:
-        return False
-    shortest = min(pool_windows)
-    return any(c.key == dimension and c.window_ms > shortest for c in checks)
 
 
 class QuotaEngine:
@@ -1083,8 +1063,12 @@ class QuotaEngine:
         whole, not in slivers a smaller request takes first. The same
         refusals make the key's run (:func:`~fairgate.quota.backlog.refused`), which admissions
         do not break, except those by a budget of a longer window than the pool's shortest
-        (:func:`_by_a_longer_budget`). Refusals by a cap or a model cap say nothing about the
-        pool.
+        (:func:`~fairgate.quota.decision.longer_budgets`, a paced week beside 5-hour windows).
+        Measured on ``subscription`` (seeds 1-10): counted, the week's refusals made a key that
+        had borrowed in the last 5-hour window *backlogged* in this one, judged on a sliding
+        count that still held it (the day user got 38 of the 51 it asked in window 7, the
+        night user 70 of an ideal 53); the worst window was below 0.95 on 7 seeds of 10, on one
+        without them. Refusals by a cap or a model cap say nothing about the pool.
 
         ``longest``: the block's wait with no new use and no room held falling (the
         ``Retry-After`` a client is told counts on a paced budget's room falling, minutes
@@ -1096,7 +1080,9 @@ class QuotaEngine:
                 hold = min(max(PRESSURE_HOLD_MS, longest or 0), pool.active_window_ms)
                 asks = {c.key: c.cost for c in checks if c.scope == "pool"}
                 self._pressed.setdefault(pool.id, {})[key_id] = _Pressure(now + hold, asks)
-                if not _by_a_longer_budget(adm.dimension, checks):
+                # the week's line refuses every key that asks while it binds: it says nothing
+                # about who asks beyond its share (docs/fairness.md, fifth pass)
+                if adm.dimension not in longer_budgets(pool):
                     runs = self._streaks.setdefault(pool.id, {})
                     runs[key_id] = refused(runs.get(key_id), now, hold, pool.active_window_ms)
             return
