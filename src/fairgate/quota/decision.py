@@ -559,6 +559,7 @@ def waiting_reserves(
     ``backlogged`` names for it, its current window's use elsewhere (None: the sliding count
     everywhere).
     """
+    asks = asks or {}
     per_key: dict[str, dict[str, float]] = {k: {} for k in keys}
     default: dict[str, float] = {}
     for dim in pool.enforced_dimensions():
@@ -584,7 +585,7 @@ def waiting_reserves(
             due = share - use[k]
             if due > 0:
                 owed.append((use[k] / w, due, w))
-                lumps.append((asks or {}).get(k, {}).get(dkey, 0.0))
+                lumps.append(asks.get(k, {}).get(dkey, 0.0))
         if not owed:
             continue
         fade = reserve_fade(now_ms, wms)
@@ -641,6 +642,7 @@ def dominant_waiting_reserves(
             for d in dims
         }
 
+    asks = asks or {}
     owed: list[tuple[float, float, float, dict[str, float]]] = []  # (x_j, due_j, w_j, profile)
     lumps: list[Mapping[str, float]] = []  # what each was refused for, per dimension
     for k in waiting:
@@ -658,7 +660,7 @@ def dominant_waiting_reserves(
                 fair = min(fair, cap / (limits[d.key] * profile[d.key]))
         if fair > top:
             owed.append((top / w, fair - top, w, profile))
-            lumps.append((asks or {}).get(k, {}))
+            lumps.append(asks.get(k, {}))
     if not owed:
         return NO_RESERVES
     xs = {
@@ -691,18 +693,14 @@ def dominant_catch_up(
     per_key: dict[str, dict[str, float]] = {k: {} for k in xs}
     default: dict[str, float] = {}
     for d in dims:
-        scaled = [
-            (x, due * limits[d.key] * p[d.key], w * limits[d.key] * p[d.key])
-            for x, due, w, p in owed
-            if p[d.key] > 0
-        ]
+        scaled: list[tuple[float, float, float]] = []
+        asked: list[float] = []
+        for j, (x, due, w, p) in enumerate(owed):
+            if p[d.key] > 0:
+                scaled.append((x, due * limits[d.key] * p[d.key], w * limits[d.key] * p[d.key]))
+                asked.append(lumps[j].get(d.key, 0.0) if j < len(lumps) else 0.0)
         if not scaled:
             continue
-        asked = [
-            (lumps[j] if j < len(lumps) else {}).get(d.key, 0.0)
-            for j, (_, _, _, p) in enumerate(owed)
-            if p[d.key] > 0
-        ]
         fade = reserve_fade(now_ms, d.window_ms)
         default[d.key] = sum(o for _, o, _ in scaled) * fade
         for k, r in catch_up_reserves(scaled, xs, asked).items():
