@@ -221,6 +221,35 @@ async def test_counters_hold_exact_doubles_like_the_sqlite_driver(
     assert raw.get(f"{redis_prefix}:{{p1}}:c:k1:{USD_MONTH}:{T0 // MONTH}") == repr(0.1 + 0.2)
 
 
+@pytest.mark.parametrize(
+    ("amounts", "text"),
+    [
+        ((3.0, 4.0), "7"),  # whole counts print as '%d' ...
+        ((999_999_999_999_998.0, 1.0), "999999999999999"),  # ... up to 1e15
+        ((1e15, 1e15), "2000000000000000"),  # above it '%.17g' (the same digits here)
+        ((2.5, 0.5), "3"),  # a fractional sum that lands on a whole count
+        ((0.25, 0.5), "0.75"),  # fractions keep '%.17g'
+        ((1e16, 1.0), "10000000000000000"),  # 1e16 + 1 is 1e16 in a double, as in Python
+    ],
+)
+async def test_counter_text_is_what_python_reads_back_to_the_same_double(
+    store: RedisQuotaStore,
+    raw: redis.Redis,
+    redis_prefix: str,
+    amounts: tuple[float, ...],
+    text: str,
+) -> None:
+    # lib.lua prints whole counts with '%d' and the rest with '%.17g': either way the text reads
+    # back to the double Python's own sum gives, and a whole count's text has no '.0' or exponent
+    for amount in amounts:
+        await store.record("p1", "k1", [UsageItem(USD_MONTH, MONTH, amount)], T0)
+    stored = raw.get(f"{redis_prefix}:{{p1}}:c:k1:{USD_MONTH}:{T0 // MONTH}")
+    assert stored == text
+    assert float(stored) == sum(amounts)
+    counts = await store.peek("p1", "k1", [CounterRef(USD_MONTH, MONTH)], T0)
+    assert counts[USD_MONTH] == Count(0.0, sum(amounts))
+
+
 # -- round trips and scripts --------------------------------------------------------------------
 
 

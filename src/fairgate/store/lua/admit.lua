@@ -30,14 +30,13 @@ local policy = tonumber(ARGV[4])
 local threshold = tonumber(ARGV[5])
 local lease_ms = tonumber(ARGV[6])
 local res_ttl = tonumber(ARGV[7])
-local batch = tonumber(ARGV[8])
 local n = tonumber(ARGV[9])
 
 local HARD, SOFT = 0, 1
 local CAP_ABSOLUTE, GLOBAL_SATURATED, FAIR_SHARE, MODEL_CAP = 1, 2, 3, 4
 
 -- 1. Reclaim a bounded batch of expired reservations of this pool.
-local expired = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'LIMIT', 0, batch)
+local expired = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', ARGV[1], 'LIMIT', 0, ARGV[8])
 for _, id in ipairs(expired) do
   drop_reservation(KEYS[1] .. ':r:' .. id, now)
   redis.call('ZREM', KEYS[2], id)
@@ -53,48 +52,50 @@ local checks = {}
 local raw = {}
 for i = 1, n do
   local a = 10 + 10 * (i - 1)
-  local c = {
-    -- As in the SQLite driver: the pool total is read and written for scope 'pool' only, and
-    -- evaluate() applies the model rule for scope 'model' only.
-    pool = ARGV[a] == 'pool',
-    model = ARGV[a] == 'model',
-    window = tonumber(ARGV[a + 1]),
-    limit = tonumber(ARGV[a + 2]),
-    cap = ARGV[a + 3] ~= '' and tonumber(ARGV[a + 3]) or nil,
-    anchored = ARGV[a + 4] == '1',
-    window_share = ARGV[a + 5] == '1',
-    fair_share = tonumber(ARGV[a + 6]),
-    cost_s = ARGV[a + 7],
-    cost = tonumber(ARGV[a + 7]),
-    signal = tonumber(ARGV[a + 8]),
-    reserve = tonumber(ARGV[a + 9]),
-  }
   local k = 5 + 4 * (i - 1)
   local r = 1 + 4 * (i - 1)
-  c.tkey, c.kkey = KEYS[k + 1], KEYS[k + 3]
+  -- As in the SQLite driver: the pool total is read and written for scope 'pool' only, and
+  -- evaluate() applies the model rule for scope 'model' only.
+  local scope = ARGV[a]
+  local pool = scope == 'pool'
   local tp, tc = '0', '0'
-  if c.pool then
+  if pool then
     tp = read[r + 1] or '0'
     tc = read[r + 2] or '0'
   end
   local kp = read[r + 3] or '0'
   local kc = read[r + 4] or '0'
-  -- what the current buckets hold, for the reservation's writes (nothing writes them between)
-  c.tc, c.kc = tc, kc
+  local window = tonumber(ARGV[a + 1])
   -- window.sliding_value: prev * (1 - elapsed / W) + curr, elapsed = now - floor(now / W) * W
-  local elapsed = now - math.floor(now / c.window) * c.window
-  local frac = 1.0 - elapsed / c.window
-  if c.anchored then
-    frac = 0.0
+  local frac = 0.0
+  if ARGV[a + 4] ~= '1' then
+    frac = 1.0 - (now - math.floor(now / window) * window) / window
   end
-  c.total = tonumber(tp) * frac + tonumber(tc)
-  c.mine = tonumber(kp) * frac + tonumber(kc)
-  -- what the fair share is judged on: the key's current window, or its sliding count
-  c.share_use = c.mine
-  if c.window_share then
-    c.share_use = tonumber(kc)
-  end
-  checks[i] = c
+  local kcn = tonumber(kc)
+  local mine = tonumber(kp) * frac + kcn
+  local cap = ARGV[a + 3]
+  checks[i] = {
+    pool = pool,
+    model = scope == 'model',
+    window = window,
+    window_s = ARGV[a + 1],
+    limit = tonumber(ARGV[a + 2]),
+    cap = cap ~= '' and tonumber(cap) or nil,
+    fair_share = tonumber(ARGV[a + 6]),
+    cost_s = ARGV[a + 7],
+    cost = tonumber(ARGV[a + 7]),
+    signal = tonumber(ARGV[a + 8]),
+    reserve = tonumber(ARGV[a + 9]),
+    tkey = KEYS[k + 1],
+    kkey = KEYS[k + 3],
+    -- what the current buckets hold, for the reservation's writes (nothing writes them between)
+    tc = tc,
+    kc = kc,
+    total = tonumber(tp) * frac + tonumber(tc),
+    mine = mine,
+    -- what the fair share is judged on: the key's current window, or its sliding count
+    share_use = ARGV[a + 5] == '1' and kcn or mine,
+  }
   raw[#raw + 1] = tp
   raw[#raw + 1] = tc
   raw[#raw + 1] = kp
@@ -163,7 +164,7 @@ end
 local outcome, reason, index = evaluate()
 
 -- 3. The key was active now, even if it is blocked (GT: a late clock never moves it back).
-redis.call('ZADD', KEYS[3], 'GT', now, key_id)
+redis.call('ZADD', KEYS[3], 'GT', ARGV[1], key_id)
 keep_for(KEYS[3], res_ttl)
 
 -- 4. Reserve: add each cost to the current bucket (pool total only for pool scope) and remember
@@ -175,8 +176,8 @@ if outcome ~= 2 then
       -- the epoch-aligned index even for an anchored window: drop_reservation only asks whether
       -- the bucket may still count (within one window of now), and for the current anchored
       -- window that holds as it does for the current epoch bucket
-      local bucket = tostring(math.floor(now / c.window))
-      local w = tostring(c.window)
+      local bucket = ms(math.floor(now / c.window))
+      local w = c.window_s
       set_sum(c.kkey, c.kc, c.cost, c.window)
       parts[#parts + 1] = { c.kkey, c.cost_s, w, bucket }
       if c.pool then
@@ -185,8 +186,8 @@ if outcome ~= 2 then
       end
     end
   end
-  redis.call('SET', KEYS[4], cjson.encode({ k = key_id, p = parts }), 'PX', res_ttl)
-  redis.call('ZADD', KEYS[2], now + lease_ms, rid)
+  redis.call('SET', KEYS[4], cjson.encode({ k = key_id, p = parts }), 'PX', ARGV[7])
+  redis.call('ZADD', KEYS[2], ms(now + lease_ms), rid)
   keep_for(KEYS[2], res_ttl)
 end
 

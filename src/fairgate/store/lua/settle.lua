@@ -93,7 +93,7 @@ for _, key in ipairs(order) do
       if v < 0 then
         v = 0.0
       end
-      redis.call('SET', key, fmt(v), 'PX', 2 * windows[key])
+      redis.call('SET', key, fmt(v), 'PX', ms(2 * windows[key]))
     end
   end
 end
