@@ -1,0 +1,163 @@
+"""The coalescer: a group's calls wait while one batch is in flight and then go together; each
+caller gets its own result or the batch's error. No clock: batches are released by hand."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from fairgate.store.coalesce import Coalescer
+
+
+class Sender:
+    """A store that answers each batch only when the test lets it (``release``)."""
+
+    def __init__(self) -> None:
+        self.batches: list[tuple[str, list[int]]] = []
+        self.gates: list[asyncio.Future[None]] = []
+        self.fail: BaseException | None = None
+
+    async def __call__(self, group: str, items: list[int]) -> list[int]:
+        self.batches.append((group, items))
+        gate = asyncio.get_running_loop().create_future()
+        self.gates.append(gate)
+        await gate
+        if self.fail is not None:
+            raise self.fail
+        return [i * 10 for i in items]
+
+    def release(self, n: int = -1) -> None:
+        self.gates[n].set_result(None)
+
+
+async def turns(n: int = 3) -> None:
+    for _ in range(n):
+        await asyncio.sleep(0)
+
+
+async def test_calls_of_one_turn_go_as_one_batch_and_get_their_own_results() -> None:
+    send = Sender()
+    c = Coalescer(send, max_batch=64)
+    calls = [asyncio.ensure_future(c.submit("p1", i)) for i in range(5)]
+    await turns()
+    assert send.batches == [("p1", [0, 1, 2, 3, 4])]
+    send.release()
+    assert await asyncio.gather(*calls) == [0, 10, 20, 30, 40]
+
+
+async def test_calls_made_while_a_batch_is_in_flight_wait_and_go_together() -> None:
+    send = Sender()
+    c = Coalescer(send, max_batch=64)
+    first = asyncio.ensure_future(c.submit("p1", 1))
+    await turns()
+    later = [asyncio.ensure_future(c.submit("p1", i)) for i in (2, 3, 4)]
+    await turns()
+    assert send.batches == [("p1", [1])]  # nothing more goes out while the first is in flight
+    send.release()
+    assert await first == 10
+    await turns()
+    assert send.batches == [("p1", [1]), ("p1", [2, 3, 4])]
+    send.release()
+    assert await asyncio.gather(*later) == [20, 30, 40]
+
+
+async def test_groups_do_not_wait_for_each_other() -> None:
+    send = Sender()
+    c = Coalescer(send, max_batch=64)
+    a = asyncio.ensure_future(c.submit("p1", 1))
+    await turns()
+    b = asyncio.ensure_future(c.submit("p2", 2))
+    await turns()
+    assert send.batches == [("p1", [1]), ("p2", [2])]
+    send.release(1)
+    assert await b == 20
+    assert not a.done()
+    send.release(0)
+    assert await a == 10
+
+
+async def test_a_batch_is_at_most_max_batch_calls() -> None:
+    send = Sender()
+    c = Coalescer(send, max_batch=2)
+    calls = [asyncio.ensure_future(c.submit("p1", i)) for i in range(5)]
+    await turns()
+    for expected in ([0, 1], [2, 3], [4]):
+        assert send.batches[-1] == ("p1", expected)
+        send.release()
+        await turns()
+    assert await asyncio.gather(*calls) == [0, 10, 20, 30, 40]
+
+
+async def test_a_failed_batch_fails_each_of_its_calls_and_the_next_batch_still_goes() -> None:
+    send = Sender()
+    c = Coalescer(send, max_batch=64)
+    failing = [asyncio.ensure_future(c.submit("p1", i)) for i in (1, 2)]
+    await turns()
+    later = asyncio.ensure_future(c.submit("p1", 3))
+    await turns()
+    send.fail = ConnectionError("gone")
+    send.release()
+    for call in failing:
+        with pytest.raises(ConnectionError, match="gone"):
+            await call
+    send.fail = None
+    await turns()
+    assert send.batches[-1] == ("p1", [3])
+    send.release()
+    assert await later == 30
+
+
+async def test_a_cancelled_caller_leaves_its_call_in_the_batch() -> None:
+    send = Sender()
+    c = Coalescer(send, max_batch=64)
+    a = asyncio.ensure_future(c.submit("p1", 1))
+    await turns()
+    b = asyncio.ensure_future(c.submit("p1", 2))
+    await turns()
+    b.cancel()  # its caller gives up while it waits behind the batch in flight
+    await turns()
+    send.release()
+    assert await a == 10
+    await turns()
+    assert send.batches[-1] == ("p1", [2])  # still sent: a store write is never dropped
+    send.release()
+    await c.drain()
+    assert b.cancelled()
+
+
+async def test_drain_waits_for_every_call_handed_in() -> None:
+    send = Sender()
+    c = Coalescer(send, max_batch=64)
+    calls = [asyncio.ensure_future(c.submit("p1", 1))]
+    await turns()
+    calls.append(asyncio.ensure_future(c.submit("p1", 2)))
+    drained = asyncio.ensure_future(c.drain())
+    await turns()
+    assert not drained.done()
+    send.release()
+    await turns()
+    assert not drained.done()  # the second batch is not answered yet
+    send.release()
+    await drained
+    assert [call.result() for call in calls] == [10, 20]
+    assert c._groups == {}  # nothing held for an idle group
+
+
+async def test_a_batch_answered_with_the_wrong_count_fails_its_calls() -> None:
+    async def short(group: str, items: list[int]) -> list[int]:
+        return items[:-1]
+
+    c = Coalescer(short, max_batch=64)
+    calls = [asyncio.ensure_future(c.submit("p1", i)) for i in (1, 2)]
+    for call in calls:
+        with pytest.raises(RuntimeError, match="a batch of 2 answered 1"):
+            await call
+
+
+def test_max_batch_must_be_positive() -> None:
+    async def send(group: str, items: list[int]) -> list[int]:
+        return items
+
+    with pytest.raises(ValueError, match="max_batch"):
+        Coalescer(send, max_batch=0)
