@@ -253,6 +253,107 @@ async def test_counter_text_is_what_python_reads_back_to_the_same_double(
 # -- round trips and scripts --------------------------------------------------------------------
 
 
+def _dump(client: redis.Redis, prefix: str) -> dict[str, Any]:
+    """Every key under ``prefix`` (the prefix cut off) with its value, for comparing two runs."""
+    out: dict[str, Any] = {}
+    for key in keys_under(client, prefix):
+        kind = client.type(key)
+        if kind == "string":
+            value: Any = client.get(key)
+        elif kind == "hash":
+            value = client.hgetall(key)
+        else:
+            value = client.zrange(key, 0, -1, withscores=True)
+        out[key[len(prefix) :]] = value
+    return out
+
+
+async def test_settles_applied_together_leave_what_they_leave_one_at_a_time(
+    redis_url: str, raw: redis.Redis
+) -> None:
+    """settle.lua applies a batch of settles one after the other with the same arithmetic as
+    one at a time: the same counters to the last bit (fractions, netting, a reservation settled
+    twice, records among them), the same markers, the same active set."""
+    import random
+
+    rng = random.Random(7)
+    ops: list[tuple[str, str, str, list[UsageItem], int]] = []
+    admits = []
+    for i in range(40):
+        rid = f"r{i}"
+        cost = round(rng.uniform(50, 2000), rng.choice((0, 1, 3)))
+        checks = (check(REQ), check(TOK, limit=1e7, cost=cost, unit=Unit.TOKENS))
+        key = f"k{i % 3}"
+        admits.append(request(*checks, key=key, rid=rid, now_ms=T0 + i))
+        used = round(rng.uniform(0, 1.5 * cost), rng.choice((0, 2, 7)))
+        usage = [UsageItem(REQ, HOUR, 1), UsageItem(TOK, HOUR, used)]
+        ops.append(("settle", key, rid, usage, T0 + 100 + i))
+        if i % 7 == 0:  # replayed: its second settle must add nothing
+            ops.append(("settle", key, rid, usage, T0 + 101 + i))
+        if i % 5 == 0:  # a record (percent attribution) among them
+            ops.append(("record", key, "", [UsageItem(TOK, HOUR, 0.1 * i)], T0 + 102 + i))
+    prefixes = [f"fgtest:{uuid.uuid4().hex[:12]}" for _ in range(2)]
+    dumps = []
+    try:
+        for together, prefix in zip((False, True), prefixes, strict=True):
+            store = RedisQuotaStore(redis_url, prefix=prefix)
+            try:
+                for req in admits:
+                    assert (await store.admit(req)).reserved
+
+                def call(
+                    op: tuple[str, str, str, list[UsageItem], int], store: RedisQuotaStore = store
+                ) -> Any:
+                    mode, key, rid, usage, now = op
+                    if mode == "record":
+                        return store.record("p1", key, usage, now)
+                    return store.settle("p1", key, rid, usage, now)
+
+                if together:  # in batches of 10 (a batch starts from what the last one left)
+                    for i in range(0, len(ops), 10):
+                        await asyncio.gather(*(call(op) for op in ops[i : i + 10]))
+                else:
+                    for op in ops:
+                        await call(op)
+            finally:
+                await store.close()
+            dumps.append(_dump(raw, prefix))
+    finally:
+        for prefix in prefixes:
+            for key in keys_under(raw, prefix):
+                raw.delete(key)
+    assert dumps[0] == dumps[1]
+    assert dumps[0][":{p1}:c:*:tokens/hourly:472223"] != "0"  # the counts were there to compare
+
+
+async def test_settles_that_wait_behind_one_in_flight_go_as_one_script_call(
+    wire: Wire, redis_prefix: str
+) -> None:
+    store = RedisQuotaStore(wire.url, prefix=redis_prefix)
+    try:
+        reqs = [request(key=f"k{i % 4}", now_ms=T0 + i) for i in range(20)]
+        for req in reqs:
+            await store.admit(req)
+        usage = [UsageItem(REQ, HOUR, 1)]
+        await store.settle("p1", "k0", "warm", usage, T0 + 50)  # loads the script
+        wire.reset()
+        first = asyncio.ensure_future(
+            store.settle("p1", reqs[0].key_id, reqs[0].reservation_id, usage, T0 + 60)
+        )
+        await asyncio.sleep(0)
+        rest = [
+            store.settle("p1", r.key_id, r.reservation_id, usage, T0 + 61) for r in reqs[1:]
+        ]
+        await asyncio.gather(first, *rest)
+        # the first goes alone; the 19 made while it was in flight go in one call after it
+        assert wire.commands == ["EVALSHA", "EVALSHA"]
+        counts = await store.pool_usage("p1", ["k0"], [CounterRef(REQ, HOUR)], T0 + 62)
+        assert counts.totals[REQ] == Count(0.0, 21.0)  # 20 reserved, settled at 1 each, + "warm"
+    finally:
+        await store.close()
+
+
+
 async def test_an_admission_is_exactly_one_round_trip(wire: Wire, redis_prefix: str) -> None:
     store = RedisQuotaStore(wire.url, prefix=redis_prefix)
     try:

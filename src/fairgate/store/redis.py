@@ -56,6 +56,7 @@ from fairgate.store.base import (
     ReservationExists,
     UsageItem,
 )
+from fairgate.store.coalesce import Coalescer
 from fairgate.store.deadline import NoReply, call_within
 from fairgate.store.redis_client import AsyncClient, async_client, prepare, probe_client
 from fairgate.store.redis_lane import LaneScript, ScriptLane
@@ -80,6 +81,8 @@ _UNLOCK: Final = (
 #: A settled reservation leaves a marker this long, so a settle applied twice (its first reply
 #: timed out, the engine journaled and replayed it) adds its usage once.
 SETTLED_TTL_MS: Final = 120_000
+#: At most this many settles of a pool in one settle.lua call (the rest go in the next one).
+MAX_SETTLE_BATCH: Final = 64
 _SCAN_COUNT: Final = 1000
 #: A pool's anchor hash lives 2 × its window beyond the last write (a reading of a new window
 #: rewrites it), plus a day: readings that stop for that long fall back to epoch-aligned windows.
@@ -233,6 +236,14 @@ class _HotScript(NamedTuple):
     wire: LaneScript
 
 
+class _SettleCall(NamedTuple):
+    """One settle or record as settle.lua takes it within a batch: its keys (the reservation's,
+    then two per usage item) and its arguments (now, mode, reservation id, key id, items)."""
+
+    keys: list[bytes]
+    args: list[bytes]
+
+
 class _PoolKeys:
     """A pool's fixed keys as the bytes the scripts get (see the module docstring's layout)."""
 
@@ -351,6 +362,9 @@ class RedisQuotaStore:
         self._bucket_keys = _Memo[_BucketRef, tuple[bytes, bytes]](self._build_bucket_pair)
         self._check_keys = _Memo[_BucketRef, tuple[bytes, ...]](self._build_admit_keys)
         self._fixed = _Memo[_FixedRef, tuple[bytes, ...]](_build_fixed_args)
+        self._settles = Coalescer[str, _SettleCall, int](
+            self._settle_batch, max_batch=MAX_SETTLE_BATCH
+        )
 
     async def _call(self, command: Awaitable[T]) -> T:
         """Every command within the store's timeout, lag compensated (:mod:`.deadline`).
@@ -605,20 +619,15 @@ class RedisQuotaStore:
         usage: Sequence[UsageItem],
         now_ms: int,
     ) -> bool:
-        """settle.lua: drop the reservation (``settle`` only) and add the actual use."""
+        """One settle or record (settle.lua: drop the reservation, ``settle`` only, and add the
+        actual use), sent with the other settles of its pool that wait while one batch of them
+        is in flight (:mod:`.coalesce`): it returns once it has been applied."""
         pool = self._pool(pool_id)
         base = pool.base
         key_id = self._key_id(key_id)
         rid = reservation_id.encode()
-        keys = [pool.rz, pool.reservation(rid), pool.cum, pool.act]
-        args = [
-            _int(now_ms),
-            mode.encode(),
-            rid,
-            key_id.encode(),
-            _int(len(usage)),
-            _SETTLED_TTL_MS,
-        ]
+        keys = [pool.reservation(rid)]
+        args = [_int(now_ms), mode.encode(), rid, key_id.encode(), _int(len(usage))]
         for item in usage:
             curr = bucket_index(now_ms, item.window_ms, item.anchor)
             keys.append(self._bucket_pair(base, key_id, item.key, curr)[1])
@@ -631,8 +640,18 @@ class RedisQuotaStore:
                     item.key.encode(),
                 )
             )
+        return await self._settles.submit(pool_id, _SettleCall(keys, args)) == 1
+
+    async def _settle_batch(self, pool_id: str, calls: list[_SettleCall]) -> list[int]:
+        """One settle.lua call for a batch of a pool's settles and records, applied in order."""
+        pool = self._pool(pool_id)
+        keys = [pool.rz, pool.cum, pool.act]
+        args = [_SETTLED_TTL_MS, _int(len(calls))]
+        for call in calls:
+            keys += call.keys
+            args += call.args
         reply = await self._call(self._run(self._settle, keys, args))
-        return int(cast(int, reply)) == 1
+        return [int(code) for code in cast(list[Any], reply)]
 
     # -- reads ----------------------------------------------------------------------------------
 
@@ -824,6 +843,7 @@ class RedisQuotaStore:
         await prepare(self._client, WARM_POOL_CONNECTIONS)
 
     async def close(self) -> None:
+        await self._settles.drain()  # a graceful stop loses no settle handed in
         self._probe_client.close()
         if self._lane is not None:
             await self._lane.close()
