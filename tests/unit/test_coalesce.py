@@ -36,14 +36,33 @@ async def turns(n: int = 3) -> None:
         await asyncio.sleep(0)
 
 
-async def test_calls_of_one_turn_go_as_one_batch_and_get_their_own_results() -> None:
+async def test_a_call_to_an_idle_group_goes_at_once_and_the_next_ones_go_together() -> None:
     send = Sender()
     c = Coalescer(send, max_batch=64)
     calls = [asyncio.ensure_future(c.submit("p1", i)) for i in range(5)]
     await turns()
-    assert send.batches == [("p1", [0, 1, 2, 3, 4])]
+    assert send.batches == [("p1", [0])]  # the first found the group idle: it went alone
+    send.release()
+    await turns()
+    assert send.batches == [("p1", [0]), ("p1", [1, 2, 3, 4])]
     send.release()
     assert await asyncio.gather(*calls) == [0, 10, 20, 30, 40]
+
+
+async def test_a_call_to_an_idle_group_is_sent_on_its_own_loop_turn() -> None:
+    sent: list[list[int]] = []
+
+    async def send(group: str, items: list[int]) -> list[int]:
+        sent.append(items)  # called synchronously from submit: no task, no loop turn first
+        return items
+
+    c = Coalescer(send, max_batch=64)
+    call = c.submit("p1", 7).__await__()
+    with pytest.raises(StopIteration) as done:
+        call.send(None)  # one step of the coroutine: it finishes without yielding to the loop
+    assert done.value.value == 7
+    assert sent == [[7]]
+    assert c._groups == {}
 
 
 async def test_calls_made_while_a_batch_is_in_flight_wait_and_go_together() -> None:
@@ -80,20 +99,26 @@ async def test_groups_do_not_wait_for_each_other() -> None:
 async def test_a_batch_is_at_most_max_batch_calls() -> None:
     send = Sender()
     c = Coalescer(send, max_batch=2)
-    calls = [asyncio.ensure_future(c.submit("p1", i)) for i in range(5)]
+    calls = [asyncio.ensure_future(c.submit("p1", i)) for i in range(6)]
     await turns()
-    for expected in ([0, 1], [2, 3], [4]):
+    for expected in ([0], [1, 2], [3, 4], [5]):
         assert send.batches[-1] == ("p1", expected)
         send.release()
         await turns()
-    assert await asyncio.gather(*calls) == [0, 10, 20, 30, 40]
+    assert await asyncio.gather(*calls) == [0, 10, 20, 30, 40, 50]
 
 
 async def test_a_failed_batch_fails_each_of_its_calls_and_the_next_batch_still_goes() -> None:
     send = Sender()
     c = Coalescer(send, max_batch=64)
+    first = asyncio.ensure_future(c.submit("p1", 0))
+    await turns()
     failing = [asyncio.ensure_future(c.submit("p1", i)) for i in (1, 2)]
     await turns()
+    send.release()
+    assert await first == 0
+    await turns()
+    assert send.batches[-1] == ("p1", [1, 2])
     later = asyncio.ensure_future(c.submit("p1", 3))
     await turns()
     send.fail = ConnectionError("gone")
@@ -106,6 +131,24 @@ async def test_a_failed_batch_fails_each_of_its_calls_and_the_next_batch_still_g
     assert send.batches[-1] == ("p1", [3])
     send.release()
     assert await later == 30
+
+
+async def test_a_failed_lone_call_raises_to_its_caller_and_what_waited_still_goes() -> None:
+    send = Sender()
+    c = Coalescer(send, max_batch=64)
+    lone = asyncio.ensure_future(c.submit("p1", 1))
+    await turns()
+    waiting = asyncio.ensure_future(c.submit("p1", 2))
+    await turns()
+    send.fail = TimeoutError("slow")
+    send.release()
+    with pytest.raises(TimeoutError, match="slow"):
+        await lone
+    send.fail = None
+    await turns()
+    assert send.batches[-1] == ("p1", [2])
+    send.release()
+    assert await waiting == 20
 
 
 async def test_a_cancelled_caller_leaves_its_call_in_the_batch() -> None:
@@ -146,11 +189,14 @@ async def test_drain_waits_for_every_call_handed_in() -> None:
 
 async def test_a_batch_answered_with_the_wrong_count_fails_its_calls() -> None:
     async def short(group: str, items: list[int]) -> list[int]:
+        await asyncio.sleep(0)
         return items[:-1]
 
     c = Coalescer(short, max_batch=64)
-    calls = [asyncio.ensure_future(c.submit("p1", i)) for i in (1, 2)]
-    for call in calls:
+    calls = [asyncio.ensure_future(c.submit("p1", i)) for i in (1, 2, 3)]
+    with pytest.raises(RuntimeError, match="a batch of 1 answered 0"):
+        await calls[0]
+    for call in calls[1:]:
         with pytest.raises(RuntimeError, match="a batch of 2 answered 1"):
             await call
 
