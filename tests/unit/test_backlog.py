@@ -5,7 +5,15 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from fairgate.quota.backlog import GAP_FACTOR, MIN_GAP_MS, Streak, backlogged, refused
+from fairgate.quota.backlog import (
+    FAST_FACTOR,
+    FAST_HOLD_MS,
+    GAP_FACTOR,
+    MIN_GAP_MS,
+    Streak,
+    backlogged,
+    refused,
+)
 
 MIN = 60_000
 HOUR = 60 * MIN
@@ -109,3 +117,24 @@ def test_a_burst_of_refusals_is_one_attempt_not_a_rhythm() -> None:
     assert run.first_ms == T + 5 * MIN
     assert run.gap_ms > 2 * MIN
     assert run.until_ms > times[-1] + 5 * MIN
+
+
+def test_a_client_that_retries_long_before_its_retry_after_is_held_by_its_own_pace() -> None:
+    """Refused every 30 s and told to come back in 20 minutes, a key stops asking (its queue
+    ran dry) and asks again 3 minutes later. Held by the Retry-After its run outlived the
+    pause, so its new requests were judged on its sliding count as a backlogged key's; held by
+    its own pace (at most FAST_HOLD_MS), the pause ends the run and the new refusal starts
+    another."""
+    run = _run([T + i * 30_000 for i in range(20)], hold=20 * MIN)
+    assert run.first_ms == T
+    assert run.until_ms - run.last_ms <= FAST_HOLD_MS
+    later = refused(run, run.last_ms + 3 * MIN, 20 * MIN, IDLE)
+    assert later.first_ms == run.last_ms + 3 * MIN  # a new run
+
+
+def test_a_client_that_waits_for_its_retry_after_keeps_its_run() -> None:
+    # the Retry-After holds the run from the first refusal; then its rhythm is the Retry-After
+    run = _run([T + i * 10 * MIN for i in range(5)], hold=10 * MIN)
+    assert run.first_ms == T
+    assert run.until_ms - run.last_ms >= 10 * MIN
+    assert FAST_FACTOR * run.gap_ms >= 10 * MIN
