@@ -60,7 +60,7 @@ def make_pool(n_keys: int) -> Pool:
 def bench_pure(pool: Pool, ops: int) -> float:
     rng = random.Random(1)
     keys = [a.key_id for a in pool.allocations]
-    values = [(1e6, 10.0), (1e9, 1e4)]
+    values = [(1e6, 10.0, 10.0), (1e9, 1e4, 1e4)]  # (pool total, key, key this window)
     start = time.perf_counter_ns()
     for _ in range(ops):
         alloc = pool.allocation(rng.choice(keys))
