@@ -72,7 +72,7 @@ class Counting:
 async def run(store: QuotaStore, anchor: WindowAnchor) -> tuple[float, dict[str, int]]:
     clock = ManualClock(T0)
     counting = Counting(store)
-    engine = QuotaEngine(counting, clock=clock)  # type: ignore[arg-type]
+    engine = QuotaEngine(counting, clock=clock)
     pool = make_pool(anchor)
     for counter, w in (("percent/5h", Window.FIVE_HOURS.ms), ("percent/weekly", Window.WEEKLY.ms)):
         await engine.anchor(pool, counter, w, T0 + w // 3, "codex-1")

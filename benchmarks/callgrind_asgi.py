@@ -45,7 +45,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, MutableMapping
 from pathlib import Path
 from typing import Any
 
@@ -180,7 +180,7 @@ async def _serve(
         sent_body = False
         status = 0
 
-        async def receive() -> dict[str, Any]:
+        async def receive() -> MutableMapping[str, Any]:
             nonlocal sent_body
             if not sent_body:
                 sent_body = True
@@ -188,7 +188,7 @@ async def _serve(
             await done.wait()  # as uvicorn: nothing more until the answer is complete
             return {"type": "http.disconnect"}
 
-        async def send(message: dict[str, Any]) -> None:
+        async def send(message: MutableMapping[str, Any]) -> None:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = message["status"]

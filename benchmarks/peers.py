@@ -127,7 +127,7 @@ def redis_cpu_reader(url: str) -> Callable[[], tuple[float, int, int]] | None:
         return None
     client = redis.Redis.from_url(url, socket_timeout=2)
 
-    def read() -> tuple[float, int]:
+    def read() -> tuple[float, int, int]:
         info = client.info("cpu")
         stats = client.info("stats")
         scripts = client.info("commandstats").get("cmdstat_evalsha", {})
@@ -375,11 +375,11 @@ def report(targets: list[Target], rows: dict[str, Row], bench: Bench, rounds: in
             f"{r64.rps:10.0f} {r64.p99:8.2f} {statistics.median(row.ttfe):9.2f} {cpu:>12}"
         )
     for t in targets:
-        row = rows.get(t.name)
-        if not t.missing and row is not None and row.redis_cmds:
+        found = rows.get(t.name)
+        if not t.missing and found is not None and found.redis_cmds:
             print(
-                f"{t.name}: per request at c16, {statistics.median(row.redis_evalsha):.2f} "
-                f"EVALSHA (the scripts' round trips) and {statistics.median(row.redis_cmds):.2f} "
+                f"{t.name}: per request at c16, {statistics.median(found.redis_evalsha):.2f} "
+                f"EVALSHA (the scripts' round trips) and {statistics.median(found.redis_cmds):.2f} "
                 "commands run by Redis, those inside the scripts included (every client of "
                 "that server counts)"
             )

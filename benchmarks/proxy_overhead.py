@@ -94,7 +94,10 @@ def run_bare(port: int, upstream: str) -> None:
 
         app = web.Application()
         app.router.add_post("/{tail:.*}", handler)
-        app.router.add_get("/ready", lambda r: web.Response(text="ok"))
+        async def ready(request: web.Request) -> web.Response:
+            return web.Response(text="ok")
+
+        app.router.add_get("/ready", ready)
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
         await web.TCPSite(runner, "127.0.0.1", port).start()
