@@ -167,6 +167,34 @@ def test_wrong_key_shows_a_clear_message(page: Any, gateway: Proc) -> None:
     assert page.evaluate("localStorage.getItem('fairgate.adminKey')") is None
 
 
+def test_new_pool_waits_for_the_connections(page: Any, gateway: Proc) -> None:
+    """"New pool" lists the connections to choose from: clicked before they were read (a slow
+    gateway, a loaded host) it offered "No connections yet". It is disabled until they come."""
+    held: list[Any] = []
+
+    def hold(route: Any) -> None:  # a bound method will not do: Playwright wraps functions
+        held.append(route)
+
+    page.route("**/api/connections", hold)
+    sign_in(page, gateway)
+    page.get_by_role("heading", name="Pools", exact=True).wait_for()
+    button = page.get_by_role("button", name="New pool")
+    expect(button).to_be_disabled()
+    for _ in range(500):  # until the page has asked for them (its answer is held back)
+        if held:
+            break
+        page.wait_for_timeout(20)
+    assert held, "the pools page never asked for the connections"
+    expect(button).to_be_disabled()
+    for route in held:
+        route.continue_()
+    expect(button).to_be_enabled()
+    button.click()
+    dialog = page.locator("dialog[open]")
+    expect(dialog.get_by_label("mock-1 (mock)")).to_be_enabled()
+    expect(dialog).not_to_contain_text("No connections yet")
+
+
 def test_pools_create_edit_traffic_and_validation(page: Any, gateway: Proc) -> None:
     sign_in(page, gateway)
     page.get_by_role("heading", name="Pools", exact=True).wait_for()

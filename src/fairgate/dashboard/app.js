@@ -31,7 +31,7 @@
     threshold: 0.5,
     dimChoice: {}, // pool id -> chosen dimension key for the table and chart
     planConn: null,
-    data: { pools: [], usage: {}, usageErr: {}, logs: {}, connections: [], keys: [] },
+    data: { pools: [], usage: {}, usageErr: {}, logs: {}, connections: [], connectionsLoaded: false, keys: [] },
   };
 
   // -- small DOM helpers -------------------------------------------------------------------
@@ -344,12 +344,34 @@
         "div",
         { class: "page-head" },
         h("h1", {}, "Pools"),
-        h("div", { class: "actions" }, h("button", { type: "button", class: "button primary", id: "new-pool", onclick: openCreatePool }, "New pool")),
+        h("div", { class: "actions" }, newPoolButton()),
       ),
       h("p", { id: "page-error", class: "alert", role: "alert" }),
       concept,
       h("div", { id: "pools-list", class: "pools", "aria-live": "polite", "aria-busy": "true" }, h("p", { class: "muted" }, "Loading pools…")),
     );
+  }
+
+  /* "New pool" lists the connections to choose from: until they have been read once, the
+   * dialog would say there are none, so the button waits for them (a click while the page is
+   * still loading does nothing instead of offering an empty list). */
+  function newPoolButton() {
+    const ready = state.data.connectionsLoaded;
+    return h(
+      "button",
+      { type: "button", class: "button primary", id: "new-pool", onclick: openCreatePool, disabled: !ready, title: ready ? undefined : "Loading connections…" },
+      "New pool",
+    );
+  }
+
+  function connectionsLoaded(connections) {
+    state.data.connections = connections;
+    state.data.connectionsLoaded = true;
+    const button = $("#new-pool");
+    if (button) {
+      button.disabled = false;
+      button.removeAttribute("title");
+    }
   }
 
   async function loadPools() {
@@ -361,7 +383,7 @@
     ]);
     const d = state.data;
     d.pools = pools;
-    d.connections = connections;
+    connectionsLoaded(connections);
     d.keys = keys;
     state.threshold = settings.quota.saturationThreshold;
     state.requireAllocation = !settings.access || settings.access.requireAllocation;
@@ -1206,7 +1228,7 @@
 
   async function loadPlans() {
     const [connections, plans] = await Promise.all([api("GET", "/connections"), api("GET", "/quota/plans")]);
-    state.data.connections = connections;
+    connectionsLoaded(connections);
     state.data.plans = plans;
     pageError("");
     const sel = $("#plan-connection");
