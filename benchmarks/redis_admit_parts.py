@@ -30,9 +30,8 @@ from typing import Any
 import redis
 
 from callgrind_support import drop_prefix, redis_url
+from redis_scripts import HOUR, T0, evalsha_usec
 
-HOUR = 3_600_000
-T0 = 1_700_002_800_000
 EARLY = "if true then return {0} end\n"
 
 #: (name, what it adds, the text the early return goes before); None: the whole script
@@ -89,12 +88,6 @@ async def one_admission(url: str, prefix: str) -> tuple[list[bytes], list[bytes]
     return seen[0]
 
 
-def evalsha_usec(client: redis.Redis) -> tuple[float, int]:
-    stats: dict[str, Any] = client.info("commandstats")
-    row = stats.get("cmdstat_evalsha", {})
-    return float(row.get("usec", 0)), int(row.get("calls", 0))
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -116,7 +109,7 @@ def main() -> None:
         for r in range(args.rounds):
             print(f"  round {r + 1}/{args.rounds} ...", flush=True)
             for name, _, sha in runs:
-                usec0, calls0 = evalsha_usec(client)
+                client.config_resetstat()
                 pipe = client.pipeline(transaction=False)
                 for i in range(args.calls):
                     tick += 1
@@ -128,8 +121,7 @@ def main() -> None:
                         pipe.execute()
                         pipe = client.pipeline(transaction=False)
                 pipe.execute()
-                usec1, calls1 = evalsha_usec(client)
-                per_call[name].append((usec1 - usec0) / max(1, calls1 - calls0))
+                per_call[name].append(evalsha_usec(client)[0])
     finally:
         drop_prefix(url, prefix)
     print(f"\nadmit.lua in redis-server, µs per call (median of {args.rounds} rounds)")
