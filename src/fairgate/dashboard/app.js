@@ -31,7 +31,7 @@
     threshold: 0.5,
     dimChoice: {}, // pool id -> chosen dimension key for the table and chart
     planConn: null,
-    data: { pools: [], usage: {}, usageErr: {}, logs: {}, connections: [], connectionsLoaded: false, keys: [] },
+    data: { pools: [], usage: {}, usageErr: {}, logs: {}, connections: null, keys: [] }, // connections: null until first read
   };
 
   // -- small DOM helpers -------------------------------------------------------------------
@@ -356,7 +356,7 @@
    * dialog would say there are none, so the button waits for them (a click while the page is
    * still loading does nothing instead of offering an empty list). */
   function newPoolButton() {
-    const ready = state.data.connectionsLoaded;
+    const ready = state.data.connections !== null;
     return h(
       "button",
       { type: "button", class: "button primary", id: "new-pool", onclick: openCreatePool, disabled: !ready, title: ready ? undefined : "Loading connections…" },
@@ -364,9 +364,8 @@
     );
   }
 
-  function connectionsLoaded(connections) {
+  function setConnections(connections) {
     state.data.connections = connections;
-    state.data.connectionsLoaded = true;
     const button = $("#new-pool");
     if (button) {
       button.disabled = false;
@@ -383,7 +382,7 @@
     ]);
     const d = state.data;
     d.pools = pools;
-    connectionsLoaded(connections);
+    setConnections(connections);
     d.keys = keys;
     state.threshold = settings.quota.saturationThreshold;
     state.requireAllocation = !settings.access || settings.access.requireAllocation;
@@ -1228,7 +1227,7 @@
 
   async function loadPlans() {
     const [connections, plans] = await Promise.all([api("GET", "/connections"), api("GET", "/quota/plans")]);
-    connectionsLoaded(connections);
+    setConnections(connections);
     state.data.plans = plans;
     pageError("");
     const sel = $("#plan-connection");
