@@ -20,18 +20,9 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from fairgate.sim.runner import PolicyRun, ScenarioResult
+from fairgate.sim.runner import ScenarioResult
 from fairgate.sim.spread import Spread
-
-TARGET_JAIN = 0.99
-#: issue 17: ≥ 98 % of what demand allowed (holding room for waiting keys costs a little)
-TARGET_UTILISATION = 0.98
-
-
-def request_overshoot(run: PolicyRun) -> float:
-    """Worst overshoot over the request-unit dimensions (the ones promised to be exact)."""
-    vals = [v for k, v in run.metrics.overshoot.items() if k.startswith("requests/")]
-    return max(vals, default=0.0)
+from fairgate.sim.targets import TARGET_JAIN, TARGET_UTILISATION, request_overshoot
 
 
 def targets(result: ScenarioResult, policy: str = "active") -> dict[str, bool]:
@@ -39,7 +30,7 @@ def targets(result: ScenarioResult, policy: str = "active") -> dict[str, bool]:
     return {
         "jain": run.metrics.jain >= TARGET_JAIN,
         "utilisation": run.metrics.utilisation >= TARGET_UTILISATION,
-        "overshoot": request_overshoot(run) == 0.0,
+        "overshoot": request_overshoot(run.metrics) == 0.0,
     }
 
 
@@ -235,7 +226,7 @@ def result_dict(result: ScenarioResult) -> dict[str, Any]:
     for name, run in result.runs.items():
         metrics = asdict(run.metrics)
         metrics["first_block_well_behaved_ms"] = run.metrics.first_block_well_behaved_ms
-        metrics["request_overshoot"] = request_overshoot(run)
+        metrics["request_overshoot"] = request_overshoot(run.metrics)
         runs[name] = {
             "metrics": metrics,
             "admissions": run.admissions,
