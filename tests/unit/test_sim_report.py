@@ -1,10 +1,14 @@
-"""The simulator's report stays readable with many keys: chart groups (pure)."""
+"""The simulator's report stays readable: chart groups with many keys, the spread table in
+80 columns (pure)."""
 
 from __future__ import annotations
 
-from fairgate.sim.report import chart_groups
+from rich.console import Console
+
+from fairgate.sim.report import chart_groups, print_spreads
 from fairgate.sim.runner import ScenarioResult
-from fairgate.sim.scenario import builtin
+from fairgate.sim.scenario import builtin, builtin_names
+from fairgate.sim.spread import Spread
 
 
 def _result(name: str) -> ScenarioResult:
@@ -21,3 +25,32 @@ def test_forty_keys_are_drawn_as_their_four_demand_patterns() -> None:
     assert sorted(k for ks in groups.values() for k in ks) == sorted(
         k.id for k in builtin("many-keys").keys
     )
+
+
+def test_the_spread_over_seeds_fits_an_80_column_terminal() -> None:
+    """Every built-in's name and the widest figures, nothing cut short with an ellipsis."""
+    rows = [
+        Spread(
+            scenario=name,
+            policy=policy,
+            seeds=10,
+            jain_min=0.9909,
+            jain_median=0.9985,
+            worst_window_min=0.874,
+            worst_window_median=0.951,
+            utilisation_min=1.0,
+            utilisation_median=0.9834,
+            ratio_min=0.81,
+            ratio_max=1.20,
+            overshoot_max=0.0,
+            meeting=10,
+        )
+        for name in builtin_names()
+        for policy in ("static", "active")
+    ]
+    console = Console(width=80, record=True)
+    print_spreads(rows, console)
+    text = console.export_text()
+    assert "…" not in text
+    for cell in ("subscription", "0.81–1.20", "100.0%", "10/10"):
+        assert cell in text

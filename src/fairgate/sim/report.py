@@ -17,21 +17,21 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from rich import box
 from rich.console import Console
 from rich.table import Table
 
 from fairgate.sim.runner import ScenarioResult
 from fairgate.sim.spread import Spread
-from fairgate.sim.targets import TARGET_JAIN, TARGET_UTILISATION, request_overshoot
-
-
-def targets(result: ScenarioResult, policy: str = "active") -> dict[str, bool]:
-    run = result.runs[policy]
-    return {
-        "jain": run.metrics.jain >= TARGET_JAIN,
-        "utilisation": run.metrics.utilisation >= TARGET_UTILISATION,
-        "overshoot": request_overshoot(run.metrics) == 0.0,
-    }
+from fairgate.sim.targets import (
+    TARGET_JAIN,
+    TARGET_RATIO,
+    TARGET_UTILISATION,
+    TARGET_WORST_WINDOW,
+    describe,
+    meets,
+    request_overshoot,
+)
 
 
 def _duration(ms: int | None) -> str:
@@ -88,13 +88,12 @@ def scenario_table(result: ScenarioResult) -> Table:
         m = run.metrics
         worst_over = max(m.overshoot.values(), default=0.0)
         wb_refused = sum(m.blocked.get(k, 0) for k in m.well_behaved)
-        ok_j = "green" if m.jain >= TARGET_JAIN else "yellow"
-        ok_u = "green" if m.utilisation >= TARGET_UTILISATION else "yellow"
+        ok = {t: "green" if v else "yellow" for t, v in meets(m).items()}
         cells = [
             name,
-            f"[{ok_j}]{m.jain:.4f}[/]",
-            f"{m.jain_worst_window:.3f}",
-            f"[{ok_u}]{_pct(m.utilisation)}[/]",
+            f"[{ok['jain']}]{m.jain:.4f}[/]",
+            f"[{ok['worst_window']}]{m.jain_worst_window:.3f}[/]",
+            f"[{ok['utilisation']}]{_pct(m.utilisation)}[/]",
             "0" if worst_over == 0 else _pct(worst_over),
             str(m.blocked_total),
             str(wb_refused) if m.well_behaved else "-",
@@ -149,12 +148,9 @@ def print_results(results: Sequence[ScenarioResult], console: Console) -> None:
         console.print(scenario_table(result))
         console.print(ratio_table(result))
         if "active" in result.runs:
-            t = targets(result)
-            marks = ", ".join(f"{k} {'✓' if ok else '✗'}" for k, ok in t.items())
-            console.print(
-                f"  active targets (Jain ≥ {TARGET_JAIN}, utilisation ≥ "
-                f"{TARGET_UTILISATION:.0%}, no request overshoot): {marks}\n"
-            )
+            t = meets(result.runs["active"].metrics)
+            marks = ", ".join(f"{k.replace('_', ' ')} {'✓' if ok else '✗'}" for k, ok in t.items())
+            console.print(f"  active targets ({describe()}): {marks}\n")
     console.print(
         "[dim]Ideal: weighted dominant-resource-fair over the pool's dimensions of the first "
         "one's window and longer ones, a longer one's budget shared over its windows by the "
@@ -170,7 +166,14 @@ def print_results(results: Sequence[ScenarioResult], console: Console) -> None:
 def print_spreads(rows: Sequence[Spread], console: Console) -> None:
     """One row per scenario and policy: the worst and the median over the seeds."""
     seeds = max((r.seeds for r in rows), default=0)
-    table = Table(title=f"spread over {seeds} seeds", title_justify="left")
+    # no vertical rules: nine columns fit an 80-column terminal with the longest built-in names
+    table = Table(
+        title=f"spread over {seeds} seeds",
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+        collapse_padding=True,
+    )
     for col in (
         "scenario",
         "policy",
@@ -180,20 +183,27 @@ def print_spreads(rows: Sequence[Spread], console: Console) -> None:
         "utilis-\nation\nworst",
         "key ratio\nmin–max",
         "over-\nshoot",
+        "every\ntarget",
     ):
         table.add_column(col, justify="left" if col in ("scenario", "policy") else "right")
+    table.columns[0].min_width = min(16, max((len(r.scenario) for r in rows), default=0))
     last = None
+    lo, hi = TARGET_RATIO
+
+    def mark(ok: bool, text: str) -> str:
+        return f"[{'green' if ok else 'yellow'}]{text}[/]"
+
     for r in rows:
-        ok = r.jain_min >= TARGET_JAIN
         table.add_row(
             r.scenario if r.scenario != last else "",
             r.policy,
-            f"[{'green' if ok else 'yellow'}]{r.jain_min:.4f}[/]",
+            mark(r.jain_min >= TARGET_JAIN, f"{r.jain_min:.4f}"),
             f"{r.jain_median:.4f}",
-            f"{r.worst_window_min:.3f}",
-            _pct(r.utilisation_min),
-            f"{r.ratio_min:.2f}–{r.ratio_max:.2f}",
+            mark(r.worst_window_min >= TARGET_WORST_WINDOW, f"{r.worst_window_min:.3f}"),
+            mark(r.utilisation_min >= TARGET_UTILISATION, f"{r.utilisation_min * 100:.1f}%"),
+            mark(lo <= r.ratio_min and r.ratio_max <= hi, f"{r.ratio_min:.2f}–{r.ratio_max:.2f}"),
             "0" if r.overshoot_max == 0 else _pct(r.overshoot_max),
+            mark(r.meeting == r.seeds, f"{r.meeting}/{r.seeds}"),
         )
         last = r.scenario
     console.print(table)
@@ -201,7 +211,8 @@ def print_spreads(rows: Sequence[Spread], console: Console) -> None:
         "[dim]worst and median over the seeds (the medians of every figure are in the JSON); "
         "worst window: the lowest Jain of a single "
         "window in any seed; key ratio: the lowest and highest admitted ÷ ideal of any key "
-        "with demand in any seed; overshoot: the worst of any dimension.[/]"
+        "with demand in any seed; overshoot: the worst of any dimension; every target: the "
+        f"runs that meet all of {describe()}.[/]"
     )
 
 
@@ -268,7 +279,7 @@ def result_dict(result: ScenarioResult) -> dict[str, Any]:
         "policies": runs,
     }
     if "active" in result.runs:
-        out["active_targets"] = targets(result)
+        out["active_targets"] = meets(result.runs["active"].metrics)
     return _clean(out)  # type: ignore[no-any-return]
 
 
@@ -278,7 +289,10 @@ def write_json(
     doc: dict[str, Any] = {
         "targets": {
             "jain": TARGET_JAIN,
+            "worst_window": TARGET_WORST_WINDOW,
             "utilisation": TARGET_UTILISATION,
+            "key_ratio": list(TARGET_RATIO),
+            "overshoot": 0.0,
             "request_overshoot": 0.0,
         },
         "scenarios": [result_dict(r) for r in results],

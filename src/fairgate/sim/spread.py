@@ -3,8 +3,8 @@
 One seed is one draw of the workload (bursts, token sizes, the interleaving of requests); a
 policy that meets its targets on seed 1 may miss them on seed 7. ``fairgate simulate --seeds
 1-10`` runs every seed and reports, per scenario and policy, the worst and the median of each
-figure (the worst is what a target must hold for), and the lowest and highest per-key ratio
-over all the seeds.
+figure (the worst is what a target must hold for), the lowest and highest per-key ratio
+over all the seeds, and how many of the runs meet every target.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from fairgate.sim.runner import ScenarioResult
+from fairgate.sim.targets import meets
 
 #: Most seeds one command runs (each is a full run of every policy).
 MAX_SEEDS = 1000
@@ -55,6 +56,8 @@ class Spread:
     ratio_min: float
     ratio_max: float
     overshoot_max: float
+    #: how many of the runs meet every target (:func:`fairgate.sim.targets.meets`)
+    meeting: int
 
 
 def spreads(results: Sequence[ScenarioResult]) -> list[Spread]:
@@ -81,6 +84,7 @@ def spreads(results: Sequence[ScenarioResult]) -> list[Spread]:
                 ratio_min=min(ratios, default=1.0),
                 ratio_max=max(ratios, default=1.0),
                 overshoot_max=max((v for m in ms for v in m.overshoot.values()), default=0.0),
+                meeting=sum(all(meets(m).values()) for m in ms),
             )
         )
     return out

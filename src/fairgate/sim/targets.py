@@ -1,16 +1,54 @@
-"""The targets ``active`` mode is held to (issues 17 and 18), in one place: the report and the
-integration tests read the thresholds from here, so they cannot drift apart."""
+"""The targets ``active`` mode is held to (issues 17 and 18), in one place.
+
+A run *meets every target* when all five hold: Jain's index against the ideal, the worst single
+window's, utilisation of what demand allowed, every key with demand within a band of its ideal,
+and no overshoot in any dimension. ``fairgate simulate`` prints which hold for each run, and
+with ``--seeds`` how many runs of each policy meet them all; the report, the spread and the
+integration tests read the thresholds from here, so they cannot drift apart.
+"""
 
 from __future__ import annotations
 
 from fairgate.sim.fairness import Metrics
 
 TARGET_JAIN = 0.99
+#: the lowest Jain's index of a single window (a policy fair over the run can still starve a
+#: key for an hour)
+TARGET_WORST_WINDOW = 0.95
 #: ≥ 98 % of what demand allowed (holding room for waiting keys costs a little)
 TARGET_UTILISATION = 0.98
+#: every key with demand gets this much of its ideal, at least and at most
+TARGET_RATIO = (0.90, 1.10)
+#: tolerance for float residue when an overshoot is compared with 0
+_EXACT = 1e-9
+
+#: the targets' names, in the order they are printed
+TARGET_NAMES = ("jain", "worst_window", "utilisation", "key_ratio", "overshoot")
 
 
 def request_overshoot(metrics: Metrics) -> float:
     """Worst overshoot over the request-unit dimensions."""
     vals = [v for k, v in metrics.overshoot.items() if k.startswith("requests/")]
     return max(vals, default=0.0)
+
+
+def meets(metrics: Metrics) -> dict[str, bool]:
+    """Which targets one run meets, by name (:data:`TARGET_NAMES`): ``key_ratio`` over every
+    key with demand (the keys ``metrics.ratio`` holds), ``overshoot`` in every dimension."""
+    lo, hi = TARGET_RATIO
+    return {
+        "jain": metrics.jain >= TARGET_JAIN,
+        "worst_window": metrics.jain_worst_window >= TARGET_WORST_WINDOW,
+        "utilisation": metrics.utilisation >= TARGET_UTILISATION,
+        "key_ratio": all(lo <= r <= hi for r in metrics.ratio.values()),
+        "overshoot": all(v <= _EXACT for v in metrics.overshoot.values()),
+    }
+
+
+def describe() -> str:
+    """The targets in words, for a report's legend."""
+    lo, hi = TARGET_RATIO
+    return (
+        f"Jain ≥ {TARGET_JAIN}, worst window ≥ {TARGET_WORST_WINDOW}, utilisation ≥ "
+        f"{TARGET_UTILISATION:.0%}, every key {lo:.2f}–{hi:.2f} of its ideal, no overshoot"
+    )

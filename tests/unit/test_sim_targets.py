@@ -1,0 +1,73 @@
+"""Which of active mode's targets a run meets (pure)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from fairgate.sim.fairness import Metrics
+from fairgate.sim.runner import PolicyRun, ScenarioResult
+from fairgate.sim.scenario import builtin
+from fairgate.sim.spread import spreads
+from fairgate.sim.targets import TARGET_NAMES, meets, request_overshoot
+
+
+def _metrics(**changes: object) -> Metrics:
+    """A run that meets every target, with ``changes`` applied."""
+    good = Metrics(
+        jain=0.999,
+        jain_worst_window=0.97,
+        jain_window_mean=0.99,
+        utilisation=0.99,
+        overshoot={"requests/hourly": 0.0, "tokens/hourly": 0.0},
+        blocked={},
+        dropped={},
+        admitted={"a": 10.0, "b": 20.0},
+        ideal={"a": 10.0, "b": 20.0},
+        demand={"a": 10.0, "b": 30.0},
+        ratio={"a": 1.0, "b": 1.0},
+        well_behaved=[],
+    )
+    return dataclasses.replace(good, **changes)  # type: ignore[arg-type]
+
+
+def test_a_good_run_meets_every_target() -> None:
+    assert meets(_metrics()) == dict.fromkeys(TARGET_NAMES, True)
+
+
+@pytest.mark.parametrize(
+    ("changes", "missed"),
+    [
+        ({"jain": 0.9899}, "jain"),
+        ({"jain_worst_window": 0.949}, "worst_window"),
+        ({"utilisation": 0.979}, "utilisation"),
+        ({"ratio": {"a": 1.0, "b": 0.89}}, "key_ratio"),
+        ({"ratio": {"a": 1.11, "b": 1.0}}, "key_ratio"),
+        ({"overshoot": {"requests/hourly": 0.0, "tokens/hourly": 0.01}}, "overshoot"),
+    ],
+)
+def test_each_target_can_be_missed_alone(changes: dict[str, object], missed: str) -> None:
+    got = meets(_metrics(**changes))
+    assert [name for name, ok in got.items() if not ok] == [missed]
+
+
+def test_the_band_and_thresholds_are_inclusive() -> None:
+    edge = _metrics(jain=0.99, jain_worst_window=0.95, utilisation=0.98, ratio={"a": 0.9, "b": 1.1})
+    assert all(meets(edge).values())
+
+
+def test_request_overshoot_reads_the_request_dimensions_only() -> None:
+    m = _metrics(overshoot={"requests/hourly": 0.02, "tokens/hourly": 0.5, "requests/daily": 0.03})
+    assert request_overshoot(m) == 0.03
+
+
+def test_the_spread_counts_the_runs_that_meet_every_target() -> None:
+    def result(seed: int, m: Metrics) -> ScenarioResult:
+        r = ScenarioResult(builtin("greedy"), seed, "sqlite", windows=1, capacity=1, shares={})
+        r.runs["active"] = PolicyRun("active", m, [], {}, 0.0, 0)
+        return r
+
+    rows = spreads([result(1, _metrics()), result(2, _metrics(jain=0.98)), result(3, _metrics())])
+    (row,) = rows
+    assert (row.seeds, row.meeting) == (3, 2)
