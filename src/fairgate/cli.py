@@ -490,6 +490,13 @@ def simulate(
     redis_url: Annotated[
         str | None, typer.Option(help="Redis for --driver redis (QUOTA_STORE_REDIS_URL).")
     ] = None,
+    policies: Annotated[
+        str | None,
+        typer.Option(help="Only these policies, e.g. active or active,static (default: all four)."),
+    ] = None,
+    jobs: Annotated[
+        int, typer.Option(help="Runs (scenario × seed) at once, each in its own process.")
+    ] = 1,
 ) -> None:
     """Replay a workload through the real engine under four sharing policies and compare them
     with the exact fair ideal (weighted max-min; dominant-resource-fair over several dimensions):
@@ -507,6 +514,8 @@ def simulate(
         out=out,
         duration=duration,
         redis_url=redis_url,
+        policies=policies,
+        jobs=jobs,
     )
     if code:
         raise typer.Exit(code)

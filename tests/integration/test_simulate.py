@@ -163,6 +163,43 @@ def test_cli_seeds_prints_the_spread_and_writes_every_run(tmp_path: Path) -> Non
     assert (out / "greedy.png").exists()  # the first seed's chart
 
 
+def test_cli_policies_runs_only_those(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    args = ["simulate", "--builtin", "greedy", "--duration", "1h", "--policies", "active,static"]
+    res = CliRunner().invoke(app, [*args, "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    (scenario,) = json.loads((out / "results.json").read_text())["scenarios"]
+    assert list(scenario["policies"]) == ["static", "active"]
+    assert "fcfs" not in res.output
+    assert "active targets" in res.output
+    assert (out / "greedy.png").stat().st_size > 0  # the chart draws the policies it has
+
+
+def test_cli_jobs_give_the_figures_of_one_process(tmp_path: Path) -> None:
+    """Runs in separate processes (spawned) give what one process gives, in the same order."""
+    args = ["simulate", "--builtin", "greedy", "--duration", "1h", "--seeds", "1-3"]
+    args += ["--policies", "active"]
+    docs = []
+    for jobs in ("1", "2"):
+        out = tmp_path / jobs
+        res = CliRunner().invoke(app, [*args, "--jobs", jobs, "--out", str(out)])
+        assert res.exit_code == 0, res.output
+        docs.append(json.loads((out / "results.json").read_text()))
+    one, two = ([s["policies"]["active"]["metrics"] for s in d["scenarios"]] for d in docs)
+    assert [s["seed"] for s in docs[1]["scenarios"]] == [1, 2, 3]
+    assert one == two
+    assert docs[0]["spread"] == docs[1]["spread"]
+
+
+def test_cli_a_run_failing_in_a_worker_exits_2(tmp_path: Path) -> None:
+    """A worker's error reaches the user as the one-process path reports it."""
+    args = ["simulate", "--builtin", "greedy", "--duration", "1h", "--seeds", "1-2", "--jobs", "2"]
+    args += ["--driver", "redis", "--redis-url", "redis://127.0.0.1:1/0", "--out", str(tmp_path)]
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 2
+    assert "redis is not reachable at redis://127.0.0.1:1/0" in " ".join(res.output.split())
+
+
 def test_cli_runs_a_scenario_file(tmp_path: Path) -> None:
     f = tmp_path / "two.yaml"
     f.write_text(
@@ -184,6 +221,8 @@ def test_cli_runs_a_scenario_file(tmp_path: Path) -> None:
         ([], "exactly one of"),
         (["--builtin", "greedy", "--driver", "mysql"], "--driver must be one of"),
         (["--builtin", "greedy", "--duration", "soon"], "not a duration"),
+        (["--builtin", "greedy", "--policies", "best"], "--policies: unknown policy 'best'"),
+        (["--builtin", "greedy", "--jobs", "0"], "--jobs: give 1 to"),
     ],
 )
 def test_cli_bad_input_exits_2_with_a_message(

@@ -1,4 +1,4 @@
-"""Which of active mode's targets a run meets (pure)."""
+"""Which of active mode's targets a run meets, and ``--policies`` (pure)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import dataclasses
 import pytest
 
 from fairgate.sim.fairness import Metrics
+from fairgate.sim.policies import POLICY_NAMES, parse_policies
 from fairgate.sim.runner import PolicyRun, ScenarioResult
 from fairgate.sim.scenario import builtin
 from fairgate.sim.spread import spreads
@@ -71,3 +72,22 @@ def test_the_spread_counts_the_runs_that_meet_every_target() -> None:
     rows = spreads([result(1, _metrics()), result(2, _metrics(jain=0.98)), result(3, _metrics())])
     (row,) = rows
     assert (row.seeds, row.meeting) == (3, 2)
+
+
+@pytest.mark.parametrize(
+    ("text", "policies"),
+    [
+        ("active", ("active",)),
+        ("active,static", ("static", "active")),  # the report's order, whatever the text's
+        (" fixed , fcfs ", ("fcfs", "fixed")),
+        (",".join(POLICY_NAMES), POLICY_NAMES),
+    ],
+)
+def test_parse_policies(text: str, policies: tuple[str, ...]) -> None:
+    assert parse_policies(text) == policies
+
+
+@pytest.mark.parametrize("text", ["", "best", "active,", "active,nope"])
+def test_parse_policies_rejects_with_a_message(text: str) -> None:
+    with pytest.raises(ValueError, match="--policies: unknown policy"):
+        parse_policies(text)

@@ -9,12 +9,16 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import multiprocessing
 import os
+from collections.abc import Sequence
+from concurrent.futures import Future, ProcessPoolExecutor, as_completed
 from pathlib import Path
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from fairgate.sim.policies import POLICY_NAMES, parse_policies
 from fairgate.sim.report import print_results, print_spreads, write_chart, write_json
 from fairgate.sim.runner import DRIVERS, ScenarioResult, SimError, run_scenario
 from fairgate.sim.scenario import (
@@ -29,6 +33,8 @@ from fairgate.sim.scenario import (
 from fairgate.sim.spread import parse_seeds, spreads
 
 EXIT_BAD_INPUT = 2
+#: most runs ``--jobs`` starts at once (each is a process with its own store)
+MAX_JOBS = 64
 
 
 def pick_scenarios(
@@ -59,14 +65,22 @@ def run_simulate(
     out: Path = Path("sim-results"),
     duration: str | None = None,
     redis_url: str | None = None,
+    policies: str | None = None,
+    jobs: int = 1,
 ) -> int:
     """Run, print, write ``<out>/<scenario>.png`` and ``<out>/results.json``; the exit code.
 
     With ``seeds`` (``"1-10"``) every scenario runs once per seed; the spread over the seeds is
     printed after the tables, the JSON holds every run and the charts show the first seed.
+    ``policies`` (``"active"``, ``"active,static"``) runs only those; ``jobs`` runs that many
+    scenario × seed runs at once, each in its own process (the figures are the same: a run
+    depends only on its scenario and seed).
     """
     try:
         seed_list = parse_seeds(seeds) if seeds is not None else [seed]
+        chosen = parse_policies(policies) if policies is not None else POLICY_NAMES
+        if not 1 <= jobs <= MAX_JOBS:
+            raise ValueError(f"--jobs: give 1 to {MAX_JOBS} runs at once, not {jobs}")
         scenarios = pick_scenarios(scenario_file, builtin_name, run_all)
         if duration is not None:
             ms = parse_duration_ms(duration)
@@ -83,8 +97,12 @@ def run_simulate(
     except OSError as exc:
         console.print(f"[red]error:[/] cannot create {out}: {exc.strerror or exc}")
         return EXIT_BAD_INPUT
+    runs = [(sc, s) for sc in scenarios for s in seed_list]
     try:
-        results = asyncio.run(_run(scenarios, console, driver, seed_list, url))
+        if jobs > 1 and len(runs) > 1:
+            results = _run_in_processes(runs, console, driver, url, chosen, jobs)
+        else:
+            results = asyncio.run(_run(runs, console, driver, url, chosen))
     except SimError as exc:
         console.print(f"[red]error:[/] {exc}")
         return EXIT_BAD_INPUT
@@ -110,24 +128,75 @@ def run_simulate(
     return 0
 
 
-async def _run(
-    scenarios: list[Scenario], console: Console, driver: str, seeds: list[int], url: str | None
-) -> list[ScenarioResult]:
-    results: list[ScenarioResult] = []
-    with Progress(
+def _progress(console: Console, unit: str) -> Progress:
+    return Progress(
         TextColumn("{task.description:<28}"),
         BarColumn(),
         MofNCompleteColumn(),
-        TextColumn("ticks"),
+        TextColumn(unit),
         TimeElapsedColumn(),
         console=console,
         transient=True,
-    ) as progress:
-        for sc in scenarios:
-            for seed in seeds:
-                results.append(
-                    await run_scenario(
-                        sc, seed=seed, driver=driver, redis_url=url, progress=progress
-                    )
+    )
+
+
+async def _run(
+    runs: Sequence[tuple[Scenario, int]],
+    console: Console,
+    driver: str,
+    url: str | None,
+    policies: Sequence[str],
+) -> list[ScenarioResult]:
+    """One run after the other in this process, a progress bar per policy (ticks)."""
+    results: list[ScenarioResult] = []
+    with _progress(console, "ticks") as progress:
+        for sc, seed in runs:
+            results.append(
+                await run_scenario(
+                    sc,
+                    seed=seed,
+                    driver=driver,
+                    redis_url=url,
+                    policies=policies,
+                    progress=progress,
                 )
+            )
     return results
+
+
+def _run_one(
+    sc: Scenario, seed: int, driver: str, url: str | None, policies: Sequence[str]
+) -> ScenarioResult:
+    """One run in a worker process (its own event loop and store)."""
+    return asyncio.run(run_scenario(sc, seed=seed, driver=driver, redis_url=url, policies=policies))
+
+
+def _run_in_processes(
+    runs: Sequence[tuple[Scenario, int]],
+    console: Console,
+    driver: str,
+    url: str | None,
+    policies: Sequence[str],
+    jobs: int,
+) -> list[ScenarioResult]:
+    """``jobs`` runs at once, each in a fresh process (spawned: nothing of this one's state is
+    inherited), one progress bar over the runs; the results in the order of ``runs``. The first
+    run that fails stops the rest."""
+    workers = min(jobs, len(runs))
+    ctx = multiprocessing.get_context("spawn")
+    with (
+        _progress(console, "runs") as progress,
+        ProcessPoolExecutor(workers, mp_context=ctx) as pool,
+    ):
+        task = progress.add_task(f"{len(runs)} runs, {workers} at a time", total=len(runs))
+        futures: list[Future[ScenarioResult]] = [
+            pool.submit(_run_one, sc, seed, driver, url, tuple(policies)) for sc, seed in runs
+        ]
+        try:
+            for done in as_completed(futures):
+                done.result()  # a failed run raises here
+                progress.advance(task)
+        except BaseException:
+            pool.shutdown(wait=True, cancel_futures=True)
+            raise
+        return [f.result() for f in futures]
