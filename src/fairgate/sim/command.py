@@ -180,8 +180,8 @@ def _run_in_processes(
     jobs: int,
 ) -> list[ScenarioResult]:
     """``jobs`` runs at once, each in a fresh process (spawned: nothing of this one's state is
-    inherited), one progress bar over the runs; the results in the order of ``runs``. The first
-    run that fails stops the rest."""
+    inherited), one progress bar over the runs; the results in the order of ``runs``. When a
+    run fails, the runs not started yet are cancelled and its error is raised."""
     workers = min(jobs, len(runs))
     ctx = multiprocessing.get_context("spawn")
     with (
