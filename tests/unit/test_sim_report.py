@@ -1,12 +1,14 @@
-"""The simulator's report stays readable: chart groups with many keys, the spread table in
-80 columns (pure)."""
+"""The simulator's report stays readable: chart groups with many keys, the tables in 80
+columns (pure)."""
 
 from __future__ import annotations
 
 from rich.console import Console
 
-from fairgate.sim.report import chart_groups, print_spreads
-from fairgate.sim.runner import ScenarioResult
+from fairgate.sim.fairness import Metrics
+from fairgate.sim.policies import POLICY_NAMES
+from fairgate.sim.report import chart_groups, print_spreads, scenario_table
+from fairgate.sim.runner import PolicyRun, ScenarioResult
 from fairgate.sim.scenario import builtin, builtin_names
 from fairgate.sim.spread import Spread
 
@@ -53,4 +55,36 @@ def test_the_spread_over_seeds_fits_an_80_column_terminal() -> None:
     text = console.export_text()
     assert "…" not in text
     for cell in ("subscription", "0.81–1.20", "100.0%", "10/10"):
+        assert cell in text
+
+
+def test_a_scenarios_table_fits_an_80_column_terminal() -> None:
+    """Four policies on a pool of two dimensions (the per-dimension column too), with the
+    widest figures, nothing cut short with an ellipsis."""
+    result = ScenarioResult(
+        builtin("two-resource"), seed=1, driver="sqlite", windows=2, capacity=300, shares={}
+    )
+    for name in POLICY_NAMES:
+        metrics = Metrics(
+            jain=0.9713,
+            jain_worst_window=0.814,
+            jain_window_mean=0.9,
+            utilisation=1.0,
+            overshoot={"requests/hourly": 0.0, "tokens/hourly": 0.0125},
+            blocked={"a": 12_345},
+            dropped={},
+            admitted={},
+            ideal={},
+            demand={},
+            ratio={"a": 1.0},
+            well_behaved=["a"],
+            first_block_ms={"a": 5_700_000},
+            utilisation_by_dim={"requests/hourly": 1.07, "tokens/hourly": 0.979},
+        )
+        result.runs[name] = PolicyRun(name, metrics, [], {}, 0.0, 0)
+    console = Console(width=80, record=True)
+    console.print(scenario_table(result))
+    text = console.export_text()
+    assert "…" not in text
+    for cell in ("fixed", "0.9713", "100.0 %", "1.2 %", "12345", "95 min", "req 107.0%"):
         assert cell in text

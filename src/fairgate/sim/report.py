@@ -69,7 +69,14 @@ def scenario_table(result: ScenarioResult) -> Table:
         f"{pool}, {len(sc.keys)} keys, {sc.duration / 3_600_000:g} h, seed {result.seed}, "
         f"{result.driver}"
     )
-    table = Table(title=title, title_justify="left")
+    # no vertical rules, as the spread's: nine columns (the per-dimension one too) in 80
+    table = Table(
+        title=title,
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+        collapse_padding=True,
+    )
     per_dim = any(len(r.metrics.utilisation_by_dim) > 1 for r in result.runs.values())
     for col, just in (
         ("policy", "left"),
@@ -126,7 +133,13 @@ def ratio_table(result: ScenarioResult) -> Table:
         (k.id for k in sc.keys),
         key=lambda k: (k not in ratio, ratio.get(k, 0.0), k),
     )
-    table = Table(title=f"admitted ÷ ideal per key (sorted by {order})", title_justify="left")
+    table = Table(
+        title=f"admitted ÷ ideal per key (sorted by {order})",
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+        collapse_padding=True,
+    )
     table.add_column("key")
     table.add_column("weight", justify="right")
     table.add_column("demand", justify="left")
