@@ -58,6 +58,19 @@ def _dim_labels(names: list[str]) -> list[str]:
     return [f"{n[:3]}/{n.rpartition('/')[2]}" for n in names]
 
 
+def _table(title: str) -> Table:
+    """Every table of the report: a rule under the header and no vertical rules, so the
+    scenario's nine columns (the per-dimension one too) and the spread's fit an 80-column
+    terminal; with the default box they were cut short (``utili…``, ``107.…``)."""
+    return Table(
+        title=title,
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+        collapse_padding=True,
+    )
+
+
 def scenario_table(result: ScenarioResult) -> Table:
     """One row per policy; narrow enough for an 80-column terminal."""
     sc = result.scenario
@@ -69,14 +82,7 @@ def scenario_table(result: ScenarioResult) -> Table:
         f"{pool}, {len(sc.keys)} keys, {sc.duration / 3_600_000:g} h, seed {result.seed}, "
         f"{result.driver}"
     )
-    # no vertical rules, as the spread's: nine columns (the per-dimension one too) in 80
-    table = Table(
-        title=title,
-        title_justify="left",
-        box=box.SIMPLE_HEAD,
-        pad_edge=False,
-        collapse_padding=True,
-    )
+    table = _table(title)
     per_dim = any(len(r.metrics.utilisation_by_dim) > 1 for r in result.runs.values())
     for col, just in (
         ("policy", "left"),
@@ -133,13 +139,7 @@ def ratio_table(result: ScenarioResult) -> Table:
         (k.id for k in sc.keys),
         key=lambda k: (k not in ratio, ratio.get(k, 0.0), k),
     )
-    table = Table(
-        title=f"admitted ÷ ideal per key (sorted by {order})",
-        title_justify="left",
-        box=box.SIMPLE_HEAD,
-        pad_edge=False,
-        collapse_padding=True,
-    )
+    table = _table(f"admitted ÷ ideal per key (sorted by {order})")
     table.add_column("key")
     table.add_column("weight", justify="right")
     table.add_column("demand", justify="left")
@@ -179,14 +179,7 @@ def print_results(results: Sequence[ScenarioResult], console: Console) -> None:
 def print_spreads(rows: Sequence[Spread], console: Console) -> None:
     """One row per scenario and policy: the worst and the median over the seeds."""
     seeds = max((r.seeds for r in rows), default=0)
-    # no vertical rules: nine columns fit an 80-column terminal with the longest built-in names
-    table = Table(
-        title=f"spread over {seeds} seeds",
-        title_justify="left",
-        box=box.SIMPLE_HEAD,
-        pad_edge=False,
-        collapse_padding=True,
-    )
+    table = _table(f"spread over {seeds} seeds")
     for col in (
         "scenario",
         "policy",
