@@ -29,6 +29,7 @@ from fairgate.sim.targets import (
     TARGET_UTILISATION,
     TARGET_WORST_WINDOW,
     describe,
+    judge,
     meets,
     request_overshoot,
 )
@@ -43,6 +44,11 @@ def _duration(ms: int | None) -> str:
     if s < 7200:
         return f"{s / 60:.0f} min"
     return f"{s / 3600:.1f} h"
+
+
+def _mark(ok: bool, text: str) -> str:
+    """``text`` green where a target is met, yellow where it is missed."""
+    return f"[{'green' if ok else 'yellow'}]{text}[/]"
 
 
 def _pct(x: float) -> str:
@@ -101,12 +107,12 @@ def scenario_table(result: ScenarioResult) -> Table:
         m = run.metrics
         worst_over = max(m.overshoot.values(), default=0.0)
         wb_refused = sum(m.blocked.get(k, 0) for k in m.well_behaved)
-        ok = {t: "green" if v else "yellow" for t, v in meets(m).items()}
+        ok = meets(m)
         cells = [
             name,
-            f"[{ok['jain']}]{m.jain:.4f}[/]",
-            f"[{ok['worst_window']}]{m.jain_worst_window:.3f}[/]",
-            f"[{ok['utilisation']}]{_pct(m.utilisation)}[/]",
+            _mark(ok["jain"], f"{m.jain:.4f}"),
+            _mark(ok["worst_window"], f"{m.jain_worst_window:.3f}"),
+            _mark(ok["utilisation"], _pct(m.utilisation)),
             "0" if worst_over == 0 else _pct(worst_over),
             str(m.blocked_total),
             str(wb_refused) if m.well_behaved else "-",
@@ -194,22 +200,25 @@ def print_spreads(rows: Sequence[Spread], console: Console) -> None:
         table.add_column(col, justify="left" if col in ("scenario", "policy") else "right")
     table.columns[0].min_width = min(16, max((len(r.scenario) for r in rows), default=0))
     last = None
-    lo, hi = TARGET_RATIO
-
-    def mark(ok: bool, text: str) -> str:
-        return f"[{'green' if ok else 'yellow'}]{text}[/]"
-
     for r in rows:
+        ok = judge(
+            r.jain_min,
+            r.worst_window_min,
+            r.utilisation_min,
+            r.ratio_min,
+            r.ratio_max,
+            r.overshoot_max,
+        )
         table.add_row(
             r.scenario if r.scenario != last else "",
             r.policy,
-            mark(r.jain_min >= TARGET_JAIN, f"{r.jain_min:.4f}"),
+            _mark(ok["jain"], f"{r.jain_min:.4f}"),
             f"{r.jain_median:.4f}",
-            mark(r.worst_window_min >= TARGET_WORST_WINDOW, f"{r.worst_window_min:.3f}"),
-            mark(r.utilisation_min >= TARGET_UTILISATION, f"{r.utilisation_min * 100:.1f}%"),
-            mark(lo <= r.ratio_min and r.ratio_max <= hi, f"{r.ratio_min:.2f}–{r.ratio_max:.2f}"),
+            _mark(ok["worst_window"], f"{r.worst_window_min:.3f}"),
+            _mark(ok["utilisation"], f"{r.utilisation_min * 100:.1f}%"),
+            _mark(ok["key_ratio"], f"{r.ratio_min:.2f}–{r.ratio_max:.2f}"),
             "0" if r.overshoot_max == 0 else _pct(r.overshoot_max),
-            mark(r.meeting == r.seeds, f"{r.meeting}/{r.seeds}"),
+            _mark(r.meeting == r.seeds, f"{r.meeting}/{r.seeds}"),
         )
         last = r.scenario
     console.print(table)
