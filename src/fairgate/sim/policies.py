@@ -39,12 +39,13 @@ def parse_policies(text: str) -> tuple[str, ...]:
     """``"active"`` or ``"active,static"`` → those policies, in the order of
     :data:`POLICY_NAMES` (so tables and charts keep one order); a clear ValueError otherwise."""
     names = {p.strip() for p in text.split(",")}
-    unknown = sorted(names - set(POLICY_NAMES))
-    if unknown or not text.strip():
-        bad = ", ".join(repr(u) for u in unknown) or "nothing"
+    unknown = sorted(names - set(POLICY_NAMES))  # an empty text or item names '' here
+    if unknown:
+        bad = ", ".join(repr(u) for u in unknown)
         msg = f"--policies: unknown policy {bad} (known: {', '.join(POLICY_NAMES)})"
         raise ValueError(msg)
     return tuple(p for p in POLICY_NAMES if p in names)
+
 
 #: Ledger owner id of the pool total.
 POOL = "*"
