@@ -3,6 +3,8 @@ columns (pure)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from rich.console import Console
 
 from fairgate.sim.fairness import Metrics
@@ -58,25 +60,19 @@ def test_the_spread_over_seeds_fits_an_80_column_terminal() -> None:
         assert cell in text
 
 
-def test_a_scenarios_table_fits_an_80_column_terminal() -> None:
+def test_a_scenarios_table_fits_an_80_column_terminal(sim_metrics: Callable[..., Metrics]) -> None:
     """Four policies on a pool of two dimensions (the per-dimension column too), with the
     widest figures, nothing cut short with an ellipsis."""
     result = ScenarioResult(
         builtin("two-resource"), seed=1, driver="sqlite", windows=2, capacity=300, shares={}
     )
     for name in POLICY_NAMES:
-        metrics = Metrics(
+        metrics = sim_metrics(
             jain=0.9713,
             jain_worst_window=0.814,
-            jain_window_mean=0.9,
             utilisation=1.0,
             overshoot={"requests/hourly": 0.0, "tokens/hourly": 0.0125},
             blocked={"a": 12_345},
-            dropped={},
-            admitted={},
-            ideal={},
-            demand={},
-            ratio={"a": 1.0},
             well_behaved=["a"],
             first_block_ms={"a": 5_700_000},
             utilisation_by_dim={"requests/hourly": 1.07, "tokens/hourly": 0.979},

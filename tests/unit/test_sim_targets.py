@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import dataclasses
+from collections.abc import Callable
 
 import pytest
 
@@ -14,27 +14,8 @@ from fairgate.sim.spread import spreads
 from fairgate.sim.targets import TARGET_NAMES, meets, request_overshoot
 
 
-def _metrics(**changes: object) -> Metrics:
-    """A run that meets every target, with ``changes`` applied."""
-    good = Metrics(
-        jain=0.999,
-        jain_worst_window=0.97,
-        jain_window_mean=0.99,
-        utilisation=0.99,
-        overshoot={"requests/hourly": 0.0, "tokens/hourly": 0.0},
-        blocked={},
-        dropped={},
-        admitted={"a": 10.0, "b": 20.0},
-        ideal={"a": 10.0, "b": 20.0},
-        demand={"a": 10.0, "b": 30.0},
-        ratio={"a": 1.0, "b": 1.0},
-        well_behaved=[],
-    )
-    return dataclasses.replace(good, **changes)  # type: ignore[arg-type]
-
-
-def test_a_good_run_meets_every_target() -> None:
-    assert meets(_metrics()) == dict.fromkeys(TARGET_NAMES, True)
+def test_a_good_run_meets_every_target(sim_metrics: Callable[..., Metrics]) -> None:
+    assert meets(sim_metrics()) == dict.fromkeys(TARGET_NAMES, True)
 
 
 @pytest.mark.parametrize(
@@ -48,28 +29,40 @@ def test_a_good_run_meets_every_target() -> None:
         ({"overshoot": {"requests/hourly": 0.0, "tokens/hourly": 0.01}}, "overshoot"),
     ],
 )
-def test_each_target_can_be_missed_alone(changes: dict[str, object], missed: str) -> None:
-    got = meets(_metrics(**changes))
+def test_each_target_can_be_missed_alone(
+    changes: dict[str, object], missed: str, sim_metrics: Callable[..., Metrics]
+) -> None:
+    got = meets(sim_metrics(**changes))
     assert [name for name, ok in got.items() if not ok] == [missed]
 
 
-def test_the_band_and_thresholds_are_inclusive() -> None:
-    edge = _metrics(jain=0.99, jain_worst_window=0.95, utilisation=0.98, ratio={"a": 0.9, "b": 1.1})
+def test_the_band_and_thresholds_are_inclusive(sim_metrics: Callable[..., Metrics]) -> None:
+    edge = sim_metrics(
+        jain=0.99, jain_worst_window=0.95, utilisation=0.98, ratio={"a": 0.9, "b": 1.1}
+    )
     assert all(meets(edge).values())
 
 
-def test_request_overshoot_reads_the_request_dimensions_only() -> None:
-    m = _metrics(overshoot={"requests/hourly": 0.02, "tokens/hourly": 0.5, "requests/daily": 0.03})
+def test_request_overshoot_reads_the_request_dimensions_only(
+    sim_metrics: Callable[..., Metrics],
+) -> None:
+    m = sim_metrics(
+        overshoot={"requests/hourly": 0.02, "tokens/hourly": 0.5, "requests/daily": 0.03}
+    )
     assert request_overshoot(m) == 0.03
 
 
-def test_the_spread_counts_the_runs_that_meet_every_target() -> None:
+def test_the_spread_counts_the_runs_that_meet_every_target(
+    sim_metrics: Callable[..., Metrics],
+) -> None:
     def result(seed: int, m: Metrics) -> ScenarioResult:
         r = ScenarioResult(builtin("greedy"), seed, "sqlite", windows=1, capacity=1, shares={})
         r.runs["active"] = PolicyRun("active", m, [], {}, 0.0, 0)
         return r
 
-    rows = spreads([result(1, _metrics()), result(2, _metrics(jain=0.98)), result(3, _metrics())])
+    rows = spreads(
+        [result(1, sim_metrics()), result(2, sim_metrics(jain=0.98)), result(3, sim_metrics())]
+    )
     (row,) = rows
     assert (row.seeds, row.meeting) == (3, 2)
 
