@@ -94,6 +94,7 @@ def run_bare(port: int, upstream: str) -> None:
 
         app = web.Application()
         app.router.add_post("/{tail:.*}", handler)
+
         async def ready(request: web.Request) -> web.Response:
             return web.Response(text="ok")
 

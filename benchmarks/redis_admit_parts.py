@@ -80,9 +80,7 @@ async def one_admission(url: str, prefix: str) -> tuple[list[bytes], list[bytes]
         DimensionCheck("tokens/hourly", Unit.TOKENS, HOUR, 1e12, 1e12, None, 2048.0),
     )
     try:
-        await store.admit(
-            AdmitRequest("bp", "k1", checks, Policy.BURST, 0.5, "r0", T0, 60_000)
-        )
+        await store.admit(AdmitRequest("bp", "k1", checks, Policy.BURST, 0.5, "r0", T0, 60_000))
     finally:
         await store.close()
     return seen[0]

@@ -23,9 +23,7 @@ from fairgate.clock import ManualClock
 # host, not the code: on a busy 2-core machine an example that takes 20 ms quiet takes 300 ms and
 # the property test fails with DeadlineExceeded/Flaky. Properties are about results; speed has its
 # benchmarks. One profile for the whole suite (a test's own @settings still refines it).
-settings.register_profile(
-    "fairgate", deadline=None, suppress_health_check=[HealthCheck.too_slow]
-)
+settings.register_profile("fairgate", deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile("fairgate")
 
 #: 2023-11-14T23:00:00Z: an hour-aligned instant keeps worked examples readable.

@@ -62,11 +62,24 @@ def test_window_tests_pass_one_second_before_a_boundary(
     env = {**os.environ, CLOCK_START_ENV: str(start_ms), CROSSINGS_ENV: str(crossings)}
     run = subprocess.run(
         [
-            sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--no-header",
-            "--rootdir", str(E2E.parent.parent), "--basetemp", str(tmp_path / "t"),
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "--no-header",
+            "--rootdir",
+            str(E2E.parent.parent),
+            "--basetemp",
+            str(tmp_path / "t"),
             *(str(E2E / t) for t in WINDOW_TESTS),
         ],
-        capture_output=True, text=True, env=env, timeout=600, check=False,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+        check=False,
         cwd=E2E.parent.parent,
     )
     out = run.stdout + run.stderr
@@ -76,8 +89,11 @@ def test_window_tests_pass_one_second_before_a_boundary(
     report(
         capsys,
         f"window tests 1 s before a {window} boundary",
-        {"result": summary, "counts checked across a boundary": len(crossed),
-         f"of which {window} counters": len(of_window)},
+        {
+            "result": summary,
+            "counts checked across a boundary": len(crossed),
+            f"of which {window} counters": len(of_window),
+        },
     )
     assert run.returncode == 0, out[-10_000:]
     assert " passed" in summary

@@ -168,7 +168,7 @@ def test_wrong_key_shows_a_clear_message(page: Any, gateway: Proc) -> None:
 
 
 def test_new_pool_waits_for_the_connections(page: Any, gateway: Proc) -> None:
-    """"New pool" lists the connections to choose from: clicked before they were read (a slow
+    """ "New pool" lists the connections to choose from: clicked before they were read (a slow
     gateway, a loaded host) it offered "No connections yet". It is disabled until they come."""
     held: list[Any] = []
 

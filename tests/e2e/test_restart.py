@@ -95,9 +95,7 @@ async def _pool_total(api: httpx.AsyncClient) -> float:
 
 async def _quiet(api: httpx.AsyncClient) -> bool:
     h = (await api.get("/health")).json()
-    return bool(
-        (h["inflight"], h["inflightLeases"], h["memory"]["backgroundTasks"]) == (0, 0, 0)
-    )
+    return bool((h["inflight"], h["inflightLeases"], h["memory"]["backgroundTasks"]) == (0, 0, 0))
 
 
 @pytest.mark.slow
@@ -236,7 +234,10 @@ def test_a_port_really_in_use_is_still_refused(tmp_path: Path) -> None:
         ):
             run = subprocess.run(
                 [sys.executable, "-m", "fairgate", *args],
-                capture_output=True, text=True, timeout=60, check=False,
+                capture_output=True,
+                text=True,
+                timeout=60,
+                check=False,
             )
             out = run.stdout + run.stderr
             assert run.returncode == 2, out

@@ -45,8 +45,11 @@ def test_sigterm_lets_in_flight_requests_finish(
         result["r"] = httpx.post(
             gw.url + "/v1/chat/completions",
             headers={"Authorization": f"Bearer {secret}", "x-mock-fault": "latency:3000"},
-            json={"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "x"}],
-                  "max_tokens": 5},
+            json={
+                "model": "gpt-4o-mini",
+                "messages": [{"role": "user", "content": "x"}],
+                "max_tokens": 5,
+            },
             timeout=60,
         )
 
@@ -68,11 +71,13 @@ def test_sigterm_lets_in_flight_requests_finish(
     assert "Traceback" not in gw.output()
 
     # restart on the same data: the request was settled with its real usage before exit
-    again = start_gateway(gateway_config(mock_upstream.url, pools, {"k": secret}),
-                          data_dir=gw.data_dir)
+    again = start_gateway(
+        gateway_config(mock_upstream.url, pools, {"k": secret}), data_dir=gw.data_dir
+    )
     TEST_CLOCK.cross_boundary(again)
-    usage = httpx.get(again.url + "/api/quota/pools/g/usage",
-                      headers={"Authorization": f"Bearer {ADMIN_KEY}"}).json()
+    usage = httpx.get(
+        again.url + "/api/quota/pools/g/usage", headers={"Authorization": f"Bearer {ADMIN_KEY}"}
+    ).json()
     dims = {d["key"]: d["total"] for d in usage["dimensions"]}
     assert_window_count(dims["requests/hourly"], 1, "hourly", since)
     # settled with the actual usage (at least the 5 completion tokens, faded at most as the
@@ -131,9 +136,20 @@ def test_a_stop_cuts_what_outlasts_the_drain_and_holds_nothing(
     assert held == 0
 
     bad = subprocess.run(
-        [sys.executable, "-m", "fairgate", "serve", "--port", str(free_port()),
-         "--data-dir", str(tmp_path / "bad")],
-        capture_output=True, text=True, timeout=60, check=False,
+        [
+            sys.executable,
+            "-m",
+            "fairgate",
+            "serve",
+            "--port",
+            str(free_port()),
+            "--data-dir",
+            str(tmp_path / "bad"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
         env={**os.environ, "FAIRGATE_SHUTDOWN_TIMEOUT_S": "soon"},
     )
     assert bad.returncode == 2, bad.stdout + bad.stderr

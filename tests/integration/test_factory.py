@@ -104,9 +104,7 @@ async def test_sqlite_synchronous_setting(tmp_path: Path, caplog: pytest.LogCapt
     row = store._conn.execute("PRAGMA synchronous").fetchone()  # type: ignore[attr-defined]
     assert row[0] == 0  # OFF: no fsync on the event loop (counters survive process crashes)
     await store.close()
-    store, _ = await create_store(
-        tmp_path / "b.sqlite", env={"QUOTA_SQLITE_SYNCHRONOUS": "normal"}
-    )
+    store, _ = await create_store(tmp_path / "b.sqlite", env={"QUOTA_SQLITE_SYNCHRONOUS": "normal"})
     row = store._conn.execute("PRAGMA synchronous").fetchone()  # type: ignore[attr-defined]
     assert row[0] == 1
     await store.close()

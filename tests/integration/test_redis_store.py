@@ -341,9 +341,7 @@ async def test_settles_that_wait_behind_one_in_flight_go_as_one_script_call(
             store.settle("p1", reqs[0].key_id, reqs[0].reservation_id, usage, T0 + 60)
         )
         await asyncio.sleep(0)
-        rest = [
-            store.settle("p1", r.key_id, r.reservation_id, usage, T0 + 61) for r in reqs[1:]
-        ]
+        rest = [store.settle("p1", r.key_id, r.reservation_id, usage, T0 + 61) for r in reqs[1:]]
         await asyncio.gather(first, *rest)
         # the first goes alone; the 19 made while it was in flight go in one call after it
         assert wire.commands == ["EVALSHA", "EVALSHA"]
@@ -351,7 +349,6 @@ async def test_settles_that_wait_behind_one_in_flight_go_as_one_script_call(
         assert counts.totals[REQ] == Count(0.0, 21.0)  # 20 reserved, settled at 1 each, + "warm"
     finally:
         await store.close()
-
 
 
 async def test_an_admission_is_exactly_one_round_trip(wire: Wire, redis_prefix: str) -> None:

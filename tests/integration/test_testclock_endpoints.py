@@ -54,7 +54,10 @@ async def test_admin_reads_and_advances_the_test_clock(gateway_on: Start) -> Non
     r = await api.get("/testing/clock", headers=AUTH)
     assert r.status_code == 200
     assert r.json() == {
-        "nowMs": START_MS, "startMs": START_MS, "anchorMs": 5_000_000, "rate": 1.0,
+        "nowMs": START_MS,
+        "startMs": START_MS,
+        "anchorMs": 5_000_000,
+        "rate": 1.0,
         "advancedMs": 0,
     }
     real.advance(250)
@@ -110,9 +113,7 @@ async def test_mock_upstream_runs_on_the_test_clock_and_can_be_moved() -> None:
         assert r.status_code == 404
 
 
-@pytest.mark.parametrize(
-    "value", ["garbage", "2026-06-24T10:30:00"], ids=["unreadable", "no-zone"]
-)
+@pytest.mark.parametrize("value", ["garbage", "2026-06-24T10:30:00"], ids=["unreadable", "no-zone"])
 @pytest.mark.parametrize("command", ["serve", "mock-upstream", "demo"])
 def test_cli_refuses_a_test_clock_it_cannot_read(command: str, value: str, tmp_path: Path) -> None:
     args = [command, "--port", str(_free_port())]
@@ -121,7 +122,11 @@ def test_cli_refuses_a_test_clock_it_cannot_read(command: str, value: str, tmp_p
     env = {**os.environ, "FAIRGATE_TESTING": "1", "FAIRGATE_TEST_CLOCK": value}
     run = subprocess.run(
         [sys.executable, "-m", "fairgate", *args],
-        capture_output=True, text=True, env=env, timeout=60, check=False,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        check=False,
     )
     out = run.stdout + run.stderr
     assert run.returncode == 2, out

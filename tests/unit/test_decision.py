@@ -49,8 +49,9 @@ def chk(
     scope: str = "pool",
     reserve: float = 0.0,
 ) -> DimensionCheck:
-    return DimensionCheck("requests/hourly", Unit.REQUESTS, 3_600_000, limit, fair, cap, cost,
-                          signal, scope, reserve)
+    return DimensionCheck(
+        "requests/hourly", Unit.REQUESTS, 3_600_000, limit, fair, cap, cost, signal, scope, reserve
+    )
 
 
 # (case id, check kwargs, (total, mine), policy, expected outcome, expected reason)
@@ -135,8 +136,12 @@ def test_unknown_policy_is_hard() -> None:
     assert Policy.parse("burst") is B
 
 
-def _pool(allocs: tuple[Allocation, ...], dims: tuple[Dimension, ...] | None = None,
-          members: int = 1, mode: ShareMode = ShareMode.STATIC) -> Pool:
+def _pool(
+    allocs: tuple[Allocation, ...],
+    dims: tuple[Dimension, ...] | None = None,
+    members: int = 1,
+    mode: ShareMode = ShareMode.STATIC,
+) -> Pool:
     return Pool(
         id="p",
         name="p",
@@ -216,8 +221,9 @@ def test_water_fill_level_examples() -> None:
 
 
 def test_active_share_lone_key_gets_whole_pool() -> None:
-    pool = _pool((Allocation("a", 20), Allocation("b", 50), Allocation("c", 30)),
-                 mode=ShareMode.ACTIVE)
+    pool = _pool(
+        (Allocation("a", 20), Allocation("b", 50), Allocation("c", 30)), mode=ShareMode.ACTIVE
+    )
     dim = pool.dimensions[0]
     assert active_fair_share(pool, "a", dim, []) == 100
     assert active_fair_share(pool, "a", dim, ["b"]) == pytest.approx(100 * 20 / 70)
@@ -225,8 +231,10 @@ def test_active_share_lone_key_gets_whole_pool() -> None:
 
 
 def test_active_share_redistributes_a_capped_keys_surplus() -> None:
-    pool = _pool((Allocation("a", 50), Allocation("b", 50, cap_value=10, cap_unit=Unit.REQUESTS)),
-                 mode=ShareMode.ACTIVE)
+    pool = _pool(
+        (Allocation("a", 50), Allocation("b", 50, cap_value=10, cap_unit=Unit.REQUESTS)),
+        mode=ShareMode.ACTIVE,
+    )
     assert active_fair_share(pool, "a", pool.dimensions[0], ["b"]) == 90
 
 
@@ -535,8 +543,19 @@ def test_a_dimension_key_is_its_counter_name() -> None:
 
 def _win(**kw: Any) -> DimensionCheck:
     c = chk(**kw)
-    return DimensionCheck(c.key, c.unit, c.window_ms, c.limit, c.fair_share, c.cap, c.cost,
-                          c.signal, c.scope, c.reserve, window_share=True)
+    return DimensionCheck(
+        c.key,
+        c.unit,
+        c.window_ms,
+        c.limit,
+        c.fair_share,
+        c.cap,
+        c.cost,
+        c.signal,
+        c.scope,
+        c.reserve,
+        window_share=True,
+    )
 
 
 def test_a_window_share_check_judges_the_share_on_the_current_window() -> None:

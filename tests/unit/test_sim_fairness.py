@@ -206,8 +206,9 @@ def test_the_ideal_holds_a_capped_key_to_its_sliding_cap() -> None:
     assert 5 <= w2.ideal["A"] <= 6  # 30 × (1 − 10/60) + served < 30 by minute 10: about 5
     assert w2.ideal["B"] == pytest.approx(100 - w2.ideal["A"])
     # without the times, the calendar-hour cap: 30 again
-    _, v2 = dominant_window_figures({"r": 100.0}, {"A": 50, "B": 50}, {"A": {"r": 30.0}},
-                                    demand, demand)
+    _, v2 = dominant_window_figures(
+        {"r": 100.0}, {"A": 50, "B": 50}, {"A": {"r": 30.0}}, demand, demand
+    )
     assert v2.ideal["A"] == 30
 
 

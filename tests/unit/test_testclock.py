@@ -119,7 +119,13 @@ def test_a_bad_value_is_an_error_naming_the_variable(name: str, value: str) -> N
 def test_advance_body() -> None:
     assert advance_ms_of({"advanceMs": 1_000}) == 1_000
     assert advance_ms_of({"advanceMs": 0}) == 0
-    for bad in ({}, {"advanceMs": -1}, {"advanceMs": 1.5}, {"advanceMs": True},
-                {"advanceMs": "5"}, {"advanceMs": MAX_ADVANCE_MS + 1}):
+    for bad in (
+        {},
+        {"advanceMs": -1},
+        {"advanceMs": 1.5},
+        {"advanceMs": True},
+        {"advanceMs": "5"},
+        {"advanceMs": MAX_ADVANCE_MS + 1},
+    ):
         with pytest.raises(TestClockError, match="advanceMs"):
             advance_ms_of(bad)
