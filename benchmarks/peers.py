@@ -280,9 +280,47 @@ async def first_event_ms(url: str, key: str, n: int) -> list[float]:
     return sorted(out)
 
 
-def mock_requests(mock: str) -> int:
+def failed_attempts(url: str) -> str:
+    """What a fairgate target's ``/metrics`` says of its failed upstream attempts (the failover
+    rule retries a server error or a timeout on the same target, and the mock counts both
+    attempts), for the message of a run whose counts disagree; empty for another target."""
+    try:
+        with urllib.request.urlopen(url + "/metrics", timeout=5) as r:
+            text = r.read().decode()
+    except (OSError, ValueError):
+        return ""
+    failed: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith("fairgate_target_attempts_total{") and 'outcome="ok"' not in line:
+            outcome = line.split('outcome="', 1)[1].split('"', 1)[0]
+            failed[outcome] = failed.get(outcome, 0.0) + float(line.rsplit(" ", 1)[1])
+    return f" (the target's failed upstream attempts so far: {failed or 'none'})"
+
+
+def mock_stats(mock: str) -> tuple[int, int]:
+    """The mock's count of requests so far and of those it is still answering."""
     with urllib.request.urlopen(mock + "/_mock/stats", timeout=5) as r:
-        return int(json.loads(r.read())["requests"])
+        stats = json.loads(r.read())
+    return int(stats["requests"]), int(stats["in_flight"])
+
+
+def mock_requests(mock: str, settle_s: float = 0.2, timeout_s: float = 10.0) -> int:
+    """The mock's request count once it is quiet: nothing in flight and the same count twice
+    ``settle_s`` apart. A request a target still held when the load generator stopped
+    reaches the mock after it; read at a fixed delay (0.2 s, once), a straggler held longer
+    than that on a busy host was counted in the *next* run, whose count then exceeded its
+    completed requests plus its connections (``c64: the mock saw 35049, client 34984``).
+    ``timeout_s``: a target that keeps sending on its own never gets quiet; its count then
+    is what it is and the run's check judges it."""
+    deadline = time.monotonic() + timeout_s
+    last, in_flight = mock_stats(mock)
+    while time.monotonic() < deadline:
+        time.sleep(settle_s)
+        count, in_flight = mock_stats(mock)
+        if count == last and in_flight == 0:
+            break
+        last = count
+    return last
 
 
 # -- one round --------------------------------------------------------------------------------
@@ -317,15 +355,15 @@ class Bench:
             r = wrk_run(t.url, t.key, conc, seconds, self.tmp)
         else:
             r = python_run(t.url, t.key, conc, seconds)
-        time.sleep(0.2)  # requests wrk left in flight at its deadline reach the mock
-        seen = mock_requests(self.mock) - before
+        seen = mock_requests(self.mock) - before  # once what was in flight has arrived
         if r.errors:
             raise RuntimeError(f"{t.name} c{conc}: {r.errors} errors")
         # wrk counts completed requests; up to ``conc`` more were in flight when it stopped
         # (the Python generator's warm-up requests are counted by the mock too)
         slack = conc if self.use_wrk else conc + min(200, r.requests)
         if not r.requests <= seen <= r.requests + slack:
-            raise RuntimeError(f"{t.name} c{conc}: the mock saw {seen}, client {r.requests}")
+            msg = f"{t.name} c{conc}: the mock saw {seen}, client {r.requests}"
+            raise RuntimeError(msg + failed_attempts(t.url))
         return r
 
     def round(self, t: Target, row: Row) -> None:
