@@ -52,6 +52,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import aiohttp
+from prometheus_client.parser import text_string_to_metric_families
 
 from proxy_overhead import (
     CLIENT_KEY,
@@ -286,14 +287,15 @@ def failed_attempts(url: str) -> str:
     attempts), for the message of a run whose counts disagree; empty for another target."""
     try:
         with urllib.request.urlopen(url + "/metrics", timeout=5) as r:
-            text = r.read().decode()
+            families = list(text_string_to_metric_families(r.read().decode()))
     except (OSError, ValueError):
         return ""
     failed: dict[str, float] = {}
-    for line in text.splitlines():
-        if line.startswith("fairgate_target_attempts_total{") and 'outcome="ok"' not in line:
-            outcome = line.split('outcome="', 1)[1].split('"', 1)[0]
-            failed[outcome] = failed.get(outcome, 0.0) + float(line.rsplit(" ", 1)[1])
+    for family in families:
+        for sample in family.samples:
+            outcome = sample.labels.get("outcome", "ok")
+            if sample.name == "fairgate_target_attempts_total" and outcome != "ok":
+                failed[outcome] = failed.get(outcome, 0.0) + sample.value
     return f" (the target's failed upstream attempts so far: {failed or 'none'})"
 
 
@@ -313,7 +315,7 @@ def mock_requests(mock: str, settle_s: float = 0.2, timeout_s: float = 10.0) -> 
     ``timeout_s``: a target that keeps sending on its own never gets quiet; its count then
     is what it is and the run's check judges it."""
     deadline = time.monotonic() + timeout_s
-    last, in_flight = mock_stats(mock)
+    last, _ = mock_stats(mock)
     while time.monotonic() < deadline:
         time.sleep(settle_s)
         count, in_flight = mock_stats(mock)
