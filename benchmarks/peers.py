@@ -6,6 +6,9 @@ store (when Redis answers at ``--redis-url``), optionally fairgate from another 
 (``--compare NAME=SRC``, e.g. ``main=/work/main/src``: before/after in one run), and the LiteLLM
 proxy when it is installed (``pip install 'fairgate[bench-peers]'``, or ``--litellm PATH`` to a
 ``litellm`` executable in a separate venv; its rows say "not installed" otherwise).
+``--fairgate sqlite`` (or any comma-separated subset of sqlite, transactional, no-pool,
+workers, redis) runs only those fairgate rows: with ``--compare`` and more ``--rounds``, a
+before/after of one row with many pairs in the time the whole table takes.
 
 Method: rounds alternate the targets (``--rounds``, median round of each row), so a noisy
 moment of a shared host hits every target alike. Per target and round:
@@ -445,42 +448,46 @@ def report(targets: list[Target], rows: dict[str, Row], bench: Bench, rounds: in
         )
 
 
+#: The fairgate rows, by the name ``--fairgate`` gives them.
+KINDS = ("sqlite", "transactional", "no-pool", "workers", "redis")
+
+
 def fairgate_targets(
     mock: str, tmp: Path, args: argparse.Namespace, procs: list[subprocess.Popen[bytes]]
 ) -> list[Target]:
     out: list[Target] = []
+    kinds: set[str] = args.fairgate
     sources: list[tuple[str, str | None]] = [("", None)]
     for spec in args.compare:
         label, _, src = spec.partition("=")
         sources.append((f" [{label}]", str(Path(src).resolve())))
-    redis_cpu = redis_cpu_reader(args.redis_url)
+    redis_cpu = redis_cpu_reader(args.redis_url) if "redis" in kinds else None
     for i, (label, src) in enumerate(sources):
         base = {"PYTHONPATH": src} if src else {}
-        url, proc = start_fairgate(mock, tmp, name=f"fg-sqlite-{i}", extra_env=base)
-        procs.append(proc)
-        out.append(Target(f"fairgate, SQLite{label}", url, CLIENT_KEY, proc.pid))
-        if not src:  # this tree's SQLite store in its other mode (the default is memory)
+        if "sqlite" in kinds:
+            url, proc = start_fairgate(mock, tmp, name=f"fg-sqlite-{i}", extra_env=base)
+            procs.append(proc)
+            out.append(Target(f"fairgate, SQLite{label}", url, CLIENT_KEY, proc.pid))
+        if not src and "transactional" in kinds:  # this tree's SQLite store in its other mode
             tx = {"QUOTA_SQLITE_MODE": "transactional"}
             url, proc = start_fairgate(mock, tmp, name="fg-sqlite-transactional", extra_env=tx)
             procs.append(proc)
             out.append(Target("fairgate, SQLite transactional", url, CLIENT_KEY, proc.pid))
-            # the floor of a governed request: the same model with no quota pool
-            url, proc = start_fairgate(mock, tmp, name="fg-no-pool", pool=False)
-            procs.append(proc)
-            out.append(Target("fairgate, no pool", url, CLIENT_KEY, proc.pid))
-        else:  # the other tree's floor too, for a before/after of the no-pool row
+        if "no-pool" in kinds:  # the floor of a governed request: the model with no quota pool
             url, proc = start_fairgate(
                 mock, tmp, name=f"fg-no-pool-{i}", extra_env=base, pool=False
             )
             procs.append(proc)
             out.append(Target(f"fairgate, no pool{label}", url, CLIENT_KEY, proc.pid))
-        if args.workers > 1:  # more cores: N processes on one port, one SQLite file
+        if args.workers > 1 and "workers" in kinds:  # N processes on one port, one SQLite file
             url, proc = start_fairgate(
                 mock, tmp, name=f"fg-workers-{i}", extra_env=base, workers=args.workers
             )
             procs.append(proc)
             name = f"fairgate, SQLite, {args.workers} workers{label}"
             out.append(Target(name, url, CLIENT_KEY, proc.pid))
+        if "redis" not in kinds:
+            continue
         if redis_cpu is None:
             out.append(Target(f"fairgate, Redis{label}", "", "", 0, missing="Redis not reachable"))
             continue
@@ -494,6 +501,16 @@ def fairgate_targets(
         procs.append(proc)
         out.append(Target(f"fairgate, Redis{label}", url, CLIENT_KEY, proc.pid, redis_cpu))
     return out
+
+
+def _kinds(text: str) -> set[str]:
+    """``--fairgate``'s value: a comma-separated subset of :data:`KINDS`."""
+    kinds = {k.strip() for k in text.split(",") if k.strip()}
+    unknown = kinds - set(KINDS)
+    if not kinds or unknown:
+        msg = f"--fairgate takes a comma-separated list of {', '.join(KINDS)}"
+        raise argparse.ArgumentTypeError(msg)
+    return kinds
 
 
 def main() -> None:
@@ -513,6 +530,13 @@ def main() -> None:
         type=int,
         default=2,
         help="also run `fairgate serve --workers N` on SQLite (1: no such row)",
+    )
+    ap.add_argument(
+        "--fairgate",
+        type=_kinds,
+        default=set(KINDS),
+        metavar="KINDS",
+        help=f"the fairgate rows to run, comma-separated (default: all of {','.join(KINDS)})",
     )
     ap.add_argument(
         "--compare",
