@@ -48,6 +48,8 @@ from e2e_support import (
     window_count_range,
 )
 
+from fairgate.routing.model import DEFAULT_MAX_WAIT_MS
+
 ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
 UPSTREAM_TIMEOUT_S = 1.0
 #: time a request may take beyond its attempts' upstream time (loopback, two processes)
@@ -433,6 +435,10 @@ def wait_for_no_cooldowns(gw: Proc, timeout_s: float = 15) -> None:
     raise AssertionError(f"cooldowns never passed: {res['cooldowns']} {res['lockouts']}")
 
 
+#: The longest a storm request may take: two upstream timeouts, the cooldown waits, a margin.
+STORM_BOUND_S = 2 * UPSTREAM_TIMEOUT_S + DEFAULT_MAX_WAIT_MS / 1000 + MARGIN_S
+
+
 def test_storm_of_429s_and_5xx_under_concurrency(
     mocks: tuple[Proc, Proc], start_gateway: GatewayFactory, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -477,8 +483,10 @@ def test_storm_of_429s_and_5xx_under_concurrency(
     outcomes += after
     for out in outcomes:
         statuses[out.status] = statuses.get(out.status, 0) + 1
-        # two candidates, each at most one upstream timeout
-        assert out.elapsed_s < 2 * UPSTREAM_TIMEOUT_S + MARGIN_S, out
+        # two candidates, each at most one upstream timeout, plus the waits for a rate-limited
+        # target to free (a plain model's maxWaitMs, in all): a request that meets several of
+        # A's 429s in a row waits out each Retry-After (one did: 4.0 s, four 1 s waits)
+        assert out.elapsed_s < STORM_BOUND_S, out
         if out.status == 200:
             assert out.text
             continue
@@ -493,7 +501,8 @@ def test_storm_of_429s_and_5xx_under_concurrency(
     with capsys.disabled():
         print(
             f"\n[fault storm] {len(outcomes)} requests in {waves} waves + 1 after the storm, "
-            f"{wall:.1f} s; statuses {dict(sorted(statuses.items()))}"
+            f"{wall:.1f} s; statuses {dict(sorted(statuses.items()))}; the longest "
+            f"{max(o.elapsed_s for o in outcomes):.2f} s (bound {STORM_BOUND_S:.1f} s)"
         )
 
 
