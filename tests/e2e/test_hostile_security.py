@@ -15,14 +15,16 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import re
 import sqlite3
 import statistics
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import httpx
 import pytest
@@ -383,6 +385,34 @@ def _session(rec: Recorder, mock: Proc, s: Secrets) -> None:
 # -- timing of the key check ---------------------------------------------------------------------
 
 
+class _Lookups(Mapping[str, ClientKey]):
+    """The registry's keys by hash, recording every way they are read."""
+
+    def __init__(self, inner: Mapping[str, ClientKey]) -> None:
+        self.inner = inner
+        self.reads: list[tuple[str, object]] = []
+
+    def __getitem__(self, digest: str) -> ClientKey:
+        self.reads.append(("getitem", digest))
+        return self.inner[digest]
+
+    def get(self, digest: str, default: object = None) -> Any:
+        self.reads.append(("get", digest))
+        return self.inner.get(digest, default)
+
+    def __contains__(self, digest: object) -> bool:
+        self.reads.append(("contains", digest))
+        return digest in self.inner
+
+    def __iter__(self) -> Iterator[str]:
+        self.reads.append(("iter", None))
+        return iter(self.inner)
+
+    def __len__(self) -> int:
+        self.reads.append(("len", None))
+        return len(self.inner)
+
+
 def test_key_rejection_time_does_not_depend_on_the_prefix_matched(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
@@ -390,8 +420,12 @@ def test_key_rejection_time_does_not_depend_on_the_prefix_matched(
     with SHA-256 (whose cost depends on the length only) and looks the *digest* up in a dict.
     The digests of two secrets sharing 30 leading characters share nothing, so the prefix a
     wrong key has in common with a real one never takes part in any comparison; the final
-    check of a found key is ``hmac.compare_digest`` (constant time). The measurement below is
-    a guard against someone "optimising" the lookup into a scan or a prefix index."""
+    check of a found key is ``hmac.compare_digest`` (constant time).
+
+    The guard against someone "optimising" the lookup into a scan or a prefix index is
+    structural, not a stopwatch (a timing bound fails on a busy host): every authentication
+    reads the keys exactly once, by the digest of what was presented, and never iterates
+    them. The time per rejected key is measured and printed beside it."""
     real = "fg-" + uuid.uuid4().hex + uuid.uuid4().hex[:8]
     others = [new_secret() for _ in range(2000)]
     keys = [
@@ -407,6 +441,13 @@ def test_key_rejection_time_does_not_depend_on_the_prefix_matched(
 
     probes = {0: unlike(0), 30: unlike(30)}
     assert all(reg.authenticate(p) is None for p in probes.values())
+    lookups = _Lookups(reg.keys_by_hash)
+    watched = dataclasses.replace(reg, keys_by_hash=lookups)
+    for probe in [*probes.values(), real]:
+        lookups.reads.clear()
+        found = watched.authenticate(probe)
+        assert (found is not None) == (probe == real)
+        assert lookups.reads == [("get", hash_key(probe))]
     per_call: dict[int, list[float]] = {0: [], 30: []}
     calls = 2000
     auth = reg.authenticate
@@ -424,5 +465,3 @@ def test_key_rejection_time_does_not_depend_on_the_prefix_matched(
             f"\n[key timing] median ns per rejected key: 0 shared chars {m0:.1f}, "
             f"30 shared chars {m30:.1f} (difference {abs(m0 - m30) / max(m0, m30):.1%})"
         )
-    # generous: scheduler noise on a shared CI machine, not a measurable leak
-    assert abs(m0 - m30) <= 0.15 * max(m0, m30) + 50
