@@ -55,6 +55,15 @@ class LogBackend(Protocol):
     async def close(self) -> None: ...
 
 
+def _by_pool(batch: list[tuple[str, Event]]) -> dict[str, list[Event]]:
+    """A flush's events grouped by pool, each pool's in the order they were logged: both
+    backends write a pool's events with one call."""
+    out: dict[str, list[Event]] = {}
+    for pool_id, event in batch:
+        out.setdefault(pool_id, []).append(event)
+    return out
+
+
 _INSERT: Final = (
     "INSERT INTO admission_log (pool_id, event) SELECT ?, value FROM json_each(?) ORDER BY key"
 )
@@ -92,13 +101,10 @@ class SqliteLogBackend:
         )
 
     async def append(self, batch: list[tuple[str, Event]]) -> None:
-        by_pool: dict[str, list[Event]] = {}
-        for pool_id, event in batch:
-            by_pool.setdefault(pool_id, []).append(event)
         conn = self._conn
         conn.execute("BEGIN IMMEDIATE")
         try:
-            for pool_id, events in by_pool.items():
+            for pool_id, events in _by_pool(batch).items():
                 conn.execute(_INSERT, (pool_id, orjson.dumps(events).decode()))
                 conn.execute(_TRIM, (pool_id, pool_id, self.per_pool))
             conn.execute("COMMIT")
@@ -148,12 +154,10 @@ class RedisLogBackend:
         return f"{self._prefix}:{{{pool_id}}}:log"
 
     async def append(self, batch: list[tuple[str, Event]]) -> None:
-        by_pool: dict[str, list[bytes]] = {}
-        for pool_id, event in batch:
-            by_pool.setdefault(pool_id, []).append(orjson.dumps(event))
         limit = str(self.per_pool).encode()
-        for pool_id, events in by_pool.items():
-            await self._append(keys=[self._key(pool_id)], args=[limit, *events])
+        for pool_id, events in _by_pool(batch).items():
+            encoded = [orjson.dumps(event) for event in events]
+            await self._append(keys=[self._key(pool_id)], args=[limit, *encoded])
 
     async def recent(self, pool_id: str, limit: int) -> list[Event]:
         entries = await self._client.xrevrange(self._key(pool_id), count=limit)
