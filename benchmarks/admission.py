@@ -302,7 +302,7 @@ async def run_ops(mode: str, n_keys: int, ops: int) -> None:
         # Under valgrind the program runs ~50x slower, so a 5 ms write-behind would commit
         # after every operation or two instead of every ~100 as at full speed: commit once a
         # second instead (and at the close), i.e. the commit amortized over the run. The WAL
-        # checkpoint thread (every 0.1 s, slowed the same way) is left out; the writers'
+        # checkpoint thread (every second, slowed the same way) is left out; the writers'
         # own checkpoints stay.
         store = SqliteQuotaStore(
             Path(tmp) / "q.sqlite", mode=mode, flush_ms=MAX_FLUSH_MS, checkpoint_interval_s=0
