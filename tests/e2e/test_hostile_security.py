@@ -15,7 +15,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import re
 import sqlite3
@@ -23,7 +22,7 @@ import statistics
 import time
 import uuid
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import httpx
@@ -442,7 +441,7 @@ def test_key_rejection_time_does_not_depend_on_the_prefix_matched(
     probes = {0: unlike(0), 30: unlike(30)}
     assert all(reg.authenticate(p) is None for p in probes.values())
     lookups = _Lookups(reg.keys_by_hash)
-    watched = dataclasses.replace(reg, keys_by_hash=lookups)
+    watched = replace(reg, keys_by_hash=lookups)
     for probe in [*probes.values(), real]:
         lookups.reads.clear()
         found = watched.authenticate(probe)
