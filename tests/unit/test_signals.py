@@ -65,19 +65,44 @@ def test_for_pool_takes_the_fullest_member(clock: ManualClock) -> None:
     sig.update("b", RateLimitSnapshot(unified_5h_utilization=0.7, unified_7d_utilization=0.1))
     clock.advance(20_000)
     sig.update("c", RateLimitSnapshot(unified_5h_utilization=0.5))
-    keys = ["percent/5h", "percent/weekly", "requests/hourly"]
-    assert sig.for_pool(["a", "b", "c", "nobody"], keys) == {
+    keys = ("percent/5h", "percent/weekly", "requests/hourly")
+    assert sig.for_pool(("a", "b", "c", "nobody"), keys) == {
         "percent/5h": 0.7,
         "percent/weekly": 0.9,
         "requests/hourly": 0.0,
     }
     clock.advance(15_000)  # a and b expire, c is still fresh
-    assert sig.for_pool(["a", "b", "c"], keys) == {
+    assert sig.for_pool(("a", "b", "c"), keys) == {
         "percent/5h": 0.5,
         "percent/weekly": 0.0,
         "requests/hourly": 0.0,
     }
-    assert sig.for_pool([], keys) == dict.fromkeys(keys, 0.0)
+    assert sig.for_pool((), keys) == dict.fromkeys(keys, 0.0)
+
+
+def test_for_pool_answer_is_kept_until_a_reading_changes_or_expires(clock: ManualClock) -> None:
+    """The pool's answer is given again while nothing it was built from changed; a new
+    reading, a dropped connection and the oldest reading's expiry each change it at once."""
+    sig = SaturationSignals(clock, ttl_ms=30_000)
+    members, keys = ("a", "b"), ("percent/5h", "percent/weekly")
+    sig.update("a", RateLimitSnapshot(unified_5h_utilization=0.2, unified_7d_utilization=0.9))
+    clock.advance(10_000)
+    sig.update("b", RateLimitSnapshot(unified_5h_utilization=0.7))
+    first = sig.for_pool(members, keys)
+    assert first == {"percent/5h": 0.7, "percent/weekly": 0.9}
+    assert sig.for_pool(members, keys) is first  # kept: nothing changed
+    sig.update("b", RateLimitSnapshot(unified_5h_utilization=0.4))  # a member's new reading
+    assert sig.for_pool(members, keys) == {"percent/5h": 0.4, "percent/weekly": 0.9}
+    clock.advance(20_000)  # a's reading is exactly at the ttl: still fresh
+    assert sig.for_pool(members, keys) == {"percent/5h": 0.4, "percent/weekly": 0.9}
+    clock.advance(1)  # a expires (nothing else changed): the kept answer must not outlive it
+    assert sig.for_pool(members, keys) == {"percent/5h": 0.4, "percent/weekly": 0.0}
+    sig.forget("b")
+    assert sig.for_pool(members, keys) == {"percent/5h": 0.0, "percent/weekly": 0.0}
+    sig.update("c", RateLimitSnapshot(unified_5h_utilization=0.99))  # not a member
+    assert sig.for_pool(members, keys) == {"percent/5h": 0.0, "percent/weekly": 0.0}
+    sig.update("a", RateLimitSnapshot(unified_5h_utilization=0.3))
+    assert sig.for_pool(members, keys) == {"percent/5h": 0.3, "percent/weekly": 0.0}
 
 
 def test_signals_memory_is_bounded(clock: ManualClock) -> None:

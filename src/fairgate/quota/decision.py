@@ -982,10 +982,11 @@ def compile_checks(
         plan = check_plan(pool, alloc, model)
     active = levels is not None and pool.share_mode is ShareMode.ACTIVE
     out: list[DimensionCheck] = []
-    if not (active or signals or reserves or anchors):
-        # the common case (a static pool, no provider reading, no anchored window): all but
-        # the cost comes from the plan, and the other fields keep their defaults (no signal,
-        # no reserve, no anchor), as the loop below would set them
+    sig = signals or _NOTHING
+    if not (active or reserves or anchors):
+        # the common case (a static pool, no anchored window; a provider reading or none): all
+        # but the cost and the signal comes from the plan, and the other fields keep their
+        # defaults (no reserve, no anchor), as the loop below would set them
         for p in plan.dims:
             out.append(
                 DimensionCheck(
@@ -996,10 +997,10 @@ def compile_checks(
                     p.static_share,
                     p.cap,
                     float(cost.get(p.unit, 0.0)),
+                    float(sig.get(p.key, 0.0)),
                 )
             )
         return _with_model_caps(out, plan, cost)
-    sig = signals or _NOTHING
     owed = reserves or _NOTHING
     for p in plan.dims:
         dim = p.dim

@@ -143,11 +143,13 @@ class Pool:
     _equal_weight: float | None = field(default=None, compare=False, repr=False)
     _enforced: tuple[Dimension, ...] = field(default=(), compare=False, repr=False)
     _cost_units: frozenset[Unit] = field(default=frozenset(), compare=False, repr=False)
+    _keys: tuple[str, ...] = field(default=(), compare=False, repr=False)
 
     def __post_init__(self) -> None:
         # derived once so per-request lookups stay O(1) however many keys share the pool
         object.__setattr__(self, "_by_key", {a.key_id: a for a in self.allocations})
         object.__setattr__(self, "_enforced", tuple(d for d in self.dimensions if d.known))
+        object.__setattr__(self, "_keys", tuple(d.key for d in self.dimensions))
         units = {d.unit for d in self._enforced}
         units.update(c.unit for a in self.allocations for c in a.model_caps if c.known)
         object.__setattr__(self, "_cost_units", frozenset(units))
@@ -176,6 +178,11 @@ class Pool:
 
     def enforced_dimensions(self) -> tuple[Dimension, ...]:
         return self._enforced
+
+    @property
+    def dimension_keys(self) -> tuple[str, ...]:
+        """Every dimension's key (``<unit>/<window>``), in order."""
+        return self._keys
 
     @property
     def cost_units(self) -> frozenset[Unit]:

@@ -25,9 +25,9 @@ from __future__ import annotations
 import asyncio
 import functools
 import re
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, TypeVar, cast
+from typing import Any, NamedTuple, TypeVar, cast
 
 from fairgate.clock import Clock
 from fairgate.providers.ratelimit import RateLimitSnapshot, count_limits, used_fractions
@@ -66,10 +66,18 @@ class _Reading:
     fractions: dict[str, float]
 
 
+class _PoolAnswer(NamedTuple):
+    """What :meth:`SaturationSignals.for_pool` answered, and for how long it holds."""
+
+    version: int
+    until_ms: int
+    fractions: Mapping[str, float]
+
+
 class SaturationSignals:
     """The provider's used fraction per connection and dimension, valid for ``ttl_ms``."""
 
-    __slots__ = ("_clock", "_max", "_readings", "ttl_ms")
+    __slots__ = ("_clock", "_max", "_memo", "_readings", "_version", "ttl_ms")
 
     def __init__(
         self,
@@ -82,6 +90,11 @@ class SaturationSignals:
         self.ttl_ms = ttl_ms
         self._max = max_connections
         self._readings: dict[str, _Reading] = {}
+        #: bumped whenever a reading is added, replaced or dropped: what :meth:`for_pool`
+        #: answered stays true until then or until its oldest reading expires
+        self._version = 0
+        #: (connections, dimension keys) → (version, valid until, answer)
+        self._memo: dict[tuple[tuple[str, ...], tuple[str, ...]], _PoolAnswer] = {}
 
     @property
     def empty(self) -> bool:
@@ -96,15 +109,17 @@ class SaturationSignals:
             _touch(
                 self._readings, connection_id, _Reading(self._clock.now_ms(), fractions), self._max
             )
+            self._version += 1
 
-    def _fresh(self, connection_id: str, now_ms: int) -> dict[str, float] | None:
+    def _fresh(self, connection_id: str, now_ms: int) -> _Reading | None:
         reading = self._readings.get(connection_id)
         if reading is None:
             return None
         if now_ms - reading.at_ms > self.ttl_ms:
             del self._readings[connection_id]  # expired: drop lazily
+            self._version += 1
             return None
-        return reading.fractions
+        return reading
 
     @staticmethod
     def _pick(fractions: dict[str, float], unit: str, window: str) -> float:
@@ -122,28 +137,41 @@ class SaturationSignals:
         and ``tokens/*`` ← 1 - remaining/limit (the provider's own window, whatever ours is).
         0.0 when unknown or older than the ttl.
         """
-        fractions = self._fresh(connection_id, self._clock.now_ms())
-        return 0.0 if fractions is None else self._pick(fractions, unit, window)
+        reading = self._fresh(connection_id, self._clock.now_ms())
+        return 0.0 if reading is None else self._pick(reading.fractions, unit, window)
 
     def for_pool(
-        self, connection_ids: Sequence[str], dimension_keys: Sequence[str]
-    ) -> dict[str, float]:
+        self, connection_ids: tuple[str, ...], dimension_keys: tuple[str, ...]
+    ) -> Mapping[str, float]:
         """``{"<unit>/<window>": fraction}`` for every key: the fullest member connection wins,
-        because a pool's members share one plan and the first to fill limits the pool."""
+        because a pool's members share one plan and the first to fill limits the pool.
+
+        Every governed admission asks, and a connection's reading changes at most once a
+        second (:class:`~fairgate.server.provider_signals.ProviderSignals` parses no more
+        often), so the answer is kept per pool shape and given again until a reading changes
+        or the oldest one it was built from expires: a version check and a clock read instead
+        of a walk of the readings. The answer is shared: callers only read it."""
         if not self._readings:  # no provider reported anything: no clock read, no walk
             return dict.fromkeys(dimension_keys, 0.0)
         now = self._clock.now_ms()
-        readings = [f for c in connection_ids if (f := self._fresh(c, now)) is not None]
-        if not readings:
-            return dict.fromkeys(dimension_keys, 0.0)
+        memo_key = (connection_ids, dimension_keys)
+        hit = self._memo.get(memo_key)
+        if hit is not None and hit.version == self._version and now <= hit.until_ms:
+            return hit.fractions
+        found = [r for c in connection_ids if (r := self._fresh(c, now)) is not None]
         out: dict[str, float] = {}
         for key in dimension_keys:
             unit, _, window = key.partition("/")
-            out[key] = max((self._pick(f, unit, window) for f in readings), default=0.0)
+            out[key] = max((self._pick(r.fractions, unit, window) for r in found), default=0.0)
+        until = min((r.at_ms for r in found), default=now) + self.ttl_ms
+        if len(self._memo) >= self._max:
+            self._memo.clear()  # bounded: one entry per pool shape in use
+        self._memo[memo_key] = _PoolAnswer(self._version, until, out)
         return out
 
     def forget(self, connection_id: str) -> None:
-        self._readings.pop(connection_id, None)
+        if self._readings.pop(connection_id, None) is not None:
+            self._version += 1
 
 
 class SingleFlight:

@@ -116,4 +116,4 @@ class ProviderSignals:
         of every governed request asks, and most providers never report."""
         if self.saturation.empty:
             return _NO_SIGNALS
-        return self.saturation.for_pool(pool.connections, [d.key for d in pool.dimensions])
+        return self.saturation.for_pool(pool.connections, pool.dimension_keys)
