@@ -237,12 +237,30 @@ class _Ops(Protocol):
     ) -> tuple[Count, Count]: ...
 
     def add(
-        self, pool_id: str, key_id: str, counter: str, window_ms: int, bucket: int, amount: float
-    ) -> None: ...
+        self,
+        pool_id: str,
+        key_id: str,
+        counter: str,
+        window_ms: int,
+        bucket: int,
+        amount: float,
+        total: bool,
+    ) -> None:
+        """Add ``amount`` to the key's count and, when ``total`` (a pool dimension), to the
+        pool's total: the two always move together, and one call for both is half the calls
+        on the in-memory path, where every admission and settle makes several."""
 
     def sub(
-        self, pool_id: str, key_id: str, counter: str, window_ms: int, bucket: int, amount: float
-    ) -> None: ...
+        self,
+        pool_id: str,
+        key_id: str,
+        counter: str,
+        window_ms: int,
+        bucket: int,
+        amount: float,
+        total: bool,
+    ) -> None:
+        """Take ``amount`` off (never below 0, and never creating a count), as :meth:`add`."""
 
     def cum_add(self, pool_id: str, counter: str, amount: float) -> None: ...
 
@@ -304,14 +322,32 @@ class _SqlOps:
         return _counts(rows, key_id, curr, anchor)
 
     def add(
-        self, pool_id: str, key_id: str, counter: str, window_ms: int, bucket: int, amount: float
+        self,
+        pool_id: str,
+        key_id: str,
+        counter: str,
+        window_ms: int,
+        bucket: int,
+        amount: float,
+        total: bool,
     ) -> None:
         self.c.execute(_ADD, (pool_id, key_id, counter, bucket, window_ms, amount))
+        if total:
+            self.c.execute(_ADD, (pool_id, TOTAL_KEY, counter, bucket, window_ms, amount))
 
     def sub(
-        self, pool_id: str, key_id: str, counter: str, window_ms: int, bucket: int, amount: float
+        self,
+        pool_id: str,
+        key_id: str,
+        counter: str,
+        window_ms: int,
+        bucket: int,
+        amount: float,
+        total: bool,
     ) -> None:
         self.c.execute(_SUB, (amount, pool_id, key_id, counter, bucket))
+        if total:
+            self.c.execute(_SUB, (amount, pool_id, TOTAL_KEY, counter, bucket))
 
     def cum_add(self, pool_id: str, counter: str, amount: float) -> None:
         self.c.execute(_CUM_ADD, (pool_id, counter, amount))
@@ -937,9 +973,7 @@ def _reclaim_all(ops: _Ops, now_ms: int, limit: int) -> int:
 
 def _add(ops: _Ops, pool_id: str, key_id: str, part: _Part) -> None:
     counter, window_ms, bucket, amount, scope = part
-    ops.add(pool_id, key_id, counter, window_ms, bucket, amount)
-    if scope == "pool":
-        ops.add(pool_id, TOTAL_KEY, counter, window_ms, bucket, amount)
+    ops.add(pool_id, key_id, counter, window_ms, bucket, amount, scope == "pool")
 
 
 def _apply_delta(
@@ -952,9 +986,7 @@ def _apply_delta(
         if amount > 0:
             _add(ops, pool_id, key_id, (counter, window_ms, bucket, amount, scope))
         elif amount < 0:
-            ops.sub(pool_id, key_id, counter, window_ms, bucket, -amount)
-            if scope == "pool":
-                ops.sub(pool_id, TOTAL_KEY, counter, window_ms, bucket, -amount)
+            ops.sub(pool_id, key_id, counter, window_ms, bucket, -amount, scope == "pool")
 
 
 def _undo(ops: _Ops, pool_id: str, key_id: str, parts: Sequence[_Part], now_ms: int) -> None:
@@ -966,9 +998,7 @@ def _undo(ops: _Ops, pool_id: str, key_id: str, parts: Sequence[_Part], now_ms: 
     for counter, window_ms, bucket, amount, scope in parts:
         if bucket < bucket_index(now_ms, window_ms) - 1:
             continue
-        ops.sub(pool_id, key_id, counter, window_ms, bucket, amount)
-        if scope == "pool":
-            ops.sub(pool_id, TOTAL_KEY, counter, window_ms, bucket, amount)
+        ops.sub(pool_id, key_id, counter, window_ms, bucket, amount, scope == "pool")
 
 
 def _apply_usage(

@@ -189,24 +189,54 @@ class MemoryCounters:
             return Count(v(prev_k, window_ms) or 0.0, v(curr_k, window_ms) or 0.0, anchor)
 
     def add(
-        self, pool_id: str, key_id: str, counter: str, window_ms: int, bucket: int, amount: float
+        self,
+        pool_id: str,
+        key_id: str,
+        counter: str,
+        window_ms: int,
+        bucket: int,
+        amount: float,
+        total: bool,
     ) -> None:
-        k = (pool_id, key_id, counter, bucket)
-        old = self._value(k, window_ms)
-        self._counters[k] = amount if old is None else old + amount
-        self._dirty.add(k)
+        self._bump((pool_id, key_id, counter, bucket), window_ms, amount)
+        if total:
+            self._bump((pool_id, TOTAL_KEY, counter, bucket), window_ms, amount)
         self._changed()
 
+    def _bump(self, k: CounterKey, window_ms: int, amount: float) -> None:
+        counters = self._counters
+        try:
+            old = counters[k]
+        except KeyError:
+            old = self._value(k, window_ms)
+        counters[k] = amount if old is None else old + amount
+        self._dirty.add(k)
+
     def sub(
-        self, pool_id: str, key_id: str, counter: str, window_ms: int, bucket: int, amount: float
+        self,
+        pool_id: str,
+        key_id: str,
+        counter: str,
+        window_ms: int,
+        bucket: int,
+        amount: float,
+        total: bool,
     ) -> None:
-        k = (pool_id, key_id, counter, bucket)
+        changed = self._lower((pool_id, key_id, counter, bucket), window_ms, amount)
+        if total:
+            changed |= self._lower((pool_id, TOTAL_KEY, counter, bucket), window_ms, amount)
+        if changed:
+            self._changed()
+
+    def _lower(self, k: CounterKey, window_ms: int, amount: float) -> bool:
+        """Take ``amount`` off a count, never below 0; False (nothing done) when the count has
+        no row, as the SQL UPDATE of a missing row."""
         old = self._value(k, window_ms)
-        if old is None:  # as the SQL UPDATE of a missing row: nothing
-            return
+        if old is None:
+            return False
         self._counters[k] = max(0.0, old - amount)
         self._dirty.add(k)
-        self._changed()
+        return True
 
     def expired(self, pool_id: str | None, now_ms: int, limit: int) -> list[Expired]:
         out: list[Expired] = []
