@@ -4,6 +4,7 @@ the replicas): two processes' logs read the same, newest first, bounded, across 
 from __future__ import annotations
 
 import os
+import sqlite3
 import stat
 from collections.abc import Callable
 from pathlib import Path
@@ -92,9 +93,9 @@ async def test_a_backend_that_fails_never_fails_the_caller(tmp_path: Path) -> No
 async def test_a_sqlite_flush_writes_one_statement_per_pool_however_many_events(
     tmp_path: Path,
 ) -> None:
-    """One event per governed request: a statement per event (``executemany``) cost twice the
-    CPU per event of one statement per pool, on the event loop. Every event still lands, in
-    order, bounded, its text intact."""
+    """One event per governed request: a row per event cost 1.9-3.5 µs of CPU per event on the
+    event loop; a flush writes one row (a chunk of events) and one trim per pool. Every event
+    still lands, in order, bounded, its text intact."""
     backend = SqliteLogBackend(tmp_path / "admission_log.sqlite", per_pool=500)
     log = SharedPoolLog(backend)
     statements: list[str] = []
@@ -113,6 +114,65 @@ async def test_a_sqlite_flush_writes_one_statement_per_pool_however_many_events(
         assert [e["ts"] for e in await log.recent("q", 1_000)] == list(range(1_996, -1, -4))
     finally:
         await log.close()
+
+
+async def test_a_sqlite_log_reads_and_trims_across_chunks(tmp_path: Path) -> None:
+    """Flushes of a few events each: a read takes the newest events across chunk boundaries,
+    and a trim keeps only the chunks that hold the newest ``per_pool`` events (a pool's file
+    does not grow with its traffic); a flush of more than ``per_pool`` events writes only the
+    newest of them."""
+    backend = SqliteLogBackend(tmp_path / "admission_log.sqlite", per_pool=5)
+    log = SharedPoolLog(backend)
+    try:
+        ts = 0
+        for size in (3, 3, 3, 1, 2, 3):
+            for _ in range(size):
+                log.log("p", {"ts": ts})
+                ts += 1
+            log.log("q", {"ts": -ts})
+            await log.flush()
+            newest = list(range(ts - 1, max(-1, ts - 6), -1))
+            assert [e["ts"] for e in await log.recent("p", 100)] == newest
+            assert [e["ts"] for e in await log.recent("p", 2)] == newest[:2]
+            chunks = backend._conn.execute(
+                "SELECT n FROM admission_chunks WHERE pool_id = 'p' ORDER BY id DESC"
+            ).fetchall()
+            held = [n for (n,) in chunks]
+            # the newest chunks reach 5 events, and without the oldest one they would not
+            assert sum(held) >= min(5, ts)
+            assert sum(held[:-1]) < 5
+        assert [e["ts"] for e in await log.recent("q", 100)] == [-15, -12, -10, -9, -6]
+        for i in range(12):
+            log.log("p", {"ts": 100 + i})
+        await log.flush()
+        (n,) = backend._conn.execute(
+            "SELECT n FROM admission_chunks WHERE pool_id = 'p' ORDER BY id DESC LIMIT 1"
+        ).fetchone()
+        assert n == 5
+        assert [e["ts"] for e in await log.recent("p", 100)] == [111, 110, 109, 108, 107]
+    finally:
+        await log.close()
+
+
+async def test_a_sqlite_log_of_an_earlier_version_is_dropped_on_open(tmp_path: Path) -> None:
+    """The row-per-event table of earlier versions holds an operator's view that the next
+    minutes of traffic fill again: it is dropped, never read as chunks."""
+    path = tmp_path / "admission_log.sqlite"
+    with sqlite3.connect(path) as old:
+        old.execute(
+            "CREATE TABLE admission_log (id INTEGER PRIMARY KEY AUTOINCREMENT,"
+            " pool_id TEXT NOT NULL, event TEXT NOT NULL)"
+        )
+        old.execute("INSERT INTO admission_log (pool_id, event) VALUES ('p', '{\"ts\": 1}')")
+    old.close()
+    backend = SqliteLogBackend(path)
+    try:
+        assert await backend.recent("p", 10) == []
+        tables = {r[0] for r in backend._conn.execute("SELECT name FROM sqlite_master")}
+        assert "admission_log" not in tables
+        assert "admission_chunks" in tables
+    finally:
+        await backend.close()
 
 
 @pytest.mark.redis
