@@ -236,31 +236,15 @@ class _Ops(Protocol):
         anchor: Anchor | None,
     ) -> tuple[Count, Count]: ...
 
-    def add(
-        self,
-        pool_id: str,
-        key_id: str,
-        counter: str,
-        window_ms: int,
-        bucket: int,
-        amount: float,
-        total: bool,
-    ) -> None:
-        """Add ``amount`` to the key's count and, when ``total`` (a pool dimension), to the
-        pool's total: the two always move together, and one call for both is half the calls
-        on the in-memory path, where every admission and settle makes several."""
+    def add(self, pool_id: str, key_id: str, part: _Part) -> None:
+        """Add the part's amount to the key's count in the part's bucket and, for a pool
+        dimension (scope ``pool``), to the pool's total: the two always move together, and one
+        call for both is half the calls on the in-memory path, where every admission and
+        settle makes several."""
 
-    def sub(
-        self,
-        pool_id: str,
-        key_id: str,
-        counter: str,
-        window_ms: int,
-        bucket: int,
-        amount: float,
-        total: bool,
-    ) -> None:
-        """Take ``amount`` off (never below 0, and never creating a count), as :meth:`add`."""
+    def sub(self, pool_id: str, key_id: str, part: _Part) -> None:
+        """Take the part's amount off (never below 0, and never creating a count), as
+        :meth:`add`."""
 
     def cum_add(self, pool_id: str, counter: str, amount: float) -> None: ...
 
@@ -321,32 +305,16 @@ class _SqlOps:
             rows = self.c.execute(_READ_ONE, (pool_id, key_id, counter, curr - 1, curr)).fetchall()
         return _counts(rows, key_id, curr, anchor)
 
-    def add(
-        self,
-        pool_id: str,
-        key_id: str,
-        counter: str,
-        window_ms: int,
-        bucket: int,
-        amount: float,
-        total: bool,
-    ) -> None:
+    def add(self, pool_id: str, key_id: str, part: _Part) -> None:
+        counter, window_ms, bucket, amount, scope = part
         self.c.execute(_ADD, (pool_id, key_id, counter, bucket, window_ms, amount))
-        if total:
+        if scope == "pool":
             self.c.execute(_ADD, (pool_id, TOTAL_KEY, counter, bucket, window_ms, amount))
 
-    def sub(
-        self,
-        pool_id: str,
-        key_id: str,
-        counter: str,
-        window_ms: int,
-        bucket: int,
-        amount: float,
-        total: bool,
-    ) -> None:
+    def sub(self, pool_id: str, key_id: str, part: _Part) -> None:
+        counter, _, bucket, amount, scope = part
         self.c.execute(_SUB, (amount, pool_id, key_id, counter, bucket))
-        if total:
+        if scope == "pool":
             self.c.execute(_SUB, (amount, pool_id, TOTAL_KEY, counter, bucket))
 
     def cum_add(self, pool_id: str, counter: str, amount: float) -> None:
@@ -640,7 +608,7 @@ class SqliteQuotaStore:
         # the reservation first: an id already held refuses before anything is added
         ops.put(req.reservation_id, pool, key, now + req.lease_ms, parts)
         for part in parts:
-            _add(ops, pool, key, part)
+            ops.add(pool, key, part)
         return AdmitResult(verdict, tuple(totals), tuple(mine), reserved=True)
 
     async def settle(
@@ -971,11 +939,6 @@ def _reclaim_all(ops: _Ops, now_ms: int, limit: int) -> int:
     return len(expired)
 
 
-def _add(ops: _Ops, pool_id: str, key_id: str, part: _Part) -> None:
-    counter, window_ms, bucket, amount, scope = part
-    ops.add(pool_id, key_id, counter, window_ms, bucket, amount, scope == "pool")
-
-
 def _apply_delta(
     ops: _Ops,
     pool_id: str,
@@ -984,9 +947,9 @@ def _apply_delta(
 ) -> None:
     for (counter, window_ms, bucket, scope), amount in delta.items():
         if amount > 0:
-            _add(ops, pool_id, key_id, (counter, window_ms, bucket, amount, scope))
+            ops.add(pool_id, key_id, (counter, window_ms, bucket, amount, scope))
         elif amount < 0:
-            ops.sub(pool_id, key_id, counter, window_ms, bucket, -amount, scope == "pool")
+            ops.sub(pool_id, key_id, (counter, window_ms, bucket, -amount, scope))
 
 
 def _undo(ops: _Ops, pool_id: str, key_id: str, parts: Sequence[_Part], now_ms: int) -> None:
@@ -995,10 +958,11 @@ def _undo(ops: _Ops, pool_id: str, key_id: str, parts: Sequence[_Part], now_ms: 
     A bucket older than the previous one no longer contributes to any value (and may already be
     collected), so there is nothing to take back from it.
     """
-    for counter, window_ms, bucket, amount, scope in parts:
+    for part in parts:
+        _, window_ms, bucket, _, _ = part
         if bucket < bucket_index(now_ms, window_ms) - 1:
             continue
-        ops.sub(pool_id, key_id, counter, window_ms, bucket, amount, scope == "pool")
+        ops.sub(pool_id, key_id, part)
 
 
 def _apply_usage(
@@ -1014,6 +978,6 @@ def _apply_usage(
             float(item.amount),
             item.scope,
         )
-        _add(ops, pool_id, key_id, part)
+        ops.add(pool_id, key_id, part)
         if item.scope == "pool":
             ops.cum_add(pool_id, item.key, float(item.amount))

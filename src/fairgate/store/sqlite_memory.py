@@ -188,18 +188,10 @@ class MemoryCounters:
             v = self._value
             return Count(v(prev_k, window_ms) or 0.0, v(curr_k, window_ms) or 0.0, anchor)
 
-    def add(
-        self,
-        pool_id: str,
-        key_id: str,
-        counter: str,
-        window_ms: int,
-        bucket: int,
-        amount: float,
-        total: bool,
-    ) -> None:
+    def add(self, pool_id: str, key_id: str, part: Part) -> None:
+        counter, window_ms, bucket, amount, scope = part
         self._bump((pool_id, key_id, counter, bucket), window_ms, amount)
-        if total:
+        if scope == "pool":
             self._bump((pool_id, TOTAL_KEY, counter, bucket), window_ms, amount)
         self._changed()
 
@@ -212,18 +204,10 @@ class MemoryCounters:
         counters[k] = amount if old is None else old + amount
         self._dirty.add(k)
 
-    def sub(
-        self,
-        pool_id: str,
-        key_id: str,
-        counter: str,
-        window_ms: int,
-        bucket: int,
-        amount: float,
-        total: bool,
-    ) -> None:
+    def sub(self, pool_id: str, key_id: str, part: Part) -> None:
+        counter, window_ms, bucket, amount, scope = part
         changed = self._lower((pool_id, key_id, counter, bucket), window_ms, amount)
-        if total:
+        if scope == "pool":
             changed |= self._lower((pool_id, TOTAL_KEY, counter, bucket), window_ms, amount)
         if changed:
             self._changed()
