@@ -15,7 +15,7 @@ from e2e_support import GatewayFactory, Proc, gateway_config, new_secret
 from outage_support import ADMIN, report
 from replica_support import KEYS, pools, storm
 
-#: A deadline for a busy machine, not a speed claim (benchmarks/propagation.py measures it).
+#: A deadline for a busy machine, not a speed claim (benchmarks/replicas.py measures it).
 DEADLINE_S = 20.0
 BODY = {
     "model": "mock/gpt-4o-mini",

@@ -48,7 +48,7 @@ CONFIG = {
 }
 
 ADMIN = "adm-test"
-#: Generous: a deadline for a busy machine, not a speed claim (benchmarks/propagation.py
+#: Generous: a deadline for a busy machine, not a speed claim (benchmarks/replicas.py
 #: measures the delay).
 DEADLINE_S = 15.0
 
