@@ -118,6 +118,50 @@ async def test_graceful_close_loses_nothing_and_a_restart_restores_the_state(
     assert _file_state(path) == (32.0, 30 * 40.0 + 100.0 + 10.0, 1)
 
 
+async def test_buckets_newer_than_the_file_held_at_start_are_never_asked_of_it(
+    tmp_path: Path,
+) -> None:
+    """The owner asks the file only for buckets it may hold: those no newer than its newest
+    bucket of that counter when this process became the owner (everything written since is in
+    memory). Buckets at or below it are still read from the file, so a restart restores
+    them; a new key, and every key's first use of a new window, asks nothing."""
+    path = tmp_path / "quota.sqlite"
+    store = SqliteQuotaStore(path, mode="memory", flush_ms=1000)
+    await _serve(store, 10)  # keys a and b, in the current buckets of both windows
+    await store.close()
+
+    again = SqliteQuotaStore(path, mode="memory", flush_ms=1000)
+    loads: list[str] = []
+    again._conn.set_trace_callback(
+        lambda sql: loads.append(sql) if sql.startswith("SELECT value FROM quota_counter") else None
+    )
+    try:
+        # key a's buckets are in the file (its current ones and, older still, the previous)
+        usage = await again.pool_usage(POOL.id, ["a"], REFS, T0 + 100)
+        assert usage.per_key["a"][REQ.key] == Count(0.0, 5.0)
+        assert usage.per_key["a"][TOK.key].curr == 5 * 40.0
+        assert loads  # read from the file, as they must be
+        # key b's buckets, in the file too
+        loads.clear()
+        res = await again.admit(_request("b", "late-b", T0 + 200))
+        assert res.reserved
+        assert res.mine[0] == Count(0.0, 5.0)
+        assert loads
+        # the next hour: the requests counter's new bucket is newer than anything the file
+        # held, so its first use asks nothing (the tokens' 5-hour bucket is the same one)
+        loads.clear()
+        hour = T0 + REQ.window_ms
+        res = await again.admit(_request("a", "next-hour-a", hour))
+        assert res.reserved
+        assert res.mine[0] == Count(5.0, 0.0)  # the previous hour is a's five requests
+        # and the pool's ten: b's late reservation, never settled, was reclaimed at its lease
+        assert res.totals[0] == Count(10.0, 0.0)
+        assert loads == []
+    finally:
+        again._conn.set_trace_callback(None)
+        await again.close()
+
+
 async def test_memory_and_transactional_give_identical_decisions_and_counts(
     tmp_path: Path,
 ) -> None:
