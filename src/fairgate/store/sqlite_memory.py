@@ -212,12 +212,8 @@ class MemoryCounters:
         self._changed()
 
     def _bump(self, k: CounterKey, window_ms: int, amount: float) -> None:
-        counters = self._counters
-        try:
-            old = counters[k]
-        except KeyError:
-            old = self._value(k, window_ms)
-        counters[k] = amount if old is None else old + amount
+        old = self._value(k, window_ms)
+        self._counters[k] = amount if old is None else old + amount
         self._dirty.add(k)
 
     def sub(self, pool_id: str, key_id: str, part: Part) -> None:
