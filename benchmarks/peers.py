@@ -21,6 +21,10 @@ moment of a shared host hits every target alike. Per target and round:
   of that server's clients, so on a Redis shared with other work it reads high), and per
   request the ``EVALSHA`` calls (the scripts' round trips) and every command the server ran
   (``total_commands_processed``, which counts each ``redis.call`` inside a script too);
+- CPU ms per request at c1, the same way over the c1 run (the gateway's process only): work
+  done once per interval (the memory mode's commit every ``QUOTA_SQLITE_FLUSH_MS``, a loop
+  turn) is shared by many requests at c16 and paid by few at c1, so the two columns together
+  tell per-request work from per-interval work;
 - the mock's request count checked against what the load generator completed, and 0 errors
   (non-2xx, socket errors, timeouts) required: a row with errors fails the run.
 
@@ -338,6 +342,7 @@ class Row:
     c64: list[Run] = field(default_factory=list)
     ttfe: list[float] = field(default_factory=list)
     cpu_ms: list[float] = field(default_factory=list)
+    cpu1_ms: list[float] = field(default_factory=list)
     redis_cpu_ms: list[float] = field(default_factory=list)
     redis_cmds: list[float] = field(default_factory=list)
     redis_evalsha: list[float] = field(default_factory=list)
@@ -372,7 +377,13 @@ class Bench:
         return r
 
     def round(self, t: Target, row: Row) -> None:
-        row.c1.append(self.run(t, 1, self.seconds / 2).p50)
+        cpu0 = tree_cpu_s(t.pid)
+        r1 = self.run(t, 1, self.seconds / 2)
+        row.c1.append(r1.p50)
+        # per request at c1 as well: what c16 shares between requests (a commit every few ms,
+        # a loop turn) one connection pays alone, so the two together tell per-request work
+        # from per-interval work
+        row.cpu1_ms.append((tree_cpu_s(t.pid) - cpu0) * 1000 / r1.requests)
         cpu0 = tree_cpu_s(t.pid)
         rcpu0, rcmd0, reval0 = t.redis_cpu() if t.redis_cpu else (0.0, 0, 0)
         r16 = self.run(t, 16, self.seconds)
@@ -400,7 +411,7 @@ def report(targets: list[Target], rows: dict[str, Row], bench: Bench, rounds: in
     )
     head = (
         f"{'target (latencies in ms)':<34} {'c1 p50':>8} {'c16 req/s':>10} {'c16 p99':>8} "
-        f"{'c64 req/s':>10} {'c64 p99':>8} {'TTFE p50':>9} {'CPU/req c16':>12}"
+        f"{'c64 req/s':>10} {'c64 p99':>8} {'TTFE p50':>9} {'CPU/req c1':>11} {'CPU/req c16':>12}"
     )
     print(head)
     print("-" * len(head))
@@ -415,7 +426,8 @@ def report(targets: list[Target], rows: dict[str, Row], bench: Bench, rounds: in
             cpu += f" +{statistics.median(row.redis_cpu_ms):.3f} redis"
         print(
             f"{t.name:<34} {statistics.median(row.c1):8.2f} {r16.rps:10.0f} {r16.p99:8.2f} "
-            f"{r64.rps:10.0f} {r64.p99:8.2f} {statistics.median(row.ttfe):9.2f} {cpu:>12}"
+            f"{r64.rps:10.0f} {r64.p99:8.2f} {statistics.median(row.ttfe):9.2f} "
+            f"{statistics.median(row.cpu1_ms):8.3f} ms {cpu:>12}"
         )
     for t in targets:
         found = rows.get(t.name)
