@@ -21,7 +21,7 @@ moment of a shared host hits every target alike. Per target and round:
   of that server's clients, so on a Redis shared with other work it reads high), and per
   request the ``EVALSHA`` calls (the scripts' round trips) and every command the server ran
   (``total_commands_processed``, which counts each ``redis.call`` inside a script too);
-- CPU ms per request at c1, the same way over the c1 run (the gateway's process only): work
+- CPU ms per request at c1, the same way over the c1 run (without redis-server's share): work
   done once per interval (the memory mode's commit every ``QUOTA_SQLITE_FLUSH_MS``, a loop
   turn) is shared by many requests at c16 and paid by few at c1, so the two columns together
   tell per-request work from per-interval work;
@@ -383,8 +383,9 @@ class Bench:
         # per request at c1 as well: what c16 shares between requests (a commit every few ms,
         # a loop turn) one connection pays alone, so the two together tell per-request work
         # from per-interval work
-        row.cpu1_ms.append((tree_cpu_s(t.pid) - cpu0) * 1000 / r1.requests)
-        cpu0 = tree_cpu_s(t.pid)
+        cpu1 = tree_cpu_s(t.pid)  # the c1 run's end is the c16 run's start: one walk of /proc
+        row.cpu1_ms.append((cpu1 - cpu0) * 1000 / r1.requests)
+        cpu0 = cpu1
         rcpu0, rcmd0, reval0 = t.redis_cpu() if t.redis_cpu else (0.0, 0, 0)
         r16 = self.run(t, 16, self.seconds)
         row.cpu_ms.append((tree_cpu_s(t.pid) - cpu0) * 1000 / r16.requests)
