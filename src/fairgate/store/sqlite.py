@@ -58,6 +58,7 @@ from fairgate.store.base import (
     ReservationExists,
     UsageItem,
 )
+from fairgate.store.sqlite_batches import CUMULATIVE_ADD, DELETE_RESERVATION, TOUCH
 from fairgate.store.sqlite_memory import DEFAULT_FLUSH_MS, MemoryCounters, WriteBehind
 from fairgate.store.sqlite_owner import FileUse
 from fairgate.store.sqlite_parts import Expired, Part
@@ -139,20 +140,11 @@ _EXPIRED_ANY = (
 )
 # take a reservation out in one statement (RETURNING needs SQLite ≥ 3.35, Python 3.11 ships 3.40+)
 _RES_TAKE = "DELETE FROM quota_reservation WHERE id = ? AND pool_id = ? RETURNING key_id, parts"
-_RES_DEL = "DELETE FROM quota_reservation WHERE id = ?"
 _RES_HELD = "SELECT 1 FROM quota_reservation WHERE id = ?"
 _RES_PUT = (
     "INSERT INTO quota_reservation (id, pool_id, key_id, expires_ms, parts) VALUES (?, ?, ?, ?, ?)"
 )
-_TOUCH = (
-    "INSERT INTO quota_active (pool_id, key_id, last_ms) VALUES (?, ?, ?)"
-    " ON CONFLICT (pool_id, key_id) DO UPDATE SET last_ms = MAX(last_ms, excluded.last_ms)"
-)
 _ACTIVE = "SELECT key_id FROM quota_active WHERE pool_id = ? AND last_ms >= ? ORDER BY key_id"
-_CUM_ADD = (
-    "INSERT INTO quota_cumulative (pool_id, counter, value) VALUES (?, ?, ?)"
-    " ON CONFLICT (pool_id, counter) DO UPDATE SET value = value + excluded.value"
-)
 _CUM_GET = "SELECT value FROM quota_cumulative WHERE pool_id = ? AND counter = ?"
 _ANCHORS = "SELECT counter, reset_ms, bucket, source FROM quota_anchor WHERE pool_id = ?"
 _ANCHOR_GET = "SELECT reset_ms, bucket, source FROM quota_anchor WHERE pool_id = ? AND counter = ?"
@@ -269,7 +261,7 @@ class _SqlOps:
         return None if row is None else (str(row[0]), _load_parts(row[1]))
 
     def drop(self, reservation_id: str) -> None:
-        self.c.execute(_RES_DEL, (reservation_id,))
+        self.c.execute(DELETE_RESERVATION, (reservation_id,))
 
     def holds(self, reservation_id: str) -> bool:
         return self.c.execute(_RES_HELD, (reservation_id,)).fetchone() is not None
@@ -285,7 +277,7 @@ class _SqlOps:
             raise ReservationExists(reservation_id) from exc
 
     def touch(self, pool_id: str, key_id: str, now_ms: int) -> None:
-        self.c.execute(_TOUCH, (pool_id, key_id, now_ms))
+        self.c.execute(TOUCH, (pool_id, key_id, now_ms))
 
     def counts(
         self,
@@ -318,7 +310,7 @@ class _SqlOps:
             self.c.execute(_SUB, (amount, pool_id, TOTAL_KEY, counter, bucket))
 
     def cum_add(self, pool_id: str, counter: str, amount: float) -> None:
-        self.c.execute(_CUM_ADD, (pool_id, counter, amount))
+        self.c.execute(CUMULATIVE_ADD, (pool_id, counter, amount))
 
 
 class SqliteQuotaStore:

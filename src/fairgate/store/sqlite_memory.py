@@ -31,10 +31,10 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
-from dataclasses import dataclass, field
 
 from fairgate.quota.window import Anchor, Count
 from fairgate.store.base import TOTAL_KEY, ReservationExists
+from fairgate.store.sqlite_batches import Batch, write_batch
 from fairgate.store.sqlite_parts import Expired, Part, dump_parts, load_parts
 
 log = logging.getLogger("fairgate.store")
@@ -52,47 +52,12 @@ _LOAD_RESERVATIONS = "SELECT id, pool_id, key_id, expires_ms, parts FROM quota_r
 _NEWEST_BUCKETS = (
     "SELECT pool_id, counter, MAX(bucket) FROM quota_counter GROUP BY pool_id, counter"
 )
-# absolute values: only the owner writes, so its value is the value
-_SET = (
-    "INSERT INTO quota_counter (pool_id, key_id, counter, bucket, window_ms, value)"
-    " VALUES (?, ?, ?, ?, ?, ?)"
-    " ON CONFLICT (pool_id, key_id, counter, bucket) DO UPDATE SET value = excluded.value"
-)
-_RES_SET = (
-    "INSERT OR REPLACE INTO quota_reservation (id, pool_id, key_id, expires_ms, parts)"
-    " VALUES (?, ?, ?, ?, ?)"
-)
-_RES_DEL = "DELETE FROM quota_reservation WHERE id = ?"
-_RES_DEL_ALL = "DELETE FROM quota_reservation"
-_TOUCH = (
-    "INSERT INTO quota_active (pool_id, key_id, last_ms) VALUES (?, ?, ?)"
-    " ON CONFLICT (pool_id, key_id) DO UPDATE SET last_ms = MAX(last_ms, excluded.last_ms)"
-)
-_CUM_ADD = (
-    "INSERT INTO quota_cumulative (pool_id, counter, value) VALUES (?, ?, ?)"
-    " ON CONFLICT (pool_id, counter) DO UPDATE SET value = value + excluded.value"
-)
-
 #: Default milliseconds between two write-behind commits (``QUOTA_SQLITE_FLUSH_MS``).
 DEFAULT_FLUSH_MS = 5
 #: How long the watcher sleeps when nothing is pending and a doorbell wakes it for a sharer
 #: (seconds): its only other duties then are ones that ring it too (a change made outside a
 #: running loop, a failed commit, the stop).
 IDLE_WAIT_S = 1.0
-
-
-@dataclass(slots=True)
-class _Batch:
-    """Everything that changed between two snapshots, as rows to write."""
-
-    counters: list[tuple[str, str, str, int, int, float]] = field(default_factory=list)
-    res_put: list[tuple[str, str, str, int, str]] = field(default_factory=list)
-    res_del: list[tuple[str]] = field(default_factory=list)
-    res_resync: bool = False
-    touches: list[tuple[str, str, int]] = field(default_factory=list)
-    cumulative: list[tuple[str, str, float]] = field(default_factory=list)
-    first_change: float = 0.0  # monotonic time of the oldest change in the batch
-    seq: int = 0  # how many changes the state had seen when the batch was taken
 
 
 class MemoryCounters:
@@ -296,11 +261,11 @@ class MemoryCounters:
         """Monotonic time of the oldest change not yet taken by a snapshot (None: none)."""
         return None if self.seq == self._taken_seq else self._first_change
 
-    def snapshot(self) -> _Batch | None:
+    def snapshot(self) -> Batch | None:
         """Everything changed since the last snapshot, as rows (None: nothing). Under lock."""
         if self.seq == self._taken_seq:
             return None
-        b = _Batch(first_change=self._first_change, seq=self.seq)
+        b = Batch(first_change=self._first_change, seq=self.seq)
         counters = self._counters
         windows = self._windows
         for k in self._dirty:
@@ -328,7 +293,7 @@ class MemoryCounters:
         self._taken_seq = self.seq
         return b
 
-    def restore(self, b: _Batch) -> None:
+    def restore(self, b: Batch) -> None:
         """A batch could not be written: mark its changes pending again. Under lock."""
         for p, k, c, bucket, _, _ in b.counters:
             self._dirty.add((p, k, c, bucket))
@@ -495,16 +460,10 @@ class WriteBehind:
                 raise sqlite3.OperationalError(msg)
             yield
 
-    def _write(self, b: _Batch, *, locked: bool = False) -> bool:
+    def _write(self, b: Batch, *, locked: bool = False) -> bool:
         try:
             with self._tx() as c:
-                c.executemany(_SET, b.counters)
-                if b.res_resync:
-                    c.execute(_RES_DEL_ALL)
-                c.executemany(_RES_DEL, b.res_del)
-                c.executemany(_RES_SET, b.res_put)
-                c.executemany(_TOUCH, b.touches)
-                c.executemany(_CUM_ADD, b.cumulative)
+                write_batch(c, b)
         except sqlite3.Error as exc:
             self.failures += 1
             log.warning("quota store: write-behind commit failed (%s); retrying", exc)
