@@ -58,8 +58,20 @@ from fairgate.store.base import (
     ReservationExists,
     UsageItem,
 )
-from fairgate.store.sqlite_batches import CUMULATIVE_ADD, DELETE_RESERVATION, TOUCH
-from fairgate.store.sqlite_memory import DEFAULT_FLUSH_MS, MemoryCounters, WriteBehind
+from fairgate.store.sqlite_batches import (
+    CUMULATIVE_ADD,
+    DELETE_RESERVATION,
+    FOLDED_SCHEMA,
+    TOUCH,
+    BatchJournal,
+    replay,
+)
+from fairgate.store.sqlite_memory import (
+    DEFAULT_FLUSH_MS,
+    DEFAULT_FOLD_MS,
+    MemoryCounters,
+    WriteBehind,
+)
 from fairgate.store.sqlite_owner import FileUse
 from fairgate.store.sqlite_parts import Expired, Part
 from fairgate.store.sqlite_parts import dump_parts as _dump_parts
@@ -109,6 +121,7 @@ _SCHEMA = (
         source TEXT NOT NULL DEFAULT '',
         PRIMARY KEY (pool_id, counter)
     ) WITHOUT ROWID""",
+    FOLDED_SCHEMA,
 )
 
 _ADD = (
@@ -329,6 +342,7 @@ class SqliteQuotaStore:
         synchronous: str = "OFF",
         mode: str = DEFAULT_MODE,
         flush_ms: int = DEFAULT_FLUSH_MS,
+        fold_ms: int = DEFAULT_FOLD_MS,
     ) -> None:
         """``synchronous`` OFF (the default) never fsyncs on the event loop: committed counters
         are in the OS page cache, so they survive a crash or ``kill -9`` of the gateway, and
@@ -340,14 +354,20 @@ class SqliteQuotaStore:
         counters are authoritative in memory and written behind every ``flush_ms`` (a
         ``kill -9`` loses at most the last ``flush_ms`` plus one commit of changes, a close
         nothing); as soon as another process opens the file, this one commits and switches to
-        the transactional path (:mod:`fairgate.store.sqlite_owner`). ``transactional``: every
-        admission and settle is a transaction, nothing committed is ever lost."""
+        the transactional path (:mod:`fairgate.store.sqlite_owner`). Each write-behind commit
+        appends its batch to a journal in the file, folded into the quota tables every
+        ``fold_ms`` and whenever the tables must be whole (a read of them, a hand-over, a
+        close); every process that opens the file folds what a dead owner left first
+        (:mod:`fairgate.store.sqlite_batches`). ``transactional``: every admission and settle
+        is a transaction, nothing committed is ever lost."""
         if synchronous.upper() not in SYNCHRONOUS_MODES:
             raise ValueError(f"synchronous must be one of {', '.join(SYNCHRONOUS_MODES)}")
         if mode not in MODES:
             raise ValueError(f"mode must be one of {', '.join(MODES)}")
         if not 1 <= flush_ms <= MAX_FLUSH_MS:
             raise ValueError(f"flush_ms must be from 1 to {MAX_FLUSH_MS}")
+        if fold_ms < flush_ms:
+            raise ValueError("fold_ms must be at least flush_ms")
         self._synchronous = synchronous.upper()
         self._busy_timeout_ms = busy_timeout_ms
         self._path = os.fspath(path)
@@ -373,6 +393,9 @@ class SqliteQuotaStore:
         self._memory: MemoryCounters | None = None
         self._behind: WriteBehind | None = None
         self._use: FileUse | None = None
+        # the write-behind's journal (memory mode), folded by every opener of a file
+        self._journal = BatchJournal(self._path, sync=self._synchronous == "FULL")
+        self._journal_seq = 0
         try:
             if self._path != ":memory:":
                 self._use = FileUse(self._path)
@@ -385,6 +408,9 @@ class SqliteQuotaStore:
                     self._memory,
                     self._write,
                     flush_ms=flush_ms,
+                    journal=self._journal,
+                    journal_seq=self._journal_seq,
+                    fold_ms=fold_ms,
                     handover_wanted=self._use.sharer_waiting,
                     handover=self._hand_over,
                     doorbell=self._use.doorbell(),
@@ -453,6 +479,7 @@ class SqliteQuotaStore:
             "p99_lag_ms": pct(0.99),
             "max_lag_ms": lags[-1] if lags else 0.0,
             "failed_commits": wb.failures,
+            "folds": wb.folds,
         }
 
     async def flush(self) -> None:
@@ -494,6 +521,11 @@ class SqliteQuotaStore:
         with self._write() as c:
             for stmt in _SCHEMA:
                 c.execute(stmt)
+            if self._path != ":memory:":
+                # a memory-mode owner that died left up to its last second in the journal:
+                # folded before anything is read (an owner's memory, a sharer's admissions)
+                self._journal_seq = replay(c, self._journal)
+        self._journal.clear()
 
     @contextmanager
     def _tx(self, begin: str, *, write: bool = False) -> Iterator[sqlite3.Connection]:
@@ -861,6 +893,7 @@ class SqliteQuotaStore:
             self._behind.stop()
             self._behind = None
             self._memory = None
+        self._journal.close()
         if self._use is not None:
             self._use.close()
             self._use = None

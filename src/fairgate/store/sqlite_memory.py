@@ -7,14 +7,17 @@ state (counter buckets loaded on first use, every live reservation, pending acti
 cumulative additions) and answers the same primitive operations the transactional path runs as
 SQL (the store's admission code is written once against them), in memory, in O(1).
 :class:`WriteBehind` commits what changed ``flush_ms`` (a few milliseconds) after the first
-change, everything in ONE transaction through the store's own write transaction: a commit per
-interval whatever the request rate, instead of two per request.
+change, everything as ONE batch: a commit per interval whatever the request rate, instead of
+two transactions per request. A commit appends the batch to the file's journal, and about once
+a second (``fold_ms``) one write transaction folds what was appended into the quota tables
+(:mod:`fairgate.store.sqlite_batches`: a SQLite transaction per commit was most of a commit's
+cost).
 
 Durability (docs/performance.md): a ``kill -9`` loses what changed since the last commit, at
 most ``flush_ms`` plus however late a busy event loop runs the commit (measured in
-``benchmarks/admission.py``); a graceful close commits everything first.
-Each commit is one snapshot taken under the counters' lock, so what survives is always a
-consistent state (a reservation and the amounts it added are lost or kept together).
+``benchmarks/admission.py``); a graceful close commits and folds everything first. Each commit
+is one snapshot taken under the counters' lock, so what survives is always a consistent state
+(a reservation and the amounts it added are lost or kept together).
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ from contextlib import AbstractContextManager, contextmanager
 
 from fairgate.quota.window import Anchor, Count
 from fairgate.store.base import TOTAL_KEY, ReservationExists
-from fairgate.store.sqlite_batches import Batch, write_batch
+from fairgate.store.sqlite_batches import Batch, BatchJournal, Unfolded, mark_folded, write_batch
 from fairgate.store.sqlite_parts import Expired, Part, dump_parts, load_parts
 
 log = logging.getLogger("fairgate.store")
@@ -54,6 +57,11 @@ _NEWEST_BUCKETS = (
 )
 #: Default milliseconds between two write-behind commits (``QUOTA_SQLITE_FLUSH_MS``).
 DEFAULT_FLUSH_MS = 5
+#: Default milliseconds between two folds of the journal into the quota tables under traffic...
+DEFAULT_FOLD_MS = 1000
+#: ...or as soon as a fold would write this many rows (the fold runs on the event loop: a
+#: bound on its pause, about 5 µs a row)
+FOLD_ROWS = 256
 #: How long the watcher sleeps when nothing is pending and a doorbell wakes it for a sharer
 #: (seconds): its only other duties then are ones that ring it too (a change made outside a
 #: running loop, a failed commit, the stop).
@@ -331,8 +339,9 @@ class MemoryCounters:
 
 
 class WriteBehind:
-    """Commits a :class:`MemoryCounters`' changes ``flush_ms`` after the first of them, in one
-    transaction.
+    """Commits a :class:`MemoryCounters`' changes ``flush_ms`` after the first of them, as one
+    batch appended to the journal, and folds the journal into the tables every ``fold_ms``
+    (and whenever the tables must be whole: :meth:`quiesce`, the hand-over, the close).
 
     The commit runs on the event loop that made the change (a timer set at the first change
     after a commit): a commit per ``flush_ms`` at most, whatever the request rate. A thread
@@ -357,6 +366,9 @@ class WriteBehind:
         write: Callable[[], AbstractContextManager[sqlite3.Connection]],
         *,
         flush_ms: int,
+        journal: BatchJournal,
+        journal_seq: int,
+        fold_ms: int = DEFAULT_FOLD_MS,
         handover_wanted: Callable[[], bool],
         handover: Callable[[], None],
         doorbell: socket.socket | None = None,
@@ -367,6 +379,7 @@ class WriteBehind:
         checkpoint: 4.5 ms per commit at 100,000 keys, measured."""
         self.memory = memory
         self._flush_s = flush_ms / 1000.0
+        self._fold_s = fold_ms / 1000.0
         self._tx = write
         self._flush_lock = threading.Lock()  # one commit at a time, in snapshot order
         self._stop = threading.Event()
@@ -376,6 +389,15 @@ class WriteBehind:
         #: much counting a ``kill -9`` just before that commit would have lost
         self.lags_ms: deque[float] = deque(maxlen=4096)
         self.failures = 0
+        self._journal = journal
+        # the last batch appended to the journal, and the last the tables hold
+        self._seq = self._folded_seq = journal_seq
+        self._must_fold = False
+        #: batches journaled since the last fold, merged (:mod:`fairgate.store.sqlite_batches`)
+        self._unfolded = Unfolded()
+        self._folded_at = time.monotonic()
+        #: how many times the journal was folded into the tables
+        self.folds = 0
         #: how many times the watcher woke up (idle cost: benchmarks/admission.py)
         self.wakeups = 0
         self._bell = doorbell
@@ -432,23 +454,32 @@ class WriteBehind:
                     continue
                 with self.memory.lock:
                     pending = self.memory.pending_since()
-                if pending is not None and time.monotonic() - pending > 2 * self._flush_s:
+                now = time.monotonic()
+                if pending is not None and now - pending > 2 * self._flush_s:
                     self.flush()
+                elif self._unfolded and now - self._folded_at > 2 * self._fold_s:
+                    self.flush(fold=True)  # traffic stopped: the tables catch up
             except Exception:  # never let the thread die: the next round retries
                 log.exception("quota store: write-behind round failed")
 
-    def flush(self) -> bool:
-        """Commit what changed now (from any thread); False if the write failed (it is kept
-        pending and retried by the next round)."""
+    def flush(self, *, fold: bool = False) -> bool:
+        """Commit what changed now (from any thread), and with ``fold`` write everything into
+        the tables; False if the write failed (it is kept pending and retried by the next
+        round)."""
         with self._flush_lock:
             with self.memory.lock:
                 batch = self.memory.snapshot()
-            return batch is None or self._write(batch)
+            if batch is None and not (fold and self._unfolded):
+                return True
+            return self._write(batch or Batch(), fold=fold)
 
     def _commit_locked(self) -> bool:
-        """Commit with the counters' lock already held (a quiet moment for the caller)."""
+        """Commit and fold with the counters' lock already held (a quiet moment for the
+        caller): the tables alone are then the whole state."""
         batch = self.memory.snapshot()
-        return batch is None or self._write(batch, locked=True)
+        if batch is None and not self._unfolded:
+            return True
+        return self._write(batch or Batch(), locked=True, fold=True)
 
     @contextmanager
     def quiesce(self) -> Iterator[None]:
@@ -460,12 +491,34 @@ class WriteBehind:
                 raise sqlite3.OperationalError(msg)
             yield
 
-    def _write(self, b: Batch, *, locked: bool = False) -> bool:
+    def _write(self, b: Batch, *, locked: bool = False, fold: bool = False) -> bool:
+        """Commit ``b``: appended to the journal, or written into the tables with everything
+        journaled since the last fold (which the journal then forgets) when ``fold`` is asked
+        for or due. Under the flush lock."""
+        now = time.monotonic()
+        unfolded = self._unfolded
+        fold = (
+            fold
+            or self._must_fold
+            or now - self._folded_at >= self._fold_s
+            or len(unfolded) + len(b.counters) + len(b.res_put) >= FOLD_ROWS
+        )
         try:
-            with self._tx() as c:
-                write_batch(c, b)
-        except sqlite3.Error as exc:
+            if fold:
+                with self._tx() as c:
+                    if unfolded:
+                        write_batch(c, unfolded.batch())
+                    write_batch(c, b)
+                    if self._seq != self._folded_seq:
+                        mark_folded(c, self._seq)
+            else:
+                self._journal.append(self._seq + 1, b)
+                self._seq += 1
+        except (sqlite3.Error, OSError) as exc:
             self.failures += 1
+            # a failed append may have left half a record, which would end the journal for
+            # every record after it: until a fold has emptied it, commit into the tables
+            self._must_fold = True
             log.warning("quota store: write-behind commit failed (%s); retrying", exc)
             if locked:
                 self.memory.restore(b)
@@ -474,9 +527,22 @@ class WriteBehind:
                     self.memory.restore(b)
             self._wake()  # the watcher retries it
             return False
-        lag = (time.monotonic() - b.first_change) * 1000.0
-        self.lags_ms.append(lag)
-        self.memory.durable_seq = b.seq
+        if fold:
+            self._unfolded = Unfolded()
+            self._folded_at = now
+            self._folded_seq = self._seq
+            self.folds += 1
+            try:  # the tables hold every batch in it: a crash from here on skips them
+                self._journal.clear()
+                self._must_fold = False
+            except OSError as exc:
+                log.warning("quota store: the journal could not be emptied (%s)", exc)
+        else:
+            unfolded.add(b)
+        if b.seq:  # an empty batch (a fold with nothing new) is not a commit of changes
+            lag = (time.monotonic() - b.first_change) * 1000.0
+            self.lags_ms.append(lag)
+            self.memory.durable_seq = b.seq
         return True
 
     def stop(self) -> None:
@@ -489,4 +555,4 @@ class WriteBehind:
             # kept bound after a handover: no other process can own the file before this one
             # lets go of its lock, which happens after this close
             self._bell.close()
-        self.flush()
+        self.flush(fold=True)

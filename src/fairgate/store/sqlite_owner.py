@@ -51,6 +51,8 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
+from fairgate.store.sqlite_batches import BatchJournal, replay
+
 #: How often a waiting sharer rings the owner's doorbell again (seconds).
 RING_EVERY_S = 0.05
 #: How often a waiting sharer tries the owner's lock again (seconds).
@@ -215,8 +217,16 @@ def shared_connection(
     use = FileUse(path)
     try:
         use.share(timeout_ms)
-        conn = sqlite3.connect(path, timeout=timeout_ms / 1000.0)
+        conn = sqlite3.connect(path, timeout=timeout_ms / 1000.0, isolation_level=None)
         try:
+            # an owner that handed over folded its journal; one that died did not
+            journal = BatchJournal(path)
+            with use.writing(timeout_ms):
+                conn.execute("BEGIN IMMEDIATE")
+                replay(conn, journal)
+                conn.execute("COMMIT")
+                journal.clear()
+            conn.isolation_level = "DEFERRED"  # the usual implicit transactions for the caller
             yield conn
         finally:
             conn.close()
