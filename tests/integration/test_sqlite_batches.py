@@ -22,6 +22,7 @@ import pytest
 from fairgate.quota.decision import compile_checks
 from fairgate.quota.model import Allocation, Dimension, Policy, Pool
 from fairgate.quota.units import Unit, Window
+from fairgate.store import sqlite_memory
 from fairgate.store.base import AdmitRequest, CounterRef, UsageItem
 from fairgate.store.sqlite import SqliteQuotaStore
 from fairgate.store.sqlite_batches import (
@@ -390,5 +391,36 @@ async def test_appends_reach_the_disk_when_every_commit_must(
         await _commit_all(store)
         assert _journal_size(path) > 0
         assert bool(synced) is syncs
+    finally:
+        await store.close()
+
+
+async def test_a_failed_fold_with_nothing_new_keeps_the_journal_and_invents_no_change(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A read that needs the tables whole folds; when that fold fails (the file cannot be
+    written) the read says so, the journal keeps every batch, and nothing is marked pending
+    that was not (no commit of an empty change, no lag counted from the clock's origin)."""
+    path = tmp_path / "q.sqlite"
+    store = SqliteQuotaStore(path, mode="memory", flush_ms=1, fold_ms=3_600_000)
+    real = sqlite_memory.write_batch
+    try:
+        await _serve(store, 4)
+        await _commit_all(store)
+        before = store.durability()
+
+        def locked(c: sqlite3.Connection, b: Batch) -> None:
+            raise sqlite3.OperationalError("disk I/O error")
+
+        monkeypatch.setattr(sqlite_memory, "write_batch", locked)
+        with pytest.raises(sqlite3.OperationalError):
+            await store.cumulative(POOL.id, [REQ.key])
+        monkeypatch.setattr(sqlite_memory, "write_batch", real)
+        after = store.durability()
+        assert after["changes"] == before["changes"]
+        assert after["commits"] == before["commits"]
+        assert _journal_size(path) > 0
+        assert await store.cumulative(POOL.id, [REQ.key]) == {REQ.key: 4.0}
+        assert store.durability()["max_lag_ms"] < 60_000
     finally:
         await store.close()

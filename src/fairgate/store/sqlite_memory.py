@@ -520,7 +520,9 @@ class WriteBehind:
             # every record after it: until a fold has emptied it, commit into the tables
             self._must_fold = True
             log.warning("quota store: write-behind commit failed (%s); retrying", exc)
-            if locked:
+            if not b.seq:
+                pass  # a fold with nothing new: what it folds stays journaled and unfolded
+            elif locked:
                 self.memory.restore(b)
             else:
                 with self.memory.lock:
