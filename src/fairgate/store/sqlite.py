@@ -525,7 +525,8 @@ class SqliteQuotaStore:
                 # a memory-mode owner that died left up to its last second in the journal:
                 # folded before anything is read (an owner's memory, a sharer's admissions)
                 self._journal_seq = replay(c, self._journal)
-        self._journal.clear()
+        if self._path != ":memory:":
+            self._journal.clear()  # once the tables hold it
 
     @contextmanager
     def _tx(self, begin: str, *, write: bool = False) -> Iterator[sqlite3.Connection]:
