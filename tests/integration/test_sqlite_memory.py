@@ -29,7 +29,6 @@ from fairgate.quota.window import Count
 from fairgate.store.base import AdmitRequest, CounterRef, UsageItem
 from fairgate.store.factory import create_store
 from fairgate.store.sqlite import SqliteQuotaStore
-from fairgate.store.sqlite_batches import BatchJournal, replay
 from fairgate.store.sqlite_owner import FileUse, shared_connection
 
 T0 = 1_700_002_800_000
@@ -75,17 +74,14 @@ async def _serve(store: SqliteQuotaStore, n: int, *, first: int = 0, hold: int =
 
 def _file_state(path: Path, *, fold: bool = True) -> tuple[float, float, int]:
     """(requests, tokens, reservations) as the file holds them: the pool totals of the
-    current buckets, read with plain SQL (no store, no memory), after folding the journal
-    into the tables as every process that opens the file does first (``fold``; without it:
-    the tables alone)."""
-    db = sqlite3.connect(path, isolation_level=None)
+    current buckets, read with plain SQL (no store, no memory) on a connection opened as one
+    more process on the file (``shared_connection``), which folds the journal into the tables
+    first as every opener does (``fold``; without it: the tables alone, by plain ``sqlite3``)."""
+    if fold:
+        with shared_connection(path) as db:
+            return _rows(db)
+    db = sqlite3.connect(path)
     try:
-        if fold:
-            journal = BatchJournal(str(path))
-            db.execute("BEGIN IMMEDIATE")
-            replay(db, journal)
-            db.execute("COMMIT")
-            journal.clear()
         return _rows(db)
     finally:
         db.close()

@@ -395,13 +395,12 @@ class SqliteQuotaStore:
         self._use: FileUse | None = None
         # the write-behind's journal (memory mode), folded by every opener of a file
         self._journal = BatchJournal(self._path, sync=self._synchronous == "FULL")
-        self._journal_seq = 0
         try:
             if self._path != ":memory:":
                 self._use = FileUse(self._path)
                 if not (mode == "memory" and self._use.try_own()):
                     self._use.share(busy_timeout_ms)
-            self._init(busy_timeout_ms)
+            journal_seq = self._init(busy_timeout_ms)
             if self._use is not None and self._use.owner:
                 self._memory = MemoryCounters(self._conn, self._lock)
                 self._behind = WriteBehind(
@@ -409,7 +408,7 @@ class SqliteQuotaStore:
                     self._write,
                     flush_ms=flush_ms,
                     journal=self._journal,
-                    journal_seq=self._journal_seq,
+                    journal_seq=journal_seq,
                     fold_ms=fold_ms,
                     handover_wanted=self._use.sharer_waiting,
                     handover=self._hand_over,
@@ -509,7 +508,9 @@ class SqliteQuotaStore:
         finally:
             conn.close()
 
-    def _init(self, busy_timeout_ms: int) -> None:
+    def _init(self, busy_timeout_ms: int) -> int:
+        """Pragmas, schema, and the journal folded; the journal's last sequence number (0
+        for an in-memory database, which has none)."""
         conn = self._conn
         conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
         use_wal(conn, busy_timeout_ms / 1000.0, name=self._path)
@@ -521,12 +522,13 @@ class SqliteQuotaStore:
         with self._write() as c:
             for stmt in _SCHEMA:
                 c.execute(stmt)
-            if self._path != ":memory:":
-                # a memory-mode owner that died left up to its last second in the journal:
-                # folded before anything is read (an owner's memory, a sharer's admissions)
-                self._journal_seq = replay(c, self._journal)
-        if self._path != ":memory:":
-            self._journal.clear()  # once the tables hold it
+            if self._use is None:  # ":memory:": no other process, no journal
+                return 0
+            # a memory-mode owner that died left up to its last second in the journal: folded
+            # before anything is read (an owner's memory, a sharer's admissions)
+            seq = replay(c, self._journal)
+        self._journal.clear()  # once the tables hold it
+        return seq
 
     @contextmanager
     def _tx(self, begin: str, *, write: bool = False) -> Iterator[sqlite3.Connection]:

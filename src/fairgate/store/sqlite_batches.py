@@ -93,7 +93,7 @@ FOLDED_SCHEMA = (
 )
 # the salt seeds every record's checksum: a journal left beside a database it does not belong
 # to (the database deleted and created again) fails it and is ignored, not folded in
-FOLDED_INIT = (
+_FOLDED_INIT = (
     "INSERT OR IGNORE INTO quota_folded (one, seq, salt) VALUES (1, 0, abs(random() % 4294967296))"
 )
 _FOLDED_GET = "SELECT seq, salt FROM quota_folded WHERE one = 1"
@@ -103,11 +103,11 @@ _HAS_FOLDED = "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'quot
 _HEAD = struct.Struct("<QII")
 
 
-def dump_batch(b: Batch) -> bytes:
+def _dump_batch(b: Batch) -> bytes:
     return orjson.dumps((b.counters, b.res_put, b.res_del, b.res_resync, b.touches, b.cumulative))
 
 
-def load_batch(raw: bytes) -> Batch:
+def _load_batch(raw: bytes) -> Batch:
     counters, res_put, res_del, resync, touches, cumulative = orjson.loads(raw)
     return Batch(
         counters=[
@@ -136,14 +136,14 @@ class BatchJournal:
         self.path = db_path + ".batches"
         self._sync = sync
         self._fd = -1
-        #: the database's salt (:data:`FOLDED_INIT`), set by :func:`replay`
+        #: the database's salt (:data:`_FOLDED_INIT`), set by :func:`replay`
         self.salt = 0
 
     def append(self, seq: int, b: Batch) -> None:
         """Append batch number ``seq`` (``OSError`` if the file cannot be written)."""
         if self._fd < 0:
             self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-        payload = dump_batch(b)
+        payload = _dump_batch(b)
         record = _HEAD.pack(seq, len(payload), _crc(self.salt, seq, payload)) + payload
         if os.write(self._fd, record) != len(record):
             raise OSError("short write to the quota journal")
@@ -164,7 +164,7 @@ class BatchJournal:
             payload = data[at + _HEAD.size : at + _HEAD.size + n]
             if len(payload) < n or _crc(self.salt, seq, payload) != crc:
                 break
-            out.append((seq, load_batch(payload)))
+            out.append((seq, _load_batch(payload)))
             at += _HEAD.size + n
         return out
 
@@ -195,7 +195,7 @@ def replay(c: sqlite3.Connection, journal: BatchJournal) -> int:
     database that was never written by this version (no ``quota_folded``) has no journal."""
     if c.execute(_HAS_FOLDED).fetchone() is None:
         return 0
-    c.execute(FOLDED_INIT)
+    c.execute(_FOLDED_INIT)
     row = c.execute(_FOLDED_GET).fetchone()
     last = newest = int(row[0])
     journal.salt = int(row[1])

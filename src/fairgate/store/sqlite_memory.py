@@ -469,17 +469,19 @@ class WriteBehind:
         with self._flush_lock:
             with self.memory.lock:
                 batch = self.memory.snapshot()
-            if batch is None and not (fold and self._unfolded):
-                return True
-            return self._write(batch or Batch(), fold=fold)
+            return self._commit(batch, fold=fold)
 
     def _commit_locked(self) -> bool:
         """Commit and fold with the counters' lock already held (a quiet moment for the
         caller): the tables alone are then the whole state."""
-        batch = self.memory.snapshot()
-        if batch is None and not self._unfolded:
+        return self._commit(self.memory.snapshot(), locked=True, fold=True)
+
+    def _commit(self, batch: Batch | None, *, locked: bool = False, fold: bool) -> bool:
+        """:meth:`_write` a snapshot (``None``: nothing changed since the last one), unless
+        there is nothing to write: no change, and no fold asked for with batches to fold."""
+        if batch is None and not (fold and self._unfolded):
             return True
-        return self._write(batch or Batch(), locked=True, fold=True)
+        return self._write(batch or Batch(), locked=locked, fold=fold)
 
     @contextmanager
     def quiesce(self) -> Iterator[None]:
@@ -520,12 +522,10 @@ class WriteBehind:
             # every record after it: until a fold has emptied it, commit into the tables
             self._must_fold = True
             log.warning("quota store: write-behind commit failed (%s); retrying", exc)
-            if not b.seq:
-                pass  # a fold with nothing new: what it folds stays journaled and unfolded
-            elif locked:
-                self.memory.restore(b)
-            else:
-                with self.memory.lock:
+            # (a fold with nothing new restores nothing: what it folds stays journaled and
+            # unfolded)
+            if b.seq:
+                with contextlib.nullcontext() if locked else self.memory.lock:
                     self.memory.restore(b)
             self._wake()  # the watcher retries it
             return False
