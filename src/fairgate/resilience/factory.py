@@ -1,7 +1,7 @@
 """Building the RateLimitManager the gateway runs with: Redis when asked and reachable, else
 memory, plus persistence in the metadata DB (written off the event loop), restored once at start.
 
-Redis unusable at start (the client library missing, the server not answering) falls back to
+Redis unusable at start (the server not answering) falls back to
 the memory store with a warning, as the quota store does: a gateway that refuses to start
 because its shared cache is down would turn a degraded mode into an outage. The fallback is
 visible in the health snapshot (``store.driver``).
@@ -35,11 +35,8 @@ async def _redis_store(
     clock: Clock,
     settings: ResilienceSettings,
 ) -> ResilienceStore | None:
-    try:
-        from fairgate.resilience.state_redis import RedisResilienceStore
-    except ImportError as exc:
-        log.warning("resilience store: redis client missing (%s); using memory", exc)
-        return None
+    from fairgate.resilience.state_redis import RedisResilienceStore
+
     store = RedisResilienceStore(
         url, prefix=prefix, client=client, clock=clock, level_memory_ms=settings.level_memory_ms
     )

@@ -145,12 +145,8 @@ async def _open_store(
         return SqliteQuotaStore(data_dir / f"{name}.sqlite"), None
     if driver != "redis":
         raise SimError(f"unknown driver {driver!r} (use sqlite or redis)")
-    try:
-        from fairgate.store.redis import RedisQuotaStore
-    except ImportError:
-        raise SimError(
-            "the redis client is not installed (pip install 'fairgate[redis]')"
-        ) from None
+    from fairgate.store.redis import RedisQuotaStore
+
     url = redis_url or "redis://127.0.0.1:6379/0"
     prefix = f"fgsim-{uuid.uuid4().hex[:12]}"
     store = RedisQuotaStore(url, prefix=prefix)

@@ -165,10 +165,8 @@ async def _try_redis(
     url = redis_url(env, db)
     if not url:
         return "QUOTA_STORE_REDIS_URL is not set"
-    try:
-        from fairgate.store.redis import RedisQuotaStore
-    except ImportError:
-        return "the redis client library is not installed (pip install 'fairgate[redis]')"
+    from fairgate.store.redis import RedisQuotaStore
+
     try:
         timeout_s = redis_timeout_ms(env) / 1000.0
         store = RedisQuotaStore(
