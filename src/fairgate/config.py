@@ -289,6 +289,42 @@ class PoolConfig(_Strict):
         return v
 
 
+#: Below this sum of a pool's weights (percent) most of its limit is nobody's fair share; above
+#: 100 the shares promise more than the limit. Both are allowed (a pool may keep room for keys
+#: without an allocation, or oversubscribe soft and burst keys on purpose) and both are warned of.
+WEIGHT_SUM_LOW = 50.0
+WEIGHT_SUM_HIGH = 100.0
+
+
+def weight_warnings(cfg: Config) -> list[tuple[str, str]]:
+    """``(field path, message)`` for each pool whose allocation weights sum far below or above
+    100: weights are percentages of the limit, not relative parts (three keys of ``weight: 1``
+    get 1 % each, not a third), a mistake that validates and then blocks everyone early."""
+    out: list[tuple[str, str]] = []
+    for i, pool in enumerate(cfg.pools):
+        if not pool.allocations:
+            continue
+        total = sum(a.weight for a in pool.allocations)
+        if total < WEIGHT_SUM_LOW:
+            out.append(
+                (
+                    f"pools.{i}.allocations",
+                    f"pool {pool.id!r}: the weights sum to {total:g} %: weights are percentages "
+                    f"of the limit, so {100 - total:g} % of it is nobody's fair share "
+                    "(did you mean relative weights? scale them to sum to 100)",
+                )
+            )
+        elif total > WEIGHT_SUM_HIGH:
+            out.append(
+                (
+                    f"pools.{i}.allocations",
+                    f"pool {pool.id!r}: the weights sum to {total:g} %: the fair shares promise "
+                    "more than the limit (hard keys may be refused below their share)",
+                )
+            )
+    return out
+
+
 class PriceConfig(_Strict):
     """USD per million tokens."""
 

@@ -230,6 +230,20 @@ def test_config_check(tmp_path: Path) -> None:
         "pools.0.allocations.0.weight",
         "pools.0.dimensions.0.window",
     }
+    # weights are percentages: three keys of weight 1 share 3 % of the limit, said as a warning
+    low = tmp_path / "low.yaml"
+    low.write_text(good.read_text().replace("weight: 100", "weight: 1"))
+    res = runner.invoke(app, ["config", "check", str(low)])
+    assert res.exit_code == 0, res.output
+    assert "warning pools.0.allocations" in res.stdout
+    assert "sum to 1 %" in res.stdout
+    assert "percentages" in res.stdout
+    as_json = json.loads(runner.invoke(app, ["config", "check", str(low), "--json"]).stdout)
+    assert [w["field"] for w in as_json["warnings"]] == ["pools.0.allocations"]
+    assert (
+        json.loads(runner.invoke(app, ["config", "check", str(good), "--json"]).stdout)["warnings"]
+        == []
+    )
     missing = runner.invoke(app, ["config", "check", str(tmp_path / "none.yaml")])
     assert missing.exit_code == 2
     assert "cannot read" in missing.stderr

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from inproc_support import base_config, conn, gateway
+from inproc_support import ALICE, base_config, conn, gateway
 
 from fairgate.clock import ManualClock
 from fairgate.providers.inprocess import Reply, UpstreamRequest, openai_chat
@@ -86,6 +86,38 @@ async def test_a_translated_stream_stamps_created_from_the_gateways_clock(tmp_pa
         ]
         assert chunks
         assert {c["created"] for c in chunks} == {1_234_567_890}
+
+
+ANTHROPIC_ANSWER = {
+    "id": "msg_1",
+    "type": "message",
+    "role": "assistant",
+    "model": "m",
+    "content": [{"type": "text", "text": "hi"}],
+    "stop_reason": "end_turn",
+    "usage": {"input_tokens": 3, "output_tokens": 1},
+}
+
+
+async def test_a_translated_answer_stamps_created_from_the_gateways_clock(tmp_path: Path) -> None:
+    """The non-stream form of the test above: a chat completion made from an Anthropic message,
+    and a Responses object made from it, are stamped by the injected clock, not the host's."""
+
+    async def handler(req: UpstreamRequest) -> Reply:
+        return Reply(body=json.dumps(ANTHROPIC_ANSWER).encode())
+
+    timer = ManualTimer(ManualClock(1_234_567_890_123))
+    async with gateway(tmp_path, base_config([conn("c1", "anthropic")]), timer, handler) as h:
+        r = await h.chat("m")
+        assert r.status_code == 200, r.text
+        assert r.json()["created"] == 1_234_567_890
+        r = await h.client.post(
+            "/v1/responses",
+            json={"model": "m", "input": "hi"},
+            headers={"authorization": f"Bearer {ALICE}"},
+        )
+        assert r.status_code == 200, r.text
+        assert r.json()["created_at"] == 1_234_567_890
 
 
 def _hourly_pool(*, requests: int, tokens: int) -> dict[str, object]:

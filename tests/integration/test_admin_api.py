@@ -590,8 +590,9 @@ async def test_plans(api: Api) -> None:
     assert got["planSource"] == "override"
     assert got["dimensions"] == []
     r = await api.request("DELETE", "/quota/plans/mock-2")
-    assert r.status_code == 200
-    assert r.json()["source"] == "empty"
+    assert r.status_code == 204
+    assert r.content == b""
+    assert (await api.request("GET", "/quota/plans/mock-2")).json()["source"] == "empty"
     assert api.gw.registry.pools["np"].dimensions == ()
     before = api.dump()
     for method, url, kw, status, field in [
@@ -929,3 +930,20 @@ async def test_restart_with_a_conflicting_config_is_a_config_error(
     with pytest.raises(ConfigError, match="conflicts with the database"):
         await again.start()
     await again.stop()  # never started: a no-op
+
+
+async def test_every_delete_answers_204_with_no_body(api: Api) -> None:
+    """One convention for the whole admin API (docs/operations.md): a delete answers 204 and no
+    body; what is in force afterwards is a GET. The plan override's delete once answered 200
+    with the plan, the only one that did."""
+    schema = (await api.request("GET", "/openapi.json")).json()
+    deletes = {
+        path: op["responses"]
+        for path, item in schema["paths"].items()
+        for m, op in item.items()
+        if m == "delete"
+    }
+    assert len(deletes) >= 5
+    for path, responses in deletes.items():
+        assert "204" in responses, path
+        assert "200" not in responses, path

@@ -231,7 +231,9 @@ def test_answer_is_a_valid_sdk_response() -> None:
 
 
 def test_length_finish_is_incomplete() -> None:
-    out = chat_to_responses_response(chat_answer("abc", finish="length"), {"input": "x"}, "m")
+    out = chat_to_responses_response(
+        chat_answer("abc", finish="length"), {"input": "x"}, "m", created=1
+    )
     resp = Response.model_validate(out)
     assert resp.status == "incomplete"
     assert resp.incomplete_details is not None
@@ -316,7 +318,7 @@ def test_stream_events_are_valid_and_ordered() -> None:
 
 
 def test_stream_without_usage_takes_the_callers_estimate() -> None:
-    s = ChatToResponsesStream({"input": "x"}, "m")
+    s = ChatToResponsesStream({"input": "x"}, "m", created=1)
     s.start()
     s.feed(chunk({"content": "hi"}, "length"))
     (done,) = [e for e in s.finish(Usage(7, 1)) if e["type"].startswith("response.inc")]
@@ -327,7 +329,7 @@ def test_stream_without_usage_takes_the_callers_estimate() -> None:
 
 
 def test_stream_failure_is_a_failed_response() -> None:
-    s = ChatToResponsesStream({"input": "x"}, "m")
+    s = ChatToResponsesStream({"input": "x"}, "m", created=1)
     s.start()
     (failed,) = s.fail("upstream went away")
     resp = EVENTS.validate_python(failed).response

@@ -545,15 +545,15 @@ def test_anthropic_to_openai_response() -> None:
 )
 def test_stop_reason_mapping(stop: str | None, finish: str) -> None:
     resp = {**ANTHROPIC_MESSAGE, "content": [{"type": "text", "text": "x"}], "stop_reason": stop}
-    out = anthropic_to_openai_response(resp, "m")
+    out = anthropic_to_openai_response(resp, "m", created=1)
     assert ChatCompletion.model_validate(out).choices[0].finish_reason == finish
 
 
 def test_anthropic_to_openai_response_tool_only_has_null_content() -> None:
     resp = {**ANTHROPIC_MESSAGE, "content": [ANTHROPIC_MESSAGE["content"][3]]}
-    out = anthropic_to_openai_response(resp, "m")
+    out = anthropic_to_openai_response(resp, "m", created=1)
     assert ChatCompletion.model_validate(out).choices[0].message.content is None
-    empty = anthropic_to_openai_response({"content": []}, "m")
+    empty = anthropic_to_openai_response({"content": []}, "m", created=1)
     assert ChatCompletion.model_validate(empty).choices[0].message.content == ""
 
 
@@ -641,7 +641,7 @@ def test_openai_to_anthropic_response_odd_inputs() -> None:
 
 def test_response_usage_round_trip() -> None:
     there = openai_to_anthropic_response(OPENAI_COMPLETION, "m")
-    back = anthropic_to_openai_response(there, "m")
+    back = anthropic_to_openai_response(there, "m", created=1)
     assert back["usage"]["prompt_tokens"] == 120
     assert back["usage"]["prompt_tokens_details"]["cached_tokens"] == 100
     assert back["choices"][0]["finish_reason"] == "tool_calls"

@@ -314,7 +314,7 @@ def config_check(
 ) -> None:
     """Validate a config file without starting anything: every problem with its field path
     (``pools.0.allocations.1.weight: …``); exit 2 when there is any."""
-    from fairgate.config import ConfigError, load_config
+    from fairgate.config import ConfigError, load_config, weight_warnings
 
     try:
         cfg = load_config(file, os.environ)
@@ -334,6 +334,7 @@ def config_check(
         "keys": len(cfg.keys),
         "pools": len(cfg.pools),
         "combos": len(cfg.combos),
+        "warnings": [{"field": p, "message": m} for p, m in weight_warnings(cfg)],
     }
     _show(
         summary,
@@ -341,6 +342,7 @@ def config_check(
         lambda s: (
             f"[green]{file} is valid[/]: {s['connections']} connection(s), {s['keys']} key(s), "
             f"{s['pools']} pool(s), {s['combos']} combo(s)"
+            + "".join(f"\n[yellow]warning[/] {w['field']}: {w['message']}" for w in s["warnings"])
         ),
     )
 

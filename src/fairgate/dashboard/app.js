@@ -1327,7 +1327,9 @@
       formError.textContent = "";
       revert.disabled = true;
       try {
-        const out = await api("DELETE", `/quota/plans/${encodeURIComponent(conn.id)}`);
+        const path = `/quota/plans/${encodeURIComponent(conn.id)}`;
+        await api("DELETE", path);  // 204, as every delete: the plan now in force is a GET
+        const out = await api("GET", path);
         replacePlan(out);
         showPlan(out.source === "catalog" ? `Reverted: ${conn.id} uses the catalog plan again.` : `Reverted: there is no catalog plan for ${conn.provider}, so the plan is empty.`);
         $("#plan-connection") && $("#plan-connection").focus();

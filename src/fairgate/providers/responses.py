@@ -352,11 +352,11 @@ def chat_to_responses_response(
     model: str,
     *,
     response_id: str | None = None,
-    created: int | None = None,
+    created: int,
 ) -> JSON:
     """A chat completion → the Responses object answering ``request`` (first choice only)."""
     rid = response_id or _new_id("resp")
-    resp = _shell(request, model, rid, int(time.time()) if created is None else created)
+    resp = _shell(request, model, rid, created)
     choices = _list(chat.get("choices"))
     choice = _map(choices[0]) if choices else {}
     message = _map(choice.get("message"))
@@ -409,10 +409,10 @@ class ChatToResponsesStream:
         model: str,
         *,
         response_id: str | None = None,
-        created: int | None = None,
+        created: int,
     ) -> None:
         rid = response_id or _new_id("resp")
-        self._resp = _shell(request, model, rid, int(time.time()) if created is None else created)
+        self._resp = _shell(request, model, rid, created)
         self._seq = 0
         self._output: list[JSON] = []  # finished items, in output order
         self._text_index: int | None = None

@@ -170,9 +170,10 @@ def _finish_reason(resp: Mapping[str, Any], has_calls: bool) -> str:
     return "tool_calls" if has_calls else "stop"
 
 
-def chat_from_completed(resp: Mapping[str, Any], model: str, *, created: int | None = None) -> JSON:
+def chat_from_completed(resp: Mapping[str, Any], model: str, *, created: int) -> JSON:
     """A whole Responses object (a non-stream answer, or ``response.completed``'s) → one chat
-    completion."""
+    completion; ``created`` is the upstream's ``created_at`` when it gave one, else the
+    caller's clock (never this module's own)."""
     texts: list[str] = []
     calls: list[JSON] = []
     for raw in _list(resp.get("output")):
@@ -206,7 +207,7 @@ def chat_from_completed(resp: Mapping[str, Any], model: str, *, created: int | N
     return {
         "id": rid if isinstance(rid, str) and rid else f"chatcmpl-{time.time_ns():x}",
         "object": "chat.completion",
-        "created": int(time.time()) if created is None else created,
+        "created": stamp if isinstance(stamp := resp.get("created_at"), int) else created,
         "model": model,
         "choices": [
             {
@@ -366,7 +367,7 @@ def completed_of(raw: bytes) -> JSON | None:
 
 
 def upstream_responses_answer(
-    raw: bytes, anthropic_client: bool, model: str
+    raw: bytes, anthropic_client: bool, model: str, *, created: int
 ) -> tuple[bytes, Usage | None, JSON | None]:
     """A non-stream client's answer from a Responses-wire upstream's whole stream: the
     client's format, the usage, and the parsed answer (None when there was no final response:
@@ -374,7 +375,7 @@ def upstream_responses_answer(
     resp = completed_of(raw)
     if resp is None or resp.get("status") == "failed":
         return raw, None, None
-    chat = chat_from_completed(resp, model)
+    chat = chat_from_completed(resp, model, created=created)
     usage = usage_from_openai(resp)
     out = openai_to_anthropic_response(chat, model) if anthropic_client else chat
     return orjson.dumps(out), usage, out

@@ -589,10 +589,9 @@ def anthropic_to_openai_request(body: Mapping[str, Any], model: str) -> JSON:
 # -- answers --------------------------------------------------------------------------------------
 
 
-def anthropic_to_openai_response(
-    resp: Mapping[str, Any], model: str, *, created: int | None = None
-) -> JSON:
-    """An Anthropic message → an OpenAI ``chat.completion`` (``created`` defaults to now)."""
+def anthropic_to_openai_response(resp: Mapping[str, Any], model: str, *, created: int) -> JSON:
+    """An Anthropic message → an OpenAI ``chat.completion``. ``created`` (seconds) is the
+    caller's: the gateway's clock, so that a test clock or a replayed trace stamps it too."""
     texts: list[str] = []
     reasoning: list[str] = []
     calls: list[JSON] = []
@@ -631,7 +630,7 @@ def anthropic_to_openai_response(
     return {
         "id": rid if isinstance(rid, str) and rid else f"chatcmpl-{time.time_ns():x}",
         "object": "chat.completion",
-        "created": int(time.time()) if created is None else created,
+        "created": created,
         "model": model,
         "choices": [{"index": 0, "message": message, "finish_reason": finish, "logprobs": None}],
         "usage": _openai_usage(usage),

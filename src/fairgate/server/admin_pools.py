@@ -288,14 +288,15 @@ async def put_plan(connection_id: str, body: PlanIn, gw: GW) -> PlanOut:
     return _plan_out(conn, PlanRepo(gw.db).get(connection_id))
 
 
-@router.delete("/quota/plans/{connection_id}", tags=["plans"])
-async def delete_plan(connection_id: str, gw: GW) -> PlanOut:
-    """Drop the manual plan: the catalog plan (or the empty plan) applies again."""
+@router.delete("/quota/plans/{connection_id}", status_code=204, tags=["plans"])
+async def delete_plan(connection_id: str, gw: GW) -> Response:
+    """Drop the manual plan: the catalog plan (or the empty plan) applies again (``GET`` says
+    which). 204 with no body, as every delete of this API."""
     with transaction(gw.db):
-        conn = gw.connections().get(connection_id)
+        gw.connections().get(connection_id)  # 404 for an unknown connection
         PlanRepo(gw.db).delete(connection_id)
     gw.reload()
-    return _plan_out(conn, None)
+    return Response(status_code=204)
 
 
 # -- preview ----------------------------------------------------------------------------------

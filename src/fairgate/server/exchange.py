@@ -41,7 +41,9 @@ JSON = dict[str, Any]
 #: (payload for the upstream, whether the client asked for the stream's usage chunk)
 Encoder = Callable[[Call, str], tuple[JSON, bool]]
 #: the upstream's parsed answer → (the client's answer, or None to pass the bytes as they are)
-Decoder = Callable[[JSON, str], JSON | None]
+#: An upstream answer → the client's format, given the client's model name and ``created`` (the
+#: gateway's clock, in seconds, for the answers it stamps); None when it is passed as it is.
+Decoder = Callable[[JSON, str, int], JSON | None]
 Relay = Callable[[Call, UpstreamResponse, bool, relay.StreamTally], AsyncIterator[bytes]]
 
 
@@ -84,7 +86,7 @@ def _json_exchange(
             return raw, None, None
         if not isinstance(obj, dict):
             return raw, None, None
-        out = decode(obj, call.model)
+        out = decode(obj, call.model, _created(call))
         if out is None:
             return raw, usage(obj), obj
         return orjson.dumps(out), usage(obj), out
@@ -99,7 +101,9 @@ def _responses_body(call: Call, upstream_model: str) -> tuple[bytes, bool]:
 def _responses_answer(
     call: Call, raw: bytes, upstream_model: str
 ) -> tuple[bytes, Usage | None, JSON | None]:
-    return upstream_responses_answer(raw, call.route is Route.MESSAGES, call.model)
+    return upstream_responses_answer(
+        raw, call.route is Route.MESSAGES, call.model, created=_created(call)
+    )
 
 
 def _stream_usage_asked(body: Mapping[str, Any]) -> bool:
@@ -137,8 +141,16 @@ def _messages_to_openai(call: Call, upstream_model: str) -> tuple[JSON, bool]:
 # -- decoders and relays --------------------------------------------------------------------
 
 
-def _unchanged(obj: JSON, model: str) -> JSON | None:
+def _unchanged(obj: JSON, model: str, created: int) -> JSON | None:
     return None
+
+
+def _anthropic_to_chat(obj: JSON, model: str, created: int) -> JSON | None:
+    return anthropic_to_openai_response(obj, model, created=created)
+
+
+def _openai_to_messages(obj: JSON, model: str, created: int) -> JSON | None:
+    return openai_to_anthropic_response(obj, model)  # a message carries no timestamp
 
 
 def _stream_id() -> str:
@@ -210,7 +222,7 @@ EXCHANGES: Mapping[tuple[Route, Protocol], Exchange] = {
     (Route.CHAT, Protocol.ANTHROPIC): _json_exchange(
         "/messages",
         _chat_to_anthropic,
-        anthropic_to_openai_response,
+        _anthropic_to_chat,
         usage_from_anthropic,
         _relay_anthropic_to_chat,
     ),
@@ -223,7 +235,7 @@ EXCHANGES: Mapping[tuple[Route, Protocol], Exchange] = {
     (Route.MESSAGES, Protocol.OPENAI): _json_exchange(
         "/chat/completions",
         _messages_to_openai,
-        openai_to_anthropic_response,
+        _openai_to_messages,
         usage_from_openai,
         _relay_openai_to_messages,
     ),

@@ -55,6 +55,12 @@ def _services(request: ClientRequest) -> Services:
     return svc
 
 
+def now_s(request: ClientRequest) -> int:
+    """The gateway's clock in seconds (the injected one in tests): what a translated answer is
+    stamped with (``created``, ``created_at``), as the upstream would stamp its own."""
+    return _services(request).gw.clock.now_ms() // 1000
+
+
 def _client_secret(request: ClientRequest) -> str | None:
     auth = request.headers.get("authorization")
     if auth:

@@ -58,13 +58,15 @@ async def responses(request: ClientRequest) -> Response:
     model = str(original.get("model"))
     if isinstance(resp, StreamingResponse):
         return StreamingResponse(
-            _events(resp, original, model),
+            _events(resp, original, model, proxy.now_s(request)),
             status_code=200,
             media_type="text/event-stream",
             headers=_carry(resp),
         )
     chat = orjson.loads(bytes(resp.body))
-    out = chat_to_responses_response(chat, original, model)
+    stamp = chat.get("created")
+    created = stamp if isinstance(stamp, int) else proxy.now_s(request)
+    out = chat_to_responses_response(chat, original, model, created=created)
     return Response(
         orjson.dumps(out),
         status_code=200,
@@ -79,11 +81,11 @@ def _encode(events: list[dict[str, Any]]) -> bytes:
 
 
 async def _events(
-    resp: StreamingResponse, original: dict[str, Any], model: str
+    resp: StreamingResponse, original: dict[str, Any], model: str, created: int
 ) -> AsyncIterator[bytes]:
     """The chat chunk stream re-rendered as Responses events, one chunk at a time. Closing
     this generator (the client left) closes the chat stream, whose own clean-up settles."""
-    conv = ChatToResponsesStream(original, model)
+    conv = ChatToResponsesStream(original, model, created=created)
     parser = SSEParser()
     inner = resp.body_iterator
     yield _encode(conv.start())
