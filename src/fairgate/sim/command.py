@@ -116,7 +116,7 @@ def run_simulate(
     if importlib.util.find_spec("matplotlib") is None:
         console.print(
             "[yellow]warning:[/] matplotlib is not installed, no charts drawn "
-            "(pip install 'fairgate[sim]')"
+            "(install the sim extra: pip install -e '.[sim]' in the fairgate checkout)"
         )
     else:
         for r in results:
