@@ -46,7 +46,7 @@ from fairgate.providers.translate import (
     _list,
     _map,
     _pos_int,
-    _uses_max_completion_tokens,
+    uses_max_completion_tokens,
 )
 from fairgate.providers.usage import Usage, usage_from_openai
 
@@ -247,7 +247,7 @@ def responses_to_chat_request(body: Mapping[str, Any], model: str) -> JSON:
         limit = _pos_int(raw_limit)
         if limit is None:
             raise ResponsesInputError("max_output_tokens", "must be a positive integer")
-        key = "max_completion_tokens" if _uses_max_completion_tokens(model) else "max_tokens"
+        key = "max_completion_tokens" if uses_max_completion_tokens(model) else "max_tokens"
         out[key] = limit
     for name in ("temperature", "top_p"):
         if body.get(name) is not None:  # same name and range in chat: checked there

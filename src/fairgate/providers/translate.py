@@ -41,6 +41,7 @@ __all__ = [
     "anthropic_to_openai_response",
     "openai_to_anthropic_request",
     "openai_to_anthropic_response",
+    "uses_max_completion_tokens",
 ]
 
 JSON = dict[str, Any]
@@ -163,7 +164,7 @@ def _anthropic_usage(u: Usage) -> JSON:
     }
 
 
-def _uses_max_completion_tokens(model: str) -> bool:
+def uses_max_completion_tokens(model: str) -> bool:
     """OpenAI reasoning models reject ``max_tokens``; everyone else still wants it."""
     name = model.rpartition("/")[2].lower()
     return name.startswith(("o1", "o3", "o4", "gpt-5"))
@@ -553,7 +554,7 @@ def anthropic_to_openai_request(body: Mapping[str, Any], model: str) -> JSON:
     out: JSON = {"model": model, "messages": messages}
     max_tokens = _pos_int(body.get("max_tokens"))
     if max_tokens is not None:
-        key = "max_completion_tokens" if _uses_max_completion_tokens(model) else "max_tokens"
+        key = "max_completion_tokens" if uses_max_completion_tokens(model) else "max_tokens"
         out[key] = max_tokens
     for name in ("temperature", "top_p"):
         value = _number(body.get(name))

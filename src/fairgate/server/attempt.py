@@ -398,7 +398,7 @@ def _count_tokens(
     the percent attribution of ``conn`` counts for the key (a subscription's next reading is
     split by them) whether or not a pool reserved anything."""
     if usage is None:
-        usage = Usage(prompt_tokens=call.prompt_estimate, completion_tokens=call.max_output)
+        usage = Usage(prompt_tokens=call.prompt_estimate, completion_tokens=call.output_reserved)
     tokens = float(usage.prompt_tokens + usage.completion_tokens)
     svc.signals.add_tokens(conn.id, call.key.id, tokens)
     return usage, tokens

@@ -171,6 +171,9 @@ def optional_bool(body: dict[str, Any], field: str) -> bool:
 #: a reason to answer "the pool is saturated").
 MAX_OUTPUT_TOKENS = 10_000_000
 
+#: Most answers one chat request may ask for (``n``; OpenAI's own bound): each is billed.
+MAX_CHOICES = 128
+
 #: The longest model name accepted (as the config file's model names).
 MAX_MODEL_LEN = 200
 
@@ -264,7 +267,7 @@ _MESSAGE_FIELDS: dict[str, FieldRule] = {
 #: OpenAI chat completions (``/v1/chat/completions``).
 CHAT_FIELDS: dict[str, FieldRule] = {
     "stream_options": _rule("object", "null"),
-    "n": _rule("integer", "null", lo=1, hi=128),
+    "n": _rule("integer", "null", lo=1, hi=MAX_CHOICES),
     "temperature": _rule("number", "null", lo=0, hi=2),
     "top_p": _rule("number", "null", lo=0, hi=1),
     "presence_penalty": _rule("number", "null", lo=-2, hi=2),

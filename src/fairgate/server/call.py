@@ -157,13 +157,23 @@ class Call:
     model: str
     stream: bool
     prompt_estimate: int
+    #: the output bound of one choice: the client's, else the gateway's default, which is then
+    #: sent upstream (``exchange``) so that the upstream cannot bill more than was reserved
     max_output: int
     t0: float
     headers: Mapping[str, str]
+    #: how many answers the upstream generates and bills (chat's ``n``; 1 elsewhere)
+    choices: int = 1
 
     @property
     def anthropic_client(self) -> bool:
         return self.route is Route.MESSAGES
+
+    @property
+    def output_reserved(self) -> int:
+        """The output tokens the upstream may bill: every choice up to its bound. What
+        admission reserves and what a request without a usage report is charged."""
+        return self.max_output * self.choices
 
 
 @dataclass(frozen=True, slots=True)

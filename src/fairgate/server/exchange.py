@@ -28,6 +28,7 @@ from fairgate.providers.translate import (
     anthropic_to_openai_response,
     openai_to_anthropic_request,
     openai_to_anthropic_response,
+    uses_max_completion_tokens,
 )
 from fairgate.providers.transport import UpstreamResponse
 from fairgate.providers.usage import Usage, usage_from_anthropic, usage_from_openai
@@ -118,8 +119,24 @@ def _as_is(call: Call, upstream_model: str) -> tuple[JSON, bool]:
     return {**call.body, "model": upstream_model}, False
 
 
+def _bounded(call: Call, upstream_model: str, payload: JSON) -> None:
+    """A chat request that names no output bound gets the one admission reserved
+    (``server.default_max_tokens``): without it the upstream may generate up to the model's
+    own limit, and a pool reserved 1,024 tokens would be billed 16,000 (the request goes as the
+    client sent it otherwise). OpenAI's reasoning models take ``max_completion_tokens`` only."""
+    # both were checked at the edge: a positive integer or null
+    if (
+        call.body.get("max_completion_tokens") is not None
+        or call.body.get("max_tokens") is not None
+    ):
+        return
+    field = "max_completion_tokens" if uses_max_completion_tokens(upstream_model) else "max_tokens"
+    payload[field] = call.max_output
+
+
 def _openai_to_openai(call: Call, upstream_model: str) -> tuple[JSON, bool]:
     payload = {**call.body, "model": upstream_model}
+    _bounded(call, upstream_model, payload)
     if not call.stream:
         return payload, False
     opts = call.body.get("stream_options")

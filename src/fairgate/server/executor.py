@@ -430,12 +430,12 @@ def request_cost(
     ``units``: the units the pool reads a cost in (:attr:`~fairgate.quota.model.Pool.cost_units`;
     None: all); a dollar price and a percent estimate are worked out only when asked for."""
     svc = call.svc
-    tokens = float(call.prompt_estimate + call.max_output)
+    tokens = float(call.prompt_estimate + call.output_reserved)
     cost = {Unit.REQUESTS: 1.0, Unit.TOKENS: tokens}
     if units is None or Unit.USD in units:
         cost[Unit.USD] = svc.prices.cost_usd(
             upstream_model,
-            Usage(prompt_tokens=call.prompt_estimate, completion_tokens=call.max_output),
+            Usage(prompt_tokens=call.prompt_estimate, completion_tokens=call.output_reserved),
         )
     if units is None or Unit.PERCENT in units:
         cost[Unit.PERCENT] = svc.signals.percent_estimate(conn.id, tokens)

@@ -181,7 +181,7 @@ async def order_targets(call: Call, combo: Combo, targets: Sequence[Target]) -> 
         now_ms=now,
         rng=svc.rng,
         request_tokens=call.prompt_estimate,
-        output_tokens=call.max_output,
+        output_tokens=call.output_reserved,
         metrics=svc.target_metrics,
         health=health_view(svc.gw.resilience, reg, targets),
         quota=quota,

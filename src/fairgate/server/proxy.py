@@ -27,6 +27,7 @@ from fairgate.registry import ClientKey, Protocol
 from fairgate.server import pipeline, tracing
 from fairgate.server.bodies import (
     CHAT_FIELDS,
+    MAX_CHOICES,
     MAX_MODEL_LEN,
     MAX_OUTPUT_TOKENS,
     MESSAGES_FIELDS,
@@ -221,6 +222,9 @@ def _parse(
             optional_int(body, "max_completion_tokens", minimum=1, maximum=MAX_OUTPUT_TOKENS)
             or max_cap
         )
+    choices = 1
+    if route is Route.CHAT:  # n answers, each billed up to the bound (the prompt once)
+        choices = optional_int(body, "n", minimum=1, maximum=MAX_CHOICES) or 1
     return Call(
         svc,
         request,
@@ -233,6 +237,7 @@ def _parse(
         max_out or default_out,
         t0,
         request.headers,
+        choices,
     )
 
 
