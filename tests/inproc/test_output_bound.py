@@ -86,3 +86,24 @@ async def test_no_output_bound_sends_the_reserved_one(tmp_path: Path) -> None:
         await h.settle_background()
         used = await _used(h)
         assert used["total"] == 10 + 1_000 + 10 + 1_000 + 10 + 7  # never the model's 16,000
+
+
+async def test_traffic_no_pool_meters_by_tokens_keeps_the_upstreams_default(
+    tmp_path: Path,
+) -> None:
+    """Only a reservation an answer could overrun needs the bound: a pool of requests, or no
+    pool, leaves the request as the client sent it (the model's own limit applies)."""
+    requests_only = {
+        "id": "p",
+        "connections": ["c1"],
+        "dimensions": [{"unit": "requests", "window": "hourly", "limit": 100}],
+        "allocations": [{"key": "alice", "weight": 50}, {"key": "bob", "weight": 50}],
+    }
+    cfg = base_config([conn("c1"), conn("c2", models=("free",))], pools=[requests_only])
+    async with gateway(tmp_path, cfg, ManualTimer(), _billing) as h:
+        for model in ("m", "free"):
+            r = await h.chat(model)
+            assert r.status_code == 200, r.text
+            sent = h.upstream.requests[-1].json()
+            assert "max_tokens" not in sent
+            assert "max_completion_tokens" not in sent

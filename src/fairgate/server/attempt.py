@@ -44,6 +44,10 @@ from fairgate.server.reservation import Reservation
 
 log = logging.getLogger("fairgate.proxy")
 
+#: Units whose reservation an unbounded answer could overrun (all but the request count: a
+#: percent estimate is made from tokens too).
+_BOUNDED_UNITS = frozenset(u for u in Unit if u is not Unit.REQUESTS)
+
 
 @tracing.traced("fairgate.attempt", tracing.attempt_attrs, tracing.attempt_result)
 async def attempt(
@@ -76,6 +80,15 @@ async def attempt(
         raise
 
 
+def _output_bound(call: Call, pool: Pool | None, res: Reservation) -> int | None:
+    """The output bound to send a request that names none: the one its reservation counted,
+    when the pool that admitted it meters tokens, dollars or percent (else None: the upstream's
+    own default, as the client asked)."""
+    if pool is None or not res.open or not pool.cost_units & _BOUNDED_UNITS:
+        return None
+    return call.max_output
+
+
 async def _attempt_on(
     call: Call,
     cand: Candidate,
@@ -92,7 +105,7 @@ async def _attempt_on(
     exchange = EXCHANGES[(call.route, conn.protocol)]
     path = exchange.path
     try:
-        payload, wants_usage = exchange.body(call, upstream_model)
+        payload, wants_usage = exchange.body(call, upstream_model, _output_bound(call, pool, res))
     except orjson.JSONEncodeError:  # e.g. nested too deeply once translated: no target helps
         lease.release()
         await res.release()

@@ -40,7 +40,9 @@ __all__ = ["EXCHANGES", "Exchange", "quality_problem", "stream_error_event"]
 
 JSON = dict[str, Any]
 #: (payload for the upstream, whether the client asked for the stream's usage chunk)
-Encoder = Callable[[Call, str], tuple[JSON, bool]]
+#: A client body → the upstream's, given the upstream's model name and the output bound to send
+#: when the client named none (None: leave the upstream's default; see ``_bounded``).
+Encoder = Callable[[Call, str, int | None], tuple[JSON, bool]]
 #: the upstream's parsed answer → (the client's answer, or None to pass the bytes as they are)
 #: An upstream answer → the client's format, given the client's model name and ``created`` (the
 #: gateway's clock, in seconds, for the answers it stamps); None when it is passed as it is.
@@ -48,7 +50,7 @@ Decoder = Callable[[JSON, str, int], JSON | None]
 Relay = Callable[[Call, UpstreamResponse, bool, relay.StreamTally], AsyncIterator[bytes]]
 
 
-Body = Callable[[Call, str], tuple[bytes, bool]]
+Body = Callable[[Call, str, int | None], tuple[bytes, bool]]
 Answer = Callable[[Call, bytes, str], tuple[bytes, Usage | None, JSON | None]]
 
 
@@ -74,8 +76,8 @@ def _json_exchange(
 ) -> Exchange:
     """An exchange whose request and answer are JSON objects translated as such."""
 
-    def body(call: Call, upstream_model: str) -> tuple[bytes, bool]:
-        payload, wants_usage = encode(call, upstream_model)
+    def body(call: Call, upstream_model: str, bound: int | None) -> tuple[bytes, bool]:
+        payload, wants_usage = encode(call, upstream_model, bound)
         return orjson.dumps(payload), wants_usage
 
     def answer(
@@ -95,7 +97,8 @@ def _json_exchange(
     return Exchange(path, body, answer, relay_)
 
 
-def _responses_body(call: Call, upstream_model: str) -> tuple[bytes, bool]:
+def _responses_body(call: Call, upstream_model: str, bound: int | None) -> tuple[bytes, bool]:
+    # no bound: the Codex backend refuses max_output_tokens (its quota is the account's percent)
     return upstream_responses_body(call.route is Route.MESSAGES, call.body, upstream_model)
 
 
@@ -115,28 +118,28 @@ def _stream_usage_asked(body: Mapping[str, Any]) -> bool:
 # -- encoders -------------------------------------------------------------------------------
 
 
-def _as_is(call: Call, upstream_model: str) -> tuple[JSON, bool]:
+def _as_is(call: Call, upstream_model: str, bound: int | None) -> tuple[JSON, bool]:
     return {**call.body, "model": upstream_model}, False
 
 
-def _bounded(call: Call, upstream_model: str, payload: JSON) -> None:
-    """A chat request that names no output bound gets the one admission reserved
-    (``server.default_max_tokens``): without it the upstream may generate up to the model's
-    own limit, and a pool reserved 1,024 tokens would be billed 16,000 (the request goes as the
-    client sent it otherwise). OpenAI's reasoning models take ``max_completion_tokens`` only."""
-    # both were checked at the edge: a positive integer or null
-    if (
-        call.body.get("max_completion_tokens") is not None
-        or call.body.get("max_tokens") is not None
-    ):
+def _bounded(call: Call, upstream_model: str, payload: JSON, bound: int | None) -> None:
+    """A chat request that names no output bound gets ``bound``, the one admission reserved,
+    when a pool counts its tokens, dollars or percent: without it the upstream may generate up
+    to the model's own limit, and a pool that reserved 1,024 tokens would be billed 16,000.
+    Traffic no pool meters that way keeps the upstream's default. OpenAI's reasoning models take
+    ``max_completion_tokens`` only."""
+    body = call.body  # both fields were checked at the edge: a positive integer or null
+    if bound is None or body.get("max_completion_tokens") is not None:
+        return
+    if body.get("max_tokens") is not None:
         return
     field = "max_completion_tokens" if uses_max_completion_tokens(upstream_model) else "max_tokens"
-    payload[field] = call.max_output
+    payload[field] = bound
 
 
-def _openai_to_openai(call: Call, upstream_model: str) -> tuple[JSON, bool]:
+def _openai_to_openai(call: Call, upstream_model: str, bound: int | None) -> tuple[JSON, bool]:
     payload = {**call.body, "model": upstream_model}
-    _bounded(call, upstream_model, payload)
+    _bounded(call, upstream_model, payload, bound)
     if not call.stream:
         return payload, False
     opts = call.body.get("stream_options")
@@ -145,13 +148,13 @@ def _openai_to_openai(call: Call, upstream_model: str) -> tuple[JSON, bool]:
     return payload, _stream_usage_asked(call.body)
 
 
-def _chat_to_anthropic(call: Call, upstream_model: str) -> tuple[JSON, bool]:
+def _chat_to_anthropic(call: Call, upstream_model: str, bound: int | None) -> tuple[JSON, bool]:
     default = call.svc.gw.config.server.default_max_tokens
     payload = openai_to_anthropic_request(call.body, upstream_model, default_max_tokens=default)
     return payload, _stream_usage_asked(call.body)
 
 
-def _messages_to_openai(call: Call, upstream_model: str) -> tuple[JSON, bool]:
+def _messages_to_openai(call: Call, upstream_model: str, bound: int | None) -> tuple[JSON, bool]:
     return anthropic_to_openai_request(call.body, upstream_model), True
 
 
