@@ -195,3 +195,23 @@ async def test_quota_header_counts_are_whole_numbers_as_providers_send_them(
         assert left.isdigit(), left
         assert 1_999_000 < int(left) < 2_000_000  # this request's reservation taken off, exactly
         await h.settle_background()
+
+
+async def test_an_upstream_error_shows_no_credential_the_gateway_sent(tmp_path: Path) -> None:
+    """Issue 43, N7: an OAuth connection sends a live access token, not its stored secret, so
+    masking the stored secret alone let an upstream that quotes the credential (``Invalid
+    token: Bearer eyJ...``) hand it to a tenant. Every credential-looking value is masked."""
+    jwt = "eyJhbGciOiJSUzI1NiJ9.eyJzdWIiOiJhY2N0LTEifQ.c2lnbmF0dXJlLXBhcnQ"
+
+    async def handler(req: UpstreamRequest) -> Reply:
+        msg = f"Invalid request with token {jwt} (header: Bearer {jwt}; key sk-ant-oat01-abcdef12)"
+        return Reply(status=400, body={"error": {"message": msg, "type": "invalid_request"}})
+
+    async with gateway(tmp_path, base_config([conn("c1")]), ManualTimer(), handler) as h:
+        r = await h.chat("m")
+        assert r.status_code == 400, r.text
+        message = r.json()["error"]["message"]
+        assert "eyJ" not in message
+        assert "abcdef12" not in message
+        assert "[redacted]" in message
+        assert message.startswith("Invalid request with token")

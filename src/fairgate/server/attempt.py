@@ -38,7 +38,7 @@ from fairgate.server.client_http import Answer, Later, StreamAnswer
 from fairgate.server.diagnostics import Diagnostics
 from fairgate.server.errors import ApiError
 from fairgate.server.exchange import EXCHANGES, quality_problem, stream_error_event
-from fairgate.server.logs import REQUEST_ID
+from fairgate.server.logs import MASK, REDACTOR, REQUEST_ID
 from fairgate.server.provider_signals import PercentCharge
 from fairgate.server.reservation import Reservation
 
@@ -399,9 +399,12 @@ async def _report_failure(
 
 
 def _redact(text: str, conn: Connection) -> str:
+    """An upstream's error text with no credential in it: the connection's stored secret, and
+    whatever looks like one (an OAuth access token the gateway sent in its place, which the
+    stored secret is not; a ``Bearer`` value, an ``sk-`` key, a JWT), by the logs' own rules."""
     if conn.secret and conn.secret in text:
-        text = text.replace(conn.secret, "[redacted]")
-    return text
+        text = text.replace(conn.secret, MASK)
+    return REDACTOR(text)
 
 
 def _count_tokens(

@@ -44,6 +44,8 @@ _PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
     (re.compile(r"(?i)\b(bearer|basic)\s+[^\s\"',;]+"), r"\1 " + MASK),
     (re.compile(r"\bfg-[A-Za-z0-9_\-]{12,}"), "fg-" + MASK),
     (re.compile(r"\bsk-[A-Za-z0-9_\-]{8,}"), "sk-" + MASK),
+    # a JSON Web Token (OAuth access and id tokens) on its own, without a Bearer before it
+    (re.compile(r"\beyJ[A-Za-z0-9_\-]{6,}\.[A-Za-z0-9_\-]{6,}\.[A-Za-z0-9_\-]*"), MASK),
     (re.compile(r"(?i)\b([a-z][a-z0-9+.\-]*://[^:/@\s]*:)[^@\s/]+@"), r"\1" + MASK + "@"),
     (
         re.compile(
