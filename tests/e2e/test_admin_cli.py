@@ -137,6 +137,29 @@ def test_keys_refused_admin_key_and_bad_input(gw: tuple[Proc, str]) -> None:
     assert "id" in msg
 
 
+def test_admin_key_from_a_file_and_a_warning_for_one_on_the_command_line(
+    gw: tuple[Proc, str], tmp_path: Path
+) -> None:
+    """Issue 43, N18: a key typed after --admin-key is in the process list for every user of
+    the machine. A file (``--admin-key @PATH`` or FAIRGATE_ADMIN_KEY_FILE) keeps it out; the
+    literal form still works, and says so."""
+    proc, _ = gw
+    keyfile = tmp_path / "admin.key"
+    keyfile.write_text(ADMIN_KEY + "\n")
+    by_file = cli(proc, "keys", "list", "--json", "--admin-key", f"@{keyfile}", admin_key=None)
+    assert [k["id"] for k in as_json(by_file)] == ["alice"]
+    assert "warning" not in by_file.stderr
+    env = {"FAIRGATE_URL": proc.url, "FAIRGATE_ADMIN_KEY_FILE": str(keyfile)}
+    by_env = runner.invoke(app, ["keys", "list", "--json"], env=env)
+    assert [k["id"] for k in as_json(by_env)] == ["alice"]
+    literal = cli(proc, "keys", "list", "--json", "--admin-key", ADMIN_KEY, admin_key=None)
+    assert [k["id"] for k in as_json(literal)] == ["alice"]
+    assert "visible to other users" in literal.stderr
+    assert ADMIN_KEY not in literal.stderr
+    msg = failed(cli(proc, "keys", "list", "--admin-key", f"@{tmp_path}/none", admin_key=None))
+    assert "cannot read the admin key file" in msg
+
+
 def test_pools_list_and_usage(gw: tuple[Proc, str]) -> None:
     proc, alice = gw
     for _ in range(3):

@@ -71,7 +71,7 @@ class AdminClient:
         except urllib.error.HTTPError as exc:
             message = _api_message(exc.code, exc.read())
             if exc.code == 401:
-                message += "\n(set FAIRGATE_ADMIN_KEY or pass --admin-key)"
+                message += "\n(set FAIRGATE_ADMIN_KEY, or pass --admin-key @FILE)"
             raise AdminCliError(message) from None
         except urllib.error.URLError as exc:
             reason = getattr(exc.reason, "strerror", None) or str(exc.reason)

@@ -1,7 +1,9 @@
 """``fairgate keys|pools|connections|combos|config|health``: day-to-day admin from a terminal.
 
 Every command but ``config check`` talks to a running gateway's admin API: the URL comes from
-``--url`` or ``FAIRGATE_URL``, the admin key from ``--admin-key`` or ``FAIRGATE_ADMIN_KEY``.
+``--url`` or ``FAIRGATE_URL``, the admin key from ``FAIRGATE_ADMIN_KEY``, a file
+(``--admin-key @PATH`` or ``FAIRGATE_ADMIN_KEY_FILE``), or ``--admin-key KEY``, which works but
+warns: a command line is visible to every user of the machine (``ps``).
 Tables are for people; ``--json`` prints the API's answer as is, for scripts. Any failure prints
 one clear message on stderr and exits 2 (``health`` exits 1 for a gateway that answers but is
 degraded, so a probe can tell "down" from "limping").
@@ -38,7 +40,8 @@ AdminKey = Annotated[
     typer.Option(
         "--admin-key",
         envvar="FAIRGATE_ADMIN_KEY",
-        help="The admin key.",
+        help="The admin key, or @PATH to read it from a file (a key given here is visible to "
+        "other users in the process list: prefer FAIRGATE_ADMIN_KEY or a file).",
         show_default=False,
     ),
 ]
@@ -50,9 +53,34 @@ def _fail(message: str) -> NoReturn:
     raise typer.Exit(2)
 
 
+def _admin_key(given: str | None) -> str | None:
+    """The admin key to send: ``@PATH`` (or ``FAIRGATE_ADMIN_KEY_FILE``) reads it from a file;
+    a key typed on the command line is used, with a warning (issue 43, N18: ``ps`` shows it)."""
+    env_key = os.environ.get("FAIRGATE_ADMIN_KEY")
+    path = os.environ.get("FAIRGATE_ADMIN_KEY_FILE") if given is None else None
+    if given is not None and given.startswith("@"):
+        path = given[1:]
+    elif given is not None and given != env_key:
+        err.print(
+            "[yellow]warning:[/] --admin-key on the command line is visible to other users of "
+            "this machine (ps); use FAIRGATE_ADMIN_KEY or --admin-key @FILE",
+            highlight=False,
+            soft_wrap=True,
+        )
+    if not path:
+        return given
+    try:
+        key = Path(path).read_text(encoding="utf-8").strip()
+    except OSError as exc:
+        _fail(f"cannot read the admin key file {path}: {exc.strerror or exc}")
+    if not key:
+        _fail(f"the admin key file {path} is empty")
+    return key
+
+
 def _call(url: str, admin_key: str | None, fn: Callable[[AdminClient], Any]) -> Any:
     try:
-        return fn(AdminClient(url, admin_key))
+        return fn(AdminClient(url, _admin_key(admin_key)))
     except AdminCliError as exc:
         _fail(str(exc))
 
