@@ -220,6 +220,11 @@ def mock_upstream(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Proc]:
     p.stop()
 
 
+#: A mock connection's clause that lets a test's ``x-mock-fault`` header through (the gateway
+#: forwards no client header that a connection's ``forward_headers`` does not list).
+FAULTS = ", forward_headers: [x-mock-fault]"
+
+
 def gateway_config(mock_url: str, pools_yaml: str = "", keys: dict[str, str] | None = None) -> str:
     """Three connections; every key may use those outside every pool (its providers are
     listed); a pooled one needs an allocation (``server.require_allocation``, on by default)."""
@@ -233,9 +238,9 @@ def gateway_config(mock_url: str, pools_yaml: str = "", keys: dict[str, str] | N
         "server: {default_provider: mock}\n"
         "connections:\n"
         f"  - {{id: mock-1, provider: mock, base_url: '{mock_url}/v1', secret: '{UPSTREAM_SECRET}',"
-        " models: [gpt-4o-mini]}\n"
+        f" models: [gpt-4o-mini]{FAULTS}}}\n"
         f"  - {{id: mock-2, provider: mock, base_url: '{mock_url}/v1', secret: '{UPSTREAM_SECRET}',"
-        " models: [gpt-4o-mini], weight: 0.5}\n"
+        f" models: [gpt-4o-mini], weight: 0.5{FAULTS}}}\n"
         f"  - {{id: claude-1, provider: anthropic, base_url: '{mock_url}/v1',"
         f" secret: '{UPSTREAM_SECRET}', models: [claude-sonnet-4]}}\n"
         f"keys:\n{key_lines}" + pools_yaml

@@ -18,6 +18,7 @@ import pytest
 from browser_support import ARTIFACTS, assert_not_blank, browser
 from e2e_support import (
     ADMIN_KEY,
+    FAULTS,
     UPSTREAM_SECRET,
     Proc,
     launch_gateway,
@@ -39,8 +40,8 @@ def _config(mock_url: str) -> str:
     return (
         "server: {default_provider: mock}\n"
         "connections:\n"
-        f"  - {{id: mock-1, provider: mock, {conn}, models: [gpt-4o-mini]}}\n"
-        f"  - {{id: mock-2, provider: mock, {conn}, models: [gpt-4o]}}\n"
+        f"  - {{id: mock-1, provider: mock, {conn}, models: [gpt-4o-mini]{FAULTS}}}\n"
+        f"  - {{id: mock-2, provider: mock, {conn}, models: [gpt-4o]{FAULTS}}}\n"
         f"  - {{id: kimi-1, provider: kimi, {conn}, models: [kimi-k2]}}\n"
         f"keys:\n{keys}"
     )

@@ -27,7 +27,7 @@ from typing import Any
 
 import httpx
 import pytest
-from e2e_support import ADMIN_KEY, UPSTREAM_SECRET, GatewayFactory, Proc, new_secret
+from e2e_support import ADMIN_KEY, FAULTS, UPSTREAM_SECRET, GatewayFactory, Proc, new_secret
 
 from fairgate.registry import ClientKey, Registry, hash_key
 
@@ -76,7 +76,7 @@ def config(mock_url: str, s: Secrets) -> str:
         f"  - {{id: mock-1, provider: mock, base_url: '{mock_url}/v1', secret: '{UPSTREAM_SECRET}',"
         " models: [gpt-4o-mini]}\n"
         f"  - {{id: mock-free, provider: mock, base_url: '{mock_url}/v1',"
-        f" secret: '{UPSTREAM_SECRET}', models: [free-model]}}\n"
+        f" secret: '{UPSTREAM_SECRET}', models: [free-model]{FAULTS}}}\n"
         # the upstream does not know this credential: every request there is a 401
         f"  - {{id: bad-auth, provider: mock, base_url: '{mock_url}/v1',"
         f" secret: '{s.wrong_upstream}', models: [locked-model]}}\n"

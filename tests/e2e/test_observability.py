@@ -12,6 +12,7 @@ import json
 import httpx
 from e2e_support import (
     ADMIN_KEY,
+    FAULTS,
     UPSTREAM_SECRET,
     GatewayFactory,
     Proc,
@@ -58,7 +59,7 @@ def test_logs_are_json_with_request_ids_and_no_secrets(
     secret = new_secret()
     solo = (  # a connection outside the pool, for an upstream failure
         f"  - {{id: solo, provider: mock, base_url: '{mock_upstream.url}/v1',"
-        f" secret: '{UPSTREAM_SECRET}', models: [gpt-4o]}}\nkeys:\n"
+        f" secret: '{UPSTREAM_SECRET}', models: [gpt-4o]{FAULTS}}}\nkeys:\n"
     )
     gw = start_gateway(
         gateway_config(mock_upstream.url, POOL, {"a": secret}).replace("keys:\n", solo, 1)

@@ -119,7 +119,9 @@ async def test_the_handler_sees_each_header_once_with_its_first_value(tmp_path: 
         return openai_chat("hello")
 
     timer = ManualTimer()
-    cfg = base_config([conn("c1", provider="mock")])
+    cfg = base_config(
+        [conn("c1", provider="mock", forward_headers=["x-mock-note", "x-mock-latin"])]
+    )
     gw = Gateway(data_dir=tmp_path, config=parse_config(cfg, {}), env={}, clock=timer.clock)
     gw.timer = timer
     app = create_app(gw, upstream=HandlerUpstream(answer))

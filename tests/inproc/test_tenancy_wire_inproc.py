@@ -163,7 +163,8 @@ async def test_files_are_private_and_hold_no_client_key_characters(tmp_path: Pat
 
 
 async def test_client_error_bodies_name_no_connection(tmp_path: Path) -> None:
-    async with gateway(tmp_path, config(), ManualTimer(), MockUpstream()) as h:
+    cfg = config(forward=["x-mock-fault"])  # the test's fault reaches the mock
+    async with gateway(tmp_path, cfg, ManualTimer(), MockUpstream()) as h:
         r = await ask(h, "alice", GPT, **{"x-mock-fault": "503"})
         assert r.status_code == 503
         assert set(r.json()["diagnostics"]["attemptOrder"]) == {f"mock/{GPT}"}

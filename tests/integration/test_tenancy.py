@@ -360,7 +360,7 @@ async def test_allow_listed_headers_are_forwarded(start: Start) -> None:
 async def test_client_error_bodies_name_no_connection_and_admins_get_the_detail(
     start: Start, caplog: pytest.LogCaptureFixture
 ) -> None:
-    env = await start()
+    env = await start(forward=", forward_headers: [x-mock-fault]")  # the fault reaches the mock
     with caplog.at_level(logging.INFO, logger="fairgate.proxy"):
         r = await env.chat("alice", "gpt-4o-mini", **{"x-mock-fault": "500"})
     assert r.status_code >= 500

@@ -74,7 +74,8 @@ def test_upstream_targets_are_built_once_per_connection_and_path() -> None:
     # a connection that may add client headers has no fixed head: built per request
     forwarding = dataclasses.replace(conn, forward_headers=("openai-project",))
     assert _PER_CONNECTION.target(forwarding, "/chat/completions").head is None
-    assert _PER_CONNECTION.target(_conn("mock"), "/chat/completions").head is None
+    # the mock is no exception (it once took every x-mock-* header): its head is fixed too
+    assert _PER_CONNECTION.target(_conn("mock"), "/chat/completions").head is not None
 
 
 def test_an_equal_copy_of_a_connection_keeps_its_cached_head() -> None:
@@ -90,3 +91,23 @@ def test_an_equal_copy_of_a_connection_keeps_its_cached_head() -> None:
     assert rotated is not first
     assert rotated.head is not None
     assert b"authorization: Bearer tok-2\r\n" in rotated.head
+
+
+def test_the_demos_mock_takes_no_fault_from_a_tenant() -> None:
+    """Issue 43, N17: the gateway forwarded every ``x-mock-*`` header to a mock connection, so
+    in ``fairgate demo`` any client key could make the shared mock fail for everyone. A mock
+    connection follows the one rule, its ``forward_headers`` allow-list, and the demo lists
+    none."""
+    from fairgate.cli import demo_config_yaml
+    from fairgate.config import load_config_text
+
+    keys = {k: k[0] * 20 for k in ("alice", "bob", "carol")}
+    cfg = load_config_text(demo_config_yaml("http://127.0.0.1:9", "s" * 16, keys))
+    assert all(c.forward_headers == [] for c in cfg.connections)
+    fault = {"x-mock-fault": "500", "x-mock-note": "n"}
+    mock = _conn("d")
+    assert mock.provider == "mock"
+    assert not set(upstream_headers(mock, fault)) & set(fault)
+    allowed = _conn("t", forward_headers=("x-mock-fault",))  # a test's own connection
+    assert upstream_headers(allowed, fault)["x-mock-fault"] == "500"
+    assert "x-mock-note" not in upstream_headers(allowed, fault)

@@ -139,10 +139,9 @@ def _own_headers(conn: Connection) -> dict[str, str]:
 
 
 def _takes_client_headers(conn: Connection) -> bool:
-    """Whether a request to ``conn`` may carry any client header (:func:`upstream_headers`'s
-    rules: the ``forward_headers`` allow-list, the mock's ``x-mock-*``); when not, every
-    request sends exactly our own headers."""
-    return bool(conn.forward_headers) or conn.provider == "mock"
+    """Whether a request to ``conn`` may carry any client header (its ``forward_headers``
+    allow-list names some); when not, every request sends exactly our own headers."""
+    return bool(conn.forward_headers)
 
 
 def upstream_headers(conn: Connection, client_headers: Mapping[str, str]) -> dict[str, str]:
@@ -159,11 +158,6 @@ def upstream_headers(conn: Connection, client_headers: Mapping[str, str]) -> dic
         if value:
             ours = headers.get(name)
             headers[name] = f"{ours},{value}" if name == "anthropic-beta" and ours else value
-    if conn.provider == "mock":
-        # the mock upstream takes fault-injection instructions from x-mock-* headers
-        for name, value in client_headers.items():
-            if name.startswith("x-mock-"):
-                headers[name] = value
     return headers
 
 
