@@ -149,18 +149,23 @@ class AdminGuard:
         addr = str(client[0]) if client else "?"
         now = self.gw.clock.now_ms()
         wait_ms = self.backoff.locked_for(addr, now)
+        headers = Headers(scope=scope)
+        problem = admin_problem(self.gw, headers)
+        if problem is None:
+            # the right key always passes, lockout or not: whoever shares the admin's address
+            # (a NAT, a proxy) must not keep the admin out. A success during a lockout does not
+            # forget the address's failures, or a guesser there would get its free tries back.
+            if not wait_ms:
+                self.backoff.succeeded(addr)
+            return False
         if wait_ms:
-            retry = str(max(1, -(-wait_ms // 1000)))
+            self.backoff.failed(addr, now)
+            retry = str(max(1, -(-self.backoff.locked_for(addr, now) // 1000)))
             resp = error_response(
                 429, "Too many wrong admin keys; wait and retry", headers={"Retry-After": retry}
             )
             await resp(scope, receive, send)
             return True
-        headers = Headers(scope=scope)
-        problem = admin_problem(self.gw, headers)
-        if problem is None:
-            self.backoff.succeeded(addr)
-            return False
         if self.gw.admin_key and presented_key(headers):
             failures = self.backoff.failed(addr, now)
             log.warning(  # never the key itself

@@ -65,9 +65,12 @@ class AdminBackoff:
     """Wrong admin keys per client address: ``free`` failures, then a lockout of ``base_ms``
     doubling with each further failure up to ``max_ms``. A success forgets the address.
 
-    During a lockout the key is not even compared (otherwise the lockout would still be an
-    oracle at full speed); the lockout is per address, so one guesser does not lock out an
-    admin elsewhere."""
+    A lockout throttles failures, not the right key: the guard lets the right key through
+    during one (an admin behind the same NAT or proxy as a guesser must not be locked out), and
+    a wrong key then gets 429 and extends it. That is no oracle worth having: the admin key is
+    at least 32 characters, so guessing it online is hopeless at any speed; what the lockout
+    saves is the log and the work of a flood of wrong keys. Per address, so one guesser does not
+    slow an admin elsewhere."""
 
     def __init__(self, free: int, base_ms: int, max_ms: int, capacity: int = 10_000) -> None:
         self.free = free
