@@ -703,6 +703,41 @@ async def test_connection_crud_and_rejections(api: Api) -> None:
     assert "c9" not in api.gw.registry.connections
 
 
+async def test_a_new_host_needs_the_secret_again(api: Api) -> None:
+    """Issue 43, N8: PATCH of baseUrl kept the stored secret, and POST .../test then sent it to
+    the admin's host: an admin could read any upstream secret. A new origin needs the secret
+    in the same change; a new path on the same host does not; an OAuth connection's host does
+    not change at all."""
+    body = {"id": "c9", "provider": "mock", "baseUrl": "https://up.example/v1", "models": ["m"]}
+    body["secret"] = "sk-stored-upstream-secret"
+    assert (await api.request("POST", "/connections", json=body)).status_code == 201
+    before = api.dump()
+    for url in (
+        "https://attacker.example/v1",
+        "http://up.example/v1",
+        "https://up.example:8443/v1",
+    ):
+        r = await api.request("PATCH", "/connections/c9", json={"baseUrl": url})
+        assert r.status_code == 422, r.text
+        assert "secret" in fields_of(r)
+        assert api.dump() == before
+    r = await api.request("PATCH", "/connections/c9", json={"baseUrl": "https://UP.example/v2"})
+    assert r.status_code == 200, r.text  # same origin, another path
+    r = await api.request(
+        "PATCH", "/connections/c9", json={"baseUrl": "https://new.example/v1", "secret": "sk-new-1"}
+    )
+    assert r.status_code == 200, r.text
+    assert api.gw.registry.connections["c9"].secret == "sk-new-1"
+    oauth = {**body, "id": "o9", "authType": "oauth"}
+    oauth.pop("secret")
+    assert (await api.request("POST", "/connections", json=oauth)).status_code == 201
+    r = await api.request(
+        "PATCH", "/connections/o9", json={"baseUrl": "https://attacker.example/v1"}
+    )
+    assert r.status_code == 422, r.text
+    assert "baseUrl" in fields_of(r)
+
+
 # -- keys -------------------------------------------------------------------------------------
 
 

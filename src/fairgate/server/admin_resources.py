@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 from typing import Literal
+from urllib.parse import urlsplit
 
 from fastapi import APIRouter, Response
 
@@ -58,6 +59,41 @@ def _no_nulls(body: ConnectionPatch | KeyPatch, nullable: frozenset[str] = froze
 # -- connections ------------------------------------------------------------------------------
 
 
+def _origin(url: str) -> tuple[str, str, int | None]:
+    parts = urlsplit(url)
+    return parts.scheme.lower(), (parts.hostname or "").lower(), parts.port
+
+
+def _origin_change_needs_credentials(c: Connection, body: ConnectionPatch) -> None:
+    """A connection's credential goes only where it was given for (issue 43, N8): an admin is
+    not trusted with secrets in clear, so pointing the stored secret at a host of their choice
+    (then ``POST …/test``) would hand it over. A new origin (scheme, host, port) needs the
+    secret again in the same change; an OAuth connection's tokens were issued for its
+    provider, so its origin does not change (create a connection and log in)."""
+    if body.base_url is None or _origin(body.base_url) == _origin(c.base_url):
+        return
+    if c.auth_type is AuthType.OAUTH:
+        raise invalid(
+            [
+                (
+                    "baseUrl",
+                    "an OAuth connection's host cannot change: its tokens were issued for "
+                    "this one (create a new connection and log in)",
+                )
+            ]
+        )
+    if body.secret is None and c.secret:
+        raise invalid(
+            [
+                (
+                    "secret",
+                    "a new host for baseUrl needs the secret again: the stored one is only "
+                    "sent where it was given for",
+                )
+            ]
+        )
+
+
 def _conn_out(gw: Gateway, c: Connection) -> ConnectionOut:
     return ConnectionOut.of(c, gw.connections().pool_of(c.id))
 
@@ -101,6 +137,7 @@ async def patch_connection(connection_id: str, body: ConnectionPatch, gw: GW) ->
     repo = gw.connections()
     with transaction(gw.db):
         c = repo.get(connection_id)
+        _origin_change_needs_credentials(c, body)
         provider = body.provider or c.provider
         if "protocol" in given:
             protocol = protocol_for(provider, body.protocol)
