@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
+import pytest
 from inproc_support import ALICE, base_config, conn, gateway
 
 from fairgate.clock import ManualClock
@@ -215,3 +217,42 @@ async def test_an_upstream_error_shows_no_credential_the_gateway_sent(tmp_path: 
         assert "abcdef12" not in message
         assert "[redacted]" in message
         assert message.startswith("Invalid request with token")
+
+
+async def test_responses_refuses_cheaply_before_translating(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 43, N15: a key that may not use the model, or an input over the message cap, is
+    refused before the Responses input is translated (it was translated first, 0.5 s of work
+    on a large input before a 403)."""
+    from fairgate.server import responses_edge
+
+    translated: list[object] = []
+    real = responses_edge.responses_to_chat_request
+
+    def counting(body: Any, model: str) -> Any:
+        translated.append(model)
+        return real(body, model)
+
+    monkeypatch.setattr(responses_edge, "responses_to_chat_request", counting)
+
+    async def handler(req: UpstreamRequest) -> Reply:
+        return openai_chat("ok")
+
+    cfg = base_config([conn("c1", models=("m", "other"))])
+    cfg["keys"][0]["allowed_models"] = ["m"]
+    auth = {"authorization": f"Bearer {ALICE}"}
+    async with gateway(tmp_path, cfg, ManualTimer(), handler) as h:
+        items = [{"role": "user", "content": "x"}] * 10_001  # FAIRGATE_MAX_MESSAGES + 1
+        r = await h.client.post(
+            "/v1/responses", json={"model": "other", "input": items}, headers=auth
+        )
+        assert r.status_code == 403, r.text
+        assert r.json()["error"]["code"] == "model_not_allowed"
+        r = await h.client.post("/v1/responses", json={"model": "m", "input": items}, headers=auth)
+        assert r.status_code == 400, r.text
+        assert r.json()["error"]["param"] == "input"
+        assert translated == []
+        r = await h.client.post("/v1/responses", json={"model": "m", "input": "hi"}, headers=auth)
+        assert r.status_code == 200, r.text
+        assert translated == ["m"]
