@@ -147,3 +147,67 @@ async def test_health_names_the_key_and_request_behind_a_real_block(
         assert any(b["block"] == "permanent" and b["request_id"] == rid for b in blocks)
     [row] = [r for r in persisted_rows(tmp_path) if r[1] == "permanent"]
     assert str(row[0]).startswith("perm:conn:")
+
+
+def _too_large_for_tpm(with_text: bool) -> Any:
+    """OpenAI's answer to a prompt over the account's tokens-per-minute limit: a 429 whose
+    headers show the budget untouched (with its documented text, or without any)."""
+    from fairgate.providers.inprocess import Reply, UpstreamRequest, openai_chat
+
+    async def handler(req: UpstreamRequest) -> Reply:
+        if len(req.body) < 50_000:
+            return openai_chat("ok", model="gpt-4o-mini")
+        text = (
+            "Request too large for gpt-4o-mini in organization org-shared on tokens per min "
+            "(TPM): Limit 30000, Requested 50000. The input or output tokens must be reduced "
+            "in order to run successfully."
+        )
+        return Reply(
+            status=429,
+            body={
+                "error": {
+                    "message": text if with_text else "",
+                    "type": "tokens",
+                    "param": None,
+                    "code": "rate_limit_exceeded",
+                }
+            },
+            headers={
+                "x-ratelimit-limit-requests": "500",
+                "x-ratelimit-remaining-requests": "499",
+                "x-ratelimit-limit-tokens": "30000",
+                "x-ratelimit-remaining-tokens": "30000",
+                "x-ratelimit-reset-tokens": "0s",
+            },
+        )
+
+    return handler
+
+
+@pytest.mark.parametrize("with_text", [True, False], ids=["text", "headers-only"])
+async def test_a_prompt_too_large_for_the_tpm_limit_blocks_nothing(
+    tmp_path: Path, with_text: bool
+) -> None:
+    """Issue 43, N1: OpenAI answers a prompt over the account's tokens-per-minute limit with a
+    429 while its headers show the budget untouched. It was taken for the account being
+    limited: a failover to the sibling and a model lockout on both (6, 12, 24 ... s), every
+    other tenant refused. It is the request's: a 413 for the sender, not retried on the same
+    model, no cooldown or lockout anywhere."""
+    big = "x" * 60_000
+    async with gateway(tmp_path, config(), ManualTimer(), _too_large_for_tpm(with_text)) as h:
+        for _ in range(5):
+            r = await h.chat(
+                "gpt-4o-mini",
+                key=ATTACKER,
+                max_tokens=3,
+                messages=[{"role": "user", "content": big}],
+            )
+            assert r.status_code == 413, r.text
+            assert r.json()["error"]["code"] == "request_too_large"
+            assert "retry-after" not in r.headers
+            assert "org-shared" not in r.text
+        assert len(h.upstream.requests) == 5  # one attempt each: the sibling has the same limit
+        state = await health(h)
+        assert (state["cooldowns"], state["lockouts"], state["permanent"]) == ([], [], [])
+        served = {(await chat(h, VICTIM)).headers["x-fairgate-connection"] for _ in range(6)}
+        assert served == {"conn-a", "conn-b"}

@@ -272,6 +272,10 @@ _QUOTA_WORDS = _rx(
     r"resource has been exhausted",
 )
 _DAILY = _rx(r"\bdaily\b", r"per[ _-]?day", r"\b(?:rpd|tpd)\b", r"perday")
+#: OpenAI's 429 for a request larger than the account's per-minute budget: "Request too large
+#: for gpt-4o in organization ... on tokens per min (TPM): Limit 30000, Requested 50000".
+_TOO_LARGE = _rx(r"request too large", r"must be reduced in order to run")
+_LIMIT_REQUESTED = re.compile(r"limit:? (\d+), requested:? (\d+)", re.IGNORECASE)
 _RATE_WORDS = _rx(
     r"rate[ _-]?limit",
     r"too many requests",
@@ -412,6 +416,21 @@ def _read_body(body: bytes | str | Mapping[str, Any] | None) -> _Body:
     )
 
 
+def _untouched(snap: RateLimitSnapshot | None) -> bool:
+    """The headers show the account's token budget whole and requests left: every token limit
+    they report has all of it remaining (a rate limit on tokens never looks like this; a
+    request too large for the limit does, as nothing of it was spent)."""
+    if snap is None or snap.requests_remaining == 0:
+        return False
+    pairs = [
+        (snap.tokens_remaining, snap.tokens_limit),
+        (snap.input_tokens_remaining, snap.input_tokens_limit),
+        (snap.output_tokens_remaining, snap.output_tokens_limit),
+    ]
+    known = [(r, lim) for r, lim in pairs if r is not None and lim]
+    return bool(known) and all(r >= lim for r, lim in known)
+
+
 def _header_hint(snap: RateLimitSnapshot | None, now_ms: int) -> tuple[int | None, bool]:
     """(relative retry hint from the headers, whether a limit is reported exhausted)."""
     if snap is None:
@@ -549,14 +568,34 @@ def _server_class(
     return F.SERVER_ERROR
 
 
+def _request_too_large(status: int, body: _Body, untouched: bool) -> str | None:
+    """The signal that a 429 is about the request, not the account (issue 43, N1): its text
+    says the request is too large (or asks for more than the limit it names), or its own
+    rate-limit headers show the account's budget untouched. Such a request fails the same way
+    on every account with that limit, and nobody else's requests are limited: treated as a
+    context overflow (the client's fault, no block, not retried on the same model). Text may
+    decide this because it only lowers what the answer does to other keys."""
+    if status != 429:
+        return None
+    if _TOO_LARGE.search(body.text):
+        return "text:request-too-large"
+    m = _LIMIT_REQUESTED.search(body.text)
+    if m is not None and int(m.group(2)) > int(m.group(1)):
+        return "text:requested-over-limit"
+    return "headers:budget-untouched" if untouched else None
+
+
 def _decide(
-    status: int | None, body: _Body, exhausted: bool, daily: bool
+    status: int | None, body: _Body, exhausted: bool, daily: bool, untouched: bool = False
 ) -> tuple[FailureClass, str]:
     """(class, the signal that decided it)."""
     if status is None:  # no status and no exception: nothing structured to go by
         return (F.RATE_LIMIT, "headers") if exhausted else (F.SERVER_ERROR, "no status")
     if status < 400:
         return F.OK, f"status:{status}"
+    too_large = _request_too_large(status, body, untouched)
+    if too_large is not None:
+        return F.CONTEXT_OVERFLOW, too_large
     structured = _structured(body.codes, status)
     if status >= 500:
         cls = _server_class(status, body.text, structured)
@@ -604,7 +643,7 @@ def classify(
     snap = parse_rate_limit_headers(headers, now) if headers else None
     header_hint, exhausted = _header_hint(snap, now)
     daily = bool(_DAILY.search(parsed.text) or _DAILY.search(parsed.quota))
-    cls, signal = _decide(status, parsed, exhausted, daily)
+    cls, signal = _decide(status, parsed, exhausted, daily, _untouched(snap))
     if cls is FailureClass.OK:
         return Classification(cls, status=status, signal=signal)
     code = signal.removeprefix("code:") if signal.startswith("code:") else None

@@ -27,7 +27,7 @@ from fairgate.quota.engine import Admission, QuotaEngine
 from fairgate.quota.model import Pool
 from fairgate.quota.units import Unit
 from fairgate.registry import Connection
-from fairgate.resilience.classify import Classification, classify
+from fairgate.resilience.classify import Classification, FailureClass, classify
 from fairgate.resilience.failover import Step, same_model_is_futile, step_after
 from fairgate.routing import (
     Lease,
@@ -132,7 +132,16 @@ async def _attempt_on(
         else:
             await res.release()
         verdict = await _report_failure(call, conn, upstream_model, status, body, headers, exc)
-        if status == 429 and "retry-after" not in err.headers and verdict.retry_after_ms:
+        if status == 429 and verdict.cls is FailureClass.CONTEXT_OVERFLOW:
+            # a request too large for the account's per-minute budget (issue 43, N1): retrying
+            # it can never help, so it is no 429 (an SDK would retry it) and has no Retry-After
+            err = ApiError(
+                413,
+                "The request is too large for the upstream account's per-minute limit: "
+                "reduce the input or max_tokens",
+                code="request_too_large",
+            )
+        elif status == 429 and "retry-after" not in err.headers and verdict.retry_after_ms:
             # the reset a provider states in its body (Codex resets_at / resets_in_seconds)
             err.headers["retry-after"] = str(max(1, math.ceil(verdict.retry_after_ms / 1000)))
         cls = verdict.cls.value
