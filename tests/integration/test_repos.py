@@ -148,6 +148,30 @@ def test_key_conflicts_and_not_found(db: Database) -> None:
     repo.update(replace(repo.get("bob"), enabled=False, name="Robert"))
     assert repo.get("bob").name == "Robert"
     assert repo.by_hash(hash_key("fg-bob")) == repo.get("bob")
+    assert repo.retired_hashes() == frozenset()  # no secret changed: nothing retired
+
+
+def test_a_rotated_or_revoked_secret_is_never_a_keys_again(db: Database) -> None:
+    """Rotation and revocation retire the old hash for good: no write may bring it back, to
+    the same key or another (issue 49: a restart gave a rotated key its leaked secret back)."""
+    repo = KeyRepo(db)
+    repo.insert(key_("alice"))
+    repo.insert(key_("bob"))
+    old = repo.get("alice").key_hash
+    rotated, secret = repo.rotate("alice")
+    assert rotated.key_hash == hash_key(secret) != old
+    repo.delete("bob")
+    assert repo.retired_hashes() == {old, hash_key("fg-bob")}
+    before = dump(db)
+    with pytest.raises(Conflict, match="rotated away or revoked"):
+        repo.update(replace(rotated, key_hash=old))
+    with pytest.raises(Conflict, match="rotated away or revoked"):
+        repo.insert(key_("bob"))
+    with pytest.raises(Conflict, match="rotated away or revoked"):
+        repo.insert(replace(key_("carol"), key_hash=old))
+    assert dump(db) == before
+    assert "fg-bob" not in "\n".join(before)  # hashes only, never a secret
+    repo.update(replace(rotated, name="Alice B."))  # same secret: still fine
 
 
 # -- plans ------------------------------------------------------------------------------------
