@@ -8,7 +8,7 @@ so the operator can fix the file in one pass; the CLI prints :class:`ConfigError
 from an injected environment, so secrets stay out of the file; ``$${`` is a literal ``${``.
 
 The config file is the lowest-precedence source of metadata: it is seeded into the metadata DB at
-start (``db.repos.seed_from_config``), and the admin API edits the DB from then on.
+start (``db.seeding.seed_from_config``), and the admin API edits the DB from then on.
 """
 
 from __future__ import annotations
