@@ -32,9 +32,6 @@ POOL: dict[str, Any] = {
         {"key": "bob", "weight": 50, "policy": "hard"},
     ],
 }
-#: the failures as measured before the fix (issue 49); removed with it
-REPRO = pytest.mark.xfail(reason="issue 49: every start re-applies the config file")
-
 CONFIG = base_config([conn("m1"), conn("m2")], pools=[POOL])
 
 
@@ -70,7 +67,6 @@ def weights(p: dict[str, Any]) -> dict[str, float]:
     return {a["key"]: a["weight"] for a in p["allocations"]}
 
 
-@REPRO
 async def test_a_rotated_key_keeps_its_new_secret_after_a_restart(
     tmp_path: Path, metadata_url: str | None
 ) -> None:
@@ -84,7 +80,6 @@ async def test_a_rotated_key_keeps_its_new_secret_after_a_restart(
         assert await status_with(h, new) == 200
 
 
-@REPRO
 async def test_a_revoked_key_stays_revoked_after_a_restart(
     tmp_path: Path, metadata_url: str | None
 ) -> None:
@@ -96,7 +91,6 @@ async def test_a_revoked_key_stays_revoked_after_a_restart(
         assert await status_with(h, BOB) == 200
 
 
-@REPRO
 async def test_an_allocation_edited_through_the_api_is_kept_after_a_restart(
     tmp_path: Path, metadata_url: str | None
 ) -> None:
@@ -113,7 +107,6 @@ async def test_an_allocation_edited_through_the_api_is_kept_after_a_restart(
         assert weights(await pool(h)) == {"alice": 80, "bob": 20}
 
 
-@REPRO
 async def test_a_pool_edited_through_the_api_is_kept_after_a_restart(
     tmp_path: Path, metadata_url: str | None
 ) -> None:
@@ -132,7 +125,6 @@ async def test_a_pool_edited_through_the_api_is_kept_after_a_restart(
         assert [(d["unit"], d["limit"]) for d in p["dimensions"]] == [("tokens", 5000)]
 
 
-@REPRO
 async def test_a_restart_of_one_replica_keeps_what_another_changed(
     tmp_path: Path, postgres_url: str
 ) -> None:
@@ -156,7 +148,6 @@ async def test_a_restart_of_one_replica_keeps_what_another_changed(
                 assert await status_with(g, BOB) == 401
 
 
-@REPRO
 @pytest.mark.parametrize("edit", ["allocations", "rotate", "revoke"])
 async def test_an_unchanged_file_writes_nothing_at_a_restart_after_an_api_change(
     tmp_path: Path, edit: str

@@ -19,9 +19,10 @@ from fairgate.db.connections import ConnectionRepo
 from fairgate.db.keys import KeyRepo
 from fairgate.db.plans import PlanRepo
 from fairgate.db.pools import PoolRecord, PoolRepo, resolve_pool
+from fairgate.db.reconcile import Reconciliation
 from fairgate.db.seeding import (
-    SeedReport,
     allocation_from_config,
+    compare_with_config,
     connection_from_config,
     dimension_from_config,
     key_from_config,
@@ -46,9 +47,10 @@ __all__ = [
     "PlanRepo",
     "PoolRecord",
     "PoolRepo",
+    "Reconciliation",
     "RepoError",
-    "SeedReport",
     "allocation_from_config",
+    "compare_with_config",
     "connection_from_config",
     "dimension_from_config",
     "key_from_config",

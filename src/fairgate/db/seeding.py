@@ -1,15 +1,12 @@
-"""Seeding the metadata DB from the config file: the file's objects as domain objects, and the
-start's one transaction that writes them.
+"""Seeding the metadata DB from the config file: the file's objects as domain objects, the
+start's one transaction that applies the file, and the same comparison without writing.
 
-Seeding rule: every object the config file names is upserted to what the file says, so editing
-the file and restarting applies the edit; objects created through the admin API are left alone,
-and so are the members and allocations the admin API added to a config pool (the file is merged
-into the DB, not mirrored). Unchanged objects are not written: seeding twice changes nothing.
+The rule (what the file creates, updates, keeps or overwrites; seed and authoritative modes) and
+the comparison are pure, in ``fairgate.db.reconcile``; this module reads the DB and writes the
+outcome. An unchanged file writes nothing.
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass, field
 
 from fairgate.clock import SYSTEM_CLOCK, Clock
 from fairgate.config import (
@@ -20,6 +17,7 @@ from fairgate.config import (
     KeyConfig,
     PoolConfig,
 )
+from fairgate.db.applied import AppliedRepo, has_provenance
 from fairgate.db.base import Database
 from fairgate.db.combos import ComboRepo
 from fairgate.db.common import transaction
@@ -27,17 +25,20 @@ from fairgate.db.connections import ConnectionRepo
 from fairgate.db.keys import KeyRepo
 from fairgate.db.plans import PlanRepo
 from fairgate.db.pools import PoolRecord, PoolRepo
+from fairgate.db.reconcile import Mode, Objects, Reconciliation, Stored, reconcile
 from fairgate.quota.model import Allocation, Dimension, ModelCap
 from fairgate.registry import AuthType, ClientKey, Connection, hash_key, protocol_for
 from fairgate.secretbox import SecretBox
 
 __all__ = [
-    "SeedReport",
     "allocation_from_config",
+    "compare_with_config",
     "connection_from_config",
+    "declared_objects",
     "dimension_from_config",
     "key_from_config",
     "pool_record_from_config",
+    "read_stored",
     "seed_from_config",
 ]
 
@@ -105,67 +106,86 @@ def pool_record_from_config(p: PoolConfig) -> PoolRecord:
 # -- seeding ----------------------------------------------------------------------------------
 
 
-@dataclass(slots=True)
-class SeedReport:
-    created: int = 0
-    updated: int = 0
-    unchanged: int = 0
-    changes: list[str] = field(default_factory=list)
+def declared_objects(config: Config) -> Objects:
+    """The objects the file declares, as domain objects (an empty plan declares nothing)."""
+    return Objects(
+        connections={c.id: connection_from_config(c) for c in config.connections},
+        keys={k.id: key_from_config(k) for k in config.keys},
+        plans={
+            cid: tuple(dimension_from_config(d) for d in dims)
+            for cid, dims in config.plans.items()
+            if dims
+        },
+        pools={p.id: pool_record_from_config(p) for p in config.pools},
+        combos={spec.name: spec for spec in config.combos},
+    )
 
-    @property
-    def changed(self) -> int:
-        return self.created + self.updated
 
-    def count(self, what: str, outcome: str) -> None:
-        if outcome == "created":
-            self.created += 1
-        elif outcome == "updated":
-            self.updated += 1
-        else:
-            self.unchanged += 1
-            return
-        self.changes.append(f"{outcome} {what}")
+def read_stored(conn: Database, *, box: SecretBox) -> Stored:
+    """What the DB holds of the kinds the file seeds, with the records of what the file wrote
+    and the retired key hashes (none in a DB of an earlier version not migrated yet)."""
+    keys = KeyRepo(conn)
+    provenance = has_provenance(conn)
+    return Stored(
+        Objects(
+            connections={c.id: c for c in ConnectionRepo(conn, box=box).all()},
+            keys={k.id: k for k in keys.all()},
+            plans=PlanRepo(conn).all(),
+            pools={r.id: r for r in PoolRepo(conn).records()},
+            combos={r.name: r.spec for r in ComboRepo(conn).all()},
+        ),
+        applied=AppliedRepo(conn, box=box).all() if provenance else {},
+        retired=keys.retired_hashes() if provenance else frozenset(),
+    )
+
+
+def compare_with_config(
+    conn: Database, config: Config, *, box: SecretBox, mode: Mode | None = None
+) -> Reconciliation:
+    """What a start with ``config`` would do, and what differs, without writing anything
+    (``fairgate config check``, ``/health``). ``mode``: the file's ``server.config_mode``."""
+    mode = mode or config.server.config_mode
+    return reconcile(declared_objects(config), read_stored(conn, box=box), mode)
 
 
 def seed_from_config(
-    conn: Database, config: Config, clock: Clock = SYSTEM_CLOCK, *, box: SecretBox
-) -> SeedReport:
-    """Upsert the config file into the DB in one transaction (all or nothing)."""
-    report = SeedReport()
-    conns, keys = ConnectionRepo(conn, clock, box=box), KeyRepo(conn, clock)
-    plans, pools = PlanRepo(conn, clock), PoolRepo(conn, clock)
+    conn: Database,
+    config: Config,
+    clock: Clock = SYSTEM_CLOCK,
+    *,
+    box: SecretBox,
+    mode: Mode | None = None,
+) -> Reconciliation:
+    """Compare the file with the DB and apply the result, in one transaction (all or nothing;
+    the write lock is taken before reading, so replicas starting together apply it once).
+    Nothing is written when the file holds nothing new."""
     with transaction(conn):
-        for c in config.connections:
-            report.count(f"connection {c.id}", conns.upsert(connection_from_config(c)))
-        for k in config.keys:
-            report.count(f"key {k.id}", keys.upsert(key_from_config(k)))
-        for cid, dims in config.plans.items():
-            if dims:
-                changed = plans.set(cid, [dimension_from_config(d) for d in dims])
-                report.count(f"plan {cid}", "updated" if changed else "unchanged")
-        for p in config.pools:
-            rec = pool_record_from_config(p)
-            old = pools.find_record(p.id)
-            if old is not None:
-                rec = _merged(rec, old)
-            report.count(f"pool {p.id}", pools.upsert(rec))
-        combos = ComboRepo(conn, clock)
-        for spec in config.combos:
-            report.count(f"combo {spec.name}", combos.upsert(spec))
-    return report
+        result = compare_with_config(conn, config, box=box, mode=mode)
+        _apply(conn, result, clock, box)
+    return result
 
 
-def _merged(rec: PoolRecord, old: PoolRecord) -> PoolRecord:
-    """The config's pool plus the members and allocations the DB has beyond it."""
-    members = rec.connections + tuple(c for c in old.connections if c not in rec.connections)
-    named = {a.key_id for a in rec.allocations}
-    allocs = rec.allocations + tuple(a for a in old.allocations if a.key_id not in named)
-    return PoolRecord(
-        id=rec.id,
-        name=rec.name,
-        connections=members,
-        dimensions=rec.dimensions,
-        allocations=allocs,
-        share_mode=rec.share_mode,
-        active_window_ms=rec.active_window_ms,
-    )
+def _apply(conn: Database, result: Reconciliation, clock: Clock, box: SecretBox) -> None:
+    """Write what :func:`fairgate.db.reconcile.reconcile` decided, in dependency order
+    (connections and keys before the pools naming them), then its records."""
+    writes = result.writes
+    conns = ConnectionRepo(conn, clock, box=box)
+    for c in writes.connections.values():
+        (conns.create if result.creates("connection", c.id) else conns.update)(c)
+    keys = KeyRepo(conn, clock)
+    for k in writes.keys.values():
+        (keys.insert if result.creates("key", k.id) else keys.update)(k)
+    plans = PlanRepo(conn, clock)
+    for cid, dims in writes.plans.items():
+        plans.set(cid, dims)
+    if writes.pools:
+        # all at once: a member the file moves between two of its pools is released first
+        PoolRepo(conn, clock).upsert_many(list(writes.pools.values()))
+    combos = ComboRepo(conn, clock)
+    for spec in writes.combos.values():
+        (combos.create if result.creates("combo", spec.name) else combos.replace)(spec)
+    applied = AppliedRepo(conn, clock, box=box)
+    for ref, form in result.record.items():
+        applied.set(ref, form)
+    for ref in result.forget:
+        applied.forget(ref)

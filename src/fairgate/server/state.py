@@ -22,6 +22,7 @@ from fairgate.db.common import RepoError
 from fairgate.db.connections import ConnectionRepo
 from fairgate.db.engine import database_url, open_database
 from fairgate.db.postgres import STATEMENT_DEADLINE_S
+from fairgate.db.reconcile import start_log
 from fairgate.db.repos import load_registry, seed_from_config
 from fairgate.db.sealing import prepare_secrets
 from fairgate.db.settings import SettingsRepo, access_policy
@@ -171,8 +172,8 @@ class Gateway:
                 raise ConfigError(
                     [("", f"the config file conflicts with the database: {exc}")]
                 ) from None
-            if report.changed:
-                log.info("seeded from config: %s", ", ".join(report.changes))
+            for level, message in start_log(report):
+                log.log(level, message)
             db_settings = SettingsRepo(self.db).all()
             policy = access_policy(db_settings, self.config.server.require_allocation)
             if policy.source == "legacy":
