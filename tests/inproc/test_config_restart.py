@@ -1,6 +1,8 @@
 """A restart never undoes what the admin API did (issue 49): the config file seeds what does not
 exist yet; a key rotated or revoked, a pool or an allocation edited through the admin API stay
-so across a restart, on both metadata engines and across two gateways sharing PostgreSQL.
+so across a restart, on both metadata engines and across two gateways sharing PostgreSQL. An
+authoritative file overwrites such edits, but never brings a retired key secret back; ``/health``
+says the mode and what differs.
 
 Each test runs the real app in-process (admin API, registry, metadata DB), stops it and starts
 it again on the same data (a restart), with the same file."""
@@ -8,6 +10,7 @@ it again on the same data (a restart), with the same file."""
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -166,3 +169,59 @@ async def test_an_unchanged_file_writes_nothing_at_a_restart_after_an_api_change
         before = read_version(h.gw.db)
     async with started(tmp_path, None) as h:
         assert read_version(h.gw.db) == before
+
+
+AUTHORITATIVE = {**CONFIG, "server": {"config_mode": "authoritative"}}
+
+
+async def test_an_authoritative_file_overwrites_what_the_api_changed_but_never_a_retired_key(
+    tmp_path: Path, metadata_url: str | None, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with started(tmp_path, metadata_url, AUTHORITATIVE) as h:
+        body = {"allocations": [{"key": "alice", "weight": 90}, {"key": "bob", "weight": 10}]}
+        assert (
+            await h.client.patch("/api/quota/pools/shared", json=body, headers=ADMIN)
+        ).status_code == 200
+        rotated = (await h.client.post("/api/keys/alice/rotate", headers=ADMIN)).json()["secret"]
+        assert (await h.client.delete("/api/keys/bob", headers=ADMIN)).status_code == 204
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="fairgate"):
+        async with started(tmp_path, metadata_url, AUTHORITATIVE) as h:
+            assert weights(await pool(h)) == {"alice": 50}  # the file's again; bob is gone
+            assert await status_with(h, ALICE) == 401  # the rotated-away secret stays dead
+            assert await status_with(h, rotated) == 200
+            assert await status_with(h, BOB) == 401  # revoked: not created again
+    said = [(r.levelno, r.getMessage()) for r in caplog.records]
+    assert any(lvl == logging.WARNING and "is authoritative" in m for lvl, m in said)
+    assert (
+        logging.WARNING,
+        "config file (authoritative): overwriting allocations of pool shared (alice), "
+        "changed through the admin API",
+    ) in said
+    assert any("key bob: its secret in the file was rotated away or revoked" in m for _, m in said)
+    for _, m in said:
+        assert ALICE not in m
+        assert rotated not in m
+
+
+async def test_health_says_the_mode_and_what_differs_from_the_file(tmp_path: Path) -> None:
+    async with started(tmp_path, None) as h:
+        health = (await h.client.get("/health")).json()
+        assert health["configFile"] == {"mode": "seed", "differences": []}
+        body = {"allocations": [{"key": "alice", "weight": 90}, {"key": "bob", "weight": 10}]}
+        assert (
+            await h.client.patch("/api/quota/pools/shared", json=body, headers=ADMIN)
+        ).status_code == 200
+        (diff,) = (await h.client.get("/health")).json()["configFile"]["differences"]
+        assert diff == {
+            "kind": "allocations",
+            "id": "shared",
+            "action": "kept",
+            "fields": ["alice", "bob"],
+            "message": "allocations of pool shared (alice, bob): changed or created through the "
+            "admin API; the database's state is kept",
+        }
+        assert health["status"] == "ok"  # a difference is no fault
+    async with started(tmp_path, None) as h:  # the same after a restart, which kept it
+        (again,) = (await h.client.get("/health")).json()["configFile"]["differences"]
+        assert again == diff

@@ -217,6 +217,6 @@ def test_the_start_log_says_the_mode_each_overwrite_and_each_edit_not_applied() 
     assert "authoritative" in authoritative[0][1]
     assert (
         WARNING,
-        "config file: pool p (connections): changed through the admin API; "
-        "overwritten with the file's (authoritative)",
+        "config file (authoritative): overwriting pool p (connections), changed through the "
+        "admin API",
     ) in authoritative

@@ -12,6 +12,7 @@ import orjson
 
 from fairgate.clock import SYSTEM_CLOCK, Clock
 from fairgate.db.base import Database
+from fairgate.db.engine import schema_version
 from fairgate.db.reconcile import KINDS, Form, Ref
 from fairgate.db.schema import PROVENANCE_VERSION
 from fairgate.secretbox import SecretBox
@@ -20,8 +21,7 @@ from fairgate.secretbox import SecretBox
 def has_provenance(conn: Database) -> bool:
     """Whether the DB's schema has the records (a DB of an earlier version read without
     migrating it, by ``fairgate config check``, has none yet)."""
-    row = conn.execute("SELECT MAX(version) FROM schema_version").fetchone()
-    return row is not None and int(row[0] or 0) >= PROVENANCE_VERSION
+    return schema_version(conn) >= PROVENANCE_VERSION
 
 
 class AppliedRepo:

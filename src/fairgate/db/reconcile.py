@@ -259,7 +259,11 @@ class Decision:
         if self.action == "kept" and self.file_changed:
             text = "the file's edit is not applied: changed through the admin API"
         if self.retired_secret:
-            text += "; the file's secret was rotated away or revoked and is never used again"
+            retired = (
+                "the file's secret was rotated away or revoked and is never used again; the "
+                "key keeps its current one"
+            )
+            text = retired if self.action == "in_sync" else f"{text}; {retired}"
         return f"{self.label}{what}: {text}"
 
     def as_json(self) -> dict[str, object]:
@@ -272,11 +276,12 @@ class Decision:
         }
 
 
+#: What each action means, said before a start (``config check``) as well as after it.
 _MESSAGES: Mapping[Action, str] = {
-    "create": "created from the file",
-    "update": "the file's edit is applied",
-    "overwrite": "changed through the admin API; overwritten with the file's (authoritative)",
-    "recreate": "deleted through the admin API; created again (authoritative)",
+    "create": "not in the database; a start creates it from the file",
+    "update": "the file changed it, nothing else did; a start applies the file's edit",
+    "overwrite": "changed through the admin API; a start sets it to the file's (authoritative)",
+    "recreate": "deleted through the admin API; a start creates it again (authoritative)",
     "in_sync": "as in the file",
     "kept": "changed or created through the admin API; the database's state is kept",
     "deleted": "deleted through the admin API; not created again",
@@ -365,11 +370,14 @@ class _Plan:
     ) -> Decision:
         have, applied = self.have.get(ref), self.stored.applied.get(ref)
         action = action or self.action(ref, want)
+        fields = () if have is None else want.differing(have)
+        if retired_secret and "secret" not in fields:
+            fields = (*fields, "secret")  # the file's differs; the key keeps its own
         d = Decision(
             ref[0],
             ref[1],
             action,
-            () if have is None else want.differing(have),
+            fields,
             file_changed=action == "kept" and applied is not None and applied != want,
             retired_secret=retired_secret,
         )
@@ -481,7 +489,18 @@ def start_log(result: Reconciliation) -> list[tuple[int, str]]:
         lines.append((INFO, "seeded from config: " + ", ".join(result.changes)))
     quiet: list[str] = []
     for d in result.differences:
-        if d.action in ("overwrite", "recreate", "retired", "skipped") or d.retired_secret:
+        if d.action in ("overwrite", "recreate"):
+            what = f" ({', '.join(d.fields)})" if d.fields else ""
+            done = "overwriting" if d.action == "overwrite" else "re-creating"
+            why = "changed" if d.action == "overwrite" else "deleted"
+            lines.append(
+                (
+                    WARNING,
+                    f"config file (authoritative): {done} {d.label}{what}, {why} through "
+                    "the admin API",
+                )
+            )
+        elif d.action in ("retired", "skipped") or d.retired_secret:
             lines.append((WARNING, "config file: " + d.message()))
         elif d.action == "kept" and d.file_changed:
             lines.append((WARNING, f"config file: {d.message()} ({_AUTHORITATIVE_HINT})"))

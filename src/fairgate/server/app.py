@@ -152,6 +152,8 @@ def create_app(
                 for p in gw.registry.pools.values()
                 if p.unenforced_warning
             ],
+            # the config file's mode and what differs between it and the database
+            "configFile": gw.config_report(),
             "inflight": len(svc.inflight),
             "inflightLeases": svc.tracker.total,
             "memory": _memory_sizes(svc, gw),

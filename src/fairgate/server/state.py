@@ -18,12 +18,12 @@ from pathlib import Path
 from fairgate.clock import SYSTEM_CLOCK, Clock
 from fairgate.config import Config, ConfigError
 from fairgate.db.base import Database
-from fairgate.db.common import RepoError
+from fairgate.db.common import MetadataUnavailable, RepoError
 from fairgate.db.connections import ConnectionRepo
 from fairgate.db.engine import database_url, open_database
 from fairgate.db.postgres import STATEMENT_DEADLINE_S
 from fairgate.db.reconcile import start_log
-from fairgate.db.repos import load_registry, seed_from_config
+from fairgate.db.repos import compare_with_config, load_registry, seed_from_config
 from fairgate.db.sealing import prepare_secrets
 from fairgate.db.settings import SettingsRepo, access_policy
 from fairgate.db.watch import ChangeWatcher
@@ -135,6 +135,8 @@ class Gateway:
         self.reload_hooks: list[Callable[[], None]] = []
         self._watch_task: asyncio.Task[None] | None = None
         self._log_task: asyncio.Task[None] | None = None
+        #: (registry version, report) of :meth:`config_report`
+        self._config_report: tuple[int, dict[str, object]] | None = None
 
     @property
     def db_path(self) -> Path:
@@ -302,6 +304,29 @@ class Gateway:
         )
         for hook in self.reload_hooks:
             hook()
+
+    def config_report(self) -> dict[str, object]:
+        """The config file's mode and what differs between it and the database (names of
+        objects and fields, never a value), for ``/health``. Compared again once per registry
+        snapshot (any write to the metadata rebuilds it), and not while the metadata DB is
+        down: the last report stands, ``differences`` is null if there is none yet."""
+        version = self.registry.version
+        cached = self._config_report
+        if cached is not None and (cached[0] == version or not self._metadata_readable()):
+            return cached[1]
+        report: dict[str, object] = {"mode": self.config.server.config_mode, "differences": None}
+        if self._metadata_readable():
+            try:
+                result = compare_with_config(self.db, self.config, box=self.box)
+            except (MetadataUnavailable, RepoError, SecretKeyError) as exc:
+                log.warning("comparing the config file with the database failed (%s)", exc)
+            else:
+                report["differences"] = [d.as_json() for d in result.differences]
+                self._config_report = (version, report)
+        return report
+
+    def _metadata_readable(self) -> bool:
+        return self.watcher is None or self.watcher.healthy
 
     def _log_backend(self, db_settings: Mapping[str, str]) -> LogBackend:
         """Where the admission log lives: with the counters, so it is shared as widely."""
