@@ -323,7 +323,8 @@ def config_check(
     """Validate a config file without starting anything: every problem with its field path
     (``pools.0.allocations.1.weight: …``); exit 2 when there is any. A valid file is then
     compared with the metadata database a start would use (read only): the mode
-    (``server.config_mode``) and, per object, what differs and what a start does about it."""
+    (``server.config_mode``), the pools that would enforce nothing, and, per object, what
+    differs and what a start does about it."""
     from fairgate.config import ConfigError, load_config
     from fairgate.db.inspection import compare_database
 
@@ -349,6 +350,8 @@ def config_check(
         "pools": len(cfg.pools),
         "combos": len(cfg.combos),
         "mode": cfg.server.config_mode,
+        # pools that would enforce nothing (no limits known): a newcomer's silent gap
+        "warnings": compared.warnings(cfg),
         "database": compared.as_json(),
     }
     _show(summary, as_json, lambda s: render.config_check(str(file), s))

@@ -21,7 +21,8 @@ from fairgate.db.common import MetadataUnavailable, RepoError
 from fairgate.db.engine import DATABASE_URL_ENV, database_url, open_database, schema_version
 from fairgate.db.reconcile import Reconciliation
 from fairgate.db.schema import PROVENANCE_VERSION
-from fairgate.db.seeding import compare_with_config
+from fairgate.db.seeding import compare_with_config, declared_objects, pools_of
+from fairgate.quota.model import unenforced_pools
 from fairgate.secretbox import SecretKeyError, load_box
 
 __all__ = ["Comparison", "compare_database"]
@@ -38,6 +39,12 @@ class Comparison:
     where: str
     result: Reconciliation | None = None
     note: str | None = None
+
+    def warnings(self, config: Config) -> list[str]:
+        """The pools that would enforce nothing: as a start leaves the database when it was
+        compared (the pools the admin API made count too), else as the file declares them."""
+        objects = self.result.after if self.result is not None else declared_objects(config)
+        return unenforced_pools(pools_of(objects))
 
     def as_json(self) -> dict[str, object]:
         return {

@@ -294,13 +294,15 @@ _MESSAGES: Mapping[Action, str] = {
 class Reconciliation:
     """The decisions of one comparison and what applying it writes: ``writes`` (each object to
     create or replace), ``record`` (the forms to record as the file's last written) and
-    ``forget`` (records of objects the file no longer declares)."""
+    ``forget`` (records of objects the file no longer declares); ``after``: every object of
+    these kinds as the DB holds them once applied (what the gateway then runs)."""
 
     mode: Mode
     decisions: tuple[Decision, ...]
     writes: Objects = field(default_factory=Objects)
     record: Mapping[Ref, Form] = field(default_factory=dict)
     forget: tuple[Ref, ...] = ()
+    after: Objects = field(default_factory=Objects)
 
     def creates(self, kind: Kind, ident: str) -> bool:
         """Whether applying inserts the object (else it replaces the stored one)."""
@@ -427,6 +429,13 @@ def reconcile(declared: Objects, stored: Stored, mode: Mode) -> Reconciliation:
         Objects(connections, keys, plans, pools, combos),
         plan.record,
         tuple(ref for ref in stored.applied if ref not in declared_refs),
+        Objects(
+            {**current.connections, **connections},
+            {**current.keys, **keys},
+            {**current.plans, **plans},
+            {**current.pools, **pools},
+            {**current.combos, **combos},
+        ),
     )
 
 

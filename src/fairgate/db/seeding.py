@@ -8,6 +8,8 @@ outcome. An unchanged file writes nothing.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from fairgate.clock import SYSTEM_CLOCK, Clock
 from fairgate.config import (
     AllocationConfig,
@@ -24,9 +26,9 @@ from fairgate.db.common import transaction
 from fairgate.db.connections import ConnectionRepo
 from fairgate.db.keys import KeyRepo
 from fairgate.db.plans import PlanRepo
-from fairgate.db.pools import PoolRecord, PoolRepo
+from fairgate.db.pools import PoolRecord, PoolRepo, resolve_pool
 from fairgate.db.reconcile import Mode, Objects, Reconciliation, Stored, reconcile
-from fairgate.quota.model import Allocation, Dimension, ModelCap
+from fairgate.quota.model import Allocation, Dimension, ModelCap, Pool
 from fairgate.registry import AuthType, ClientKey, Connection, hash_key, protocol_for
 from fairgate.secretbox import SecretBox
 
@@ -38,6 +40,7 @@ __all__ = [
     "dimension_from_config",
     "key_from_config",
     "pool_record_from_config",
+    "pools_of",
     "read_stored",
     "seed_from_config",
 ]
@@ -119,6 +122,17 @@ def declared_objects(config: Config) -> Objects:
         pools={p.id: pool_record_from_config(p) for p in config.pools},
         combos={spec.name: spec for spec in config.combos},
     )
+
+
+def pools_of(objects: Objects) -> list[Pool]:
+    """The engine's view of ``objects``' pools (dimensions resolved as the registry resolves
+    them; a record not written yet takes its provider from its first connection)."""
+    out: list[Pool] = []
+    for rec in objects.pools.values():
+        first = objects.connections.get(rec.connections[0]) if rec.connections else None
+        provider = first.provider if first is not None else rec.provider
+        out.append(resolve_pool(replace(rec, provider=provider), objects.plans))
+    return out
 
 
 def read_stored(conn: Database, *, box: SecretBox) -> Stored:

@@ -29,7 +29,7 @@ from fairgate.db.settings import SettingsRepo, access_policy
 from fairgate.db.watch import ChangeWatcher
 from fairgate.files import private_dir
 from fairgate.quota.engine import QuotaEngine
-from fairgate.quota.model import Pool
+from fairgate.quota.model import Pool, unenforced_pools
 from fairgate.quota.retention import RetentionGc
 from fairgate.quota.settings import QuotaSettings
 from fairgate.registry import Registry
@@ -39,6 +39,7 @@ from fairgate.resilience.settings import ResilienceSettings
 from fairgate.routing.fallbacks import FallbackCounts
 from fairgate.routing.metrics import TargetMetrics
 from fairgate.secretbox import ENV_VAR, KEY_FILE, SecretBox, SecretKeyError, load_box
+from fairgate.server.http_settings import ADMIN_KEY_MIN_LENGTH
 from fairgate.server.oauth_service import OAuthAccounts
 from fairgate.store.admission_log import (
     LogBackend,
@@ -222,9 +223,24 @@ class Gateway:
         self.watcher = ChangeWatcher(self.db, self._metadata_changed, url=db_url, poll_s=poll_s)
         self.watcher.start_version()
         self.reload()
+        self._warn_about_silent_gaps()
         self._watch_task = asyncio.get_running_loop().create_task(
             self.watcher.run(), name="fairgate-metadata-watch"
         )
+
+    def _warn_about_silent_gaps(self) -> None:
+        """What a newcomer would otherwise not notice: a pool that enforces nothing (no limits
+        known), and an admin API that refuses everything because no admin key is set."""
+        for warning in unenforced_pools(self.registry.pools.values()):
+            log.warning(warning)
+        if not self.admin_key:
+            log.warning(
+                "the admin API is off: FAIRGATE_ADMIN_KEY is not set, so /api, the dashboard "
+                "and the admin commands (fairgate keys, pools, ...) refuse every call; to turn "
+                f"it on, set FAIRGATE_ADMIN_KEY to a secret of at least {ADMIN_KEY_MIN_LENGTH} "
+                "characters (python3 -c 'import secrets; print(secrets.token_urlsafe(32))') and "
+                "restart"
+            )
 
     async def stop(self) -> None:
         """Close the quota store and the DB; safe to call twice."""
