@@ -195,22 +195,45 @@ class Objects:
     pools: Mapping[str, PoolRecord] = field(default_factory=dict)
     combos: Mapping[str, ComboSpec] = field(default_factory=dict)
 
-    def forms(self) -> dict[Ref, Form]:
-        out: dict[Ref, Form] = {}
-        out.update((("connection", i), connection_form(c)) for i, c in self.connections.items())
-        out.update((("key", i), key_form(k)) for i, k in self.keys.items())
-        out.update((("plan", i), plan_form(d)) for i, d in self.plans.items())
-        for i, r in self.pools.items():
-            out["pool", i] = pool_form(r)
-            out["allocations", i] = allocations_form(r.allocations)
-        out.update((("combo", i), combo_form(s)) for i, s in self.combos.items())
+    def refs(self) -> list[Ref]:
+        out: list[Ref] = [("connection", i) for i in self.connections]
+        out.extend(("key", i) for i in self.keys)
+        out.extend(("plan", i) for i in self.plans)
+        for i in self.pools:
+            out.extend((("pool", i), ("allocations", i)))
+        out.extend(("combo", i) for i in self.combos)
         return out
+
+    def form(self, ref: Ref) -> Form | None:
+        """The form of one object (None: not here). Built on demand: a DB may hold many
+        more objects (keys, above all) than the file declares, and only those are compared."""
+        kind, i = ref
+        if kind == "connection":
+            c = self.connections.get(i)
+            return None if c is None else connection_form(c)
+        if kind == "key":
+            k = self.keys.get(i)
+            return None if k is None else key_form(k)
+        if kind == "plan":
+            d = self.plans.get(i)
+            return None if d is None else plan_form(d)
+        if kind == "combo":
+            spec = self.combos.get(i)
+            return None if spec is None else combo_form(spec)
+        r = self.pools.get(i)
+        if r is None:
+            return None
+        return pool_form(r) if kind == "pool" else allocations_form(r.allocations)
+
+    def forms(self) -> dict[Ref, Form]:
+        return {ref: form for ref in self.refs() if (form := self.form(ref)) is not None}
 
 
 @dataclass(frozen=True, slots=True)
 class Stored:
     """What the DB holds: the objects, the form the file last wrote of each (``applied``), and
-    the key hashes rotated away or revoked (``retired``)."""
+    the key hashes rotated away or revoked (``retired``). Of the keys and the retired hashes,
+    those the file names are enough (the DB may hold very many; the other kinds are few)."""
 
     objects: Objects
     applied: Mapping[Ref, Form] = field(default_factory=dict)
@@ -294,8 +317,8 @@ _MESSAGES: Mapping[Action, str] = {
 class Reconciliation:
     """The decisions of one comparison and what applying it writes: ``writes`` (each object to
     create or replace), ``record`` (the forms to record as the file's last written) and
-    ``forget`` (records of objects the file no longer declares); ``after``: every object of
-    these kinds as the DB holds them once applied (what the gateway then runs)."""
+    ``forget`` (records of objects the file no longer declares); ``after``: the objects as the
+    DB holds them once applied (what the gateway then runs; of the keys, those compared)."""
 
     mode: Mode
     decisions: tuple[Decision, ...]
@@ -303,13 +326,12 @@ class Reconciliation:
     record: Mapping[Ref, Form] = field(default_factory=dict)
     forget: tuple[Ref, ...] = ()
     after: Objects = field(default_factory=Objects)
+    #: the objects of ``writes`` that applying inserts (the others replace stored ones)
+    new: frozenset[Ref] = frozenset()
 
     def creates(self, kind: Kind, ident: str) -> bool:
         """Whether applying inserts the object (else it replaces the stored one)."""
-        return any(
-            d.kind == kind and d.id == ident and d.action in ("create", "recreate")
-            for d in self.decisions
-        )
+        return (kind, ident) in self.new
 
     @property
     def differences(self) -> tuple[Decision, ...]:
@@ -360,18 +382,18 @@ class _Plan:
     def __init__(self, stored: Stored, mode: Mode) -> None:
         self.stored = stored
         self.mode = mode
-        self.have = stored.objects.forms()
         self.decisions: list[Decision] = []
         self.record: dict[Ref, Form] = {}
 
     def action(self, ref: Ref, want: Form) -> Action:
-        return _action(self.have.get(ref), want, self.stored.applied.get(ref), self.mode)
+        have = self.stored.objects.form(ref)
+        return _action(have, want, self.stored.applied.get(ref), self.mode)
 
     def decide(
         self, ref: Ref, want: Form, *, action: Action | None = None, retired_secret: bool = False
     ) -> Decision:
-        have, applied = self.have.get(ref), self.stored.applied.get(ref)
-        action = action or self.action(ref, want)
+        have, applied = self.stored.objects.form(ref), self.stored.applied.get(ref)
+        action = action or _action(have, want, applied, self.mode)
         fields = () if have is None else want.differing(have)
         if retired_secret and "secret" not in fields:
             fields = (*fields, "secret")  # the file's differs; the key keeps its own
@@ -423,6 +445,7 @@ def reconcile(declared: Objects, stored: Stored, mode: Mode) -> Reconciliation:
         i: s for i, s in declared.combos.items() if plan.decide(("combo", i), combo_form(s)).writes
     }
     declared_refs = {d.ref for d in plan.decisions}
+    inserted = frozenset(d.ref for d in plan.decisions if d.action in ("create", "recreate"))
     return Reconciliation(
         mode,
         tuple(plan.decisions),
@@ -436,6 +459,7 @@ def reconcile(declared: Objects, stored: Stored, mode: Mode) -> Reconciliation:
             {**current.pools, **pools},
             {**current.combos, **combos},
         ),
+        inserted,
     )
 
 

@@ -135,21 +135,28 @@ def pools_of(objects: Objects) -> list[Pool]:
     return out
 
 
-def read_stored(conn: Database, *, box: SecretBox) -> Stored:
+def read_stored(conn: Database, declared: Objects, *, box: SecretBox) -> Stored:
     """What the DB holds of the kinds the file seeds, with the records of what the file wrote
-    and the retired key hashes (none in a DB of an earlier version not migrated yet)."""
-    keys = KeyRepo(conn)
+    and the retired key hashes (none in a DB of an earlier version not migrated yet). Of the
+    keys, only those the file declares are read: the DB may hold very many more."""
+    repo = KeyRepo(conn)
     provenance = has_provenance(conn)
+    keys = {i: k for i in declared.keys if (k := repo.find(i)) is not None}
+    retired = (
+        frozenset(k.key_hash for k in declared.keys.values() if repo.is_retired(k.key_hash))
+        if provenance
+        else frozenset()
+    )
     return Stored(
         Objects(
             connections={c.id: c for c in ConnectionRepo(conn, box=box).all()},
-            keys={k.id: k for k in keys.all()},
+            keys=keys,
             plans=PlanRepo(conn).all(),
             pools={r.id: r for r in PoolRepo(conn).records()},
             combos={r.name: r.spec for r in ComboRepo(conn).all()},
         ),
         applied=AppliedRepo(conn, box=box).all() if provenance else {},
-        retired=keys.retired_hashes() if provenance else frozenset(),
+        retired=retired,
     )
 
 
@@ -159,7 +166,8 @@ def compare_with_config(
     """What a start with ``config`` would do, and what differs, without writing anything
     (``fairgate config check``, ``/health``). ``mode``: the file's ``server.config_mode``."""
     mode = mode or config.server.config_mode
-    return reconcile(declared_objects(config), read_stored(conn, box=box), mode)
+    declared = declared_objects(config)
+    return reconcile(declared, read_stored(conn, declared, box=box), mode)
 
 
 def seed_from_config(
