@@ -242,6 +242,13 @@ def health_view(h: JSON) -> Table:
     )
     t.add_row("fail-open admissions", str(h.get("failOpen", 0)))
     t.add_row("requests in flight", str(h.get("inflight", 0)))
+    config = h.get("configFile")
+    if config:
+        diffs = config.get("differences")
+        compared = "not compared" if diffs is None else f"{len(diffs)} difference(s)"
+        t.add_row("config file", f"{config.get('mode')} mode, {compared} from the database")
+    for warning in h.get("warnings", ()):
+        t.add_row("warning", escape(str(warning)))
     return t
 
 
