@@ -8,7 +8,7 @@ so the operator can fix the file in one pass; the CLI prints :class:`ConfigError
 from an injected environment, so secrets stay out of the file; ``$${`` is a literal ``${``.
 
 The config file is the lowest-precedence source of metadata: it is seeded into the metadata DB at
-start (``db.repos.seed_from_config``), and the admin API edits the DB from then on.
+start (``db.seeding.seed_from_config``), and the admin API edits the DB from then on.
 """
 
 from __future__ import annotations
@@ -148,6 +148,10 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+#: How a start treats the objects the file declares (``fairgate.db.reconcile``).
+ConfigMode = Literal["seed", "authoritative"]
+
+
 class ServerConfig(_Strict):
     port: int = Field(default=20128, ge=1, le=65535)
     host: str = Field(default="127.0.0.1", min_length=1)
@@ -158,6 +162,16 @@ class ServerConfig(_Strict):
     #: who may use what (docs/security.md): None = not set here (the DB setting, else on for a
     #: new data dir, off with a warning for one that predates the setting)
     require_allocation: bool | None = None
+    config_mode: ConfigMode = Field(
+        default="seed",
+        description="How a start treats the objects this file declares. seed: it creates "
+        "what the database lacks, and applies the file's edits to what the file wrote itself "
+        "while nothing else changed it; what was created, changed, rotated or revoked through "
+        "the admin API, the CLI or the dashboard keeps its state (fairgate config check and "
+        "/health list the differences). authoritative: every object the file declares is set "
+        "to what it says at every start, each overwrite logged; a revoked key or a "
+        "rotated-away secret still never comes back",
+    )
 
 
 class OAuthConfig(_Strict):

@@ -97,7 +97,11 @@ def _keys_from_env(value: str) -> list[bytes]:
 
 
 def load_box(
-    data_dir: str | os.PathLike[str], env: Mapping[str, str], *, shared_db: bool = False
+    data_dir: str | os.PathLike[str],
+    env: Mapping[str, str],
+    *,
+    shared_db: bool = False,
+    create: bool = True,
 ) -> tuple[SecretBox, bool]:
     """The box for this gateway, and whether a key file was just generated (log it once).
 
@@ -107,7 +111,10 @@ def load_box(
 
     ``shared_db``: the metadata DB is shared by replicas that each have their own data dir
     (PostgreSQL). A key file per data dir would give each replica its own key, so the second
-    replica could not open what the first sealed: the variable is then required."""
+    replica could not open what the first sealed: the variable is then required.
+
+    ``create=False``: a reader that must change nothing (``fairgate config check``) gets
+    :class:`SecretKeyError` instead of a new key file."""
     from_env = env.get(ENV_VAR, "")
     if from_env.strip():
         return SecretBox(_keys_from_env(from_env)), False
@@ -117,6 +124,13 @@ def load_box(
             "must seal and open the stored secrets with the same key. Generate one with "
             "`fairgate secret-key` and give it to every replica"
         )
+    if not create:
+        path = Path(data_dir) / KEY_FILE
+        if not path.exists():
+            raise SecretKeyError(
+                f"no key for the stored secrets: {ENV_VAR} is unset and {path} does not exist"
+            )
+        return SecretBox(_keys_from_env(path.read_text())), False
     path = Path(private_dir(data_dir)) / KEY_FILE
     created = False
     if not path.exists():

@@ -8,7 +8,13 @@ from fairgate.db.schema import REGISTRY_TABLES
 from fairgate.secretbox import SecretBox
 
 #: Every table a repository writes, so "nothing changed" covers all of them.
-TABLES = (*REGISTRY_TABLES, "resilience_state", "meta_version")
+TABLES = (
+    *REGISTRY_TABLES,
+    "resilience_state",
+    "meta_version",
+    "config_applied",
+    "retired_key_hashes",
+)
 
 
 def dump(db: Database) -> list[str]:

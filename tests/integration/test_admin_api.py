@@ -961,7 +961,18 @@ async def test_restart_with_a_conflicting_config_is_a_config_error(
     assert r.status_code == 200
     r = await api.request("POST", "/quota/pools", json={"id": "other", "connections": ["mock-1"]})
     assert r.status_code == 201
-    again = Gateway(data_dir=tmp_path, config=make_config(), env=ENV, admin_key=ADMIN)
+    # seed mode (the default): the API moved the members, so the pools keep the API's
+    kept = Gateway(data_dir=tmp_path, config=make_config(), env=ENV, admin_key=ADMIN)
+    await kept.start()
+    try:
+        assert kept.registry.pools["demo"].connections == ("mock-2",)
+        assert kept.registry.pools["other"].connections == ("mock-1",)
+    finally:
+        await kept.stop()
+    # an authoritative file wants mock-1 back in demo, where the DB has it in another pool
+    authoritative = make_config()
+    authoritative.server.config_mode = "authoritative"
+    again = Gateway(data_dir=tmp_path, config=authoritative, env=ENV, admin_key=ADMIN)
     with pytest.raises(ConfigError, match="conflicts with the database"):
         await again.start()
     await again.stop()  # never started: a no-op

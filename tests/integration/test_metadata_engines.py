@@ -1,5 +1,6 @@
 """What differs between the metadata engines and must not show: migrations applied once when
-replicas start together, the change counter every replica polls, and the SQL translation."""
+replicas start together (and on a DB of an earlier version), the change counter every replica
+polls, and the SQL translation."""
 
 from __future__ import annotations
 
@@ -14,11 +15,13 @@ from fairgate.db.base import Database
 from fairgate.db.common import MetadataUnavailable
 from fairgate.db.connections import ConnectionRepo
 from fairgate.db.engine import DATABASE_URL_ENV, database_url, open_database
+from fairgate.db.keys import KeyRepo
+from fairgate.db.pools import PoolRepo
 from fairgate.db.postgres import translate_ddl, translate_sql
 from fairgate.db.repos import seed_from_config
-from fairgate.db.schema import MIGRATIONS
+from fairgate.db.schema import MIGRATIONS, PROVENANCE_VERSION
 from fairgate.db.settings import SettingsRepo
-from fairgate.registry import Connection
+from fairgate.registry import Connection, hash_key
 
 
 def version(db: Database) -> int:
@@ -149,8 +152,73 @@ def test_seeding_twice_from_two_replicas_creates_once_and_bumps_nothing(
         first = seed_from_config(a, cfg, box=BOX)
         seeded = version(a)
         second = seed_from_config(b, cfg, box=BOX)
-        assert (first.created, second.created, second.changed) == (3, 0, 0)
+        assert (first.created, second.created, second.changed) == (4, 0, 0)
         assert version(b) == seeded  # nothing written, so no replica reloads for nothing
     finally:
         a.close()
         b.close()
+
+
+def test_a_database_of_the_previous_version_keeps_what_the_api_changed(
+    metadata_url: str | None, tmp_path: Path
+) -> None:
+    """Upgrading: a DB of the version before records (schema 7), seeded by it, then changed
+    through its admin API (a rotated key, an allocation). The new version's first start
+    migrates it, keeps both changes, writes no object, and adopts what equals the file, whose
+    later edits then apply."""
+    cfg = {
+        "connections": [
+            {"id": "m1", "provider": "mock", "base_url": "http://u/v1", "models": ["*"]}
+        ],
+        "keys": [
+            {"id": "alice", "secret": "fg-alice-secret-value"},
+            {"id": "bob", "secret": "fg-bob-secret-value"},
+        ],
+        "pools": [
+            {
+                "id": "p",
+                "connections": ["m1"],
+                "allocations": [{"key": "alice", "weight": 50}, {"key": "bob", "weight": 50}],
+            }
+        ],
+    }
+    path = tmp_path / "fairgate.sqlite"
+    db = open_database(metadata_url, path)
+    try:
+        seed_from_config(db, parse_config(cfg, {}), box=BOX)
+        # as the previous version left it: no records, and changes through its admin API
+        for stmt in (
+            "DROP TABLE config_applied",
+            "DROP TABLE retired_key_hashes",
+            f"DELETE FROM schema_version WHERE version >= {PROVENANCE_VERSION}",
+            "UPDATE allocations SET weight = 90 WHERE key_id = 'alice'",
+        ):
+            db.execute(stmt)
+        db.execute(
+            "UPDATE client_keys SET key_hash = ? WHERE id = 'alice'",
+            (hash_key("fg-alice-rotated-value"),),
+        )
+    finally:
+        db.close()
+    db = open_database(metadata_url, path)  # the new version: migrated at open
+    try:
+        before = version(db)
+        result = seed_from_config(db, parse_config(cfg, {}), box=BOX)
+        assert result.changes == []
+        assert version(db) == before  # no object written: no replica reloads
+        kept = {d.label: d.action for d in result.differences}
+        assert kept == {"key alice": "kept", "allocations of pool p": "kept"}
+        assert KeyRepo(db).get("alice").key_hash == hash_key("fg-alice-rotated-value")
+        assert {a.key_id: a.weight for a in PoolRepo(db).record("p").allocations} == {
+            "alice": 90,
+            "bob": 50,
+        }
+        edited = {
+            **cfg,
+            "keys": [cfg["keys"][0], {**cfg["keys"][1], "name": "Robert"}],  # type: ignore[index]
+            "pools": [{**cfg["pools"][0], "name": "Renamed"}],  # type: ignore[index]
+        }
+        again = seed_from_config(db, parse_config(edited, {}), box=BOX)
+        assert sorted(again.changes) == ["updated key bob", "updated pool p"]
+    finally:
+        db.close()

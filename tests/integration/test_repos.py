@@ -148,6 +148,30 @@ def test_key_conflicts_and_not_found(db: Database) -> None:
     repo.update(replace(repo.get("bob"), enabled=False, name="Robert"))
     assert repo.get("bob").name == "Robert"
     assert repo.by_hash(hash_key("fg-bob")) == repo.get("bob")
+    assert repo.retired_hashes() == frozenset()  # no secret changed: nothing retired
+
+
+def test_a_rotated_or_revoked_secret_is_never_a_keys_again(db: Database) -> None:
+    """Rotation and revocation retire the old hash for good: no write may bring it back, to
+    the same key or another (issue 49: a restart gave a rotated key its leaked secret back)."""
+    repo = KeyRepo(db)
+    repo.insert(key_("alice"))
+    repo.insert(key_("bob"))
+    old = repo.get("alice").key_hash
+    rotated, secret = repo.rotate("alice")
+    assert rotated.key_hash == hash_key(secret) != old
+    repo.delete("bob")
+    assert repo.retired_hashes() == {old, hash_key("fg-bob")}
+    before = dump(db)
+    with pytest.raises(Conflict, match="rotated away or revoked"):
+        repo.update(replace(rotated, key_hash=old))
+    with pytest.raises(Conflict, match="rotated away or revoked"):
+        repo.insert(key_("bob"))
+    with pytest.raises(Conflict, match="rotated away or revoked"):
+        repo.insert(replace(key_("carol"), key_hash=old))
+    assert dump(db) == before
+    assert "fg-bob" not in "\n".join(before)  # hashes only, never a secret
+    repo.update(replace(rotated, name="Alice B."))  # same secret: still fine
 
 
 # -- plans ------------------------------------------------------------------------------------
@@ -351,11 +375,24 @@ def _config() -> Config:
 
 def test_seed_is_idempotent(db: Database) -> None:
     first = seed_from_config(db, _config(), box=BOX)
-    assert first.created == 4 + 2 + 2
-    assert first.updated == 1  # the plan
+    assert sorted(first.changes) == sorted(
+        [
+            *(f"created connection {c}" for c in ("m1", "m2", "k1", "a1")),
+            "created key alice",
+            "created key bob",
+            "created plan of connection m1",
+            *(
+                f"created {what}"
+                for p in ("demo", "kp")
+                for what in (f"pool {p}", f"allocations of pool {p}")
+            ),
+        ]
+    )
+    assert (first.created, first.updated) == (11, 0)
     snapshot = dump(db)
     second = seed_from_config(db, _config(), box=BOX)
     assert second.changed == 0
+    assert second.differences == ()
     assert dump(db) == snapshot
 
 
@@ -366,9 +403,31 @@ def test_seed_stores_only_the_key_hash(db: Database) -> None:
     alice = KeyRepo(db).get("alice")
     assert alice.key_hash == hash_key("fg-alice-secret-value")
     assert "fg-alic" not in text
+    assert "up-secret" not in text  # the connection's secret, recorded sealed as the file wrote it
 
 
-def test_seed_applies_edits_and_keeps_api_additions(db: Database) -> None:
+def _edited(**pool: Any) -> Config:
+    demo = {**SEED["pools"][0], **pool}  # type: ignore[dict-item]
+    return parse_config({**SEED, "pools": [demo, SEED["pools"][1]]}, {})  # type: ignore[dict-item]
+
+
+def test_seed_applies_the_files_edits_to_what_nobody_else_changed(db: Database) -> None:
+    seed_from_config(db, _config(), box=BOX)
+    edited = _edited(
+        name="Renamed", allocations=[{"key": "alice", "weight": 70}, {"key": "bob", "weight": 30}]
+    )
+    report = seed_from_config(db, edited, box=BOX)
+    assert report.changes == ["updated pool demo", "updated allocations of pool demo"]
+    rec = PoolRepo(db).record("demo")
+    assert rec.name == "Renamed"
+    assert {a.key_id: a.weight for a in rec.allocations} == {"alice": 70, "bob": 30}
+    assert seed_from_config(db, edited, box=BOX).changed == 0
+
+
+def test_seed_keeps_what_the_admin_api_changed_and_says_what_differs(db: Database) -> None:
+    """Seed mode: the API's members and allocations stay, and so does the rest of the pool
+    (one object); the file's edit of it is reported, not applied. The allocations and the
+    keys the API did not touch still follow the file."""
     seed_from_config(db, _config(), box=BOX)
     KeyRepo(db).insert(key_("carol"))
     ConnectionRepo(db, box=BOX).create(conn_("m3"))
@@ -381,15 +440,18 @@ def test_seed_applies_edits_and_keeps_api_additions(db: Database) -> None:
             allocations=(*rec.allocations, Allocation("carol", 5)),
         )
     )
-    edited = parse_config(
-        {**SEED, "pools": [{**SEED["pools"][0], "name": "Renamed"}, SEED["pools"][1]]},  # type: ignore[dict-item]
-        {},
-    )
-    report = seed_from_config(db, edited, box=BOX)
-    assert report.changes == ["updated pool demo"]
+    before = dump(db)
+    report = seed_from_config(db, _edited(name="Renamed"), box=BOX)
+    assert report.changes == []
+    assert dump(db) == before
+    by_label = {d.label: d for d in report.differences}
+    assert set(by_label) == {"pool demo", "allocations of pool demo"}
+    pool, allocations = by_label["pool demo"], by_label["allocations of pool demo"]
+    assert (pool.action, pool.fields, pool.file_changed) == ("kept", ("connections", "name"), True)
+    assert (allocations.action, allocations.fields) == ("kept", ("carol",))
+    assert not allocations.file_changed  # the file did not change the allocations
     rec = repo.record("demo")
-    assert rec.name == "Renamed"
-    assert rec.connections == ("m1", "m2", "m3")
+    assert (rec.name, rec.connections) == ("Demo", ("m1", "m2", "m3"))
     assert [a.key_id for a in rec.allocations] == ["alice", "bob", "carol"]
 
 
@@ -400,9 +462,11 @@ def test_seed_conflict_leaves_db_unchanged(db: Database) -> None:
     repo.update(replace(rec, connections=("m1",)))
     repo.create(PoolRecord("other", "O", ("m2",)))
     before = dump(db)
+    # seed mode: the API moved m2 out of demo, so demo keeps the API's members; no conflict
+    assert seed_from_config(db, _config(), box=BOX).changes == []
     with pytest.raises(Conflict):
-        # the config wants m2 in demo; the DB has it elsewhere
-        seed_from_config(db, _config(), box=BOX)
+        # authoritative: the file wants m2 back in demo; the DB has it in another pool
+        seed_from_config(db, _config(), box=BOX, mode="authoritative")
     assert dump(db) == before
 
 

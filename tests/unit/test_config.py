@@ -257,6 +257,7 @@ CASES: list[tuple[str, Callable[[dict[str, Any]], None], str]] = [
         _set("server", {"require_allocation": "maybe"}),
         "server.require_allocation",
     ),
+    ("bad config mode", _set("server", {"config_mode": "gitops"}), "server.config_mode"),
     ("bad auth type", _set("connections.0.auth_type", "basic"), "connections.0.auth_type"),
     ("bad protocol", _set("connections.0.protocol", "grpc"), "connections.0.protocol"),
     ("connection weight", _set("connections.0.weight", 500), "connections.0.weight"),

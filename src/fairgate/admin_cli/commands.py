@@ -1,9 +1,10 @@
 """``fairgate keys|pools|connections|combos|config|health``: day-to-day admin from a terminal.
 
-Every command but ``config check`` talks to a running gateway's admin API: the URL comes from
-``--url`` or ``FAIRGATE_URL``, the admin key from ``FAIRGATE_ADMIN_KEY``, a file
-(``--admin-key @PATH`` or ``FAIRGATE_ADMIN_KEY_FILE``), or ``--admin-key KEY``, which works but
-warns: a command line is visible to every user of the machine (``ps``).
+Every command but ``config check`` (which reads the config file and the metadata DB itself)
+talks to a running gateway's admin API: the URL comes from ``--url`` or ``FAIRGATE_URL``, the
+admin key from ``FAIRGATE_ADMIN_KEY``, a file (``--admin-key @PATH`` or
+``FAIRGATE_ADMIN_KEY_FILE``), or ``--admin-key KEY``, which works but warns: a command line is
+visible to every user of the machine (``ps``).
 Tables are for people; ``--json`` prints the API's answer as is, for scripts. Any failure prints
 one clear message on stderr and exits 2 (``health`` exits 1 for a gateway that answers but is
 degraded, so a probe can tell "down" from "limping").
@@ -338,14 +339,26 @@ config_app = typer.Typer(no_args_is_help=True, help="The YAML config file.")
 @config_app.command("check")
 def config_check(
     file: Annotated[Path, typer.Argument(help="The YAML config file.")],
+    data_dir: Annotated[
+        Path | None,
+        typer.Option(
+            help="The data directory whose database to compare with (FAIRGATE_DATA_DIR; "
+            "FAIRGATE_DATABASE_URL names a PostgreSQL one)."
+        ),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
 ) -> None:
     """Validate a config file without starting anything: every problem with its field path
-    (``pools.0.allocations.1.weight: …``); exit 2 when there is any."""
+    (``pools.0.allocations.1.weight: …``); exit 2 when there is any. A valid file is then
+    compared with the metadata database a start would use (read only): the mode
+    (``server.config_mode``), the pools that would enforce nothing or whose weights do not sum
+    near 100, and, per object, what differs and what a start does about it."""
     from fairgate.config import ConfigError, load_config, weight_warnings
+    from fairgate.db.inspection import compare_database
 
+    env = dict(os.environ)
     try:
-        cfg = load_config(file, os.environ)
+        cfg = load_config(file, env)
     except ConfigError as exc:
         if as_json:
             problems = [{"field": p, "message": m} for p, m in exc.problems]
@@ -355,6 +368,8 @@ def config_check(
             for path, message in exc.problems:
                 err.print(f"  {path or '(file)'}: {message}", highlight=False, soft_wrap=True)
         raise typer.Exit(2) from None
+    ddir = data_dir or Path(env.get("FAIRGATE_DATA_DIR") or "data")
+    compared = compare_database(cfg, env, ddir)
     summary = {
         "ok": True,
         "file": str(file),
@@ -362,17 +377,13 @@ def config_check(
         "keys": len(cfg.keys),
         "pools": len(cfg.pools),
         "combos": len(cfg.combos),
-        "warnings": [{"field": p, "message": m} for p, m in weight_warnings(cfg)],
+        "mode": cfg.server.config_mode,
+        # a newcomer's silent gaps: pools that would enforce nothing (no limits known), and
+        # weights read as relative parts (they are percentages of the limit)
+        "warnings": compared.warnings(cfg) + [f"{p}: {m}" for p, m in weight_warnings(cfg)],
+        "database": compared.as_json(),
     }
-    _show(
-        summary,
-        as_json,
-        lambda s: (
-            f"[green]{file} is valid[/]: {s['connections']} connection(s), {s['keys']} key(s), "
-            f"{s['pools']} pool(s), {s['combos']} combo(s)"
-            + "".join(f"\n[yellow]warning[/] {w['field']}: {w['message']}" for w in s["warnings"])
-        ),
-    )
+    _show(summary, as_json, lambda s: render.config_check(str(file), s))
 
 
 # -- health -----------------------------------------------------------------------------------

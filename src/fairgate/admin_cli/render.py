@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from rich.console import Group, RenderableType
+from rich.markup import escape
 from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
@@ -18,6 +19,7 @@ from rich.text import Text
 __all__ = [
     "combo_detail",
     "combos_table",
+    "config_check",
     "connection_test",
     "connections_table",
     "health_view",
@@ -240,4 +242,43 @@ def health_view(h: JSON) -> Table:
     )
     t.add_row("fail-open admissions", str(h.get("failOpen", 0)))
     t.add_row("requests in flight", str(h.get("inflight", 0)))
+    config = h.get("configFile")
+    if config:
+        diffs = config.get("differences")
+        compared = "not compared" if diffs is None else f"{len(diffs)} difference(s)"
+        t.add_row("config file", f"{config.get('mode')} mode, {compared} from the database")
+    for warning in h.get("warnings", ()):
+        t.add_row("warning", escape(str(warning)))
     return t
+
+
+#: What each ``server.config_mode`` means, in a line.
+CONFIG_MODES: Mapping[str, str] = {
+    "seed": "the file creates what the database lacks; what the admin API, the CLI or the "
+    "dashboard changed is kept",
+    "authoritative": "every start sets what the file declares to the file's, overwriting "
+    "what the admin API changed; a revoked key or a rotated-away secret never comes back",
+}
+
+
+def config_check(file: str, s: JSON) -> str:
+    """The result of ``fairgate config check`` for a valid file: the summary, the mode, and
+    the comparison with the database (names of objects and fields only)."""
+    mode = str(s.get("mode", "seed"))
+    lines = [
+        f"[green]{escape(file)} is valid[/]: {s['connections']} connection(s), {s['keys']} "
+        f"key(s), {s['pools']} pool(s), {s['combos']} combo(s)",
+        f"mode: {mode} (server.config_mode): {CONFIG_MODES.get(mode, '')}",
+    ]
+    lines.extend(f"[yellow]warning:[/] {escape(str(w))}" for w in s.get("warnings", ()))
+    db = s.get("database") or {}
+    where = escape(str(db.get("where", "")))
+    diffs = db.get("differences")
+    if not db.get("compared"):
+        lines.append(f"database {where}: {escape(str(db.get('note') or ''))}")
+    elif not diffs:
+        lines.append(f"database {where}: holds what the file declares")
+    else:
+        lines.append(f"database {where}: {len(diffs)} difference(s)")
+        lines.extend(f"  {escape(str(d['message']))}" for d in diffs)
+    return "\n".join(lines)

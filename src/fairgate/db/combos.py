@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import orjson
 from pydantic import ValidationError
@@ -31,7 +32,7 @@ from fairgate.db.base import Database, Row
 from fairgate.db.common import Conflict, Invalid, NotFound, dumps, transaction
 from fairgate.routing.combo import Combo
 
-__all__ = ["ComboRecord", "ComboRepo"]
+__all__ = ["ComboRecord", "ComboRepo", "combo_fields"]
 
 log = logging.getLogger("fairgate.db")
 
@@ -53,10 +54,17 @@ class ComboRecord:
         return self.spec.to_combo(*layers)
 
 
-def _columns(spec: ComboSpec) -> tuple[str, str, str]:
-    """(strategy, targets JSON, config JSON): what is stored, and what "unchanged" compares."""
+def combo_fields(spec: ComboSpec) -> dict[str, Any]:
+    """What a combo is, as JSON values: its strategy, targets and own config layer (what is
+    stored, and what "unchanged" compares; the name is the combo's id)."""
     targets = [t.model_dump(mode="json", exclude_none=True) for t in spec.targets]
-    return spec.strategy, dumps(targets), dumps(spec.config.layer())
+    return {"strategy": spec.strategy, "targets": targets, "config": spec.config.layer()}
+
+
+def _columns(spec: ComboSpec) -> tuple[str, str, str]:
+    """(strategy, targets JSON, config JSON): the stored columns of :func:`combo_fields`."""
+    fields = combo_fields(spec)
+    return fields["strategy"], dumps(fields["targets"]), dumps(fields["config"])
 
 
 class ComboRepo:

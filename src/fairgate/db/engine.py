@@ -52,3 +52,17 @@ def open_database(
     if url is not None:
         return PgDatabase.connect(url, migrate=migrate, statement_deadline_s=statement_deadline_s)
     return open_db(Path(sqlite_path), migrate_it=migrate)
+
+
+def schema_version(db: Database) -> int:
+    """The last migration applied to ``db`` (0: none, not even the version table), read
+    without migrating: what a reader that must change nothing needs to know."""
+    probe = (
+        "SELECT 1 WHERE to_regclass('schema_version') IS NOT NULL"
+        if isinstance(db, PgDatabase)
+        else "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'schema_version'"
+    )
+    if db.execute(probe).fetchone() is None:
+        return 0
+    row = db.execute("SELECT MAX(version) FROM schema_version").fetchone()
+    return int(row[0] or 0)

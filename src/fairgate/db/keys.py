@@ -3,6 +3,11 @@
 Only ``hash_key(secret)`` is stored, no character of the secret (a key is shown by its id): a
 leaked database must not hand out working keys or narrow a guess. A generated secret is returned
 once by :meth:`KeyRepo.create` and is unrecoverable afterwards.
+
+A secret rotated away or revoked is retired for good: its hash goes to ``retired_key_hashes``
+and no key may have it again (:class:`Conflict`). Why here, in the one place every key write
+passes: a key rotated because it leaked must never answer again, whatever writes it next (a
+restart with the old secret still in the config file, an import, a typo'd hash).
 """
 
 from __future__ import annotations
@@ -10,6 +15,7 @@ from __future__ import annotations
 import secrets
 from collections.abc import Sequence
 from dataclasses import replace
+from typing import Literal
 
 from fairgate.clock import SYSTEM_CLOCK, Clock
 from fairgate.db.base import Database, Row
@@ -18,6 +24,8 @@ from fairgate.registry import ClientKey, hash_key
 
 SECRET_PREFIX = "fg-"
 _COLUMNS = "id, name, key_hash, enabled, allowed_models, allowed_connections, allowed_providers"
+#: Why a hash was retired: the key got a new secret, or the key was deleted.
+RetiredReason = Literal["rotated", "revoked"]
 
 
 def new_secret() -> str:
@@ -115,9 +123,12 @@ class KeyRepo:
         return key
 
     def update(self, key: ClientKey) -> ClientKey:
+        """Replace every field; a new hash retires the old one (a rotation)."""
         with transaction(self._conn):
-            self.get(key.id)
+            old = self.get(key.id)
             self._check_hash_free(key)
+            if old.key_hash != key.key_hash:
+                self._retire(old, "rotated")
             self._conn.execute(
                 "UPDATE client_keys SET name = ?, key_hash = ?, enabled = ?, allowed_models = ?, "
                 "allowed_connections = ?, allowed_providers = ? WHERE id = ?",
@@ -150,14 +161,37 @@ class KeyRepo:
     def delete(self, key_id: str) -> None:
         """Its allocations go with it (ON DELETE CASCADE): a deleted key holds no share."""
         with transaction(self._conn):
-            self.get(key_id)
+            self._retire(self.get(key_id), "revoked")
             self._conn.execute("DELETE FROM client_keys WHERE id = ?", (key_id,))
+
+    def retired_hashes(self) -> frozenset[str]:
+        """Every hash rotated away or revoked (never a key's again)."""
+        rows = self._conn.execute("SELECT key_hash FROM retired_key_hashes")
+        return frozenset(str(r[0]) for r in rows)
+
+    def is_retired(self, key_hash: str) -> bool:
+        row = self._conn.execute(
+            "SELECT 1 FROM retired_key_hashes WHERE key_hash = ?", (key_hash,)
+        ).fetchone()
+        return row is not None
+
+    def _retire(self, key: ClientKey, reason: RetiredReason) -> None:
+        self._conn.execute(
+            "INSERT INTO retired_key_hashes (key_hash, key_id, reason, retired_ms) "
+            "VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING",
+            (key.key_hash, key.id, reason, self._clock.now_ms()),
+        )
 
     def _check_hash_free(self, key: ClientKey) -> None:
         other = self.by_hash(key.key_hash)
         if other is not None and other.id != key.id:
             # never say which key: that would confirm a guessed secret
             raise Conflict(f"key '{key.id}': this secret is already used by another key")
+        if other is None and self.is_retired(key.key_hash):
+            raise Conflict(
+                f"key '{key.id}': this secret was rotated away or revoked and is never used "
+                "again; give the key a new one"
+            )
 
     def _free_id(self) -> str:
         while True:

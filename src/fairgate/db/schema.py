@@ -209,7 +209,36 @@ MIGRATIONS: tuple[str | PerEngine, ...] = (
         created_ms INTEGER NOT NULL DEFAULT 0
     )
     """,
+    # 8: the config file against the database (issue 49; db/seeding.py). ``config_applied``
+    # holds, per object the file wrote (kind: connection, key, plan, pool, allocations, combo),
+    # the form it wrote as JSON: while the object still has that form nobody changed it since
+    # and the file may update it; once it differs the admin API (or the CLI, the dashboard,
+    # another replica) changed it and a start keeps it. A connection's secret is in ``secret``,
+    # sealed like the connection's own. ``retired_key_hashes``: the hash of every client key
+    # secret rotated away or revoked (db/keys.py), never stored for a key again, whatever the
+    # config file says. A DB of an earlier version starts with both empty: what equals the
+    # file is adopted at the next start, what differs is kept.
+    """
+    CREATE TABLE IF NOT EXISTS config_applied (
+        kind TEXT NOT NULL,
+        id TEXT NOT NULL,
+        applied TEXT NOT NULL,
+        secret TEXT NOT NULL DEFAULT '',
+        applied_ms INTEGER NOT NULL DEFAULT 0,
+        PRIMARY KEY (kind, id)
+    );
+    CREATE TABLE IF NOT EXISTS retired_key_hashes (
+        key_hash TEXT PRIMARY KEY,
+        key_id TEXT NOT NULL,
+        reason TEXT NOT NULL,
+        retired_ms INTEGER NOT NULL DEFAULT 0
+    )
+    """,
 )
+
+#: The schema version that added ``config_applied`` and ``retired_key_hashes`` (a reader of an
+#: older DB, such as ``fairgate config check`` before the first start, finds them empty).
+PROVENANCE_VERSION = 8
 
 
 def statements(migration: str | PerEngine, engine: Engine) -> list[str]:

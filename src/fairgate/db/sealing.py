@@ -64,9 +64,10 @@ def prepare_secrets(db: Database, box: SecretBox, clock: Clock = SYSTEM_CLOCK) -
 
 
 def reseal_all(db: Database, box: SecretBox, clock: Clock = SYSTEM_CLOCK) -> int:
-    """Key rotation: every connection secret and the key check sealed again under ``box``'s
-    first key, in one transaction (the old keys must still be in ``box`` to open them); the
-    number of secrets resealed. Raises :class:`SecretKeyError` if a value opens with none."""
+    """Key rotation: every connection secret (and the config file's record of it) and the key
+    check sealed again under ``box``'s first key, in one transaction (the old keys must still
+    be in ``box`` to open them); the number of secrets resealed. Raises
+    :class:`SecretKeyError` if a value opens with none."""
     _check_key(db, box, clock.now_ms())
     n = 0
     with transaction(db):
@@ -79,4 +80,12 @@ def reseal_all(db: Database, box: SecretBox, clock: Clock = SYSTEM_CLOCK) -> int
                 "UPDATE connections SET secret = ? WHERE id = ?", (box.reseal(str(stored)), cid)
             )
             n += 1
+        # the config file's last written secrets (db/applied.py): sealed the same way
+        for kind, ident, stored in db.execute(
+            "SELECT kind, id, secret FROM config_applied WHERE secret != ''"
+        ).fetchall():
+            db.execute(
+                "UPDATE config_applied SET secret = ? WHERE kind = ? AND id = ?",
+                (box.reseal(str(stored)), kind, ident),
+            )
     return n

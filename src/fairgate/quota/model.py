@@ -5,7 +5,7 @@ Nothing here does I/O or reads the time; the engine and the stores pass these va
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -193,8 +193,23 @@ class Pool:
 
     @property
     def unenforced_warning(self) -> str | None:
-        """Why this pool enforces nothing although it has dimensions (every limit unknown,
-        say a manual plan of zeros), for the admin answers and ``/health``; else None."""
-        if self.dimensions and not self._enforced:
+        """Why this pool enforces nothing, for ``/health``, the start log and ``fairgate config
+        check``; else None. Either it has no dimensions at all (its provider has no plan in
+        the catalogue, e.g. ``openai``, and neither the pool nor its first connection's plan
+        sets any: a newcomer's pool that silently shares nothing), or every limit is unknown
+        (say a manual plan of zeros)."""
+        if not self.dimensions:
+            return (
+                f"no limits: provider '{self.provider}' has no plan in the catalogue and "
+                "neither the pool's dimensions nor its first connection's plan set any, so "
+                "nothing is enforced; set the pool's dimensions (or the connection's plan)"
+            )
+        if not self._enforced:
             return unenforced_message(self.dimensions)
         return None
+
+
+def unenforced_pools(pools: Iterable[Pool]) -> list[str]:
+    """``pool <id>: <why>`` for each pool that enforces nothing (see
+    :attr:`Pool.unenforced_warning`): the one wording of every place that reports them."""
+    return [f"pool {p.id}: {p.unenforced_warning}" for p in pools if p.unenforced_warning]

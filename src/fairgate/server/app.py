@@ -22,6 +22,7 @@ from fairgate.providers.oauth import OAuthTokens
 from fairgate.providers.pricing import PriceTable
 from fairgate.providers.transport import Upstream
 from fairgate.providers.upstream import UpstreamClient
+from fairgate.quota.model import unenforced_pools
 from fairgate.server import proxy, responses_edge, tracing
 from fairgate.server.admin import create_admin_app
 from fairgate.server.admin_common import error_response as admin_error_response
@@ -146,12 +147,10 @@ def create_app(
             },
             "failOpen": gw.engine.fail_open_count,
             "gc": gw.retention.as_json(),
-            # pools that enforce nothing because every limit is unknown (a plan of zeros)
-            "warnings": [
-                f"pool {p.id}: {p.unenforced_warning}"
-                for p in gw.registry.pools.values()
-                if p.unenforced_warning
-            ],
+            # pools that enforce nothing: no limits at all, or every limit unknown
+            "warnings": unenforced_pools(gw.registry.pools.values()),
+            # the config file's mode and what differs between it and the database
+            "configFile": gw.config_report(),
             "inflight": len(svc.inflight),
             "inflightLeases": svc.tracker.total,
             "memory": _memory_sizes(svc, gw),

@@ -18,17 +18,18 @@ from pathlib import Path
 from fairgate.clock import SYSTEM_CLOCK, Clock
 from fairgate.config import Config, ConfigError
 from fairgate.db.base import Database
-from fairgate.db.common import RepoError
+from fairgate.db.common import MetadataUnavailable, RepoError
 from fairgate.db.connections import ConnectionRepo
 from fairgate.db.engine import database_url, open_database
 from fairgate.db.postgres import STATEMENT_DEADLINE_S
-from fairgate.db.repos import load_registry, seed_from_config
+from fairgate.db.reconcile import start_log
+from fairgate.db.repos import compare_with_config, load_registry, seed_from_config
 from fairgate.db.sealing import prepare_secrets
 from fairgate.db.settings import SettingsRepo, access_policy
 from fairgate.db.watch import ChangeWatcher
 from fairgate.files import private_dir
 from fairgate.quota.engine import QuotaEngine
-from fairgate.quota.model import Pool
+from fairgate.quota.model import Pool, unenforced_pools
 from fairgate.quota.retention import RetentionGc
 from fairgate.quota.settings import QuotaSettings
 from fairgate.registry import Registry
@@ -38,6 +39,7 @@ from fairgate.resilience.settings import ResilienceSettings
 from fairgate.routing.fallbacks import FallbackCounts
 from fairgate.routing.metrics import TargetMetrics
 from fairgate.secretbox import ENV_VAR, KEY_FILE, SecretBox, SecretKeyError, load_box
+from fairgate.server.http_settings import ADMIN_KEY_MIN_LENGTH
 from fairgate.server.oauth_service import OAuthAccounts
 from fairgate.store.admission_log import (
     LogBackend,
@@ -134,6 +136,8 @@ class Gateway:
         self.reload_hooks: list[Callable[[], None]] = []
         self._watch_task: asyncio.Task[None] | None = None
         self._log_task: asyncio.Task[None] | None = None
+        #: (registry version, report) of :meth:`config_report`
+        self._config_report: tuple[int, dict[str, object]] | None = None
 
     @property
     def db_path(self) -> Path:
@@ -171,8 +175,8 @@ class Gateway:
                 raise ConfigError(
                     [("", f"the config file conflicts with the database: {exc}")]
                 ) from None
-            if report.changed:
-                log.info("seeded from config: %s", ", ".join(report.changes))
+            for level, message in start_log(report):
+                log.log(level, message)
             db_settings = SettingsRepo(self.db).all()
             policy = access_policy(db_settings, self.config.server.require_allocation)
             if policy.source == "legacy":
@@ -219,9 +223,24 @@ class Gateway:
         self.watcher = ChangeWatcher(self.db, self._metadata_changed, url=db_url, poll_s=poll_s)
         self.watcher.start_version()
         self.reload()
+        self._warn_about_silent_gaps()
         self._watch_task = asyncio.get_running_loop().create_task(
             self.watcher.run(), name="fairgate-metadata-watch"
         )
+
+    def _warn_about_silent_gaps(self) -> None:
+        """What a newcomer would otherwise not notice: a pool that enforces nothing (no limits
+        known), and an admin API that refuses everything because no admin key is set."""
+        for warning in unenforced_pools(self.registry.pools.values()):
+            log.warning(warning)
+        if not self.admin_key:
+            log.warning(
+                "the admin API is off: FAIRGATE_ADMIN_KEY is not set, so /api, the dashboard "
+                "and the admin commands (fairgate keys, pools, ...) refuse every call; to turn "
+                f"it on, set FAIRGATE_ADMIN_KEY to a secret of at least {ADMIN_KEY_MIN_LENGTH} "
+                "characters (python3 -c 'import secrets; print(secrets.token_urlsafe(32))') and "
+                "restart"
+            )
 
     async def stop(self) -> None:
         """Close the quota store and the DB; safe to call twice."""
@@ -301,6 +320,29 @@ class Gateway:
         )
         for hook in self.reload_hooks:
             hook()
+
+    def config_report(self) -> dict[str, object]:
+        """The config file's mode and what differs between it and the database (names of
+        objects and fields, never a value), for ``/health``. Compared again once per registry
+        snapshot (any write to the metadata rebuilds it), and not while the metadata DB is
+        down: the last report stands, ``differences`` is null if there is none yet."""
+        version = self.registry.version
+        cached = self._config_report
+        if cached is not None and (cached[0] == version or not self._metadata_readable()):
+            return cached[1]
+        report: dict[str, object] = {"mode": self.config.server.config_mode, "differences": None}
+        if self._metadata_readable():
+            try:
+                result = compare_with_config(self.db, self.config, box=self.box)
+            except (MetadataUnavailable, RepoError, SecretKeyError) as exc:
+                log.warning("comparing the config file with the database failed (%s)", exc)
+            else:
+                report["differences"] = [d.as_json() for d in result.differences]
+                self._config_report = (version, report)
+        return report
+
+    def _metadata_readable(self) -> bool:
+        return self.watcher is None or self.watcher.healthy
 
     def _log_backend(self, db_settings: Mapping[str, str]) -> LogBackend:
         """Where the admission log lives: with the counters, so it is shared as widely."""
