@@ -1,12 +1,12 @@
 """OpenTelemetry traces of the request path, when asked for.
 
 Off unless ``OTEL_EXPORTER_OTLP_ENDPOINT`` is set *and* the ``otel`` extra is installed
-(``pip install 'fairgate[otel]'``): then every ``/v1`` request is a span (``fairgate.request``)
-with a child span for each quota admission (``fairgate.admission``), each upstream attempt
-(``fairgate.attempt``) and each settlement (``fairgate.settle``), exported over OTLP/HTTP with
-the SDK's batch processor; the standard ``OTEL_*`` variables (service name, headers, sampler)
-apply. Attributes name the pool, the client key's id (never its secret), the connection, the
-model and the outcome.
+(``pip install -e '.[otel]'`` in the checkout): then every ``/v1`` request is a span
+(``fairgate.request``) with a child span for each quota admission (``fairgate.admission``), each
+upstream attempt (``fairgate.attempt``) and each settlement (``fairgate.settle``), exported over
+OTLP/HTTP with the SDK's batch processor; the standard ``OTEL_*`` variables (service name,
+headers, sampler) apply. Attributes name the pool, the client key's id (never its secret), the
+connection, the model and the outcome.
 
 Why decorators: the request path stays as it is (one line per traced function), and with tracing
 off a traced call costs one attribute read — the hot path does not pay for a feature it does not
@@ -23,6 +23,8 @@ import functools
 import logging
 from collections.abc import Callable, Coroutine, Mapping
 from typing import Any, ParamSpec, TypeVar
+
+from fairgate.install import extra_hint
 
 log = logging.getLogger("fairgate.tracing")
 
@@ -71,7 +73,7 @@ def configure_from_env(env: Mapping[str, str]) -> bool:
     except ImportError:
         log.warning(
             "OTEL_EXPORTER_OTLP_ENDPOINT is set but OpenTelemetry is not installed: "
-            "pip install 'fairgate[otel]'; tracing stays off"
+            f"{extra_hint('otel')}; tracing stays off"
         )
         return False
     service = env.get("OTEL_SERVICE_NAME") or "fairgate"

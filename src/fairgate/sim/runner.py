@@ -29,6 +29,7 @@ from pathlib import Path
 from rich.progress import Progress
 
 from fairgate.clock import ManualClock
+from fairgate.install import extra_hint
 from fairgate.quota.units import Unit
 from fairgate.quota.window import bucket_index
 from fairgate.sim.fairness import (
@@ -148,9 +149,7 @@ async def _open_store(
     try:
         from fairgate.store.redis import RedisQuotaStore
     except ImportError:
-        raise SimError(
-            "the redis client is not installed (pip install 'fairgate[redis]')"
-        ) from None
+        raise SimError(f"the redis client is not installed ({extra_hint('redis')})") from None
     url = redis_url or "redis://127.0.0.1:6379/0"
     prefix = f"fgsim-{uuid.uuid4().hex[:12]}"
     store = RedisQuotaStore(url, prefix=prefix)

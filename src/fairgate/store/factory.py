@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fairgate.files import private_sqlite
+from fairgate.install import extra_hint
 from fairgate.store.base import QuotaStore
 from fairgate.store.sqlite import (
     DEFAULT_MODE,
@@ -168,7 +169,7 @@ async def _try_redis(
     try:
         from fairgate.store.redis import RedisQuotaStore
     except ImportError:
-        return "the redis client library is not installed (pip install 'fairgate[redis]')"
+        return f"the redis client library is not installed ({extra_hint('redis')})"
     try:
         timeout_s = redis_timeout_ms(env) / 1000.0
         store = RedisQuotaStore(
