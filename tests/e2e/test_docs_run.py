@@ -1,0 +1,186 @@
+"""The walkthroughs of the docs, run: a page that stops working fails CI.
+
+Each test extracts the marked blocks of a page or section (``docs_support``: run, file, skip)
+and runs them in order in one bash session in a scratch directory, with the real ``fairgate``
+of this checkout, the real mock upstream, Redis and PostgreSQL. The text is run as written but
+for the substitutions each test lists with its reason: free ports for the documented ones
+(other test runs use the machine), a database and scratch directories of the run, and the few
+placeholders a reader fills in by copying what an earlier step printed. Where a needed tool or
+service is missing the test skips on a developer machine and fails under ``CI``.
+
+No wall-clock assertion: servers are waited for by polling with a generous bound, and what is
+checked is what the pages promise (an answer, a refusal, a value read back).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import urllib.parse
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+from docs_support import (
+    DocsError,
+    Run,
+    Substitution,
+    clean_env,
+    run_script,
+    script_of,
+    section_blocks,
+)
+from e2e_support import free_port
+
+#: A whole walkthrough on a busy 2-core host: a few server starts of up to a minute each.
+PAGE_TIMEOUT_S = 600
+
+
+def need(ok: bool, what: str) -> None:
+    """A missing tool or service: skip here, fail under CI (where it must be there)."""
+    if not ok:
+        if os.environ.get("CI"):
+            pytest.fail(what)
+        pytest.skip(what)
+
+
+def need_tools(*names: str) -> None:
+    missing = [n for n in names if shutil.which(n) is None]
+    need(not missing, f"the docs' walkthroughs need {', '.join(missing)} on the PATH")
+
+
+def ports(*documented: int) -> list[Substitution]:
+    """Each documented port becomes a free one (as a whole number: 20128 but not 201280)."""
+    return [
+        Substitution(rf"(?<!\d){p}(?!\d)", str(free_port()), "another job may hold the port")
+        for p in documented
+    ]
+
+
+def run_page(
+    page: str,
+    section: str | None,
+    subs: list[Substitution],
+    workdir: Path,
+    *,
+    before: str = "",
+    after: str = "",
+    env: dict[str, str] | None = None,
+) -> Run:
+    script = script_of(section_blocks(page, section), subs, before=before, after=after)
+    run = run_script(script, workdir, clean_env(env or {}, workdir), PAGE_TIMEOUT_S)
+    assert run.returncode == 0, f"docs/{page} failed (exit {run.returncode}):\n{run.tail()}"
+    return run
+
+
+def after(run: Run, *needles: str) -> None:
+    """Each needle appears in the output, in this order (what the page says one sees)."""
+    at = 0
+    for needle in needles:
+        found = run.output.find(needle, at)
+        assert found >= 0, f"{needle!r} not in the output after position {at}:\n{run.tail()}"
+        at = found + len(needle)
+
+
+def substituted(text: str, subs: list[Substitution]) -> str:
+    for sub in subs:
+        text = sub.apply(text)
+    return text
+
+
+def activate() -> Substitution:
+    """``. .venv/bin/activate``: the checkout's venv is the one running this test."""
+    script = Path(sys.executable).parent / "activate"
+    return Substitution(
+        r"\. \.venv/bin/activate",
+        f". {script}" if script.exists() else "true",
+        "the checkout's venv is the one running this test",
+    )
+
+
+def demo_key(name: str) -> str:
+    """A demo key as the demo printed it to ``name`` (the first: alice's)."""
+    return f"$(grep -o 'fg-demo-[A-Za-z0-9_-]\\{{24\\}}' {name} | head -1)"
+
+
+@dataclass
+class PgServer:
+    """The PostgreSQL server of the suite (``postgres_db_url``), seen as the pages see theirs:
+    ``-h 127.0.0.1 -U postgres`` on port 5432; databases the pages create get names of the
+    run, dropped afterwards."""
+
+    host: str
+    port: int
+    user: str
+    admin_url: str
+    created: list[str] = field(default_factory=list)
+
+    def database(self) -> str:
+        name = f"fgdocs_{uuid.uuid4().hex[:10]}"
+        self.created.append(name)
+        return name
+
+    def subs(self) -> list[Substitution]:
+        why = "the suite's PostgreSQL server"
+        return [
+            Substitution(
+                r"-h 127\.0\.0\.1 -U postgres", f"-h {self.host} -p {self.port} -U {self.user}", why
+            ),
+            Substitution(
+                r"postgres@127\.0\.0\.1:5432", f"{self.user}@{self.host}:{self.port}", why
+            ),
+        ]
+
+
+@pytest.fixture
+def pg_server(postgres_db_url: str) -> Iterator[PgServer]:
+    """Fails under CI (skips here) when PostgreSQL is not reachable, as ``postgres_db_url``."""
+    import psycopg
+
+    u = urllib.parse.urlparse(postgres_db_url)
+    server = PgServer(
+        u.hostname or "127.0.0.1", u.port or 5432, u.username or "postgres", postgres_db_url
+    )
+    yield server
+    with psycopg.connect(postgres_db_url, autocommit=True) as conn:
+        for name in server.created:
+            conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+# -- the blocks are marked --------------------------------------------------------------------
+
+RUN_SECTIONS = []
+
+
+@pytest.mark.parametrize(("page", "section"), RUN_SECTIONS)
+def test_every_block_of_a_run_section_is_marked(page: str, section: str | None) -> None:
+    """Fast and with no service: a block added to a walkthrough without saying whether it runs
+    fails here, before anything starts."""
+    script = script_of(section_blocks(page, section), [])
+    assert "=== docs-test:" in script
+
+
+def test_the_runner_fails_on_a_failing_block_and_an_unmarked_one(tmp_path: Path) -> None:
+    """The runner does not swallow a failure: a command that fails ends the page with its
+    place, and a block without a marker is refused before anything runs."""
+    page = (
+        "# T\n\n<!-- docs-test: run -->\n```bash\necho one\nfalse\necho never\n```\n\n"
+        "<!-- docs-test: skip not here -->\n```bash\nexit 0\n```\n"
+    )
+    chosen = section_blocks("t.md", None, text=page)
+    run = run_script(script_of(chosen, []), tmp_path, clean_env({}, tmp_path), 60)
+    assert run.returncode != 0
+    assert "docs/t.md:4" in run.output
+    assert "one" in run.output
+    assert "never" not in run.output
+    with pytest.raises(DocsError, match=r"docs/t.md:3\b"):
+        section_blocks("t.md", None, text="# T\n\n```bash\ntrue\n```\n")
+    bad = section_blocks("t.md", None, text="# T\n<!-- docs-test: run -->\n```bash\nx &\n```\n")
+    with pytest.raises(DocsError, match="--port"):
+        script_of(bad, [])
+
+
+# -- the pages, run ---------------------------------------------------------------------------
