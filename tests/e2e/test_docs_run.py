@@ -152,7 +152,9 @@ def pg_server(postgres_db_url: str) -> Iterator[PgServer]:
 
 # -- the blocks are marked --------------------------------------------------------------------
 
-RUN_SECTIONS = []
+RUN_SECTIONS = [
+    ("clients.md", None),
+]
 
 
 @pytest.mark.parametrize(("page", "section"), RUN_SECTIONS)
@@ -184,3 +186,21 @@ def test_the_runner_fails_on_a_failing_block_and_an_unmarked_one(tmp_path: Path)
 
 
 # -- the pages, run ---------------------------------------------------------------------------
+
+
+def test_clients_page(tmp_path: Path) -> None:
+    """The SDK examples and the curl calls of each client, against the demo."""
+    need_tools("bash", "curl", "grep")
+    port = ports(20128)
+    subs = [Substitution("<a client key>", demo_key("demo.out"), "a key the demo printed"), *port]
+    before = substituted("fairgate demo --port 20128 > demo.out 2>&1 &\n__docs_wait $! 20128", port)
+    run = run_page("clients.md", None, subs, tmp_path, before=before)
+    after(
+        run,
+        "mock reply",  # chat completions
+        "mock reply",  # Responses
+        "mock reply",  # the Anthropic SDK
+        '"type":"message"',  # curl as Claude Code
+        "event: response.completed",  # curl as Codex
+        "claude-sonnet-4",  # /v1/models
+    )
