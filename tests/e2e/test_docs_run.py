@@ -153,6 +153,7 @@ def pg_server(postgres_db_url: str) -> Iterator[PgServer]:
 # -- the blocks are marked --------------------------------------------------------------------
 
 RUN_SECTIONS = [
+    ("deploy.md", "Two replicas on one machine, step by step"),
     ("clients.md", None),
 ]
 
@@ -186,6 +187,52 @@ def test_the_runner_fails_on_a_failing_block_and_an_unmarked_one(tmp_path: Path)
 
 
 # -- the pages, run ---------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_two_replicas_walkthrough(
+    tmp_path: Path, pg_server: PgServer, redis_url: str, redis_prefix: str
+) -> None:
+    """Two replicas on one PostgreSQL (its own schema) and one Redis: a request through each,
+    one allocation changed through A with the others kept, read back from B, and the proxy's
+    host name refused, then accepted once listed."""
+    need_tools("bash", "curl", "jq", "createdb", "psql")
+    db = pg_server.database()
+    subs = [
+        Substitution(
+            r"\.venv/bin/pip install -e '\.\[redis\]'",
+            "python3 -c 'import redis'",
+            "this venv has the dev extras, redis among them: check the import it provides",
+        ),
+        activate(),
+        Substitution(r"(?<=-U postgres )fairgate\b", db, "a database of the run"),
+        Substitution(r"(?<=-d )fairgate\b", db, "a database of the run"),
+        Substitution(r"(?<=:5432/)fairgate(?=\?)", db, "a database of the run"),
+        *pg_server.subs(),
+        Substitution(r"redis://127\.0\.0\.1:6379/0", redis_url, "the suite's Redis"),
+        Substitution(
+            r"/tmp/fg-([abc])", f"{tmp_path}/fg-\\1", "scratch directories", template=True
+        ),
+        *ports(9999, 20128, 20129, 20130),
+    ]
+    # the suite's Redis is shared: the replicas' keys go under a prefix of this test (cleaned up)
+    run = run_page(
+        "deploy.md",
+        "Two replicas on one machine, step by step",
+        subs,
+        tmp_path,
+        env={"QUOTA_STORE_REDIS_PREFIX": redis_prefix},
+    )
+    after(
+        run,
+        '"total_tokens"',
+        '"total_tokens"',  # one answer through each replica
+        "Key team-a updated in pool shared",
+        '{"key":"team-a","weight":90,"policy":"hard","capValue":null,"capUnit":null}',
+        '{"key":"team-b","weight":10,"policy":"soft","capValue":500,"capUnit":"requests"}',
+        "400",  # the proxy's Host on a loopback replica
+        '"ok"',  # ... and on the one that lists it
+    )
 
 
 def test_clients_page(tmp_path: Path) -> None:
