@@ -15,6 +15,7 @@ checked is what the pages promise (an answer, a refusal, a value read back).
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import sys
 import urllib.parse
@@ -155,6 +156,7 @@ def pg_server(postgres_db_url: str) -> Iterator[PgServer]:
 RUN_SECTIONS = [
     ("deploy.md", "Two replicas on one machine, step by step"),
     ("clients.md", None),
+    ("maintenance.md", None),
 ]
 
 
@@ -251,3 +253,98 @@ def test_clients_page(tmp_path: Path) -> None:
         "event: response.completed",  # curl as Codex
         "claude-sonnet-4",  # /v1/models
     )
+
+
+#: The gateway the backup page finds running: a connection with a sealed secret, a key made
+#: through the API (not in the file), a pool, and traffic counted in the quota store.
+BACKUP_CONFIG = """\
+server: {default_provider: mock}
+connections:
+  - {id: mock-1, provider: mock, base_url: "http://127.0.0.1:9999/v1", secret: "sk-upstream-0001",
+     models: [gpt-4o-mini]}
+pools:
+  - {id: team, connections: [mock-1], dimensions: [{unit: requests, window: hourly, limit: 100}]}
+"""
+
+BACKUP_BEFORE = f"""\
+cat > gw.yaml <<'YAML'
+{BACKUP_CONFIG}YAML
+export FAIRGATE_ADMIN_KEY=$(python3 -c 'import secrets; print(secrets.token_urlsafe(32))')
+export FAIRGATE_URL=http://127.0.0.1:20128
+fairgate mock-upstream --port 9999 --secret sk-upstream-0001 > mock.log 2>&1 &
+__docs_wait $! 9999
+fairgate serve --config gw.yaml --port 20128 --data-dir /var/lib/fairgate > gw.log 2>&1 &
+__docs_wait $! 20128
+ERIN=$(fairgate keys create --name Erin --id erin --json | jq -r .secret)
+fairgate pools allow team erin --weight 100 > /dev/null
+for i in 1 2 3; do
+  curl -s $FAIRGATE_URL/v1/chat/completions -H "Authorization: Bearer $ERIN" \\
+    -H 'Content-Type: application/json' \\
+    -d '{{"model": "gpt-4o-mini", "messages": [{{"role": "user", "content": "hi"}}]}}' > /dev/null
+done
+# the counts reach the file within milliseconds (memory mode): wait until they are there
+deadline=$((SECONDS + 120))
+COUNTED='SELECT (SELECT COUNT(*) FROM quota_counter) + (SELECT COUNT(*) FROM quota_reservation)'
+until [ -s /var/lib/fairgate/quota.sqlite.batches ] \\
+    || [ "$(sqlite3 /var/lib/fairgate/quota.sqlite "$COUNTED")" != 0 ]; do
+  (( SECONDS < deadline )) || {{ echo 'no count reached quota.sqlite' >&2; exit 1; }}
+  sleep 0.1
+done
+# the PostgreSQL database the page dumps: migrated and seeded by a gateway of its own
+createdb -h 127.0.0.1 -U postgres fairgate
+export PG_SECRET_KEY=$(fairgate secret-key)
+FAIRGATE_DATABASE_URL=postgresql://postgres@127.0.0.1:5432/fairgate \\
+  FAIRGATE_SECRET_KEY=$PG_SECRET_KEY \\
+  fairgate serve --config gw.yaml --port 20129 --data-dir pg-host > pg.log 2>&1 &
+__docs_wait $! 20129
+fairgate keys create --name Pat --id pat --url http://127.0.0.1:20129 > /dev/null
+"""
+
+BACKUP_AFTER = """\
+fairgate mock-upstream --port 9999 --secret sk-upstream-0001 > mock2.log 2>&1 &
+__docs_wait $! 9999
+# the restored SQLite directory, served without the config file: what it holds is the backup's
+fairgate serve --port 20128 --data-dir /var/lib/fairgate > restored.log 2>&1 &
+__docs_wait $! 20128
+fairgate keys list --json | jq -c '[.[].id]'
+fairgate connections test mock-1 --json | jq -c '{ok}'
+fairgate pools usage team --json | jq -c '.dimensions[0].keys[] | {keyId, consumed}'
+# the restored PostgreSQL database, with the key it was sealed with
+FAIRGATE_DATABASE_URL=postgresql://postgres@127.0.0.1:5432/fairgate_restored \\
+  FAIRGATE_SECRET_KEY=$PG_SECRET_KEY \\
+  fairgate serve --port 20129 --data-dir pg-host-2 > pg2.log 2>&1 &
+__docs_wait $! 20129
+fairgate keys list --json --url http://127.0.0.1:20129 | jq -c '["pg", [.[].id]]'
+fairgate connections test mock-1 --json --url http://127.0.0.1:20129 | jq -c '["pg", {ok}]'
+"""
+
+
+@pytest.mark.slow
+def test_backup_and_restore(tmp_path: Path, pg_server: PgServer) -> None:
+    """A live SQLite data directory and a PostgreSQL database backed up as the page says,
+    restored as it says, and served again: the keys made through the API are back, the
+    sealed upstream secret opens, and the quota counts came back without being counted twice."""
+    need_tools("bash", "curl", "jq", "sqlite3", "createdb", "pg_dump", "pg_restore")
+    db, restored = pg_server.database(), pg_server.database()
+    subs = [
+        Substitution(r"/var/lib/fairgate", str(tmp_path / "lib-fairgate"), "a scratch directory"),
+        Substitution(r"/var/backups/fairgate", str(tmp_path / "backups"), "a scratch directory"),
+        Substitution(r"\bfairgate_restored\b", restored, "a database of the run"),
+        Substitution(r"(?<=-U postgres )fairgate\b", db, "a database of the run"),
+        Substitution(r'(?<=\.pgdump" )fairgate\b', db, "a database of the run"),
+        Substitution(r"(?<=:5432/)fairgate\b", db, "a database of the run"),
+        *pg_server.subs(),
+        *ports(9999, 20128, 20129),
+    ]
+    run = run_page(
+        "maintenance.md",
+        None,
+        subs,
+        tmp_path,
+        before=substituted(BACKUP_BEFORE, subs),
+        after=substituted(BACKUP_AFTER, subs),
+    )
+    after(run, "ok", '["erin"]', '{"ok":true}', '["pg",["pat"]]', '["pg",{"ok":true}]')
+    consumed = re.findall(r'\{"keyId":"erin","consumed":([0-9.]+)\}', run.output)
+    assert len(consumed) == 1, run.tail()
+    assert 1 <= float(consumed[0]) <= 3, run.tail()  # never a batch counted twice
