@@ -14,6 +14,7 @@ checked is what the pages promise (an answer, a refusal, a value read back).
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import shutil
@@ -154,6 +155,7 @@ def pg_server(postgres_db_url: str) -> Iterator[PgServer]:
 # -- the blocks are marked --------------------------------------------------------------------
 
 RUN_SECTIONS = [
+    ("getting-started.md", None),
     ("deploy.md", "Two replicas on one machine, step by step"),
     ("clients.md", None),
     ("maintenance.md", None),
@@ -189,6 +191,63 @@ def test_the_runner_fails_on_a_failing_block_and_an_unmarked_one(tmp_path: Path)
 
 
 # -- the pages, run ---------------------------------------------------------------------------
+
+
+def test_getting_started(tmp_path: Path) -> None:
+    """The demo, a key of one's own in the pool, the watch, rotate and revoke, then a config
+    file checked and served: the whole page, in order."""
+    need_tools("bash", "curl", "sed", "grep")
+    subs = [
+        Substitution(
+            r"\bmake demo\b",
+            "fairgate demo --port 20128 > demo.out 2>&1",
+            "the Makefile's demo target is `.venv/bin/fairgate demo`; this Python already has "
+            "fairgate, the port must be a free one, and later steps read what the demo printed",
+        ),
+        activate(),
+        Substitution(
+            r'"<a demo key>"',
+            '__import__("re").search(r"fg-demo-[\\w-]{24}", open("demo.out").read()).group()',
+            "a demo key, as the demo printed it",
+        ),
+        Substitution(
+            "<the admin key the demo printed>",
+            "$(sed -n 's/^admin key: //p' demo.out)",
+            "the admin key, as the demo printed it",
+        ),
+        Substitution(
+            r'(fairgate keys create --name "Dana" [^\n]*)',
+            r"\1 | tee dana.out",
+            "the secret is printed once: keep what was printed for the next step",
+            template=True,
+        ),
+        Substitution(
+            "<the secret keys create printed>",
+            "$(grep -o 'fg-[A-Za-z0-9_-]\\{40,\\}' dana.out | head -1)",
+            "dana's secret, as keys create printed it",
+        ),
+        Substitution(r"--watch\b", "--watch --count 2", "--watch runs until Ctrl-C"),
+        Substitution(
+            "<sha256 hex>",
+            hashlib.sha256(b"fg-team-b-stand-in").hexdigest(),
+            "a key's hash, as sha256sum prints it",
+        ),
+        *ports(20128),
+    ]
+    run = run_page("getting-started.md", None, subs, tmp_path)
+    after(
+        run,
+        "mock reply",  # the python example's answer
+        "Gateway: ok",
+        "Key dana created.",
+        "Key dana added to pool demo.",
+        '"choices"',
+        "Pool demo at",
+        "dana",
+        "Key dana rotated.",
+        "fairgate.yaml is valid: 2 connection(s), 2 key(s), 1 pool(s), 0 combo(s)",
+        "on http://127.0.0.1:",  # the file's gateway started
+    )
 
 
 @pytest.mark.slow
