@@ -157,6 +157,7 @@ def pg_server(postgres_db_url: str) -> Iterator[PgServer]:
 RUN_SECTIONS = [
     ("getting-started.md", None),
     ("deploy.md", "Two replicas on one machine, step by step"),
+    ("subscriptions.md", "Walkthrough: two keys share a Codex subscription"),
     ("clients.md", None),
     ("maintenance.md", None),
 ]
@@ -293,6 +294,24 @@ def test_two_replicas_walkthrough(
         '{"key":"team-b","weight":10,"policy":"soft","capValue":500,"capUnit":"requests"}',
         "400",  # the proxy's Host on a loopback replica
         '"ok"',  # ... and on the one that lists it
+    )
+
+
+def test_subscriptions_walkthrough(tmp_path: Path) -> None:
+    """Two keys on a Codex subscription (the mock's): Responses and chat through it, the OAuth
+    state in /health, then a login through the admin API and one through the CLI."""
+    need_tools("bash", "curl", "jq")
+    subs = ports(9999, 20128)
+    run = run_page(
+        "subscriptions.md", "Walkthrough: two keys share a Codex subscription", subs, tmp_path
+    )
+    after(
+        run,
+        "mock",  # the Responses answer
+        "mock",  # the chat answer
+        '"codex-1"',  # /health's oauth entry
+        '"state":"ok"',  # the admin API's login answer
+        "codex-1",  # the CLI's login
     )
 
 
