@@ -158,6 +158,7 @@ RUN_SECTIONS = [
     ("getting-started.md", None),
     ("deploy.md", "Two replicas on one machine, step by step"),
     ("subscriptions.md", "Walkthrough: two keys share a Codex subscription"),
+    ("coming-from.md", "From LiteLLM"),
     ("clients.md", None),
     ("maintenance.md", None),
 ]
@@ -313,6 +314,12 @@ def test_subscriptions_walkthrough(tmp_path: Path) -> None:
         '"state":"ok"',  # the admin API's login answer
         "codex-1",  # the CLI's login
     )
+
+
+def test_litellm_translation_passes_config_check(tmp_path: Path) -> None:
+    need_tools("bash")
+    run = run_page("coming-from.md", "From LiteLLM", [], tmp_path)
+    after(run, "fairgate.yaml is valid: 2 connection(s), 2 key(s), 1 pool(s), 1 combo(s)")
 
 
 def test_clients_page(tmp_path: Path) -> None:
