@@ -105,3 +105,24 @@ def test_the_endpoint_list_names_every_client_route(tmp_path: Path) -> None:
     assert client
     missing = [f"{m} {p}" for m, p in client if f"`{m} {p}`" not in text]
     assert missing == []
+
+
+# -- everything in the repository ------------------------------------------------------------
+
+
+def test_no_page_sends_the_reader_outside_the_repository() -> None:
+    """The design document the pages once pointed at lived beside the repository, where a
+    reader of the repository (or of the site built from it) cannot follow: a page may link to
+    the web, but not to a file outside the repository."""
+    outside = re.compile(r"\.\./shared|shared/DESIGN|DESIGN\.md|SPEC\.md|\bSPEC §")
+    found = [
+        f"{p.relative_to(REPO)}: {m.group()}"
+        for p in PAGES
+        for m in outside.finditer(p.read_text())
+    ]
+    assert found == []
+    for page in PAGES:
+        for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", page.read_text()):
+            if "://" in target or target.startswith("mailto:"):
+                continue
+            assert (page.parent / target).resolve().is_relative_to(REPO), (page.name, target)
