@@ -407,6 +407,22 @@ class ComboTargetSpec(_CamelStrict):
     context_window: int | None = Field(default=None, ge=1, le=100_000_000)
     tags: list[Tag] = Field(default_factory=list, max_length=50)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _from_ref(cls, data: object) -> object:
+        """``"openai/gpt-4o"`` is ``{provider: openai, model: gpt-4o}``: how LiteLLM and
+        OmniRoute users write a target. Split at the first ``/``, which is unambiguous: a
+        provider is an id and holds no ``/``, a model may (``openrouter/meta/llama``)."""
+        if not isinstance(data, str):
+            return data
+        provider, sep, model = data.strip().partition("/")
+        if not sep or not provider or not model:
+            raise ValueError(
+                f"a target is a mapping {{provider, model, …}} or a 'provider/model' string, "
+                f"not {data[:80]!r}"
+            )
+        return {"provider": provider, "model": model}
+
     def to_target(self) -> Target:
         return Target(
             provider=self.provider,
@@ -489,7 +505,11 @@ class ComboBody(_CamelStrict):
         max_length=64,
         description="One of: " + ", ".join(PUBLIC_STRATEGIES),
     )
-    targets: list[ComboTargetSpec] = Field(min_length=1, max_length=200)
+    targets: list[ComboTargetSpec] = Field(
+        min_length=1,
+        max_length=200,
+        description="Each a {provider, model, …} mapping or a 'provider/model' string",
+    )
     config: ComboSettingsSpec = Field(default_factory=ComboSettingsSpec)
 
     @field_validator("strategy")

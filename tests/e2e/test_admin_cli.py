@@ -182,6 +182,78 @@ def test_pools_list_and_usage(gw: tuple[Proc, str]) -> None:
     assert "not found" in failed(cli(proc, "pools", "usage", "nope"))
 
 
+def test_pools_allow_and_disallow(gw: tuple[Proc, str]) -> None:
+    """A key gets into a pool by one command, without resending the pool's allocations: it can
+    then use the pool's connection (allocations are required on a new data directory), the
+    other allocation is untouched, options not given keep their values, and ``disallow``
+    takes it out again."""
+    proc, alice = gw
+    dana = as_json(cli(proc, "keys", "create", "--name", "Dana", "--id", "dana", "--json"))
+    assert status_of_pooled(proc, dana["secret"]) == 403  # no allocation yet
+
+    added = cli(proc, "pools", "allow", "team", "dana", "--weight", "20")
+    assert added.exit_code == 0, added.output
+    assert "Key dana added to pool team" in added.stdout
+    assert "alice 100 % hard, dana 20 % hard (120 % in all)" in added.stdout
+    assert chat(proc, dana["secret"])
+    assert chat(proc, alice)
+
+    capped = as_json(
+        cli(proc, "pools", "allow", "team", "dana", "--policy", "soft", "--cap", "50",
+            "--cap-unit", "requests", "--json")
+    )  # fmt: skip
+    by_key = {a["key"]: a for a in capped["allocations"]}
+    assert by_key["dana"]["weight"] == 20  # kept: not given
+    assert (by_key["dana"]["policy"], by_key["dana"]["capValue"]) == ("soft", 50)
+    assert (by_key["alice"]["weight"], by_key["alice"]["policy"]) == (100, "hard")
+    uncapped = as_json(cli(proc, "pools", "allow", "team", "dana", "--no-cap", "--json"))
+    dana_alloc = next(a for a in uncapped["allocations"] if a["key"] == "dana")
+    assert (dana_alloc["policy"], dana_alloc["capValue"], dana_alloc["capUnit"]) == (
+        "soft",
+        None,
+        None,
+    )
+
+    removed = cli(proc, "pools", "disallow", "team", "dana")
+    assert removed.exit_code == 0, removed.output
+    assert "no allocation in pool team" in removed.stdout
+    assert status_of_pooled(proc, dana["secret"]) == 403
+    assert [a["key"] for a in as_json(cli(proc, "pools", "list", "--json"))[0]["allocations"]] == [
+        "alice"
+    ]
+
+
+def test_pools_allow_and_disallow_refuse_bad_input(gw: tuple[Proc, str]) -> None:
+    proc, _ = gw
+    as_json(cli(proc, "keys", "create", "--name", "Erin", "--id", "erin", "--json"))
+    assert "--weight" in failed(cli(proc, "pools", "allow", "team", "erin"))
+    assert "not found" in failed(cli(proc, "pools", "allow", "team", "ghost", "--weight", "5"))
+    assert "not found" in failed(cli(proc, "pools", "allow", "nope", "erin", "--weight", "5"))
+    assert "--cap-unit" in failed(cli(proc, "pools", "allow", "team", "erin", "--weight", "5",
+                                      "--cap", "9"))  # fmt: skip
+    assert "--no-cap" in failed(
+        cli(proc, "pools", "allow", "team", "erin", "--weight", "5", "--cap", "9", "--no-cap")
+    )
+    bad_weight = cli(proc, "pools", "allow", "team", "erin", "--weight", "150")
+    assert bad_weight.exit_code == 2
+    assert "--weight" in bad_weight.output
+    bad_policy = cli(proc, "pools", "allow", "team", "erin", "--weight", "5", "--policy", "x")
+    assert bad_policy.exit_code == 2
+    assert "--policy" in bad_policy.output
+    assert "no allocation" in failed(cli(proc, "pools", "disallow", "team", "erin"))
+    pools = as_json(cli(proc, "pools", "list", "--json"))
+    assert [a["key"] for a in pools[0]["allocations"]] == ["alice"]  # nothing was written
+
+
+def status_of_pooled(gw: Proc, secret: str) -> int:
+    r = httpx.post(
+        gw.url + "/v1/chat/completions",
+        headers={"authorization": f"Bearer {secret}"},
+        json={"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}]},
+    )
+    return r.status_code
+
+
 def test_connections_list_and_test(gw: tuple[Proc, str]) -> None:
     proc, _ = gw
     conns = as_json(cli(proc, "connections", "list", "--json"))

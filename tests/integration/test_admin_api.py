@@ -448,6 +448,56 @@ async def test_model_caps(api: Api) -> None:
     assert api.dump() == before
 
 
+async def test_one_allocation_is_added_replaced_and_removed_alone(api: Api) -> None:
+    """``PUT/DELETE …/allocations/{key}`` touch that key's allocation only: the others, with
+    their policies, caps and model caps, stay exactly as stored, and the registry follows."""
+    (await api.request("POST", "/keys", json={"id": "dana", "name": "Dana"})).raise_for_status()
+    url = "/quota/pools/demo/allocations/dana"
+    r = await api.request("PUT", url, json={"weight": 20, "capValue": 50, "capUnit": "requests"})
+    assert r.status_code == 200, r.text
+    by_key = {a["key"]: a for a in r.json()["allocations"]}
+    assert sorted(by_key) == ["alice", "bob", "dana"]
+    assert (by_key["dana"]["weight"], by_key["dana"]["policy"]) == (20, "hard")
+    assert (by_key["dana"]["capValue"], by_key["dana"]["capUnit"]) == (50, "requests")
+    assert by_key["bob"]["policy"] == "soft"  # the others untouched
+    assert by_key["alice"]["modelCaps"] == [{"model": "gpt-x", "unit": "requests", "limit": 5.0}]
+    pool = api.gw.registry.pools["demo"]
+    assert pool.weight_of("dana") == 20
+
+    r = await api.request("PUT", url, json={"weight": 30, "policy": "burst"})  # replaces it all
+    assert r.status_code == 200, r.text
+    dana = next(a for a in r.json()["allocations"] if a["key"] == "dana")
+    assert (dana["weight"], dana["policy"], dana["capValue"]) == (30, "burst", None)
+    assert api.gw.registry.pools["demo"].weight_of("dana") == 30
+
+    r = await api.request("DELETE", url)
+    assert r.status_code == 204, r.text
+    r = await api.request("GET", "/quota/pools/demo")
+    assert [a["key"] for a in r.json()["allocations"]] == ["alice", "bob"]
+    assert api.gw.registry.pools["demo"].allocation("dana") is None
+    assert api.gw.registry.pools["demo"].allocation("bob") is not None
+
+
+async def test_one_allocation_rejections_change_nothing(api: Api) -> None:
+    before = api.dump()
+    cases: list[tuple[str, str, dict[str, Any] | None, int, str]] = [
+        ("PUT", "/quota/pools/demo/allocations/ghost", {"weight": 5}, 404, "ghost"),
+        ("PUT", "/quota/pools/nope/allocations/bob", {"weight": 5}, 404, "nope"),
+        ("PUT", "/quota/pools/demo/allocations/bob", {}, 422, "weight"),
+        ("PUT", "/quota/pools/demo/allocations/bob", {"weight": 101}, 422, "weight"),
+        ("PUT", "/quota/pools/demo/allocations/bob", {"weight": 5, "capValue": 3}, 422, "cap"),
+        ("PUT", "/quota/pools/demo/allocations/bob", {"weight": 5, "key": "x"}, 422, "key"),
+        ("PUT", "/quota/pools/demo/allocations/bob", {"weight": 5, "policy": "x"}, 422, "policy"),
+        ("DELETE", "/quota/pools/demo/allocations/ghost", None, 404, "ghost"),
+        ("DELETE", "/quota/pools/nope/allocations/bob", None, 404, "nope"),
+    ]
+    for method, url, body, status, needle in cases:
+        r = await api.request(method, url, json=body)
+        assert r.status_code == status, (method, url, body, r.text)
+        assert needle in r.text, (method, url, body, r.text)
+    assert api.dump() == before
+
+
 async def test_preview_has_no_side_effect(api: Api, tmp_path: Path) -> None:
     await _use(api, "alice", 5)  # alice at her fair share of 5 ...
     await _use(api, "bob", 1)  # ... and the pool strict (6/10 ≥ 0.5)

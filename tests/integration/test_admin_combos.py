@@ -214,6 +214,23 @@ async def test_snake_case_bodies_like_the_config_file(api: Api) -> None:
     assert out["config"]["qualityValidation"] is False
 
 
+async def test_provider_model_strings_as_targets(api: Api) -> None:
+    """``provider/model`` strings, as LiteLLM and OmniRoute users write them, are stored and
+    answered as the mapping they mean; a string without a provider is a 422 naming it."""
+    body = {"name": "litellm-style", "targets": ["mock/gpt-x", "kimi/moonshot/k2"]}
+    r = await api.request("POST", "/combos", json=body)
+    assert r.status_code == 201, r.text
+    targets = [(t["provider"], t["model"]) for t in r.json()["targets"]]
+    assert targets == [("mock", "gpt-x"), ("kimi", "moonshot/k2")]
+    combo = api.gw.registry.combo("litellm-style")
+    assert combo is not None
+    assert [t.key for t in combo.targets] == ["mock/gpt-x", "kimi/moonshot/k2"]
+    r = await _rejected(api, "POST", "/combos", 422, json={"name": "bad", "targets": ["gpt-x"]})
+    assert "provider/model" in fields_of(r)["targets.0"]
+    r = await _rejected(api, "POST", "/combos", 422, json={"name": "bad", "targets": ["nope/m"]})
+    assert "nope" in fields_of(r)["targets.0.provider"]
+
+
 async def test_every_public_strategy_can_be_created(api: Api) -> None:
     for i, strategy in enumerate(PUBLIC_STRATEGIES):
         body = {"name": f"s{i}", "strategy": strategy, "targets": NEW["targets"]}

@@ -137,6 +137,40 @@ def test_every_public_strategy_is_accepted(strategy: str) -> None:
     assert cfg.combos[0].to_combo().strategy == strategy
 
 
+def test_provider_model_strings_are_targets() -> None:
+    """A LiteLLM or OmniRoute user writes ``openai/gpt-4o``: the string means the mapping, split
+    at the first ``/`` (a provider id has none, a model may), in targets, judge and shadows."""
+    data = _base()
+    data["connections"].append(
+        {"id": "or-1", "provider": "openrouter", "base_url": "https://or/v1", "models": "*"}
+    )
+    data["combos"][0]["targets"] = ["mock/a", {"provider": "kimi", "model": "k2"}, "openrouter/m/x"]
+    data["combos"][0]["config"] = {"judge": "kimi/k2", "shadow": {"targets": ["mock/b"]}}
+    (combo,) = parse_config(data, {}).combos
+    as_mappings = [(t.provider, t.model, t.connection) for t in combo.targets]
+    assert as_mappings == [("mock", "a", None), ("kimi", "k2", None), ("openrouter", "m/x", None)]
+    assert combo.config.judge is not None
+    assert (combo.config.judge.provider, combo.config.judge.model) == ("kimi", "k2")
+    assert combo.config.shadow is not None
+    assert combo.config.shadow.targets[0].model == "b"
+    assert [t.key for t in combo.to_combo().targets] == ["mock/a", "kimi/k2", "openrouter/m/x"]
+
+
+@pytest.mark.parametrize("ref", ["gpt-4o", "/gpt-4o", "openai/", " ", "open ai/gpt-4o"])
+def test_a_target_string_that_is_not_provider_model_names_its_field(ref: str) -> None:
+    data = _base()
+    data["combos"][0]["targets"][1] = ref
+    problems = problems_of(data)
+    field = next(f for f in problems if f.startswith("combos.0.targets.1"))
+    assert "provider" in f"{field}: {problems[field]}", problems  # the field or the message
+
+
+def test_a_target_string_of_a_provider_without_connection_is_refused() -> None:
+    data = _base()
+    data["combos"][0]["targets"][1] = "openai/gpt-4o"
+    assert "no connection of provider 'openai'" in problems_of(data)["combos.0.targets.1.provider"]
+
+
 def test_no_combos_is_fine() -> None:
     data = _base()
     del data["combos"]

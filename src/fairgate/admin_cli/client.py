@@ -96,6 +96,9 @@ class AdminClient:
     def post(self, path: str, body: Any = None) -> Any:
         return self.request("POST", path, body if body is not None else {})
 
+    def put(self, path: str, body: Any) -> Any:
+        return self.request("PUT", path, body)
+
     def delete(self, path: str) -> Any:
         return self.request("DELETE", path)
 

@@ -26,6 +26,8 @@ from rich.live import Live
 from fairgate.admin_cli import render
 from fairgate.admin_cli.client import DEFAULT_URL, AdminClient, AdminCliError, quote
 from fairgate.admin_cli.credentials import login_fields
+from fairgate.quota.model import Policy
+from fairgate.quota.units import Unit
 
 __all__ = ["register"]
 
@@ -172,7 +174,9 @@ def keys_rotate(
 
 # -- pools ------------------------------------------------------------------------------------
 
-pools_app = typer.Typer(no_args_is_help=True, help="Quota pools and who is using them.")
+pools_app = typer.Typer(
+    no_args_is_help=True, help="Quota pools: who may use them, and who is using them."
+)
 
 
 @pools_app.command("list")
@@ -213,6 +217,112 @@ def pools_usage(
                 shown += 1
     except KeyboardInterrupt:
         pass
+
+
+def _allocation_body(
+    pool: dict[str, Any],
+    key_id: str,
+    weight: float | None,
+    policy: Policy | None,
+    cap: tuple[float | None, Unit | None, bool],
+) -> dict[str, Any]:
+    """The key's whole allocation for ``PUT …/allocations/{key}``: what the options give, the
+    rest as the key has it now (a new allocation: hard, no cap), so changing one thing about
+    an allocation keeps the others (its per-model caps too)."""
+    cap_value, cap_unit, no_cap = cap
+    old = next((a for a in pool.get("allocations", []) if a["key"] == key_id), None)
+    if old is None and weight is None:
+        _fail(
+            f"key '{key_id}' has no allocation in pool '{pool['id']}' yet: give its share "
+            "with --weight (percent of the pool)"
+        )
+    if no_cap and (cap_value is not None or cap_unit is not None):
+        _fail("--no-cap removes the cap: give it without --cap / --cap-unit")
+    body: dict[str, Any] = {
+        "weight": weight if weight is not None else old["weight"] if old else 0.0,
+        "policy": str(policy) if policy is not None else old["policy"] if old else "hard",
+        "capValue": None if no_cap else old.get("capValue") if old else None,
+        "capUnit": None if no_cap else old.get("capUnit") if old else None,
+        "modelCaps": old.get("modelCaps", []) if old else [],
+    }
+    if cap_value is not None:
+        body["capValue"] = cap_value
+    if cap_unit is not None:
+        body["capUnit"] = str(cap_unit)
+    if (body["capValue"] is None) != (body["capUnit"] is None):
+        _fail("a cap needs both --cap VALUE and --cap-unit (requests, tokens, usd or percent)")
+    return body
+
+
+def _allocations_line(pool: dict[str, Any]) -> str:
+    allocs = pool.get("allocations", [])
+    total = sum(a["weight"] for a in allocs)
+    listed = ", ".join(f"{a['key']} {a['weight']:g} % {a['policy']}" for a in allocs) or "none"
+    line = f"Allocations of pool {pool['id']}: {listed} ({total:g} % in all)."
+    if total > 100:
+        line += " Over 100 %: the shares promise more than the pool's limit, which still caps it."
+    return line
+
+
+@pools_app.command("allow")
+def pools_allow(
+    pool_id: Annotated[str, typer.Argument(help="The pool's id.")],
+    key_id: Annotated[str, typer.Argument(help="The client key's id.")],
+    weight: Annotated[
+        float | None,
+        typer.Option(
+            min=0,
+            max=100,
+            help="The key's share of the pool's limits, in percent (required for a key that "
+            "has no allocation in the pool yet).",
+        ),
+    ] = None,
+    policy: Annotated[
+        Policy | None,
+        typer.Option(
+            help="At its share in a strict pool: hard blocks, soft deprioritises, burst passes "
+            "(default: the key's current policy, else hard)."
+        ),
+    ] = None,
+    cap: Annotated[
+        float | None,
+        typer.Option("--cap", min=0, help="An absolute cap, in --cap-unit, per window."),
+    ] = None,
+    cap_unit: Annotated[Unit | None, typer.Option("--cap-unit", help="The cap's unit.")] = None,
+    no_cap: Annotated[bool, typer.Option("--no-cap", help="Remove the key's cap.")] = False,
+    url: Url = DEFAULT_URL,
+    admin_key: AdminKey = None,
+    as_json: AsJson = False,
+) -> None:
+    """Give a key an allocation in a pool, or change the one it has; the pool's other
+    allocations are left as they are. Options not given keep the key's current values."""
+    path = f"/api/quota/pools/{quote(pool_id)}"
+    pool = _call(url, admin_key, lambda c: c.get(path))
+    body = _allocation_body(pool, key_id, weight, policy, (cap, cap_unit, no_cap))
+    had = any(a["key"] == key_id for a in pool.get("allocations", []))
+    res = _call(url, admin_key, lambda c: c.put(f"{path}/allocations/{quote(key_id)}", body))
+    verb = "updated in" if had else "added to"
+    _show(res, as_json, lambda p: f"Key {key_id} {verb} pool {pool_id}. {_allocations_line(p)}")
+
+
+@pools_app.command("disallow")
+def pools_disallow(
+    pool_id: Annotated[str, typer.Argument(help="The pool's id.")],
+    key_id: Annotated[str, typer.Argument(help="The client key's id.")],
+    url: Url = DEFAULT_URL,
+    admin_key: AdminKey = None,
+    as_json: AsJson = False,
+) -> None:
+    """Take a key's allocation out of a pool (the key itself stays). Where allocations are
+    required (server.require_allocation), it can no longer use the pool's connections."""
+    path = f"/api/quota/pools/{quote(pool_id)}/allocations/{quote(key_id)}"
+    _call(url, admin_key, lambda c: c.delete(path))  # 204, as every delete: the pool is a GET
+    res = _call(url, admin_key, lambda c: c.get(f"/api/quota/pools/{quote(pool_id)}"))
+    _show(
+        res,
+        as_json,
+        lambda p: f"Key {key_id} has no allocation in pool {pool_id} now. {_allocations_line(p)}",
+    )
 
 
 # -- connections ------------------------------------------------------------------------------

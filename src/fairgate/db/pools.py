@@ -196,6 +196,24 @@ class PoolRepo:
             self.record(pool_id)
             self._conn.execute("DELETE FROM pools WHERE id = ?", (pool_id,))
 
+    def set_allocation(self, pool_id: str, alloc: Allocation) -> PoolRecord:
+        """Give one key its allocation in the pool, or replace the one it has; the pool's other
+        allocations stay as stored. Written inside one transaction, so two writers adding two
+        keys cannot undo each other, as two full allocation lists sent at once would."""
+        with transaction(self._conn):
+            rec = self.record(pool_id)
+            others = tuple(a for a in rec.allocations if a.key_id != alloc.key_id)
+            return self.update(replace(rec, allocations=(*others, alloc)))
+
+    def remove_allocation(self, pool_id: str, key_id: str) -> PoolRecord:
+        """Take one key's allocation out of the pool (:class:`NotFound` when it has none)."""
+        with transaction(self._conn):
+            rec = self.record(pool_id)
+            kept = tuple(a for a in rec.allocations if a.key_id != key_id)
+            if len(kept) == len(rec.allocations):
+                raise NotFound(f"key '{key_id}' has no allocation in pool '{pool_id}'")
+            return self.update(replace(rec, allocations=kept))
+
     def set_model_caps(self, pool_id: str, key_id: str, caps: Iterable[ModelCap]) -> Allocation:
         with transaction(self._conn):
             rec = self.record(pool_id)

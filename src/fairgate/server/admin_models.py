@@ -180,6 +180,40 @@ class AllocationIn(ApiModel):
         )
 
 
+class AllocationBody(ApiModel):
+    """One key's allocation, the key named by the path (``PUT …/allocations/{key}``): all of
+    it, as :class:`AllocationIn` without the key. The weight has no default here: an
+    allocation added without one would silently be a zero share."""
+
+    weight: Weight
+    policy: Policy = Policy.HARD
+    cap_value: CapValue | None = None
+    cap_unit: Unit | None = None
+    model_caps: list[ModelCapIn] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _cap_pair(self) -> Self:
+        if (self.cap_value is None) != (self.cap_unit is None):
+            raise ValueError("capValue and capUnit must be given together")
+        return self
+
+    @field_validator("model_caps")
+    @classmethod
+    def _caps(cls, v: list[ModelCapIn]) -> list[ModelCapIn]:
+        unique_caps(v)
+        return v
+
+    def to_domain(self, key_id: str) -> Allocation:
+        return Allocation(
+            key_id=key_id,
+            weight=self.weight,
+            cap_value=self.cap_value,
+            cap_unit=self.cap_unit,
+            policy=self.policy,
+            model_caps=tuple(c.to_domain() for c in self.model_caps),
+        )
+
+
 def _unique_allocs(allocs: list[AllocationIn]) -> list[AllocationIn]:
     _no_duplicates([a.key for a in allocs], "allocation for key")
     return allocs

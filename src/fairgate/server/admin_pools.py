@@ -46,6 +46,7 @@ from fairgate.server.admin_common import (
     invalid,
 )
 from fairgate.server.admin_models import (
+    AllocationBody,
     AllocationIn,
     BurnSampleOut,
     DimensionOut,
@@ -230,6 +231,28 @@ async def pool_log(
         reason = type(exc).__name__
         raise AdminError(503, f"The admission log cannot be read ({reason})") from None
     return PoolLogOut(pool_id=pool_id, events=events)
+
+
+@router.put("/quota/pools/{pool_id}/allocations/{key_id}", tags=["pools"])
+async def put_allocation(pool_id: str, key_id: str, body: AllocationBody, gw: GW) -> PoolOut:
+    """Give one key its allocation in a pool, or replace the one it has (weight, policy, cap
+    and per-model caps: all as the body says); the pool's other allocations are left as they
+    are. Adding a key this way needs no resend of the whole ``allocations`` list, so two admins
+    adding two keys at the same time cannot drop each other's (``fairgate pools allow``)."""
+    KeyRepo(gw.db).get(key_id)  # an unknown key is a 404 naming it, like an unknown pool
+    rec = PoolRepo(gw.db).set_allocation(pool_id, body.to_domain(key_id))
+    gw.reload()
+    return _out(gw, rec)
+
+
+@router.delete("/quota/pools/{pool_id}/allocations/{key_id}", status_code=204, tags=["pools"])
+async def delete_allocation(pool_id: str, key_id: str, gw: GW) -> Response:
+    """Take one key's allocation out of a pool (404 when it has none); the other allocations
+    are left as they are (``fairgate pools disallow``). With ``server.require_allocation`` on,
+    the key can no longer use the pool's connections. 204 with no body, as every delete."""
+    PoolRepo(gw.db).remove_allocation(pool_id, key_id)
+    gw.reload()
+    return Response(status_code=204)
 
 
 @router.put("/quota/pools/{pool_id}/allocations/{key_id}/model-caps", tags=["pools"])

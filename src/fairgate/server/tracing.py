@@ -24,6 +24,8 @@ import logging
 from collections.abc import Callable, Coroutine, Mapping
 from typing import Any, ParamSpec, TypeVar
 
+from fairgate.install import extra_hint
+
 log = logging.getLogger("fairgate.tracing")
 
 __all__ = ["active", "configure_from_env", "shutdown", "traced", "use_tracer_provider"]
@@ -71,8 +73,7 @@ def configure_from_env(env: Mapping[str, str]) -> bool:
     except ImportError:
         log.warning(
             "OTEL_EXPORTER_OTLP_ENDPOINT is set but OpenTelemetry is not installed: "
-            "install the otel extra (pip install -e '.[otel]' in the fairgate checkout); "
-            "tracing stays off"
+            f"{extra_hint('otel')}; tracing stays off"
         )
         return False
     service = env.get("OTEL_SERVICE_NAME") or "fairgate"

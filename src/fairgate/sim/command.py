@@ -18,6 +18,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from fairgate.install import extra_hint
 from fairgate.sim.policies import POLICY_NAMES, parse_policies
 from fairgate.sim.report import print_results, print_spreads, write_chart, write_json
 from fairgate.sim.runner import DRIVERS, ScenarioResult, SimError, run_scenario
@@ -116,7 +117,7 @@ def run_simulate(
     if importlib.util.find_spec("matplotlib") is None:
         console.print(
             "[yellow]warning:[/] matplotlib is not installed, no charts drawn "
-            "(install the sim extra: pip install -e '.[sim]' in the fairgate checkout)"
+            f"({extra_hint('sim')})"
         )
     else:
         for r in results:
