@@ -256,3 +256,25 @@ async def test_responses_refuses_cheaply_before_translating(
         r = await h.client.post("/v1/responses", json={"model": "m", "input": "hi"}, headers=auth)
         assert r.status_code == 200, r.text
         assert translated == ["m"]
+
+
+async def test_an_account_error_reaches_the_tenant_as_fairgates_words(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 43, N14: an upstream's text about the shared account (its organisation id, its
+    limits and use) reached every tenant. A 402/429/5xx answer now reads as fairgate's words
+    and the provider's error type; the text goes to the log, for the admin."""
+    text = "Service unavailable for organization org-shared-123 (Limit 30000, Used 29990)"
+
+    async def handler(req: UpstreamRequest) -> Reply:
+        return Reply(status=503, body={"error": {"message": text, "type": "server_error"}})
+
+    async with gateway(tmp_path, base_config([conn("c1")]), ManualTimer(), handler) as h:
+        with caplog.at_level("INFO", logger="fairgate.proxy"):
+            r = await h.chat("m")
+        assert r.status_code == 503, r.text
+        message = r.json()["error"]["message"]
+        assert "org-shared-123" not in r.text
+        assert "29990" not in r.text
+        assert message == "Upstream HTTP 503: the upstream failed or is overloaded (server_error)"
+        assert any(getattr(rec, "error", None) == text for rec in caplog.records)

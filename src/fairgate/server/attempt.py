@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import logging
 import math
+import re
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 
@@ -339,7 +340,7 @@ async def _upstream_error(resp: UpstreamResponse, conn: Connection) -> tuple[Api
         raw = b""
     finally:
         resp.release()
-    message = ""
+    message, kind = "", ""
     try:
         obj = orjson.loads(raw) if raw else None
     except orjson.JSONDecodeError:
@@ -350,7 +351,17 @@ async def _upstream_error(resp: UpstreamResponse, conn: Connection) -> tuple[Api
             message = err["message"]
         elif isinstance(err, str):
             message = err
+        if isinstance(err, dict):
+            kind = next((v for f in ("type", "code") if _KIND.match(v := str(err.get(f)))), "")
     message = _redact(message, conn)[:500] or f"Upstream returned HTTP {resp.status}"
+    if resp.status in _ACCOUNT_STATE:
+        # the text describes the shared account (its organisation, its limits, its use): the
+        # admin reads it in the log; the tenant gets fairgate's words and the provider's type
+        log.info(
+            "upstream error text",
+            extra={"connection": conn.id, "status": resp.status, "error": message},
+        )
+        message = _account_message(resp.status, kind)
     headers: dict[str, str] = {}
     if resp.status in (401, 403):
         err = ApiError(
@@ -405,6 +416,26 @@ async def _report_failure(
             request_id=REQUEST_ID.get(),
         )
     return cls
+
+
+#: Statuses whose error text is about the shared account, not the request (issue 43, N14).
+_ACCOUNT_STATE = frozenset({402, 429, *range(500, 600)})
+#: A provider's error type or code as shown to a tenant: an identifier, nothing else.
+_KIND = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
+
+
+def _account_message(status: int, kind: str) -> str:
+    """What a tenant reads for an answer about the shared account: fairgate's words and the
+    provider's error type (``rate_limit_exceeded``), never its text, which names the account's
+    organisation, its limits and its use (``Limit 30000, Used 29990``)."""
+    what = (
+        "the upstream account is rate limited"
+        if status == 429
+        else "the upstream account has a billing problem"
+        if status == 402
+        else "the upstream failed or is overloaded"
+    )
+    return f"Upstream HTTP {status}: {what}" + (f" ({kind})" if kind else "")
 
 
 def _redact(text: str, conn: Connection) -> str:
