@@ -182,20 +182,21 @@ def _sse(payload: dict[str, Any], event: str | None = None) -> bytes:
     return head + b"data: " + orjson.dumps(payload) + b"\n\n"
 
 
-def openai_stream(text: str, *, model: str = "m") -> list[bytes]:
-    """The SSE events of a Chat Completions stream answering ``text`` word by word."""
+def openai_stream(text: str, *, model: str = "m", finish: str | None = "stop") -> list[bytes]:
+    """The SSE events of a Chat Completions stream answering ``text`` word by word (no
+    finish chunk when ``finish`` is None; no content chunk for an empty ``text``)."""
     base = {"id": "chatcmpl-stream", "object": "chat.completion.chunk", "model": model}
-    words = text.split(" ")
+    words = text.split(" ") if text else []
     pieces = [w if i == 0 else " " + w for i, w in enumerate(words)]
 
     def chunk(delta: dict[str, Any], finish: str | None) -> bytes:
         return _sse({**base, "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
 
+    end = [chunk({}, finish), b"data: [DONE]\n\n"] if finish is not None else []
     return [
         chunk({"role": "assistant", "content": ""}, None),
         *(chunk({"content": p}, None) for p in pieces),
-        chunk({}, "stop"),
-        b"data: [DONE]\n\n",
+        *end,
     ]
 
 
@@ -253,7 +254,8 @@ class MockUpstream:
         body = req.json()
         messages = body.get("messages") or []
         words = re.findall(r"[a-z0-9]+", _last_user_text(messages).lower()) or ["hello"]
-        text = "" if fault.kind == "empty" else " ".join(["mock", "reply:", *words])
+        text = "" if fault.kind in ("empty", "empty-turn") else " ".join(["mock", "reply:", *words])
+        finish = None if fault.kind == "empty" else "stop"
         chars = sum(len(str(m.get("content", ""))) for m in messages if isinstance(m, dict))
         prompt, completion = max(1, -(-chars // 4)), len(text.split())
         model = str(body.get("model", "m"))
@@ -263,16 +265,26 @@ class MockUpstream:
         if wire == "anthropic":
             assert body.get("stream") is not True, "MockUpstream streams the OpenAI wire only"
             reply = anthropic_message(
-                text, model=model, input_tokens=prompt, output_tokens=completion
+                text,
+                model=model,
+                input_tokens=prompt,
+                output_tokens=completion,
+                stop_reason=None if finish is None else "end_turn",
             )
         elif body.get("stream") is True:
-            events: list[bytes | BaseException] = list(openai_stream(text, model=model))
+            events: list[bytes | BaseException] = list(
+                openai_stream(text, model=model, finish=finish)
+            )
             if fault.kind == "reset-mid-stream":
                 events = [*events[: int(fault.value)], ConnectionResetError("reset mid-stream")]
             reply = Reply(chunks=events)
         else:
             reply = openai_chat(
-                text, model=model, prompt_tokens=prompt, completion_tokens=completion
+                text,
+                model=model,
+                prompt_tokens=prompt,
+                completion_tokens=completion,
+                finish_reason=finish,
             )
         return replace(reply, headers=self._signals(wire, prompt, completion))
 

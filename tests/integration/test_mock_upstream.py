@@ -520,22 +520,36 @@ async def test_reset_mid_stream_non_stream_body(oai: openai.AsyncOpenAI) -> None
         )
 
 
-async def test_empty(oai: openai.AsyncOpenAI, ant: anthropic.AsyncAnthropic) -> None:
+@pytest.mark.parametrize(
+    ("fault", "finish", "stop"), [("empty", None, None), ("empty-turn", "stop", "end_turn")]
+)
+async def test_empty(
+    oai: openai.AsyncOpenAI,
+    ant: anthropic.AsyncAnthropic,
+    fault: str,
+    finish: str | None,
+    stop: str | None,
+) -> None:
+    """``empty``: nothing and no finish (broken); ``empty-turn``: nothing and a finish, the
+    empty answer Anthropic documents after tool results (``content: []``, ``end_turn``)."""
     resp = await oai.chat.completions.create(
-        model="m", messages=MESSAGES, extra_headers=_fault("empty")
+        model="m", messages=MESSAGES, extra_headers=_fault(fault)
     )
     assert resp.choices[0].message.content == ""
+    assert resp.choices[0].finish_reason == finish
     assert resp.usage is not None
     assert resp.usage.completion_tokens == 0
-    msg = await ant.messages.create(**MSG, extra_headers=_fault("empty"))
-    block = msg.content[0]
-    assert isinstance(block, anthropic.types.TextBlock)
-    assert block.text == ""
+    msg = await ant.messages.create(**MSG, extra_headers=_fault(fault))
+    assert msg.content == []
+    assert msg.stop_reason == stop
     stream = await oai.chat.completions.create(
-        model="m", messages=MESSAGES, stream=True, extra_headers=_fault("empty")
+        model="m", messages=MESSAGES, stream=True, extra_headers=_fault(fault)
     )
-    text = "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
-    assert text == ""
+    chunks = [c async for c in stream if c.choices]
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == ""
+    assert [c.choices[0].finish_reason for c in chunks if c.choices[0].finish_reason] == (
+        [finish] if finish else []
+    )
 
 
 async def test_error_200(

@@ -130,7 +130,12 @@ class HandlerUpstream:
 
 
 def openai_chat(
-    text: str, *, model: str = "m", prompt_tokens: int = 10, completion_tokens: int = 5
+    text: str,
+    *,
+    model: str = "m",
+    prompt_tokens: int = 10,
+    completion_tokens: int = 5,
+    finish_reason: str | None = "stop",
 ) -> Reply:
     """A Chat Completions answer with usage."""
     return Reply(
@@ -143,7 +148,7 @@ def openai_chat(
                 {
                     "index": 0,
                     "message": {"role": "assistant", "content": text},
-                    "finish_reason": "stop",
+                    "finish_reason": finish_reason,
                 }
             ],
             "usage": {
@@ -156,17 +161,23 @@ def openai_chat(
 
 
 def anthropic_message(
-    text: str, *, model: str = "m", input_tokens: int = 10, output_tokens: int = 5
+    text: str,
+    *,
+    model: str = "m",
+    input_tokens: int = 10,
+    output_tokens: int = 5,
+    stop_reason: str | None = "end_turn",
 ) -> Reply:
-    """A Messages API answer with usage."""
+    """A Messages API answer with usage (an empty ``text`` is ``content: []``, as Anthropic
+    answers an empty turn)."""
     return Reply(
         body={
             "id": "msg_inprocess",
             "type": "message",
             "role": "assistant",
             "model": model,
-            "content": [{"type": "text", "text": text}],
-            "stop_reason": "end_turn",
+            "content": [{"type": "text", "text": text}] if text else [],
+            "stop_reason": stop_reason,
             "stop_sequence": None,
             "usage": {"input_tokens": input_tokens, "output_tokens": output_tokens},
         }

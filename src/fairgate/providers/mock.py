@@ -326,11 +326,18 @@ def _token_cap(body: JSON, names: tuple[str, ...]) -> int | None:
     return None
 
 
+#: Faults whose answer holds no text: ``empty`` (and no finish: broken), ``empty-turn`` (a
+#: finish: a legitimate empty answer).
+_NOTHING = frozenset({"empty", "empty-turn"})
+#: Faults whose answer has no finish reason.
+_NO_FINISH = frozenset({"no-finish", "empty"})
+
+
 def _reply(
     cfg: MockConfig, messages: list[Any], cap: int | None, fault: Fault
 ) -> tuple[str, int, bool]:
     """(text, tokens, truncated): one word per token, words taken from the last user message."""
-    if fault.kind == "empty":
+    if fault.kind in _NOTHING:
         return "", 0, False
     n = cfg.completion_tokens if cap is None else min(cap, cfg.completion_tokens)
     words = re.findall(r"[a-z0-9]+", _last_user_text(messages).lower()) or list(_FILLER)
@@ -470,7 +477,7 @@ async def _chat(call: _Call) -> web.StreamResponse:
         return call.bad_request(str(exc), "max_tokens")
     prompt = _prompt_tokens(messages)
     text, completion, truncated = _reply(call.state.config, messages, cap, call.fault)
-    finish = None if call.fault.kind == "no-finish" else ("length" if truncated else "stop")
+    finish = None if call.fault.kind in _NO_FINISH else ("length" if truncated else "stop")
     headers = call.headers(prompt, completion)
     usage = {
         "prompt_tokens": prompt,
@@ -535,14 +542,15 @@ async def _messages(call: _Call) -> web.StreamResponse:
         return call.bad_request("max_tokens: Field required")
     prompt = _prompt_tokens(messages, body.get("system"))
     text, completion, truncated = _reply(call.state.config, messages, cap, call.fault)
-    stop = None if call.fault.kind == "no-finish" else ("max_tokens" if truncated else "end_turn")
+    stop = None if call.fault.kind in _NO_FINISH else ("max_tokens" if truncated else "end_turn")
     headers = call.headers(prompt, completion)
     message: JSON = {
         "id": f"msg_mock{call.state.next_seq():08d}",
         "type": "message",
         "role": "assistant",
         "model": model,
-        "content": [{"type": "text", "text": text}],
+        # an empty turn is ``content: []``, as Anthropic documents it
+        "content": [] if call.fault.kind in _NOTHING else [{"type": "text", "text": text}],
         "stop_reason": stop,
         "stop_sequence": None,
         "usage": {

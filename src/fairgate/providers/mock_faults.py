@@ -19,7 +19,9 @@ A fault spec is the text of an ``x-mock-fault`` header or of one ``/_mock/schedu
 ``latency:ms``         extra latency before the first byte, then answer normally
 ``reset``              abort the TCP connection (RST) without a response
 ``reset-mid-stream[:k]``  send ``k`` stream events (default 1), then abort the connection
-``empty``              a 200 whose content is ``""``
+``empty``              a 200 with no content and no ``finish_reason`` / ``stop_reason`` (broken)
+``empty-turn``         a legitimate empty answer: no content, finish ``stop`` / ``end_turn``
+                       (Anthropic documents it after tool results; never a failure)
 ``error-200``          a 200 whose body is an error object (an ``error`` event when streaming)
 ``no-finish``          a stream that ends without ``finish_reason`` / ``message_stop``
 =====================  ==========================================================================
@@ -48,7 +50,18 @@ Wire = Literal["openai", "anthropic"]
 STATUS_FAULTS = frozenset({"429", "429-date", "500", "502", "503", "overloaded", "quota"})
 
 _NO_ARG = frozenset(
-    {"ok", "500", "502", "503", "overloaded", "reset", "empty", "error-200", "no-finish"}
+    {
+        "ok",
+        "500",
+        "502",
+        "503",
+        "overloaded",
+        "reset",
+        "empty",
+        "empty-turn",
+        "error-200",
+        "no-finish",
+    }
 )
 _OPTIONAL_ARG = {"429": 1.0, "429-date": 1.0, "reset-mid-stream": 1.0, "quota": 429.0}
 _REQUIRED_ARG = frozenset({"timeout", "latency"})

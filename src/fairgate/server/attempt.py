@@ -313,7 +313,8 @@ async def _prime(
 ) -> tuple[list[bytes], str | None]:
     """Read a stream up to its first content (SPEC §8: validate on the first content chunk,
     then pass the rest through live). Returns what was read and, if the stream is no good
-    (ended, broke or errored before any content), why."""
+    (ended without a finish, broke or errored before any content), why. A stream that finishes
+    with nothing in it is an answer (an empty turn), not a failure."""
     first: list[bytes] = []
     try:
         async for chunk in source:
@@ -323,7 +324,7 @@ async def _prime(
             if tally.text_chars > 0:
                 return first, None
             if tally.finished:
-                return first, "finished without content"
+                return first, None
     except TRANSPORT_ERRORS as exc:
         return first, type(exc).__name__
     return first, "ended without content"

@@ -275,16 +275,25 @@ def _embeddings_problem(obj: JSON) -> str | None:
     return None if obj.get("data") else "no embeddings"
 
 
+# Legitimate answers are never failures (issue 42): a model may answer nothing (Anthropic
+# documents an empty ``end_turn`` after tool results), think and stop, refuse, or only call a
+# tool. What is broken is an answer with no stop reason (cut off, or never finished) and one
+# whose whole output budget went to reasoning: failing those over is what the client wants,
+# and the failed attempt is charged what the upstream reported (the work was done).
+
+
 def _messages_problem(obj: JSON) -> str | None:
-    blocks = obj.get("content") or []
-    useful = any(
-        (b.get("type") == "text" and b.get("text")) or b.get("type") == "tool_use"
-        for b in blocks
-        if isinstance(b, dict)
+    stop = obj.get("stop_reason")
+    if not stop:
+        return "no stop reason"
+    blocks = [b for b in obj.get("content") or [] if isinstance(b, dict)]
+    said = any(
+        (b.get("type") == "text" and b.get("text")) or b.get("type") == "tool_use" for b in blocks
     )
-    if not useful:
-        return "empty content"
-    return None if obj.get("stop_reason") else "no stop reason"
+    thought = any(b.get("type") in ("thinking", "redacted_thinking") for b in blocks)
+    if stop == "max_tokens" and thought and not said:
+        return "reasoning used the whole budget, no content"
+    return None
 
 
 def _chat_problem(obj: JSON) -> str | None:
@@ -292,13 +301,17 @@ def _chat_problem(obj: JSON) -> str | None:
     if not choices or not isinstance(choices[0], dict):
         return "no choices"
     choice = choices[0]
+    finish = choice.get("finish_reason")
+    if not finish:
+        return "no finish reason"
     msg = choice.get("message") or {}
-    if not (isinstance(msg, dict) and (msg.get("content") or msg.get("tool_calls"))):
-        details = (obj.get("usage") or {}).get("completion_tokens_details") or {}
-        if choice.get("finish_reason") == "length" and details.get("reasoning_tokens"):
-            return "reasoning used the whole budget, no content"
-        return "empty content"
-    return None if choice.get("finish_reason") else "no finish reason"
+    said = isinstance(msg, dict) and bool(
+        msg.get("content") or msg.get("tool_calls") or msg.get("refusal")
+    )
+    details = (obj.get("usage") or {}).get("completion_tokens_details") or {}
+    if finish == "length" and not said and details.get("reasoning_tokens"):
+        return "reasoning used the whole budget, no content"
+    return None
 
 
 _PROBLEMS: Mapping[Route, Callable[[JSON], str | None]] = {
