@@ -131,6 +131,23 @@ def test_anthropic_messages_to_anthropic_connection(gateway: Proc) -> None:
     assert final.usage.output_tokens == 7
 
 
+def test_anthropic_count_tokens_through_the_gateway(gateway: Proc) -> None:
+    """The SDK's ``messages.count_tokens`` (Claude Code's ``/context``): counted by the mock's
+    Anthropic wire behind the gateway, and by the gateway's estimate for an OpenAI-only model."""
+    messages: list[anthropic.types.MessageParam] = [
+        {"role": "user", "content": "count these words please"}
+    ]
+    with ant(gateway) as client:
+        raw = client.messages.with_raw_response.count_tokens(
+            model="claude-sonnet-4", messages=messages
+        )
+        assert raw.headers["x-fairgate-token-count"] == "upstream"
+        assert raw.parse().input_tokens > 0
+        raw = client.messages.with_raw_response.count_tokens(model="gpt-4o-mini", messages=messages)
+        assert raw.headers["x-fairgate-token-count"] == "estimate"
+        assert raw.parse().input_tokens > 0
+
+
 def test_anthropic_client_to_openai_connection(gateway: Proc) -> None:
     with ant(gateway) as client:
         msg = client.messages.create(

@@ -7,7 +7,8 @@ benchmarks and ``fairgate demo`` point real connections at this server (``fairga
 
 What it serves (all deterministic, so tests can assert exact numbers):
 
-- ``POST /v1/chat/completions`` (OpenAI), ``POST /v1/messages`` (Anthropic), streaming or not.
+- ``POST /v1/chat/completions`` (OpenAI), ``POST /v1/messages`` (Anthropic), streaming or not;
+  ``POST /v1/messages/count_tokens`` (Anthropic's free token count).
   The reply is ``"mock reply: "`` followed by words of the last user message; one word counts as
   one token, so ``usage`` equals ``min(max_tokens, completion_tokens)`` exactly. Prompt tokens are
   ``ceil(characters of all message contents / 4)`` (at least 1).
@@ -527,6 +528,22 @@ async def _chat(call: _Call) -> web.StreamResponse:
     return await call.stream(events, headers)
 
 
+#: Anthropic's token counting (free, rate limited apart from messages; Claude Code's /context).
+COUNT_TOKENS_PATH = "/v1/messages/count_tokens"
+
+
+async def _count_tokens(call: _Call) -> web.StreamResponse:
+    """``{"input_tokens": n}`` for a Messages body, as Anthropic counts it: no ``max_tokens``
+    needed, nothing generated, no usage spent (the mock's estimate: four characters a token)."""
+    body = call.body
+    model, messages = body.get("model"), body.get("messages")
+    if not isinstance(model, str) or not model:
+        return call.bad_request("model: Field required")
+    if not isinstance(messages, list) or not messages:
+        return call.bad_request("messages: at least one message is required")
+    return _json(200, {"input_tokens": _prompt_tokens(messages, body.get("system"))}, {})
+
+
 async def _messages(call: _Call) -> web.StreamResponse:
     body = call.body
     model, messages = body.get("model"), body.get("messages")
@@ -731,7 +748,7 @@ def _check_auth(request: web.Request, wire: Wire, state: MockState) -> tuple[boo
 
 
 def _wire_of(request: web.Request, route: str) -> Wire:
-    if route == "/v1/messages":
+    if route in ("/v1/messages", COUNT_TOKENS_PATH):
         return "anthropic"
     if route == "/v1/models" and "anthropic-version" in request.headers:
         return "anthropic"
@@ -1022,6 +1039,7 @@ def create_mock_app(
     r = app.router
     r.add_post("/v1/chat/completions", _data_route("/v1/chat/completions", _chat))
     r.add_post("/v1/messages", _data_route("/v1/messages", _messages))
+    r.add_post(COUNT_TOKENS_PATH, _data_route(COUNT_TOKENS_PATH, _count_tokens))
     r.add_post("/v1/embeddings", _data_route("/v1/embeddings", _embeddings))
     r.add_get("/v1/models", _data_route("/v1/models", _models))
     r.add_post("/v1/responses", _data_route("/v1/responses", _responses))

@@ -166,6 +166,7 @@ def create_app(
         ("/v1/chat/completions", "POST", proxy.chat_completions),
         ("/v1/responses", "POST", responses_edge.responses),
         ("/v1/messages", "POST", proxy.messages),
+        ("/v1/messages/count_tokens", "POST", proxy.count_tokens),
         ("/v1/embeddings", "POST", proxy.embeddings),
         ("/v1/models", "GET", proxy.models),
     ]

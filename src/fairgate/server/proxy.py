@@ -22,6 +22,7 @@ from typing import Any
 import orjson
 from starlette.responses import Response
 
+from fairgate.providers.transport import TRANSPORT_ERRORS
 from fairgate.providers.usage import estimate_prompt_tokens, estimate_text_tokens
 from fairgate.registry import ClientKey, Protocol
 from fairgate.server import pipeline, tracing
@@ -108,6 +109,74 @@ async def messages(request: ClientRequest) -> Response:
 
 async def embeddings(request: ClientRequest) -> Response:
     return await _handle(request, Route.EMBEDDINGS)
+
+
+#: Where Anthropic counts a Messages body's input tokens (free; Claude Code's ``/context``).
+COUNT_TOKENS_PATH = "/messages/count_tokens"
+
+
+async def count_tokens(request: ClientRequest) -> Response:
+    """``POST /v1/messages/count_tokens``: the input tokens of a Messages body, spending no
+    quota (issue 42: Claude Code met a 404, then sent 18 ``max_tokens: 1`` requests, all
+    charged to the pool). Authenticated, rate limited and held to the key's models like any
+    request; never reserved, settled or counted against a pool. An Anthropic-wire connection
+    the key may use for the model counts it (the provider's own tokenizer); failing that, or
+    for a model no Anthropic connection serves, the gateway's estimate answers (four
+    characters a token, the estimate reservations use; ``x-fairgate-token-count: estimate``),
+    which is within about 20 % for English prose and code."""
+    svc = _services(request)
+    try:
+        key = authenticate(svc, request)
+        svc.check_rate(key)
+        raw = await read_body(request, svc.gw.config.server.max_body_bytes)
+        body = await asyncio.to_thread(decode_json_object, raw)
+        model = require_str(body, "model", max_len=MAX_MODEL_LEN)
+        check_model_allowed(key, model)
+        check_message_limits(body, svc.limits.max_messages, svc.limits.max_message_bytes)
+        check_depth(body)
+        check_messages(body)
+        counted = await _count_upstream(svc, request, key, body, model)
+    except ApiError as err:
+        return error_response(err, anthropic=True)
+    if counted is not None:
+        return Answer(counted, headers={"x-fairgate-token-count": "upstream"})
+    tokens = estimate_prompt_tokens(body)
+    return Answer(
+        orjson.dumps({"input_tokens": tokens}), headers={"x-fairgate-token-count": "estimate"}
+    )
+
+
+async def _count_upstream(
+    svc: Services, request: ClientRequest, key: ClientKey, body: dict[str, Any], model: str
+) -> bytes | None:
+    """The first Anthropic-wire connection's count (the key may use it, the model is its), or
+    None. A failure there falls back to the estimate and teaches resilience nothing: a free
+    count is no evidence about the account."""
+    reg = svc.gw.registry
+    upstream_model, conns = reg.candidates(model)
+    for conn in conns:
+        if conn.protocol is not Protocol.ANTHROPIC or reg.denial(key, conn) is not None:
+            continue
+        payload = orjson.dumps({**body, "model": upstream_model})
+        try:
+            resp = await svc.upstream.post(conn, COUNT_TOKENS_PATH, payload, request.headers)
+        except TRANSPORT_ERRORS:
+            continue
+        try:
+            if resp.status != 200:
+                continue
+            data = await resp.read()
+        except TRANSPORT_ERRORS:
+            continue
+        finally:
+            resp.release()
+        try:
+            counted = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            continue
+        if isinstance(counted, dict) and isinstance(counted.get("input_tokens"), int):
+            return data
+    return None
 
 
 async def models(request: ClientRequest) -> Response:
