@@ -1032,6 +1032,47 @@ def test_openai_stream_to_anthropic_events() -> None:
     ]
 
 
+def _call(index: int, *, id_: str | None = None, name: str | None = None, args: str = "") -> Any:
+    fn: dict[str, Any] = {"arguments": args}
+    if name is not None:
+        fn["name"] = name
+    call: dict[str, Any] = {"index": index, "function": fn}
+    if id_ is not None:
+        call.update(id=id_, type="function")
+    return call
+
+
+@pytest.mark.parametrize(
+    "order",
+    [
+        # start:0 start:1 args:0 args:1 (issue 42: the first call reached Claude Code as {})
+        [(0, "start"), (1, "start"), (0, "a"), (1, "a"), (0, "b"), (1, "b")],
+        [(0, "start"), (0, "a"), (1, "start"), (1, "a"), (0, "b"), (1, "b"), (2, "start")],
+        [(0, "start"), (0, "a"), (0, "b"), (1, "start"), (1, "a"), (1, "b")],  # in order
+    ],
+    ids=["interleaved", "revisited", "sequential"],
+)
+def test_parallel_tool_calls_land_whole_in_their_own_blocks(order: list[tuple[int, str]]) -> None:
+    args = {0: ('{"cmd": ', '"ls"}'), 1: ('{"path": ', '"/tmp"}'), 2: ("", "")}
+    tr = OpenAIToAnthropicStream("m", "msg_1")
+    events: list[tuple[str, dict[str, Any]]] = []
+    events += tr.feed(oa_chunk({"role": "assistant", "content": "Running both."}))
+    for index, what in order:
+        if what == "start":
+            call = _call(index, id_=f"call_{index}", name=f"tool_{index}")
+        else:
+            call = _call(index, args=args[index][0 if what == "a" else 1])
+        events += tr.feed(oa_chunk({"tool_calls": [call]}))
+    events += tr.feed(oa_chunk({}, "tool_calls"))
+    events += tr.finish()
+    msg = check_anthropic_sequence(events)  # every delta inside its own block
+    tools = {b.id: b for b in msg.content if b.type == "tool_use"}
+    assert tools["call_0"].input == {"cmd": "ls"}
+    assert tools["call_1"].input == {"path": "/tmp"}
+    assert msg.content[0].type == "text"
+    assert msg.stop_reason == "tool_use"
+
+
 def test_openai_stream_without_usage_chunk_closes_on_finish() -> None:
     tr = OpenAIToAnthropicStream("m", "msg_1")
     events: list[tuple[str, dict[str, Any]]] = []

@@ -856,6 +856,7 @@ class OpenAIToAnthropicStream:
         "_kind",
         "_model",
         "_next",
+        "_pending",
         "_started",
         "_stop",
         "_tool_ids",
@@ -874,6 +875,10 @@ class OpenAIToAnthropicStream:
         self._next = 0
         self._tools: dict[Any, int] = {}  # OpenAI tool_call index → Anthropic block index
         self._tool_ids: dict[Any, str] = {}
+        # calls that began while another call's block was open: held whole (its block, its
+        # argument pieces) and sent after it, because an Anthropic block cannot take deltas
+        # once the next one has started
+        self._pending: dict[Any, tuple[JSON, list[str]]] = {}
         self._stop: str | None = None
         self._usage: Usage | None = None
 
@@ -925,13 +930,18 @@ class OpenAIToAnthropicStream:
         )
 
     def _tool_calls(self, out: list[tuple[str, JSON]], calls: list[Any]) -> None:
+        """OpenAI streams parallel tool calls by ``index``, and some upstreams interleave them
+        (``start:0 start:1 args:0 args:1``). The first call streams live in its block; a call
+        that begins while another's block is open is held whole and sent after it
+        (:meth:`_flush_pending`), so every argument lands inside its own block: a delta after
+        its block's stop reached Claude Code as ``input: {}``."""
         for call in calls:
             if not isinstance(call, Mapping):
                 continue
             key = call.get("index", 0)
             call_id = call.get("id")
             fn = _map(call.get("function"))
-            known = key in self._tools and not (
+            known = (key in self._tools or key in self._pending) and not (
                 isinstance(call_id, str) and call_id and self._tool_ids.get(key) != call_id
             )
             if not known:
@@ -946,19 +956,37 @@ class OpenAIToAnthropicStream:
                     "name": name if isinstance(name, str) else "",
                     "input": {},
                 }
-                self._tools[key] = self._open(out, "tool", block)
+                if self._kind == "tool" or self._pending:
+                    self._pending[key] = (block, [])
+                    self._tools.pop(key, None)
+                else:
+                    self._tools[key] = self._open(out, "tool", block)
             args = fn.get("arguments")
-            if isinstance(args, str) and args:
-                # OpenAI streams tool calls one after another; arguments for an earlier call
-                # (never seen in practice) still go to that call's block index.
+            if not (isinstance(args, str) and args):
+                continue
+            if key in self._pending:
+                self._pending[key][1].append(args)
+            else:
                 self._delta(
                     out, self._tools[key], {"type": "input_json_delta", "partial_json": args}
                 )
+
+    def _flush_pending(self, out: list[tuple[str, JSON]]) -> None:
+        """The held calls, each as a whole block, in the order they began."""
+        for key, (block, pieces) in self._pending.items():
+            index = self._open(out, "tool", block)
+            self._tools[key] = index
+            if pieces:
+                delta = {"type": "input_json_delta", "partial_json": "".join(pieces)}
+                self._delta(out, index, delta)
+        self._pending.clear()
+        self._stop_block(out)
 
     def _close(self, out: list[tuple[str, JSON]]) -> None:
         if not self._started:
             self._start(out)
         self._stop_block(out)
+        self._flush_pending(out)
         usage: JSON = {"output_tokens": 0}
         if self._usage is not None:
             usage = _anthropic_usage(self._usage)
@@ -1017,6 +1045,7 @@ class OpenAIToAnthropicStream:
                 if isinstance(finish, str) and finish:
                     self._stop = FINISH_TO_STOP.get(finish, "end_turn")
                     self._stop_block(out)
+                    self._flush_pending(out)
         elif self._stop is not None and self._usage is not None:
             self._close(out)  # the usage chunk after the finish chunk
         return out
