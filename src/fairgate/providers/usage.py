@@ -118,6 +118,31 @@ def usage_from_anthropic(obj: Mapping[str, Any]) -> Usage | None:
     return Usage(prompt, completion, cache_read, reasoning)
 
 
+#: The fields of an Anthropic usage block that a stream repeats, cumulatively.
+ANTHROPIC_USAGE_FIELDS = (
+    "input_tokens",
+    "cache_read_input_tokens",
+    "cache_creation_input_tokens",
+    "output_tokens",
+)
+
+
+def merge_anthropic_usage(acc: dict[str, Any], usage: object) -> None:
+    """Fold one stream event's usage into ``acc``: Anthropic's fields are cumulative, so the
+    latest value of each field present wins. ``message_start`` may say ``input_tokens: 0`` and
+    ``message_delta`` the real count (Anthropic-compatible providers do), or the reverse: a
+    field a later event leaves out keeps its earlier value."""
+    if not _mapping(usage):
+        return
+    for key in ANTHROPIC_USAGE_FIELDS:
+        value = usage.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+            acc[key] = value
+    details = usage.get("output_tokens_details")
+    if _mapping(details):
+        acc["output_tokens_details"] = details
+
+
 def estimate_text_tokens(text: str) -> int:
     """About four characters per token: cheap, and good enough to reserve quota with."""
     return (len(text) + 3) // 4

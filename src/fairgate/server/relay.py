@@ -22,6 +22,7 @@ from fairgate.providers.transport import UpstreamResponse
 from fairgate.providers.usage import (
     Usage,
     estimate_text_tokens,
+    merge_anthropic_usage,
     usage_from_anthropic,
     usage_from_openai,
 )
@@ -125,7 +126,7 @@ def _openai_event(data: str, tally: StreamTally, client_wants_usage: bool) -> by
 async def anthropic_to_anthropic(
     resp: UpstreamResponse, tally: StreamTally
 ) -> AsyncIterator[bytes]:
-    prompt: Usage | None = None
+    seen: dict[str, Any] = {}  # the usage fields so far, the latest of each
     async for event, data in _events(resp):
         try:
             obj = orjson.loads(data)
@@ -133,10 +134,11 @@ async def anthropic_to_anthropic(
             obj = None
         if isinstance(obj, dict):
             kind = obj.get("type")
-            if kind == "message_start":
-                msg = obj.get("message")
-                prompt = usage_from_anthropic(msg) if isinstance(msg, dict) else None
-                tally.usage = prompt
+            if kind in ("message_start", "message_delta"):
+                msg = obj.get("message") if kind == "message_start" else obj
+                merge_anthropic_usage(seen, msg.get("usage") if isinstance(msg, dict) else None)
+                if seen:
+                    tally.usage = usage_from_anthropic({"usage": seen})
             elif kind == "content_block_delta":
                 delta = obj.get("delta") or {}
                 if isinstance(delta, dict):
@@ -144,14 +146,6 @@ async def anthropic_to_anthropic(
                         v = delta.get(k)
                         if isinstance(v, str):
                             tally.text_chars += len(v)
-            elif kind == "message_delta":
-                out = usage_from_anthropic(obj)
-                if out is not None:
-                    tally.usage = Usage(
-                        prompt_tokens=(prompt.prompt_tokens if prompt else out.prompt_tokens),
-                        completion_tokens=out.completion_tokens,
-                        cached_tokens=(prompt.cached_tokens if prompt else out.cached_tokens),
-                    )
             elif kind == "message_stop":
                 tally.finished = True
         tally.mark_chunk()
