@@ -8,10 +8,12 @@ explains (a quick 500 on a small request still opens it on one key's word)."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
-from inproc_support import ALICE, BOB, base_config, conn, gateway
+import orjson
+from inproc_support import ALICE, BOB, base_config, conn, gateway, openai_stream
 
 from fairgate.providers.inprocess import Reply, UpstreamRequest, openai_chat
 from fairgate.timers import ManualTimer
@@ -108,3 +110,82 @@ async def test_a_timeout_the_bound_cannot_explain_is_provider_evidence(tmp_path:
         for _ in range(5):
             await h.chat("ma", key=ALICE, max_tokens=20)
         assert (await breaker(h))["state"] == "open"
+
+
+class StalledReader:
+    """The ASGI server's side of a client that sends its request, reads the answer's head and
+    first chunk, then stops reading without closing the connection."""
+
+    def __init__(self, body: bytes) -> None:
+        self.body = body
+        self.asked = False
+        self.sent: list[dict[str, Any]] = []
+        self.stalled = asyncio.Event()
+
+    async def receive(self) -> dict[str, Any]:
+        if not self.asked:
+            self.asked = True
+            return {"type": "http.request", "body": self.body, "more_body": False}
+        await asyncio.Event().wait()  # connected, silent
+        raise AssertionError("unreachable")
+
+    async def send(self, message: dict[str, Any]) -> None:
+        if len(self.sent) >= 2:
+            self.stalled.set()
+            await asyncio.Event().wait()  # the socket buffer is full: never read
+        self.sent.append(message)
+
+
+async def test_a_client_that_stalls_a_stream_frees_it_and_blames_no_one_upstream(
+    tmp_path: Path,
+) -> None:
+    """The send deadline (``FAIRGATE_HTTP_SEND_TIMEOUT_S``): a stream whose client stopped
+    reading is closed after it; the upstream request is released, the reservation settled,
+    and nothing is counted against the provider or the connection."""
+    timer = ManualTimer()
+    upstream_answers: list[Any] = []
+
+    async def handler(req: UpstreamRequest) -> Reply:
+        reply = Reply(chunks=openai_stream("word " * 200, model="ma"))
+        upstream_answers.append(reply)
+        return reply
+
+    env = {"FAIRGATE_HTTP_SEND_TIMEOUT_S": "10"}
+    async with gateway(tmp_path, two_connections(), timer, handler, env=env) as h:
+        body = orjson.dumps(
+            {"model": "ma", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
+        )
+        client = StalledReader(body)
+        scope = {
+            "type": "http",
+            "asgi": {"version": "3.0"},
+            "http_version": "1.1",
+            "method": "POST",
+            "scheme": "http",
+            "path": "/v1/chat/completions",
+            "raw_path": b"/v1/chat/completions",
+            "query_string": b"",
+            "headers": [
+                (b"host", b"gw"),
+                (b"authorization", f"Bearer {ALICE}".encode()),
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+            ],
+            "client": ("127.0.0.1", 5000),
+            "server": ("gw", 80),
+        }
+        app = h.client._transport.app  # type: ignore[attr-defined]
+        serving = asyncio.ensure_future(app(scope, client.receive, client.send))
+        await asyncio.wait_for(client.stalled.wait(), 5)
+        for _ in range(4):  # past 1.5 deadlines, in steps the watcher sleeps through
+            await asyncio.sleep(0)
+            timer.advance(5_000)
+            for _ in range(20):
+                await asyncio.sleep(0)
+        await asyncio.wait_for(serving, 5)  # a guard against a hang, not a measurement
+        await h.settle_background()
+        assert client.sent[0]["status"] == 200
+        assert await h.open_reservations() == 0
+        snap = await h.gw.resilience.snapshot()
+        assert snap["breakers"]["mock"]["failures"] == 0
+        assert snap["cooldowns"] == []
