@@ -277,3 +277,24 @@ def test_reconfigure_keeps_state(clock: ManualClock) -> None:
 def test_invalid_config(kwargs: dict[str, float]) -> None:
     with pytest.raises(ValueError, match=r"must|need"):
         BreakerConfig(**kwargs)  # type: ignore[arg-type]
+
+
+def test_a_failure_that_may_not_open_is_counted_but_opens_nothing(clock: ManualClock) -> None:
+    br = CircuitBreaker(clock, BreakerConfig(min_requests=2))
+    for _ in range(5):
+        assert br.record(False, may_open=False) is None
+    assert br.state() is BreakerState.CLOSED
+    assert br.counts() == (5, 5)
+    assert br.record(False) is BreakerState.OPEN  # the window's evidence counts once allowed
+
+
+def test_a_half_open_probe_failing_without_permission_gives_the_probe_back(
+    clock: ManualClock,
+) -> None:
+    br = CircuitBreaker(clock, BreakerConfig(min_requests=1, cooldown_ms=1_000))
+    assert br.record(False) is BreakerState.OPEN
+    clock.advance(1_000)
+    assert br.try_acquire()
+    assert br.record(False, may_open=False) is None
+    assert br.state() is BreakerState.HALF_OPEN
+    assert br.try_acquire()  # the next request may probe

@@ -37,6 +37,7 @@ def test_every_knob_reads_its_variable() -> None:
             "FAIRGATE_HTTP_HEADER_TIMEOUT_S": "2.5",
             "FAIRGATE_HTTP_BODY_TIMEOUT_S": "30",
             "FAIRGATE_HTTP_KEEP_ALIVE_S": "1",
+            "FAIRGATE_HTTP_SEND_TIMEOUT_S": "12",
             "FAIRGATE_HTTP_MAX_CONNECTIONS": "50",
             "FAIRGATE_KEY_RATE_PER_S": "0",
             "FAIRGATE_KEY_RATE_BURST": "7",
@@ -53,6 +54,7 @@ def test_every_knob_reads_its_variable() -> None:
     )
     assert (s.max_header_bytes, s.max_headers, s.max_connections) == (8192, 20, 50)
     assert (s.header_timeout_s, s.body_timeout_s, s.keep_alive_s) == (2.5, 30, 1)
+    assert s.send_timeout_s == 12
     assert (s.key_rate_per_s, s.key_rate_burst) == (0, 7)
     assert (s.max_messages, s.max_message_bytes, s.thread_parse_bytes) == (99, 1000, 0)
     assert s.metrics_key == "scrape"
@@ -69,6 +71,7 @@ def test_every_knob_reads_its_variable() -> None:
         ("FAIRGATE_HTTP_MAX_HEADERS", "1.5"),
         ("FAIRGATE_HTTP_BODY_TIMEOUT_S", "inf"),
         ("FAIRGATE_HTTP_KEEP_ALIVE_S", "-1"),
+        ("FAIRGATE_HTTP_SEND_TIMEOUT_S", "0"),
         ("FAIRGATE_METRICS_PUBLIC", "maybe"),
         ("FAIRGATE_ALLOWED_HOSTS", "http://gw.example.com/"),
     ],

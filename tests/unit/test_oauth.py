@@ -18,6 +18,8 @@ from fairgate.providers.oauth import (
     RefreshUnavailable,
     TokenSet,
 )
+from fairgate.providers.upstream import UpstreamClient
+from fairgate.registry import AuthType, Connection
 
 TTL = 3_600_000
 AHEAD = 300_000
@@ -158,6 +160,37 @@ async def test_401_refreshes_once_per_token_then_blocks(clock: ManualClock) -> N
     assert issuer.refresh_calls == 1
 
 
+async def test_401_after_the_refreshed_token_served_refreshes_again(clock: ManualClock) -> None:
+    """Issue 43, N10: once the provider accepted the token a 401 refresh produced, a 401 on it
+    hours later (revoked upstream) is a new event: one more refresh, not a block until login."""
+    issuer, _, oauth = await setup(clock)
+    t = await oauth.access("c1")
+    fresh = await oauth.unauthorized("c1", t.access_token)
+    oauth.accepted("c1", fresh.access_token)  # hours of successful use
+    clock.advance(2 * 3_600_000 // 3)
+    again = await oauth.unauthorized("c1", fresh.access_token)
+    assert again.access_token != fresh.access_token
+    assert issuer.refresh_calls == 2
+    assert (await oauth.access("c1")) == again
+    assert all(h.state == "ok" for h in oauth.health())
+    # the new token is spent in its turn: refused before any accepted use, it blocks
+    with pytest.raises(OAuthBlocked):
+        await oauth.unauthorized("c1", again.access_token)
+    assert issuer.refresh_calls == 2
+
+
+async def test_accepting_another_token_keeps_the_mark(clock: ManualClock) -> None:
+    """Only the refreshed token's own accepted use clears its mark: a late success of the old
+    token (a request sent before the refresh) proves nothing about the new one."""
+    _, _, oauth = await setup(clock)
+    t = await oauth.access("c1")
+    fresh = await oauth.unauthorized("c1", t.access_token)
+    oauth.accepted("c1", t.access_token)
+    oauth.accepted("unknown", fresh.access_token)
+    with pytest.raises(OAuthBlocked):
+        await oauth.unauthorized("c1", fresh.access_token)
+
+
 async def test_endpoint_down_keeps_a_valid_token_and_retries_later(clock: ManualClock) -> None:
     issuer, _, oauth = await setup(clock)
     t = await oauth.access("c1")
@@ -214,3 +247,42 @@ async def test_short_lived_tokens_do_not_refresh_on_every_request(clock: ManualC
     await oauth.access("c")
     await oauth.access("c")
     assert issuer.refresh_calls == 1
+
+
+class _Answer:
+    """An upstream answer as far as the OAuth retry looks at it."""
+
+    def __init__(self, status: int) -> None:
+        self.status = status
+
+    def release(self) -> None:
+        return None
+
+
+async def test_transport_401_served_then_401_again_refreshes_instead_of_blocking(
+    clock: ManualClock,
+) -> None:
+    """Issue 43, N10 end to end in the transport: a 401, the refresh, the retry served; hours
+    of answers; then a 401 on that token refreshes once more and the request is served."""
+    issuer, _, oauth = await setup(clock)
+    oauth.manage("c1")
+    client = UpstreamClient()
+    client.oauth = oauth
+    refused: set[str] = set()  # access tokens the provider refuses from now on
+
+    async def send(conn: Connection, path: str, body: bytes, headers: object) -> _Answer:
+        return _Answer(401 if conn.secret in refused else 200)
+
+    client._send = send  # type: ignore[method-assign,assignment]
+    conn = Connection("c1", "codex", "http://x/v1", "", auth_type=AuthType.OAUTH)
+    first = await oauth.access("c1")
+    refused.add(first.access_token)
+    assert (await client.post(conn, "/chat/completions", b"{}", {})).status == 200
+    fresh = await oauth.access("c1")
+    for _ in range(3):  # the refreshed token serves for a while
+        clock.advance(600_000)
+        assert (await client.post(conn, "/chat/completions", b"{}", {})).status == 200
+    refused.add(fresh.access_token)  # revoked upstream
+    assert (await client.post(conn, "/chat/completions", b"{}", {})).status == 200
+    assert issuer.refresh_calls == 2
+    assert all(h.state == "ok" for h in oauth.health())

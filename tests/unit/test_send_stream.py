@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 
 from fairgate.server.client_http import Later, StreamAnswer
-from fairgate.server.edge import send_stream
+from fairgate.server.edge import SendDeadline, send_stream
+from fairgate.timers import ManualTimer
 
 
 class Client:
@@ -108,4 +109,65 @@ async def test_an_error_of_the_stream_is_raised() -> None:
     client = Client()
     with pytest.raises(RuntimeError, match="stream broke"):
         await send_stream(_answer(events, fail=True), client.receive, client.send)
+    assert events == ["closed"]
+
+
+class StalledClient(Client):
+    """A client that reads the first ``reads`` writes and then stops reading without leaving:
+    every later write waits (a full socket buffer) until the stream is given up."""
+
+    def __init__(self, reads: int) -> None:
+        super().__init__()
+        self.reads = reads
+        self.stalled = asyncio.Event()  # set once a write waits
+
+    async def send(self, message: dict[str, Any]) -> None:
+        if len(self.sent) >= self.reads:
+            self.stalled.set()
+            await asyncio.Event().wait()  # never read
+        await super().send(message)
+
+
+async def test_a_client_that_stops_reading_is_cut_at_the_send_deadline() -> None:
+    """Issue 43, N3: a stalled client must not hold the relay (and the upstream request, its
+    slot) until the upstream gives up; the stream is closed and settled like a disconnect."""
+    timer = ManualTimer()
+    events: list[str] = []
+    client = StalledClient(reads=2)  # the head and one chunk
+    sending = asyncio.ensure_future(
+        send_stream(_answer(events, n=50), client.receive, client.send, SendDeadline(timer, 1_000))
+    )
+    await client.stalled.wait()
+    await timer.until_sleeping()
+    timer.advance(500)
+    await timer.until_sleeping()
+    assert not sending.done()  # half the deadline: still waiting on the client
+    timer.advance(500)
+    await asyncio.wait_for(sending, 5)  # a guard against a hang, not a measurement
+    assert events == ["closed", "settled"]
+    assert len([m for m in client.sent if m["type"] == "http.response.body"]) == 1
+    assert not asyncio.current_task().cancelling()  # type: ignore[union-attr]
+
+
+async def test_a_slow_upstream_is_no_stalled_client() -> None:
+    """The deadline bounds a write waiting on the client, not the time between chunks: an
+    upstream that takes longer than the deadline between chunks is streamed whole."""
+    timer = ManualTimer()
+    events: list[str] = []
+
+    async def chunks() -> AsyncIterator[bytes]:
+        try:
+            for i in range(3):
+                timer.advance(5_000)  # the upstream thinks for 5 deadlines
+                await asyncio.sleep(0)
+                yield f"data: {i}\n\n".encode()
+        finally:
+            events.append("closed")
+
+    client = Client()
+    await send_stream(
+        StreamAnswer(chunks()), client.receive, client.send, SendDeadline(timer, 1_000)
+    )
+    bodies = [m["body"] for m in client.sent if m["type"] == "http.response.body"]
+    assert bodies == [b"data: 0\n\n", b"data: 1\n\n", b"data: 2\n\n", b""]
     assert events == ["closed"]

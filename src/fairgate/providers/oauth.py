@@ -15,8 +15,13 @@ issued. Getting this wrong loses the account until a human logs in again, hence:
   replaces (``TokenStore.save``).
 - **No loops**: a refresh the provider rejects (``invalid_grant``: revoked, already used,
   expired) blocks the connection with reason ``auth`` until new tokens are supplied; a 401 on a
-  token refreshes at most once per token; an endpoint that is down is retried no sooner than
-  ``retry_ms`` later while the current token, if still valid, keeps serving.
+  token refreshes at most once per token, and a 401 on the token that refresh produced blocks
+  (refreshing cannot help an account the provider refuses). That "already refreshed after a
+  401" mark is spent on one token and only until the token is :meth:`OAuthTokens.accepted`: a
+  refreshed token the provider has served once is a working token like any other, and a 401
+  hours later (revoked server-side, rotated by another client) refreshes again instead of
+  blocking the subscription until someone logs in; an endpoint that is down is retried no
+  sooner than ``retry_ms`` later while the current token, if still valid, keeps serving.
 
 Secrets: ``TokenSet`` hides its tokens from ``repr``; errors and health entries never carry
 them. Pure apart from the injected clock and the three ports (endpoint, store, lock).
@@ -195,8 +200,9 @@ class _State:
     blocked: str | None = None  # reason, while the stored refresh token is the rejected one
     rejected_refresh: str | None = field(default=None, repr=False)
     retry_at_ms: int = 0
-    # the access token a refresh forced by a 401 produced: a 401 on it too means refreshing
-    # does not help (the account itself is refused), so it blocks instead of looping
+    # the access token a refresh forced by a 401 produced, until the provider first accepts it:
+    # a 401 on it before that means refreshing does not help (the account itself is refused),
+    # so it blocks instead of looping; after an accepted use it is an ordinary token again
     fresh_from_401: str | None = field(default=None, repr=False)
     refreshes: int = 0
     degraded: str | None = None
@@ -300,6 +306,14 @@ class OAuthTokens:
         fresh = await self._refresh_or_keep(connection_id, tokens, force=True)
         st.fresh_from_401 = fresh.access_token
         return fresh
+
+    def accepted(self, connection_id: str, access_token: str) -> None:
+        """The provider served a request made with ``access_token``: if a 401 refresh produced
+        it, the refresh has done its job and a later 401 on this token may refresh again. Called
+        on every accepted OAuth request, so it is a dict lookup and never awaits."""
+        st = self._states.get(connection_id)
+        if st is not None and st.fresh_from_401 == access_token:
+            st.fresh_from_401 = None
 
     async def _refresh_or_keep(
         self, connection_id: str, seen: TokenSet, *, force: bool = False

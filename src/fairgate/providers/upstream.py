@@ -48,10 +48,20 @@ class ManagedTokens(typing.Protocol):
 
     async def unauthorized(self, connection_id: str, used_access_token: str) -> TokenSet: ...
 
+    def accepted(self, connection_id: str, access_token: str) -> None: ...
+
 
 ANTHROPIC_VERSION = "2023-06-01"
 #: The ``anthropic-beta`` flag that lets an OAuth (subscription) access token call the API.
 ANTHROPIC_OAUTH_BETA = "oauth-2025-04-20"
+
+
+def _note_accepted(oauth: ManagedTokens, conn_id: str, access_token: str, status: int) -> None:
+    """A 2xx/3xx proves the provider takes ``access_token``: the token's one refresh-on-401 is
+    no longer spent (issue 43, N10). An error status proves nothing about the token (a 403 or
+    5xx may come before or without the token check), so it keeps the mark."""
+    if status < 400:
+        oauth.accepted(conn_id, access_token)
 
 
 class _PerConnection:
@@ -315,14 +325,17 @@ class UpstreamClient:
                 replace(conn, secret=tokens.access_token), path, body, client_headers
             )
             if resp.status != 401:
+                _note_accepted(oauth, conn.id, tokens.access_token, resp.status)
                 return resp
             resp.release()  # the token was refused: refresh once (never in a loop) and retry
             tokens = await oauth.unauthorized(conn.id, tokens.access_token)
         except (OAuthBlocked, OAuthUnavailable) as exc:
             raise UpstreamAuthUnavailable(str(exc)) from None
-        return await self._send(
+        resp = await self._send(
             replace(conn, secret=tokens.access_token), path, body, client_headers
         )
+        _note_accepted(oauth, conn.id, tokens.access_token, resp.status)
+        return resp
 
     def _send(
         self, conn: Connection, path: str, body: bytes, client_headers: Mapping[str, str]

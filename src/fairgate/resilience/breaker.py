@@ -17,7 +17,12 @@ successes and failures that fell in it; a slot is reused once its second has lef
 Memory is O(buckets) whatever the traffic, and the counts slide with the (injected) clock.
 
 Only provider failures count: the caller passes ``provider_failure`` (a client that disconnected,
-or sent a bad request, says nothing about the provider's health).
+or sent a bad request, says nothing about the provider's health). And a failure counts but may
+not *open* the breaker unless the caller says it may (``may_open``): the manager allows it only
+once the window's failures are witnessed by more than one client key, or one of them cannot have
+been caused by the request (issue 43, N3; see ``manager.py``). A half-open probe that fails
+without that permission gives the probe token back instead of re-opening: one key's failure is
+no news about the provider.
 
 Worked example (defaults: threshold 0.5, min_requests 5, window 60 s, cool-down 30 s), t in s::
 
@@ -214,10 +219,14 @@ class CircuitBreaker:
         provider, e.g. the client disconnected)."""
         self._probe_until = 0
 
-    def record(self, success: bool, *, provider_failure: bool = True) -> BreakerState | None:
+    def record(
+        self, success: bool, *, provider_failure: bool = True, may_open: bool = True
+    ) -> BreakerState | None:
         """Count one outcome; returns the new state when this outcome changed it, else None.
 
-        A failure that is not the provider's (``provider_failure=False``) is ignored.
+        A failure that is not the provider's (``provider_failure=False``) is ignored. A failure
+        with ``may_open=False`` is counted in the window but neither opens a closed breaker nor
+        re-opens a half-open one (its probe token is given back).
         """
         if not success and not provider_failure:
             return None
@@ -227,11 +236,14 @@ class CircuitBreaker:
             if success:
                 self._close(now)
                 return BreakerState.CLOSED
+            if not may_open:
+                self._probe_until = 0
+                return None
             self._cooldown = min(self._cooldown * 2, self._config.max_cooldown_ms)
             self._trip(now)
             return BreakerState.OPEN
         self._add(now, success)
-        if st is BreakerState.OPEN or success:
+        if st is BreakerState.OPEN or success or not may_open:
             return None
         total, failures = self.counts(now)
         if total >= self._config.min_requests and failures >= self._config.threshold * total:
@@ -243,8 +255,10 @@ class CircuitBreaker:
     def record_success(self) -> BreakerState | None:
         return self.record(True)
 
-    def record_failure(self, *, provider_failure: bool = True) -> BreakerState | None:
-        return self.record(False, provider_failure=provider_failure)
+    def record_failure(
+        self, *, provider_failure: bool = True, may_open: bool = True
+    ) -> BreakerState | None:
+        return self.record(False, provider_failure=provider_failure, may_open=may_open)
 
     def _trip(self, now_ms: int) -> None:
         self._open = True

@@ -3,7 +3,8 @@
 Three layers, each at its own scope (SPEC §9, the rate-limiting seed):
 
 - provider circuit breaker (all connections and models of a provider): fed by server errors and
-  timeouts, opens at ≥ 50 % failures over 60 s with ≥ 5 requests, half-open with one probe;
+  timeouts, opens at ≥ 50 % failures over 60 s with ≥ 5 requests — and only on failures more
+  than one key saw or no request explains (below) —, half-open with one probe;
 - connection cooldown (one account / key): exponential backoff after rate limits, server errors,
   auth failures; the upstream's hint wins;
 - model lockout (provider, connection, model): a limit that names one model (OpenAI's per-model
@@ -17,6 +18,18 @@ admin API) lifts them. A permanent block is set at once only on an account-level
 corroboration: failures from :data:`PERMANENT_QUORUM` distinct client keys within
 :data:`PERMANENT_WINDOW_MS`; until then it is handled as a temporary quota (a cooldown with
 backoff), so one key can never switch a shared connection off for good.
+
+Whose failure it is (issue 43, N3): the breaker blacks out a provider for every pool, so it
+must not open on what one tenant can cause on purpose — long generations that run into the
+upstream timeout, streams it stalls until the upstream cuts them, 408/5xx its content provokes.
+The caller says whether the request explains a failure (``request_explained``: its output
+bound or size, or how long it ran, accounts for the timeout or break; see
+``server/attempt.py``). Such a failure is that request's alone: no connection cooldown. Every
+provider failure still enters the breaker's window, but the breaker may open only when the
+window's failures are witnessed by :data:`BREAKER_WITNESSES` distinct client keys, or when one
+of them is not explained by its request (a connect failure, a 5xx on a small quick request).
+One key's failures, however many, never open it; a half-open probe that fails on one key's
+explained failure gives the probe back instead of re-opening.
 
 Who caused it: :meth:`on_failure` and :meth:`on_success` take the client key id and request
 id of the request whose answer they learn from. Every cooldown, lockout, permanent block and
@@ -108,8 +121,14 @@ WARNING_TTL_MS: Final = 60_000
 PERMANENT_QUORUM: Final = 2
 #: The window those failures must fall in.
 PERMANENT_WINDOW_MS: Final = 600_000
+#: Distinct client keys whose request-explained failures must fall in a provider's breaker
+#: window before the breaker may open on them (one tenant's long generations or stalled
+#: streams never black out a provider for every pool).
+BREAKER_WITNESSES: Final = 2
 #: Stands for "no key known" (internal callers): counts as one key.
 _NO_KEY: Final = "-"
+#: Stands for a failure no request explains, among a breaker's witnesses: enough on its own.
+_UNEXPLAINED: Final = "\x00unexplained"
 _DIMENSIONS: Final = ("requests", "tokens", "input_tokens", "output_tokens")
 
 T = TypeVar("T")
@@ -254,6 +273,8 @@ class RateLimitManager:
         self._causes: dict[tuple[str, ...], BlockCause] = {}
         # permanent scope -> {client key id: last failure ms}: evidence awaiting a quorum
         self._evidence: dict[str, dict[str, int]] = {}
+        # provider -> {client key id or _UNEXPLAINED: last failure ms}: the breaker's witnesses
+        self._witnesses: dict[str, dict[str, int]] = {}
 
     # -- configuration --------------------------------------------------------------------------
 
@@ -456,7 +477,8 @@ class RateLimitManager:
         them as its cause)."""
         now = self._clock.now_ms()
         br = self.breaker(provider)
-        if br.record(True) is not None:
+        if br.record(True) is not None:  # closed: its window, and so its witnesses, start over
+            self._witnesses.pop(provider, None)
             await self._share_breaker(provider, br)
         if self._tracked:  # a level to reset only where this process knows of an entry
             await self._reset_level(_cd_key(conn_id), now)
@@ -561,12 +583,16 @@ class RateLimitManager:
         *,
         key_id: str | None = None,
         request_id: str | None = None,
+        request_explained: bool = False,
     ) -> None:
         """Apply the rules for one classified failure (see the module docstring).
 
         ``key_id``/``request_id``: the client key and request whose answer this was; every
         block set here is logged with them and shown as its cause in :meth:`snapshot`; a
-        permanent block without an account-level signal needs a quorum of distinct keys."""
+        permanent block without an account-level signal needs a quorum of distinct keys.
+        ``request_explained``: the request's own size or duration accounts for this server
+        error or timeout, so it sets no cooldown and counts toward the breaker only with
+        another key's witness."""
         c = classification
         s = self._settings.for_provider(provider)
         cls = c.cls
@@ -587,7 +613,7 @@ class RateLimitManager:
             else:
                 await self._cooldown(conn_id, auth_type, hint, cls, s, cause)
             if s.breaker_counts_rate_limits:
-                await self._breaker_failure(provider, cause)
+                await self._breaker_failure(provider, cause, explained=False)
             else:
                 await self._release_probe(provider)
         elif cls is FailureClass.AUTH:
@@ -602,8 +628,9 @@ class RateLimitManager:
             )
             await self._release_probe(provider)
         elif cls in (FailureClass.SERVER_ERROR, FailureClass.TIMEOUT) and c.provider_failure:
-            await self._breaker_failure(provider, cause)
-            await self._cooldown(conn_id, auth_type, c.retry_after_ms, cls, s, cause)
+            await self._breaker_failure(provider, cause, explained=request_explained)
+            if not request_explained:  # else the request's own failure: the account is fine
+                await self._cooldown(conn_id, auth_type, c.retry_after_ms, cls, s, cause)
         else:  # client disconnect, bad request, context overflow, our own bug: nothing
             await self._release_probe(provider)
 
@@ -666,9 +693,27 @@ class RateLimitManager:
     def _model_scoped(c: Classification, model: str) -> bool:
         return c.model_scoped or (bool(model) and model.lower() in c.message.lower())
 
-    async def _breaker_failure(self, provider: str, cause: BlockCause) -> None:
+    def _witnessed(self, provider: str, cause: BlockCause, explained: bool, window: int) -> bool:
+        """Record this failure as a witness against ``provider``'s health; True when the
+        breaker may open on the window's failures: an unexplained failure in the window, or
+        explained ones from :data:`BREAKER_WITNESSES` distinct client keys."""
+        seen = self._witnesses.get(provider)
+        if seen is None:
+            seen = self._witnesses[provider] = {}
+        now = cause.at_ms
+        for old in [k for k, at in seen.items() if at <= now - window]:
+            del seen[old]
+        seen[_UNEXPLAINED if not explained else cause.key_id or _NO_KEY] = now
+        if len(seen) > self._max_tracked:  # one key per entry: bounded like the other maps
+            seen.pop(next(iter(seen)))
+        return _UNEXPLAINED in seen or len(seen) >= BREAKER_WITNESSES
+
+    async def _breaker_failure(self, provider: str, cause: BlockCause, *, explained: bool) -> None:
         br = self.breaker(provider)
-        if br.record(False) is not None:
+        may_open = self._witnessed(provider, cause, explained, br.config.window_ms)
+        if not may_open:  # a probe that failed on one key's word: no news, let another probe
+            await self._release_probe(provider)
+        if br.record(False, may_open=may_open) is not None:
             await self._share_breaker(provider, br)
             if br.state() is BreakerState.OPEN:
                 self._remember(("br", provider), cause, None, 0)
@@ -837,6 +882,7 @@ class RateLimitManager:
             br = self.breaker(prov)
             was_open = br.state() is not BreakerState.CLOSED
             br.reset()
+            self._witnesses.pop(prov, None)
             await self._share_breaker(prov, br)
             return was_open
         raise ValueError(f"unknown kind {kind!r}")

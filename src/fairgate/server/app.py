@@ -28,7 +28,7 @@ from fairgate.server.admin import create_admin_app
 from fairgate.server.admin_common import error_response as admin_error_response
 from fairgate.server.call import Services
 from fairgate.server.dashboard import dashboard_mount
-from fairgate.server.edge import FastRoute, GatewayApp, internal_error, via_router
+from fairgate.server.edge import FastRoute, GatewayApp, SendDeadline, internal_error, via_router
 from fairgate.server.errors import ApiError, error_response
 from fairgate.server.http_settings import HttpSettings
 from fairgate.server.logs import REDACTOR
@@ -196,6 +196,7 @@ def create_app(
         fast=client,
         allowed_hosts=limits.allowed_hosts,
         trusted_proxies=limits.trusted_proxies,
+        send_deadline=SendDeadline(gw.timer, round(limits.send_timeout_s * 1000)),
         routes=routes,
         lifespan=lifespan,
         exception_handlers={404: not_found, 405: method_not_allowed, Exception: crashed},

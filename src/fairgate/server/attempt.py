@@ -29,6 +29,7 @@ from fairgate.quota.model import Pool
 from fairgate.quota.units import Unit
 from fairgate.registry import Connection
 from fairgate.resilience.classify import Classification, FailureClass, classify
+from fairgate.resilience.evidence import request_explains
 from fairgate.resilience.failover import Step, same_model_is_futile, step_after
 from fairgate.routing import (
     Lease,
@@ -116,6 +117,7 @@ async def _attempt_on(
         err.final, err.step = True, Step.END
         return err
     t_send = time.perf_counter()
+    sent_ms = svc.gw.clock.now_ms()  # the injected clock: what the evidence rule measures
 
     async def fail(
         kind: str,
@@ -132,7 +134,9 @@ async def _attempt_on(
             await _settle(svc, res, conn, call, upstream_model, settle_usage)
         else:
             await res.release()
-        verdict = await _report_failure(call, conn, upstream_model, status, body, headers, exc)
+        verdict = await _report_failure(
+            call, conn, upstream_model, status, body, headers, exc, sent_ms=sent_ms
+        )
         if status == 429 and verdict.cls is FailureClass.CONTEXT_OVERFLOW:
             # a request too large for the account's per-minute budget (issue 43, N1): retrying
             # it can never help, so it is no 429 (an SDK would retry it) and has no Retry-After
@@ -214,7 +218,18 @@ async def _attempt_on(
         headers["x-fairgate-overhead-ms"] = f"{overhead:.3f}"
         res.keep()  # the stream settles it when it ends
         streamed = _stream_response(
-            call, conn, res, resp, upstream_model, headers, tally, source, first, lease, overhead
+            call,
+            conn,
+            res,
+            resp,
+            upstream_model,
+            headers,
+            tally,
+            source,
+            first,
+            lease,
+            overhead,
+            sent_ms,
         )
         streamed.raw_headers.extend(quota)
         return streamed
@@ -381,9 +396,9 @@ async def _upstream_error(resp: UpstreamResponse, conn: Connection) -> tuple[Api
 
 
 async def _report_stream_failure(
-    call: Call, conn: Connection, model: str, exc: BaseException
+    call: Call, conn: Connection, model: str, exc: BaseException, sent_ms: int
 ) -> None:
-    await _report_failure(call, conn, model, None, None, None, exc)
+    await _report_failure(call, conn, model, None, None, None, exc, sent_ms=sent_ms)
 
 
 def _ms_since(t: float) -> float:
@@ -398,15 +413,25 @@ async def _report_failure(
     body: bytes | None,
     headers: Mapping[str, str] | None,
     exc: BaseException | None,
+    *,
+    sent_ms: int,
 ) -> Classification:
     """Classify a failed attempt and let cooldowns, lockouts and breakers learn from it, naming
-    the client key and request as the cause of any block it sets."""
+    the client key and request as the cause of any block it sets, and saying whether the
+    request's own size or duration explains the failure (then it is the request's alone:
+    issue 43, N3, :mod:`fairgate.resilience.evidence`)."""
     mgr = call.svc.gw.resilience
-    cls = classify(
-        status, body, headers, exception=exc, model=model, now_ms=call.svc.gw.clock.now_ms()
-    )
+    now = call.svc.gw.clock.now_ms()
+    cls = classify(status, body, headers, exception=exc, model=model, now_ms=now)
     call.svc.signals.refused(conn.id, model, cls)
     if mgr is not None:
+        explained = request_explains(
+            cls,
+            answered=status is not None and status >= 400,
+            output_bound=call.output_reserved,
+            prompt_tokens=call.prompt_estimate,
+            elapsed_ms=now - sent_ms,
+        )
         await mgr.on_failure(
             conn.provider,
             conn.id,
@@ -415,6 +440,7 @@ async def _report_failure(
             cls,
             key_id=call.key.id,
             request_id=REQUEST_ID.get(),
+            request_explained=explained,
         )
     return cls
 
@@ -495,6 +521,7 @@ def _stream_response(
     first: list[bytes],
     lease: Lease,
     overhead_ms: float,
+    sent_ms: int,
 ) -> StreamingResponse:
     svc = call.svc
     route = call.route
@@ -506,7 +533,7 @@ def _stream_response(
             async for chunk in source:
                 yield chunk
         except TRANSPORT_ERRORS as exc:
-            svc.spawn(_report_stream_failure(call, conn, upstream_model, exc))
+            svc.spawn(_report_stream_failure(call, conn, upstream_model, exc, sent_ms))
             log.warning(
                 "upstream stream broke", extra={"connection": conn.id, "error": type(exc).__name__}
             )

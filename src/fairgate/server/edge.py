@@ -36,8 +36,9 @@ from fairgate.server.client_http import ClientRequest, decode_headers
 from fairgate.server.errors import ApiError, error_response
 from fairgate.server.http_settings import host_allowed
 from fairgate.server.logs import HEADER, REQUEST_ID, REQUEST_ID_HEADER, request_id_of
+from fairgate.timers import Timer
 
-__all__ = ["FastRoute", "GatewayApp", "internal_error", "via_router"]
+__all__ = ["FastRoute", "GatewayApp", "SendDeadline", "internal_error", "send_stream", "via_router"]
 
 log = logging.getLogger("fairgate.server")
 
@@ -82,7 +83,8 @@ class GatewayApp(Starlette):
     ``fast`` lists the client routes served without Starlette's routing; they must also be in
     ``routes`` (so a wrong method under the same path gets the router's 405). ``allowed_hosts``
     is the host check's list (None: any host); ``trusted_proxies`` the peers whose forwarded
-    client address the routes underneath see (``FORWARDED_ALLOW_IPS``)."""
+    client address the routes underneath see (``FORWARDED_ALLOW_IPS``); ``send_deadline`` bounds
+    each write of a streamed ``/v1`` answer (None: unbounded)."""
 
     def __init__(
         self,
@@ -90,9 +92,11 @@ class GatewayApp(Starlette):
         fast: Sequence[FastRoute],
         allowed_hosts: frozenset[str] | None,
         trusted_proxies: str,
+        send_deadline: SendDeadline | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        self.send_deadline = send_deadline
         self.fast: Mapping[str, tuple[str, Handler]] = {p: (m, h) for p, m, h in fast}
         self.allowed_hosts = allowed_hosts
         # uvicorn types the ASGI messages its own way; the callables are the same
@@ -155,7 +159,7 @@ class GatewayApp(Starlette):
             raise  # as Starlette's outermost middleware does: the server logs it too
         resp.raw_headers.append((REQUEST_ID_HEADER, raw_id))
         if isinstance(resp, StreamingResponse) and _spec(scope) in _WATCH:
-            await send_stream(resp, receive, send)
+            await send_stream(resp, receive, send, self.send_deadline)
         else:
             await resp(scope, receive, send)
 
@@ -170,40 +174,110 @@ def _spec(scope: Scope) -> str:
     return spec
 
 
-async def send_stream(resp: StreamingResponse, receive: Receive, send: Send) -> None:
+class SendDeadline:
+    """How long one write of a streamed answer may wait on the client (issue 43, N3).
+
+    A client that stops reading a stream without closing its connection fills the socket's
+    buffers; the server's ``send`` then waits, the relay stops pulling the upstream, and the
+    upstream request, its connection slot and the quota reservation are held until the upstream
+    gives up and cuts the stream — a failure that used to count against the provider (the
+    breaker, the connection's cooldown) though the client caused it, on purpose if it likes.
+    With a deadline, a write still waiting after ``timeout_ms`` ends the stream as a
+    disconnect would: the relay is closed (the upstream request and the slot are freed, what was
+    streamed is settled) and no failure is reported: it is the client's, never the provider's.
+    ``timer`` is the gateway's injected one; a stall is noticed between ``timeout_ms`` and
+    1.5 × ``timeout_ms`` after its write began (the watcher wakes every half deadline, not once
+    per chunk)."""
+
+    __slots__ = ("timeout_ms", "timer")
+
+    def __init__(self, timer: Timer, timeout_ms: int) -> None:
+        self.timer = timer
+        self.timeout_ms = max(1, timeout_ms)
+
+
+async def send_stream(
+    resp: StreamingResponse, receive: Receive, send: Send, deadline: SendDeadline | None = None
+) -> None:
     """Send ``resp`` as Starlette does under ASGI spec < 2.4: the stream is cancelled when the
     client disconnects (its generator's ``finally`` settles what was streamed), an error of
     the stream is raised here, and its background task runs after it. The stream is sent from
     this task; one watcher task waits for the disconnect and cancels this one while the stream
     is still being sent. Two tasks raced under ``asyncio.wait`` before (and an anyio task group
-    in Starlette), which cost a streamed request more than the rest of the HTTP layer."""
+    in Starlette), which cost a streamed request more than the rest of the HTTP layer. With a
+    ``deadline``, a second watcher cancels it the same way when one write waits too long on a
+    client that stopped reading (:class:`SendDeadline`); the relay is then closed here."""
     task = asyncio.current_task()
     assert task is not None
     watch = _Watch(task)
-    watcher = asyncio.get_running_loop().create_task(_watch(receive, watch))
+    loop = asyncio.get_running_loop()
+    watcher = loop.create_task(_watch(receive, watch))
+    stall_watcher: asyncio.Task[None] | None = None
+    out = send
+    if deadline is not None:
+        clock = deadline.timer.clock
+
+        async def timed_send(message: Message) -> None:
+            watch.sending_since = clock.now_ms()
+            try:
+                await send(message)
+            finally:
+                watch.sending_since = None
+
+        out = timed_send
+        stall_watcher = loop.create_task(_watch_stall(deadline, watch))
     try:
-        await resp.stream_response(send)
+        await resp.stream_response(out)
     except asyncio.CancelledError:
-        # the client left (the watcher's cancel, and no other one pending): the stream is over
+        # the client left or stalled (a watcher's cancel, and no other one pending): it is over
         if not watch.cancelled or task.uncancel() > 0:
             raise
     finally:
-        watch.streaming = False  # from here the watcher's disconnect means nothing
+        watch.streaming = False  # from here the watchers' news means nothing
         watcher.cancel()
+        if stall_watcher is not None:
+            stall_watcher.cancel()
+    if watch.stalled:
+        # the relay waits at a yield, not in a read: close it now (its ``finally`` frees the
+        # upstream request and the slot and settles), not whenever the collector finds it
+        close = getattr(resp.body_iterator, "aclose", None)
+        if close is not None:
+            await close()
+        log.warning(
+            "client stopped reading a stream; closed it",
+            extra={"send_timeout_ms": deadline.timeout_ms if deadline else None},
+        )
     if resp.background is not None:
         await resp.background()
 
 
 class _Watch:
-    """What :func:`send_stream` and its watcher share: the task sending the stream, whether it
-    still is, and whether the watcher cancelled it."""
+    """What :func:`send_stream` and its watchers share: the task sending the stream, whether it
+    still is, whether a watcher cancelled it (and for a stall), and since when the write in
+    progress waits (None: none is)."""
 
-    __slots__ = ("cancelled", "streaming", "task")
+    __slots__ = ("cancelled", "sending_since", "stalled", "streaming", "task")
 
     def __init__(self, task: asyncio.Task[Any]) -> None:
         self.task = task
         self.streaming = True
         self.cancelled = False
+        self.stalled = False
+        self.sending_since: int | None = None
+
+
+async def _watch_stall(deadline: SendDeadline, watch: _Watch) -> None:
+    """Cancel the stream's task once one write has waited ``deadline.timeout_ms``: every half
+    deadline, look whether the write in progress began that long ago."""
+    timer, timeout = deadline.timer, deadline.timeout_ms
+    step = max(1, timeout // 2)
+    while watch.streaming:
+        await timer.sleep_until(timer.clock.now_ms() + step)
+        since = watch.sending_since
+        if since is not None and timer.clock.now_ms() - since >= timeout and watch.streaming:
+            watch.cancelled = watch.stalled = True
+            watch.task.cancel()
+            return
 
 
 async def _watch(receive: Receive, watch: _Watch) -> None:

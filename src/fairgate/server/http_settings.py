@@ -13,6 +13,8 @@ header_timeout_s   FAIRGATE_HTTP_HEADER_TIMEOUT_S         10 (from the first byt
                                                           from the connection for its first one)
 body_timeout_s     FAIRGATE_HTTP_BODY_TIMEOUT_S           60 (whole body, from the end of headers)
 keep_alive_s       FAIRGATE_HTTP_KEEP_ALIVE_S             5 (idle between requests)
+send_timeout_s     FAIRGATE_HTTP_SEND_TIMEOUT_S           60 (one write of a streamed answer that
+                                                          the client does not read; then closed)
 max_connections    FAIRGATE_HTTP_MAX_CONNECTIONS          1000 (open connections; 503 and close)
 key_rate_per_s     FAIRGATE_KEY_RATE_PER_S                1000 (requests a second per client key;
                                                           0 = off)
@@ -71,6 +73,7 @@ _NUMBERS: dict[str, tuple[str, float, float]] = {
     "header_timeout_s": ("FAIRGATE_HTTP_HEADER_TIMEOUT_S", 0.05, 3600),
     "body_timeout_s": ("FAIRGATE_HTTP_BODY_TIMEOUT_S", 0.05, 86_400),
     "keep_alive_s": ("FAIRGATE_HTTP_KEEP_ALIVE_S", 0.05, 3600),
+    "send_timeout_s": ("FAIRGATE_HTTP_SEND_TIMEOUT_S", 0.05, 86_400),
     "max_connections": ("FAIRGATE_HTTP_MAX_CONNECTIONS", 1, 1_000_000),
     "key_rate_per_s": ("FAIRGATE_KEY_RATE_PER_S", 0, 1_000_000),
     "key_rate_burst": ("FAIRGATE_KEY_RATE_BURST", 1, 10_000_000),
@@ -104,6 +107,9 @@ class HttpSettings:
     header_timeout_s: float = 10.0
     body_timeout_s: float = 60.0
     keep_alive_s: float = 5.0
+    #: how long one write of a streamed answer may wait for a client that stopped reading before
+    #: the stream is closed (the upstream request and its slot are freed; the client's fault)
+    send_timeout_s: float = 60.0
     max_connections: int = 1000
     key_rate_per_s: float = 1000.0
     key_rate_burst: int = 2000
