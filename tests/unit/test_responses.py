@@ -426,3 +426,20 @@ def test_upstream_stream_errors() -> None:
     cut.feed(None, {"type": "response.output_text.delta", "delta": "par"})
     (err,) = cut.finish()
     assert "ended before response.completed" in err["error"]["message"]
+
+
+def test_a_stream_cut_off_before_its_finish_is_failed_not_completed() -> None:
+    """Issue 42: a chat stream the upstream ended early (text, then nothing: no finish reason)
+    was closed as ``response.completed``, and a client took the part for the whole answer."""
+    s = ChatToResponsesStream({"input": "x"}, "m", created=1)
+    s.start()
+    s.feed(chunk({"content": "the first half"}))
+    events = s.finish(Usage(7, 3))
+    assert [e["type"] for e in events] == ["response.failed"]
+    resp = EVENTS.validate_python(events[0]).response
+    assert resp.status == "failed"
+    assert resp.error is not None
+    assert "before it finished" in resp.error.message
+    assert resp.usage is not None
+    assert resp.usage.input_tokens == 7
+    assert s.finish() == []

@@ -568,9 +568,15 @@ class ChatToResponsesStream:
 
     def finish(self, usage: Usage | None = None) -> list[JSON]:
         """Close every open item and the response; ``usage`` (e.g. the gateway's estimate when
-        the upstream reported none) is used only if the stream carried no usage."""
+        the upstream reported none) is used only if the stream carried no usage. A stream that
+        ended without a finish reason was cut off: ``response.failed``, never a completed
+        response a client would take for the whole answer (issue 42)."""
         if self.done:
             return []
+        if self._finish_reason is None:
+            if usage is not None and self._usage is None:
+                self._usage = usage
+            return self.fail("the upstream ended the stream before it finished")
         self.done = True
         events = self._close_text() + self._close_calls()
         resp = _finish(self._snapshot(), self._finish_reason, self._usage or usage or Usage())
