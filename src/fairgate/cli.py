@@ -77,7 +77,7 @@ def reseal(
     from fairgate.db.engine import database_url, open_database
     from fairgate.db.oauth_tokens import FileTokenStore
     from fairgate.db.sealing import reseal_all
-    from fairgate.secretbox import ENV_VAR, SecretKeyError, load_box
+    from fairgate.secretbox import ENV_VAR, SecretKeyError, adopt_key_file, load_box
 
     env = dict(os.environ)
     if not env.get(ENV_VAR, "").strip():
@@ -92,9 +92,15 @@ def reseal(
         finally:
             db.close()
         files = FileTokenStore(ddir / "oauth", box).reseal()
+        adopted = url is None and adopt_key_file(ddir, env)
     except (ValueError, SecretKeyError) as exc:
         _fail(str(exc))
     typer.echo(f"resealed {secrets_n} connection secret(s) and {files} OAuth token file(s)")
+    if adopted:
+        typer.echo(
+            f"{ddir / 'secret.key'} now holds the new key: a start without {ENV_VAR} opens "
+            "what was resealed (keep the old key only until every replica has restarted)"
+        )
 
 
 @app.command("engine-demo")

@@ -139,6 +139,30 @@ def load_box(
     return SecretBox(keys), created
 
 
+def adopt_key_file(data_dir: str | os.PathLike[str], env: Mapping[str, str]) -> bool:
+    """After a rotation, the data dir's key file holds the key the secrets are sealed with now
+    (the first of ``FAIRGATE_SECRET_KEY``), replaced whole (a private temporary file renamed
+    over it). Otherwise the file kept the old key, and a gateway started later without the
+    variable could open nothing it had resealed (issue 44). True when the file was rewritten;
+    a data dir without a key file (a shared metadata DB) is left alone."""
+    path = Path(data_dir) / KEY_FILE
+    from_env = env.get(ENV_VAR, "")
+    if not from_env.strip() or not path.exists():
+        return False
+    first = _keys_from_env(from_env)[0]
+    if _keys_from_env(path.read_text())[:1] == [first]:
+        return False
+    tmp = path.with_name(f".{KEY_FILE}.{os.getpid()}.{secrets.token_hex(4)}")
+    fd = os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, FILE_MODE)
+    try:
+        os.write(fd, first + b"\n")
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    return True
+
+
 def _create_key_file(path: Path) -> bool:
     """Write a new key to a private temporary file, then hard-link it into place: the link
     fails if another process won the race, and nobody ever reads a half-written key (workers

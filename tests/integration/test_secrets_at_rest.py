@@ -219,3 +219,35 @@ async def test_rotation_reseals_everything_under_the_new_key(
         assert gw.registry.connections["cfg-1"].secret == UPSTREAM + "-cfg"
     finally:
         await gw.stop()
+
+
+async def test_a_rotation_on_a_data_dir_with_a_key_file_rewrites_the_file(
+    tmp_path: Path, clock: ManualClock
+) -> None:
+    """Issue 44: after ``reseal`` with NEW,OLD on SQLite, ``secret.key`` still held the old
+    key, so a start without the variable (the file's key) could open nothing it had resealed.
+    The file now holds the new key, written whole and private."""
+    from typer.testing import CliRunner
+
+    from fairgate.cli import app
+
+    data = tmp_path / "data"
+    gw = Gateway(data_dir=data, config=load_config_text(CONFIG, {}), env={}, clock=clock)
+    await gw.start()  # the key file is made at the first start
+    await gw.stop()
+    key_file = data / "secret.key"
+    old = key_file.read_text().strip()
+    new = SecretBox.generate_key().decode()
+    res = CliRunner().invoke(
+        app, ["reseal", "--data-dir", str(data)], env={ENV_VAR: f"{new},{old}"}
+    )
+    assert res.exit_code == 0, res.output
+    assert "now holds the new key" in res.output
+    assert key_file.read_text().strip() == new
+    assert key_file.stat().st_mode & 0o777 == 0o600
+    gw = Gateway(data_dir=data, config=load_config_text(CONFIG, {}), env={}, clock=clock)
+    await gw.start()  # no variable: the file's key opens what was resealed
+    try:
+        assert gw.registry.connections["cfg-1"].secret == UPSTREAM + "-cfg"
+    finally:
+        await gw.stop()
