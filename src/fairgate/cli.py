@@ -74,6 +74,10 @@ def reseal(
     """Rotate the key of the secrets at rest: reseal every connection secret and OAuth token
     file with the first key of FAIRGATE_SECRET_KEY (set it to NEW,OLD first, on every replica
     too). The metadata DB is FAIRGATE_DATABASE_URL's, else the data dir's SQLite file."""
+    import sqlite3
+
+    import psycopg
+
     from fairgate.db.engine import database_url, open_database
     from fairgate.db.oauth_tokens import FileTokenStore
     from fairgate.db.sealing import reseal_all
@@ -85,6 +89,9 @@ def reseal(
     ddir = data_dir or Path(env.get("FAIRGATE_DATA_DIR") or "data")
     try:
         url = database_url(env)
+        if url is None and not (ddir / "fairgate.sqlite").is_file():
+            # a typo must not create an empty data dir and report "resealed 0"
+            _fail(f"{ddir} holds no fairgate data (no fairgate.sqlite): check --data-dir")
         box, _ = load_box(ddir, env, shared_db=url is not None)
         db = open_database(url, ddir / "fairgate.sqlite")
         try:
@@ -95,6 +102,9 @@ def reseal(
         adopted = url is None and adopt_key_file(ddir, env)
     except (ValueError, SecretKeyError) as exc:
         _fail(str(exc))
+    except (OSError, sqlite3.Error, psycopg.Error) as exc:
+        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        _fail(f"cannot open the metadata DB: {reason}")
     typer.echo(f"resealed {secrets_n} connection secret(s) and {files} OAuth token file(s)")
     if adopted:
         typer.echo(
@@ -184,7 +194,8 @@ async def _engine_demo(data_dir: Path) -> None:
 
 
 def _fail(message: str) -> NoReturn:
-    console.print(f"[red]error:[/] {message}")
+    """One line (never wrapped at the terminal's width, so a script can grep it) and exit 2."""
+    console.print(f"[red]error:[/] {message}", soft_wrap=True, highlight=False)
     raise typer.Exit(2)
 
 

@@ -251,3 +251,24 @@ async def test_a_rotation_on_a_data_dir_with_a_key_file_rewrites_the_file(
         assert gw.registry.connections["cfg-1"].secret == UPSTREAM + "-cfg"
     finally:
         await gw.stop()
+
+
+def test_reseal_refusals_are_one_line_and_exit_2(tmp_path: Path) -> None:
+    """Issue 44: the CLI's rule for bad input is one line and exit 2, never a traceback; a
+    mistyped --data-dir once created an empty data dir and reported "resealed 0"."""
+    from typer.testing import CliRunner
+
+    from fairgate.cli import app
+
+    key = SecretBox.generate_key().decode()
+    runner = CliRunner()
+    missing = tmp_path / "typo"
+    res = runner.invoke(app, ["reseal", "--data-dir", str(missing)], env={ENV_VAR: key})
+    assert res.exit_code == 2, res.output
+    assert "holds no fairgate data" in res.output
+    assert not missing.exists()
+    env = {ENV_VAR: key, "FAIRGATE_DATABASE_URL": "postgresql://nobody@127.0.0.1:1/none"}
+    res = runner.invoke(app, ["reseal", "--data-dir", str(tmp_path)], env=env)
+    assert res.exit_code == 2, res.output
+    assert "cannot open the metadata DB" in res.output
+    assert "Traceback" not in res.output
