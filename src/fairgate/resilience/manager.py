@@ -75,6 +75,7 @@ from fairgate.resilience.state import (
 from fairgate.resilience.writer import PersistenceWriter
 
 __all__ = [
+    "SHADOW_KEY_SUFFIX",
     "Exclusion",
     "ExclusionReason",
     "RateLimitManager",
@@ -83,6 +84,7 @@ __all__ = [
     "all_rate_limited",
     "earliest_free",
     "retry_after_seconds",
+    "witness",
 ]
 
 log = logging.getLogger("fairgate.resilience")
@@ -110,6 +112,10 @@ PERMANENT_QUORUM: Final = 2
 PERMANENT_WINDOW_MS: Final = 600_000
 #: Stands for "no key known" (internal callers): counts as one key.
 _NO_KEY: Final = "-"
+#: The key id a shadow copy of a request is sent under is its client key's id plus this
+#: (:mod:`fairgate.server.pipeline`): it names the copy in causes and logs, but a shadow is the
+#: same client, never a second witness for :data:`PERMANENT_QUORUM` (issue 43, N9).
+SHADOW_KEY_SUFFIX: Final = "~shadow"
 _DIMENSIONS: Final = ("requests", "tokens", "input_tokens", "output_tokens")
 
 T = TypeVar("T")
@@ -208,6 +214,15 @@ def _lock_key(provider: str, conn_id: str, model: str) -> tuple[str, ...]:
 
 def _cd_key(conn_id: str) -> tuple[str, ...]:
     return ("cd", conn_id)
+
+
+def witness(key_id: str | None) -> str:
+    """The client a failure is evidence from, for the permanent-block quorum: a shadow copy
+    (``<key>~shadow``) is its client key's own request sent once more, so one key plus a
+    shadow combo must count as one key, not two."""
+    if key_id is None:
+        return _NO_KEY
+    return key_id.removesuffix(SHADOW_KEY_SUFFIX) or _NO_KEY
 
 
 class RateLimitManager:
@@ -617,7 +632,7 @@ class RateLimitManager:
             seen = self._evidence[scope] = {}
         for old in [k for k, at in seen.items() if at <= now - PERMANENT_WINDOW_MS]:
             del seen[old]
-        seen[key_id or _NO_KEY] = now
+        seen[witness(key_id)] = now
         if len(seen) < PERMANENT_QUORUM:
             log.warning(
                 "permanent-block evidence from one key, awaiting a second",
