@@ -553,3 +553,60 @@ def test_client_disconnect_is_never_a_provider_failure_whatever_the_status() -> 
 def test_default_now_is_the_system_clock() -> None:
     c = classify(429, None, {"retry-after": "20"})
     assert c.retry_after_ms == 20_000
+
+
+# --- issue 43, N9: an error body that echoes the request is not the provider's structure ---
+
+#: A request that carries what a provider's error would: a field named ``error`` holding a
+#: billing code, and the code once more as a value elsewhere.
+HOSTILE_REQUEST = orjson.dumps(
+    {
+        "model": "gpt-4o",
+        "messages": [{"role": "user", "content": "hi"}],
+        "error": {"type": "insufficient_quota", "code": "insufficient_quota"},
+        "metadata": {"tag": "billing_error"},
+    }
+)
+
+
+@pytest.mark.parametrize("status", [400, 422, 429, 403])
+def test_a_body_that_is_the_request_has_no_provider_structure(status: int) -> None:
+    """The upstream answered with the request body itself: its ``error`` field is the client's,
+    so no billing class (at most what the bare status says)."""
+    c = classify(status, HOSTILE_REQUEST, None, now_ms=NOW, request=HOSTILE_REQUEST)
+    assert c.cls is not F.QUOTA_PERMANENT
+    assert not c.permanent
+    assert not c.signal.startswith("code:")
+    assert c.message == f"HTTP {status}"  # no text of the client's shown as the provider's
+
+
+def test_an_error_object_copied_from_a_request_field_is_no_structure() -> None:
+    """A partial echo: the upstream wraps the request's own ``error`` field."""
+    answer = orjson.dumps({"error": orjson.loads(HOSTILE_REQUEST)["error"]})
+    c = classify(400, answer, None, now_ms=NOW, request=HOSTILE_REQUEST)
+    assert c.cls is F.BAD_REQUEST
+    assert c.signal == "status:400"
+
+
+def test_an_identifier_the_request_holds_is_not_read_as_the_providers() -> None:
+    """The provider's own error object, but its code is a value the client sent: dropped,
+    the generic type and the status decide."""
+    answer = body(
+        {
+            "error": {
+                "message": "Invalid value for 'metadata.tag'.",
+                "type": "invalid_request_error",
+                "code": "billing_error",
+            }
+        }
+    )
+    c = classify(400, answer, None, now_ms=NOW, request=HOSTILE_REQUEST)
+    assert c.cls is F.BAD_REQUEST
+    assert c.signal == "code:invalid_request_error"
+
+
+def test_a_genuine_structured_error_still_counts_next_to_an_ordinary_request() -> None:
+    request = orjson.dumps({"model": "gpt-4o", "messages": [{"role": "user", "content": "x"}]})
+    c = classify(429, OPENAI_INSUFFICIENT_QUOTA, None, now_ms=NOW, request=request)
+    assert c.cls is F.QUOTA_PERMANENT
+    assert c.account_level

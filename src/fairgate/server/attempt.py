@@ -131,7 +131,9 @@ async def _attempt_on(
             await _settle(svc, res, conn, call, upstream_model, settle_usage)
         else:
             await res.release()
-        verdict = await _report_failure(call, conn, upstream_model, status, body, headers, exc)
+        verdict = await _report_failure(
+            call, conn, upstream_model, status, body, headers, exc, request=payload
+        )
         if status == 429 and verdict.cls is FailureClass.CONTEXT_OVERFLOW:
             # a request too large for the account's per-minute budget (issue 43, N1): retrying
             # it can never help, so it is no 429 (an SDK would retry it) and has no Retry-After
@@ -386,12 +388,21 @@ async def _report_failure(
     body: bytes | None,
     headers: Mapping[str, str] | None,
     exc: BaseException | None,
+    *,
+    request: bytes | None = None,
 ) -> Classification:
     """Classify a failed attempt and let cooldowns, lockouts and breakers learn from it, naming
-    the client key and request as the cause of any block it sets."""
+    the client key and request as the cause of any block it sets. ``request`` is the body sent
+    upstream: an error body that echoes it is not the provider's word (issue 43, N9)."""
     mgr = call.svc.gw.resilience
     cls = classify(
-        status, body, headers, exception=exc, model=model, now_ms=call.svc.gw.clock.now_ms()
+        status,
+        body,
+        headers,
+        exception=exc,
+        model=model,
+        now_ms=call.svc.gw.clock.now_ms(),
+        request=request,
     )
     call.svc.signals.refused(conn.id, model, cls)
     if mgr is not None:
