@@ -134,18 +134,7 @@ async def _attempt_on(
         verdict = await _report_failure(
             call, conn, upstream_model, status, body, headers, exc, request=payload
         )
-        if status == 429 and verdict.cls is FailureClass.CONTEXT_OVERFLOW:
-            # a request too large for the account's per-minute budget (issue 43, N1): retrying
-            # it can never help, so it is no 429 (an SDK would retry it) and has no Retry-After
-            err = ApiError(
-                413,
-                "The request is too large for the upstream account's per-minute limit: "
-                "reduce the input or max_tokens",
-                code="request_too_large",
-            )
-        elif status == 429 and "retry-after" not in err.headers and verdict.retry_after_ms:
-            # the reset a provider states in its body (Codex resets_at / resets_in_seconds)
-            err.headers["retry-after"] = str(max(1, math.ceil(verdict.retry_after_ms / 1000)))
+        err = _for_the_client(err, status, verdict)
         cls = verdict.cls.value
         latency = _ms_since(t_send)
         svc.record_attempt(cand, "connect_error" if kind == "connect_error" else cls, latency)
@@ -328,6 +317,24 @@ async def _prime(
     except TRANSPORT_ERRORS as exc:
         return first, type(exc).__name__
     return first, "ended without content"
+
+
+def _for_the_client(err: ApiError, status: int | None, verdict: Classification) -> ApiError:
+    """The error the sender sees for an upstream failure, once it is classified: the class
+    may show that the upstream's status would mislead the client (and its SDK's retries)."""
+    if status == 429 and verdict.cls is FailureClass.CONTEXT_OVERFLOW:
+        # a request too large for the account's per-minute budget (issue 43, N1): retrying
+        # it can never help, so it is no 429 (an SDK would retry it) and has no Retry-After
+        return ApiError(
+            413,
+            "The request is too large for the upstream account's per-minute limit: "
+            "reduce the input or max_tokens",
+            code="request_too_large",
+        )
+    if status == 429 and "retry-after" not in err.headers and verdict.retry_after_ms:
+        # the reset a provider states in its body (Codex resets_at / resets_in_seconds)
+        err.headers["retry-after"] = str(max(1, math.ceil(verdict.retry_after_ms / 1000)))
+    return err
 
 
 async def _upstream_error(resp: UpstreamResponse, conn: Connection) -> tuple[ApiError, bytes]:
