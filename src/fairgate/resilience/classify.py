@@ -15,15 +15,17 @@ The class comes from these signals, strongest first:
    ``error.status`` and ``ErrorInfo.reason``, Anthropic's ``error.details.error_code`` — looked
    up in :data:`CODE_TABLE`, most specific first. ``param`` and every free-text field are
    ignored: they may echo the request;
-3. the status code (401/403 auth, 402 billing, 404 model, 408/504 timeout, 413 too large,
-   429 rate limit, 5xx server);
+3. the status code (401 auth, 402 billing, 408/504 timeout, 413 too large, 429 rate limit,
+   5xx server); a 403 or 404 *without* a documented identifier (a WAF's HTML page, a proxy's
+   text) is the request's fault, not an auth failure or a missing model (issue 43, N6: the
+   request provokes it on every account alike);
 4. the rate-limit headers (``retry-after``, ``retry-after-ms``, ``x-ratelimit-remaining-*: 0``
    with a reset), which give the retry hint and turn a 403 at a zero limit into a rate limit.
 
 The message text may only *refine* within what the structure already decided, in directions
 that cannot hurt other keys: a 429 is a rate limit or a temporary quota ("daily quota",
 "per day") and its retry hint ("try again in 1.4s"); a client error is a context overflow or a
-plain bad request; a 401/403 may be softened to a rate limit. Text never yields a permanent
+plain bad request; a bare 401 may be softened to a rate limit. Text never yields a permanent
 block, an auth block or a model lockout, and never turns the request's fault into the
 provider's.
 
@@ -253,6 +255,16 @@ CODE_TABLE: Final[Mapping[str, FailureClass]] = {
 _GENERIC: Final = frozenset(
     {"invalid_request_error", "invalid_argument", "server_error", "api_error", "internal"}
 )
+#: Statuses that, without a documented identifier, say nothing about the account (issue 43,
+#: N6): a WAF or a proxy in front of the provider answers a request's content with a bare 403
+#: or 404 (an HTML page, a line of text), the same on every account. Read as an auth failure or
+#: a missing model, one request cooled every connection down for 300 s or locked the model on
+#: each, as failover repeated it on every sibling. Such an answer is the request's fault: the
+#: sender gets it back, nothing is blocked and no sibling is tried. The providers' own 403/404
+#: are structured (``permission_error``, ``PERMISSION_DENIED``, ``model_not_found``,
+#: ``not_found_error``, ``NOT_FOUND`` ...) and keep their classes; a 403 whose rate-limit
+#: headers report a limit at zero stays a rate limit (headers are the provider's, not text).
+_UNSTRUCTURED_IS_THE_REQUESTS: Final = frozenset({403, 404})
 #: Provider-wide overload, whatever the status (Moonshot sends it as a 429): the breaker's case.
 _OVERLOAD_CODES: Final = frozenset({"overloaded_error", "engine_overloaded_error"})
 #: Codes whose message carries a wall-clock reset time in China Standard Time (GLM).
@@ -699,6 +711,10 @@ def _decide(
             cls = F.RATE_LIMIT  # a 429 is never the request's fault
         return _refine(cls, body.text, daily, by_status=False), f"code:{code}"
     cls = _by_status(status, exhausted)
+    if status in _UNSTRUCTURED_IS_THE_REQUESTS and cls is not F.RATE_LIMIT:
+        # issue 43, N6: no documented identifier (a WAF's HTML page, a proxy's text): the
+        # request may well have provoked it, and it would on every sibling
+        return F.BAD_REQUEST, f"status:{status}:unstructured"
     return _refine(cls, body.text, daily, by_status=True), f"status:{status}"
 
 

@@ -331,6 +331,15 @@ def _for_the_client(err: ApiError, status: int | None, verdict: Classification) 
             "reduce the input or max_tokens",
             code="request_too_large",
         )
+    if status == 403 and verdict.cls is FailureClass.BAD_REQUEST:
+        # a bare 403 (a WAF page) is the request's, not our credentials (issue 43, N6):
+        # the sender's own 403, not a 502 about the gateway's configuration
+        return ApiError(
+            403,
+            "An upstream refused this request (HTTP 403 without a provider error); "
+            "it would be refused on every account",
+            code="upstream_error",
+        )
     if status == 429 and "retry-after" not in err.headers and verdict.retry_after_ms:
         # the reset a provider states in its body (Codex resets_at / resets_in_seconds)
         err.headers["retry-after"] = str(max(1, math.ceil(verdict.retry_after_ms / 1000)))
