@@ -22,6 +22,11 @@ The class comes from these signals, strongest first:
 4. the rate-limit headers (``retry-after``, ``retry-after-ms``, ``x-ratelimit-remaining-*: 0``
    with a reset), which give the retry hint and turn a 403 at a zero limit into a rate limit.
 
+Echoes of the request (issue 43, N9): some upstreams answer with the request body itself, or
+copy a field of it into the error. :func:`classify` takes the body that was sent; a body that is
+the request, or whose error object (or a ``details`` item) is a piece of it, has no structure
+and no text, and an identifier the request itself holds is not read as the provider's.
+
 The message text may only *refine* within what the structure already decided, in directions
 that cannot hurt other keys: a 429 is a rate limit or a temporary quota ("daily quota",
 "per day") and its retry hint ("try again in 1.4s"); a client error is a context overflow or a

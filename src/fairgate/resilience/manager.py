@@ -16,7 +16,8 @@ admin API) lifts them. A permanent block is set at once only on an account-level
 401/402/403/429, which no request text can produce). Any other permanent class needs
 corroboration: failures from :data:`PERMANENT_QUORUM` distinct client keys within
 :data:`PERMANENT_WINDOW_MS`; until then it is handled as a temporary quota (a cooldown with
-backoff), so one key can never switch a shared connection off for good.
+backoff), so one key can never switch a shared connection off for good. A shadow copy
+(:data:`SHADOW_KEY_SUFFIX`) counts as its client key: one key plus a shadow is one witness.
 
 Who caused it: :meth:`on_failure` and :meth:`on_success` take the client key id and request
 id of the request whose answer they learn from. Every cooldown, lockout, permanent block and
