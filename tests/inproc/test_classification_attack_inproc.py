@@ -211,3 +211,71 @@ async def test_a_prompt_too_large_for_the_tpm_limit_blocks_nothing(
         assert (state["cooldowns"], state["lockouts"], state["permanent"]) == ([], [], [])
         served = {(await chat(h, VICTIM)).headers["x-fairgate-connection"] for _ in range(6)}
         assert served == {"conn-a", "conn-b"}
+
+
+def _echoing_the_request(status: int) -> Any:
+    """An upstream that answers a request it refuses with the request body itself (some
+    OpenAI-compatible servers and proxies do): the client then writes the "error"."""
+    from fairgate.providers.inprocess import Reply, UpstreamRequest, openai_chat
+
+    async def handler(req: UpstreamRequest) -> Reply:
+        if "error" not in req.json():
+            return openai_chat("ok", model="gpt-4o-mini")
+        return Reply(status=status, body=req.body, headers={"content-type": "application/json"})
+
+    return handler
+
+
+@pytest.mark.parametrize("status", [400, 422])
+async def test_an_upstream_echoing_the_request_lets_no_client_write_the_error(
+    tmp_path: Path, status: int
+) -> None:
+    """Issue 43, N9: the error body was the request body, so its ``error`` field was read as
+    the provider's: one key cooled every connection down (a failover to each, a quota each
+    time), a second key blocked them for good. The request's own JSON is no provider
+    structure: the sender gets its error back, one attempt, nothing blocked."""
+    hostile = {"type": "insufficient_quota", "code": "insufficient_quota"}
+    async with gateway(tmp_path, config(), ManualTimer(), _echoing_the_request(status)) as h:
+        for secret in (ATTACKER, VICTIM, ATTACKER):
+            r = await chat(h, secret, error=hostile)
+            assert r.status_code == status, r.text
+        assert len(h.upstream.requests) == 3  # no failover: the request fails everywhere
+        state = await health(h)
+        assert (state["cooldowns"], state["lockouts"], state["permanent"]) == ([], [], [])
+        served = {(await chat(h, VICTIM)).headers["x-fairgate-connection"] for _ in range(6)}
+        assert served == {"conn-a", "conn-b"}
+    assert persisted_rows(tmp_path) == []
+
+
+def _waf(status: int) -> Any:
+    """A WAF in front of the provider: a request whose content it dislikes gets a bare HTML
+    403 (or a proxy's 404 page), the same on every account."""
+    from fairgate.providers.inprocess import Reply, UpstreamRequest, openai_chat
+
+    async def handler(req: UpstreamRequest) -> Reply:
+        if b"<script>" not in req.body:
+            return openai_chat("ok", model="gpt-4o-mini")
+        page = f"<html><body><h1>{status}</h1>Request blocked.</body></html>"
+        return Reply(status=status, body=page.encode(), headers={"content-type": "text/html"})
+
+    return handler
+
+
+@pytest.mark.parametrize("status", [403, 404])
+async def test_a_bare_403_or_404_provoked_by_the_request_blocks_nothing(
+    tmp_path: Path, status: int
+) -> None:
+    """Issue 43, N6: a WAF page was read as our credentials refused (a 300 s auth cooldown) or
+    the model missing (a lockout), and failover repeated the request on each sibling, so one
+    request took every connection away. It is the request's: the sender gets the status back
+    after one attempt, and nothing is cooled down or locked."""
+    hostile = [{"role": "user", "content": "<script>alert(1)</script>"}]
+    async with gateway(tmp_path, config(), ManualTimer(), _waf(status)) as h:
+        for _ in range(3):
+            r = await chat(h, ATTACKER, messages=hostile)
+            assert r.status_code == status, r.text
+        assert len(h.upstream.requests) == 3  # not failed over to the sibling
+        state = await health(h)
+        assert (state["cooldowns"], state["lockouts"], state["permanent"]) == ([], [], [])
+        served = {(await chat(h, VICTIM)).headers["x-fairgate-connection"] for _ in range(6)}
+        assert served == {"conn-a", "conn-b"}

@@ -44,8 +44,17 @@ FAILOVER = [
     pytest.param(Reply(503, _err("overloaded", "overloaded_error")), id="overloaded"),
     pytest.param(Reply(504, _err("gateway timeout")), id="timeout-504"),
     pytest.param(Reply(401, _err("Incorrect API key provided")), id="our-credentials"),
-    pytest.param(Reply(403, _err("This account is not allowed")), id="forbidden"),
-    pytest.param(Reply(404, _err("The model `m` does not exist")), id="model-not-found"),
+    # a 403/404 is the account's only in the provider's documented structure: a bare one is
+    # the request's (issue 43, N6), see test_classification_attack_inproc.py
+    pytest.param(
+        Reply(403, _err("This account is not allowed", "permission_error")), id="forbidden"
+    ),
+    pytest.param(
+        Reply(
+            404, _err("The model `m` does not exist", "invalid_request_error", "model_not_found")
+        ),
+        id="model-not-found",
+    ),
     pytest.param(ConnectionRefusedError("refused"), id="connect-error"),
     pytest.param(TimeoutError(), id="timeout"),
     pytest.param(Reply(200, {"choices": []}), id="unusable-200"),

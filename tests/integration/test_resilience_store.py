@@ -688,7 +688,9 @@ async def test_restart_keeps_active_entries_and_drops_expired_ones(
     mgr = await _manager(db, clock, url=metadata_url)
     await _fail(mgr, clock, "short", 429, None, {"retry-after": "10"})
     await _fail(mgr, clock, "long", 429, None, {"retry-after": "100"})
-    await _fail(mgr, clock, "c1", 404, model="gpt-9")  # lockout 300 s
+    # OpenAI's structured 404 (a bare one locks nothing since issue 43, N6): lockout 300 s
+    not_found = {"error": {"type": "invalid_request_error", "code": "model_not_found"}}
+    await _fail(mgr, clock, "c1", 404, not_found, model="gpt-9")
     await _fail(mgr, clock, "billing", 402)
     for i in range(5):
         await _fail(mgr, clock, f"s{i}", 500, provider="anthropic")

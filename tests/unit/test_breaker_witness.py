@@ -73,6 +73,16 @@ async def test_a_second_key_within_the_window_opens_it(clock: ManualClock) -> No
     assert mgr.breaker_state(P) is BreakerState.OPEN
 
 
+async def test_a_shadow_copy_is_no_second_witness_for_the_breaker(clock: ManualClock) -> None:
+    """One key plus its shadow combo's copy (``alice~shadow``) is still one key: the same rule
+    as the permanent-block quorum (issue 43, N9)."""
+    mgr = RateLimitManager(clock=clock)
+    for _ in range(5):
+        await fail(mgr, "alice")
+        await fail(mgr, "alice~shadow")
+    assert mgr.breaker_state(P) is BreakerState.CLOSED
+
+
 async def test_a_witness_outside_the_window_does_not_count(clock: ManualClock) -> None:
     mgr = RateLimitManager(clock=clock)
     await fail(mgr, "bob")

@@ -15,6 +15,7 @@ from fairgate.resilience.classify import (
     FailureClass,
     classify,
 )
+from fairgate.resilience.failover import Step, step_after
 
 NOW = 1_700_000_000_000  # 2023-11-14T22:13:20Z
 F = FailureClass
@@ -361,16 +362,17 @@ TABLE: list[tuple[str, int | None, object, dict[str, str] | None, FailureClass, 
     ("azure-429-retry-after-text", 429, AZURE_429, None, F.RATE_LIMIT, 6_000),
     ("text-429", 429, "Too Many Requests", None, F.RATE_LIMIT, None),
     ("text-429-empty", 429, b"", {"Retry-After": "20"}, F.RATE_LIMIT, 20_000),
-    ("text-403-rate-limit", 403, "API rate limit exceeded for user", None, F.RATE_LIMIT, None),
+    # a bare 403/404 is the request's (issue 43, N6): its text neither blocks nor softens it
+    ("text-403-rate-limit", 403, "API rate limit exceeded for user", None, F.BAD_REQUEST, None),
     ("text-400-throttled", 400, "Request was throttled.", None, F.BAD_REQUEST, None),
     ("text-429-capacity", 429, "capacity exceeded, retry later", None, F.RATE_LIMIT, None),
     ("text-503-capacity", 503, "capacity exceeded", None, F.SERVER_ERROR, None),
     ("text-503-rate-limit", 503, "rate limit exceeded", None, F.RATE_LIMIT, None),
     ("text-quota-reached", 429, "Quota reached for this hour", None, F.QUOTA_TEMPORARY, None),
     ("text-monthly-quota", 429, "Monthly quota exceeded", None, F.QUOTA_TEMPORARY, None),
-    ("text-billing", 403, "Billing account not active", None, F.AUTH, None),
+    ("text-billing", 403, "Billing account not active", None, F.BAD_REQUEST, None),
     ("text-credits", 400, "You have run out of credits", None, F.BAD_REQUEST, None),
-    ("text-deactivated", 403, "Your account has been deactivated", None, F.AUTH, None),
+    ("text-deactivated", 403, "Your account has been deactivated", None, F.BAD_REQUEST, None),
     ("text-disabled", 401, "account disabled", None, F.AUTH, None),
     ("text-402", 402, "Payment Required", None, F.QUOTA_PERMANENT, None),
     ("text-408", 408, "Request Timeout", None, F.TIMEOUT, None),
@@ -553,3 +555,95 @@ def test_client_disconnect_is_never_a_provider_failure_whatever_the_status() -> 
 def test_default_now_is_the_system_clock() -> None:
     c = classify(429, None, {"retry-after": "20"})
     assert c.retry_after_ms == 20_000
+
+
+# --- issue 43, N9: an error body that echoes the request is not the provider's structure ---
+
+#: A request that carries what a provider's error would: a field named ``error`` holding a
+#: billing code, and the code once more as a value elsewhere.
+HOSTILE_REQUEST = orjson.dumps(
+    {
+        "model": "gpt-4o",
+        "messages": [{"role": "user", "content": "hi"}],
+        "error": {"type": "insufficient_quota", "code": "insufficient_quota"},
+        "metadata": {"tag": "billing_error"},
+    }
+)
+
+
+@pytest.mark.parametrize("status", [400, 422, 429, 403])
+def test_a_body_that_is_the_request_has_no_provider_structure(status: int) -> None:
+    """The upstream answered with the request body itself: its ``error`` field is the client's,
+    so no billing class (at most what the bare status says)."""
+    c = classify(status, HOSTILE_REQUEST, None, now_ms=NOW, request=HOSTILE_REQUEST)
+    assert c.cls is not F.QUOTA_PERMANENT
+    assert not c.permanent
+    assert not c.signal.startswith("code:")
+    assert c.message == f"HTTP {status}"  # no text of the client's shown as the provider's
+
+
+def test_an_error_object_copied_from_a_request_field_is_no_structure() -> None:
+    """A partial echo: the upstream wraps the request's own ``error`` field."""
+    answer = orjson.dumps({"error": orjson.loads(HOSTILE_REQUEST)["error"]})
+    c = classify(400, answer, None, now_ms=NOW, request=HOSTILE_REQUEST)
+    assert c.cls is F.BAD_REQUEST
+    assert c.signal == "status:400"
+
+
+def test_an_identifier_the_request_holds_is_not_read_as_the_providers() -> None:
+    """The provider's own error object, but its code is a value the client sent: dropped,
+    the generic type and the status decide."""
+    answer = body(
+        {
+            "error": {
+                "message": "Invalid value for 'metadata.tag'.",
+                "type": "invalid_request_error",
+                "code": "billing_error",
+            }
+        }
+    )
+    c = classify(400, answer, None, now_ms=NOW, request=HOSTILE_REQUEST)
+    assert c.cls is F.BAD_REQUEST
+    assert c.signal == "code:invalid_request_error"
+
+
+def test_a_genuine_structured_error_still_counts_next_to_an_ordinary_request() -> None:
+    request = orjson.dumps({"model": "gpt-4o", "messages": [{"role": "user", "content": "x"}]})
+    c = classify(429, OPENAI_INSUFFICIENT_QUOTA, None, now_ms=NOW, request=request)
+    assert c.cls is F.QUOTA_PERMANENT
+    assert c.account_level
+
+
+# --- issue 43, N6: a bare 403/404 is the request's, not the account's ---
+
+WAF_PAGE = "<html><head><title>403 Forbidden</title></head><body>Request blocked.</body></html>"
+
+
+@pytest.mark.parametrize(
+    ("status", "answer"),
+    [
+        (403, WAF_PAGE),
+        (403, None),
+        (403, {"detail": "Forbidden"}),
+        (404, "<html><body>Not Found</body></html>"),
+        (404, None),
+        (404, "404 page not found"),
+    ],
+)
+def test_an_unstructured_403_or_404_blocks_nothing_and_is_not_failed_over(
+    status: int, answer: object
+) -> None:
+    """A WAF or proxy answers a request's content with a bare 403/404, the same on every
+    account: no auth cooldown, no model lockout, no sibling tried."""
+    c = classify(status, answer, None, now_ms=NOW)  # type: ignore[arg-type]
+    assert c.cls is F.BAD_REQUEST
+    assert c.signal == f"status:{status}:unstructured"
+    assert not c.provider_failure
+    assert not c.retry_elsewhere
+    assert step_after(c.cls) is Step.END
+
+
+def test_a_structured_403_or_404_keeps_its_class() -> None:
+    assert classify(403, ANTHROPIC_PERMISSION, None, now_ms=NOW).cls is F.AUTH
+    assert classify(404, OPENAI_MODEL_NOT_FOUND, None, now_ms=NOW).cls is F.MODEL_NOT_FOUND
+    assert classify(401, WAF_PAGE, None, now_ms=NOW).cls is F.AUTH  # 401 is about credentials

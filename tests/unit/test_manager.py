@@ -22,6 +22,16 @@ from fairgate.resilience.settings import ResilienceSettings
 from fairgate.resilience.state import NO_STATE, MemoryResilienceStore, TargetState
 
 S = 1_000
+#: OpenAI's structured 404 for a model the account does not serve. A bare 404 (no documented
+#: identifier) is the request's fault since issue 43, N6, and locks nothing.
+MODEL_NOT_FOUND = {
+    "error": {
+        "message": "The model `gpt-9` does not exist or you do not have access to it.",
+        "type": "invalid_request_error",
+        "param": None,
+        "code": "model_not_found",
+    }
+}
 P, C, M = "openai", "c1", "gpt-4o"
 
 
@@ -303,7 +313,7 @@ async def test_auth_failure_cools_down_long(mgr: RateLimitManager, clock: Manual
 
 
 async def test_model_not_found_locks_that_model(mgr: RateLimitManager, clock: ManualClock) -> None:
-    await fail(mgr, clock, 404, None, model="gpt-9")
+    await fail(mgr, clock, 404, MODEL_NOT_FOUND, model="gpt-9")
     excl = await mgr.check(P, C, "gpt-9")
     assert excl == Exclusion("lockout", clock.now_ms() + 300 * S, False, "model_not_found")
     assert await mgr.check(P, C, M) is None
@@ -337,7 +347,7 @@ async def test_clear_cooldown_lockout_and_breaker(
     await fail(mgr, clock, 429, None)
     assert await mgr.clear("cooldown", connection_id=C)
     assert await mgr.check(P, C, M) is None
-    await fail(mgr, clock, 404, None)
+    await fail(mgr, clock, 404, MODEL_NOT_FOUND)
     assert await mgr.clear("lockout", provider=P, connection_id=C, model=M)
     assert await mgr.check(P, C, M) is None
     for i in range(5):
@@ -350,7 +360,7 @@ async def test_clear_cooldown_lockout_and_breaker(
 
 async def test_snapshot_shape(mgr: RateLimitManager, clock: ManualClock) -> None:
     await fail(mgr, clock, 429, None, {"retry-after": "20"})
-    await fail(mgr, clock, 404, None, model="gpt-9")
+    await fail(mgr, clock, 404, MODEL_NOT_FOUND, model="gpt-9")
     await fail(mgr, clock, 402, None, conn="c9")
     for i in range(5):
         await fail(mgr, clock, 500, None, conn=f"s{i}", provider="anthropic")

@@ -92,6 +92,21 @@ async def test_a_second_key_within_the_window_confirms_it(
     assert excl.reason == "permanent"
 
 
+async def test_a_shadow_copy_is_no_second_witness(
+    mgr: RateLimitManager, clock: ManualClock
+) -> None:
+    """Issue 43, N9: a combo's shadow copy is sent under ``<key>~shadow``; it is the same
+    client's request once more, so one key plus a shadow combo must not make a quorum."""
+    await fail(mgr, clock, 400, PRECONDITION, "key-a", "req-a")
+    clock.advance(S)
+    await fail(mgr, clock, 400, PRECONDITION, "key-a~shadow", "req-a")
+    assert (await mgr.snapshot())["permanent"] == []
+    clock.advance(S)
+    await fail(mgr, clock, 400, PRECONDITION, "key-b~shadow", "req-b")
+    [perm] = (await mgr.snapshot())["permanent"]  # a second client's copy is a second client
+    assert perm["caused_by"] == {"key_id": "key-b~shadow", "request_id": "req-b"}
+
+
 async def test_evidence_older_than_the_window_does_not_count(
     mgr: RateLimitManager, clock: ManualClock
 ) -> None:

@@ -15,15 +15,22 @@ The class comes from these signals, strongest first:
    ``error.status`` and ``ErrorInfo.reason``, Anthropic's ``error.details.error_code`` — looked
    up in :data:`CODE_TABLE`, most specific first. ``param`` and every free-text field are
    ignored: they may echo the request;
-3. the status code (401/403 auth, 402 billing, 404 model, 408/504 timeout, 413 too large,
-   429 rate limit, 5xx server);
+3. the status code (401 auth, 402 billing, 408/504 timeout, 413 too large, 429 rate limit,
+   5xx server); a 403 or 404 *without* a documented identifier (a WAF's HTML page, a proxy's
+   text) is the request's fault, not an auth failure or a missing model (issue 43, N6: the
+   request provokes it on every account alike);
 4. the rate-limit headers (``retry-after``, ``retry-after-ms``, ``x-ratelimit-remaining-*: 0``
    with a reset), which give the retry hint and turn a 403 at a zero limit into a rate limit.
+
+Echoes of the request (issue 43, N9): some upstreams answer with the request body itself, or
+copy a field of it into the error. :func:`classify` takes the body that was sent; a body that is
+the request, or whose error object (or a ``details`` item) is a piece of it, has no structure
+and no text, and an identifier the request itself holds is not read as the provider's.
 
 The message text may only *refine* within what the structure already decided, in directions
 that cannot hurt other keys: a 429 is a rate limit or a temporary quota ("daily quota",
 "per day") and its retry hint ("try again in 1.4s"); a client error is a context overflow or a
-plain bad request; a 401/403 may be softened to a rate limit. Text never yields a permanent
+plain bad request; a bare 401 may be softened to a rate limit. Text never yields a permanent
 block, an auth block or a model lockout, and never turns the request's fault into the
 provider's.
 
@@ -253,6 +260,16 @@ CODE_TABLE: Final[Mapping[str, FailureClass]] = {
 _GENERIC: Final = frozenset(
     {"invalid_request_error", "invalid_argument", "server_error", "api_error", "internal"}
 )
+#: Statuses that, without a documented identifier, say nothing about the account (issue 43,
+#: N6): a WAF or a proxy in front of the provider answers a request's content with a bare 403
+#: or 404 (an HTML page, a line of text), the same on every account. Read as an auth failure or
+#: a missing model, one request cooled every connection down for 300 s or locked the model on
+#: each, as failover repeated it on every sibling. Such an answer is the request's fault: the
+#: sender gets it back, nothing is blocked and no sibling is tried. The providers' own 403/404
+#: are structured (``permission_error``, ``PERMISSION_DENIED``, ``model_not_found``,
+#: ``not_found_error``, ``NOT_FOUND`` ...) and keep their classes; a 403 whose rate-limit
+#: headers report a limit at zero stays a rate limit (headers are the provider's, not text).
+_UNSTRUCTURED_IS_THE_REQUESTS: Final = frozenset({403, 404})
 #: Provider-wide overload, whatever the status (Moonshot sends it as a 429): the breaker's case.
 _OVERLOAD_CODES: Final = frozenset({"overloaded_error", "engine_overloaded_error"})
 #: Codes whose message carries a wall-clock reset time in China Standard Time (GLM).
@@ -339,20 +356,25 @@ def _ident(value: object) -> str | None:
     return None
 
 
-def _details(err: Mapping[str, Any]) -> tuple[list[str], str, str | None]:
+def _details(
+    err: Mapping[str, Any], sent: _Sent | None = None
+) -> tuple[list[str], str, str | None]:
     """(ErrorInfo reasons, the quota details as text, RetryInfo.retryDelay) of a Gemini error;
-    also Anthropic's ``details.error_code``."""
+    also Anthropic's ``details.error_code``. Details copied from the request (``sent``) are
+    ignored."""
     reasons: list[str] = []
     quota: list[str] = []
     delay: str | None = None
     details = err.get("details")
+    if sent is not None and isinstance(details, Mapping | list) and sent.contains(details):
+        return reasons, "", delay
     if isinstance(details, Mapping):  # Anthropic: {"error_code": "..."}
         code = _ident(details.get("error_code"))
         if code is not None:
             reasons.append(code)
     elif isinstance(details, list):
         for item in details:
-            if not isinstance(item, Mapping):
+            if not isinstance(item, Mapping) or (sent is not None and sent.contains(item)):
                 continue
             kind = _text(item.get("@type"))
             if kind.endswith("ErrorInfo"):
@@ -374,13 +396,86 @@ def _resets(err: Mapping[str, Any]) -> str | None:
     return None
 
 
-def _read_body(body: bytes | str | Mapping[str, Any] | None) -> _Body:
-    """The human message, the structured identifiers and the reset fields of an error body."""
+class _Sent:
+    """What the request sent upstream contained (issue 43, N9), so that an error body which
+    repeats it is not read as the provider's structure. Some upstreams answer with the request
+    body itself, or copy a field of it into the error (a request field named ``error`` holding
+    ``{"type": "insufficient_quota"}``): read as the provider's, the client would choose the
+    class. Parsed lazily, only when an error body has JSON structure to check."""
+
+    __slots__ = ("_obj", "_parsed", "_raw", "_tokens")
+
+    def __init__(self, raw: bytes) -> None:
+        self._raw = raw.strip()
+        self._parsed = False
+        self._obj: object = None
+        self._tokens: frozenset[str] = frozenset()
+
+    def _parse(self) -> None:
+        if self._parsed:
+            return
+        self._parsed = True
+        try:
+            self._obj = orjson.loads(self._raw) if self._raw else None
+        except orjson.JSONDecodeError:
+            return
+        tokens: set[str] = set()
+        stack: list[object] = [self._obj]
+        while stack:  # iterative: request bodies may nest deeply
+            node = stack.pop()
+            if isinstance(node, Mapping):
+                for key, value in node.items():
+                    ident = _ident(key)
+                    if ident is not None and ident in CODE_TABLE:
+                        tokens.add(ident)
+                    stack.append(value)
+            elif isinstance(node, list):
+                stack.extend(node)
+            else:
+                ident = _ident(node)
+                if ident is not None and ident in CODE_TABLE:
+                    tokens.add(ident)
+        self._tokens = frozenset(tokens)
+
+    def is_raw(self, raw: str) -> bool:
+        """The error body is the request's bytes."""
+        return bool(self._raw) and raw.strip().encode() == self._raw
+
+    def contains(self, part: object) -> bool:
+        """``part`` (an error object or a detail of it) equals the request or a piece of it."""
+        self._parse()
+        stack: list[object] = [self._obj]
+        while stack:
+            node = stack.pop()
+            if isinstance(node, Mapping | list) and node == part:
+                return True
+            if isinstance(node, Mapping):
+                stack.extend(v for v in node.values() if isinstance(v, Mapping | list))
+            elif isinstance(node, list):
+                stack.extend(v for v in node if isinstance(v, Mapping | list))
+        return False
+
+    def names(self, ident: str) -> bool:
+        """The request itself holds this documented identifier (as a key or a value)."""
+        self._parse()
+        return ident in self._tokens
+
+
+def _read_body(body: bytes | str | Mapping[str, Any] | None, sent: _Sent | None = None) -> _Body:
+    """The human message, the structured identifiers and the reset fields of an error body.
+
+    With ``sent`` (the request as sent), nothing that may be the request's own echo counts as
+    structure: a body that is the request (or whose error object is a piece of it) has no
+    structure and no text; an identifier the request itself holds is dropped; a detail copied
+    from the request is ignored. Losing a genuine code that way only falls back to the status,
+    never to anything stronger."""
     if body is None:
         return _EMPTY
     obj: object = body
     if isinstance(body, bytes | str):
         raw = body.decode("utf-8", "replace") if isinstance(body, bytes) else body
+        if sent is not None and sent.is_raw(raw):
+            return _EMPTY
         try:
             obj = orjson.loads(raw) if raw.strip() else None
         except orjson.JSONDecodeError:
@@ -392,10 +487,18 @@ def _read_body(body: bytes | str | Mapping[str, Any] | None) -> _Body:
         obj = obj[0]  # Gemini sometimes wraps the error in a list
     if not isinstance(obj, Mapping):
         return _EMPTY
+    if sent is not None and sent.contains(obj):
+        return _EMPTY  # the request (or a piece of it) sent back: nothing of the provider's
     err = obj.get("error", obj)
+    if sent is not None and isinstance(err, Mapping | list) and sent.contains(err):
+        err = {}  # the error object is the request's own: no codes, no details, no resets
+
+    def provider_codes(found: list[str]) -> tuple[str, ...]:
+        return tuple(c for c in found if sent is None or not sent.names(c))
+
     if isinstance(err, str):  # {"error": "text", "code": ...}
         code = _ident(obj.get("code"))
-        only: tuple[str, ...] = () if code is None else (code,)
+        only = provider_codes([] if code is None else [code])
         return _Body(err.strip()[:MESSAGE_MAX], err.lower(), only, "", None, None)
     if not isinstance(err, Mapping):
         return _EMPTY
@@ -405,14 +508,19 @@ def _read_body(body: bytes | str | Mapping[str, Any] | None) -> _Body:
         or _text(obj.get("message"))
         or _text(obj.get("detail"))
     )
-    reasons, quota, delay = _details(err)
+    reasons, quota, delay = _details(err, sent)
     codes: list[str] = [*reasons]
     for field in ("code", "type", "status"):
         ident = _ident(err.get(field))
         if ident is not None and ident not in codes:
             codes.append(ident)
     return _Body(
-        message.strip()[:MESSAGE_MAX], message.lower(), tuple(codes), quota, delay, _resets(err)
+        message.strip()[:MESSAGE_MAX],
+        message.lower(),
+        provider_codes(codes),
+        quota,
+        delay,
+        _resets(err),
     )
 
 
@@ -608,6 +716,10 @@ def _decide(
             cls = F.RATE_LIMIT  # a 429 is never the request's fault
         return _refine(cls, body.text, daily, by_status=False), f"code:{code}"
     cls = _by_status(status, exhausted)
+    if status in _UNSTRUCTURED_IS_THE_REQUESTS and cls is not F.RATE_LIMIT:
+        # issue 43, N6: no documented identifier (a WAF's HTML page, a proxy's text): the
+        # request may well have provoked it, and it would on every sibling
+        return F.BAD_REQUEST, f"status:{status}:unstructured"
     return _refine(cls, body.text, daily, by_status=True), f"status:{status}"
 
 
@@ -619,8 +731,12 @@ def classify(
     exception: BaseException | None = None,
     model: str | None = None,
     now_ms: int | None = None,
+    request: bytes | None = None,
 ) -> Classification:
     """Classify one upstream outcome; see the module docstring for the rules.
+
+    ``request`` (the body sent upstream) keeps an error body that echoes it from being read as
+    the provider's structure (issue 43, N9): pass it whenever it is known.
 
     ``model`` (the upstream model id asked for) lets a message naming it ("Rate limit reached
     for gpt-4o ...") count as model-scoped. ``now_ms`` anchors date-form hints (defaults to the
@@ -639,7 +755,7 @@ def classify(
                 retry_elsewhere=provider_failure and cls in _RETRY_ELSEWHERE,
                 signal="exception",
             )
-    parsed = _read_body(body)
+    parsed = _read_body(body, None if request is None else _Sent(request))
     snap = parse_rate_limit_headers(headers, now) if headers else None
     header_hint, exhausted = _header_hint(snap, now)
     daily = bool(_DAILY.search(parsed.text) or _DAILY.search(parsed.quota))

@@ -13,9 +13,9 @@ notion of "fail over" (no status sets elsewhere):
   block or breaker that keeps the next requests away from it; another account or model may
   well answer, and a client must never see another account's billing error while a candidate
   remains.
-- **end** the request: the client's own error (a malformed request, a content policy refusal
-  — both ``bad_request``) fails the same way everywhere, and a client that went away wants
-  nothing more.
+- **end** the request: the client's own error (a malformed request, a content policy refusal,
+  a bare 403/404 with no provider structure such as a WAF page — all ``bad_request``) fails
+  the same way everywhere, and a client that went away wants nothing more.
 
 A context overflow is the client's too when the next candidate is the *same* model (another
 account has the same window): :func:`same_model_is_futile` lets the executor skip those.

@@ -17,7 +17,8 @@ admin API) lifts them. A permanent block is set at once only on an account-level
 401/402/403/429, which no request text can produce). Any other permanent class needs
 corroboration: failures from :data:`PERMANENT_QUORUM` distinct client keys within
 :data:`PERMANENT_WINDOW_MS`; until then it is handled as a temporary quota (a cooldown with
-backoff), so one key can never switch a shared connection off for good.
+backoff), so one key can never switch a shared connection off for good. A shadow copy
+(:data:`SHADOW_KEY_SUFFIX`) counts as its client key: one key plus a shadow is one witness.
 
 Whose failure it is (issue 43, N3): the breaker blacks out a provider for every pool, so it
 must not open on what one tenant can cause on purpose — long generations that run into the
@@ -88,6 +89,7 @@ from fairgate.resilience.state import (
 from fairgate.resilience.writer import PersistenceWriter
 
 __all__ = [
+    "SHADOW_KEY_SUFFIX",
     "Exclusion",
     "ExclusionReason",
     "RateLimitManager",
@@ -96,6 +98,7 @@ __all__ = [
     "all_rate_limited",
     "earliest_free",
     "retry_after_seconds",
+    "witness",
 ]
 
 log = logging.getLogger("fairgate.resilience")
@@ -129,6 +132,10 @@ BREAKER_WITNESSES: Final = 2
 _NO_KEY: Final = "-"
 #: Stands for a failure no request explains, among a breaker's witnesses: enough on its own.
 _UNEXPLAINED: Final = "\x00unexplained"
+#: The key id a shadow copy of a request is sent under is its client key's id plus this
+#: (:mod:`fairgate.server.pipeline`): it names the copy in causes and logs, but a shadow is the
+#: same client, never a second witness for :data:`PERMANENT_QUORUM` (issue 43, N9).
+SHADOW_KEY_SUFFIX: Final = "~shadow"
 _DIMENSIONS: Final = ("requests", "tokens", "input_tokens", "output_tokens")
 
 T = TypeVar("T")
@@ -227,6 +234,15 @@ def _lock_key(provider: str, conn_id: str, model: str) -> tuple[str, ...]:
 
 def _cd_key(conn_id: str) -> tuple[str, ...]:
     return ("cd", conn_id)
+
+
+def witness(key_id: str | None) -> str:
+    """The client a failure is evidence from, for the permanent-block quorum and the
+    breaker's witnesses: a shadow copy (``<key>~shadow``) is its client key's own request sent
+    once more, so one key plus a shadow combo must count as one key, not two."""
+    if key_id is None:
+        return _NO_KEY
+    return key_id.removesuffix(SHADOW_KEY_SUFFIX) or _NO_KEY
 
 
 class RateLimitManager:
@@ -644,7 +660,7 @@ class RateLimitManager:
             seen = self._evidence[scope] = {}
         for old in [k for k, at in seen.items() if at <= now - PERMANENT_WINDOW_MS]:
             del seen[old]
-        seen[key_id or _NO_KEY] = now
+        seen[witness(key_id)] = now
         if len(seen) < PERMANENT_QUORUM:
             log.warning(
                 "permanent-block evidence from one key, awaiting a second",
@@ -703,7 +719,7 @@ class RateLimitManager:
         now = cause.at_ms
         for old in [k for k, at in seen.items() if at <= now - window]:
             del seen[old]
-        seen[_UNEXPLAINED if not explained else cause.key_id or _NO_KEY] = now
+        seen[_UNEXPLAINED if not explained else witness(cause.key_id)] = now  # no shadow twice
         if len(seen) > self._max_tracked:  # one key per entry: bounded like the other maps
             seen.pop(next(iter(seen)))
         return _UNEXPLAINED in seen or len(seen) >= BREAKER_WITNESSES

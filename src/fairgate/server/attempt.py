@@ -135,20 +135,9 @@ async def _attempt_on(
         else:
             await res.release()
         verdict = await _report_failure(
-            call, conn, upstream_model, status, body, headers, exc, sent_ms=sent_ms
+            call, conn, upstream_model, status, body, headers, exc, sent_ms=sent_ms, request=payload
         )
-        if status == 429 and verdict.cls is FailureClass.CONTEXT_OVERFLOW:
-            # a request too large for the account's per-minute budget (issue 43, N1): retrying
-            # it can never help, so it is no 429 (an SDK would retry it) and has no Retry-After
-            err = ApiError(
-                413,
-                "The request is too large for the upstream account's per-minute limit: "
-                "reduce the input or max_tokens",
-                code="request_too_large",
-            )
-        elif status == 429 and "retry-after" not in err.headers and verdict.retry_after_ms:
-            # the reset a provider states in its body (Codex resets_at / resets_in_seconds)
-            err.headers["retry-after"] = str(max(1, math.ceil(verdict.retry_after_ms / 1000)))
+        err = _for_the_client(err, status, verdict)
         cls = verdict.cls.value
         latency = _ms_since(t_send)
         svc.record_attempt(cand, "connect_error" if kind == "connect_error" else cls, latency)
@@ -345,6 +334,33 @@ async def _prime(
     return first, "ended without content"
 
 
+def _for_the_client(err: ApiError, status: int | None, verdict: Classification) -> ApiError:
+    """The error the sender sees for an upstream failure, once it is classified: the class
+    may show that the upstream's status would mislead the client (and its SDK's retries)."""
+    if status == 429 and verdict.cls is FailureClass.CONTEXT_OVERFLOW:
+        # a request too large for the account's per-minute budget (issue 43, N1): retrying
+        # it can never help, so it is no 429 (an SDK would retry it) and has no Retry-After
+        return ApiError(
+            413,
+            "The request is too large for the upstream account's per-minute limit: "
+            "reduce the input or max_tokens",
+            code="request_too_large",
+        )
+    if status == 403 and verdict.cls is FailureClass.BAD_REQUEST:
+        # a bare 403 (a WAF page) is the request's, not our credentials (issue 43, N6):
+        # the sender's own 403, not a 502 about the gateway's configuration
+        return ApiError(
+            403,
+            "An upstream refused this request (HTTP 403 without a provider error); "
+            "it would be refused on every account",
+            code="upstream_error",
+        )
+    if status == 429 and "retry-after" not in err.headers and verdict.retry_after_ms:
+        # the reset a provider states in its body (Codex resets_at / resets_in_seconds)
+        err.headers["retry-after"] = str(max(1, math.ceil(verdict.retry_after_ms / 1000)))
+    return err
+
+
 async def _upstream_error(resp: UpstreamResponse, conn: Connection) -> tuple[ApiError, bytes]:
     """The upstream's error, made safe to show: its message (never our credentials) and status.
 
@@ -415,14 +431,16 @@ async def _report_failure(
     exc: BaseException | None,
     *,
     sent_ms: int,
+    request: bytes | None = None,
 ) -> Classification:
     """Classify a failed attempt and let cooldowns, lockouts and breakers learn from it, naming
     the client key and request as the cause of any block it sets, and saying whether the
     request's own size or duration explains the failure (then it is the request's alone:
-    issue 43, N3, :mod:`fairgate.resilience.evidence`)."""
+    issue 43, N3, :mod:`fairgate.resilience.evidence`). ``request`` is the body sent upstream:
+    an error body that echoes it is not the provider's word (issue 43, N9)."""
     mgr = call.svc.gw.resilience
     now = call.svc.gw.clock.now_ms()
-    cls = classify(status, body, headers, exception=exc, model=model, now_ms=now)
+    cls = classify(status, body, headers, exception=exc, model=model, now_ms=now, request=request)
     call.svc.signals.refused(conn.id, model, cls)
     if mgr is not None:
         explained = request_explains(

@@ -26,6 +26,7 @@ from starlette.responses import Response
 
 from fairgate.providers.usage import estimate_prompt_tokens
 from fairgate.registry import ClientKey, Connection, Denial, Registry
+from fairgate.resilience.manager import SHADOW_KEY_SUFFIX
 from fairgate.routing import (
     Combo,
     PanelAnswer,
@@ -349,7 +350,7 @@ async def _shadow(call: Call, combo: Combo, target: Target, timeout_ms: int) -> 
     quota drawn as an unallocated key (it borrows spare capacity only, never a client's share);
     only on connections the client's own key may use."""
     svc = call.svc
-    shadow_key = ClientKey(f"{call.key.id}~shadow", "shadow", "")
+    shadow_key = ClientKey(f"{call.key.id}{SHADOW_KEY_SUFFIX}", "shadow", "")
     sub = dataclasses.replace(
         call, key=shadow_key, stream=False, body={**call.body, "stream": False}
     )
