@@ -182,6 +182,30 @@ def _sse(payload: dict[str, Any], event: str | None = None) -> bytes:
     return head + b"data: " + orjson.dumps(payload) + b"\n\n"
 
 
+def anthropic_stream(
+    text: str,
+    *,
+    start_usage: dict[str, int] | None = None,
+    delta_usage: dict[str, int] | None = None,
+) -> Reply:
+    """A Messages stream answering ``text`` in one delta, its usage split between
+    ``message_start`` and ``message_delta`` as given (Anthropic: input in the start, output in
+    the delta; some compatible providers put it all in the delta)."""
+    start = {"input_tokens": 10, "output_tokens": 0} if start_usage is None else start_usage
+    delta = {"output_tokens": 1} if delta_usage is None else delta_usage
+    message = {"id": "msg_1", "type": "message", "role": "assistant", "model": "m"}
+    events: list[tuple[str, dict[str, Any]]] = [
+        ("message_start", {"message": {**message, "content": [], "usage": start}}),
+        ("content_block_start", {"index": 0, "content_block": {"type": "text", "text": ""}}),
+        ("content_block_delta", {"index": 0, "delta": {"type": "text_delta", "text": text}}),
+        ("content_block_stop", {"index": 0}),
+        ("message_delta", {"delta": {"stop_reason": "end_turn"}, "usage": delta}),
+        ("message_stop", {}),
+    ]
+    chunks: list[bytes | BaseException] = [_sse({"type": e, **d}, e) for e, d in events]
+    return Reply(headers={"content-type": "text/event-stream"}, chunks=chunks)
+
+
 def openai_stream(text: str, *, model: str = "m", finish: str | None = "stop") -> list[bytes]:
     """The SSE events of a Chat Completions stream answering ``text`` word by word (no
     finish chunk when ``finish`` is None; no content chunk for an empty ``text``)."""

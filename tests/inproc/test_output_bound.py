@@ -12,11 +12,10 @@ when no bound was sent.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
-from inproc_support import ADMIN_KEY, ALICE, BOB, base_config, conn, gateway
+from inproc_support import ADMIN_KEY, ALICE, BOB, anthropic_stream, base_config, conn, gateway
 
 from fairgate.providers.inprocess import Reply, UpstreamRequest, openai_chat
 from fairgate.timers import ManualTimer
@@ -114,53 +113,13 @@ async def test_anthropic_stream_usage_counts_in_message_delta_are_charged(tmp_pa
     """Issue 42: an Anthropic-compatible upstream whose ``message_start`` says ``input_tokens:
     0`` and whose ``message_delta`` carries the real counts was charged 57 tokens instead of
     207 on the passthrough: the start's zero won. Each field's latest value wins."""
-    events = [
-        (
-            "message_start",
-            {
-                "type": "message_start",
-                "message": {
-                    "id": "msg_1",
-                    "type": "message",
-                    "role": "assistant",
-                    "model": "m",
-                    "content": [],
-                    "stop_reason": None,
-                    "usage": {"input_tokens": 0, "output_tokens": 0},
-                },
-            },
-        ),
-        (
-            "content_block_start",
-            {
-                "type": "content_block_start",
-                "index": 0,
-                "content_block": {"type": "text", "text": ""},
-            },
-        ),
-        (
-            "content_block_delta",
-            {
-                "type": "content_block_delta",
-                "index": 0,
-                "delta": {"type": "text_delta", "text": "hi"},
-            },
-        ),
-        ("content_block_stop", {"type": "content_block_stop", "index": 0}),
-        (
-            "message_delta",
-            {
-                "type": "message_delta",
-                "delta": {"stop_reason": "end_turn"},
-                "usage": {"input_tokens": 150, "output_tokens": 57},
-            },
-        ),
-        ("message_stop", {"type": "message_stop"}),
-    ]
-    sse = [f"event: {e}\ndata: {json.dumps(d)}\n\n".encode() for e, d in events]
 
     async def handler(req: UpstreamRequest) -> Reply:
-        return Reply(headers={"content-type": "text/event-stream"}, chunks=sse)
+        return anthropic_stream(
+            "hi",
+            start_usage={"input_tokens": 0, "output_tokens": 0},
+            delta_usage={"input_tokens": 150, "output_tokens": 57},
+        )
 
     pool = {**_pool(100_000), "connections": ["a1"]}
     cfg = base_config([conn("a1", "anthropic")], pools=[pool])

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from inproc_support import ALICE, base_config, conn, gateway
+from inproc_support import ALICE, anthropic_stream, base_config, conn, gateway
 
 from fairgate.clock import ManualClock
 from fairgate.providers.inprocess import Reply, UpstreamRequest, openai_chat
@@ -30,52 +30,9 @@ async def test_answer_through_the_whole_path(tmp_path: Path) -> None:
 
 async def test_a_translated_stream_stamps_created_from_the_gateways_clock(tmp_path: Path) -> None:
     """Chat chunks made from an Anthropic stream carry ``created`` from the injected clock."""
-    events = [
-        (
-            "message_start",
-            {
-                "type": "message_start",
-                "message": {
-                    "id": "msg_1",
-                    "type": "message",
-                    "role": "assistant",
-                    "model": "m",
-                    "content": [],
-                    "usage": {"input_tokens": 10, "output_tokens": 0},
-                },
-            },
-        ),
-        (
-            "content_block_start",
-            {
-                "type": "content_block_start",
-                "index": 0,
-                "content_block": {"type": "text", "text": ""},
-            },
-        ),
-        (
-            "content_block_delta",
-            {
-                "type": "content_block_delta",
-                "index": 0,
-                "delta": {"type": "text_delta", "text": "hi"},
-            },
-        ),
-        ("content_block_stop", {"type": "content_block_stop", "index": 0}),
-        (
-            "message_delta",
-            {
-                "type": "message_delta",
-                "delta": {"stop_reason": "end_turn"},
-                "usage": {"output_tokens": 1},
-            },
-        ),
-        ("message_stop", {"type": "message_stop"}),
-    ]
-    sse = [f"event: {e}\ndata: {json.dumps(d)}\n\n".encode() for e, d in events]
 
     async def handler(req: UpstreamRequest) -> Reply:
-        return Reply(headers={"content-type": "text/event-stream"}, chunks=sse)
+        return anthropic_stream("hi")
 
     timer = ManualTimer(ManualClock(1_234_567_890_123))
     async with gateway(tmp_path, base_config([conn("c1", "anthropic")]), timer, handler) as h:

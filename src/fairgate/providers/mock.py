@@ -532,25 +532,33 @@ async def _chat(call: _Call) -> web.StreamResponse:
 COUNT_TOKENS_PATH = "/v1/messages/count_tokens"
 
 
+def _messages_refusal(call: _Call) -> web.Response | None:
+    """Anthropic's 400 for a Messages body without a model or messages (both routes)."""
+    body = call.body
+    model, messages = body.get("model"), body.get("messages")
+    if not isinstance(model, str) or not model:
+        return call.bad_request("model: Field required")
+    if not isinstance(messages, list) or not messages:
+        return call.bad_request("messages: at least one message is required")
+    return None
+
+
 async def _count_tokens(call: _Call) -> web.StreamResponse:
     """``{"input_tokens": n}`` for a Messages body, as Anthropic counts it: no ``max_tokens``
     needed, nothing generated, no usage spent (the mock's estimate: four characters a token)."""
+    refusal = _messages_refusal(call)
+    if refusal is not None:
+        return refusal
     body = call.body
-    model, messages = body.get("model"), body.get("messages")
-    if not isinstance(model, str) or not model:
-        return call.bad_request("model: Field required")
-    if not isinstance(messages, list) or not messages:
-        return call.bad_request("messages: at least one message is required")
-    return _json(200, {"input_tokens": _prompt_tokens(messages, body.get("system"))}, {})
+    return _json(200, {"input_tokens": _prompt_tokens(body["messages"], body.get("system"))}, {})
 
 
 async def _messages(call: _Call) -> web.StreamResponse:
+    refusal = _messages_refusal(call)
+    if refusal is not None:
+        return refusal
     body = call.body
-    model, messages = body.get("model"), body.get("messages")
-    if not isinstance(model, str) or not model:
-        return call.bad_request("model: Field required")
-    if not isinstance(messages, list) or not messages:
-        return call.bad_request("messages: at least one message is required")
+    model, messages = body["model"], body["messages"]
     try:
         cap = _token_cap(body, ("max_tokens",))
     except ValueError as exc:
