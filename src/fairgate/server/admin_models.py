@@ -138,9 +138,11 @@ def unique_caps(caps: Sequence[ModelCapIn]) -> None:
     _no_duplicates([f"{c.model} {c.unit.value}" for c in caps], "model cap")
 
 
-class AllocationIn(ApiModel):
-    key: Id
-    weight: Weight = 0.0
+class _AllocationTerms(ApiModel):
+    """What an allocation says besides its key and weight, and the rules on it: one
+    definition for the whole-pool form (:class:`AllocationIn`) and the one-key form
+    (:class:`AllocationBody`)."""
+
     policy: Policy = Policy.HARD
     cap_value: CapValue | None = None
     cap_unit: Unit | None = None
@@ -158,15 +160,23 @@ class AllocationIn(ApiModel):
         unique_caps(v)
         return v
 
-    def to_domain(self) -> Allocation:
+    def _allocation(self, key_id: str, weight: float) -> Allocation:
         return Allocation(
-            key_id=self.key,
-            weight=self.weight,
+            key_id=key_id,
+            weight=weight,
             cap_value=self.cap_value,
             cap_unit=self.cap_unit,
             policy=self.policy,
             model_caps=tuple(c.to_domain() for c in self.model_caps),
         )
+
+
+class AllocationIn(_AllocationTerms):
+    key: Id
+    weight: Weight = 0.0
+
+    def to_domain(self) -> Allocation:
+        return self._allocation(self.key, self.weight)
 
     @classmethod
     def of(cls, a: Allocation) -> AllocationIn:
@@ -180,38 +190,15 @@ class AllocationIn(ApiModel):
         )
 
 
-class AllocationBody(ApiModel):
+class AllocationBody(_AllocationTerms):
     """One key's allocation, the key named by the path (``PUT …/allocations/{key}``): all of
     it, as :class:`AllocationIn` without the key. The weight has no default here: an
     allocation added without one would silently be a zero share."""
 
     weight: Weight
-    policy: Policy = Policy.HARD
-    cap_value: CapValue | None = None
-    cap_unit: Unit | None = None
-    model_caps: list[ModelCapIn] = Field(default_factory=list)
-
-    @model_validator(mode="after")
-    def _cap_pair(self) -> Self:
-        if (self.cap_value is None) != (self.cap_unit is None):
-            raise ValueError("capValue and capUnit must be given together")
-        return self
-
-    @field_validator("model_caps")
-    @classmethod
-    def _caps(cls, v: list[ModelCapIn]) -> list[ModelCapIn]:
-        unique_caps(v)
-        return v
 
     def to_domain(self, key_id: str) -> Allocation:
-        return Allocation(
-            key_id=key_id,
-            weight=self.weight,
-            cap_value=self.cap_value,
-            cap_unit=self.cap_unit,
-            policy=self.policy,
-            model_caps=tuple(c.to_domain() for c in self.model_caps),
-        )
+        return self._allocation(key_id, self.weight)
 
 
 def _unique_allocs(allocs: list[AllocationIn]) -> list[AllocationIn]:
