@@ -61,6 +61,14 @@ def _limits(info: FieldInfo) -> str:
     return ", ".join(out)
 
 
+def _shown(value: Any) -> str:
+    """A default as the YAML file spells it: an enum member as its value (``hard``, not
+    ``<Policy.HARD: 'hard'>``), None as ``null``, anything else as its repr."""
+    if isinstance(value, enum.Enum):
+        return f"`{value.value}`"
+    return "`null`" if value is None else f"`{value!r}`"
+
+
 def _default(info: FieldInfo) -> str:
     if info.is_required():
         return "**required**"
@@ -71,10 +79,10 @@ def _default(info: FieldInfo) -> str:
             return "(computed)"
         if isinstance(value, BaseModel):
             return "(see the section)"
-        return f"`{value!r}`"
+        return _shown(value)
     if info.default is PydanticUndefined:
         return ""
-    return f"`{info.default!r}`" if info.default is not None else "`null`"
+    return _shown(info.default)
 
 
 def _submodels(annotation: Any) -> Iterator[type[BaseModel]]:

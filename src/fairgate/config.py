@@ -153,15 +153,47 @@ ConfigMode = Literal["seed", "authoritative"]
 
 
 class ServerConfig(_Strict):
-    port: int = Field(default=20128, ge=1, le=65535)
-    host: str = Field(default="127.0.0.1", min_length=1)
-    max_body_bytes: int = Field(default=10 * 1024 * 1024, ge=1)
-    default_provider: Id | None = None
-    upstream_timeout_s: float = Field(default=600.0, gt=0, allow_inf_nan=False)
-    default_max_tokens: int = Field(default=1024, ge=1)
+    port: int = Field(default=20128, ge=1, le=65535, description="TCP port the gateway listens on")
+    host: str = Field(
+        default="127.0.0.1",
+        min_length=1,
+        description=(
+            "Address the gateway binds to (127.0.0.1: this machine only; 0.0.0.0: every interface)"
+        ),
+    )
+    max_body_bytes: int = Field(
+        default=10 * 1024 * 1024,
+        ge=1,
+        description="Largest request body accepted, in bytes (larger: 413)",
+    )
+    default_provider: Id | None = Field(
+        default=None,
+        description="Provider whose models a client may name without the 'provider/' prefix",
+    )
+    upstream_timeout_s: float = Field(
+        default=600.0,
+        gt=0,
+        allow_inf_nan=False,
+        description="Seconds an upstream request may take before it is abandoned",
+    )
+    default_max_tokens: int = Field(
+        default=1024,
+        ge=1,
+        description=(
+            "Output tokens reserved for a request that sets no max_tokens (sent "
+            "upstream as its limit)"
+        ),
+    )
     #: who may use what (docs/security.md): None = not set here (the DB setting, else on for a
     #: new data dir, off with a warning for one that predates the setting)
-    require_allocation: bool | None = None
+    require_allocation: bool | None = Field(
+        default=None,
+        description=(
+            "Keys may use only the pools they have an allocation in and the "
+            "connections they list (null: the database setting, else on for a new "
+            "data directory)"
+        ),
+    )
     config_mode: ConfigMode = Field(
         default="seed",
         description="How a start treats the objects this file declares. seed: it creates "
@@ -179,26 +211,92 @@ class OAuthConfig(_Strict):
     and where to spend it. The connection's ``secret`` is the current access token (may be
     empty: the gateway then refreshes before the first request)."""
 
-    refresh_token: str = Field(min_length=1)
-    token_url: HttpUrl
-    client_id: str = Field(default="", max_length=200)
+    refresh_token: str = Field(
+        min_length=1, description="The OAuth refresh token the gateway spends for new access tokens"
+    )
+    token_url: HttpUrl = Field(
+        description="The provider's OAuth token endpoint (http or https URL, no password in it)"
+    )
+    client_id: str = Field(
+        default="",
+        max_length=200,
+        description="OAuth client id sent with a refresh (the subscription CLI's own)",
+    )
     #: when the access token in ``secret`` expires (epoch seconds); unknown → refreshed first
-    expires_at: int | None = Field(default=None, ge=0)
+    expires_at: int | None = Field(
+        default=None,
+        ge=0,
+        description=(
+            "When the access token in 'secret' expires, in epoch seconds (null: "
+            "refreshed before first use)"
+        ),
+    )
 
 
 class ConnectionConfig(_Strict):
-    id: Id
-    provider: Id
-    base_url: HttpUrl
-    secret: str = ""
-    auth_type: Literal["apikey", "oauth"] = "apikey"
-    weight: Weight = 1.0
-    max_concurrent: int | None = Field(default=None, ge=0)
-    models: ModelList | None = Field(default=None, validate_default=True)
-    protocol: Literal["openai", "anthropic", "responses"] | None = None
-    enabled: bool = True
-    forward_headers: list[HeaderName] = Field(default_factory=list, max_length=50)
-    oauth: OAuthConfig | None = None
+    id: Id = Field(description="The connection's id, unique among connections")
+    provider: Id = Field(
+        description=(
+            "Provider name (openai, anthropic, codex, …): picks the protocol, "
+            "catalogue plan and prices"
+        )
+    )
+    base_url: HttpUrl = Field(
+        description=(
+            "The provider's API base URL (http or https, no password in it: the "
+            "credential goes in 'secret')"
+        )
+    )
+    secret: str = Field(
+        default="",
+        description=(
+            "API key, or the OAuth access token with auth_type oauth; sealed at rest "
+            "and never echoed"
+        ),
+    )
+    auth_type: Literal["apikey", "oauth"] = Field(
+        default="apikey",
+        description=(
+            "apikey: 'secret' is an API key; oauth: a subscription account refreshed "
+            "through 'oauth'"
+        ),
+    )
+    weight: Weight = Field(
+        default=1.0,
+        description=(
+            "Relative share of a pool's requests routed to this connection (quota-"
+            "share deficit round robin)"
+        ),
+    )
+    max_concurrent: int | None = Field(
+        default=None,
+        ge=0,
+        description=(
+            "Requests in flight at most on this connection; more queue (null or 0: no limit)"
+        ),
+    )
+    models: ModelList | None = Field(
+        default=None,
+        validate_default=True,
+        description="Model names this connection serves, or '*' for any model (required)",
+    )
+    protocol: Literal["openai", "anthropic", "responses"] | None = Field(
+        default=None, description="Upstream wire protocol (null: the provider's usual one)"
+    )
+    enabled: bool = Field(
+        default=True, description="false: no request is routed to this connection"
+    )
+    forward_headers: list[HeaderName] = Field(
+        default_factory=list,
+        max_length=50,
+        description=(
+            "Client request headers passed on upstream (lower-cased; never one the "
+            "gateway sets itself)"
+        ),
+    )
+    oauth: OAuthConfig | None = Field(
+        default=None, description="The OAuth refresh settings of an auth_type: oauth connection"
+    )
 
     @model_validator(mode="after")
     def _oauth_needs_auth_type(self) -> Self:
@@ -220,15 +318,41 @@ class ConnectionConfig(_Strict):
 class KeyConfig(_Strict):
     """A client key given either by its secret (hashed on seeding) or by its SHA-256 hash."""
 
-    id: Id
-    name: str = Field(default="", max_length=200)
-    secret: str | None = Field(default=None, min_length=8)
-    key_hash: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
-    allowed_models: list[ModelName] = Field(default_factory=list)
+    id: Id = Field(description="The key's id, unique among keys")
+    name: str = Field(
+        default="", max_length=200, description="A display name for people (dashboard, CLI)"
+    )
+    secret: str | None = Field(
+        default=None,
+        min_length=8,
+        description=(
+            "The client's bearer token (at least 8 characters; hashed when seeded, "
+            "never stored). Give this or key_hash"
+        ),
+    )
+    key_hash: str | None = Field(
+        default=None,
+        pattern=r"^[0-9a-f]{64}$",
+        description="SHA-256 of the client's bearer token, 64 hex digits, instead of 'secret'",
+    )
+    allowed_models: list[ModelName] = Field(
+        default_factory=list, description="Models this key may use (empty: any)"
+    )
     #: connections outside every pool this key may use (by id, or every one of a provider)
-    allowed_connections: list[Id] = Field(default_factory=list)
-    allowed_providers: list[Id] = Field(default_factory=list)
-    enabled: bool = True
+    allowed_connections: list[Id] = Field(
+        default_factory=list,
+        description=(
+            "Connections outside every pool this key may use, by id (with require_allocation)"
+        ),
+    )
+    allowed_providers: list[Id] = Field(
+        default_factory=list,
+        description=(
+            "Providers whose connections outside every pool this key may use (with "
+            "require_allocation)"
+        ),
+    )
+    enabled: bool = Field(default=True, description="false: the key is refused (401)")
 
     @model_validator(mode="after")
     def _one_credential(self) -> Self:
@@ -238,9 +362,11 @@ class KeyConfig(_Strict):
 
 
 class DimensionConfig(_Strict):
-    unit: Unit
-    window: Window
-    limit: Limit
+    unit: Unit = Field(
+        description="What is counted: requests, tokens, usd, or percent of a provider's quota"
+    )
+    window: Window = Field(description="The sliding window the limit applies to")
+    limit: Limit = Field(description="The pool's limit per window, in the dimension's unit")
     window_anchor: WindowAnchor = Field(
         default=WindowAnchor.PROVIDER,
         description="provider: a percent window follows the reset the provider's readings "
@@ -250,18 +376,41 @@ class DimensionConfig(_Strict):
 
 
 class ModelCapConfig(_Strict):
-    model: ModelName
-    unit: Unit
-    limit: Limit
+    model: ModelName = Field(description="The model the cap applies to")
+    unit: Unit = Field(description="What the cap counts (requests, tokens, usd, percent)")
+    limit: Limit = Field(description="The key's most of this model per hour, in the cap's unit")
 
 
 class AllocationConfig(_Strict):
-    key: Id
-    weight: Weight = 0.0
-    policy: Policy = Policy.HARD
-    cap_value: CapValue | None = None
-    cap_unit: Unit | None = None
-    model_caps: list[ModelCapConfig] = Field(default_factory=list)
+    key: Id = Field(description="The client key this allocation is for")
+    weight: Weight = Field(
+        default=0.0,
+        description=(
+            "The key's fair share, in percent of each limit (not a relative part: "
+            "weights should sum to 100)"
+        ),
+    )
+    policy: Policy = Field(
+        default=Policy.HARD,
+        description=(
+            "Past its fair share once the pool is strict: hard is blocked, soft is "
+            "deprioritised, burst passes"
+        ),
+    )
+    cap_value: CapValue | None = Field(
+        default=None,
+        description=(
+            "An absolute cap on the key's use in each window of the pool's dimensions in "
+            "cap_unit (given with cap_unit)"
+        ),
+    )
+    cap_unit: Unit | None = Field(
+        default=None, description="The unit of cap_value (requests, tokens, usd, percent)"
+    )
+    model_caps: list[ModelCapConfig] = Field(
+        default_factory=list,
+        description="Caps on the key's use of single models, each in its own unit",
+    )
 
     @model_validator(mode="after")
     def _cap_pair(self) -> Self:
@@ -277,13 +426,38 @@ class AllocationConfig(_Strict):
 
 
 class PoolConfig(_Strict):
-    id: Id
-    name: str = Field(default="", max_length=200)
-    connections: list[Id] = Field(min_length=1)
-    share_mode: ShareMode = ShareMode.STATIC
-    active_window_s: float = Field(default=900.0, ge=1, le=30 * 86_400, allow_inf_nan=False)
-    dimensions: list[DimensionConfig] = Field(default_factory=list)
-    allocations: list[AllocationConfig] = Field(default_factory=list)
+    id: Id = Field(description="The pool's id, unique among pools")
+    name: str = Field(
+        default="", max_length=200, description="A display name for people (dashboard, CLI)"
+    )
+    connections: list[Id] = Field(
+        min_length=1,
+        description=(
+            "Ids of the connections whose quota the pool shares (one provider; a "
+            "connection in one pool at most)"
+        ),
+    )
+    share_mode: ShareMode = Field(
+        default=ShareMode.STATIC,
+        description=(
+            "static: weighted shares once the pool is half used; active: shares among"
+            " the keys active lately, bounded by demand"
+        ),
+    )
+    active_window_s: float = Field(
+        default=900.0,
+        ge=1,
+        le=30 * 86_400,
+        allow_inf_nan=False,
+        description="Seconds without a request after which a key holds no share in active mode",
+    )
+    dimensions: list[DimensionConfig] = Field(
+        default_factory=list,
+        description="The pool's limits (empty: the connections' catalogue plan)",
+    )
+    allocations: list[AllocationConfig] = Field(
+        default_factory=list, description="Each client key's weight, policy and caps in this pool"
+    )
 
     @field_validator("connections")
     @classmethod
@@ -342,9 +516,11 @@ def weight_warnings(cfg: Config) -> list[tuple[str, str]]:
 class PriceConfig(_Strict):
     """USD per million tokens."""
 
-    input: Limit = 0.0
-    output: Limit = 0.0
-    cached_input: Limit | None = None
+    input: Limit = Field(default=0.0, description="USD per million input tokens")
+    output: Limit = Field(default=0.0, description="USD per million output tokens")
+    cached_input: Limit | None = Field(
+        default=None, description="USD per million cached input tokens (null: billed as input)"
+    )
 
 
 # -- combos -----------------------------------------------------------------------------------
@@ -397,15 +573,48 @@ class ComboTargetSpec(_CamelStrict):
     no connection: the provider's connections as the gateway picks them. Prices are USD per
     million tokens; a lower ``tier`` is preferred."""
 
-    provider: Id
-    model: ModelName
-    connection: TargetConnection | None = None
-    weight: Weight = 1.0
-    price_in: Limit | None = None
-    price_out: Limit | None = None
-    tier: int = Field(default=0, ge=0, le=1000)
-    context_window: int | None = Field(default=None, ge=1, le=100_000_000)
-    tags: list[Tag] = Field(default_factory=list, max_length=50)
+    provider: Id = Field(description="The target's provider")
+    model: ModelName = Field(
+        description="The model to ask, or '*' for every model the provider's connections list"
+    )
+    connection: TargetConnection | None = Field(
+        default=None,
+        description=(
+            "One connection of the provider, or '*' for each serving the model (null:"
+            " the gateway picks)"
+        ),
+    )
+    weight: Weight = Field(default=1.0, description="Relative weight for the weighted strategies")
+    price_in: Limit | None = Field(
+        default=None,
+        description=(
+            "USD per million input tokens, for cost-aware strategies (null: the price table's)"
+        ),
+    )
+    price_out: Limit | None = Field(
+        default=None,
+        description=(
+            "USD per million output tokens, for cost-aware strategies (null: the price table's)"
+        ),
+    )
+    tier: int = Field(
+        default=0, ge=0, le=1000, description="Preference tier: a lower tier is tried first"
+    )
+    context_window: int | None = Field(
+        default=None,
+        ge=1,
+        le=100_000_000,
+        description=(
+            "The model's context window in tokens (null: unknown); longer prompts skip the target"
+        ),
+    )
+    tags: list[Tag] = Field(
+        default_factory=list,
+        max_length=50,
+        description=(
+            "Capabilities (tools, images, reasoning, …) auto matches against the request's needs"
+        ),
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -454,9 +663,19 @@ class ComboTargetSpec(_CamelStrict):
 class ComboShadowSpec(_CamelStrict):
     """Shadow routing: a sampled copy of each answered request goes to these targets."""
 
-    targets: list[ComboTargetSpec] = Field(default_factory=list, max_length=20)
-    sample_rate: SampleRate = 0.0
-    timeout_ms: int = Field(default=30_000, ge=1, le=3_600_000)
+    targets: list[ComboTargetSpec] = Field(
+        default_factory=list,
+        max_length=20,
+        description=(
+            "Targets that get the sampled copies; their answers are never returned to the client"
+        ),
+    )
+    sample_rate: SampleRate = Field(
+        default=0.0, description="Fraction of answered requests copied, 0 to 1"
+    )
+    timeout_ms: int = Field(
+        default=30_000, ge=1, le=3_600_000, description="Milliseconds a shadow request may take"
+    )
 
 
 class ComboSettingsSpec(_CamelStrict):
@@ -467,11 +686,30 @@ class ComboSettingsSpec(_CamelStrict):
     max_retries: int | None = Field(
         default=None, ge=0, le=10, description="Retries per target on transient failures (1)"
     )
-    retry_delay_ms: DelayMs | None = None
-    fallback_delay_ms: DelayMs | None = None
-    timeout_ms: int | None = Field(default=None, ge=1, le=86_400_000)
-    max_attempts: int | None = Field(default=None, ge=1, le=GLOBAL_MAX_ATTEMPTS)
-    quality_validation: bool | None = None
+    retry_delay_ms: DelayMs | None = Field(
+        default=None, description="Milliseconds to pause before a retry on the same target (0)"
+    )
+    fallback_delay_ms: DelayMs | None = Field(
+        default=None, description="Milliseconds to pause before moving to the next target (0)"
+    )
+    timeout_ms: int | None = Field(
+        default=None,
+        ge=1,
+        le=86_400_000,
+        description="Milliseconds the whole combo may take, attempts included (null: no limit)",
+    )
+    max_attempts: int | None = Field(
+        default=None,
+        ge=1,
+        le=GLOBAL_MAX_ATTEMPTS,
+        description=(
+            "Attempts at most over all targets (targets × (1 + maxRetries); never above 20)"
+        ),
+    )
+    quality_validation: bool | None = Field(
+        default=None,
+        description="Fail over from a broken 200 (an empty answer with no stop reason) (true)",
+    )
     max_wait_ms: int | None = Field(
         default=None,
         ge=0,
@@ -484,7 +722,10 @@ class ComboSettingsSpec(_CamelStrict):
         le=600_000,
         description="Queue this long at most for a concurrency slot (2000)",
     )
-    shadow: ComboShadowSpec | None = None
+    shadow: ComboShadowSpec | None = Field(
+        default=None,
+        description="Shadow routing: sampled copies of answered requests to other targets",
+    )
     judge: ComboTargetSpec | None = Field(
         default=None, description="fusion's judge model (default: the first target)"
     )
@@ -510,7 +751,10 @@ class ComboBody(_CamelStrict):
         max_length=200,
         description="Each a {provider, model, …} mapping or a 'provider/model' string",
     )
-    config: ComboSettingsSpec = Field(default_factory=ComboSettingsSpec)
+    config: ComboSettingsSpec = Field(
+        default_factory=ComboSettingsSpec,
+        description="The combo's settings; a field left out inherits from the routing defaults",
+    )
 
     @field_validator("strategy")
     @classmethod
@@ -524,7 +768,11 @@ class ComboBody(_CamelStrict):
 class ComboSpec(ComboBody):
     """A user combo as configured: in the file's ``combos:`` list or an admin API body."""
 
-    name: ComboName
+    name: ComboName = Field(
+        description=(
+            "The combo's name, the model clients ask for (an id; the qtSd/ prefix is reserved)"
+        )
+    )
 
     @field_validator("name", mode="before")
     @classmethod
@@ -617,13 +865,44 @@ class ComboSpec(ComboBody):
 
 
 class Config(_Strict):
-    server: ServerConfig = Field(default_factory=ServerConfig)
-    connections: list[ConnectionConfig] = Field(default_factory=list)
-    keys: list[KeyConfig] = Field(default_factory=list)
-    plans: dict[Id, list[DimensionConfig]] = Field(default_factory=dict)
-    pools: list[PoolConfig] = Field(default_factory=list)
-    prices: dict[ModelName, PriceConfig] = Field(default_factory=dict)
-    combos: list[ComboSpec] = Field(default_factory=list)
+    server: ServerConfig = Field(
+        default_factory=ServerConfig,
+        description="The gateway process: where it listens, request limits, defaults",
+    )
+    connections: list[ConnectionConfig] = Field(
+        default_factory=list, description="Upstream provider accounts the gateway sends requests to"
+    )
+    keys: list[KeyConfig] = Field(
+        default_factory=list,
+        description=(
+            "Client keys: who may call the gateway, and which models and connections each may use"
+        ),
+    )
+    plans: dict[Id, list[DimensionConfig]] = Field(
+        default_factory=dict,
+        description=(
+            "A connection's own quota plan by connection id (its dimensions), for a "
+            "connection the catalogue has no plan for"
+        ),
+    )
+    pools: list[PoolConfig] = Field(
+        default_factory=list,
+        description=(
+            "Quota pools: connections whose limits are shared among client keys by weight"
+        ),
+    )
+    prices: dict[ModelName, PriceConfig] = Field(
+        default_factory=dict,
+        description=(
+            "Price overrides by model name (USD per million tokens), over the built-in price table"
+        ),
+    )
+    combos: list[ComboSpec] = Field(
+        default_factory=list,
+        description=(
+            "Named virtual models routed over several targets (priority, fallback, fusion, …)"
+        ),
+    )
 
     @classmethod
     def default(cls) -> Config:

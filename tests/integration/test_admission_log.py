@@ -12,12 +12,19 @@ from pathlib import Path
 import pytest
 from resp_wire import Wire
 
+from fairgate.clock import ManualClock
+from fairgate.config import Config
+from fairgate.quota.engine import QuotaEngine
+from fairgate.quota.retention import RetentionGc
+from fairgate.server.state import Gateway
 from fairgate.store.admission_log import (
+    MAX_AGE_MS,
     LogBackend,
     RedisLogBackend,
     SharedPoolLog,
     SqliteLogBackend,
 )
+from fairgate.store.sqlite import SqliteQuotaStore
 
 Opener = Callable[[int], LogBackend]
 
@@ -199,3 +206,133 @@ async def test_a_flush_sends_one_command_per_pool_however_many_events(
     finally:
         await log.close()
         wire.relay.close()
+
+
+# -- bounded by age (issue 48) -----------------------------------------------------------------
+
+DAY_MS = 86_400_000
+
+
+@pytest.fixture(
+    params=[
+        pytest.param("redis", id="redis", marks=pytest.mark.redis),
+        pytest.param("redis-cluster", id="redis-cluster", marks=pytest.mark.redis),
+    ]
+)
+def redis_log(request: pytest.FixtureRequest) -> Callable[[int], RedisLogBackend]:
+    """A Redis backend of the given ``per_pool`` that keeps a day of events."""
+    cluster = request.param == "redis-cluster"
+    url: str = request.getfixturevalue("redis_cluster_url" if cluster else "redis_url")
+    prefix: str = request.getfixturevalue("redis_cluster_prefix" if cluster else "redis_prefix")
+    return lambda per_pool: RedisLogBackend(url, prefix, per_pool, max_age_ms=DAY_MS)
+
+
+async def _add_old(backend: RedisLogBackend, pool_id: str, n: int, age_ms: int) -> None:
+    """``n`` events written ``age_ms`` ago on Redis's clock (the clock of the stream ids and
+    of the age bound), by explicit ids: no test waits a day."""
+    secs, micros = await backend._client.time()
+    then = int(secs) * 1000 + int(micros) // 1000 - age_ms
+    for i in range(n):
+        await backend._client.xadd(backend._key(pool_id), {"e": b'{"ts": "old"}'}, id=f"{then}-{i}")
+
+
+async def test_a_redis_stream_has_the_age_as_its_ttl(
+    redis_log: Callable[[int], RedisLogBackend],
+) -> None:
+    backend = redis_log(50)
+    log = SharedPoolLog(backend)
+    try:
+        log.log("p", {"ts": 1})
+        await log.flush()
+        # a pool nobody admits to any more (or deleted while Redis was down) loses its stream
+        ttl = await backend._client.pttl(backend._key("p"))
+        assert 0 < ttl <= DAY_MS
+    finally:
+        await log.close()
+
+
+async def test_a_redis_stream_is_bounded_by_length_approximately(
+    redis_log: Callable[[int], RedisLogBackend],
+) -> None:
+    backend = redis_log(50)
+    log = SharedPoolLog(backend)
+    try:
+        for i in range(1000):
+            log.log("p", {"ts": i})
+        await log.flush()
+        # ~ trims whole nodes (≤ 100 entries each): never more than a node beyond per_pool
+        assert 50 <= await backend._client.xlen(backend._key("p")) <= 150
+        assert [e["ts"] for e in await log.recent("p", 1000)] == list(range(999, 949, -1))
+    finally:
+        await log.close()
+
+
+async def test_a_redis_append_trims_the_events_past_the_age(
+    redis_log: Callable[[int], RedisLogBackend],
+) -> None:
+    backend = redis_log(10_000)
+    log = SharedPoolLog(backend)
+    try:
+        await _add_old(backend, "p", 300, DAY_MS + 60_000)
+        log.log("p", {"ts": "new"})
+        await log.flush()
+        # approximate: whole nodes of old entries go, the one the new entry shares may stay
+        assert await backend._client.xlen(backend._key("p")) <= 101
+        assert (await log.recent("p", 1)) == [{"ts": "new"}]
+    finally:
+        await log.close()
+
+
+async def test_the_gc_trims_the_streams_no_append_touches(
+    redis_log: Callable[[int], RedisLogBackend],
+) -> None:
+    backend = redis_log(10_000)
+    log = SharedPoolLog(backend)
+    try:
+        await _add_old(backend, "quiet", 30, DAY_MS + 60_000)
+        await _add_old(backend, "recent", 20, DAY_MS - 3_600_000)
+        assert await log.gc() == 30
+        assert await log.recent("quiet", 100) == []
+        assert len(await log.recent("recent", 100)) == 20  # younger than a day: kept
+        assert await log.gc() == 0
+    finally:
+        await log.close()
+
+
+async def test_the_retention_gc_trims_the_admission_log(tmp_path: Path) -> None:
+    # the hourly pass (quota.retention) carries the log's age trim, recorded like the rest
+    engine = QuotaEngine(SqliteQuotaStore(tmp_path / "quota.sqlite"), clock=ManualClock())
+    calls: list[int] = []
+
+    class Counting(SqliteLogBackend):
+        async def gc(self) -> int:
+            calls.append(1)
+            return 7
+
+    pool_log = SharedPoolLog(Counting(tmp_path / "admission_log.sqlite"))
+    gc = RetentionGc(engine, pool_log=pool_log)
+    try:
+        run = await gc.run_once()
+        assert calls == [1]
+        assert run.log_events == 7
+        assert gc.as_json()["removedTotal"] == {
+            "buckets": 0,
+            "activeKeys": 0,
+            "reservations": 0,
+            "logEvents": 7,
+        }
+    finally:
+        await pool_log.close()
+        await engine.store.close()
+
+
+def test_the_age_bound_is_read_from_the_environment(tmp_path: Path) -> None:
+    def age(value: str | None) -> int:
+        env = {} if value is None else {"FAIRGATE_ADMISSION_LOG_MAX_AGE_S": value}
+        return Gateway(data_dir=tmp_path, config=Config(), env=env)._log_max_age_ms()
+
+    assert age(None) == MAX_AGE_MS
+    assert age("3600") == 3_600_000
+    assert age("1") == 60_000  # at least a minute: a log that empties itself shows nothing
+    with pytest.raises(ValueError, match="whole number of seconds"):
+        age("1h")

@@ -15,14 +15,17 @@ from pathlib import Path
 import httpx
 import psycopg
 import pytest_asyncio
+from rich.console import Console
 from tcp_cut import TcpCut
 
+from fairgate.admin_cli.render import degraded_parts, health_view
 from fairgate.clock import ManualClock
 from fairgate.config import parse_config
 from fairgate.db.keys import KeyRepo
 from fairgate.db.pools import PoolRepo
 from fairgate.db.settings import SettingsRepo
 from fairgate.server.admin import create_admin_app
+from fairgate.server.app import create_app
 from fairgate.server.state import Gateway
 
 #: one key for the replicas sharing a PostgreSQL DB (a valid Fernet key)
@@ -262,3 +265,36 @@ async def test_a_hung_metadata_db_is_down_and_refuses_admin_writes_at_once(
 def relay_was_frozen(safety: threading.Timer) -> bool:
     """The safety timer (which thaws the relay) has not fired yet."""
     return not safety.finished.is_set()
+
+
+async def test_fairgate_health_names_the_metadata_db_when_it_is_unreachable(
+    postgres_url: str, tmp_path: Path, clock: ManualClock
+) -> None:
+    """Issue 48: during a PostgreSQL outage ``fairgate health`` said "degraded" over a table
+    with nothing wrong in it. The real ``/health`` of a gateway whose path to PostgreSQL is
+    cut, rendered as the CLI renders it, names the metadata DB."""
+    relay = TcpCut.for_url(postgres_url, 5432)
+    env = {
+        "FAIRGATE_DATABASE_URL": relay.url,
+        "FAIRGATE_METADATA_POLL_MS": "50",
+        "FAIRGATE_SECRET_KEY": SHARED_SECRET_KEY,
+    }
+    gw = Gateway(data_dir=tmp_path, config=parse_config(CONFIG, {}), env=env, clock=clock)
+    app = create_app(gw)
+    try:
+        async with (
+            app.router.lifespan_context(app),
+            httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw") as c,
+        ):
+            assert degraded_parts((await c.get("/health")).json()) == []
+            relay.cut()
+            await eventually(lambda: gw.watcher is not None and not gw.watcher.healthy)
+            health = (await c.get("/health")).json()
+            console = Console(record=True, width=200)
+            console.print(health_view(health))
+            text = console.export_text()
+        assert health["status"] == "degraded"
+        assert "Gateway: degraded (metadata DB unreachable)" in text
+        assert [p.split(":", 1)[0] for p in degraded_parts(health)] == ["metadata DB unreachable"]
+    finally:
+        relay.close()

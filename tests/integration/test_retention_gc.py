@@ -127,7 +127,13 @@ async def test_a_crashed_requests_reservation_is_reclaimed_in_an_idle_pool(
         usage = await gw.engine.usage(pool)
         assert [d.total for d in usage.dimensions] == [0, 0]  # the estimate is given back
         last = gw.retention.as_json()["lastRemoved"]
-        assert last == {"buckets": 0, "activeKeys": 0, "reservations": 1, "skipped": False}
+        assert last == {
+            "buckets": 0,
+            "activeKeys": 0,
+            "reservations": 1,
+            "skipped": False,
+            "logEvents": 0,
+        }
     finally:
         await gw.stop()
 

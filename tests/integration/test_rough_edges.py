@@ -146,7 +146,12 @@ async def test_health_shows_when_gc_last_ran_and_what_it_removed(
 ) -> None:
     gc = (await client.get("/health")).json()["gc"]
     assert gc["intervalS"] == 3600
-    assert gc["removedTotal"] == {"buckets": 0, "activeKeys": 0, "reservations": 0}
+    assert gc["removedTotal"] == {
+        "buckets": 0,
+        "activeKeys": 0,
+        "reservations": 0,
+        "logEvents": 0,
+    }
     assert set(gc) >= {"runs", "lastRunMs", "lastRemoved", "lastError"}
 
 

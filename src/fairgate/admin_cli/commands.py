@@ -500,7 +500,8 @@ def config_check(
 
 
 def health(url: Url = DEFAULT_URL, as_json: AsJson = False) -> None:
-    """Is the gateway up, and its quota store reachable? Exit 0 ok, 1 degraded, 2 unreachable."""
+    """Is the gateway up, its metadata DB and quota store reachable? Names each degraded part.
+    Exit 0 ok, 1 degraded, 2 unreachable."""
     data = _call(url, None, lambda c: c.get("/health"))
     _show(data, as_json, render.health_view)
     if data.get("status") != "ok":

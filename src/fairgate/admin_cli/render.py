@@ -22,6 +22,7 @@ __all__ = [
     "config_check",
     "connection_test",
     "connections_table",
+    "degraded_parts",
     "health_view",
     "keys_table",
     "pools_table",
@@ -229,19 +230,58 @@ def combo_detail(combo: JSON, stats: JSON | None) -> Group:
     return Group(*parts)
 
 
+def degraded_parts(h: JSON) -> list[str]:
+    """What makes ``/health`` say ``degraded``, one line per part, from the fields it reports.
+
+    Why: ``status: degraded`` alone names nothing, and the table's other rows (a reachable
+    quota store, no fail-open admissions) can all look fine while, say, the metadata DB is
+    down; the operator must not have to read the JSON to learn which part is wrong. A status
+    this function cannot explain (a newer gateway's reason) still gets a line, never none."""
+    parts: list[str] = []
+    if h.get("metadata") == "down":
+        parts.append(
+            "metadata DB unreachable: serving the last registry snapshot "
+            f"(version {h.get('metadataVersion', '?')}); admin writes are refused (503) until "
+            "it is back"
+        )
+    store = h.get("store") or {}
+    outage = store.get("outage") or {}
+    driver = store.get("driver", "?")
+    if store.get("reachable") is False or outage.get("down"):
+        pending = (outage.get("journal") or {}).get("pending")
+        journal = f", {pending} usage record(s) journaled for replay" if pending else ""
+        why = "unreachable" if store.get("reachable") is False else "in outage"
+        parts.append(f"quota store ({driver}) {why}: admissions fail open{journal}")
+    if not parts and h.get("status", "ok") != "ok":
+        parts.append(f"status {h.get('status')!s} with no reason this CLI knows (see --json)")
+    return parts
+
+
 def health_view(h: JSON) -> Table:
+    """``fairgate health``: a title naming what is degraded, a row per degraded part (red),
+    then the state of each part."""
     store = h.get("store", {})
     status = h.get("status", "?")
+    parts = degraded_parts(h)
     colour = "green" if status == "ok" else "yellow"
-    t = Table(title=f"Gateway: [{colour}]{status}[/]", show_header=False)
+    title = f"Gateway: [{colour}]{status}[/]"
+    if parts and status != "ok":
+        title += " (" + escape(", ".join(p.split(":", 1)[0] for p in parts)) + ")"
+    t = Table(title=title, show_header=False)
     t.add_column("what")
     t.add_column("value")
-    t.add_row(
-        "quota store",
-        f"{store.get('driver')} ({'reachable' if store.get('reachable') else 'unreachable'})",
-    )
+    for part in parts:
+        t.add_row("[red]degraded[/]", f"[red]{escape(part)}[/]")
+    if "metadata" in h:  # a gateway of an earlier version does not report it
+        metadata = "reachable" if h.get("metadata") == "ok" else "[red]unreachable[/]"
+        t.add_row("metadata DB", metadata)
+    reachable = "reachable" if store.get("reachable") else "[red]unreachable[/]"
+    t.add_row("quota store", f"{store.get('driver')} ({reachable})")
     t.add_row("fail-open admissions", str(h.get("failOpen", 0)))
     t.add_row("requests in flight", str(h.get("inflight", 0)))
+    gc_error = (h.get("gc") or {}).get("lastError")
+    if gc_error:
+        t.add_row("retention GC", f"[yellow]last run failed ({escape(str(gc_error))})[/]")
     config = h.get("configFile")
     if config:
         diffs = config.get("differences")

@@ -10,7 +10,9 @@ What a run does is the store's ``gc`` (:meth:`fairgate.store.base.QuotaStore.gc`
 counter buckets past the retention (never one still inside 2 × its window, which the sliding
 window reads), forget active-key entries older than the retention, undo expired reservations
 of every pool. On Redis the buckets expire by TTL; the run does the rest, on one replica at a
-time (a lock key).
+time (a lock key). Given the admission log, a run also trims its events past their age
+(:meth:`fairgate.store.admission_log.SharedPoolLog.gc`: Redis streams of pools that went quiet,
+which no append trims).
 
 When: once shortly after start (a random delay of up to :data:`START_JITTER_S`, so replicas
 started together do not all collect at once), then every :data:`INTERVAL_S` give or take
@@ -27,6 +29,7 @@ import time
 from dataclasses import dataclass
 
 from fairgate.quota.engine import QuotaEngine
+from fairgate.store.admission_log import SharedPoolLog
 from fairgate.store.base import GcResult
 
 log = logging.getLogger("fairgate.quota")
@@ -40,11 +43,13 @@ START_JITTER_S = 30.0
 
 @dataclass(frozen=True, slots=True)
 class GcRun:
-    """One finished run: when (the engine's clock), what it removed, how long it took."""
+    """One finished run: when (the engine's clock), what it removed, how long it took;
+    ``log_events``: admission-log events trimmed by age."""
 
     at_ms: int
     result: GcResult
     took_ms: float
+    log_events: int = 0
 
 
 class RetentionGc:
@@ -57,8 +62,10 @@ class RetentionGc:
         interval_s: float = INTERVAL_S,
         start_jitter_s: float = START_JITTER_S,
         rng: random.Random | None = None,
+        pool_log: SharedPoolLog | None = None,
     ) -> None:
         self.engine = engine
+        self.pool_log = pool_log
         self.interval_s = interval_s
         self.start_jitter_s = start_jitter_s
         self._rng = rng or random.Random()
@@ -66,7 +73,7 @@ class RetentionGc:
         self.last: GcRun | None = None
         self.last_error: str | None = None
         #: everything removed since start, per kind
-        self.removed = {"buckets": 0, "activeKeys": 0, "reservations": 0}
+        self.removed = {"buckets": 0, "activeKeys": 0, "reservations": 0, "logEvents": 0}
 
     def delay_s(self, first: bool) -> float:
         """Seconds until the next run: a short random delay at start, then the interval with
@@ -80,21 +87,27 @@ class RetentionGc:
         t0 = time.perf_counter()
         at = self.engine.clock.now_ms()
         result = await self.engine.gc()
-        run = GcRun(at, result, (time.perf_counter() - t0) * 1000)
+        log_events = 0
+        if self.pool_log is not None and not result.skipped:
+            log_events = await self.pool_log.gc()
+        run = GcRun(at, result, (time.perf_counter() - t0) * 1000, log_events)
         self.runs += 1
         self.last = run
         self.last_error = None
         self.removed["buckets"] += result.buckets
         self.removed["activeKeys"] += result.active_keys
         self.removed["reservations"] += result.reservations
+        self.removed["logEvents"] += log_events
         if result.skipped:
             log.info("quota gc: another replica holds the gc lock; skipped")
         else:
             log.info(
-                "quota gc: removed %d buckets, %d active-key entries, %d expired reservations",
+                "quota gc: removed %d buckets, %d active-key entries, %d expired reservations, "
+                "%d admission-log events",
                 result.buckets,
                 result.active_keys,
                 result.reservations,
+                log_events,
             )
         return run
 
@@ -116,7 +129,9 @@ class RetentionGc:
         return {
             "runs": self.runs,
             "lastRunMs": None if last is None else last.at_ms,
-            "lastRemoved": None if last is None else last.result.as_json(),
+            "lastRemoved": (
+                None if last is None else {**last.result.as_json(), "logEvents": last.log_events}
+            ),
             "lastTookMs": None if last is None else round(last.took_ms, 1),
             "removedTotal": dict(self.removed),
             "lastError": self.last_error,

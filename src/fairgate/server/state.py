@@ -42,6 +42,7 @@ from fairgate.secretbox import ENV_VAR, KEY_FILE, SecretBox, SecretKeyError, loa
 from fairgate.server.http_settings import ADMIN_KEY_MIN_LENGTH
 from fairgate.server.oauth_service import OAuthAccounts
 from fairgate.store.admission_log import (
+    MAX_AGE_MS,
     LogBackend,
     RedisLogBackend,
     SharedPoolLog,
@@ -217,7 +218,7 @@ class Gateway:
         self._replay_task = loop.create_task(self.engine.run_replay(), name="fairgate-quota-replay")
         self._log_task = loop.create_task(self.pool_log.run(), name="fairgate-admission-log")
         # retention GC: shortly after start, then hourly (fairgate.quota.retention)
-        self.retention = RetentionGc(self.engine)
+        self.retention = RetentionGc(self.engine, pool_log=self.pool_log)
         self._gc_task = loop.create_task(self.retention.run_forever(), name="fairgate-quota-gc")
         self._started = True
         self.watcher = ChangeWatcher(self.db, self._metadata_changed, url=db_url, poll_s=poll_s)
@@ -348,8 +349,19 @@ class Gateway:
         """Where the admission log lives: with the counters, so it is shared as widely."""
         url = redis_url(self.env, db_settings)
         if self.store_choice.driver == "redis" and url:
-            return RedisLogBackend(url, self.redis_prefix)
+            return RedisLogBackend(url, self.redis_prefix, max_age_ms=self._log_max_age_ms())
         return SqliteLogBackend(self.data_dir / "admission_log.sqlite")
+
+    def _log_max_age_ms(self) -> int:
+        """``FAIRGATE_ADMISSION_LOG_MAX_AGE_S``: how old an event of a Redis admission log may
+        get before it is trimmed, and how long the stream of a pool nobody admits to lives
+        (default 7 days, at least 60 s)."""
+        raw = self.env.get("FAIRGATE_ADMISSION_LOG_MAX_AGE_S", "").strip()
+        if not raw:
+            return MAX_AGE_MS
+        if not raw.isdigit():
+            raise ValueError("FAIRGATE_ADMISSION_LOG_MAX_AGE_S must be a whole number of seconds")
+        return max(60, int(raw)) * 1000
 
     def _metadata_changed(self) -> None:
         """Another process (a replica, a worker, the CLI) wrote the metadata DB: rebuild the

@@ -7,11 +7,15 @@ therefore lives where the quota counters live, so it is shared exactly as widely
 - the SQLite quota store (one machine, ``serve --workers N``): a table in
   ``admission_log.sqlite`` beside ``quota.sqlite`` (its own file: the log's writes never take
   the quota file's write lock);
-- Redis (replicas): one stream per pool, trimmed to the newest ``per_pool`` entries; a flush
-  writes each pool's events in one script call (``RedisLogBackend``).
+- Redis (replicas): one stream per pool, trimmed to about the newest ``per_pool`` entries and
+  to those younger than ``max_age_ms``, with a TTL of ``max_age_ms``; a flush writes each
+  pool's events in one script call (``RedisLogBackend``), and the retention GC trims the age
+  of streams no flush touches (``gc``).
 
 Bounded both ways: ``per_pool`` events per pool (oldest trimmed) and, for SQLite, events of a
-pool deleted are dropped with it. The hot path only appends to an in-process buffer (O(1), no
+pool deleted are dropped with it; on Redis also by age, so a stream never outlives its pool
+by more than ``max_age_ms`` (a pool deleted while Redis was down keeps its stream until the
+TTL ends it). The hot path only appends to an in-process buffer (O(1), no
 I/O); a background task writes the buffer every ``flush_s`` (one batch per flush, one row or
 script call per pool), and a read flushes first, so a process always sees its own admissions. An
 unreachable backend drops the batch with a warning: the log is an operator's view, never a
@@ -35,6 +39,10 @@ from fairgate.sqlite_journal import use_wal
 log = logging.getLogger("fairgate.store.admission_log")
 
 PER_POOL: Final = 500
+#: Events older than this are trimmed from a Redis stream, and a stream no flush touched for
+#: this long expires (``FAIRGATE_ADMISSION_LOG_MAX_AGE_S``, default 7 days): the log is a
+#: recent view, and without it the stream of a pool deleted while Redis was down stayed forever.
+MAX_AGE_MS: Final = 7 * 86_400_000
 FLUSH_S: Final = 0.1
 #: Buffered events beyond this are dropped (and counted) until the next flush: bounded memory
 #: even when the backend is slow or down.
@@ -51,6 +59,8 @@ class LogBackend(Protocol):
     async def recent(self, pool_id: str, limit: int) -> list[Event]: ...
 
     async def forget(self, pool_id: str) -> None: ...
+
+    async def gc(self) -> int: ...
 
     async def close(self) -> None: ...
 
@@ -139,6 +149,11 @@ class SqliteLogBackend:
     async def forget(self, pool_id: str) -> None:
         self._conn.execute("DELETE FROM admission_chunks WHERE pool_id = ?", (pool_id,))
 
+    async def gc(self) -> int:
+        """Nothing to collect: a pool's chunks are trimmed by count on every flush and dropped
+        with the pool (one machine, one file: ``forget`` never misses a deleted pool)."""
+        return 0
+
     async def close(self) -> None:
         self._conn.close()
 
@@ -150,13 +165,29 @@ class RedisLogBackend:
     A flush writes each pool's events with one script call (``lua/log_append.lua``), not one
     ``XADD`` per event: redis-py builds, packs and parses each command of a pipeline in Python,
     about 45 µs of this process's CPU per event, i.e. per governed request; the script's one
-    call costs that once per pool and flush (every 100 ms)."""
+    call costs that once per pool and flush (every 100 ms).
 
-    def __init__(self, url: str, prefix: str, per_pool: int = PER_POOL) -> None:
+    Each stream is bounded by length (``per_pool``, approximate trimming) and by age
+    (``max_age_ms``: entries older are trimmed at each append and by :meth:`gc`, and the
+    stream's TTL is ``max_age_ms``, refreshed at each append). The age is measured on Redis's
+    clock, not on an injected one: the entry ids are Redis's milliseconds, and a gateway on a
+    shifted test clock (or a skewed host) must not trim what it just wrote."""
+
+    def __init__(
+        self,
+        url: str,
+        prefix: str,
+        per_pool: int = PER_POOL,
+        *,
+        max_age_ms: int = MAX_AGE_MS,
+    ) -> None:
         from fairgate.store.redis import script_source
         from fairgate.store.redis_client import async_client
 
+        if per_pool < 1 or max_age_ms < 1:
+            raise ValueError("per_pool and max_age_ms must be positive")
         self.per_pool = per_pool
+        self.max_age_ms = max_age_ms
         self._prefix = prefix
         self._client = async_client(
             url,
@@ -172,16 +203,36 @@ class RedisLogBackend:
 
     async def append(self, batch: list[tuple[str, Event]]) -> None:
         limit = str(self.per_pool).encode()
+        age = str(self.max_age_ms).encode()
         for pool_id, events in _by_pool(batch).items():
             encoded = [orjson.dumps(event) for event in events]
-            await self._append(keys=[self._key(pool_id)], args=[limit, *encoded])
+            await self._append(keys=[self._key(pool_id)], args=[limit, age, *encoded])
 
     async def recent(self, pool_id: str, limit: int) -> list[Event]:
-        entries = await self._client.xrevrange(self._key(pool_id), count=limit)
+        # approximate trimming keeps a few more than per_pool: the log shows per_pool at most
+        count = min(limit, self.per_pool)
+        entries = await self._client.xrevrange(self._key(pool_id), count=count)
         return [orjson.loads(fields[b"e"]) for _, fields in entries or () if fields]
 
     async def forget(self, pool_id: str) -> None:
         await self._client.delete(self._key(pool_id))
+
+    async def gc(self) -> int:
+        """Trim every pool's stream to the entries younger than ``max_age_ms`` on Redis's
+        clock (exact, off the hot path): an append trims only the stream it writes to, and only
+        whole nodes, so a pool that went quiet keeps week-old events until its TTL; this bounds
+        them by age on the retention GC's schedule. Found by a SCAN of stream keys under the
+        prefix. Returns the entries removed."""
+        from fairgate.store.redis import _glob_escape
+
+        head = f"{self._prefix}:{{"
+        pattern = _glob_escape(head) + "*}:log"
+        secs, micros = await self._client.time()
+        min_id = str(max(0, int(secs) * 1000 + int(micros) // 1000 - self.max_age_ms))
+        removed = 0
+        async for raw in self._client.scan_iter(match=pattern, count=1000, _type="stream"):
+            removed += int(await self._client.xtrim(raw, minid=min_id))
+        return removed
 
     async def close(self) -> None:
         await self._client.aclose()
@@ -229,6 +280,11 @@ class SharedPoolLog:
             return []
         await self.flush()
         return await self.backend.recent(pool_id, limit)
+
+    async def gc(self) -> int:
+        """Events removed by age from the shared backend (the retention GC's pass,
+        :mod:`fairgate.quota.retention`)."""
+        return await self.backend.gc()
 
     async def forget(self, pool_id: str) -> None:
         """Drop a deleted pool's events (best effort: a backend that is down keeps them until
