@@ -154,6 +154,15 @@ class ServerConfig(_Strict):
     max_body_bytes: int = Field(default=10 * 1024 * 1024, ge=1)
     default_provider: Id | None = None
     upstream_timeout_s: float = Field(default=600.0, gt=0, allow_inf_nan=False)
+    upstream_idle_per_origin: int = Field(
+        default=32,
+        ge=0,
+        le=100_000,
+        description="Idle keep-alive connections kept per upstream origin (scheme, host, port) "
+        "for the next requests, each for at most 60 s; past it the one idle longest is closed "
+        "(0: none kept). Connections in use are not limited by it: a burst opens what it needs, "
+        "and what it leaves idle is trimmed to this",
+    )
     default_max_tokens: int = Field(default=1024, ge=1)
     #: who may use what (docs/security.md): None = not set here (the DB setting, else on for a
     #: new data dir, off with a warning for one that predates the setting)
