@@ -11,12 +11,14 @@ holds past the gateway's upstream timeout).
 After a warm-up, the gateway process's resident memory may grow by less than 10 %, and every
 in-memory map ``/health`` reports must stay bounded (nothing in flight at the end). Its open file
 descriptors are judged in two parts. Its sockets to the upstream are a pool whose size follows
-the traffic of the last minute (a burst on a busy host opens a few hundred, and they stay idle
-for the next requests): at rest every one is idle (no answer left unreleased) and they are at
-most ``server.upstream_idle_per_origin`` for the one upstream origin, the explicit bound, what
-ever the run's bursts were. Every other descriptor may not grow beyond a small slack. (Issue 41:
-a run beside two busy loops ended with 49 more descriptors than at one minute, all of them idle
-upstream connections left by a burst late in the run.) The figures are printed.
+the traffic (a burst on a busy host opens a few hundred; what stays idle for the next requests
+is trimmed to the bound): at rest every one is idle (no answer left unreleased) and they are at
+most ``server.upstream_idle_per_origin`` for the one upstream origin, the explicit bound,
+whatever the run's bursts were. Every other descriptor may not grow beyond a small slack.
+(Issue 41: a run beside two busy loops ended with 49 more descriptors than at one minute; at
+rest the only descriptors that vary are idle upstream connections, which a burst on a starved
+host had opened by the hundred and the pool kept, unbounded in number, for 60 to 120 s.) The
+figures are printed.
 
 ``FAIRGATE_SOAK_SECONDS`` sets the duration (default: 300 s when ``CI`` is set, else 30 s).
 """
