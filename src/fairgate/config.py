@@ -176,6 +176,15 @@ class ServerConfig(_Strict):
         allow_inf_nan=False,
         description="Seconds an upstream request may take before it is abandoned",
     )
+    upstream_idle_per_origin: int = Field(
+        default=32,
+        ge=0,
+        le=100_000,
+        description="Idle keep-alive connections kept per upstream origin (scheme, host, port) "
+        "for the next requests, each for at most 60 s; past it the one idle longest is closed "
+        "(0: none kept). Connections in use are not limited by it: a burst opens what it needs, "
+        "and what it leaves idle is trimmed to this",
+    )
     default_max_tokens: int = Field(
         default=1024,
         ge=1,

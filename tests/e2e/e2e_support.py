@@ -175,6 +175,29 @@ def rss_kib(pid: int) -> int:
     raise AssertionError("no VmRSS")
 
 
+def sockets_to(pid: int, port: int) -> int:
+    """How many of process ``pid``'s open descriptors are TCP sockets connected to ``port``
+    (its remote end), e.g. a gateway's connections to the mock upstream (Linux: the socket
+    inodes of ``/proc/PID/fd`` looked up in ``/proc/net/tcp`` and ``tcp6``)."""
+    remote: dict[str, int] = {}
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        path = Path(table)
+        if not path.exists():
+            continue
+        for line in path.read_text().splitlines()[1:]:
+            fields = line.split()
+            remote[fields[9]] = int(fields[2].rsplit(":", 1)[1], 16)  # inode -> remote port
+    count = 0
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            target = os.readlink(fd)
+        except OSError:
+            continue  # closed meanwhile
+        if target.startswith("socket:[") and remote.get(target[8:-1]) == port:
+            count += 1
+    return count
+
+
 def wait_ready(proc: Proc, path: str, timeout: float = 120) -> None:
     """Poll ``path`` until the process answers. The bound is for a process that hangs; a start
     that takes 5 s quiet took over 30 s at load average 30 on two cores (seen: "process not

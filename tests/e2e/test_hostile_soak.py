@@ -8,9 +8,17 @@ requests, and upstream failures (a few faults scheduled on the mock every second
 resets before and during streams, empty and error-bearing 200s, streams without a finish,
 holds past the gateway's upstream timeout).
 
-After a warm-up, the gateway process's resident memory may grow by less than 10 %, its open
-file descriptors may not grow beyond a small slack, and every in-memory map ``/health`` reports
-must stay bounded (nothing in flight at the end). The figures are printed.
+After a warm-up, the gateway process's resident memory may grow by less than 10 %, and every
+in-memory map ``/health`` reports must stay bounded (nothing in flight at the end). Its open file
+descriptors are judged in two parts. Its sockets to the upstream are a pool whose size follows
+the traffic (a burst on a busy host opens a few hundred; what stays idle for the next requests
+is trimmed to the bound): at rest every one is idle (no answer left unreleased) and they are at
+most ``server.upstream_idle_per_origin`` for the one upstream origin, the explicit bound,
+whatever the run's bursts were. Every other descriptor may not grow beyond a small slack.
+(Issue 41: a run beside two busy loops ended with 49 more descriptors than at one minute; at
+rest the only descriptors that vary are idle upstream connections, which a burst on a starved
+host had opened by the hundred and the pool kept, unbounded in number, for 60 to 120 s.) The
+figures are printed.
 
 ``FAIRGATE_SOAK_SECONDS`` sets the duration (default: 300 s when ``CI`` is set, else 30 s).
 """
@@ -29,7 +37,15 @@ from typing import Any
 import httpx
 import orjson
 import pytest
-from e2e_support import ADMIN_KEY, UPSTREAM_SECRET, GatewayFactory, Proc, new_secret, rss_kib
+from e2e_support import (
+    ADMIN_KEY,
+    UPSTREAM_SECRET,
+    GatewayFactory,
+    Proc,
+    new_secret,
+    rss_kib,
+    sockets_to,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -43,7 +59,11 @@ RATE = 50
 #: buffers -- the admission log, latency samples -- fill up first)
 WARMUP_S = min(60.0, max(15.0, SOAK_SECONDS * 0.2))
 RSS_GROWTH_MAX = 0.10
+#: descriptors other than the upstream connections: log and database files, the listener,
+#: the loop's own; what the slack allows for is a client connection or two not yet reaped
 FD_SLACK = 24
+#: the upstream origins the config names (its three connections share the mock's base URL)
+UPSTREAM_ORIGINS = 1
 FAULTS = [
     "500",
     "502",
@@ -119,8 +139,17 @@ class Sample:
     t: float
     rss_kib: int
     fds: int
+    #: of ``fds``, the sockets connected to the mock upstream
+    upstream_fds: int
     memory: dict[str, int]
     inflight: int
+    #: ``/health`` → ``upstream``: the pool's open and idle connections, its bound per origin
+    upstream: dict[str, int]
+
+    @property
+    def other_fds(self) -> int:
+        """The descriptors that are not upstream connections."""
+        return self.fds - self.upstream_fds
 
 
 @dataclass
@@ -198,12 +227,32 @@ def pick_kind(rng: random.Random) -> str:
     return "plain"
 
 
-async def sample(gw: Proc, pid: int, t0: float) -> Sample:
+async def sample(gw: Proc, pid: int, t0: float, upstream_port: int) -> Sample:
     async with httpx.AsyncClient(timeout=10) as c:
         health = (await c.get(gw.url + "/health")).json()
     return Sample(
-        time.monotonic() - t0, rss_kib(pid), fd_count(pid), health["memory"], health["inflight"]
+        time.monotonic() - t0,
+        rss_kib(pid),
+        fd_count(pid),
+        sockets_to(pid, upstream_port),
+        health["memory"],
+        health["inflight"],
+        health["upstream"],
     )
+
+
+async def sample_at_rest(gw: Proc, pid: int, t0: float, upstream_port: int) -> Sample:
+    """A sample whose socket count and ``/health`` figures agree, taken once nothing runs: the
+    sockets are counted before and after ``/health`` is read, and the sample is taken again
+    when an idle connection's keep-alive ended in between (bounded: a gateway whose figures
+    never agree is reported as it is)."""
+    for _ in range(50):
+        before = sockets_to(pid, upstream_port)
+        s = await sample(gw, pid, t0, upstream_port)
+        if before == s.upstream_fds == s.upstream["open"]:
+            return s
+        await asyncio.sleep(0.1)
+    return s
 
 
 async def wait_idle(gw: Proc, timeout_s: float = 20) -> dict[str, Any]:
@@ -229,6 +278,7 @@ async def test_soak_memory_fds_and_maps_stay_bounded(
     secret = new_secret()
     gw = start_gateway(config(mock.url, secret), extra_env=GATEWAY_ENV)
     pid = gw.proc.pid
+    mock_port = int(mock.url.rsplit(":", 1)[1])
     driver = Driver(gw, secret)
     rng = random.Random(8)
     samples: list[Sample] = []
@@ -252,10 +302,10 @@ async def test_soak_memory_fds_and_maps_stay_bounded(
                 await control.post("/_mock/schedule", json={"faults": faults, "append": True})
                 next_fault += 1.0
             if elapsed >= next_sample:
-                samples.append(await sample(gw, pid, t0))
+                samples.append(await sample(gw, pid, t0, mock_port))
                 next_sample += 5.0
             if baseline is None and elapsed >= WARMUP_S:
-                baseline = await sample(gw, pid, t0)
+                baseline = await sample(gw, pid, t0, mock_port)
             task = asyncio.create_task(driver.one(client, pick_kind(rng)))
             tasks.add(task)
             task.add_done_callback(tasks.discard)
@@ -271,7 +321,7 @@ async def test_soak_memory_fds_and_maps_stay_bounded(
     assert baseline is not None
     health = await wait_idle(gw)
     await asyncio.sleep(1.0)  # let closed client connections be reaped on the gateway's side
-    end = await sample(gw, pid, t0)
+    end = await sample_at_rest(gw, pid, t0, mock_port)
     samples.append(end)
 
     growth = (end.rss_kib - baseline.rss_kib) / baseline.rss_kib
@@ -283,6 +333,10 @@ async def test_soak_memory_fds_and_maps_stay_bounded(
             f"\n[soak] RSS after warm-up {baseline.rss_kib / 1024:.1f} MiB, end "
             f"{end.rss_kib / 1024:.1f} MiB ({growth:+.1%}), peak {peak / 1024:.1f} MiB; "
             f"fds after warm-up {baseline.fds}, end {end.fds}, peak {max(s.fds for s in samples)}"
+            f"\n[soak] of those, upstream sockets after warm-up {baseline.upstream_fds}, end "
+            f"{end.upstream_fds}, peak {max(s.upstream_fds for s in samples)}; the pool at the "
+            f"end {end.upstream}; other fds after warm-up {baseline.other_fds}, end "
+            f"{end.other_fds}"
             f"\n[soak] outcomes: {dict(sorted(driver.outcomes.items()))}"
             f"\n[soak] in-memory maps after warm-up {baseline.memory}"
             f"\n[soak] in-memory maps at the end    {end.memory}"
@@ -306,5 +360,12 @@ async def test_soak_memory_fds_and_maps_stay_bounded(
     for name, value in mem.items():
         assert value <= baseline.memory.get(name, 0) + 8 or name == "poolLogEvents", (name, mem)
     assert growth < RSS_GROWTH_MAX, f"RSS grew {growth:.1%} after warm-up"
-    assert end.fds <= baseline.fds + FD_SLACK, (baseline.fds, end.fds)
+    # the upstream connections: every socket to the upstream is one the pool counts, none is
+    # held by an answer (at rest all are idle), and the idle ones are within the bound
+    pool = end.upstream
+    assert end.upstream_fds == pool["open"], (end.upstream_fds, pool)
+    assert pool["open"] == pool["idle"], pool
+    assert pool["idle"] <= pool["idlePerOrigin"] * UPSTREAM_ORIGINS, pool
+    # everything else does not drift
+    assert end.other_fds <= baseline.other_fds + FD_SLACK, (baseline.other_fds, end.other_fds)
     assert "Traceback" not in gw.output()

@@ -40,6 +40,7 @@ CUT_WITHIN_S = 8 * DEADLINE_S
 
 SHORT_DEADLINES = {
     "FAIRGATE_HTTP_HEADER_TIMEOUT_S": str(DEADLINE_S),
+    "FAIRGATE_HTTP_SILENT_TIMEOUT_S": str(DEADLINE_S),
     "FAIRGATE_HTTP_BODY_TIMEOUT_S": str(DEADLINE_S),
     "FAIRGATE_HTTP_KEEP_ALIVE_S": str(DEADLINE_S),
 }
@@ -266,11 +267,15 @@ def test_the_deadlines_are_per_request_on_a_kept_alive_connection(
 def test_the_connection_limit_refuses_one_more(
     start_gateway: GatewayFactory, mock_upstream: Proc
 ) -> None:
+    """Eight connections each in the middle of a request head (none silent, so none to close
+    for room): a ninth is refused."""
     gw = start_gateway(
         gateway_config(mock_upstream.url, keys={"a": new_secret()}),
         extra_env={"FAIRGATE_HTTP_MAX_CONNECTIONS": "8", "FAIRGATE_HTTP_HEADER_TIMEOUT_S": "60"},
     )
     held = [_connect(gw) for _ in range(8)]
+    for s in held:
+        s.sendall(b"GET /health HTTP/1.1\r\n")
     try:
         deadline = time.monotonic() + 30
         answer = b""
@@ -293,6 +298,38 @@ def test_the_connection_limit_refuses_one_more(
         time.sleep(0.1)
     else:
         pytest.fail("the gateway never served again after the connections closed")
+
+
+def test_at_the_connection_limit_a_client_closes_the_connection_silent_longest(
+    start_gateway: GatewayFactory, mock_upstream: Proc
+) -> None:
+    """Eight connections that send nothing hold the whole cap: a client is still served, and
+    the connection silent longest is the one closed for its room (issue 41: silent connections
+    wait while there is room, so they must not lock clients out when there is none)."""
+    gw = start_gateway(
+        gateway_config(mock_upstream.url, keys={"a": new_secret()}),
+        extra_env={"FAIRGATE_HTTP_MAX_CONNECTIONS": "8"},
+    )
+    held = [_connect(gw) for _ in range(8)]
+    try:
+        for s in held:
+            s.setblocking(False)
+        for _ in range(300):  # until the gateway has accepted the eight and needs the room
+            assert httpx.get(gw.url + "/health", timeout=30).status_code == 200
+            try:
+                closed = held[0].recv(1) == b""
+            except BlockingIOError:
+                closed = False
+            if closed:
+                break
+            time.sleep(0.1)
+        else:
+            pytest.fail("the connection silent longest was never closed for a client")
+        with pytest.raises(BlockingIOError):  # the newest silent one is still open
+            held[-1].recv(1)
+    finally:
+        for s in held:
+            s.close()
 
 
 def test_a_client_that_hangs_up_mid_body_is_no_error(gw: Proc, key: str) -> None:

@@ -7,6 +7,7 @@ when it sent one), and neither the client key nor the upstream secret appears an
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import httpx
@@ -18,6 +19,7 @@ from e2e_support import (
     Proc,
     gateway_config,
     new_secret,
+    sockets_to,
 )
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -157,3 +159,36 @@ def test_behind_a_proxy_on_the_same_host_clients_are_who_it_forwards(
     assert httpx.get(gw.url + "/api/keys", headers={**other, **right}).status_code == 200
     locked = httpx.get(gw.url + "/api/keys", headers={**outside, **right})
     assert locked.status_code == 429
+
+
+async def test_health_counts_the_upstream_connections_and_a_burst_leaves_at_most_the_bound(
+    mock_upstream: Proc, start_gateway: GatewayFactory
+) -> None:
+    """``/health`` → ``upstream``: the relayed requests' sockets to the providers (issue 41). A
+    burst of concurrent requests (each held by the mock) opens a connection each; at rest they
+    are all idle, at most ``server.upstream_idle_per_origin`` of them (its three connections
+    share the mock's origin), and the gateway process holds exactly that many sockets to it."""
+    secret = new_secret()
+    config = gateway_config(mock_upstream.url, keys={"a": secret}).replace(
+        "server: {default_provider: mock}",
+        "server: {default_provider: mock, upstream_idle_per_origin: 2}",
+    )
+    gw = start_gateway(config)
+    headers = {"Authorization": f"Bearer {secret}", "x-mock-fault": "latency:300"}
+    body = {"model": "mock/gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}]}
+    async with httpx.AsyncClient(base_url=gw.url, timeout=60) as client:
+        answers = await asyncio.gather(
+            *(client.post("/v1/chat/completions", json=body, headers=headers) for _ in range(8))
+        )
+        assert [r.status_code for r in answers] == [200] * 8
+        mock_port = int(mock_upstream.url.rsplit(":", 1)[1])
+        for _ in range(100):  # settles run after the answers; read once nothing is in flight
+            health = (await client.get("/health")).json()
+            sockets = sockets_to(gw.proc.pid, mock_port)
+            if health["inflight"] == 0 and sockets == health["upstream"]["open"]:
+                break
+            await asyncio.sleep(0.05)
+    pool = health["upstream"]
+    assert pool["idlePerOrigin"] == 2
+    assert pool["open"] == pool["idle"] <= 2, pool
+    assert sockets == pool["open"]

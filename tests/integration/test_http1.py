@@ -32,7 +32,7 @@ from http_support import read_request
 from yarl import URL
 
 from fairgate.providers import http1
-from fairgate.providers.http1 import Http1Pool, Http1Response, Origin, request_head
+from fairgate.providers.http1 import Http1Pool, Http1Response, Origin, PoolStats, request_head
 from fairgate.providers.transport import UpstreamBroken, UpstreamUnreachable
 
 OK = b'{"ok":true}'
@@ -182,13 +182,16 @@ class Lab:
         connect_timeout_s: float = 5.0,
         read_timeout_s: float = 5.0,
         keepalive_s: float = 60.0,
+        max_idle_per_origin: int | None = None,
         ssl_context: ssl.SSLContext | None = None,
     ) -> Http1Pool:
+        """A pool (closed with the lab); ``max_idle_per_origin`` None: the pool's default."""
         pool = Http1Pool(
             connect_timeout_s=connect_timeout_s,
             read_timeout_s=read_timeout_s,
             keepalive_s=keepalive_s,
             ssl_context=ssl_context,
+            **({} if max_idle_per_origin is None else {"max_idle_per_origin": max_idle_per_origin}),
         )
         self._pools.append(pool)
         return pool
@@ -293,7 +296,8 @@ async def test_the_newest_idle_connection_is_reused_first(lab: Lab) -> None:
 async def test_many_concurrent_requests_each_get_their_own_answer_and_are_all_reused(
     lab: Lab,
 ) -> None:
-    wire, origin, pool = await lab.start()
+    wire = await lab.serve()
+    origin, pool = origin_of(wire), lab.pool(max_idle_per_origin=50)
     for round_ in range(2):
         bodies = [b"%d-%d" % (round_, i) for i in range(50)]
         answers = await asyncio.gather(*(fetch(pool, origin, b) for b in bodies))
@@ -325,6 +329,122 @@ async def test_a_connection_found_expired_when_taken_is_closed_not_used(lab: Lab
     assert await fetch(pool, origin) == (200, OK)
     assert wire.conns() == [1, 2]
     await until(lambda: wire.client_closed == {1}, "the expired connection closed")
+
+
+async def test_idle_connections_past_the_bound_are_closed_idle_longest_first(lab: Lab) -> None:
+    """A burst leaves at most ``max_idle_per_origin`` idle sockets behind, not one per request
+    of the burst for the next ``keepalive_s`` (issue 41: a soak's gateway held 49 more
+    descriptors after a busy minute, all idle connections to its upstream)."""
+    wire = await lab.serve()
+    origin, pool = origin_of(wire), lab.pool(max_idle_per_origin=4)
+    bodies = [b"%d" % i for i in range(10)]
+    held = await asyncio.gather(*(pool.request(origin, head_for(origin), b) for b in bodies))
+    assert [await r.read() for r in held] == bodies
+    assert pool.stats() == PoolStats(open=10, idle=0)
+    conn_of = {r.body: r.conn for r in wire.requests}  # the server's number of each connection
+    for resp in held:  # released in order: the last four released are the ones kept
+        resp.release()
+    assert pool.idle(origin) == 4
+    closed = {conn_of[b] for b in bodies[:6]}
+    await until(lambda: wire.client_closed == closed, "the six idle longest closed")
+    await until(lambda: pool.stats() == PoolStats(open=4, idle=4), "their sockets gone")
+    again = await asyncio.gather(*(fetch(pool, origin, b) for b in bodies[6:]))
+    assert again == [(200, b) for b in bodies[6:]]
+    assert wire.connections == 10  # the four kept were reused
+    assert {r.conn for r in wire.requests[10:]} == {conn_of[b] for b in bodies[6:]}
+
+
+async def test_no_idle_connection_is_kept_with_a_bound_of_zero(lab: Lab) -> None:
+    wire = await lab.serve()
+    origin, pool = origin_of(wire), lab.pool(max_idle_per_origin=0)
+    assert await fetch(pool, origin) == (200, OK)
+    assert pool.idle(origin) == 0
+    await until(lambda: wire.client_closed == {1}, "the answered connection closed")
+    await until(lambda: pool.stats() == PoolStats(open=0, idle=0), "its socket gone")
+    assert pool._sweeper is None
+    with pytest.raises(ValueError, match="max_idle_per_origin"):
+        Http1Pool(max_idle_per_origin=-1)
+
+
+class _Timers:
+    """A stand-in for the loop the sweeper is given: the time it is told, and the timers
+    armed (``call_at``'s deadlines) recorded instead of run."""
+
+    def __init__(self, now: float) -> None:
+        self.now = now
+        self.armed: list[float] = []
+
+    def time(self) -> float:
+        return self.now
+
+    def call_at(self, when: float, *_: object) -> asyncio.TimerHandle:
+        self.armed.append(when)
+        return asyncio.TimerHandle(when, lambda: None, (), asyncio.get_running_loop())
+
+
+async def test_each_idle_connection_is_closed_when_its_own_keepalive_ends(lab: Lab) -> None:
+    """The sweeper is armed for the oldest idle connection's expiry and then for the next
+    one's, so no connection stays idle past ``keepalive_s`` (a sweep every ``keepalive_s``
+    kept one that went idle just after a sweep for almost twice that). The sweep runs on a
+    stand-in clock: each expiry is a stated instant, not a wait."""
+    wire = await lab.serve()
+    origin, pool = origin_of(wire), lab.pool(keepalive_s=60.0)
+    loop = asyncio.get_running_loop()
+    first = await pool.request(origin, head_for(origin), b"a")
+    second = await pool.request(origin, head_for(origin), b"b")
+    await first.read(), await second.read()
+    first.release()
+    oldest = pool._idle[origin][0]
+    await until(lambda: loop.time() > oldest.idle_since + 0.01, "the clock moves on")
+    second.release()
+    newest = pool._idle[origin][1]
+    assert pool._sweeper is not None
+    assert pool._sweeper.when() == pytest.approx(oldest.idle_since + 60.0)
+
+    # just before the oldest's expiry: nothing closed, armed again for the same instant
+    timers = _Timers(oldest.idle_since + 60.0 - 0.005)
+    pool._sweep(timers)  # type: ignore[arg-type]
+    assert pool.idle(origin) == 2
+    assert timers.armed == [pytest.approx(oldest.idle_since + 60.0)]
+    # at it: the oldest closed, armed for the newest's expiry (less than 60 s on)
+    timers = _Timers(oldest.idle_since + 60.0)
+    pool._sweep(timers)  # type: ignore[arg-type]
+    assert list(pool._idle[origin]) == [newest]
+    assert timers.armed == [pytest.approx(newest.idle_since + 60.0)]
+    await until(lambda: wire.client_closed == {1}, "the expired connection closed")
+    # at the newest's: nothing left idle, and no timer armed
+    timers = _Timers(newest.idle_since + 60.0)
+    pool._sweep(timers)  # type: ignore[arg-type]
+    assert pool.stats().idle == 0
+    assert timers.armed == []
+    assert pool._sweeper is None
+    await until(lambda: wire.client_closed == {1, 2}, "both closed")
+
+
+async def test_open_and_idle_counts_follow_every_connection(lab: Lab) -> None:
+    """``stats()`` is what ``/health`` reports: open sockets and, of those, the idle ones."""
+
+    async def once(peer: Peer) -> None:
+        if await peer.request() is not None:
+            await peer.answer()
+        if await peer.request() is not None:  # the second request on it: answered, then closed
+            await peer.answer()
+            peer.hang_up()
+
+    wire, origin, pool = await lab.start(once)
+    held = await pool.request(origin, head_for(origin), b"x")
+    assert pool.stats() == PoolStats(open=1, idle=0)
+    assert await fetch(pool, origin) == (200, OK)  # a second connection, kept idle
+    assert pool.stats() == PoolStats(open=2, idle=1)
+    await held.read()
+    held.release()
+    assert pool.stats() == PoolStats(open=2, idle=2)
+    assert await fetch(pool, origin) == (200, OK)  # the newest: the server closes it after
+    # the server's close takes it out of the pool at once, not at the next sweep
+    await until(lambda: pool.stats() == PoolStats(open=1, idle=1), "the closed one gone")
+    assert wire.connections == 2
+    await pool.close()
+    await until(lambda: pool.stats() == PoolStats(open=0, idle=0), "every socket closed")
 
 
 async def test_closing_the_pool_closes_idle_connections_and_refuses_requests(lab: Lab) -> None:

@@ -20,6 +20,7 @@ def test_defaults_are_bounded() -> None:
     assert s.max_header_bytes == 65536
     assert s.max_headers == 100
     assert s.header_timeout_s == 10
+    assert s.silent_timeout_s == 120
     assert s.body_timeout_s == 60
     assert s.keep_alive_s == 5
     assert s.max_connections == 1000
@@ -35,6 +36,7 @@ def test_every_knob_reads_its_variable() -> None:
             "FAIRGATE_HTTP_MAX_HEADER_BYTES": "8192",
             "FAIRGATE_HTTP_MAX_HEADERS": "20",
             "FAIRGATE_HTTP_HEADER_TIMEOUT_S": "2.5",
+            "FAIRGATE_HTTP_SILENT_TIMEOUT_S": "45",
             "FAIRGATE_HTTP_BODY_TIMEOUT_S": "30",
             "FAIRGATE_HTTP_KEEP_ALIVE_S": "1",
             "FAIRGATE_HTTP_SEND_TIMEOUT_S": "12",
@@ -55,6 +57,7 @@ def test_every_knob_reads_its_variable() -> None:
     assert (s.max_header_bytes, s.max_headers, s.max_connections) == (8192, 20, 50)
     assert (s.header_timeout_s, s.body_timeout_s, s.keep_alive_s) == (2.5, 30, 1)
     assert s.send_timeout_s == 12
+    assert s.silent_timeout_s == 45
     assert (s.key_rate_per_s, s.key_rate_burst) == (0, 7)
     assert (s.max_messages, s.max_message_bytes, s.thread_parse_bytes) == (99, 1000, 0)
     assert s.metrics_key == "scrape"

@@ -13,8 +13,14 @@ sends (OAuth token endpoints, connection tests: rare, general) stays on aiohttp.
 What it does, as an experienced user of an HTTP client expects:
 
 - **Keep-alive pool** per origin (scheme, host, port), newest idle connection first, an idle
-  connection kept ``keepalive_s`` (60 s, as aiohttp's connector), unlimited in number (as the
-  gateway's aiohttp connector was: the slots limit concurrency, not the pool).
+  connection kept ``keepalive_s`` (60 s, as aiohttp's connector) and closed once it has been
+  idle that long (each at its own time, not at the next pass of a periodic sweep). At most
+  ``max_idle_per_origin`` (32) idle connections are kept per origin, as urllib3's pool size and
+  Go's ``MaxIdleConnsPerHost`` bound theirs: connections in use are not limited (the slots
+  limit concurrency), but a burst of a few hundred concurrent calls would otherwise leave a few
+  hundred idle sockets open for the next ``keepalive_s``; past the bound the connection idle
+  longest is closed. Connections open = in use + idle, and idle <= the bound per origin: that
+  is what a gateway at rest holds (:meth:`Http1Pool.stats`, ``/health`` → ``upstream``).
 - **A connection the server closed while idle is never used**: its close is seen by the
   protocol and the pool passes it over. A request written to a reused connection that closes
   before any answer is *not* sent again: the server may have read it and acted on it (a model
@@ -43,6 +49,7 @@ leftover bytes would be read as the next answer).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import ssl
 import typing
@@ -57,7 +64,7 @@ from yarl import URL
 
 from fairgate.providers.transport import UpstreamBroken, UpstreamUnreachable
 
-__all__ = ["Http1Pool", "Http1Response", "Origin", "request_head"]
+__all__ = ["Http1Pool", "Http1Response", "Origin", "PoolStats", "request_head"]
 
 #: A relayed stream's bytes buffered for a slow client before reading pauses.
 HIGH_WATER = 1 << 20
@@ -67,6 +74,9 @@ HIGH_WATER = 1 << 20
 MAX_HEAD = 256 * 1024
 #: Happy Eyeballs: how long one address may try to connect before the next one starts too.
 HAPPY_EYEBALLS_DELAY_S = 0.25
+#: The sweeper closes a connection due this close to its expiry (a timer may fire a little
+#: early: loop clocks round to their resolution).
+_SWEEP_SLACK_S = 0.001
 
 
 #: The port a URL of each scheme means when it names none (and a ``Host`` header omits).
@@ -143,6 +153,7 @@ class _Connection(asyncio.Protocol):
         "origin",
         "parser",
         "pool",
+        "pooled",
         "status",
         "transport",
     )
@@ -154,6 +165,7 @@ class _Connection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.parser = httptools.HttpResponseParser(self)
         self.closed = False
+        self.pooled = False  # in the pool's idle deque of its origin
         self.idle_since = 0.0
         self._waiter: asyncio.Future[None] | None = None
         self._timer: asyncio.TimerHandle | None = None
@@ -179,6 +191,7 @@ class _Connection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # a stream transport (uvloop's does not subclass asyncio.Transport: no isinstance)
         self.transport = typing.cast(asyncio.Transport, transport)
+        self.pool.open += 1
 
     def data_received(self, data: bytes) -> None:
         self._last_read = self._loop.time()
@@ -199,10 +212,15 @@ class _Connection(asyncio.Protocol):
 
     def eof_received(self) -> bool:
         self.closed = True  # never taken from the pool again, even before connection_lost
+        if self.pooled:
+            self.pool.discard(self)
         return False  # close our side too: connection_lost follows
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        self.pool.open -= 1  # asyncio calls this once, after connection_made
+        if self.pooled:  # the server closed it while idle: it leaves the pool at once
+            self.pool.discard(self)
         self._cancel_timer()
         if self.complete or self.error is not None:
             return
@@ -410,9 +428,24 @@ class Http1Response:
             self._conn.finish()
 
 
+class PoolStats(NamedTuple):
+    """What a pool holds: connections whose socket is open (in use or idle) and, of those, the
+    idle ones. At rest (nothing in flight) ``open == idle``; a difference is an answer nobody
+    released, a socket held until the server gives up on it."""
+
+    open: int
+    idle: int
+
+
 class Http1Pool:
     """Idle connections per origin, and the one call that sends a request and awaits the head
-    of its answer. Created and used inside one running loop."""
+    of its answer. Created and used inside one running loop.
+
+    Each origin's idle connections are a deque in the order they went idle (oldest left):
+    requests take the newest, and the one sweeper timer is armed for the oldest's expiry, so a
+    connection is closed ``keepalive_s`` after it went idle (a periodic sweep every
+    ``keepalive_s`` kept some up to twice that). Only live connections are in a deque: one the
+    server closes while idle leaves it at once (:meth:`discard`)."""
 
     def __init__(
         self,
@@ -420,11 +453,18 @@ class Http1Pool:
         connect_timeout_s: float = 10.0,
         read_timeout_s: float = 600.0,
         keepalive_s: float = 60.0,
+        max_idle_per_origin: int = 32,
         ssl_context: ssl.SSLContext | None = None,
     ) -> None:
+        if max_idle_per_origin < 0:
+            raise ValueError("max_idle_per_origin must be 0 or more")
         self.connect_timeout_s = connect_timeout_s
         self.read_timeout_s = read_timeout_s
         self.keepalive_s = keepalive_s
+        #: idle connections kept per origin; 0: none (every connection closed after its answer)
+        self.max_idle_per_origin = max_idle_per_origin
+        #: connections whose socket is open (counted by the connections themselves)
+        self.open = 0
         self._ssl = ssl_context
         self._idle: dict[Origin, deque[_Connection]] = {}
         self._sweeper: asyncio.TimerHandle | None = None
@@ -439,8 +479,12 @@ class Http1Pool:
         """How many idle connections the pool keeps for ``origin`` (for tests and metrics)."""
         return sum(1 for c in self._idle.get(origin, ()) if not c.closed)
 
+    def stats(self) -> PoolStats:
+        """Open and idle connections over every origin (``/health`` → ``upstream``)."""
+        return PoolStats(self.open, sum(len(idle) for idle in self._idle.values()))
+
     def put(self, conn: _Connection) -> None:
-        if self._closed:
+        if self._closed or self.max_idle_per_origin == 0:
             conn.close()
             return
         loop = conn._loop
@@ -448,23 +492,47 @@ class Http1Pool:
         idle = self._idle.get(conn.origin)
         if idle is None:
             idle = self._idle[conn.origin] = deque()
+        elif len(idle) >= self.max_idle_per_origin:
+            self._drop(idle.popleft())  # the one idle longest: the least likely to be used
+        conn.pooled = True
         idle.append(conn)
-        if self._sweeper is None:
-            self._sweeper = loop.call_later(self.keepalive_s, self._sweep, loop)
+        if self._sweeper is None:  # else one is armed for an older connection's expiry
+            self._sweeper = loop.call_at(conn.idle_since + self.keepalive_s, self._sweep, loop)
+
+    def discard(self, conn: _Connection) -> None:
+        """Takes ``conn`` out of its origin's idle connections (the server closed it)."""
+        conn.pooled = False
+        idle = self._idle.get(conn.origin)
+        if idle is None:
+            return
+        with contextlib.suppress(ValueError):
+            idle.remove(conn)
+        if not idle:
+            del self._idle[conn.origin]
+
+    @staticmethod
+    def _drop(conn: _Connection) -> None:
+        conn.pooled = False
+        conn.close()
 
     def _sweep(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Closes what has been idle too long (or was closed by the server), oldest first;
-        runs every ``keepalive_s`` while anything is idle, so a pool nobody uses any more
-        holds no sockets past their time."""
+        """Closes what has been idle ``keepalive_s`` (oldest first), then arms itself for the
+        next oldest's expiry; not armed while nothing is idle, so a pool nobody uses any more
+        holds no sockets past their time and no timer."""
         self._sweeper = None
-        oldest_kept = loop.time() - self.keepalive_s
+        # due within a millisecond counts as due: a timer may fire that early (loop clocks round)
+        oldest_kept = loop.time() - self.keepalive_s + _SWEEP_SLACK_S
+        next_due: float | None = None
         for origin, idle in list(self._idle.items()):
-            while idle and (idle[0].closed or idle[0].idle_since < oldest_kept):
-                idle.popleft().close()
+            while idle and idle[0].idle_since <= oldest_kept:
+                self._drop(idle.popleft())
             if not idle:
                 del self._idle[origin]
-        if self._idle and not self._closed:
-            self._sweeper = loop.call_later(self.keepalive_s, self._sweep, loop)
+                continue
+            due = idle[0].idle_since + self.keepalive_s
+            next_due = due if next_due is None else min(next_due, due)
+        if next_due is not None and not self._closed:
+            self._sweeper = loop.call_at(next_due, self._sweep, loop)
 
     def _take(self, origin: Origin, loop: asyncio.AbstractEventLoop) -> _Connection | None:
         idle = self._idle.get(origin)
@@ -473,13 +541,14 @@ class Http1Pool:
         oldest_kept = loop.time() - self.keepalive_s
         while idle:
             conn = idle.pop()  # the newest: the one least likely to have been closed
+            conn.pooled = False
             if conn.closed:
                 continue
             if conn.idle_since < oldest_kept:
                 # this one and every older one have been idle too long
                 conn.close()
                 while idle:
-                    idle.popleft().close()
+                    self._drop(idle.popleft())
                 return None
             return conn
         return None
@@ -538,7 +607,8 @@ class Http1Pool:
         if self._sweeper is not None:
             self._sweeper.cancel()
             self._sweeper = None
-        for idle in self._idle.values():
-            for conn in idle:
-                conn.close()
+        idles = list(self._idle.values())
         self._idle.clear()
+        for idle in idles:
+            for conn in idle:
+                self._drop(conn)

@@ -22,7 +22,7 @@ from types import TracebackType
 import aiohttp
 from yarl import URL
 
-from fairgate.providers.http1 import Http1Pool, Origin, request_head
+from fairgate.providers.http1 import Http1Pool, Origin, PoolStats, request_head
 from fairgate.providers.oauth import (
     OAuthBlocked,
     OAuthUnavailable,
@@ -265,6 +265,7 @@ class UpstreamClient:
         *,
         timeout_s: float = 600.0,
         connect_timeout_s: float = 10.0,
+        idle_per_origin: int = 32,
         ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         self._timeout = aiohttp.ClientTimeout(
@@ -273,6 +274,7 @@ class UpstreamClient:
         self._pool = Http1Pool(
             connect_timeout_s=connect_timeout_s,
             read_timeout_s=timeout_s,
+            max_idle_per_origin=idle_per_origin,
             ssl_context=ssl_context,
         )
         self._ssl = ssl_context
@@ -377,6 +379,10 @@ class UpstreamClient:
         except aiohttp.ClientError as exc:
             raise UpstreamUnreachable(type(exc).__name__) from exc
         return _AiohttpResponse(resp)
+
+    def stats(self) -> PoolStats:
+        """The relayed requests' connections: open, and of those idle (``/health``)."""
+        return self._pool.stats()
 
     async def close(self) -> None:
         await self._pool.close()

@@ -86,7 +86,11 @@ def create_app(
         app.state.metrics = metrics
         services = Services(
             gw=gw,
-            upstream=upstream or UpstreamClient(timeout_s=gw.config.server.upstream_timeout_s),
+            upstream=upstream
+            or UpstreamClient(
+                timeout_s=gw.config.server.upstream_timeout_s,
+                idle_per_origin=gw.config.server.upstream_idle_per_origin,
+            ),
             signals=ProviderSignals(gw.clock),
             prices=PriceTable().with_overrides(
                 {k: v.model_dump() for k, v in gw.config.prices.items()}
@@ -155,6 +159,15 @@ def create_app(
             "inflightLeases": svc.tracker.total,
             "memory": _memory_sizes(svc, gw),
         }
+        if isinstance(svc.upstream, UpstreamClient):
+            # sockets to the providers: at rest ``open == idle``, and ``idle`` is at most
+            # ``idlePerOrigin`` for each origin the connections name (bounded by configuration)
+            pool = svc.upstream.stats()
+            body["upstream"] = {
+                "open": pool.open,
+                "idle": pool.idle,
+                "idlePerOrigin": gw.config.server.upstream_idle_per_origin,
+            }
         oauth = svc.upstream.oauth if isinstance(svc.upstream, UpstreamClient) else None
         if isinstance(oauth, OAuthTokens) and oauth.health():  # states, reasons, expiry times
             body["oauth"] = [h.as_json() for h in oauth.health()]

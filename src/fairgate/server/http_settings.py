@@ -9,13 +9,18 @@ field              environment variable                   default
 =================  =====================================  ==========================================
 max_header_bytes   FAIRGATE_HTTP_MAX_HEADER_BYTES         65536 (request line + headers; 431 above)
 max_headers        FAIRGATE_HTTP_MAX_HEADERS              100 (431 above)
-header_timeout_s   FAIRGATE_HTTP_HEADER_TIMEOUT_S         10 (from the first byte of a request, or
-                                                          from the connection for its first one)
+header_timeout_s   FAIRGATE_HTTP_HEADER_TIMEOUT_S         10 (from the first byte of a request to
+                                                          the end of its headers)
+silent_timeout_s   FAIRGATE_HTTP_SILENT_TIMEOUT_S         120 (a new connection that sends nothing;
+                                                          earlier when the connection cap needs
+                                                          room: the one silent longest first)
 body_timeout_s     FAIRGATE_HTTP_BODY_TIMEOUT_S           60 (whole body, from the end of headers)
 keep_alive_s       FAIRGATE_HTTP_KEEP_ALIVE_S             5 (idle between requests)
 send_timeout_s     FAIRGATE_HTTP_SEND_TIMEOUT_S           60 (one write of a streamed answer that
                                                           the client does not read; then closed)
-max_connections    FAIRGATE_HTTP_MAX_CONNECTIONS          1000 (open connections; 503 and close)
+max_connections    FAIRGATE_HTTP_MAX_CONNECTIONS          1000 (open connections; one more closes
+                                                          the connection silent longest, or gets
+                                                          503 and close when none is silent)
 key_rate_per_s     FAIRGATE_KEY_RATE_PER_S                1000 (requests a second per client key;
                                                           0 = off)
 key_rate_burst     FAIRGATE_KEY_RATE_BURST                2000
@@ -71,6 +76,7 @@ _NUMBERS: dict[str, tuple[str, float, float]] = {
     "max_header_bytes": ("FAIRGATE_HTTP_MAX_HEADER_BYTES", 1024, 16 * 1024 * 1024),
     "max_headers": ("FAIRGATE_HTTP_MAX_HEADERS", 8, 10_000),
     "header_timeout_s": ("FAIRGATE_HTTP_HEADER_TIMEOUT_S", 0.05, 3600),
+    "silent_timeout_s": ("FAIRGATE_HTTP_SILENT_TIMEOUT_S", 0.05, 86_400),
     "body_timeout_s": ("FAIRGATE_HTTP_BODY_TIMEOUT_S", 0.05, 86_400),
     "keep_alive_s": ("FAIRGATE_HTTP_KEEP_ALIVE_S", 0.05, 3600),
     "send_timeout_s": ("FAIRGATE_HTTP_SEND_TIMEOUT_S", 0.05, 86_400),
@@ -105,6 +111,9 @@ class HttpSettings:
     max_header_bytes: int = 64 * 1024
     max_headers: int = 100
     header_timeout_s: float = 10.0
+    #: a new connection may wait this long for its first byte while the gateway has room
+    #: (a busy client can take seconds between its connect and its request: issue 41)
+    silent_timeout_s: float = 120.0
     body_timeout_s: float = 60.0
     keep_alive_s: float = 5.0
     #: how long one write of a streamed answer may wait for a client that stopped reading before

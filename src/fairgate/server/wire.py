@@ -10,21 +10,41 @@ answers 503 but still keeps every connection). :class:`LimitedHttpToolsProtocol`
 - head size: bytes are counted *before* the parser sees them, so memory stays bounded by the
   limit; over it → 431 and close;
 - header count: over it → 431 and close;
-- head deadline: from the connection (first request) or from the first byte of a later request
-  until the end of the headers; expired → 408 and close;
+- head deadline: from the first byte of a request until the end of its headers; expired → 408
+  and close (a client trickling its head is cut however it paces it);
+- a new connection that has not sent a byte yet is *silent*: it is closed after
+  ``silent_timeout_s``, or earlier when the cap on open connections needs room (below). A
+  busy client can take seconds between its connect, which the kernel completes at once, and
+  its request: a first-request deadline counted from the connection closed such clients
+  while the gateway had room to spare, and the request they then sent met a reset (issue 41:
+  the ``httpx.ReadError`` of a 1,600-client storm on two busy cores, whose one client process
+  fell seconds behind the connects the kernel had completed);
 - body deadline: from the end of the headers until the whole body is in; expired → 408 (if no
   answer started) and close, which the application sees as a client disconnect;
-- idle keep-alive: as uvicorn's, with our timeout (covers a connection that never sent a byte
-  through the head deadline);
-- a cap on open connections: one over it gets 503 and is closed at once.
+- idle keep-alive: as uvicorn's, with our timeout;
+- a cap on open connections: one over it closes the connection that has been silent longest
+  (a flood of connections that send nothing cannot lock clients out), or, when none is
+  silent, gets 503 and is closed at once.
+
+Every deadline and the keep-alive timeout judge what the client *sent*, not what the event loop
+got round to reading: when one expires while the client's bytes wait unread in the socket, the
+connection is looked at again once the loop has read them (:meth:`LimitedHttpToolsProtocol.
+_unread`). On a busy host the loop can fall seconds behind, and uvloop (libuv) runs the timers
+that are due *before* it polls the sockets: a request that arrived in time would otherwise be
+met by a close, and closing a socket with unread bytes resets the connection, so the client
+would get a reset instead of an answer (issue 41). A client that really sends nothing, or too
+little, is cut as before.
 
 :func:`run` starts uvicorn with this protocol; every limit comes from :class:`HttpSettings`.
 """
 
 from __future__ import annotations
 
+import array
 import asyncio
+import fcntl
 import logging
+import termios
 from asyncio import TimerHandle
 from typing import Any, ClassVar
 
@@ -46,17 +66,21 @@ class _Refused(Exception):
     """Raised from a parser callback to stop parsing a request we refuse."""
 
 
-#: What the connection's one deadline timer is for (none, the request head, the body).
-_NONE, _HEAD, _BODY = 0, 1, 2
+#: What the connection's one deadline timer is for (none, the request head, the body, the first
+#: byte of a new connection).
+_NONE, _HEAD, _BODY, _SILENT = 0, 1, 2, 3
 #: A deadline timer that fires this close to its deadline counts as on time (loop clocks round).
 _SLACK_S = 0.001
+#: How soon a deadline that found the client's bytes unread looks again: a whole millisecond
+#: or more, so that libuv polls the sockets (and the protocol reads them) before the timer runs.
+_RECHECK_S = 0.01
 
 
 class LimitedHttpToolsProtocol(HttpToolsProtocol):
     """One client connection (see the module docstring). ``limits`` is set by
     :func:`protocol_for`.
 
-    The head and body deadlines share one timer per connection, re-armed lazily: arming a
+    The silent, head and body deadlines share one timer per connection, re-armed lazily: arming a
     later deadline leaves the pending timer alone (when it fires it finds the deadline moved
     on and waits again), only an earlier one replaces it. A keep-alive connection then arms
     about one timer per head timeout instead of two timers per request. Header counts are
@@ -65,6 +89,10 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
     limit."""
 
     limits: ClassVar[HttpSettings] = HttpSettings()
+    #: the connections that have not sent a byte yet, oldest first (an insertion-ordered set:
+    #: the first is the one to close when the connection cap needs room); one per class, and
+    #: :func:`protocol_for` makes a class per server
+    silent: ClassVar[dict[LimitedHttpToolsProtocol, None]] = {}
 
     def __init__(
         self,
@@ -87,15 +115,30 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
-        if len(self.connections) > self.limits.max_connections:
+        if len(self.connections) > self.limits.max_connections and not self._make_room():
             log.debug("connection refused: limit reached", extra={"client": self._peer()})
             self._reply(503, "too_many_connections", "The gateway has too many open connections")
             return
-        self._arm(_HEAD, self.limits.header_timeout_s)
+        self.silent[self] = None
+        self._arm(_SILENT, self.limits.silent_timeout_s)
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self.silent.pop(self, None)
         self._cancel_timers()
         super().connection_lost(exc)
+
+    def _make_room(self) -> bool:
+        """Closes the connection that has been silent longest (one whose request is waiting
+        unread is not silent); False when there is none."""
+        for conn in self.silent:
+            if conn.transport.is_closing() or conn._unread():
+                continue
+            del self.silent[conn]
+            log.debug("connection closed: silent, room needed", extra={"client": conn._peer()})
+            conn._cancel_timers()
+            conn.transport.close()
+            return True
+        return False
 
     def data_received(self, data: bytes) -> None:
         if self.transport.is_closing():
@@ -103,7 +146,9 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         if not self._head_open:
             self._feed(data)
             return
-        if self._deadline_for != _HEAD:  # the first byte of a request after a keep-alive pause
+        if self._deadline_for != _HEAD:  # the first byte of a request
+            if self._deadline_for == _SILENT:  # ... on a new connection
+                self.silent.pop(self, None)
             self._arm(_HEAD, self.limits.header_timeout_s)
         room = self.limits.max_header_bytes - self._head_bytes
         if len(data) <= room:
@@ -205,17 +250,55 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
                 self._deadline,
             )
             return
+        if self._unread():  # sent in time, not read yet: judge once the loop has read it
+            at = self.loop.time() + _RECHECK_S
+            self._timer, self._timer_at = self.loop.call_at(at, self._deadline_due), at
+            return
         self._deadline_for = _NONE
-        if what == _HEAD:
+        if what == _SILENT:
+            self._silent_expired()
+        elif what == _HEAD:
             self._head_expired()
         else:
             self._body_expired()
+
+    def timeout_keep_alive_handler(self) -> None:
+        """uvicorn's idle keep-alive close, unless the client's next request is already waiting
+        unread (then it is read, which cancels the keep-alive timer, and answered)."""
+        if self._unread():
+            self.timeout_keep_alive_task = self.loop.call_later(
+                _RECHECK_S, self.timeout_keep_alive_handler
+            )
+            return
+        super().timeout_keep_alive_handler()
+
+    def _unread(self) -> int:
+        """How many bytes the client sent that wait unread in the socket while the protocol
+        reads (0 while reading is paused: those bytes wait by our choice, and the deadline is
+        the application's to keep; 0 without a socket to ask)."""
+        if self.flow is not None and self.flow.read_paused:
+            return 0
+        sock = self.transport.get_extra_info("socket")
+        if sock is None:
+            return 0
+        pending = array.array("i", [0])
+        try:
+            fcntl.ioctl(sock.fileno(), termios.FIONREAD, pending)
+        except (OSError, ValueError):  # closed meanwhile (fileno -1)
+            return 0
+        return pending[0]
 
     def _cancel_timers(self) -> None:
         self._deadline_for = _NONE
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+
+    def _silent_expired(self) -> None:
+        self.silent.pop(self, None)
+        if not self.transport.is_closing():
+            log.debug("connection closed: silent", extra={"client": self._peer()})
+            self.transport.close()
 
     def _head_expired(self) -> None:
         if self.transport.is_closing():
@@ -268,7 +351,9 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
 
 def protocol_for(limits: HttpSettings) -> type[LimitedHttpToolsProtocol]:
     """The protocol class uvicorn instantiates per connection, bound to ``limits``."""
-    return type("FairgateHttpProtocol", (LimitedHttpToolsProtocol,), {"limits": limits})
+    return type(
+        "FairgateHttpProtocol", (LimitedHttpToolsProtocol,), {"limits": limits, "silent": {}}
+    )
 
 
 def server_options(limits: HttpSettings, drain_s: int) -> dict[str, Any]:
