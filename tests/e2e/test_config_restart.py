@@ -4,8 +4,9 @@ because it leaked keeps its new secret (the old one 401), a revoked key stays re
 allocation edited through the API stays; and with two replicas on one PostgreSQL, a replica
 that restarts with the file reverts nothing for the cluster.
 
-(The same facts are tested in-process, on both engines, in tests/inproc/test_config_restart_inproc.py;
-here the config file is read from disk by the CLI, and the processes are separate.)"""
+(The same facts are tested in-process, on both engines, in
+tests/inproc/test_config_restart_inproc.py; here the config file is read from disk by the CLI,
+and the processes are separate.)"""
 
 from __future__ import annotations
 
