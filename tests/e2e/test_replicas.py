@@ -73,9 +73,11 @@ async def test_four_replicas_400_clients_request_limit_100_admit_exactly_100(
     ("max_tokens", "per_request_error"),
     [
         pytest.param(16, 0, id="exact-estimate"),
-        # no max_tokens: the gateway reserves prompt + default_max_tokens (4) while the mock
-        # answers 16 tokens, so each admitted request uses 12 tokens more than was reserved
-        pytest.param(None, 12, id="underestimate"),
+        # no max_tokens: the gateway reserves prompt + default_max_tokens (4) and, the pool
+        # metering tokens, sends that bound upstream (issue 43, N2), so the mock answers 4
+        # tokens and nothing is used over the reservation; before, the mock answered its 16
+        # and each admitted request used 12 more than was reserved
+        pytest.param(None, 0, id="no-max-tokens-gets-the-reserved-bound"),
     ],
 )
 async def test_four_replicas_token_limit_overshoot_bounded_by_the_estimate_error(
