@@ -30,7 +30,12 @@ from typing import Any
 
 import orjson
 
-from fairgate.providers.usage import Usage, usage_from_anthropic, usage_from_openai
+from fairgate.providers.usage import (
+    Usage,
+    merge_anthropic_usage,
+    usage_from_anthropic,
+    usage_from_openai,
+)
 
 __all__ = [
     "FINISH_TO_STOP",
@@ -687,13 +692,9 @@ class AnthropicToOpenAIStream:
 
     __slots__ = (
         "_base",
-        "_cache_creation",
-        "_cache_read",
         "_finished",
         "_include_usage",
-        "_input",
-        "_output",
-        "_reasoning",
+        "_seen",
         "_tools",
         "done",
     )
@@ -707,18 +708,13 @@ class AnthropicToOpenAIStream:
         }
         self._include_usage = include_usage
         self._tools: dict[Any, int] = {}  # Anthropic block index → OpenAI tool_calls index
-        self._input = 0
-        self._cache_read = 0
-        self._cache_creation = 0
-        self._output = 0
-        self._reasoning = 0
+        self._seen: dict[str, Any] = {}  # the usage fields so far, the latest of each
         self._finished = False
         self.done = False
 
     @property
     def usage(self) -> Usage:
-        prompt = self._input + self._cache_read + self._cache_creation
-        return Usage(prompt, self._output, self._cache_read, min(self._reasoning, self._output))
+        return usage_from_anthropic({"usage": self._seen}) or Usage()
 
     def _chunk(self, delta: JSON, finish: str | None = None) -> JSON:
         return {
@@ -727,21 +723,9 @@ class AnthropicToOpenAIStream:
         }
 
     def _take_usage(self, usage: object) -> None:
-        """Anthropic usage fields are cumulative: the latest value of each one wins."""
-        if not isinstance(usage, Mapping):
-            return
-        for key, attr in (
-            ("input_tokens", "_input"),
-            ("cache_read_input_tokens", "_cache_read"),
-            ("cache_creation_input_tokens", "_cache_creation"),
-            ("output_tokens", "_output"),
-        ):
-            value = usage.get(key)
-            if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
-                setattr(self, attr, value)
-        thinking = _map(usage.get("output_tokens_details")).get("thinking_tokens")
-        if isinstance(thinking, int) and not isinstance(thinking, bool) and thinking >= 0:
-            self._reasoning = thinking
+        """Anthropic usage fields are cumulative: the latest value of each one wins (the one
+        rule the passthrough relay uses too, :func:`merge_anthropic_usage`)."""
+        merge_anthropic_usage(self._seen, usage)
 
     def _close(self, stop_reason: object) -> list[JSON]:
         self._finished = True
