@@ -25,6 +25,7 @@ test: $(VENV)/.installed-dev
 	$(VENV)/bin/ruff check src tests benchmarks
 	$(VENV)/bin/ruff format --check src tests benchmarks
 	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports --no-cache
 	$(MAKE) docs
 	bash scripts/ensure_chromium.sh
 	PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 PATH="$(abspath $(VENV))/bin:$$PATH" bash scripts/with_redis.sh $(PY) -m pytest $(PYTEST_ARGS)
@@ -33,6 +34,7 @@ lint: $(VENV)/.installed-dev
 	$(VENV)/bin/ruff check src tests benchmarks
 	$(VENV)/bin/ruff format --check src tests benchmarks
 	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports --no-cache
 
 bench: $(VENV)/.installed-dev
 	bash scripts/with_redis.sh $(PY) benchmarks/admission.py

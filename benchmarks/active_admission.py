@@ -19,9 +19,9 @@ import time
 from pathlib import Path
 
 from fairgate.clock import ManualClock
+from fairgate.domain.units import Unit, Window
 from fairgate.quota.engine import QuotaEngine
 from fairgate.quota.model import Allocation, Dimension, Pool, ShareMode
-from fairgate.quota.units import Unit, Window
 from fairgate.quota.window import Count
 from fairgate.store.sqlite import SqliteQuotaStore
 

@@ -28,11 +28,11 @@ import uuid
 from pathlib import Path
 
 from fairgate.clock import ManualClock
+from fairgate.domain.units import Unit, Window
 from fairgate.quota.decision import compile_checks, evaluate
 from fairgate.quota.engine import QuotaEngine
 from fairgate.quota.model import Allocation, Dimension, Policy, Pool
-from fairgate.quota.units import Unit, Window
-from fairgate.store.base import QuotaStore, UsageItem
+from fairgate.quota.ports import QuotaStore, UsageItem
 from fairgate.store.redis import SlowReply
 from fairgate.store.sqlite import MAX_FLUSH_MS, SqliteQuotaStore
 

@@ -22,10 +22,10 @@ from pathlib import Path
 from typing import Any
 
 from fairgate.clock import ManualClock
+from fairgate.domain.units import Unit, Window, WindowAnchor
 from fairgate.quota.engine import QuotaEngine
 from fairgate.quota.model import Allocation, Dimension, Pool
-from fairgate.quota.units import Unit, Window, WindowAnchor
-from fairgate.store.base import QuotaStore
+from fairgate.quota.ports import QuotaStore
 from fairgate.store.sqlite import SqliteQuotaStore
 
 T0 = 1_782_297_000_000

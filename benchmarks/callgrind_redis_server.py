@@ -90,10 +90,10 @@ class CountedServer:
 async def child(url: str, n: int, batches: list[int]) -> None:
     """Runs with the measured tree on ``sys.path``; says each phase's mark on stdout and waits
     for the parent's line on stdin (the parent zeroes or dumps the counts in between)."""
+    from fairgate.domain.units import Unit
     from fairgate.quota.decision import DimensionCheck
     from fairgate.quota.model import Policy
-    from fairgate.quota.units import Unit
-    from fairgate.store.base import AdmitRequest, UsageItem
+    from fairgate.quota.ports import AdmitRequest, UsageItem
     from fairgate.store.redis import RedisQuotaStore
 
     def mark(word: str) -> None:

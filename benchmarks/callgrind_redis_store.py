@@ -36,11 +36,11 @@ HOUR = 3_600_000
 
 async def child(n: int, url: str, prefix: str) -> None:
     from fairgate.clock import ManualClock
+    from fairgate.domain.units import Unit
     from fairgate.quota.decision import DimensionCheck
     from fairgate.quota.model import Policy
-    from fairgate.quota.units import Unit
+    from fairgate.quota.ports import AdmitRequest, UsageItem
     from fairgate.resilience.state_redis import RedisResilienceStore
-    from fairgate.store.base import AdmitRequest, UsageItem
     from fairgate.store.redis import RedisQuotaStore
 
     store = RedisQuotaStore(url, prefix=prefix, socket_timeout_s=30.0)

@@ -66,8 +66,8 @@ async def _drive(client: object, conn: object, n: int, conc: int) -> None:
 def _client(mock: str, n: int, conc: int, profile: int) -> None:
     """Warm up, then (callgrind) say ``warm`` and wait for ``go`` on stdin, send ``n`` posts
     and say ``done``; or (``profile`` > 0) print cProfile's busiest functions per request."""
+    from fairgate.domain.connections import Connection
     from fairgate.providers.upstream import UpstreamClient
-    from fairgate.registry import Connection
 
     conn = Connection(id="bench", provider="openai", base_url=mock + "/v1", secret=SECRET)
 

@@ -59,10 +59,10 @@ def variants(source: str) -> list[tuple[str, str, str]]:
 
 async def one_admission(url: str, prefix: str) -> tuple[list[bytes], list[bytes]]:
     """The keys and arguments of one real admission, as the store sends them."""
+    from fairgate.domain.units import Unit
     from fairgate.quota.decision import DimensionCheck
     from fairgate.quota.model import Policy
-    from fairgate.quota.units import Unit
-    from fairgate.store.base import AdmitRequest
+    from fairgate.quota.ports import AdmitRequest
     from fairgate.store.redis import RedisQuotaStore
 
     store = RedisQuotaStore(url, prefix=prefix)

@@ -49,10 +49,10 @@ def evalsha_usec(client: redis.Redis) -> tuple[float, float]:
 
 
 async def one_round(url: str, n: int) -> dict[str, float]:
+    from fairgate.domain.units import Unit
     from fairgate.quota.decision import DimensionCheck
     from fairgate.quota.model import Policy
-    from fairgate.quota.units import Unit
-    from fairgate.store.base import AdmitRequest, UsageItem
+    from fairgate.quota.ports import AdmitRequest, UsageItem
     from fairgate.store.redis import RedisQuotaStore
 
     prefix = f"fgbrs{uuid.uuid4().hex[:10]}"

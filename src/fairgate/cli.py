@@ -18,10 +18,10 @@ from rich.table import Table
 from fairgate import __version__
 from fairgate.admin_cli import register as register_admin_commands
 from fairgate.clock import Clock, ManualClock
+from fairgate.domain.units import Unit, Window
 from fairgate.quota.catalog import CATALOG
 from fairgate.quota.engine import QuotaEngine
 from fairgate.quota.model import Allocation, Dimension, Policy, Pool
-from fairgate.quota.units import Unit, Window
 from fairgate.server.http_settings import HttpSettings, SettingsError, admin_key_problem
 from fairgate.testclock import TestClockError, process_clock
 

@@ -33,9 +33,10 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 
+from fairgate.domain.connections import ANY_MODEL
+from fairgate.domain.keys import hash_key
+from fairgate.domain.units import Unit, Window, WindowAnchor
 from fairgate.quota.model import Policy, ShareMode
-from fairgate.quota.units import Unit, Window, WindowAnchor
-from fairgate.registry import ANY_MODEL, hash_key
 from fairgate.routing.combo import Combo
 from fairgate.routing.model import GLOBAL_MAX_ATTEMPTS, QTSD_PREFIX, ComboConfig, Target
 from fairgate.routing.registry import PUBLIC_STRATEGIES, resolve_strategy, validate_options

@@ -9,108 +9,16 @@ of keys, pools or connections.
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from enum import StrEnum
 
+from fairgate.domain.connections import ANY_MODEL, Connection
+from fairgate.domain.keys import ClientKey, Denial, hash_key
 from fairgate.quota.model import Pool
 from fairgate.routing.combo import Combo
 from fairgate.routing.model import ComboConfig
 from fairgate.routing.quota_share import quota_share_combo
-
-
-class Protocol(StrEnum):
-    """The wire format a connection speaks upstream."""
-
-    OPENAI = "openai"  # chat completions: openai, kimi, glm, minimax, deepseek, mock, ...
-    ANTHROPIC = "anthropic"  # messages: anthropic, claude
-    RESPONSES = "responses"  # the OpenAI Responses API, streamed: codex (the ChatGPT backend)
-
-
-#: Providers that speak the Anthropic messages API; every other provider is OpenAI-compatible.
-ANTHROPIC_PROVIDERS = frozenset({"anthropic", "claude"})
-#: Providers whose only wire is the Responses API.
-RESPONSES_PROVIDERS = frozenset({"codex"})
-
-
-def protocol_for(provider: str, explicit: str | None = None) -> Protocol:
-    if explicit:
-        return Protocol(explicit)
-    if provider in ANTHROPIC_PROVIDERS:
-        return Protocol.ANTHROPIC
-    return Protocol.RESPONSES if provider in RESPONSES_PROVIDERS else Protocol.OPENAI
-
-
-class AuthType(StrEnum):
-    """How a connection authenticates upstream: an API key, or an OAuth token (subscription
-    accounts: longer cooldowns, since their limits reset on the provider's schedule)."""
-
-    APIKEY = "apikey"
-    OAUTH = "oauth"
-
-
-@dataclass(frozen=True, slots=True)
-class Connection:
-    """One upstream account. ``secret`` is the upstream credential: never logged or returned."""
-
-    id: str
-    provider: str
-    base_url: str
-    secret: str = field(repr=False)
-    protocol: Protocol = Protocol.OPENAI
-    auth_type: AuthType = AuthType.APIKEY
-    weight: float = 1.0
-    max_concurrent: int | None = None
-    #: models this connection serves; ``"*"`` among them means any model (it must be said:
-    #: an empty list serves nothing)
-    models: tuple[str, ...] = ()
-    enabled: bool = True
-    #: client headers passed upstream (lower-case names); none by default, so a tenant cannot
-    #: choose the organisation or project billed or switch on beta features on a shared account
-    forward_headers: tuple[str, ...] = ()
-
-    def serves(self, model: str) -> bool:
-        return model != ANY_MODEL and (model in self.models or ANY_MODEL in self.models)
-
-    @property
-    def named_models(self) -> tuple[str, ...]:
-        """The models listed by name (what ``/v1/models`` shows and quota-share combos use)."""
-        return tuple(m for m in self.models if m != ANY_MODEL)
-
-
-#: A connection's model list entry that means "any model".
-ANY_MODEL = "*"
-
-
-@dataclass(frozen=True, slots=True)
-class ClientKey:
-    """A gateway API key. Only the SHA-256 of the secret is kept (no character of it: the key
-    is shown by its id).
-
-    ``allowed_connections`` / ``allowed_providers`` open connections outside every pool to the
-    key when ``server.require_allocation`` is on (a pooled connection needs an allocation in
-    its pool instead); frozensets so the hot path's check is a set lookup."""
-
-    id: str
-    name: str
-    key_hash: str
-    enabled: bool = True
-    allowed_models: tuple[str, ...] = ()  # empty = any
-    allowed_connections: frozenset[str] = frozenset()
-    allowed_providers: frozenset[str] = frozenset()
-
-
-class Denial(StrEnum):
-    """Why a key may not use a connection (the reason code a client sees in its 403)."""
-
-    NO_ALLOCATION = "no_allocation"  # a pooled connection; the key has no allocation there
-    CONNECTION_NOT_ALLOWED = "connection_not_allowed"  # outside every pool, not in the key's lists
-
-
-def hash_key(secret: str) -> str:
-    return hashlib.sha256(secret.encode("utf-8")).hexdigest()
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,7 @@ from typing import Any
 import httpx
 import pytest
 
-from fairgate.quota.units import Window
+from fairgate.domain.units import Window
 from fairgate.quota.window import bucket_index, sliding_value
 from fairgate.testclock import parse_instant
 

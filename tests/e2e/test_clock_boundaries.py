@@ -20,7 +20,7 @@ import pytest
 from e2e_support import CLOCK_START_ENV, CROSSINGS_ENV
 from outage_support import report
 
-from fairgate.quota.units import Window
+from fairgate.domain.units import Window
 from fairgate.testclock import parse_instant
 
 E2E = Path(__file__).parent

@@ -29,7 +29,8 @@ import httpx
 import pytest
 from e2e_support import ADMIN_KEY, FAULTS, UPSTREAM_SECRET, GatewayFactory, Proc, new_secret
 
-from fairgate.registry import ClientKey, Registry, hash_key
+from fairgate.domain.keys import ClientKey, hash_key
+from fairgate.registry import Registry
 
 ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
 

@@ -24,9 +24,9 @@ import orjson
 from inproc_support import ALICE, BOB, UPSTREAM_SECRET, gateway
 
 from fairgate.clock import ManualClock
+from fairgate.domain.units import Window
 from fairgate.providers.inprocess import Reply, UpstreamRequest
 from fairgate.providers.mock_codex import CodexWindows, responses_events
-from fairgate.quota.units import Window
 from fairgate.quota.window import Anchor
 from fairgate.timers import ManualTimer
 

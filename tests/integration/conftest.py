@@ -12,7 +12,7 @@ import pytest_asyncio
 
 from fairgate.db.base import Database
 from fairgate.db.engine import open_database
-from fairgate.store.base import QuotaStore
+from fairgate.quota.ports import QuotaStore
 from fairgate.store.sqlite import SqliteQuotaStore
 
 

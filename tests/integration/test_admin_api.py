@@ -23,7 +23,7 @@ import uvicorn
 from fairgate.clock import ManualClock
 from fairgate.config import Config, ConfigError, parse_config
 from fairgate.db.pools import PoolRepo
-from fairgate.quota.units import Unit
+from fairgate.domain.units import Unit
 from fairgate.server.admin import create_admin_app
 from fairgate.server.state import Gateway
 

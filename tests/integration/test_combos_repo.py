@@ -24,7 +24,8 @@ from fairgate.db.repos import (
     load_registry,
     seed_from_config,
 )
-from fairgate.registry import Connection, Registry
+from fairgate.domain.connections import Connection
+from fairgate.registry import Registry
 
 
 def conn_(cid: str, provider: str = "mock", **kw: Any) -> Connection:

@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 
 from fairgate.clock import ManualClock
+from fairgate.domain.units import Unit, Window
 from fairgate.quota.decision import Outcome, Reason
 from fairgate.quota.engine import QuotaEngine
 from fairgate.quota.model import Allocation, Dimension, Policy, Pool, ShareMode
-from fairgate.quota.units import Unit, Window
-from fairgate.store.base import QuotaStore
+from fairgate.quota.ports import QuotaStore
 from fairgate.store.sqlite import SqliteQuotaStore
 
 HOUR = 3_600_000

@@ -10,13 +10,13 @@ from pathlib import Path
 import pytest
 
 from fairgate.clock import ManualClock
+from fairgate.domain.units import Unit, Window
 from fairgate.quota.decision import Outcome, Reason
 from fairgate.quota.engine import QuotaEngine
 from fairgate.quota.model import Allocation, Dimension, Policy, Pool
+from fairgate.quota.ports import QuotaStore
 from fairgate.quota.settings import QuotaSettings
-from fairgate.quota.units import Unit, Window
 from fairgate.quota.window import Anchor
-from fairgate.store.base import QuotaStore
 from fairgate.store.sqlite import SqliteQuotaStore
 
 MIN = 60_000

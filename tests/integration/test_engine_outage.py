@@ -18,13 +18,13 @@ import pytest
 import pytest_asyncio
 
 from fairgate.clock import ManualClock
+from fairgate.domain.units import Unit, Window
 from fairgate.quota.decision import Outcome, Reason
 from fairgate.quota.engine import QuotaEngine
 from fairgate.quota.journal import Circuit, Journal
 from fairgate.quota.model import Allocation, Dimension, Policy, Pool
-from fairgate.quota.units import Unit, Window
+from fairgate.quota.ports import AdmitRequest, AdmitResult, CounterRef, PoolCounts, UsageItem
 from fairgate.quota.window import Count
-from fairgate.store.base import AdmitRequest, AdmitResult, CounterRef, PoolCounts, UsageItem
 from fairgate.store.sqlite import SqliteQuotaStore
 
 HOUR = 3_600_000

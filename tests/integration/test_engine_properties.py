@@ -16,11 +16,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fairgate.clock import ManualClock
+from fairgate.domain.units import Unit, Window
 from fairgate.quota.engine import QuotaEngine, Ticket
 from fairgate.quota.model import Allocation, Dimension, Policy, Pool, ShareMode
-from fairgate.quota.units import Unit, Window
+from fairgate.quota.ports import CounterRef
 from fairgate.quota.window import Count
-from fairgate.store.base import CounterRef
 from fairgate.store.sqlite import SqliteQuotaStore
 
 T0 = 1_700_002_800_000

@@ -21,7 +21,8 @@ from fairgate.db.postgres import translate_ddl, translate_sql
 from fairgate.db.repos import seed_from_config
 from fairgate.db.schema import MIGRATIONS, PROVENANCE_VERSION
 from fairgate.db.settings import SettingsRepo
-from fairgate.registry import Connection, hash_key
+from fairgate.domain.connections import Connection
+from fairgate.domain.keys import hash_key
 
 
 def version(db: Database) -> int:

@@ -15,9 +15,9 @@ import pytest
 import pytest_asyncio
 
 from fairgate.clock import ManualClock
+from fairgate.domain.readings import WindowReading, parse_rate_limit_headers
 from fairgate.providers.mock import CODEX_PATH, MockConfig, MockUpstream
 from fairgate.providers.mock_oauth import OAUTH_BETA
-from fairgate.providers.ratelimit import WindowReading, parse_rate_limit_headers
 
 SECRET = "sk-mock-sub-secret-0123456789"
 TOKENS = 10

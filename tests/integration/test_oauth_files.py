@@ -9,8 +9,9 @@ from pathlib import Path
 
 from fairgate.clock import ManualClock
 from fairgate.db.oauth_tokens import FileRefreshLock, FileTokenStore
+from fairgate.domain.tokens import TokenSet
 from fairgate.providers.mock_oauth import MockTokenIssuer
-from fairgate.providers.oauth import OAuthTokens, RefreshRejected, TokenSet
+from fairgate.providers.oauth import OAuthTokens, RefreshRejected
 from fairgate.secretbox import SecretBox
 
 KEY = SecretBox.generate_key()

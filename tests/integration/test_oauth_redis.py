@@ -11,17 +11,18 @@ import pytest
 import pytest_asyncio
 import redis.asyncio
 
+from fairgate.backends.redis_client import AsyncClient, async_client
 from fairgate.clock import ManualClock
 from fairgate.config import load_config_text
 from fairgate.db.oauth_redis import RedisRefreshLock, RedisTokenStore
 from fairgate.db.oauth_tokens import FileTokenStore
+from fairgate.domain.tokens import TokenSet
 from fairgate.providers.mock_oauth import MockTokenIssuer
-from fairgate.providers.oauth import OAuthTokens, RefreshRejected, TokenSet
+from fairgate.providers.oauth import OAuthTokens, RefreshRejected
 from fairgate.providers.upstream import UpstreamClient
 from fairgate.secretbox import ENV_VAR, SecretBox
 from fairgate.server.oauth_setup import start_oauth
 from fairgate.server.state import Gateway
-from fairgate.store.redis_client import AsyncClient, async_client
 
 KEY = SecretBox.generate_key()
 

@@ -17,13 +17,13 @@ import pytest
 import pytest_asyncio
 
 from fairgate.clock import ManualClock
+from fairgate.domain.units import Unit, Window
 from fairgate.quota.decision import Outcome
 from fairgate.quota.engine import ADMIT_ATTEMPTS, QuotaEngine
 from fairgate.quota.journal import Circuit
 from fairgate.quota.model import Allocation, Dimension, Policy, Pool
-from fairgate.quota.units import Unit, Window
+from fairgate.quota.ports import AdmitRequest, AdmitResult, CounterRef
 from fairgate.server.attempt import quota_headers
-from fairgate.store.base import AdmitRequest, AdmitResult, CounterRef
 from fairgate.store.redis import MAX_CONNECTIONS, WARM_POOL_CONNECTIONS, RedisQuotaStore
 from fairgate.store.sqlite import SqliteQuotaStore
 

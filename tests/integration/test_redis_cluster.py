@@ -1,4 +1,4 @@
-"""Choosing and preparing a Redis Cluster client (``fairgate.store.redis_client``) on a real
+"""Choosing and preparing a Redis Cluster client (``fairgate.backends.redis_client``) on a real
 3-master cluster started by the ``redis_cluster_url`` fixture."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import redis.asyncio.cluster
 import redis.exceptions
 from redis.crc import key_slot
 
-from fairgate.store.redis_client import (
+from fairgate.backends.redis_client import (
     BoundedCluster,
     async_client,
     is_cluster_url,

@@ -21,11 +21,10 @@ import redis.asyncio
 from redis.crc import key_slot
 from resp_wire import Wire
 
+from fairgate.domain.units import Unit
 from fairgate.quota.decision import DimensionCheck, Outcome, Reason, Verdict
 from fairgate.quota.model import Policy
-from fairgate.quota.units import Unit
-from fairgate.quota.window import Count
-from fairgate.store.base import (
+from fairgate.quota.ports import (
     DEFAULT_LEASE_MS,
     AdmitRequest,
     CounterRef,
@@ -33,6 +32,7 @@ from fairgate.store.base import (
     ReservationExists,
     UsageItem,
 )
+from fairgate.quota.window import Count
 from fairgate.store.redis import RedisQuotaStore
 
 pytestmark = pytest.mark.redis

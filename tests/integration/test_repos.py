@@ -26,10 +26,11 @@ from fairgate.db.repos import (
     seed_from_config,
     transaction,
 )
+from fairgate.domain.connections import Connection, Protocol
+from fairgate.domain.keys import ClientKey, hash_key
+from fairgate.domain.units import Unit, Window
 from fairgate.quota.catalog import CATALOG
 from fairgate.quota.model import Allocation, Dimension, ModelCap, Policy, ShareMode
-from fairgate.quota.units import Unit, Window
-from fairgate.registry import ClientKey, Connection, Protocol, hash_key
 
 REQ_H = Dimension(Unit.REQUESTS, Window.HOURLY, 100)
 TOK_D = Dimension(Unit.TOKENS, Window.DAILY, 1_000_000)

@@ -16,9 +16,9 @@ import pytest_asyncio
 from fairgate.cli import demo_identity
 from fairgate.clock import ManualClock
 from fairgate.config import parse_config
+from fairgate.domain.units import Unit, Window
 from fairgate.quota.engine import QuotaEngine
 from fairgate.quota.model import Allocation, Dimension, ModelCap, Policy, Pool
-from fairgate.quota.units import Unit, Window
 from fairgate.server.app import create_app
 from fairgate.server.state import Gateway
 from fairgate.store.sqlite import SqliteQuotaStore

@@ -18,7 +18,7 @@ from fairgate.db.connections import ConnectionRepo
 from fairgate.db.repos import load_registry
 from fairgate.db.schema import MIGRATIONS
 from fairgate.db.sealing import prepare_secrets
-from fairgate.registry import Connection
+from fairgate.domain.connections import Connection
 from fairgate.secretbox import ENV_VAR, KEY_FILE, PREFIX, SecretBox, SecretKeyError
 from fairgate.server.state import Gateway
 
@@ -188,7 +188,7 @@ async def test_rotation_reseals_everything_under_the_new_key(
 
     from fairgate.cli import app
     from fairgate.db.oauth_tokens import FileTokenStore
-    from fairgate.providers.oauth import TokenSet
+    from fairgate.domain.tokens import TokenSet
 
     old, new = SecretBox.generate_key().decode(), SecretBox.generate_key().decode()
     data = tmp_path / "data"

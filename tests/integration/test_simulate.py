@@ -15,7 +15,7 @@ import pytest
 from typer.testing import CliRunner
 
 from fairgate.cli import app
-from fairgate.quota.units import WINDOW_MS, Window
+from fairgate.domain.units import WINDOW_MS, Window
 from fairgate.sim.fairness import dominant_window_figures, summarize, window_figures
 from fairgate.sim.runner import EPOCH_MS, PolicyRun, run_scenario, start_ms
 from fairgate.sim.scenario import (

@@ -19,11 +19,11 @@ from pathlib import Path
 
 import pytest
 
+from fairgate.domain.units import Unit, Window
 from fairgate.quota.decision import compile_checks
 from fairgate.quota.model import Allocation, Dimension, Policy, Pool
-from fairgate.quota.units import Unit, Window
+from fairgate.quota.ports import AdmitRequest, CounterRef, UsageItem
 from fairgate.store import sqlite_memory
-from fairgate.store.base import AdmitRequest, CounterRef, UsageItem
 from fairgate.store.sqlite import SqliteQuotaStore
 from fairgate.store.sqlite_batches import (
     FOLDED_SCHEMA,

@@ -22,11 +22,11 @@ from pathlib import Path
 
 import pytest
 
+from fairgate.domain.units import Unit, Window
 from fairgate.quota.decision import compile_checks
 from fairgate.quota.model import Allocation, Dimension, Policy, Pool
-from fairgate.quota.units import Unit, Window
+from fairgate.quota.ports import AdmitRequest, CounterRef, UsageItem
 from fairgate.quota.window import Count
-from fairgate.store.base import AdmitRequest, CounterRef, UsageItem
 from fairgate.store.factory import create_store
 from fairgate.store.sqlite import SqliteQuotaStore
 from fairgate.store.sqlite_owner import FileUse, shared_connection

@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 
+from fairgate.domain.units import Unit, Window
 from fairgate.quota.decision import compile_checks
 from fairgate.quota.model import Allocation, Dimension, Policy, Pool
-from fairgate.quota.units import Unit, Window
+from fairgate.quota.ports import AdmitRequest, CounterRef
 from fairgate.quota.window import Count
-from fairgate.store.base import AdmitRequest, CounterRef
 from fairgate.store.sqlite import SqliteQuotaStore
 
 #: Fixed instant handed to every worker (same as ``T0`` of tests/conftest.py): no clocks.

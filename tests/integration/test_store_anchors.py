@@ -15,11 +15,11 @@ from typing import Any
 
 import pytest
 
+from fairgate.domain.units import Unit, Window
 from fairgate.quota.decision import Outcome, Reason, compile_checks
 from fairgate.quota.model import Allocation, Dimension, Policy, Pool
-from fairgate.quota.units import Unit, Window
+from fairgate.quota.ports import AdmitRequest, CounterRef, QuotaStore, UsageItem
 from fairgate.quota.window import Anchor, bucket_index, natural_index
-from fairgate.store.base import AdmitRequest, CounterRef, QuotaStore, UsageItem
 from fairgate.store.sqlite import SqliteQuotaStore
 
 MIN = 60_000

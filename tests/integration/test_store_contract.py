@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from fairgate.clock import ManualClock
+from fairgate.domain.units import Unit, Window
 from fairgate.quota.decision import (
     DimensionCheck,
     Outcome,
@@ -24,9 +25,7 @@ from fairgate.quota.decision import (
     dominant_levels,
 )
 from fairgate.quota.model import Allocation, Dimension, ModelCap, Policy, Pool, ShareMode
-from fairgate.quota.units import Unit, Window
-from fairgate.quota.window import Count, bucket_index
-from fairgate.store.base import (
+from fairgate.quota.ports import (
     DEFAULT_LEASE_MS,
     AdmitRequest,
     AdmitResult,
@@ -35,6 +34,7 @@ from fairgate.store.base import (
     ReservationExists,
     UsageItem,
 )
+from fairgate.quota.window import Count, bucket_index
 from fairgate.store.sqlite import SqliteQuotaStore
 
 #: The hour-aligned instant of ``tests/conftest.py`` (not importable from here: the tests

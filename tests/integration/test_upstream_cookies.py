@@ -15,8 +15,8 @@ from collections.abc import AsyncIterator
 import pytest_asyncio
 from aiohttp import web
 
+from fairgate.domain.connections import Connection
 from fairgate.providers.upstream import UpstreamClient
-from fairgate.registry import Connection
 
 
 @pytest_asyncio.fixture

@@ -18,9 +18,9 @@ import pytest
 import pytest_asyncio
 from http_support import read_request
 
+from fairgate.domain.connections import AuthType, Connection, Protocol
 from fairgate.providers.transport import UpstreamBroken
 from fairgate.providers.upstream import UpstreamClient
-from fairgate.registry import AuthType, Connection, Protocol
 
 ANSWER = b'{"id":"x","object":"chat.completion","choices":[]}'
 

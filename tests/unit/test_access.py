@@ -3,11 +3,13 @@ client's view of the diagnostics and the unallocated row of a pool's usage."""
 
 from __future__ import annotations
 
+from fairgate.domain.connections import Connection
+from fairgate.domain.keys import ClientKey, Denial
+from fairgate.domain.units import Unit, Window
 from fairgate.quota.model import Allocation, Dimension, Pool
-from fairgate.quota.units import Unit, Window
 from fairgate.quota.usage import UNALLOCATED, build_usage
 from fairgate.quota.window import Count
-from fairgate.registry import ClientKey, Connection, Denial, Registry
+from fairgate.registry import Registry
 from fairgate.server.diagnostics import Diagnostics, Terminal, public_label, public_reason
 
 DIM = Dimension(Unit.REQUESTS, Window.HOURLY, 100)

@@ -6,6 +6,7 @@ import math
 
 import pytest
 
+from fairgate.domain.units import Unit, Window
 from fairgate.quota.decision import (
     NO_RESERVES,
     Reason,
@@ -21,7 +22,6 @@ from fairgate.quota.decision import (
     waiting_reserves,
 )
 from fairgate.quota.model import Allocation, Dimension, Pool, ShareMode
-from fairgate.quota.units import Unit, Window
 from fairgate.quota.window import Count
 
 HOUR = 3_600_000

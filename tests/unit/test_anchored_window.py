@@ -6,9 +6,9 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
+from fairgate.domain.units import Unit, Window, WindowAnchor
 from fairgate.quota.decision import compile_checks
 from fairgate.quota.model import Allocation, Dimension, Pool
-from fairgate.quota.units import Unit, Window, WindowAnchor
 from fairgate.quota.window import (
     ANCHOR_TOLERANCE_MS,
     Anchor,

@@ -7,12 +7,8 @@ import asyncio
 import pytest
 
 from fairgate.clock import ManualClock
-from fairgate.resilience.breaker import (
-    BreakerConfig,
-    BreakerRecord,
-    BreakerState,
-    CircuitBreaker,
-)
+from fairgate.domain.breaker import BreakerState
+from fairgate.resilience.breaker import BreakerConfig, BreakerRecord, CircuitBreaker
 
 S = 1_000
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from fairgate.clock import ManualClock
-from fairgate.resilience.breaker import BreakerState
+from fairgate.domain.breaker import BreakerState
 from fairgate.resilience.classify import Classification, FailureClass, classify
 from fairgate.resilience.evidence import request_explains
 from fairgate.resilience.manager import RateLimitManager

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from fairgate.domain.units import Unit, Window
 from fairgate.quota.catalog import CATALOG, resolve_plan
 from fairgate.quota.model import Dimension
-from fairgate.quota.units import Unit, Window
 
 
 def dims(provider: str) -> list[str]:

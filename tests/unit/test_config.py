@@ -19,8 +19,8 @@ from fairgate.config import (
     parse_config,
     redact_url,
 )
+from fairgate.domain.units import Unit, Window
 from fairgate.quota.model import Policy, ShareMode
-from fairgate.quota.units import Unit, Window
 
 EXAMPLE = """
 server: {port: 20128, host: 127.0.0.1, max_body_bytes: 10485760, default_provider: null,

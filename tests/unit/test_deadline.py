@@ -1,4 +1,4 @@
-"""The lag-compensated deadline of store calls (fairgate.store.deadline): a reply that a busy
+"""The lag-compensated deadline of store calls (fairgate.backends.deadline): a reply that a busy
 event loop reads late is no timeout; a server that does not answer while the loop is
 responsive is one. The loop is really blocked (``time.sleep`` inside it), no clock is faked."""
 
@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from fairgate.store.deadline import NoReply, call_within, tolerance
+from fairgate.backends.deadline import NoReply, call_within, tolerance
 
 
 def _block_loop(seconds: float) -> None:

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from fairgate.domain.units import Unit, Window
 from fairgate.quota.decision import (
     NO_PACE,
     NO_RESERVES,
@@ -31,7 +32,6 @@ from fairgate.quota.decision import (
     with_pace,
 )
 from fairgate.quota.model import Allocation, Dimension, ModelCap, Policy, Pool, ShareMode
-from fairgate.quota.units import Unit, Window
 from fairgate.quota.window import Anchor, Count, ms_until_at_most
 
 H, S, B = Policy.HARD, Policy.SOFT, Policy.BURST

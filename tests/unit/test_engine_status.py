@@ -8,10 +8,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from fairgate.domain.units import Unit, Window
 from fairgate.quota.decision import DimensionCheck, Outcome, Scope, evaluate
 from fairgate.quota.engine import _status
 from fairgate.quota.model import Policy
-from fairgate.quota.units import Unit, Window
 from fairgate.quota.window import Anchor, Count, window_end_ms
 
 HOUR = Window.HOURLY.ms

@@ -9,7 +9,7 @@ import logging
 import pytest
 
 from fairgate.quota.journal import Circuit, Journal, JournalEntry
-from fairgate.store.base import UsageItem
+from fairgate.quota.ports import UsageItem
 
 T0 = 1_700_002_800_000  # hour-aligned
 HOUR = 3_600_000

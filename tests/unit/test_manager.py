@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 from fairgate.clock import ManualClock
+from fairgate.domain.breaker import BreakerState
 from fairgate.resilience.backoff import Cooldown
-from fairgate.resilience.breaker import BreakerState
 from fairgate.resilience.classify import ClientDisconnected, FailureClass, classify
 from fairgate.resilience.manager import (
     Exclusion,

@@ -12,9 +12,11 @@ from prometheus_client.exposition import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from starlette.responses import Response
 
+from fairgate.domain.connections import Connection
+from fairgate.domain.keys import ClientKey
 from fairgate.quota.decision import Outcome, Reason
 from fairgate.quota.engine import Admission
-from fairgate.registry import ClientKey, Connection, Registry
+from fairgate.registry import Registry
 from fairgate.server.metrics import (
     FastCounter,
     FastHistogram,

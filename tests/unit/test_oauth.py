@@ -7,6 +7,8 @@ import asyncio
 import pytest
 
 from fairgate.clock import ManualClock
+from fairgate.domain.connections import AuthType, Connection
+from fairgate.domain.tokens import TokenSet
 from fairgate.providers.mock_oauth import MockTokenIssuer
 from fairgate.providers.oauth import (
     LocalRefreshLock,
@@ -16,10 +18,8 @@ from fairgate.providers.oauth import (
     OAuthUnavailable,
     RefreshRejected,
     RefreshUnavailable,
-    TokenSet,
 )
 from fairgate.providers.upstream import UpstreamClient
-from fairgate.registry import AuthType, Connection
 
 TTL = 3_600_000
 AHEAD = 300_000

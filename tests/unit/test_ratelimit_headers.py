@@ -1,10 +1,10 @@
-"""Rate-limit header parsing (fairgate.providers.ratelimit)."""
+"""Rate-limit header parsing (fairgate.domain.readings)."""
 
 from __future__ import annotations
 
 import pytest
 
-from fairgate.providers.ratelimit import (
+from fairgate.domain.readings import (
     RateLimitSnapshot,
     parse_rate_limit_headers,
     used_fractions,

@@ -20,9 +20,10 @@ from fairgate.db.reconcile import (
     reconcile,
     start_log,
 )
+from fairgate.domain.connections import Connection
+from fairgate.domain.keys import ClientKey, hash_key
+from fairgate.domain.units import Unit, Window
 from fairgate.quota.model import Allocation, Dimension
-from fairgate.quota.units import Unit, Window
-from fairgate.registry import ClientKey, Connection, hash_key
 
 UPSTREAM = "upstream-secret-value"
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import dataclasses
 
+from fairgate.domain.units import Unit
 from fairgate.quota.decision import DimensionCheck
 from fairgate.quota.engine import Ticket
-from fairgate.quota.units import Unit
 from fairgate.quota.window import Count
 from fairgate.records import record
 

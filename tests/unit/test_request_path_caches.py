@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import dataclasses
 
+from fairgate.domain.connections import Connection, Protocol
 from fairgate.providers.upstream import _PER_CONNECTION, upstream_headers
-from fairgate.registry import Connection, Protocol, Registry
+from fairgate.registry import Registry
 from fairgate.server.call import PlainCandidates
 
 

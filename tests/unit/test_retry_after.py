@@ -1,10 +1,10 @@
-"""The one Retry-After / reset parser (fairgate.resilience.retry_after)."""
+"""The one Retry-After / reset parser (fairgate.domain.retry_after)."""
 
 from __future__ import annotations
 
 import pytest
 
-from fairgate.resilience.retry_after import DEFAULT_MAX_MS, parse_delay_ms, parse_reset
+from fairgate.domain.retry_after import DEFAULT_MAX_MS, parse_delay_ms, parse_reset
 
 NOW = 1_700_000_000_000  # 2023-11-14T22:13:20Z
 BIG = 10**13  # a max_ms that never clamps, to see the exact instant parsed

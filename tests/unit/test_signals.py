@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from fairgate.clock import ManualClock
-from fairgate.providers.ratelimit import RateLimitSnapshot
+from fairgate.domain.readings import RateLimitSnapshot
 from fairgate.quota.signals import (
     MAX_BUCKETS_PER_CONNECTION,
     AccountBuckets,
@@ -315,7 +315,7 @@ def test_buckets_memory_is_bounded(clock: ManualClock) -> None:
 
 def test_openai_request_and_token_limits_saturate_the_models_family(clock: ManualClock) -> None:
     """OpenAI's documented headers: limits, remaining, and resets as Go durations."""
-    from fairgate.providers.ratelimit import parse_rate_limit_headers
+    from fairgate.domain.readings import parse_rate_limit_headers
 
     b = AccountBuckets(clock)
     now = clock.now_ms()

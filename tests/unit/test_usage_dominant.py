@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from fairgate.domain.units import Unit, Window
 from fairgate.quota.model import Allocation, Dimension, Pool, ShareMode
-from fairgate.quota.units import Unit, Window
 from fairgate.quota.usage import build_usage
 from fairgate.quota.window import Count
 

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from fairgate.quota.units import WINDOW_MS, Window
+from fairgate.domain.units import WINDOW_MS, Window
 from fairgate.quota.window import (
     Anchor,
     Count,

@@ -26,8 +26,8 @@ from rich.live import Live
 from fairgate.admin_cli import render
 from fairgate.admin_cli.client import DEFAULT_URL, AdminClient, AdminCliError, quote
 from fairgate.admin_cli.credentials import login_fields
+from fairgate.domain.units import Unit
 from fairgate.quota.model import Policy
-from fairgate.quota.units import Unit
 
 __all__ = ["register"]
 

@@ -15,8 +15,8 @@ from typing import Any
 import orjson
 
 from fairgate.db.base import Database
+from fairgate.domain.units import Unit, Window, WindowAnchor
 from fairgate.quota.model import Dimension, ModelCap
-from fairgate.quota.units import Unit, Window, WindowAnchor
 
 
 class RepoError(Exception):

@@ -10,7 +10,7 @@ from __future__ import annotations
 from fairgate.clock import SYSTEM_CLOCK, Clock
 from fairgate.db.base import Database, Row
 from fairgate.db.common import Conflict, NotFound, dumps, strings_from_json, transaction
-from fairgate.registry import AuthType, Connection, protocol_for
+from fairgate.domain.connections import AuthType, Connection, protocol_for
 from fairgate.secretbox import SecretBox
 
 _COLUMNS = (

@@ -20,7 +20,7 @@ from typing import Literal
 from fairgate.clock import SYSTEM_CLOCK, Clock
 from fairgate.db.base import Database, Row
 from fairgate.db.common import Conflict, NotFound, dumps, strings_from_json, transaction
-from fairgate.registry import ClientKey, hash_key
+from fairgate.domain.keys import ClientKey, hash_key
 
 SECRET_PREFIX = "fg-"
 _COLUMNS = "id, name, key_hash, enabled, allowed_models, allowed_connections, allowed_providers"

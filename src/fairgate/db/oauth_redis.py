@@ -28,10 +28,10 @@ import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
+from fairgate.backends.redis_client import AsyncClient
 from fairgate.db.oauth_tokens import FileTokenStore, seed_digest
-from fairgate.providers.oauth import TokenSet
+from fairgate.domain.tokens import TokenSet
 from fairgate.secretbox import SecretBox
-from fairgate.store.redis_client import AsyncClient
 
 __all__ = ["LEASE_MS", "RedisRefreshLock", "RedisTokenStore"]
 

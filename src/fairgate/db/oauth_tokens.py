@@ -29,8 +29,8 @@ from typing import Any
 
 import orjson
 
+from fairgate.domain.tokens import TokenSet
 from fairgate.files import FILE_MODE, private_dir
-from fairgate.providers.oauth import TokenSet
 from fairgate.secretbox import SecretBox
 
 __all__ = ["FileRefreshLock", "FileTokenStore", "seed_digest"]

@@ -24,9 +24,9 @@ from fairgate.db.common import (
     transaction,
 )
 from fairgate.db.plans import PlanRepo
+from fairgate.domain.units import Unit
 from fairgate.quota.catalog import resolve_plan
 from fairgate.quota.model import Allocation, Dimension, ModelCap, Policy, Pool, ShareMode
-from fairgate.quota.units import Unit
 
 DEFAULT_ACTIVE_WINDOW_MS = 15 * 60_000
 

@@ -40,8 +40,9 @@ import orjson
 from fairgate.config import ComboSpec, ConfigMode
 from fairgate.db.combos import combo_fields
 from fairgate.db.pools import PoolRecord
+from fairgate.domain.connections import Connection
+from fairgate.domain.keys import ClientKey
 from fairgate.quota.model import Allocation, Dimension
-from fairgate.registry import ClientKey, Connection
 
 __all__ = [
     "Action",

@@ -28,8 +28,9 @@ from fairgate.db.keys import KeyRepo
 from fairgate.db.plans import PlanRepo
 from fairgate.db.pools import PoolRecord, PoolRepo, resolve_pool
 from fairgate.db.reconcile import Mode, Objects, Reconciliation, Stored, reconcile
+from fairgate.domain.connections import AuthType, Connection, protocol_for
+from fairgate.domain.keys import ClientKey, hash_key
 from fairgate.quota.model import Allocation, Dimension, ModelCap, Pool
-from fairgate.registry import AuthType, ClientKey, Connection, hash_key, protocol_for
 from fairgate.secretbox import SecretBox
 
 __all__ = [

@@ -19,7 +19,7 @@ the outage compares the counter again, so the replica converges.
 
 A server that hangs (a frozen process, a network that drops packets) is down too: the version
 read on the async connection has a deadline (:data:`READ_TIMEOUT_S` of responsive loop time,
-``fairgate.store.deadline``), and while the watcher finds the server down the synchronous
+``fairgate.backends.deadline``), and while the watcher finds the server down the synchronous
 connection the repositories use refuses statements at once (``PgDatabase.reachable``), so an
 admin call answers 503 instead of holding the event loop on a server that does not answer.
 """
@@ -33,11 +33,11 @@ from typing import Any, Final
 
 import psycopg
 
+from fairgate.backends.deadline import NoReply, call_within
 from fairgate.db.base import Database
 from fairgate.db.common import MetadataUnavailable
 from fairgate.db.postgres import PgDatabase
 from fairgate.db.schema import NOTIFY_CHANNEL
-from fairgate.store.deadline import NoReply, call_within
 
 log = logging.getLogger("fairgate.db.watch")
 

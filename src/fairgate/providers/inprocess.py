@@ -21,9 +21,9 @@ from typing import Any
 import orjson
 from multidict import CIMultiDict, CIMultiDictProxy
 
+from fairgate.domain.connections import Connection
 from fairgate.providers.transport import UpstreamBroken, UpstreamResponse
 from fairgate.providers.upstream import upstream_headers
-from fairgate.registry import Connection
 
 __all__ = [
     "Handler",

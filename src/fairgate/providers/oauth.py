@@ -40,6 +40,7 @@ from typing import Protocol
 import orjson
 
 from fairgate.clock import Clock
+from fairgate.domain.tokens import TokenSet
 from fairgate.quota.signals import SingleFlight
 
 __all__ = [
@@ -87,18 +88,6 @@ def chatgpt_account_id(access_token: str) -> str | None:
 
 DEFAULT_REFRESH_AHEAD_MS = 5 * 60_000
 DEFAULT_RETRY_MS = 30_000
-
-
-@dataclass(frozen=True, slots=True)
-class TokenSet:
-    """One connection's OAuth state; ``expires_at_ms`` None = the provider did not say."""
-
-    access_token: str = field(repr=False)
-    refresh_token: str = field(repr=False)
-    expires_at_ms: int | None = None
-    account_id: str | None = None
-    #: when the token endpoint issued it (None: unknown, e.g. tokens from the config)
-    issued_at_ms: int | None = None
 
 
 class RefreshRejected(Exception):

@@ -14,12 +14,8 @@ from urllib.parse import urlencode
 import orjson
 
 from fairgate.clock import Clock
-from fairgate.providers.oauth import (
-    RefreshRejected,
-    RefreshUnavailable,
-    TokenSet,
-    chatgpt_account_id,
-)
+from fairgate.domain.tokens import TokenSet
+from fairgate.providers.oauth import RefreshRejected, RefreshUnavailable, chatgpt_account_id
 from fairgate.providers.transport import HttpSender
 
 __all__ = ["HttpTokenEndpoint"]

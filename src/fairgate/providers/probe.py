@@ -17,10 +17,10 @@ from typing import Any
 
 import orjson
 
-from fairgate.providers.ratelimit import RateLimitSnapshot, parse_rate_limit_headers
+from fairgate.domain.connections import Connection
+from fairgate.domain.readings import RateLimitSnapshot, parse_rate_limit_headers
 from fairgate.providers.transport import HttpSender
 from fairgate.providers.upstream import upstream_headers, upstream_url
-from fairgate.registry import Connection
 
 __all__ = ["ProbeResult", "probe_connection"]
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Awaitable, Mapping
 from typing import Protocol
 
-from fairgate.registry import Connection
+from fairgate.domain.connections import Connection
 
 __all__ = [
     "TRANSPORT_ERRORS",

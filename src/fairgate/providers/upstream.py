@@ -22,15 +22,11 @@ from types import TracebackType
 import aiohttp
 from yarl import URL
 
+from fairgate.domain.connections import Connection, Protocol
+from fairgate.domain.tokens import TokenSet
 from fairgate.providers.http1 import Http1Pool, Origin, PoolStats, request_head
-from fairgate.providers.oauth import (
-    OAuthBlocked,
-    OAuthUnavailable,
-    TokenSet,
-    chatgpt_account_id,
-)
+from fairgate.providers.oauth import OAuthBlocked, OAuthUnavailable, chatgpt_account_id
 from fairgate.providers.transport import UpstreamBroken, UpstreamResponse, UpstreamUnreachable
-from fairgate.registry import Connection, Protocol
 
 
 class UpstreamAuthUnavailable(ConnectionError):

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from fairgate.domain.units import Unit, Window
 from fairgate.quota.model import Dimension, Plan, PlanSource
-from fairgate.quota.units import Unit, Window
 
 _P, _R, _T, _U = Unit.PERCENT, Unit.REQUESTS, Unit.TOKENS, Unit.USD
 _H, _5H, _D, _W, _M = (

@@ -19,8 +19,8 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from fairgate.domain.units import Unit, Window
 from fairgate.quota.model import Allocation, Dimension, ModelCap, Policy, Pool, ShareMode
-from fairgate.quota.units import Unit, Window
 from fairgate.quota.window import (
     Anchor,
     Count,

@@ -25,6 +25,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from fairgate.clock import SYSTEM_CLOCK, Clock
+from fairgate.domain.units import Unit
 from fairgate.quota.backlog import Streak, backlogged, refused
 from fairgate.quota.burn import BurnSeries
 from fairgate.quota.decision import (
@@ -49,12 +50,7 @@ from fairgate.quota.decision import (
 )
 from fairgate.quota.journal import Circuit, Journal, JournalEntry
 from fairgate.quota.model import Allocation, Policy, Pool, ShareMode
-from fairgate.quota.settings import QuotaSettings
-from fairgate.quota.units import Unit
-from fairgate.quota.usage import PoolUsage, build_usage
-from fairgate.quota.window import Anchor, Count, reanchor, window_end_ms
-from fairgate.records import record
-from fairgate.store.base import (
+from fairgate.quota.ports import (
     AdmitRequest,
     CounterRef,
     GcResult,
@@ -65,6 +61,10 @@ from fairgate.store.base import (
     timeout_errors,
     unavailable_errors,
 )
+from fairgate.quota.settings import QuotaSettings
+from fairgate.quota.usage import PoolUsage, build_usage
+from fairgate.quota.window import Anchor, Count, reanchor, window_end_ms
+from fairgate.records import record
 
 log = logging.getLogger("fairgate.quota")
 

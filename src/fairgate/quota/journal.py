@@ -6,7 +6,7 @@ Why (SPEC §2 **[better]**): with Redis as the quota store an outage must neithe
 meanwhile. So, in the engine:
 
 - the first store call that fails with an *unavailability* error (connection refused, timeout,
-  a locked SQLite file; see :func:`fairgate.store.base.unavailable_errors`) opens the
+  a locked SQLite file; see :func:`fairgate.quota.ports.unavailable_errors`) opens the
   :class:`Circuit`. While it is open every admission fails open at once, without touching the
   store (counted in ``fail_open_count``); after ``open_ms`` one caller is let through as a probe,
   and its success closes the circuit again;
@@ -44,8 +44,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 from fairgate.quota.decision import Scope
+from fairgate.quota.ports import UsageItem
 from fairgate.quota.window import Anchor, bucket_index
-from fairgate.store.base import UsageItem
 
 log = logging.getLogger("fairgate.quota")
 

@@ -9,7 +9,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from fairgate.quota.units import UNKNOWN_LIMIT, Unit, Window, WindowAnchor
+from fairgate.domain.units import UNKNOWN_LIMIT, Unit, Window, WindowAnchor
 
 
 class Policy(StrEnum):

@@ -6,7 +6,7 @@ ever deletes a row, so without this the file grows with every hour of traffic an
 crashed are undone by the next admission *of the same pool*; an idle pool would keep them (and
 their amounts on the dashboard) forever.
 
-What a run does is the store's ``gc`` (:meth:`fairgate.store.base.QuotaStore.gc`): delete
+What a run does is the store's ``gc`` (:meth:`fairgate.quota.ports.QuotaStore.gc`): delete
 counter buckets past the retention (never one still inside 2 × its window, which the sliding
 window reads), forget active-key entries older than the retention, undo expired reservations
 of every pool. On Redis the buckets expire by TTL; the run does the rest, on one replica at a
@@ -29,8 +29,7 @@ import time
 from dataclasses import dataclass
 
 from fairgate.quota.engine import QuotaEngine
-from fairgate.store.admission_log import SharedPoolLog
-from fairgate.store.base import GcResult
+from fairgate.quota.ports import AgedLog, GcResult
 
 log = logging.getLogger("fairgate.quota")
 
@@ -62,7 +61,7 @@ class RetentionGc:
         interval_s: float = INTERVAL_S,
         start_jitter_s: float = START_JITTER_S,
         rng: random.Random | None = None,
-        pool_log: SharedPoolLog | None = None,
+        pool_log: AgedLog | None = None,
     ) -> None:
         self.engine = engine
         self.pool_log = pool_log

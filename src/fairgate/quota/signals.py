@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple, TypeVar, cast
 
 from fairgate.clock import Clock
-from fairgate.providers.ratelimit import RateLimitSnapshot, count_limits, used_fractions
+from fairgate.domain.readings import RateLimitSnapshot, count_limits, used_fractions
 
 __all__ = [
     "LIMIT_BUCKET",

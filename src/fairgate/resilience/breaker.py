@@ -45,18 +45,12 @@ applies another replica's record when it is newer than this breaker's last trans
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import StrEnum
 from typing import Any
 
 from fairgate.clock import Clock
+from fairgate.domain.breaker import BreakerState
 
 __all__ = ["BreakerConfig", "BreakerRecord", "BreakerState", "CircuitBreaker"]
-
-
-class BreakerState(StrEnum):
-    CLOSED = "closed"
-    OPEN = "open"
-    HALF_OPEN = "half_open"
 
 
 @dataclass(frozen=True, slots=True)

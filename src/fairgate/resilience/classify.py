@@ -70,7 +70,7 @@ Overload: a 429 is a rate limit; a 5xx "overloaded" (Anthropic's 529, Moonshot's
 is the breaker's business, not one account's.
 
 The retry hint is relative (milliseconds from ``now_ms``), parsed by the one parser in
-:mod:`fairgate.resilience.retry_after`; the headers win over a structured reset in the body
+:mod:`fairgate.domain.retry_after`; the headers win over a structured reset in the body
 (``retryDelay``, ``resets_in_seconds``, ``resets_at``, GLM's reset time), which wins over
 "try again in 20s" in the message.
 """
@@ -89,8 +89,8 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 import orjson
 
 from fairgate.clock import SYSTEM_CLOCK
-from fairgate.providers.ratelimit import RateLimitSnapshot, parse_rate_limit_headers
-from fairgate.resilience.retry_after import parse_delay_ms
+from fairgate.domain.readings import RateLimitSnapshot, parse_rate_limit_headers
+from fairgate.domain.retry_after import parse_delay_ms
 
 __all__ = ["CODE_TABLE", "Classification", "ClientDisconnected", "FailureClass", "classify"]
 

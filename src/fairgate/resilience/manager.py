@@ -71,9 +71,10 @@ from dataclasses import dataclass
 from typing import Any, Final, Literal, TypeVar
 
 from fairgate.clock import SYSTEM_CLOCK, Clock
-from fairgate.providers.ratelimit import RateLimitSnapshot, parse_rate_limit_headers
+from fairgate.domain.breaker import BreakerState
+from fairgate.domain.readings import RateLimitSnapshot, parse_rate_limit_headers
 from fairgate.resilience.backoff import Cooldown, next_cooldown_ms
-from fairgate.resilience.breaker import BreakerRecord, BreakerState, CircuitBreaker
+from fairgate.resilience.breaker import BreakerRecord, CircuitBreaker
 from fairgate.resilience.classify import Classification, FailureClass
 from fairgate.resilience.persistence import SqlitePersistence
 from fairgate.resilience.settings import ResilienceSettings

@@ -26,8 +26,9 @@ import orjson
 
 from fairgate.clock import SYSTEM_CLOCK, Clock
 from fairgate.db.base import Database
+from fairgate.domain.breaker import BreakerState
 from fairgate.resilience.backoff import Cooldown
-from fairgate.resilience.breaker import BreakerRecord, BreakerState
+from fairgate.resilience.breaker import BreakerRecord
 from fairgate.resilience.state import LockoutKey, PermanentBlock, ResilienceStore
 
 __all__ = ["PersistedState", "SqlitePersistence", "push_into"]

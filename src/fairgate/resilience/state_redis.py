@@ -61,6 +61,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisClusterException, RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from fairgate.backends.redis_client import AsyncClient, async_client
 from fairgate.clock import SYSTEM_CLOCK, Clock
 from fairgate.resilience.backoff import Cooldown
 from fairgate.resilience.breaker import BreakerRecord
@@ -73,7 +74,6 @@ from fairgate.resilience.state import (
     connection_scope,
     model_scope,
 )
-from fairgate.store.redis_client import AsyncClient, async_client
 
 __all__ = ["RedisResilienceStore"]
 
@@ -283,7 +283,7 @@ class RedisResilienceStore:
         default pool raises "Too many connections" past its size instead). Short socket
         timeouts: every request reads this state, so a hung Redis without them would hang every
         request; one immediate retry on a connection error reconnects after a Redis restart. A
-        ``redis+cluster://`` URL gets a cluster client (:mod:`fairgate.store.redis_client`):
+        ``redis+cluster://`` URL gets a cluster client (:mod:`fairgate.backends.redis_client`):
         every key here shares the ``{rs}`` tag, so each script and pipeline goes to one node."""
         return async_client(
             url,
@@ -608,7 +608,7 @@ class RedisResilienceStore:
         """On a Redis Cluster, a client of its own for the subscription: one connection to the
         primary of the ``{rs}`` slot (asked anew on every restart of the watcher, so a failover
         moves it along). The cluster client's own pub/sub would hold a node connection outside
-        its bounded permits (:mod:`fairgate.store.redis_client`). A ``PUBLISH`` reaches every
+        its bounded permits (:mod:`fairgate.backends.redis_client`). A ``PUBLISH`` reaches every
         node of a cluster, so the scripts' messages arrive whichever node published them; the
         slot's primary is the one that runs the scripts, so they arrive without a hop. The
         version counter is still read through the cluster client (routed by its slot).

@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from fairgate.resilience.breaker import BreakerState
+from fairgate.domain.breaker import BreakerState
 from fairgate.routing.model import Target
 from fairgate.routing.soft import SOFT_FACTOR
 

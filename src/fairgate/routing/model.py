@@ -226,7 +226,8 @@ _TARGET_KEYS = frozenset(
 
 
 class ConnectionLike(Protocol):
-    """What wildcard expansion reads of a connection (``fairgate.registry.Connection``)."""
+    """What wildcard expansion reads of a connection
+    (``fairgate.domain.connections.Connection``)."""
 
     @property
     def id(self) -> str: ...

@@ -116,7 +116,7 @@ def parse_qtsd(name: str) -> tuple[str, str] | None:
 
 
 class PoolMember(Protocol):
-    """What minting reads of a member connection (``fairgate.registry.Connection``)."""
+    """What minting reads of a member connection (``fairgate.domain.connections.Connection``)."""
 
     @property
     def id(self) -> str: ...

@@ -13,7 +13,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
-from fairgate.registry import ClientKey, Connection, Denial, Registry
+from fairgate.domain.connections import Connection
+from fairgate.domain.keys import ClientKey, Denial
+from fairgate.registry import Registry
 from fairgate.server.errors import ApiError
 
 T = TypeVar("T")

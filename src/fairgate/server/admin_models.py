@@ -42,11 +42,12 @@ from fairgate.config import (
     redact_url,
 )
 from fairgate.db.pools import PoolRecord
+from fairgate.domain.connections import Connection
+from fairgate.domain.keys import ClientKey
+from fairgate.domain.units import Unit, Window, WindowAnchor
 from fairgate.quota.decision import Outcome, Reason
 from fairgate.quota.model import Allocation, Dimension, ModelCap, Policy, ShareMode
-from fairgate.quota.units import Unit, Window, WindowAnchor
 from fairgate.quota.usage import PoolUsage
-from fairgate.registry import ClientKey, Connection
 
 Name = Annotated[str, StringConstraints(max_length=200)]
 Fraction = Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)]

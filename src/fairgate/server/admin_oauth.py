@@ -20,12 +20,8 @@ from pydantic import Field, StringConstraints
 from fairgate.config import HttpUrl
 from fairgate.db.common import Conflict
 from fairgate.db.settings import SettingsRepo
-from fairgate.providers.oauth import (
-    RefreshRejected,
-    RefreshUnavailable,
-    TokenSet,
-    chatgpt_account_id,
-)
+from fairgate.domain.tokens import TokenSet
+from fairgate.providers.oauth import RefreshRejected, RefreshUnavailable, chatgpt_account_id
 from fairgate.server.admin_common import ERROR_RESPONSES, GW, AdminError, invalid
 from fairgate.server.admin_models import ApiModel, ErrorBody
 from fairgate.server.oauth_service import CLIENT_SETTING, OAuthClient

@@ -18,6 +18,8 @@ from fairgate.db.common import Invalid, transaction
 from fairgate.db.keys import KeyRepo
 from fairgate.db.plans import PlanRepo
 from fairgate.db.pools import PoolRecord, PoolRepo, resolve_pool
+from fairgate.domain.connections import Connection
+from fairgate.domain.units import UNKNOWN_LIMIT, Unit
 from fairgate.quota.catalog import resolve_plan
 from fairgate.quota.decision import (
     Outcome,
@@ -35,9 +37,8 @@ from fairgate.quota.model import (
     ShareMode,
     unenforced_message,
 )
-from fairgate.quota.units import UNKNOWN_LIMIT, Unit
+from fairgate.quota.ports import CounterRef
 from fairgate.quota.window import Count
-from fairgate.registry import Connection
 from fairgate.server.admin_common import (
     ERROR_RESPONSES,
     GW,
@@ -65,7 +66,6 @@ from fairgate.server.admin_models import (
     unique_caps,
 )
 from fairgate.server.state import Gateway
-from fairgate.store.base import CounterRef
 
 log = logging.getLogger("fairgate.admin")
 

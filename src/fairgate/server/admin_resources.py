@@ -16,9 +16,10 @@ from fastapi import APIRouter, Response
 from fairgate.db.common import transaction
 from fairgate.db.keys import KeyRepo
 from fairgate.db.settings import REQUIRE_ALLOCATION, SettingsRepo, access_policy
+from fairgate.domain.connections import AuthType, Connection, protocol_for
+from fairgate.domain.keys import ClientKey
 from fairgate.providers.probe import probe_connection
 from fairgate.providers.upstream import UpstreamClient
-from fairgate.registry import AuthType, ClientKey, Connection, protocol_for
 from fairgate.server.admin_common import (
     ERROR_RESPONSES,
     GW,

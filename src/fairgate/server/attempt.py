@@ -21,13 +21,13 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 import orjson
 from starlette.responses import Response, StreamingResponse
 
-from fairgate.providers.ratelimit import RateLimitSnapshot
+from fairgate.domain.connections import Connection
+from fairgate.domain.readings import RateLimitSnapshot
+from fairgate.domain.units import Unit
 from fairgate.providers.transport import TRANSPORT_ERRORS, UpstreamResponse
 from fairgate.providers.usage import Usage
 from fairgate.quota.engine import Admission, QuotaEngine
 from fairgate.quota.model import Pool
-from fairgate.quota.units import Unit
-from fairgate.registry import Connection
 from fairgate.resilience.classify import Classification, FailureClass, classify
 from fairgate.resilience.evidence import request_explains
 from fairgate.resilience.failover import Step, same_model_is_futile, step_after

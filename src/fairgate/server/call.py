@@ -16,10 +16,11 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from fairgate.domain.connections import Connection
+from fairgate.domain.keys import ClientKey
 from fairgate.providers.pricing import PriceTable
 from fairgate.providers.transport import Upstream
 from fairgate.quota.engine import Ticket
-from fairgate.registry import ClientKey, Connection
 from fairgate.routing import (
     DrrState,
     DrrTicket,

@@ -19,6 +19,7 @@ from typing import Any
 
 import orjson
 
+from fairgate.domain.connections import Protocol
 from fairgate.providers.responses_upstream import (
     upstream_responses_answer,
     upstream_responses_body,
@@ -32,7 +33,6 @@ from fairgate.providers.translate import (
 )
 from fairgate.providers.transport import UpstreamResponse
 from fairgate.providers.usage import Usage, usage_from_anthropic, usage_from_openai
-from fairgate.registry import Protocol
 from fairgate.server import relay
 from fairgate.server.call import Call, Route
 

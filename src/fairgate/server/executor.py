@@ -20,12 +20,12 @@ from typing import Any, TypeVar
 
 from starlette.responses import Response
 
+from fairgate.domain.connections import Connection
+from fairgate.domain.units import Unit
 from fairgate.providers.usage import Usage
 from fairgate.quota.engine import ALLOW_UNGOVERNED, Admission
 from fairgate.quota.messages import block_message
 from fairgate.quota.model import Pool
-from fairgate.quota.units import Unit
-from fairgate.registry import Connection
 from fairgate.resilience.failover import Step
 from fairgate.resilience.manager import Exclusion, all_rate_limited
 from fairgate.routing import (

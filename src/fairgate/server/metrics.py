@@ -40,8 +40,9 @@ from fairgate.server.client_http import Answer, StreamAnswer
 from fairgate.server.http_settings import HttpSettings, is_loopback
 
 if TYPE_CHECKING:
+    from fairgate.domain.keys import ClientKey
     from fairgate.quota.engine import Admission
-    from fairgate.registry import ClientKey, Registry
+    from fairgate.registry import Registry
     from fairgate.server.state import Gateway
 
 log = logging.getLogger("fairgate.metrics")

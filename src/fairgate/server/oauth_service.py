@@ -17,7 +17,8 @@ from dataclasses import dataclass
 import orjson
 
 from fairgate.clock import Clock
-from fairgate.providers.oauth import AuthHealth, OAuthTokens, RefreshLock, TokenSet, TokenStore
+from fairgate.domain.tokens import TokenSet
+from fairgate.providers.oauth import AuthHealth, OAuthTokens, RefreshLock, TokenStore
 from fairgate.providers.oauth_http import HttpTokenEndpoint
 from fairgate.providers.transport import HttpSender
 

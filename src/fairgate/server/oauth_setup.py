@@ -9,16 +9,17 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+from fairgate.backends.redis_client import AsyncClient, async_client
 from fairgate.config import ConnectionConfig
 from fairgate.db.oauth_redis import RedisRefreshLock, RedisTokenStore
 from fairgate.db.oauth_tokens import FileRefreshLock, FileTokenStore
 from fairgate.db.settings import SettingsRepo
-from fairgate.providers.oauth import OAuthTokens, RefreshLock, TokenSet, chatgpt_account_id
+from fairgate.domain.tokens import TokenSet
+from fairgate.providers.oauth import OAuthTokens, RefreshLock, chatgpt_account_id
 from fairgate.providers.upstream import UpstreamClient
 from fairgate.server.oauth_service import OAuthAccounts, OAuthClient
 from fairgate.server.state import Gateway
 from fairgate.store.factory import redis_url
-from fairgate.store.redis_client import AsyncClient, async_client
 
 __all__ = ["start_oauth"]
 

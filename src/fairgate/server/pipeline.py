@@ -24,8 +24,10 @@ from typing import Any
 import orjson
 from starlette.responses import Response
 
+from fairgate.domain.connections import Connection
+from fairgate.domain.keys import ClientKey, Denial
 from fairgate.providers.usage import estimate_prompt_tokens
-from fairgate.registry import ClientKey, Connection, Denial, Registry
+from fairgate.registry import Registry
 from fairgate.resilience.manager import SHADOW_KEY_SUFFIX
 from fairgate.routing import (
     Combo,

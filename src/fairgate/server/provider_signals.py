@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 
 from fairgate.clock import Clock
-from fairgate.providers.ratelimit import RateLimitSnapshot, parse_rate_limit_headers
+from fairgate.domain.readings import RateLimitSnapshot, parse_rate_limit_headers
 from fairgate.quota.attribution import PercentAttributor
 from fairgate.quota.model import Pool
 from fairgate.quota.signals import AccountBuckets, SaturationSignals

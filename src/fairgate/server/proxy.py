@@ -22,9 +22,10 @@ from typing import Any
 import orjson
 from starlette.responses import Response
 
+from fairgate.domain.connections import Protocol
+from fairgate.domain.keys import ClientKey
 from fairgate.providers.transport import TRANSPORT_ERRORS
 from fairgate.providers.usage import estimate_prompt_tokens, estimate_text_tokens
-from fairgate.registry import ClientKey, Protocol
 from fairgate.server import pipeline, tracing
 from fairgate.server.bodies import (
     CHAT_FIELDS,

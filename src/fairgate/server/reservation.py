@@ -20,8 +20,8 @@ from collections.abc import Callable, Coroutine, Mapping
 from types import TracebackType
 from typing import Any
 
+from fairgate.domain.units import Unit
 from fairgate.quota.engine import QuotaEngine, Ticket
-from fairgate.quota.units import Unit
 
 __all__ = ["Reservation"]
 

@@ -35,8 +35,8 @@ from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from fairgate.quota.ports import SlotLeases
 from fairgate.routing import InflightTracker, Lease, Target
-from fairgate.store.base import SlotLeases
 from fairgate.timers import Timer
 
 __all__ = ["Slots"]

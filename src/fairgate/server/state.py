@@ -30,6 +30,7 @@ from fairgate.db.watch import ChangeWatcher
 from fairgate.files import private_dir
 from fairgate.quota.engine import QuotaEngine
 from fairgate.quota.model import Pool, unenforced_pools
+from fairgate.quota.ports import SlotLeases, SlotLeaseSource
 from fairgate.quota.retention import RetentionGc
 from fairgate.quota.settings import QuotaSettings
 from fairgate.registry import Registry
@@ -48,7 +49,6 @@ from fairgate.store.admission_log import (
     SharedPoolLog,
     SqliteLogBackend,
 )
-from fairgate.store.base import SlotLeases, SlotLeaseSource
 from fairgate.store.factory import StoreChoice, create_store, redis_url
 from fairgate.timers import SystemTimer, Timer
 

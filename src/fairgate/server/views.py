@@ -21,12 +21,13 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
+from fairgate.domain.connections import Connection
+from fairgate.domain.units import Unit
 from fairgate.quota.decision import Outcome
 from fairgate.quota.engine import Standing
 from fairgate.quota.model import Pool
 from fairgate.quota.signals import BucketState
-from fairgate.quota.units import Unit
-from fairgate.registry import Connection, Registry
+from fairgate.registry import Registry
 from fairgate.routing import HealthView, QuotaView, Target, TargetHealth, TargetQuota
 
 if TYPE_CHECKING:

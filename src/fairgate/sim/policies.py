@@ -22,14 +22,14 @@ from collections.abc import Mapping
 from typing import Protocol
 
 from fairgate.clock import ManualClock
+from fairgate.domain.units import Unit
 from fairgate.quota.engine import QuotaEngine
 from fairgate.quota.model import ShareMode
+from fairgate.quota.ports import QuotaStore
 from fairgate.quota.settings import QuotaSettings
-from fairgate.quota.units import Unit
 from fairgate.quota.window import bucket_index, sliding_value
 from fairgate.sim.scenario import Scenario
 from fairgate.sim.workload import Request
-from fairgate.store.base import QuotaStore
 
 POLICY_NAMES = ("fcfs", "static", "active", "fixed")
 ENGINE_POLICIES = ("static", "active")

@@ -29,7 +29,8 @@ from pathlib import Path
 from rich.progress import Progress
 
 from fairgate.clock import ManualClock
-from fairgate.quota.units import Unit
+from fairgate.domain.units import Unit
+from fairgate.quota.ports import QuotaStore
 from fairgate.quota.window import bucket_index
 from fairgate.sim.fairness import (
     CapTimes,
@@ -51,7 +52,6 @@ from fairgate.sim.policies import (
 )
 from fairgate.sim.scenario import Scenario
 from fairgate.sim.workload import Request, Workload, generate
-from fairgate.store.base import QuotaStore
 
 #: An hour-aligned instant; each run starts at the next boundary of its primary window, so the
 #: measurement windows are the counters' own buckets.

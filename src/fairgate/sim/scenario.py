@@ -29,8 +29,8 @@ from typing import Annotated, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from fairgate.domain.units import Unit, Window
 from fairgate.quota.model import Allocation, Dimension, Policy, Pool, ShareMode
-from fairgate.quota.units import Unit, Window
 
 HOUR_MS = 3_600_000
 

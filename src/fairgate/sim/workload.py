@@ -17,7 +17,7 @@ import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from fairgate.quota.units import Unit
+from fairgate.domain.units import Unit
 from fairgate.sim.scenario import (
     HOUR_MS,
     Bursty,

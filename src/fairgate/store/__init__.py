@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fairgate.store.base import (
+from fairgate.quota.ports import (
     AdmitRequest,
     AdmitResult,
     CounterRef,

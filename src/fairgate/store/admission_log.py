@@ -181,8 +181,8 @@ class RedisLogBackend:
         *,
         max_age_ms: int = MAX_AGE_MS,
     ) -> None:
+        from fairgate.backends.redis_client import async_client
         from fairgate.store.redis import script_source
-        from fairgate.store.redis_client import async_client
 
         if per_pool < 1 or max_age_ms < 1:
             raise ValueError("per_pool and max_age_ms must be positive")

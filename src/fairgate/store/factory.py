@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fairgate.files import private_sqlite
-from fairgate.store.base import QuotaStore
+from fairgate.quota.ports import QuotaStore
 from fairgate.store.sqlite import (
     DEFAULT_MODE,
     MAX_FLUSH_MS,

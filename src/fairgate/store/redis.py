@@ -1,4 +1,4 @@
-"""The Redis driver of :class:`~fairgate.store.base.QuotaStore`: counters shared by replicas.
+"""The Redis driver of :class:`~fairgate.quota.ports.QuotaStore`: counters shared by replicas.
 
 Every multi-step update is one Lua script (``store/lua/*.lua``) run with EVALSHA, so an admission
 is one round trip and atomic across every gateway process that shares the server. Time is an
@@ -43,9 +43,10 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ReadOnlyError, RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from fairgate.backends.deadline import NoReply, call_within
+from fairgate.backends.redis_client import AsyncClient, async_client, prepare, probe_client
 from fairgate.quota.decision import POLICY_CODES, REASON_CODES, DimensionCheck, Outcome, Verdict
-from fairgate.quota.window import Anchor, Count, bucket_index, reanchor
-from fairgate.store.base import (
+from fairgate.quota.ports import (
     RECLAIM_BATCH,
     TOTAL_KEY,
     AdmitRequest,
@@ -56,9 +57,8 @@ from fairgate.store.base import (
     ReservationExists,
     UsageItem,
 )
+from fairgate.quota.window import Anchor, Count, bucket_index, reanchor
 from fairgate.store.coalesce import Coalescer
-from fairgate.store.deadline import NoReply, call_within
-from fairgate.store.redis_client import AsyncClient, async_client, prepare, probe_client
 from fairgate.store.redis_lane import LaneScript, ScriptLane
 from fairgate.store.redis_slots import RedisSlotLeases
 
@@ -93,7 +93,7 @@ _DELETE_BATCH: Final = 500
 #: The store's timeout per command (``QUOTA_STORE_REDIS_TIMEOUT_MS``), and the out-of-loop
 #: probe's connect timeout. Short on purpose: when Redis hangs, the admissions in flight wait
 #: this long before failing open; after that first failure the engine's circuit fails every
-#: admission open at once. The timeout is lag compensated (:mod:`fairgate.store.deadline`): it
+#: admission open at once. The timeout is lag compensated (:mod:`fairgate.backends.deadline`): it
 #: counts only the time this process's event loop was responsive, so a starved loop that reads
 #: a reply late is no outage (0.5 s without that compensation gave false outages on a loaded
 #: two-core host). A dead server is detected at once anyway (connection refused).

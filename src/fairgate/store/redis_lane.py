@@ -5,8 +5,9 @@ out of the blocking pool (a condition lock and a ``can_read`` poll of the socket
 in a retry closure, times it for its observability hooks, packs and encodes every argument, and
 puts a socket timeout around the write (``asyncio.wait_for``) and another around the read. The
 store needs none of that per call: :meth:`RedisQuotaStore._call` already bounds the calls in
-flight and puts its own lag-compensated deadline around each one (:mod:`fairgate.store.deadline`),
-and the store packs its arguments once (the keys cached per pool, key and bucket).
+flight and puts its own lag-compensated deadline around each one
+(:mod:`fairgate.backends.deadline`), and the store packs its arguments once (the keys cached
+per pool, key and bucket).
 
 Why one pipelined connection, not a connection per call: a governed request makes two script
 calls, and each call on its own connection costs a write, a loop wake-up and a read in this

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
-from fairgate.store.redis_client import AsyncClient
+from fairgate.backends.redis_client import AsyncClient
 
 __all__ = ["RedisSlotLeases"]
 
@@ -24,7 +24,7 @@ T = TypeVar("T")
 
 
 class RedisSlotLeases:
-    """The :class:`~fairgate.store.base.SlotLeases` of the Redis quota store."""
+    """The :class:`~fairgate.quota.ports.SlotLeases` of the Redis quota store."""
 
     def __init__(
         self,

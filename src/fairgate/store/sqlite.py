@@ -45,9 +45,7 @@ from contextlib import AbstractContextManager, contextmanager
 from typing import Any, Protocol, TypeVar
 
 from fairgate.quota.decision import Outcome, Scope, evaluate
-from fairgate.quota.window import Anchor, Count, bucket_index, fade, reanchor
-from fairgate.sqlite_journal import use_wal
-from fairgate.store.base import (
+from fairgate.quota.ports import (
     RECLAIM_BATCH,
     TOTAL_KEY,
     AdmitRequest,
@@ -58,6 +56,8 @@ from fairgate.store.base import (
     ReservationExists,
     UsageItem,
 )
+from fairgate.quota.window import Anchor, Count, bucket_index, fade, reanchor
+from fairgate.sqlite_journal import use_wal
 from fairgate.store.sqlite_batches import (
     CUMULATIVE_ADD,
     DELETE_RESERVATION,
@@ -327,7 +327,7 @@ class _SqlOps:
 
 
 class SqliteQuotaStore:
-    """:class:`~fairgate.store.base.QuotaStore` on one SQLite file."""
+    """:class:`~fairgate.quota.ports.QuotaStore` on one SQLite file."""
 
     name = "sqlite"
     #: locked past the busy timeout, disk full, I/O error: the engine fails open and journals
@@ -591,7 +591,7 @@ class SqliteQuotaStore:
         return await self._grouped(lambda ops: self._admit(ops, req), for_caller_only=True)
 
     def _admit(self, ops: _Ops, req: AdmitRequest) -> AdmitResult:
-        """The admission of :class:`~fairgate.store.base.QuotaStore` (one atomic step: the
+        """The admission of :class:`~fairgate.quota.ports.QuotaStore` (one atomic step: the
         caller holds the transaction, or the lock of the in-memory counters)."""
         pool, key, now = req.pool_id, req.key_id, req.now_ms
         if self._due(self._reclaimed, pool, now):

@@ -35,8 +35,8 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 
+from fairgate.quota.ports import TOTAL_KEY, ReservationExists
 from fairgate.quota.window import Anchor, Count
-from fairgate.store.base import TOTAL_KEY, ReservationExists
 from fairgate.store.sqlite_batches import Batch, BatchJournal, Unfolded, mark_folded, write_batch
 from fairgate.store.sqlite_parts import Expired, Part, dump_parts, load_parts
 

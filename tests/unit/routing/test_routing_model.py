@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from fairgate.registry import Connection
+from fairgate.domain.connections import Connection
 from fairgate.routing.combo import Combo
 from fairgate.routing.model import (
     GLOBAL_MAX_ATTEMPTS,

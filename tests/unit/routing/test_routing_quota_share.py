@@ -8,8 +8,8 @@ from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 import pytest
 
 from fairgate.clock import ManualClock
+from fairgate.domain.connections import Connection
 from fairgate.quota.signals import AccountBuckets
-from fairgate.registry import Connection
 from fairgate.routing.combo import Combo
 from fairgate.routing.model import Target
 from fairgate.routing.quota_share import (

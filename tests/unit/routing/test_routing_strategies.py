@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from fairgate.resilience.breaker import BreakerState
+from fairgate.domain.breaker import BreakerState
 from fairgate.routing.context import (
     HealthView,
     QuotaView,

@@ -249,3 +249,13 @@ class SlotLeaseSource(Protocol):
     """A quota store that can share concurrency slots between replicas (the Redis one)."""
 
     def slot_leases(self) -> SlotLeases: ...
+
+
+class AgedLog(Protocol):
+    """An event log trimmed by age on the retention GC's schedule (the admission log,
+    :class:`fairgate.store.admission_log.SharedPoolLog`): the port the GC needs of it, so the
+    quota core does not import the store that implements it."""
+
+    async def gc(self) -> int:
+        """Remove the events past their age; the number removed."""
+        ...

@@ -31,8 +31,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from fairgate.quota.units import WINDOW_MS, Window
-from fairgate.resilience.retry_after import parse_reset
+from fairgate.domain.retry_after import parse_reset
+from fairgate.domain.units import WINDOW_MS, Window
 
 __all__ = [
     "RateLimitSnapshot",

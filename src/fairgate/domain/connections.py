@@ -1,0 +1,74 @@
+"""Upstream accounts ("connections"): the wire each speaks, how it authenticates, what it serves.
+
+The ground floor of the house: plain records every floor above reads (the metadata database
+stores them, the snapshot indexes them, the upstream client sends with them), so they live here,
+importing nothing of fairgate's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+
+class Protocol(StrEnum):
+    """The wire format a connection speaks upstream."""
+
+    OPENAI = "openai"  # chat completions: openai, kimi, glm, minimax, deepseek, mock, ...
+    ANTHROPIC = "anthropic"  # messages: anthropic, claude
+    RESPONSES = "responses"  # the OpenAI Responses API, streamed: codex (the ChatGPT backend)
+
+
+#: Providers that speak the Anthropic messages API; every other provider is OpenAI-compatible.
+ANTHROPIC_PROVIDERS = frozenset({"anthropic", "claude"})
+#: Providers whose only wire is the Responses API.
+RESPONSES_PROVIDERS = frozenset({"codex"})
+
+
+def protocol_for(provider: str, explicit: str | None = None) -> Protocol:
+    if explicit:
+        return Protocol(explicit)
+    if provider in ANTHROPIC_PROVIDERS:
+        return Protocol.ANTHROPIC
+    return Protocol.RESPONSES if provider in RESPONSES_PROVIDERS else Protocol.OPENAI
+
+
+class AuthType(StrEnum):
+    """How a connection authenticates upstream: an API key, or an OAuth token (subscription
+    accounts: longer cooldowns, since their limits reset on the provider's schedule)."""
+
+    APIKEY = "apikey"
+    OAUTH = "oauth"
+
+
+@dataclass(frozen=True, slots=True)
+class Connection:
+    """One upstream account. ``secret`` is the upstream credential: never logged or returned."""
+
+    id: str
+    provider: str
+    base_url: str
+    secret: str = field(repr=False)
+    protocol: Protocol = Protocol.OPENAI
+    auth_type: AuthType = AuthType.APIKEY
+    weight: float = 1.0
+    max_concurrent: int | None = None
+    #: models this connection serves; ``"*"`` among them means any model (it must be said:
+    #: an empty list serves nothing)
+    models: tuple[str, ...] = ()
+    enabled: bool = True
+    #: client headers passed upstream (lower-case names); none by default, so a tenant cannot
+    #: choose the organisation or project billed or switch on beta features on a shared account
+    forward_headers: tuple[str, ...] = ()
+
+    def serves(self, model: str) -> bool:
+        return model != ANY_MODEL and (model in self.models or ANY_MODEL in self.models)
+
+    @property
+    def named_models(self) -> tuple[str, ...]:
+        """The models listed by name (what ``/v1/models`` shows and quota-share combos use)."""
+        return tuple(m for m in self.models if m != ANY_MODEL)
+
+
+#: A connection's model list entry that means "any model".
+ANY_MODEL = "*"
