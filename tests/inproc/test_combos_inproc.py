@@ -28,6 +28,7 @@ from inproc_support import (
     gateway,
 )
 
+from fairgate.providers.inprocess import Reply, UpstreamRequest
 from fairgate.routing import PUBLIC_STRATEGIES
 from fairgate.timers import ManualTimer
 
@@ -308,3 +309,35 @@ async def test_routing_defaults_cascade_under_combo_config(tmp_path: Path) -> No
         # the provider layer (2 retries) beats the global layer (0): three attempts in all
         assert len(r.json()["diagnostics"]["attempted"]) == 3
         assert h.sent_to == ["oa-1"] * 3
+
+
+async def test_embeddings_skip_combo_targets_whose_wire_has_no_embeddings(tmp_path: Path) -> None:
+    # issue 47: the combo's first target is an Anthropic account, which has no embeddings
+    # endpoint; the attempt looked up a missing exchange and answered 500 (KeyError)
+    paths: list[str] = []
+
+    async def upstream(req: UpstreamRequest) -> Reply:
+        paths.append(req.path)
+        assert req.path.endswith("/embeddings")
+        vector = {"object": "embedding", "index": 0, "embedding": [0.25, -0.5]}
+        usage = {"prompt_tokens": 2, "total_tokens": 2}
+        return Reply(200, {"object": "list", "data": [vector], "model": GPT, "usage": usage})
+
+    claude = {"provider": "anthropic", "model": "claude-sonnet-4", "connection": "claude-1"}
+    cfg = config([combo("mixed", [claude, target("oa-1")]), combo("claude-only", [claude])])
+    async with gateway(tmp_path, cfg, ManualTimer(), upstream) as h:
+        auth = {"authorization": f"Bearer {ALICE}"}
+        r = await h.client.post(
+            "/v1/embeddings", json={"model": "mixed", "input": "hi"}, headers=auth
+        )
+        assert r.status_code == 200, r.text
+        assert r.json()["data"][0]["embedding"] == [0.25, -0.5]
+        assert r.headers["x-fairgate-connection"] == "oa-1"
+        assert h.sent_to == ["oa-1"]  # the Anthropic target was never attempted
+        r = await h.client.post(
+            "/v1/embeddings", json={"model": "claude-only", "input": "hi"}, headers=auth
+        )
+        assert r.status_code == 400, r.text
+        assert r.json()["error"]["param"] == "model"
+        assert "/v1/embeddings" in r.json()["error"]["message"]
+        assert paths == ["/embeddings"]

@@ -13,13 +13,13 @@ never offered as a candidate.
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
-from fairgate.domain.connections import Protocol
+from fairgate.domain.connections import Connection, Protocol
 from fairgate.providers.responses_upstream import (
     upstream_responses_answer,
     upstream_responses_body,
@@ -36,7 +36,7 @@ from fairgate.providers.usage import Usage, usage_from_anthropic, usage_from_ope
 from fairgate.server import relay
 from fairgate.server.call import Call, Route
 
-__all__ = ["EXCHANGES", "Exchange", "quality_problem", "stream_error_event"]
+__all__ = ["EXCHANGES", "Exchange", "carried", "quality_problem", "stream_error_event"]
 
 JSON = dict[str, Any]
 #: (payload for the upstream, whether the client asked for the stream's usage chunk)
@@ -266,6 +266,16 @@ EXCHANGES: Mapping[tuple[Route, Protocol], Exchange] = {
         "/embeddings", _as_is, _unchanged, usage_from_openai, _relay_openai
     ),
 }
+
+
+def carried(route: Route, conns: Iterable[Connection]) -> tuple[Connection, ...]:
+    """The connections whose wire can carry ``route`` (an entry of :data:`EXCHANGES`).
+
+    The one filter of candidates by wire, for plain models and every combo target alike: an
+    embeddings request never reaches an Anthropic or Responses connection (there is no such
+    exchange), so no attempt looks up a missing entry (issue 47: a combo's first target on
+    Anthropic answered embeddings with a 500)."""
+    return tuple(c for c in conns if (route, c.protocol) in EXCHANGES)
 
 
 # -- per client route -----------------------------------------------------------------------

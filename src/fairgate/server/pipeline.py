@@ -50,6 +50,7 @@ from fairgate.server import access, executor
 from fairgate.server.call import Call, Candidate, ExecOptions, Route
 from fairgate.server.diagnostics import Diagnostics, Terminal
 from fairgate.server.errors import ApiError
+from fairgate.server.exchange import carried
 from fairgate.server.views import health_view, quota_view
 
 log = logging.getLogger("fairgate.routing")
@@ -125,19 +126,20 @@ def _itself(c: Connection) -> Connection:
     return c
 
 
-def target_connections(reg: Registry, t: Target) -> list[Connection]:
-    """The connections a target names: the named one, else every enabled connection of its
-    provider that serves the model, heaviest first."""
+def target_connections(reg: Registry, t: Target, route: Route) -> list[Connection]:
+    """The connections a target names whose wire carries ``route``: the named one, else every
+    enabled connection of its provider that serves the model, heaviest first."""
     if t.connection_id and t.connection_id != "*":
         c = reg.connections.get(t.connection_id)
-        return [c] if c is not None and c.enabled else []
-    conns = [c for c in reg.by_provider.get(t.provider, ()) if c.serves(t.model)]
+        named = [c] if c is not None and c.enabled else []
+        return list(carried(route, named))
+    conns = carried(route, (c for c in reg.by_provider.get(t.provider, ()) if c.serves(t.model)))
     return sorted(conns, key=lambda c: -c.weight)
 
 
-def target_candidates(reg: Registry, t: Target, key: ClientKey) -> list[Candidate]:
-    """The candidates of a target that ``key`` may use."""
-    conns, _ = access.permitted(reg, key, target_connections(reg, t), _itself)
+def target_candidates(reg: Registry, t: Target, call: Call) -> list[Candidate]:
+    """The candidates of a target that the call's key may use on the call's route."""
+    conns, _ = access.permitted(reg, call.key, target_connections(reg, t, call.route), _itself)
     return [Candidate(c, t.model, t) for c in conns]
 
 
@@ -149,7 +151,8 @@ def usable_targets(call: Call, targets: Sequence[Target]) -> list[Target]:
     kept: list[Target] = []
     reason: Denial | None = None
     for t in targets:
-        ok, why = access.permitted(reg, call.key, target_connections(reg, t), _itself)
+        conns = target_connections(reg, t, call.route)
+        ok, why = access.permitted(reg, call.key, conns, _itself)
         if ok:
             kept.append(t)
         elif why is not None and reason is not Denial.NO_ALLOCATION:
@@ -209,6 +212,7 @@ async def route_combo(call: Call, combo: Combo) -> Response:
         if mode == "fusion":
             return await _fusion(call, combo, usable_targets(call, targets))
         return await _pipeline(call, combo, targets)
+    _check_the_route_is_served(call, combo, targets)
     targets = usable_targets(call, targets)
     ordered = _pin(call, combo, await order_targets(call, combo, targets))
     fan_out = _int_option(combo, "fan_out")
@@ -218,6 +222,23 @@ async def route_combo(call: Call, combo: Combo) -> Response:
         response = await _run(call, combo, ordered)
     _after_answer(call, combo, response)
     return response
+
+
+def _check_the_route_is_served(call: Call, combo: Combo, targets: Sequence[Target]) -> None:
+    """A 400 when the combo has connections but none speaks a wire that serves the route (an
+    embeddings request to a combo of Anthropic and Codex accounts): the client's request is
+    wrong for this combo, which no retry or failover changes."""
+    reg = call.svc.gw.registry
+    if call.route is Route.CHAT or any(target_connections(reg, t, call.route) for t in targets):
+        return
+    if any(target_connections(reg, t, Route.CHAT) for t in targets):  # every wire serves chat
+        raise ApiError(
+            400,
+            f"No target of combo '{combo.name}' is on a connection that serves "
+            f"/v1/{call.route.value}",
+            code="route_not_served",
+            param="model",
+        )
 
 
 def _int_option(combo: Combo, name: str) -> int:
@@ -296,7 +317,7 @@ async def _run(
     """Execute over the targets in order with the combo's config (timeout included)."""
     reg = call.svc.gw.registry
     cfg = combo.config
-    cands = [c for t in ordered for c in target_candidates(reg, t, call.key)]
+    cands = [c for t in ordered for c in target_candidates(reg, t, call)]
     diag = Diagnostics(pool_size=len(cands), combo=combo.name, strategy=combo.strategy)
     if not cands:
         usable_targets(call, ordered)  # the 403 when the key may use none of them
@@ -361,7 +382,7 @@ async def _shadow(call: Call, combo: Combo, target: Target, timeout_ms: int) -> 
         async with asyncio.timeout(timeout_ms / 1000):
             resp = await executor.execute(
                 sub,
-                target_candidates(svc.gw.registry, target, call.key),
+                target_candidates(svc.gw.registry, target, call),
                 Diagnostics(combo=combo.name),
                 ExecOptions(combo=combo.name),
             )

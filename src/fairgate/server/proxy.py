@@ -46,6 +46,7 @@ from fairgate.server.bodies import (
 from fairgate.server.call import Call, Route, Services
 from fairgate.server.client_http import Answer, ClientRequest
 from fairgate.server.errors import ApiError, error_response
+from fairgate.server.exchange import carried
 
 log = logging.getLogger("fairgate.proxy")
 
@@ -347,9 +348,8 @@ async def _dispatch(call: Call) -> Response:
             "ask for the model itself",
             param="model",
         )
-    upstream_model, conns = reg.candidates(call.model)
-    if call.route is Route.EMBEDDINGS:
-        conns = tuple(c for c in conns if c.protocol is Protocol.OPENAI)
+    upstream_model, every = reg.candidates(call.model)
+    conns = carried(call.route, every)
     if not conns:
         raise ApiError(
             404,
