@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import socket
 import tempfile
 from collections.abc import Mapping
@@ -15,7 +14,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from fairgate import __version__
+from fairgate import __version__, environment
 from fairgate.admin_cli import register as register_admin_commands
 from fairgate.clock import Clock, ManualClock
 from fairgate.domain.units import Unit, Window
@@ -83,7 +82,7 @@ def reseal(
     from fairgate.db.sealing import reseal_all
     from fairgate.secretbox import ENV_VAR, SecretKeyError, adopt_key_file, load_box
 
-    env = dict(os.environ)
+    env = dict(environment.snapshot())
     if not env.get(ENV_VAR, "").strip():
         _fail(f"set {ENV_VAR} to the new key, then the old one after it (NEW,OLD)")
     ddir = data_dir or Path(env.get("FAIRGATE_DATA_DIR") or "data")
@@ -291,7 +290,7 @@ def serve(
 
     if not 1 <= workers <= MAX_WORKERS:
         _fail(f"--workers must be from 1 to {MAX_WORKERS}, not {workers}")
-    env = dict(os.environ)
+    env = dict(environment.snapshot())
     path = config or (Path(env["FAIRGATE_CONFIG"]) if env.get("FAIRGATE_CONFIG") else None)
     try:
         cfg = load_config(path, env) if path is not None else Config.default()
@@ -352,7 +351,7 @@ def mock_upstream(
             stream_chunks=stream_chunks,
             secret=secret,
         ),
-        clock=_process_clock(os.environ),
+        clock=_process_clock(environment.snapshot()),
     )
 
 
@@ -419,13 +418,14 @@ def demo(
     from fairgate.server.wire import run as serve_http
 
     host = "127.0.0.1"
+    env = environment.snapshot()
     try:
-        chosen = port or int(os.environ.get("FAIRGATE_PORT") or 20128)
+        chosen = port or int(env.get("FAIRGATE_PORT") or 20128)
     except ValueError:
         _fail("FAIRGATE_PORT must be a number")
     if not _port_free(host, chosen):
         _fail(f"port {chosen} is already in use (try: fairgate demo --port 20129)")
-    ddir, admin_key = demo_identity(os.environ, data_dir)
+    ddir, admin_key = demo_identity(env, data_dir)
     mock_port = _free_port()
     upstream_secret = "mock-upstream-" + _secrets.token_hex(8)
     keys = {k: "fg-demo-" + _secrets.token_urlsafe(18) for k, _, _ in DEMO_KEYS}
@@ -437,13 +437,13 @@ def demo(
     from fairgate.server.logs import configure_from_env
 
     # the demo prints its keys for the user on stdout; the logs (stderr) never show them
-    configure_from_env(None, _secrets_of(cfg, admin_key, upstream_secret))
-    clock = _process_clock(os.environ)
+    configure_from_env(env, _secrets_of(cfg, admin_key, upstream_secret))
+    clock = _process_clock(env)
     mock = MockUpstream(
         MockConfig(secret=upstream_secret, latency_ms=20, completion_tokens=24), clock=clock
     )
-    gw = Gateway(data_dir=ddir, config=cfg, admin_key=admin_key, clock=clock)
-    limits = _limits({**os.environ, "FAIRGATE_ADMIN_KEY": admin_key}, host)
+    gw = Gateway(data_dir=ddir, config=cfg, admin_key=admin_key, clock=clock, env=env)
+    limits = _limits({**env, "FAIRGATE_ADMIN_KEY": admin_key}, host)
     app_ = create_app(gw, on_startup=[start_mock], on_shutdown=[mock.stop], http=limits)
     base = f"http://{host}:{chosen}"
     table = Table(title="Demo client keys (pool 'demo': 100 requests/hour, 200k tokens/hour)")
@@ -478,7 +478,7 @@ def demo(
         soft_wrap=True,
     )
     console.print("\nCtrl-C stops it.")
-    serve_http(app_, host, chosen, limits, _drain_seconds(os.environ))
+    serve_http(app_, host, chosen, limits, _drain_seconds(env))
 
 
 @app.command()

@@ -13,7 +13,6 @@ start (``db.seeding.seed_from_config``), and the admin API edits the DB from the
 
 from __future__ import annotations
 
-import os
 import re
 from collections import Counter
 from collections.abc import Mapping
@@ -33,6 +32,7 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 
+from fairgate import environment
 from fairgate.domain.connections import ANY_MODEL
 from fairgate.domain.keys import hash_key
 from fairgate.domain.units import Unit, Window, WindowAnchor
@@ -1071,7 +1071,7 @@ def load_config_text(
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         problem = getattr(exc, "problem", None) or "malformed YAML"
         raise ConfigError([("", f"malformed YAML{where}: {problem}")], source) from None
-    return parse_config(data, os.environ if env is None else env, source)
+    return parse_config(data, environment.snapshot() if env is None else env, source)
 
 
 def load_config(path: str | Path, env: Mapping[str, str]) -> Config:

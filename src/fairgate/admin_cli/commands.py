@@ -13,7 +13,6 @@ degraded, so a probe can tell "down" from "limping").
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -23,6 +22,7 @@ import typer
 from rich.console import Console, RenderableType
 from rich.live import Live
 
+from fairgate import environment
 from fairgate.admin_cli import render
 from fairgate.admin_cli.client import DEFAULT_URL, AdminClient, AdminCliError, quote
 from fairgate.admin_cli.credentials import login_fields
@@ -59,8 +59,9 @@ def _fail(message: str) -> NoReturn:
 def _admin_key(given: str | None) -> str | None:
     """The admin key to send: ``@PATH`` (or ``FAIRGATE_ADMIN_KEY_FILE``) reads it from a file;
     a key typed on the command line is used, with a warning (issue 43, N18: ``ps`` shows it)."""
-    env_key = os.environ.get("FAIRGATE_ADMIN_KEY")
-    path = os.environ.get("FAIRGATE_ADMIN_KEY_FILE") if given is None else None
+    env = environment.snapshot()
+    env_key = env.get("FAIRGATE_ADMIN_KEY")
+    path = env.get("FAIRGATE_ADMIN_KEY_FILE") if given is None else None
     if given is not None and given.startswith("@"):
         path = given[1:]
     elif given is not None and given != env_key:
@@ -466,7 +467,7 @@ def config_check(
     from fairgate.config import ConfigError, load_config, weight_warnings
     from fairgate.db.inspection import compare_database
 
-    env = dict(os.environ)
+    env = dict(environment.snapshot())
     try:
         cfg = load_config(file, env)
     except ConfigError as exc:

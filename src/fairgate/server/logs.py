@@ -21,11 +21,13 @@ import logging
 import os
 import re
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from contextvars import ContextVar
 from typing import Any
 
 import orjson
+
+from fairgate import environment
 
 #: The id of the request being handled (None outside a request).
 REQUEST_ID: ContextVar[str | None] = ContextVar("fairgate_request_id", default=None)
@@ -253,9 +255,9 @@ def configure_logging(
     return handler
 
 
-def configure_from_env(env: dict[str, str] | None = None, secrets: Iterable[str] = ()) -> None:
+def configure_from_env(env: Mapping[str, str] | None = None, secrets: Iterable[str] = ()) -> None:
     """``FAIRGATE_LOG_LEVEL`` (info) and ``FAIRGATE_LOG_FORMAT`` (json | text)."""
-    env = dict(os.environ) if env is None else env
+    env = environment.snapshot() if env is None else env
     level = (env.get("FAIRGATE_LOG_LEVEL") or "INFO").strip().upper()
     if level not in logging.getLevelNamesMapping():
         level = "INFO"

@@ -11,10 +11,10 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
+from fairgate import environment
 from fairgate.clock import SYSTEM_CLOCK, Clock
 from fairgate.config import Config, ConfigError
 from fairgate.db.base import Database
@@ -101,7 +101,7 @@ class Gateway:
     ) -> None:
         self.data_dir = Path(data_dir)
         self.config = config if config is not None else Config.default()
-        self.env: Mapping[str, str] = os.environ if env is None else env
+        self.env: Mapping[str, str] = environment.snapshot() if env is None else env
         self.clock = clock
         #: waits of the request path (fall-through pauses, cooldown waits, slot queues) on
         #: ``clock``; tests swap in a ManualTimer that shares their ManualClock

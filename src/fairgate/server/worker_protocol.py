@@ -9,14 +9,14 @@ address the parent validated (``FAIRGATE_WORKER_SPEC``, see server/workers.py).
 
 from __future__ import annotations
 
-import os
-
 import orjson
 
+from fairgate import environment
 from fairgate.server.http_settings import HttpSettings
 from fairgate.server.wire import protocol_for
 from fairgate.server.workers import WORKER_SPEC_ENV
 
+_env = environment.snapshot()
 WorkerHttpProtocol = protocol_for(
-    HttpSettings.from_env(os.environ, orjson.loads(os.environ[WORKER_SPEC_ENV])["bind"])
+    HttpSettings.from_env(_env, orjson.loads(_env[WORKER_SPEC_ENV])["bind"])
 )

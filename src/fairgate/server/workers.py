@@ -14,12 +14,12 @@ state in the metadata DB or Redis.
 from __future__ import annotations
 
 import logging
-import os
 from pathlib import Path
 
 import orjson
 from starlette.applications import Starlette
 
+from fairgate import environment
 from fairgate.config import Config, load_config
 from fairgate.server.app import create_app
 from fairgate.server.http_settings import HttpSettings
@@ -43,8 +43,8 @@ def config_secrets(cfg: Config, *more: str) -> list[str]:
 
 def worker_app() -> Starlette:
     """uvicorn's app factory, run in each worker process (see module doc)."""
-    spec = orjson.loads(os.environ[WORKER_SPEC_ENV])
-    env = dict(os.environ)
+    env = dict(environment.snapshot())
+    spec = orjson.loads(env[WORKER_SPEC_ENV])
     config_path = spec.get("config")
     cfg = load_config(Path(config_path), env) if config_path else Config.default()
     configure_from_env(env, config_secrets(cfg, env.get("FAIRGATE_ADMIN_KEY", "")))
@@ -73,8 +73,8 @@ def run_workers(
         "data_dir": str(data_dir.resolve()),
         "bind": host,
     }
-    os.environ[WORKER_SPEC_ENV] = orjson.dumps(spec).decode()
-    limits = HttpSettings.from_env(os.environ, host)
+    environment.export(WORKER_SPEC_ENV, orjson.dumps(spec).decode())
+    limits = HttpSettings.from_env(environment.snapshot(), host)
     uvicorn.run(
         "fairgate.server.workers:worker_app",
         factory=True,

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import multiprocessing
-import os
 from collections.abc import Sequence
 from concurrent.futures import Future, ProcessPoolExecutor, as_completed
 from pathlib import Path
@@ -18,6 +17,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from fairgate import environment
 from fairgate.install import extra_hint
 from fairgate.sim.policies import POLICY_NAMES, parse_policies
 from fairgate.sim.report import print_results, print_spreads, write_chart, write_json
@@ -92,7 +92,7 @@ def run_simulate(
     if driver not in DRIVERS:
         console.print(f"[red]error:[/] --driver must be one of {', '.join(DRIVERS)}")
         return EXIT_BAD_INPUT
-    url = redis_url or os.environ.get("QUOTA_STORE_REDIS_URL") or None
+    url = redis_url or environment.snapshot().get("QUOTA_STORE_REDIS_URL") or None
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:

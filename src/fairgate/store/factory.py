@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from fairgate import environment
 from fairgate.files import private_sqlite
 from fairgate.quota.ports import QuotaStore
 from fairgate.store.sqlite import (
@@ -99,7 +100,7 @@ async def create_store(
     db: Mapping[str, str] | None = None,
     redis_prefix: str = "fairgate",
 ) -> tuple[QuotaStore, StoreChoice]:
-    env = os.environ if env is None else env
+    env = environment.snapshot() if env is None else env
     db = db or {}
     wanted = requested_driver(env, db)
     if wanted == "redis":
