@@ -33,7 +33,7 @@ from pydantic import (
 from pydantic.alias_generators import to_camel
 
 from fairgate import environment
-from fairgate.domain.connections import ANY_MODEL
+from fairgate.domain.connections import ANY_MODEL, BILLING_FIELDS
 from fairgate.domain.keys import hash_key
 from fairgate.domain.units import Unit, Window, WindowAnchor
 from fairgate.quota.model import Policy, ShareMode
@@ -133,6 +133,16 @@ def checked_models(v: list[str] | str | None) -> list[str]:
         return [v]
     _no_duplicates(v, "model")
     return v
+
+
+#: A billing-relevant body field a connection lets clients set (``billing_fields``).
+BillingField = Literal["service_tier", "store"]
+
+
+def checked_billing_fields(v: list[str]) -> list[str]:
+    """Unique, in the order :data:`fairgate.domain.connections.BILLING_FIELDS` gives them."""
+    _no_duplicates(v, "field")
+    return [f for f in BILLING_FIELDS if f in v]
 
 
 def checked_forward_headers(v: list[str]) -> list[str]:
@@ -304,6 +314,13 @@ class ConnectionConfig(_Strict):
             "gateway sets itself)"
         ),
     )
+    billing_fields: list[BillingField] = Field(
+        default_factory=list,
+        description=(
+            "Billing-relevant request body fields clients may set on this connection "
+            "(service_tier, store); the others are removed before sending (none by default)"
+        ),
+    )
     oauth: OAuthConfig | None = Field(
         default=None, description="The OAuth refresh settings of an auth_type: oauth connection"
     )
@@ -323,6 +340,11 @@ class ConnectionConfig(_Strict):
     @classmethod
     def _headers(cls, v: list[str]) -> list[str]:
         return checked_forward_headers(v)
+
+    @field_validator("billing_fields")
+    @classmethod
+    def _billing(cls, v: list[str]) -> list[str]:
+        return checked_billing_fields(v)
 
 
 class KeyConfig(_Strict):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import select
 import socket
 import statistics
 import subprocess
@@ -298,6 +299,47 @@ def test_the_connection_limit_refuses_one_more(
         time.sleep(0.1)
     else:
         pytest.fail("the gateway never served again after the connections closed")
+
+
+def test_one_address_with_unfinished_heads_cannot_lock_the_others_out(
+    start_gateway: GatewayFactory, mock_upstream: Proc
+) -> None:
+    """Issue 43, N5: with no key at all, unfinished request heads from one address filled the
+    connection cap and every other client got 503 ``too_many_connections``. Now one address
+    holds at most ``FAIRGATE_HTTP_MAX_CONNECTIONS_PER_ADDRESS``; a client at another address
+    (127.0.0.2 here; loopback is made an ordinary client by trusting another proxy) is
+    served."""
+    gw = start_gateway(
+        gateway_config(mock_upstream.url, keys={"a": new_secret()}),
+        extra_env={
+            "FAIRGATE_HTTP_MAX_CONNECTIONS": "8",
+            "FAIRGATE_HTTP_MAX_CONNECTIONS_PER_ADDRESS": "3",
+            "FAIRGATE_HTTP_HEADER_TIMEOUT_S": "60",
+            "FORWARDED_ALLOW_IPS": "10.9.9.9",
+        },
+    )
+    held = [_connect(gw) for _ in range(8)]
+    try:
+        for s in held:
+            s.sendall(b"GET /health HTTP/1.1\r\n")  # begun, never finished
+        waiting, refused = list(held), 0
+        deadline = time.monotonic() + 30  # the gateway answers in its own time
+        while refused < 5 and time.monotonic() < deadline:
+            ready, _, _ = select.select(waiting, [], [], 0.5)
+            for s in ready:
+                answer = _read_all(s)
+                assert _status(answer) == 503, answer[:200]
+                assert b"too_many_connections_from_address" in answer
+                waiting.remove(s)
+                refused += 1
+        assert refused == 5  # the address keeps its 3
+        assert select.select(waiting, [], [], 0.5)[0] == []  # ... which wait for their heads
+        transport = httpx.HTTPTransport(local_address="127.0.0.2")
+        with httpx.Client(transport=transport, timeout=30) as other:
+            assert other.get(gw.url + "/health").status_code == 200
+    finally:
+        for s in held:
+            s.close()
 
 
 def test_at_the_connection_limit_a_client_closes_the_connection_silent_longest(

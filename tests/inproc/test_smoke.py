@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from inproc_support import ALICE, anthropic_stream, base_config, conn, gateway
+from inproc_support import ALICE, BOB, anthropic_stream, base_config, conn, gateway
 
 from fairgate.clock import ManualClock
 from fairgate.providers.inprocess import Reply, UpstreamRequest, openai_chat
@@ -123,20 +123,48 @@ async def test_a_governed_answer_carries_each_quota_header_once(tmp_path: Path) 
                 "x-ratelimit-limit-tokens",
                 "x-ratelimit-remaining-tokens",
             }
-            assert r.headers["x-ratelimit-limit-requests"] == "100"
+            assert r.headers["x-ratelimit-limit-requests"] == "50"  # alice's share
             assert r.headers["x-ratelimit-reset-requests-hourly"] == "3600s"
-            # generous pool: what is left of the whole pool, this request's reservation counted
+            # what is left of alice's own share, this request's reservation counted
             used = 1 if not stream else 2
-            assert r.headers["x-ratelimit-remaining-requests"] == f"{100 - used:g}"
+            assert r.headers["x-ratelimit-remaining-requests"] == f"{50 - used:g}"
             assert r.headers["x-fairgate-connection"] == "c1"
             await h.settle_background()
+
+
+async def test_quota_headers_show_the_keys_own_room_not_the_other_keys_use(
+    tmp_path: Path,
+) -> None:
+    """Issue 43, N11: in a generous pool the headers showed the pool's free room, so a tenant
+    read another key's use request by request (999, then 898 after the other key's 100). A
+    key is told its own room: its share less its own use, whatever the others send."""
+
+    async def handler(req: UpstreamRequest) -> Reply:
+        return openai_chat("hello")
+
+    cfg = base_config([conn("c1")], pools=[_hourly_pool(requests=1000, tokens=1_000_000)])
+    async with gateway(tmp_path, cfg, ManualTimer(ManualClock(1_700_002_800_000)), handler) as h:
+        first = await h.chat("m", max_tokens=5)
+        assert first.status_code == 200, first.text
+        assert first.headers["x-ratelimit-limit-requests"] == "500"
+        assert first.headers["x-ratelimit-remaining-requests"] == "499"
+        for _ in range(100):  # bob's 100 requests: the pool stays generous (101 of 1000)
+            r = await h.chat("m", key=BOB, max_tokens=5)
+            assert r.status_code == 200, r.text
+        assert r.headers["x-ratelimit-remaining-requests"] == "400"  # bob's own room
+        await h.settle_background()
+        second = await h.chat("m", max_tokens=5)
+        assert second.status_code == 200, second.text
+        assert second.headers["x-ratelimit-limit-requests"] == "500"
+        assert second.headers["x-ratelimit-remaining-requests"] == "498"  # only her own request
+        await h.settle_background()
 
 
 async def test_quota_header_counts_are_whole_numbers_as_providers_send_them(
     tmp_path: Path,
 ) -> None:
     """Clients read ``x-ratelimit-*`` with ``int()`` (OpenAI and Anthropic send digits): a
-    2M-token limit is ``2000000``, not ``2e+06``, and what remains of it is exact, not rounded
+    1M-token share is ``1000000``, not ``1e+06``, and what remains of it is exact, not rounded
     to six significant digits."""
 
     async def handler(req: UpstreamRequest) -> Reply:
@@ -147,12 +175,13 @@ async def test_quota_header_counts_are_whole_numbers_as_providers_send_them(
     async with gateway(tmp_path, cfg, ManualTimer(ManualClock(1_700_002_800_000)), handler) as h:
         r = await h.chat("m", max_tokens=5)
         assert r.status_code == 200, r.text
-        assert r.headers["x-ratelimit-limit-tokens"] == "2000000"
-        assert r.headers["x-ratelimit-limit-requests"] == "10000000"
-        assert r.headers["x-ratelimit-remaining-requests"] == "9999999"
+        # alice's half of the pool (her own room, issue 43 N11)
+        assert r.headers["x-ratelimit-limit-tokens"] == "1000000"
+        assert r.headers["x-ratelimit-limit-requests"] == "5000000"
+        assert r.headers["x-ratelimit-remaining-requests"] == "4999999"
         left = r.headers["x-ratelimit-remaining-tokens"]
         assert left.isdigit(), left
-        assert 1_999_000 < int(left) < 2_000_000  # this request's reservation taken off, exactly
+        assert 999_000 < int(left) < 1_000_000  # this request's reservation taken off, exactly
         await h.settle_background()
 
 

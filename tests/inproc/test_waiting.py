@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from inproc_support import base_config, conn, gateway
+from inproc_support import ALICE, BOB, base_config, conn, gateway
 
 from fairgate.providers.inprocess import Reply, UpstreamRequest, openai_chat
 from fairgate.timers import ManualTimer, SystemTimer
@@ -159,12 +159,12 @@ class Gate:
                 ev.set()
 
 
-def _ask(h: Any, tag: str, model: str = "m") -> Any:
+def _ask(h: Any, tag: str, model: str = "m", key: str = ALICE) -> Any:
     return asyncio.create_task(
         h.client.post(
             "/v1/chat/completions",
             json={"model": model, "max_tokens": 5, "messages": [{"role": "user", "content": tag}]},
-            headers={"authorization": "Bearer fg-alice-secret-0123456789"},
+            headers={"authorization": f"Bearer {key}"},
         )
     )
 
@@ -190,6 +190,42 @@ async def test_requests_queue_fifo_for_a_slot(tmp_path: Path) -> None:
         gate.let_through("C")
         assert (await second).json()["choices"][0]["message"]["content"] == "done B"
         assert (await third).json()["choices"][0]["message"]["content"] == "done C"
+        assert h.svc.tracker.total == 0
+        assert h.svc.slots.queued() == 0
+
+
+async def test_a_freed_slot_goes_to_a_waiting_key_under_its_share(tmp_path: Path) -> None:
+    """Issue 43, N4: one key held both slots of ``max_concurrent: 2`` (streams it never read)
+    and kept the queue's head with its next requests, so the other key waited out its queue
+    timeout (503 ``concurrency_full``) for as long as it kept sending. A freed slot now goes to
+    the first waiter whose key holds less than its share (2 slots, 2 keys: one each), before
+    the earlier waiters of the key that holds them all; among keys at their share, first come
+    first served as before."""
+    timer, gate = ManualTimer(), Gate()
+    cfg = base_config([conn("c1", max_concurrent=2)])
+    async with gateway(tmp_path, cfg, timer, gate.handler) as h:
+        held = [_ask(h, "A1"), _ask(h, "A2")]
+        await gate.until(2)
+        queued = [_ask(h, "A3")]
+        await timer.until_sleeping(1)
+        queued.append(_ask(h, "A4"))
+        await timer.until_sleeping(2)
+        bob = _ask(h, "B1", key=BOB)
+        await timer.until_sleeping(3)
+        assert h.svc.slots.queued() == 3
+        gate.let_through("A1")
+        assert (await held[0]).status_code == 200
+        await gate.until(3)
+        assert [t for t, _ in gate.waiting][2] == "B1"  # bob's, though alice's two came first
+        gate.let_through("A2")
+        await gate.until(4)
+        assert [t for t, _ in gate.waiting][3] == "A3"  # then alice's, in their order
+        for tag in ("B1", "A3"):
+            gate.let_through(tag)
+        await gate.until(5)
+        gate.let_through("A4")
+        for task in (held[1], bob, *queued):
+            assert (await task).status_code == 200
         assert h.svc.tracker.total == 0
         assert h.svc.slots.queued() == 0
 

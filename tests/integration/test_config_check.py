@@ -172,6 +172,7 @@ async def test_config_check_of_a_database_of_the_previous_version(
         for stmt in (
             "DROP TABLE config_applied",
             "DROP TABLE retired_key_hashes",
+            "ALTER TABLE connections DROP COLUMN billing_fields",  # migration 9's
             f"DELETE FROM schema_version WHERE version >= {PROVENANCE_VERSION}",
         ):
             gw.db.execute(stmt)

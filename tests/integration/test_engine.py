@@ -84,8 +84,8 @@ async def test_status_reports_remaining_share(store: QuotaStore, clock: ManualCl
     adm = await engine.admit(pool, "a", {Unit.REQUESTS: 1})
     (st,) = adm.status
     assert st.key == "requests/hourly"
-    assert st.limit == 100  # generous: the pool is the limit
-    assert st.remaining == 99
+    assert st.limit == 50  # its own share, also while the pool is generous (issue 43, N11)
+    assert st.remaining == 49
     assert 0 < st.reset_ms <= HOUR
     await _send(engine, pool, "b", 60)  # pool now strict
     adm = await engine.admit(pool, "a", {Unit.REQUESTS: 1})
@@ -242,9 +242,9 @@ async def test_a_replaced_pool_is_judged_by_its_new_configuration_at_once(
     engine = QuotaEngine(store, clock=clock)
     old = pool_3()
     first = await engine.admit(old, "a", {Unit.REQUESTS: 1})
-    assert [(s.key, s.limit) for s in first.status] == [("requests/hourly", 100)]
+    assert [(s.key, s.limit) for s in first.status] == [("requests/hourly", 50)]  # a's share
     again = await engine.admit(old, "a", {Unit.REQUESTS: 1})
-    assert again.status[0].limit == 100
+    assert again.status[0].limit == 50
     new = Pool(
         id="p1",
         name="shared",
@@ -257,7 +257,7 @@ async def test_a_replaced_pool_is_judged_by_its_new_configuration_at_once(
     assert blocked.reason is Reason.CAP_ABSOLUTE  # its new cap of 1, already used twice
     assert blocked.status[0].limit == 1
     other = await engine.admit(new, "b", {Unit.REQUESTS: 1})  # no allocation any more
-    assert other.status[0].limit == 10  # the new pool's limit (generous mode: the pool's)
+    assert other.status[0].limit == 0  # no allocation, no room of its own (it only borrows)
 
 
 def _active(*allocs: Allocation, limit: float = 100, unit: Unit = Unit.REQUESTS) -> Pool:

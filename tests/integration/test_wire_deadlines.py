@@ -183,16 +183,17 @@ def unread(sock: socket.socket) -> int:
 class Lab:
     """Connections to one server (one protocol class, one server state) on one manual loop."""
 
-    def __init__(self, listener: socket.socket) -> None:
+    def __init__(self, listener: socket.socket, limits: HttpSettings = LIMITS) -> None:
         self.listener = listener
         self.loop = ManualLoop()
-        self.protocol = protocol_for(LIMITS)
+        self.protocol = protocol_for(limits)
         self.config = Config(app=_app, http=self.protocol, lifespan="off")
         self.state = ServerState()
         self.sockets: list[socket.socket] = []
 
-    def connect(self) -> Connection:
-        client = socket.create_connection(self.listener.getsockname())
+    def connect(self, source: str = "127.0.0.1") -> Connection:
+        """A client connection from ``source`` (any 127.x.y.z: a client address of its own)."""
+        client = socket.create_connection(self.listener.getsockname(), source_address=(source, 0))
         server, _ = self.listener.accept()
         self.sockets += [client, server]
         proto = self.protocol(self.config, self.state, {}, cast(Any, self.loop))
@@ -382,3 +383,120 @@ def test_an_idle_connection_is_still_closed_at_the_end_of_its_keep_alive(
 ) -> None:
     conn.proto.timeout_keep_alive_handler()
     assert conn.transport.closed
+
+
+# -- one client address cannot fill the connection cap (issue 43, N5) --------------------------
+
+#: 127.0.0.1 is an ordinary client here: the only trusted proxy is elsewhere
+PER_ADDRESS = HttpSettings(
+    max_connections=5, max_connections_per_address=2, trusted_proxies="10.9.9.9"
+)
+#: 127.0.0.1 is a trusted proxy (the default): its connections count for the forwarded client
+BEHIND_PROXY = HttpSettings(max_connections=10, max_connections_per_address=2)
+HEAD_BEGUN = b"POST /v1/chat/completions HTTP/1.1\r\n"
+
+
+@pytest.fixture
+def cap_lab() -> Iterator[Lab]:
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        the_lab = Lab(listener, PER_ADDRESS)
+        try:
+            yield the_lab
+        finally:
+            for sock in the_lab.sockets:
+                sock.close()
+
+
+@pytest.fixture
+def proxy_lab() -> Iterator[Lab]:
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        the_lab = Lab(listener, BEHIND_PROXY)
+        try:
+            yield the_lab
+        finally:
+            for sock in the_lab.sockets:
+                sock.close()
+
+
+def test_unfinished_heads_from_one_address_cannot_fill_the_cap(cap_lab: Lab) -> None:
+    """The finding: 1,000 unfinished heads from one address took the whole connection cap, and
+    every other client got 503 ``too_many_connections``. One address now holds at most its own
+    cap; the others are served."""
+    attacker = [cap_lab.connect("127.0.0.1") for _ in range(2)]
+    for c in attacker:
+        c.send(HEAD_BEGUN)  # begun, never finished: not silent, nothing to evict
+        c.read()
+    refused = [cap_lab.connect("127.0.0.1") for _ in range(3)]
+    for c in refused:
+        assert c.transport.closed
+        assert c.transport.written.startswith(b"HTTP/1.1 503 ")
+        assert b"too_many_connections_from_address" in c.transport.written
+        cap_lab.lose(c)
+    victim = cap_lab.connect("127.0.0.2")
+    assert not victim.transport.closed
+    victim.send(REQUEST)
+    victim.read()
+    assert len(cap_lab.loop.tasks) == 1  # served
+    assert not any(c.transport.closed for c in attacker)
+    attacker[0].transport.close()
+    cap_lab.lose(attacker[0])
+    again = cap_lab.connect("127.0.0.1")  # one closed: the address has room again
+    assert not again.transport.closed
+
+
+def test_at_its_cap_an_address_closes_its_own_silent_connection_not_anothers(
+    cap_lab: Lab,
+) -> None:
+    other = cap_lab.connect("127.0.0.3")  # silent longest of all
+    mine = [cap_lab.connect("127.0.0.1") for _ in range(2)]  # silent too
+    newest = cap_lab.connect("127.0.0.1")
+    assert mine[0].transport.closed  # its own oldest silent one made room
+    assert mine[0].transport.written == b""
+    assert not other.transport.closed
+    assert not newest.transport.closed
+    assert not mine[1].transport.closed
+
+
+def test_a_trusted_proxys_connections_count_for_the_forwarded_client(proxy_lab: Lab) -> None:
+    """Behind a trusted proxy every client arrives from the proxy's address: each request is
+    counted for the client its ``X-Forwarded-For`` names; the proxy's own are not counted."""
+
+    def request(forwarded_for: str | None) -> bytes:
+        xff = b"" if forwarded_for is None else f"X-Forwarded-For: {forwarded_for}\r\n".encode()
+        return REQUEST.replace(b"Content-Length", xff + b"Content-Length")
+
+    conns = [proxy_lab.connect() for _ in range(4)]  # all from the proxy (127.0.0.1)
+    assert not any(c.transport.closed for c in conns)  # the proxy itself is not capped
+    for c, xff in zip(
+        conns,
+        ["203.0.113.7", "198.51.100.1, 203.0.113.7", "203.0.113.7", "198.51.100.9"],
+        strict=True,
+    ):
+        c.send(request(xff))
+        c.read()
+    third = conns[2]
+    assert third.transport.closed  # 203.0.113.7's third connection
+    assert third.transport.written.startswith(b"HTTP/1.1 503 ")
+    assert b"too_many_connections_from_address" in third.transport.written
+    assert [c.transport.closed for c in (conns[0], conns[1], conns[3])] == [False] * 3
+    assert len(proxy_lab.loop.tasks) == 3
+    own = proxy_lab.connect()  # the proxy's own requests (no header): not counted
+    own.send(request(None))
+    own.read()
+    assert not own.transport.closed
+
+
+def test_a_forwarded_address_from_an_untrusted_peer_is_ignored(cap_lab: Lab) -> None:
+    """A client that is no trusted proxy cannot spread its connections over invented
+    addresses: it counts as the address it connects from."""
+    conns = [cap_lab.connect("127.0.0.1") for _ in range(2)]
+    for i, c in enumerate(conns):
+        c.send(
+            REQUEST.replace(
+                b"Content-Length", f"X-Forwarded-For: 192.0.2.{i}\r\nContent-Length".encode()
+            )
+        )
+        c.read()
+    third = cap_lab.connect("127.0.0.1")
+    assert third.transport.closed
+    assert b"too_many_connections_from_address" in third.transport.written

@@ -9,6 +9,7 @@ from fairgate.server.guards import AdminBackoff, KeyRateGuard
 from fairgate.server.http_settings import (
     HttpSettings,
     SettingsError,
+    TrustedProxies,
     admin_key_problem,
     host_allowed,
 )
@@ -200,3 +201,25 @@ def test_metrics_are_for_loopback_or_the_metrics_key() -> None:
         got = metrics_access_problem(keyed, _request("127.0.0.1", auth))
         assert got is not None
         assert got[0] == 401
+
+
+def test_the_per_address_cap_is_read_and_checked() -> None:
+    env = {"FAIRGATE_HTTP_MAX_CONNECTIONS_PER_ADDRESS": "12"}
+    assert HttpSettings.from_env(env).max_connections_per_address == 12
+    assert HttpSettings.from_env({}).max_connections_per_address == 256
+    with pytest.raises(SettingsError, match="FAIRGATE_HTTP_MAX_CONNECTIONS_PER_ADDRESS"):
+        HttpSettings.from_env({"FAIRGATE_HTTP_MAX_CONNECTIONS_PER_ADDRESS": "0"})
+
+
+def test_a_trusted_proxys_forwarded_client_is_the_rightmost_untrusted_hop() -> None:
+    proxies = TrustedProxies("127.0.0.1, 10.0.0.0/8")
+    assert proxies.trusts("127.0.0.1")
+    assert proxies.trusts("10.2.3.4")
+    assert not proxies.trusts("203.0.113.7")
+    # a client-written first hop cannot choose the address: the last untrusted one counts
+    assert proxies.client_of("192.0.2.1, 203.0.113.7, 10.0.0.5") == "203.0.113.7"
+    assert proxies.client_of("203.0.113.7:4711") == "203.0.113.7"
+    assert proxies.client_of("[2001:db8::1]:443") == "2001:db8::1"
+    assert proxies.client_of("10.0.0.5, 127.0.0.1") == "10.0.0.5"  # all trusted: the first
+    assert proxies.client_of(" , ") is None
+    assert TrustedProxies("*").client_of("192.0.2.1, 203.0.113.7") == "192.0.2.1"

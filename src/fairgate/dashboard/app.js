@@ -1496,6 +1496,9 @@
 
   function cell(key, v) {
     if (key === "state" && typeof v === "string") return h("span", { class: `badge ${STATE_BADGE[v] || "unknown"}` }, v.replace("_", " "));
+    // an upstream's own text (a permanent block's): a tenant's request may have written it, so it
+    // stays closed behind a click, as text, beside the classified cause (issue 43, N16)
+    if (key === "detail" && typeof v === "string") return v ? h("details", { class: "raw-detail" }, h("summary", {}, "Upstream text"), h("pre", {}, v)) : "–";
     if (typeof v === "number" && /(^|_)ms$|[a-z]Ms$/.test(key)) {
       if (v > 1e12) return new Date(v).toLocaleString();
       return v < 60000 ? `${nf1.format(v / 1000)} s` : duration(v);

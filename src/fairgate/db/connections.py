@@ -10,16 +10,20 @@ from __future__ import annotations
 from fairgate.clock import SYSTEM_CLOCK, Clock
 from fairgate.db.base import Database, Row
 from fairgate.db.common import Conflict, NotFound, dumps, strings_from_json, transaction
+from fairgate.db.engine import schema_version
+from fairgate.db.schema import BILLING_FIELDS_VERSION
 from fairgate.domain.connections import AuthType, Connection, protocol_for
 from fairgate.secretbox import SecretBox
 
 _COLUMNS = (
     "id, provider, base_url, secret, protocol, auth_type, weight, max_concurrent, models, enabled, "
-    "forward_headers"
+    "forward_headers, billing_fields"
 )
+#: What a DB before migration 9 holds (``fairgate config check`` reads one without migrating).
+_COLUMNS_BEFORE_9 = _COLUMNS.removesuffix(", billing_fields")
 
 
-def _row_to_connection(row: Row, box: SecretBox) -> Connection:
+def _row_to_connection(row: Row, box: SecretBox, billing: bool = True) -> Connection:
     return Connection(
         id=row["id"],
         provider=row["provider"],
@@ -32,6 +36,7 @@ def _row_to_connection(row: Row, box: SecretBox) -> Connection:
         models=strings_from_json(row["models"]),
         enabled=bool(row["enabled"]),
         forward_headers=strings_from_json(row["forward_headers"]),
+        billing_fields=strings_from_json(row["billing_fields"]) if billing else (),
     )
 
 
@@ -47,6 +52,7 @@ def _values(c: Connection, box: SecretBox) -> tuple[object, ...]:
         dumps(list(c.models)),
         int(c.enabled),
         dumps(list(c.forward_headers)),
+        dumps(list(c.billing_fields)),
     )
 
 
@@ -55,16 +61,26 @@ class ConnectionRepo:
         self._conn = conn
         self._clock = clock
         self._box = box
+        self._billing: bool | None = None  # the DB has billing_fields (read once)
+
+    def _read_columns(self) -> tuple[str, bool]:
+        """The columns to read: a DB not migrated to 9 yet has no ``billing_fields`` (none
+        allowed, as migration 9 would give it)."""
+        if self._billing is None:
+            self._billing = schema_version(self._conn) >= BILLING_FIELDS_VERSION
+        return (_COLUMNS if self._billing else _COLUMNS_BEFORE_9), self._billing
 
     def all(self) -> list[Connection]:
-        rows = self._conn.execute(f"SELECT {_COLUMNS} FROM connections ORDER BY id")
-        return [_row_to_connection(r, self._box) for r in rows]
+        cols, billing = self._read_columns()
+        rows = self._conn.execute(f"SELECT {cols} FROM connections ORDER BY id")
+        return [_row_to_connection(r, self._box, billing) for r in rows]
 
     def find(self, connection_id: str) -> Connection | None:
+        cols, billing = self._read_columns()
         row = self._conn.execute(
-            f"SELECT {_COLUMNS} FROM connections WHERE id = ?", (connection_id,)
+            f"SELECT {cols} FROM connections WHERE id = ?", (connection_id,)
         ).fetchone()
-        return None if row is None else _row_to_connection(row, self._box)
+        return None if row is None else _row_to_connection(row, self._box, billing)
 
     def get(self, connection_id: str) -> Connection:
         found = self.find(connection_id)
@@ -84,7 +100,7 @@ class ConnectionRepo:
                 raise Conflict(f"connection '{c.id}' already exists")
             self._conn.execute(
                 f"INSERT INTO connections ({_COLUMNS}, created_ms) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (c.id, *_values(c, self._box), self._clock.now_ms()),
             )
         return c
@@ -103,7 +119,7 @@ class ConnectionRepo:
             self._conn.execute(
                 "UPDATE connections SET provider = ?, base_url = ?, secret = ?, protocol = ?, "
                 "auth_type = ?, weight = ?, max_concurrent = ?, models = ?, enabled = ?, "
-                "forward_headers = ? WHERE id = ?",
+                "forward_headers = ?, billing_fields = ? WHERE id = ?",
                 (*_values(c, self._box), c.id),
             )
         return c

@@ -126,6 +126,8 @@ def connection_form(c: Connection) -> Form:
             "models": list(c.models),
             "enabled": c.enabled,
             "forward_headers": list(c.forward_headers),
+            # only when set: the forms applied before the field existed stay equal
+            **({"billing_fields": list(c.billing_fields)} if c.billing_fields else {}),
         },
         c.secret,
     )

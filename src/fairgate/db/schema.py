@@ -234,11 +234,19 @@ MIGRATIONS: tuple[str | PerEngine, ...] = (
         retired_ms INTEGER NOT NULL DEFAULT 0
     )
     """,
+    # 9: the billing-relevant body fields (service_tier, store) a connection lets clients set
+    # (issue 43, N13; registry.BILLING_FIELDS). Existing connections get none: a tenant's
+    # service_tier: priority no longer reaches a shared account unless an admin allows it.
+    """
+    ALTER TABLE connections ADD COLUMN billing_fields TEXT NOT NULL DEFAULT '[]'
+    """,
 )
 
 #: The schema version that added ``config_applied`` and ``retired_key_hashes`` (a reader of an
 #: older DB, such as ``fairgate config check`` before the first start, finds them empty).
 PROVENANCE_VERSION = 8
+#: The schema version that added ``connections.billing_fields``.
+BILLING_FIELDS_VERSION = 9
 
 
 def statements(migration: str | PerEngine, engine: Engine) -> list[str]:

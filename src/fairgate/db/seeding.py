@@ -67,6 +67,7 @@ def connection_from_config(c: ConnectionConfig) -> Connection:
         models=tuple(c.models or ()),
         enabled=c.enabled,
         forward_headers=tuple(c.forward_headers),
+        billing_fields=tuple(c.billing_fields),
     )
 
 

@@ -60,6 +60,9 @@ class Connection:
     #: client headers passed upstream (lower-case names); none by default, so a tenant cannot
     #: choose the organisation or project billed or switch on beta features on a shared account
     forward_headers: tuple[str, ...] = ()
+    #: billing-relevant body fields (:data:`BILLING_FIELDS`) a client may set on this
+    #: connection; the others are not sent, so the account's defaults bill every tenant alike
+    billing_fields: tuple[str, ...] = ()
 
     def serves(self, model: str) -> bool:
         return model != ANY_MODEL and (model in self.models or ANY_MODEL in self.models)
@@ -69,6 +72,13 @@ class Connection:
         """The models listed by name (what ``/v1/models`` shows and quota-share combos use)."""
         return tuple(m for m in self.models if m != ANY_MODEL)
 
+
+#: Request body fields that choose how a shared account is billed or what it keeps: OpenAI's
+#: and Anthropic's ``service_tier`` (priority processing costs more; OpenAI's ``flex`` less,
+#: slower) and OpenAI's ``store`` (the completion is kept on the account, for its owner's
+#: evals and distillation). A connection sends them only when its ``billing_fields`` lists
+#: them (issue 43, N13).
+BILLING_FIELDS: tuple[str, ...] = ("service_tier", "store")
 
 #: A connection's model list entry that means "any model".
 ANY_MODEL = "*"

@@ -245,11 +245,19 @@ def _status(
     now_ms: int,
     threshold: float,
     reserved: bool,
+    own: bool = False,
 ) -> tuple[DimensionStatus, ...]:
     """Remaining = what this key could still use now: its share in strict mode, the pool's free
     room in generous mode (never more than the pool has left), less the room it must leave for
     keys waiting below their share (active mode, ``DimensionCheck.reserve``): a key held back
     for a waiting one is never told it has room.
+
+    ``own`` (the ``x-ratelimit-*`` headers a tenant reads): the key's own room in both modes,
+    its share less its use, never the pool's free room in generous mode, which moved with every
+    other key's request and let a tenant read their use request by request (issue 43, N11).
+    The pool's room still caps it (a key is never told room the pool has not got), which can
+    bind only once other keys use more than their own shares. The routing view keeps the
+    generous room: what a key may borrow decides where it is sent, not what it is told.
 
     Every admission runs this for its ``x-ratelimit-*`` headers, so the window arithmetic of
     :meth:`~fairgate.quota.window.Count.value` and :func:`~fairgate.quota.window.window_end_ms`
@@ -272,7 +280,7 @@ def _status(
             limit, remaining = c.limit, c.limit - used
         else:
             strict = max(total / c.limit, c.signal) >= threshold
-            limit = c.fair_share if strict else c.limit
+            limit = c.fair_share if strict or own else c.limit
             share_use = window if strict and c.window_share else used
             remaining = min(c.limit - total - c.reserve, limit - share_use)
             if c.cap is not None:
@@ -286,11 +294,13 @@ def _status(
 
 
 def _unread_status(checks: tuple[DimensionCheck, ...], now_ms: int) -> tuple[DimensionStatus, ...]:
-    """What the headers can say without the store: each dimension's limit for this key (the
-    pool's limit, or the key's cap or model cap when lower) and when its window turns."""
+    """What the headers can say without the store: each dimension's limit for this key (its
+    share of the pool, as :func:`_status` tells it, or the key's cap or model cap when lower)
+    and when its window turns."""
     out = []
     for c in checks:
-        limit = c.limit if c.cap is None else min(c.limit, c.cap)
+        limit = c.limit if c.scope == "model" else c.fair_share
+        limit = limit if c.cap is None else min(limit, c.cap)
         reset = window_end_ms(now_ms, c.window_ms, c.anchor) - now_ms
         out.append(DimensionStatus(c.key, c.unit.value, limit, None, reset))
     return tuple(out)
@@ -556,7 +566,7 @@ class QuotaEngine:
             ticket = Ticket(pool.id, key_id, reservation_id, checks)
             return Admission(Outcome.ALLOW, ticket=ticket, status=_unread_status(checks, now))
         self._verdict(None, now)  # the store answered (closes the circuit if it was the probe)
-        status = _status(checks, res.totals, res.mine, now, threshold, res.reserved)
+        status = _status(checks, res.totals, res.mine, now, threshold, res.reserved, own=True)
         v = res.verdict
         longest: int | None = None
         if v.outcome is Outcome.BLOCK:

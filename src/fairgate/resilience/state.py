@@ -27,6 +27,7 @@ from typing import Any, NamedTuple, Protocol, TypeVar
 from fairgate.clock import SYSTEM_CLOCK, Clock
 from fairgate.resilience.backoff import Cooldown, merge
 from fairgate.resilience.breaker import BreakerRecord
+from fairgate.resilience.classify import FailureClass
 
 __all__ = [
     "DEFAULT_LEVEL_MEMORY_MS",
@@ -356,6 +357,23 @@ class MemoryResilienceStore:
         return None
 
 
+#: The classes a permanent block's stored reason starts with (``"<class>: <upstream text>"``,
+#: :meth:`fairgate.resilience.manager.RateLimitManager._set_permanent`).
+_CLASSES = frozenset(c.value for c in FailureClass)
+
+
+def _permanent_reason(stored: str) -> dict[str, str]:
+    """A permanent block's stored reason as the admin view shows it: ``reason``, the classified
+    cause (as a cooldown's and a lockout's ``reason`` is), and ``detail``, the upstream's text.
+    The text can be a tenant's (an upstream that echoes a request writes the client's words
+    into its error), so the dashboard shows the cause and keeps the text behind a click
+    (issue 43, N16). A reason stored in another form is all detail."""
+    cause, sep, text = stored.partition(": ")
+    if sep and cause in _CLASSES:
+        return {"reason": cause, "detail": text}
+    return {"reason": "unclassified", "detail": stored}
+
+
 def describe(snapshot: StoreSnapshot, now_ms: int) -> dict[str, Any]:
     """The JSON-ready view of a snapshot: active cooldowns and lockouts with remaining time."""
     return {
@@ -386,7 +404,7 @@ def describe(snapshot: StoreSnapshot, now_ms: int) -> dict[str, Any]:
         "permanent": [
             {
                 "scope": b.scope,
-                "reason": b.reason,
+                **_permanent_reason(b.reason),
                 "since_ms": b.since_ms,
                 "caused_by": {"key_id": b.key_id, "request_id": b.request_id},
             }

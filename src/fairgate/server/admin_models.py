@@ -24,6 +24,7 @@ from pydantic import (
 from pydantic.alias_generators import to_camel
 
 from fairgate.config import (
+    BillingField,
     CapValue,
     ComboBody,
     ComboName,
@@ -37,6 +38,7 @@ from fairgate.config import (
     ModelList,
     ModelName,
     Weight,
+    checked_billing_fields,
     checked_forward_headers,
     checked_models,
     redact_url,
@@ -514,6 +516,12 @@ class ConnectionIn(ApiModel):
         max_length=50,
         description="Client headers passed upstream (none by default)",
     )
+    billing_fields: list[BillingField] = Field(
+        default_factory=list,
+        description=(
+            "Billing-relevant body fields clients may set (service_tier, store; none by default)"
+        ),
+    )
 
     @field_validator("models")
     @classmethod
@@ -524,6 +532,11 @@ class ConnectionIn(ApiModel):
     @classmethod
     def _headers(cls, v: list[str]) -> list[str]:
         return checked_forward_headers(v)
+
+    @field_validator("billing_fields")
+    @classmethod
+    def _billing(cls, v: list[str]) -> list[str]:
+        return checked_billing_fields(v)
 
 
 class ConnectionPatch(ApiModel):
@@ -537,6 +550,7 @@ class ConnectionPatch(ApiModel):
     protocol: Literal["openai", "anthropic"] | None = None
     enabled: bool | None = None
     forward_headers: list[HeaderName] | None = Field(default=None, max_length=50)
+    billing_fields: list[BillingField] | None = None
 
     @field_validator("models")
     @classmethod
@@ -547,6 +561,11 @@ class ConnectionPatch(ApiModel):
     @classmethod
     def _headers(cls, v: list[str] | None) -> list[str] | None:
         return None if v is None else checked_forward_headers(v)
+
+    @field_validator("billing_fields")
+    @classmethod
+    def _billing(cls, v: list[str] | None) -> list[str] | None:
+        return None if v is None else checked_billing_fields(v)
 
 
 class ConnectionOut(ApiModel):
@@ -560,6 +579,7 @@ class ConnectionOut(ApiModel):
     models: list[str]
     enabled: bool
     forward_headers: list[str]
+    billing_fields: list[str]
     has_secret: bool
     pool: str | None
 
@@ -576,6 +596,7 @@ class ConnectionOut(ApiModel):
             models=list(c.models),
             enabled=c.enabled,
             forward_headers=list(c.forward_headers),
+            billing_fields=list(c.billing_fields),
             has_secret=bool(c.secret),
             pool=pool,
         )

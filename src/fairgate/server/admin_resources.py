@@ -118,6 +118,7 @@ async def create_connection(body: ConnectionIn, gw: GW) -> ConnectionOut:
         models=tuple(body.models or ()),
         enabled=body.enabled,
         forward_headers=tuple(body.forward_headers),
+        billing_fields=tuple(body.billing_fields),
     )
     gw.connections().create(conn)
     gw.reload()
@@ -160,6 +161,9 @@ async def patch_connection(connection_id: str, body: ConnectionPatch, gw: GW) ->
             forward_headers=c.forward_headers
             if body.forward_headers is None
             else tuple(body.forward_headers),
+            billing_fields=c.billing_fields
+            if body.billing_fields is None
+            else tuple(body.billing_fields),
         )
         repo.update(c)
     gw.reload()

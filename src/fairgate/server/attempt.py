@@ -107,7 +107,8 @@ async def _attempt_on(
     exchange = EXCHANGES[(call.route, conn.protocol)]
     path = exchange.path
     try:
-        payload, wants_usage = exchange.body(call, upstream_model, _output_bound(call, pool, res))
+        bound = _output_bound(call, pool, res)
+        payload, wants_usage = exchange.body(call, upstream_model, bound, conn.billing_fields)
     except orjson.JSONEncodeError:  # e.g. nested too deeply once translated: no target helps
         lease.release()
         await res.release()

@@ -19,7 +19,7 @@ from typing import Any
 
 import orjson
 
-from fairgate.domain.connections import Connection, Protocol
+from fairgate.domain.connections import BILLING_FIELDS, Connection, Protocol
 from fairgate.providers.responses_upstream import (
     upstream_responses_answer,
     upstream_responses_body,
@@ -50,7 +50,9 @@ Decoder = Callable[[JSON, str, int], JSON | None]
 Relay = Callable[[Call, UpstreamResponse, bool, relay.StreamTally], AsyncIterator[bytes]]
 
 
-Body = Callable[[Call, str, int | None], tuple[bytes, bool]]
+#: A client body → the encoded upstream request, given the upstream's model name, the output
+#: bound (as :data:`Encoder`) and the billing fields the connection lets clients set.
+Body = Callable[[Call, str, int | None, tuple[str, ...]], tuple[bytes, bool]]
 Answer = Callable[[Call, bytes, str], tuple[bytes, Usage | None, JSON | None]]
 
 
@@ -76,8 +78,11 @@ def _json_exchange(
 ) -> Exchange:
     """An exchange whose request and answer are JSON objects translated as such."""
 
-    def body(call: Call, upstream_model: str, bound: int | None) -> tuple[bytes, bool]:
+    def body(
+        call: Call, upstream_model: str, bound: int | None, billing: tuple[str, ...]
+    ) -> tuple[bytes, bool]:
         payload, wants_usage = encode(call, upstream_model, bound)
+        _billing_policy(payload, billing)
         return orjson.dumps(payload), wants_usage
 
     def answer(
@@ -97,8 +102,11 @@ def _json_exchange(
     return Exchange(path, body, answer, relay_)
 
 
-def _responses_body(call: Call, upstream_model: str, bound: int | None) -> tuple[bytes, bool]:
-    # no bound: the Codex backend refuses max_output_tokens (its quota is the account's percent)
+def _responses_body(
+    call: Call, upstream_model: str, bound: int | None, billing: tuple[str, ...]
+) -> tuple[bytes, bool]:
+    # no bound: the Codex backend refuses max_output_tokens (its quota is the account's percent);
+    # no billing field: the body is built field by field, with store: false and no service_tier
     return upstream_responses_body(call.route is Route.MESSAGES, call.body, upstream_model)
 
 
@@ -108,6 +116,17 @@ def _responses_answer(
     return upstream_responses_answer(
         raw, call.route is Route.MESSAGES, call.model, created=_created(call)
     )
+
+
+def _billing_policy(payload: JSON, allowed: tuple[str, ...]) -> None:
+    """Remove the billing-relevant fields (:data:`~fairgate.domain.connections.BILLING_FIELDS`) the
+    connection does not let clients set: the upstream then applies the account's own default
+    (OpenAI's and Anthropic's ``service_tier``: the project's tier; ``store``: not kept). Up to
+    issue 43 (N13) any tenant's ``service_tier: priority`` or ``store: true`` reached the shared
+    account as sent. Two dictionary lookups a request when nothing is allowed."""
+    for name in BILLING_FIELDS:
+        if name in payload and name not in allowed:
+            del payload[name]
 
 
 def _stream_usage_asked(body: Mapping[str, Any]) -> bool:

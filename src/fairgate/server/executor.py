@@ -166,7 +166,9 @@ class _Execution:
             if self._capped():
                 self.diag.exclude(cand.label, "attempt-cap")
                 continue
-            lease = await self.svc.slots.try_acquire(cand.target, cand.conn.max_concurrent)
+            lease = await self.svc.slots.try_acquire(
+                cand.target, cand.conn.max_concurrent, self.call.key.id
+            )
             if lease is None:
                 self.full.append(cand)
                 self.diag.exclude(cand.label, "concurrency-full")
@@ -264,7 +266,9 @@ class _Execution:
         return None
 
     async def _readmit(self, a: _Admitted) -> _Admitted | None:
-        lease = await self.svc.slots.try_acquire(a.cand.target, a.cand.conn.max_concurrent)
+        lease = await self.svc.slots.try_acquire(
+            a.cand.target, a.cand.conn.max_concurrent, self.call.key.id
+        )
         if lease is None:
             return None
         adm = await _admit(self.call, a.cand.conn, a.pool, a.cand.model)
@@ -293,7 +297,8 @@ class _Execution:
         wants = [(c.target, c.conn.max_concurrent or 0) for c in self.full]
         by_key = {c.target.load_key: c for c in self.full}
         self.full = []
-        got = await self._watching_client(self.svc.slots.wait(wants, end, self.timer))
+        slots = self.svc.slots
+        got = await self._watching_client(slots.wait(wants, end, self.timer, self.call.key.id))
         self.diag.waited_ms += self.timer.clock.now_ms() - now
         if got is None:
             raise self._concurrency_full()

@@ -21,6 +21,9 @@ send_timeout_s     FAIRGATE_HTTP_SEND_TIMEOUT_S           60 (one write of a str
 max_connections    FAIRGATE_HTTP_MAX_CONNECTIONS          1000 (open connections; one more closes
                                                           the connection silent longest, or gets
                                                           503 and close when none is silent)
+max_conns_per_addr FAIRGATE_HTTP_MAX_CONNECTIONS_PER_ADDRESS 256 (open connections of one client
+                                                          address; a trusted proxy's are counted
+                                                          by the client its X-Forwarded-For names)
 key_rate_per_s     FAIRGATE_KEY_RATE_PER_S                1000 (requests a second per client key;
                                                           0 = off)
 key_rate_burst     FAIRGATE_KEY_RATE_BURST                2000
@@ -53,6 +56,7 @@ __all__ = [
     "ADMIN_KEY_MIN_LENGTH",
     "HttpSettings",
     "SettingsError",
+    "TrustedProxies",
     "admin_key_problem",
     "host_allowed",
     "is_loopback",
@@ -81,6 +85,7 @@ _NUMBERS: dict[str, tuple[str, float, float]] = {
     "keep_alive_s": ("FAIRGATE_HTTP_KEEP_ALIVE_S", 0.05, 3600),
     "send_timeout_s": ("FAIRGATE_HTTP_SEND_TIMEOUT_S", 0.05, 86_400),
     "max_connections": ("FAIRGATE_HTTP_MAX_CONNECTIONS", 1, 1_000_000),
+    "max_connections_per_address": ("FAIRGATE_HTTP_MAX_CONNECTIONS_PER_ADDRESS", 1, 1_000_000),
     "key_rate_per_s": ("FAIRGATE_KEY_RATE_PER_S", 0, 1_000_000),
     "key_rate_burst": ("FAIRGATE_KEY_RATE_BURST", 1, 10_000_000),
     "max_messages": ("FAIRGATE_MAX_MESSAGES", 1, 10_000_000),
@@ -95,6 +100,7 @@ _INTS = frozenset(
         "max_header_bytes",
         "max_headers",
         "max_connections",
+        "max_connections_per_address",
         "key_rate_burst",
         "max_messages",
         "max_message_bytes",
@@ -120,6 +126,9 @@ class HttpSettings:
     #: the stream is closed (the upstream request and its slot are freed; the client's fault)
     send_timeout_s: float = 60.0
     max_connections: int = 1000
+    #: open connections of one client address (issue 43, N5): one address cannot fill the
+    #: whole cap with request heads it never finishes
+    max_connections_per_address: int = 256
     key_rate_per_s: float = 1000.0
     key_rate_burst: int = 2000
     max_messages: int = 10_000
@@ -184,6 +193,64 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(name).is_loopback
     except ValueError:
         return False
+
+
+class TrustedProxies:
+    """``FORWARDED_ALLOW_IPS`` (comma-separated addresses, networks, or ``*``) as the connection
+    cap reads it: whether a peer is a trusted proxy, and which client a trusted proxy's
+    ``X-Forwarded-For`` names (the rightmost address that is not itself a trusted proxy, as
+    uvicorn's proxy-headers middleware picks it for the routes). A name that is no address
+    is compared as text (a unix socket path)."""
+
+    __slots__ = ("_any", "_hosts", "_literals", "_networks")
+
+    def __init__(self, raw: str) -> None:
+        parts = [p.strip() for p in raw.split(",") if p.strip()]
+        self._any = "*" in parts
+        self._hosts: set[ipaddress.IPv4Address | ipaddress.IPv6Address] = set()
+        self._networks: list[ipaddress.IPv4Network | ipaddress.IPv6Network] = []
+        self._literals: set[str] = set()
+        for p in parts:
+            try:
+                if "/" in p:
+                    self._networks.append(ipaddress.ip_network(p, strict=False))
+                else:
+                    self._hosts.add(ipaddress.ip_address(p))
+            except ValueError:
+                self._literals.add(p)
+
+    def trusts(self, host: str | None) -> bool:
+        if self._any:
+            return True
+        if not host:
+            return False
+        try:
+            ip = ipaddress.ip_address(host)
+        except ValueError:
+            return host in self._literals
+        return ip in self._hosts or any(ip in n for n in self._networks)
+
+    def client_of(self, forwarded_for: str) -> str | None:
+        """The client a trusted proxy's ``X-Forwarded-For`` names (None: an empty header)."""
+        hops = [h.strip() for h in forwarded_for.split(",") if h.strip()]
+        if not hops:
+            return None
+        if self._any:
+            return _host_of(hops[0])
+        for hop in reversed(hops):
+            host = _host_of(hop)
+            if not self.trusts(host):
+                return host
+        return _host_of(hops[0])  # every hop a trusted proxy: the first is the client
+
+
+def _host_of(hop: str) -> str:
+    """An ``X-Forwarded-For`` entry without its port (``1.2.3.4:5``, ``[::1]:5``)."""
+    if hop.startswith("["):
+        return hop[1:].split("]", 1)[0]
+    if hop.count(":") == 1:
+        return hop.split(":", 1)[0]
+    return hop
 
 
 def _allowed_hosts(raw: str, bind: str | None) -> frozenset[str] | None:

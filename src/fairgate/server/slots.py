@@ -22,6 +22,16 @@ slot wakes the first local waiter, which then asks Redis, and waiters also ask a
 first served within a replica, not across replicas: a request arriving on replica B can take a
 slot that replica A's oldest waiter would have had at its next poll. When Redis fails the slots
 fail open to the local count, like admission does.
+
+**A key's share when others wait** (issue 43, N4): first come first served let one client key
+hold every slot of a connection and keep the queue's head with its next requests (four
+streams it never read held both slots of ``max_concurrent: 2``; the other key waited out its
+queue timeout for as long as the attacker kept sending). Each slot now records the client key
+it serves, and a freed slot goes to the first waiter whose key holds fewer than its share of
+the connection (the cap divided among the keys that hold or wait for it), before waiters of
+keys already at their share; with none under its share, the order stays first come first
+served. A running request is never cut for it: a stream the client stops reading ends at the
+send deadline (``FAIRGATE_HTTP_SEND_TIMEOUT_S``), and its slot then goes to the waiting key.
 """
 
 from __future__ import annotations
@@ -52,9 +62,27 @@ POLL_MS = 250
 @dataclass(eq=False)
 class _Waiter:
     wants: dict[str, tuple[Target, int]]  # load key → (target, cap)
+    client: str | None = None  # the client key it waits for (None: no share applies)
     event: asyncio.Event = field(default_factory=asyncio.Event)
     granted: tuple[Target, Lease] | None = None
     gone: bool = False
+
+
+class _KeyedLease(Lease):
+    """A slot that knows the client key it serves, so the key's count on the connection is
+    given back before the slot is handed on (:meth:`Slots._on_release` reads the counts)."""
+
+    __slots__ = ("_client", "_slots")
+
+    def __init__(self, tracker: InflightTracker, key: str, client: str, slots: Slots) -> None:
+        super().__init__(tracker, key)
+        self._client = client
+        self._slots = slots
+
+    def release(self) -> None:
+        if not self.released:
+            self._slots._drop(self.key, self._client)
+        super().release()
 
 
 #: a held shared lease: where it was taken (the store may be swapped meanwhile) and its id;
@@ -84,28 +112,56 @@ class Slots:
         self._pending: dict[str, int] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._renewer: asyncio.Task[None] | None = None
+        #: load key → client key → the slots this process's requests of that key hold on it
+        self._holders: dict[str, dict[str, int]] = {}
         tracker.on_release = self._on_release
 
     @staticmethod
     def capped(cap: int | None) -> bool:
         return cap is not None and cap > 0
 
-    async def try_acquire(self, target: Target, cap: int | None) -> Lease | None:
-        """A slot now, or None when the connection is at its cap or others queue for it."""
+    async def try_acquire(
+        self, target: Target, cap: int | None, client: str | None = None
+    ) -> Lease | None:
+        """A slot now, or None when the connection is at its cap or others queue for it.
+        ``client``: the client key the slot serves (its share when others wait)."""
         if not self.capped(cap):
             return self._tracker.acquire(target)
         assert cap is not None
         if self._queues.get(target.load_key):
             return None
-        return await self._take(target, cap)
+        return await self._take(target, cap, client)
 
-    async def _take(self, target: Target, cap: int) -> Lease | None:
+    def _grant(self, target: Target, client: str | None) -> Lease:
+        """A slot on ``target`` counted for ``client``."""
+        lease = self._tracker.acquire(target)
+        if client is None:
+            return lease
+        key = target.load_key
+        held = self._holders.setdefault(key, {})
+        held[client] = held.get(client, 0) + 1
+        # the tracker counted the slot; this handle releases it and the key's count together
+        return _KeyedLease(self._tracker, key, client, self)
+
+    def _drop(self, key: str, client: str) -> None:
+        held = self._holders.get(key)
+        if held is None:
+            return
+        n = held.get(client, 0) - 1
+        if n > 0:
+            held[client] = n
+            return
+        held.pop(client, None)
+        if not held:
+            del self._holders[key]
+
+    async def _take(self, target: Target, cap: int, client: str | None = None) -> Lease | None:
         key = target.load_key
         if self._tracker.count(target) + self._pending.get(key, 0) >= cap:
             return None
         shared = self._shared()
         if shared is None:
-            return self._tracker.acquire(target)
+            return self._grant(target, client)
         self._pending[key] = self._pending.get(key, 0) + 1
         try:
             held = await self._acquire_shared(shared, key, cap)
@@ -119,7 +175,7 @@ class Slots:
             return None
         self._held.setdefault(key, []).append(held)
         self._start_renewer()
-        return self._tracker.acquire(target)
+        return self._grant(target, client)
 
     async def _acquire_shared(
         self, shared: SlotLeases, key: str, cap: int
@@ -146,11 +202,15 @@ class Slots:
         return sum(len(q) for q in self._queues.values())
 
     async def wait(
-        self, wants: Sequence[tuple[Target, int]], deadline_ms: int, timer: Timer
+        self,
+        wants: Sequence[tuple[Target, int]],
+        deadline_ms: int,
+        timer: Timer,
+        client: str | None = None,
     ) -> tuple[Target, Lease] | None:
         """Queue for a slot on any of ``wants`` until ``deadline_ms``; the target that freed
         and its slot, or None on timeout. Cancellation gives a granted slot back."""
-        waiter = _Waiter({t.load_key: (t, cap) for t, cap in wants})
+        waiter = _Waiter({t.load_key: (t, cap) for t, cap in wants}, client)
         for key in waiter.wants:
             self._queues.setdefault(key, deque()).append(waiter)
         if self._shared() is not None:
@@ -175,7 +235,7 @@ class Slots:
                 for key, (target, cap) in waiter.wants.items():
                     q = self._queues.get(key)
                     if q and q[0] is waiter:
-                        lease = await self._take(target, cap)
+                        lease = await self._take(target, cap, waiter.client)
                         if lease is not None:
                             return target, lease
                 now = timer.clock.now_ms()
@@ -209,6 +269,8 @@ class Slots:
             if lease is not None:
                 self._spawn(self._release_shared(key, *lease))
         q = self._queues.get(key)
+        if q:
+            self._under_share_first(key, q)
         if q and self._shared() is not None:
             q[0].event.set()  # the head asks Redis for the slot (and may lose it to a replica)
             return
@@ -220,10 +282,29 @@ class Slots:
             target, cap = waiter.wants[key]
             if self._tracker.count(target) >= cap:
                 return
-            waiter.granted = (target, self._tracker.acquire(target))
+            waiter.granted = (target, self._grant(target, waiter.client))
             self._leave(waiter)
             waiter.event.set()
             return
+
+    def _under_share_first(self, key: str, q: deque[_Waiter]) -> None:
+        """Put at the head of ``q`` the first waiter whose client key holds fewer than its
+        share of the connection ``key``: the cap divided among the keys that hold a slot on it
+        or wait for one. No such waiter: the order stays. One pass over the queue, on a
+        release that finds waiters only."""
+        holders = self._holders.get(key, {})
+        live = [w for w in q if not w.gone and w.granted is None]
+        if len(live) < 2 or live[0].client is None:
+            return
+        keys = set(holders) | {w.client for w in live if w.client is not None}
+        share = live[0].wants[key][1] / len(keys)
+        if holders.get(live[0].client, 0) < share:
+            return  # the head is under its share: first come first served
+        for w in live[1:]:
+            if w.client is not None and holders.get(w.client, 0) < share:
+                q.remove(w)
+                q.appendleft(w)
+                return
 
     # -- shared leases: release and renewal off the request path -----------------------------
 

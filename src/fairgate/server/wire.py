@@ -24,7 +24,13 @@ answers 503 but still keeps every connection). :class:`LimitedHttpToolsProtocol`
 - idle keep-alive: as uvicorn's, with our timeout;
 - a cap on open connections: one over it closes the connection that has been silent longest
   (a flood of connections that send nothing cannot lock clients out), or, when none is
-  silent, gets 503 and is closed at once.
+  silent, gets 503 and is closed at once;
+- a cap on the open connections of one client address, checked first, the same way among
+  that address's own connections (its silent one, else 503 ``too_many_connections_from_address``):
+  one address could fill the whole cap with request heads it never finished, and every other
+  client got 503 until the attacker stopped (issue 43, N5). A trusted proxy's connections
+  (``FORWARDED_ALLOW_IPS``) are counted by the client their ``X-Forwarded-For`` names, from
+  each request's complete head; a trusted peer's own connections are not counted.
 
 Every deadline and the keep-alive timeout judge what the client *sent*, not what the event loop
 got round to reading: when one expires while the client's bytes wait unread in the socket, the
@@ -55,7 +61,7 @@ from uvicorn.config import Config
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 from uvicorn.server import ServerState
 
-from fairgate.server.http_settings import HttpSettings
+from fairgate.server.http_settings import HttpSettings, TrustedProxies
 
 __all__ = ["LimitedHttpToolsProtocol", "protocol_for", "run", "server_options"]
 
@@ -69,6 +75,11 @@ class _Refused(Exception):
 #: What the connection's one deadline timer is for (none, the request head, the body, the first
 #: byte of a new connection).
 _NONE, _HEAD, _BODY, _SILENT = 0, 1, 2, 3
+#: The refusal of a connection (or a proxied request) whose client address is at its cap.
+_ADDRESS_FULL = (
+    "too_many_connections_from_address",
+    "Too many open connections from this client address",
+)
 #: A deadline timer that fires this close to its deadline counts as on time (loop clocks round).
 _SLACK_S = 0.001
 #: How soon a deadline that found the client's bytes unread looks again: a whole millisecond
@@ -93,6 +104,9 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
     #: the first is the one to close when the connection cap needs room); one per class, and
     #: :func:`protocol_for` makes a class per server
     silent: ClassVar[dict[LimitedHttpToolsProtocol, None]] = {}
+    #: open connections per client address (only the counted ones: see :meth:`_count`)
+    by_address: ClassVar[dict[str, int]] = {}
+    proxies: ClassVar[TrustedProxies] = TrustedProxies("127.0.0.1")
 
     def __init__(
         self,
@@ -110,11 +124,19 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self._timer: TimerHandle | None = None
         self._timer_at = 0.0
         self._refusal: tuple[int, str, str] | None = None
+        self._address: str | None = None  # the client address this connection counts for
+        self._proxied = False  # the peer is a trusted proxy: count by X-Forwarded-For
 
     # -- connection ---------------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        peer = self.client[0] if self.client else None
+        self._proxied = peer is not None and self.proxies.trusts(peer)
+        if peer is not None and not self._proxied and not self._count(peer):
+            log.debug("connection refused: address limit reached", extra={"client": peer})
+            self._reply(503, *_ADDRESS_FULL)
+            return
         if len(self.connections) > self.limits.max_connections and not self._make_room():
             log.debug("connection refused: limit reached", extra={"client": self._peer()})
             self._reply(503, "too_many_connections", "The gateway has too many open connections")
@@ -124,21 +146,61 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.silent.pop(self, None)
+        self._uncount()
         self._cancel_timers()
         super().connection_lost(exc)
 
-    def _make_room(self) -> bool:
+    def _count(self, address: str) -> bool:
+        """Count this connection for ``address``; over the per-address cap, first close that
+        address's connection silent longest. False (not counted) when there is none."""
+        n = self.by_address.get(address, 0)
+        if n >= self.limits.max_connections_per_address and not self._make_room(address):
+            return False
+        self.by_address[address] = self.by_address.get(address, 0) + 1
+        self._address = address
+        return True
+
+    def _uncount(self) -> None:
+        address = self._address
+        if address is None:
+            return
+        self._address = None
+        n = self.by_address.get(address, 0) - 1
+        if n > 0:
+            self.by_address[address] = n
+        else:
+            self.by_address.pop(address, None)
+
+    def _make_room(self, address: str | None = None) -> bool:
         """Closes the connection that has been silent longest (one whose request is waiting
-        unread is not silent); False when there is none."""
+        unread is not silent), of ``address`` when given; False when there is none. An
+        address's scan runs only when it is at its cap."""
         for conn in self.silent:
             if conn.transport.is_closing() or conn._unread():
                 continue
+            if address is not None and conn._address != address:
+                continue
             del self.silent[conn]
             log.debug("connection closed: silent, room needed", extra={"client": conn._peer()})
+            conn._uncount()
             conn._cancel_timers()
             conn.transport.close()
             return True
         return False
+
+    def _count_forwarded(self) -> bool:
+        """A trusted proxy's request: count its connection for the client the request's
+        ``X-Forwarded-For`` names (the proxy's own requests, without one, are not counted).
+        False when that client is at its cap."""
+        forwarded = None
+        for name, value in self.headers:
+            if name == b"x-forwarded-for":
+                forwarded = value
+        client = None if forwarded is None else self.proxies.client_of(forwarded.decode("latin-1"))
+        if client == self._address:
+            return True
+        self._uncount()
+        return client is None or self._count(client)
 
     def data_received(self, data: bytes) -> None:
         if self.transport.is_closing():
@@ -193,6 +255,9 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         if self._too_many_headers():
             self._refusal = self._header_count_refusal()
+            raise _Refused
+        if self._proxied and not self._count_forwarded():
+            self._refusal = (503, *_ADDRESS_FULL)
             raise _Refused
         self._head_open = False
         self._arm(_BODY, self.limits.body_timeout_s)
@@ -352,7 +417,14 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
 def protocol_for(limits: HttpSettings) -> type[LimitedHttpToolsProtocol]:
     """The protocol class uvicorn instantiates per connection, bound to ``limits``."""
     return type(
-        "FairgateHttpProtocol", (LimitedHttpToolsProtocol,), {"limits": limits, "silent": {}}
+        "FairgateHttpProtocol",
+        (LimitedHttpToolsProtocol,),
+        {
+            "limits": limits,
+            "silent": {},
+            "by_address": {},
+            "proxies": TrustedProxies(limits.trusted_proxies),
+        },
     )
 
 
