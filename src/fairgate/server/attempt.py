@@ -43,8 +43,12 @@ from fairgate.server.exchange import EXCHANGES, quality_problem, stream_error_ev
 from fairgate.server.logs import MASK, REDACTOR, REQUEST_ID
 from fairgate.server.provider_signals import PercentCharge
 from fairgate.server.reservation import Reservation
+from fairgate.server.validation import validation_problem
 
 log = logging.getLogger("fairgate.proxy")
+
+#: Failure kinds that are a 200 the gateway refused (no failure class of the upstream's).
+_BAD_200 = frozenset({"quality", "validation"})
 
 #: Units whose reservation an unbounded answer could overrun (all but the request count: a
 #: percent estimate is made from tokens too).
@@ -150,10 +154,14 @@ async def _attempt_on(
         )
         err.failure = "connect_error" if kind == "connect_error" else cls
         # the one failover rule (a bad 200 is no class: another target may do better)
-        failure = None if kind == "quality" else verdict.cls
+        failure = None if kind in _BAD_200 else verdict.cls
         err.step = step_after(failure)
         err.final = err.step is Step.END
         err.same_model_futile = same_model_is_futile(failure)
+        if kind == "validation":
+            err.failure = "validation"
+            if opts.combo is not None:  # a pinned session is not sent back to this target
+                svc.strategy_state.release(opts.combo, call.key.id, cand.target.key)
         return err
 
     try:
@@ -238,10 +246,10 @@ async def _attempt_on(
         resp.release()
     t_body = time.perf_counter()
     out, usage, obj = exchange.answer(call, raw, upstream_model)
-    problem = quality_problem(call.route, obj) if opts.quality else None
+    kind, problem = _answer_problem(call, opts, obj)
     if problem is not None:
         return await fail(
-            "quality",
+            kind,
             ApiError(
                 502,
                 f"An upstream answered 200 without a usable answer ({problem})",
@@ -268,6 +276,17 @@ async def _attempt_on(
     )
     answer.raw_headers.extend(quota)
     return answer
+
+
+def _answer_problem(
+    call: Call, opts: ExecOptions, obj: dict[str, object] | None
+) -> tuple[str, str | None]:
+    """Why a non-stream 200 is refused, and by which check: ``quality`` (empty, cut off,
+    reasoning only) or the combo's ``validation`` (patterns, requested schema)."""
+    problem = quality_problem(call.route, obj) if opts.quality else None
+    if problem is None and obj is not None and opts.validation.active:
+        return "validation", validation_problem(opts.validation, call.route, call.body, obj)
+    return "quality", problem
 
 
 async def _apply_readings(

@@ -32,6 +32,9 @@ from fairgate.routing.fallbacks import FallbackCounts
 from fairgate.routing.model import (
     DEFAULT_MAX_WAIT_MS,
     DEFAULT_QUEUE_TIMEOUT_MS,
+    ContextCompression,
+    ReasoningBuffer,
+    ResponseValidation,
 )
 from fairgate.server.client_http import ClientRequest
 from fairgate.server.errors import ApiError
@@ -213,3 +216,12 @@ class ExecOptions:
     queue_timeout_ms: int = DEFAULT_QUEUE_TIMEOUT_MS
     #: the combo's timeout as an instant on the clock (waits never outlast it)
     deadline_ms: int | None = None
+    #: the combo's answer checks beyond quality (patterns, requested schema)
+    validation: ResponseValidation = field(default_factory=ResponseValidation)
+    #: hold a stream's reasoning until its first content (None: pass it through live)
+    reasoning: ReasoningBuffer | None = None
+    #: how a conversation too large for a target's window is made to fit (None: skip it)
+    compression: ContextCompression | None = None
+    #: combo routing: a target whose known context window is too small is skipped or
+    #: compressed for (plain models leave the upstream to say so)
+    fit_context: bool = False

@@ -90,6 +90,13 @@ class Diagnostics:
             Terminal.CONCURRENCY_FULL: "retry after the indicated time; every upstream is busy",
             None: "retry later",
         }[self.terminal]
+        if self.terminal is Terminal.UPSTREAM_FAILED and any(
+            a["outcome"] == "validation" for a in self.attempted
+        ):
+            action = (
+                "answers failed the combo's response validation (responseValidation: "
+                "disallowed patterns or the requested JSON schema); retry, or relax the schema"
+            )
         return {"action": action, "retry_after_seconds": retry_s}
 
     def body(self) -> dict[str, Any]:

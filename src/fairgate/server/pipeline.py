@@ -313,6 +313,10 @@ async def _run(
         combo=combo.name,
         max_wait_ms=cfg.max_wait_ms,
         queue_timeout_ms=cfg.queue_timeout_ms,
+        validation=cfg.response_validation,
+        reasoning=cfg.reasoning_buffer if cfg.reasoning_buffer.enabled else None,
+        compression=cfg.context_compression,
+        fit_context=True,
     )
     if cfg.timeout_ms is None:
         return await executor.execute(call, cands, diag, opts)

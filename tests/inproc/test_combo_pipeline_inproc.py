@@ -1,0 +1,133 @@
+"""The combo pipeline's target-loop checks of issue 46 through the whole request path: hedged
+first tokens, reasoning held back, a context that fits the fallback, answers validated, and
+auto's reset-window, success-rate and breaker factors in the diagnostics.
+
+The upstream is an in-process handler per connection; time is a :class:`ManualTimer` the test
+moves, so a hedge starts when the test says the first token is late, never by sleeping."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from inproc_support import base_config, conn, failed_diagnostics, gateway
+
+from fairgate.config import ConfigError
+from fairgate.providers.inprocess import Reply, UpstreamRequest, openai_chat
+from fairgate.timers import ManualTimer
+
+GPT = "gpt-4o-mini"
+
+
+def config(combos: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
+    return base_config(
+        [conn("oa-1", models=(GPT,), **extra), conn("oa-2", models=(GPT,))], combos=combos
+    )
+
+
+def target(connection: str, **kw: Any) -> dict[str, Any]:
+    return {"provider": "mock", "model": GPT, "connection": connection, **kw}
+
+
+def combo(name: str, cfg: dict[str, Any], strategy: str = "priority") -> dict[str, Any]:
+    return {
+        "name": name,
+        "strategy": strategy,
+        "targets": [target("oa-1"), target("oa-2")],
+        "config": cfg,
+    }
+
+
+def answers(by_conn: dict[str, str]) -> Any:
+    async def handler(req: UpstreamRequest) -> Reply:
+        return openai_chat(by_conn[req.conn.id])
+
+    return handler
+
+
+def content(r: httpx.Response) -> str:
+    assert r.status_code == 200, r.text
+    return str(r.json()["choices"][0]["message"]["content"])
+
+
+# -- 5. answers validated ------------------------------------------------------------------
+
+
+PERSON = {
+    "type": "json_schema",
+    "json_schema": {
+        "name": "person",
+        "schema": {
+            "type": "object",
+            "properties": {"name": {"type": "string"}},
+            "required": ["name"],
+        },
+    },
+}
+
+
+async def test_a_disallowed_pattern_fails_over_to_the_next_target(tmp_path: Path) -> None:
+    cfg = config([combo("v", {"responseValidation": {"disallowedPatterns": ["(?i)as an ai"]}})])
+    handler = answers({"oa-1": "As an AI I cannot", "oa-2": "Paris"})
+    async with gateway(tmp_path, cfg, ManualTimer(), handler) as h:
+        r = await h.chat("v")
+        assert content(r) == "Paris"
+        assert h.sent_to == ["oa-1", "oa-2"]
+
+
+async def test_without_validation_the_same_answer_is_served(tmp_path: Path) -> None:
+    cfg = config([combo("v", {})])
+    handler = answers({"oa-1": "As an AI I cannot", "oa-2": "Paris"})
+    async with gateway(tmp_path, cfg, ManualTimer(), handler) as h:
+        assert content(await h.chat("v")) == "As an AI I cannot"
+        assert h.sent_to == ["oa-1"]
+
+
+async def test_a_schema_violation_fails_over(tmp_path: Path) -> None:
+    cfg = config([combo("v", {"responseValidation": {"jsonSchema": True}})])
+    handler = answers({"oa-1": '{"nom": "x"}', "oa-2": '{"name": "x"}'})
+    async with gateway(tmp_path, cfg, ManualTimer(), handler) as h:
+        r = await h.chat("v", response_format=PERSON)
+        assert content(r) == '{"name": "x"}'
+        assert h.sent_to == ["oa-1", "oa-2"]
+        # a request that asked for no schema is not checked against one
+        r = await h.chat("v")
+        assert content(r) == '{"nom": "x"}'
+
+
+async def test_every_answer_invalid_names_the_check_and_releases_the_pin(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    checks = {"responseValidation": {"jsonSchema": True}, "maxRetries": 0}
+    cfg = config([combo("v", checks, "cache-optimized")])
+    good = {"oa-1": '{"name": "x"}', "oa-2": '{"name": "y"}'}
+    state: dict[str, str] = dict(good)
+
+    async def handler(req: UpstreamRequest) -> Reply:
+        return openai_chat(state[req.conn.id])
+
+    async with gateway(tmp_path, cfg, ManualTimer(), handler) as h:
+        assert content(await h.chat("v", response_format=PERSON)) == '{"name": "x"}'
+        pinned = h.svc.strategy_state.session_target("v", "alice")
+        assert pinned == f"mock/{GPT}@oa-1"
+        state.update({"oa-1": "not json", "oa-2": '{"name": 3}'})
+        with caplog.at_level(logging.INFO):
+            r = await h.chat("v", response_format=PERSON)
+        assert r.status_code == 502
+        body = r.json()
+        assert "response validation" in body["diagnostics"]["recoveryHint"]["action"]
+        assert "schema violated at name" in body["error"]["message"]
+        full = failed_diagnostics(caplog.records)[-1]
+        assert [a["outcome"] for a in full["attempted"]] == ["validation", "validation"]
+        # the session is no longer pinned to the target whose answer failed the check
+        assert h.svc.strategy_state.session_target("v", "alice") is None
+
+
+async def test_a_bad_pattern_is_refused_when_configured(tmp_path: Path) -> None:
+    cfg = config([combo("v", {"responseValidation": {"disallowedPatterns": ["("]}})])
+    with pytest.raises(ConfigError, match=r"responseValidation\.disallowedPatterns"):
+        async with gateway(tmp_path, cfg, ManualTimer(), answers({})):
+            pass
