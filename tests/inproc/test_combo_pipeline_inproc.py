@@ -131,3 +131,61 @@ async def test_a_bad_pattern_is_refused_when_configured(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"responseValidation\.disallowedPatterns"):
         async with gateway(tmp_path, cfg, ManualTimer(), answers({})):
             pass
+
+
+# -- 6. auto's reset-window affinity, success rate and breaker health -------------------------
+
+
+def pool(pid: str, connection: str, window: str) -> dict[str, Any]:
+    return {
+        "id": pid,
+        "name": pid,
+        "connections": [connection],
+        "dimensions": [{"unit": "requests", "window": window, "limit": 1000}],
+        "allocations": [{"key": "alice", "weight": 100}],
+    }
+
+
+def auto_config() -> dict[str, Any]:
+    auto = {
+        "name": "a",
+        "strategy": "auto",
+        "targets": [target("oa-1"), target("oa-2")],
+        "config": {"options": {"exploration": 0}, "maxRetries": 0, "maxWaitMs": 0},
+    }
+    cfg = config([auto])
+    cfg["pools"] = [pool("daily", "oa-1", "daily"), pool("hourly", "oa-2", "hourly")]
+    return cfg
+
+
+async def test_auto_prefers_the_account_whose_window_resets_sooner(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    status = {"oa-1": 200, "oa-2": 200}
+
+    async def handler(req: UpstreamRequest) -> Reply:
+        if status[req.conn.id] != 200:
+            return Reply(500, {"error": {"message": "boom", "type": "server_error"}})
+        return openai_chat("ok")
+
+    async with gateway(tmp_path, auto_config(), ManualTimer(), handler) as h:
+        r = await h.chat("a")
+        assert content(r) == "ok"
+        # both have room; everything else is equal: the hourly window resets first
+        assert h.sent_to == ["oa-2"]
+        status.update({"oa-1": 500, "oa-2": 500})
+        with caplog.at_level(logging.INFO):
+            r = await h.chat("a")
+        assert r.status_code >= 500
+    full = failed_diagnostics(caplog.records)[-1]
+    assert set(full["weights"]) >= {"reset_affinity", "health", "stability"}
+    assert abs(sum(full["weights"].values()) - 1) < 1e-3
+    by = {c["target"]: c for c in full["candidates"]}
+    one, two = by[f"mock/{GPT}@oa-1"], by[f"mock/{GPT}@oa-2"]
+    assert two["factors"]["reset_affinity"] == 1.0
+    assert one["factors"]["reset_affinity"] < 1.0  # the daily window resets later
+    # oa-2 answered the first request: its success rate is known, oa-1's is not (0.5)
+    assert two["factors"]["stability"] == 1.0
+    assert one["factors"]["stability"] == 0.5
+    assert two["factors"]["health"] == 1.0
+    assert two["score"] > one["score"]

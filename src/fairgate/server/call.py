@@ -167,6 +167,8 @@ class Call:
     headers: Mapping[str, str]
     #: how many answers the upstream generates and bills (chat's ``n``; 1 elsewhere)
     choices: int = 1
+    #: an ``auto`` combo's candidates as it scored them (factors, score), for the diagnostics
+    route_scores: list[dict[str, object]] | None = None
 
     @property
     def anthropic_client(self) -> bool:

@@ -44,6 +44,7 @@ from fairgate.routing import (
     task_hints,
 )
 from fairgate.routing.modes import FusionPlan, PipelinePlan, answer_text
+from fairgate.routing.strategies.auto import auto_breakdown, auto_weights
 from fairgate.server import access, executor
 from fairgate.server.call import Call, Candidate, ExecOptions, Route
 from fairgate.server.diagnostics import Diagnostics, Terminal
@@ -192,6 +193,8 @@ async def order_targets(call: Call, combo: Combo, targets: Sequence[Target]) -> 
         options=combo.config.options,
         soft_factor=svc.gw.quota_settings.soft_deprioritize_factor,
     )
+    if combo.strategy == "auto":  # what each candidate scored, for the diagnostics
+        call.route_scores = auto_breakdown(inp, svc.strategy_state)
     return get_strategy(combo.strategy)(inp, svc.strategy_state)
 
 
@@ -296,6 +299,9 @@ async def _run(
     cfg = combo.config
     cands = [c for t in ordered for c in target_candidates(reg, t, call.key)]
     diag = Diagnostics(pool_size=len(cands), combo=combo.name, strategy=combo.strategy)
+    if call.route_scores is not None:
+        diag.candidates = call.route_scores
+        diag.weights = {k: round(v, 4) for k, v in auto_weights(cfg.options).items()}
     if not cands:
         usable_targets(call, ordered)  # the 403 when the key may use none of them
         raise diag.error(
