@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import orjson
 import pytest
 from inproc_support import base_config, conn, failed_diagnostics, gateway
 
@@ -189,3 +190,95 @@ async def test_auto_prefers_the_account_whose_window_resets_sooner(
     assert one["factors"]["stability"] == 0.5
     assert two["factors"]["health"] == 1.0
     assert two["score"] > one["score"]
+
+
+# -- 2. reasoning held back ------------------------------------------------------------------
+
+
+def _chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
+    event = {
+        "id": "chatcmpl-r",
+        "object": "chat.completion.chunk",
+        "model": GPT,
+        "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+    }
+    return b"data: " + orjson.dumps(event) + b"\n\n"
+
+
+def reasoning_stream(thoughts: list[str], answer: str | None, finish: str) -> Reply:
+    """A chat stream that reasons (``reasoning_content``), then answers ``answer`` (None: not
+    at all) and finishes with ``finish``."""
+    chunks: list[bytes | BaseException] = [_chunk({"role": "assistant", "content": ""})]
+    chunks += [_chunk({"reasoning_content": t}) for t in thoughts]
+    if answer is not None:
+        chunks.append(_chunk({"content": answer}))
+    chunks.append(_chunk({}, finish))
+    usage = {"prompt_tokens": 5, "completion_tokens": 64, "total_tokens": 69}
+    chunks.append(b"data: " + orjson.dumps({"choices": [], "usage": usage}) + b"\n\n")
+    chunks.append(b"data: [DONE]\n\n")
+    return Reply(headers={"content-type": "text/event-stream"}, chunks=chunks)
+
+
+def deltas(r: httpx.Response, field: str) -> list[str]:
+    assert r.status_code == 200, r.text
+    out = []
+    for line in r.text.splitlines():
+        if line.startswith("data: {"):
+            for c in orjson.loads(line[6:]).get("choices", []):
+                if c["delta"].get(field):
+                    out.append(c["delta"][field])
+    return out
+
+
+def thinking_upstream() -> Any:
+    """oa-1 spends its whole budget reasoning; oa-2 reasons a little, then answers."""
+
+    async def handler(req: UpstreamRequest) -> Reply:
+        if req.conn.id == "oa-1":
+            return reasoning_stream(["hmm ", "still thinking"], None, "length")
+        return reasoning_stream(["short ", "thought"], "42", "stop")
+
+    return handler
+
+
+async def test_a_reasoning_only_stream_fails_over_before_the_client_sees_it(
+    tmp_path: Path,
+) -> None:
+    cfg = config([combo("r", {"reasoningBuffer": {"enabled": True}})])
+    async with gateway(tmp_path, cfg, ManualTimer(), thinking_upstream()) as h:
+        r = await h.chat("r", stream=True)
+        assert h.sent_to == ["oa-1", "oa-2"]
+        assert r.headers["x-fairgate-connection"] == "oa-2"
+        # nothing of oa-1's reasoning reached the client; oa-2's held reasoning, then content,
+        # in order
+        assert deltas(r, "reasoning_content") == ["short ", "thought"]
+        assert deltas(r, "content") == ["42"]
+        assert r.text.index("thought") < r.text.index('"42"')
+        # the failed attempt was charged (the upstream billed the reasoning)
+        await h.settle_background()
+        assert await h.open_reservations() == 0
+
+
+async def test_without_the_buffer_the_reasoning_streams_live(tmp_path: Path) -> None:
+    cfg = config([combo("r", {})])
+    async with gateway(tmp_path, cfg, ManualTimer(), thinking_upstream()) as h:
+        r = await h.chat("r", stream=True)
+        assert h.sent_to == ["oa-1"]
+        assert deltas(r, "reasoning_content") == ["hmm ", "still thinking"]
+
+
+async def test_a_client_that_asks_for_live_reasoning_is_never_held(tmp_path: Path) -> None:
+    cfg = config([combo("r", {"reasoningBuffer": {"enabled": True}})])
+    async with gateway(tmp_path, cfg, ManualTimer(), thinking_upstream()) as h:
+        r = await h.chat("r", stream=True, headers={"x-fairgate-reasoning": "live"})
+        assert h.sent_to == ["oa-1"]
+        assert deltas(r, "reasoning_content") == ["hmm ", "still thinking"]
+
+
+async def test_the_buffer_is_bounded_in_bytes(tmp_path: Path) -> None:
+    cfg = config([combo("r", {"reasoningBuffer": {"enabled": True, "maxBytes": 100}})])
+    async with gateway(tmp_path, cfg, ManualTimer(), thinking_upstream()) as h:
+        r = await h.chat("r", stream=True)
+        # past 100 bytes held the stream is passed through: the client got oa-1's reasoning
+        assert h.sent_to == ["oa-1"]
+        assert deltas(r, "reasoning_content") == ["hmm ", "still thinking"]

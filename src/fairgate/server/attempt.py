@@ -21,6 +21,7 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 import orjson
 from starlette.responses import Response, StreamingResponse
 
+from fairgate.clock import Clock
 from fairgate.providers.ratelimit import RateLimitSnapshot
 from fairgate.providers.transport import TRANSPORT_ERRORS, UpstreamResponse
 from fairgate.providers.usage import Usage
@@ -34,6 +35,7 @@ from fairgate.resilience.failover import Step, same_model_is_futile, step_after
 from fairgate.routing import (
     Lease,
 )
+from fairgate.routing.model import ReasoningBuffer
 from fairgate.server import relay, tracing
 from fairgate.server.call import Call, Candidate, ExecOptions, Services
 from fairgate.server.client_http import Answer, Later, StreamAnswer
@@ -195,7 +197,12 @@ async def _attempt_on(
     if call.stream:
         tally = relay.StreamTally(prompt_estimate=call.prompt_estimate)
         source = exchange.relay(call, resp, wants_usage, tally)
-        primed = await _prime(source, tally) if opts.quality else ([], None)
+        hold = _reasoning_hold(call, opts)
+        primed = (
+            await _prime(source, tally, hold, svc.gw.clock)
+            if opts.quality or hold is not None
+            else ([], None)
+        )
         first, problem = primed
         if problem is not None:
             resp.release()
@@ -331,23 +338,60 @@ async def _report_success(
     svc.record_attempt(cand, None, latency_ms, tokens)
 
 
+#: The request header with which a client asks to see reasoning as it comes
+#: (``x-fairgate-reasoning: live``): a combo's reasoning buffer is never applied to it.
+REASONING_HEADER = "x-fairgate-reasoning"
+
+
+def _reasoning_hold(call: Call, opts: ExecOptions) -> ReasoningBuffer | None:
+    """The combo's reasoning buffer for this request, unless the client asked to see
+    reasoning live."""
+    if opts.reasoning is None or call.headers.get(REASONING_HEADER, "").lower() == "live":
+        return None
+    return opts.reasoning
+
+
 async def _prime(
-    source: AsyncIterator[bytes], tally: relay.StreamTally
+    source: AsyncIterator[bytes],
+    tally: relay.StreamTally,
+    hold: ReasoningBuffer | None = None,
+    clock: Clock | None = None,
 ) -> tuple[list[bytes], str | None]:
     """Read a stream up to its first content (SPEC §8: validate on the first content chunk,
     then pass the rest through live). Returns what was read and, if the stream is no good
     (ended without a finish, broke or errored before any content), why. A stream that finishes
-    with nothing in it is an answer (an empty turn), not a failure."""
+    with nothing in it is an answer (an empty turn), not a failure.
+
+    With ``hold`` (a combo's reasoning buffer, issue 46) reasoning is no content: it is held
+    until the first content or tool token, within ``max_bytes`` and ``max_ms`` (checked as each
+    event arrives; past either the stream is passed through as it is); a stream that ends in
+    reasoning only because its budget ran out is a failure the combo fails over from before
+    the client saw a byte. What was held is sent first, in order."""
     first: list[bytes] = []
+    held = 0
+    started = 0 if clock is None else clock.now_ms()
+
+    def said() -> int:
+        return tally.text_chars if hold is None else tally.answer_chars
+
     try:
         async for chunk in source:
             first.append(chunk)
-            if tally.text_chars == 0 and chunk.find(b'"error"') != -1:  # find: see sse.py
+            if said() == 0 and chunk.find(b'"error"') != -1:  # find: see sse.py
                 return first, "error event"
-            if tally.text_chars > 0:
+            if said() > 0:
                 return first, None
             if tally.finished:
+                if hold is not None and tally.reasoning_chars and tally.truncated:
+                    async for _rest in source:  # the usage that follows the finish
+                        pass
+                    return first, "reasoning used the whole budget, no content"
                 return first, None
+            if hold is not None:
+                held += len(chunk)
+                waited = 0 if clock is None else clock.now_ms() - started
+                if held > hold.max_bytes or waited > hold.max_ms:
+                    return first, None  # bounded: pass it through from here
     except TRANSPORT_ERRORS as exc:
         return first, type(exc).__name__
     return first, "ended without content"
