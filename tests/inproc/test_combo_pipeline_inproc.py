@@ -282,3 +282,88 @@ async def test_the_buffer_is_bounded_in_bytes(tmp_path: Path) -> None:
         # past 100 bytes held the stream is passed through: the client got oa-1's reasoning
         assert h.sent_to == ["oa-1"]
         assert deltas(r, "reasoning_content") == ["hmm ", "still thinking"]
+
+
+# -- 3. a context that fits the fallback -----------------------------------------------------
+
+
+def long_conversation() -> list[dict[str, Any]]:
+    """A system prompt, then 10 exchanges of about 400 tokens each, a tool call and its result
+    in the middle of the last ones, then the question."""
+    filler = "lorem ipsum dolor sit amet " * 60  # ~1,600 characters, ~400 tokens
+    msgs: list[dict[str, Any]] = [{"role": "system", "content": "be brief"}]
+    for i in range(10):
+        msgs.append({"role": "user", "content": f"turn {i} {filler}"})
+        msgs.append({"role": "assistant", "content": f"answer {i}"})
+    call = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    msgs.append({"role": "user", "content": "use the tool"})
+    msgs.append({"role": "assistant", "content": None, "tool_calls": [call]})
+    msgs.append({"role": "tool", "tool_call_id": "call_1", "content": "42"})
+    msgs.append({"role": "user", "content": "and now"})
+    return msgs
+
+
+def small_window_combo(cfg: dict[str, Any]) -> dict[str, Any]:
+    """oa-1 fails with a 500; oa-2, the fallback, has a 1,000-token window."""
+    return {
+        "name": "c",
+        "strategy": "priority",
+        "targets": [target("oa-1"), target("oa-2", contextWindow=1000)],
+        "config": {"maxRetries": 0, "maxWaitMs": 0, **cfg},
+    }
+
+
+def first_fails() -> Any:
+    async def handler(req: UpstreamRequest) -> Reply:
+        if req.conn.id == "oa-1":
+            return Reply(500, {"error": {"message": "boom", "type": "server_error"}})
+        return openai_chat("fitted")
+
+    return handler
+
+
+async def test_a_small_window_fallback_gets_a_compressed_conversation(tmp_path: Path) -> None:
+    cfg = config([small_window_combo({"contextCompression": {"keepLastTurns": 3}})])
+    async with gateway(tmp_path, cfg, ManualTimer(), first_fails()) as h:
+        r = await h.chat("c", messages=long_conversation(), max_tokens=100)
+        assert content(r) == "fitted"
+        assert h.sent_to == ["oa-1", "oa-2"]
+        sent = h.upstream.requests[-1].json()["messages"]
+        # the system prompt, then the tool call with its result and the question: the last
+        # three messages would have begun at the tool result, so the cut moved back to the
+        # user turn that asked for the tool
+        assert [m["role"] for m in sent] == ["system", "user", "assistant", "tool", "user"]
+        assert sent[1]["content"] == "use the tool"
+        assert h.upstream.requests[0].json()["messages"] == long_conversation()
+        assert r.headers["x-fairgate-context-compressed"] == "dropped=20"
+
+
+async def test_without_a_rule_the_small_window_is_skipped(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    cfg = config([small_window_combo({})])
+    async with gateway(tmp_path, cfg, ManualTimer(), first_fails()) as h:
+        with caplog.at_level(logging.INFO):
+            r = await h.chat("c", messages=long_conversation(), max_tokens=100)
+        assert h.sent_to == ["oa-1"]  # no attempt spent on a certain 400
+        assert r.status_code == 500
+        excluded = r.json()["diagnostics"]["excluded"]
+        assert excluded == [{"target": f"mock/{GPT}", "reason": "context_window"}]
+        full = failed_diagnostics(caplog.records)[-1]
+        assert full["excluded"] == [{"target": f"mock/{GPT}@oa-2", "reason": "context-window"}]
+        # a short conversation still goes there
+        r = await h.chat("c", max_tokens=100)
+        assert content(r) == "fitted"
+
+
+async def test_every_window_too_small_is_the_requests_400(tmp_path: Path) -> None:
+    small = {
+        "name": "s",
+        "targets": [target("oa-1", contextWindow=500), target("oa-2", contextWindow=800)],
+        "config": {"maxWaitMs": 0},
+    }
+    async with gateway(tmp_path, config([small]), ManualTimer(), first_fails()) as h:
+        r = await h.chat("s", messages=long_conversation())
+        assert r.status_code == 400
+        assert r.json()["error"]["code"] == "context_length_exceeded"
+        assert h.sent_to == []

@@ -182,6 +182,7 @@ _PUBLIC_REASONS = {
     "permanent": "unavailable",
     "concurrency-full": "busy",
     "attempt-cap": "attempt_cap",
+    "context-window": "context_window",  # the request's size: no secret of the gateway's
 }
 
 
