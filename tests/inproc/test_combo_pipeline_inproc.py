@@ -7,6 +7,7 @@ moves, so a hedge starts when the test says the first token is late, never by sl
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from pathlib import Path
 from typing import Any
@@ -14,7 +15,7 @@ from typing import Any
 import httpx
 import orjson
 import pytest
-from inproc_support import base_config, conn, failed_diagnostics, gateway
+from inproc_support import Harness, base_config, conn, failed_diagnostics, gateway
 
 from fairgate.config import ConfigError
 from fairgate.providers.inprocess import Reply, UpstreamRequest, openai_chat
@@ -367,3 +368,126 @@ async def test_every_window_too_small_is_the_requests_400(tmp_path: Path) -> Non
         assert r.status_code == 400
         assert r.json()["error"]["code"] == "context_length_exceeded"
         assert h.sent_to == []
+
+
+# -- 1. hedged first token -------------------------------------------------------------------
+
+
+def hedge_config(**cfg: Any) -> dict[str, Any]:
+    hedged = {
+        "name": "h",
+        "targets": [target("oa-1"), target("oa-2")],
+        "config": {"predictiveTtftMs": 500, "maxRetries": 0, **cfg},
+    }
+    out = config([hedged])
+    out["pools"] = [pool("p1", "oa-1", "daily"), pool("p2", "oa-2", "daily")]
+    return out
+
+
+class Slow:
+    """A handler whose connections answer when the test releases them (a slow first token),
+    or at once when they are not held."""
+
+    def __init__(self, *held: str) -> None:
+        self.gates = {c: asyncio.Event() for c in held}
+        self.cancelled: list[str] = []
+
+    async def __call__(self, req: UpstreamRequest) -> Reply:
+        gate = self.gates.get(req.conn.id)
+        if gate is not None:
+            try:
+                await gate.wait()
+            except asyncio.CancelledError:
+                self.cancelled.append(req.conn.id)
+                raise
+        text = f"from {req.conn.id}"
+        if req.json().get("stream"):
+            return reasoning_stream([], text, "stop")
+        return openai_chat(text)
+
+
+async def requests_total(h: Harness, pool_id: str) -> float:
+    usage = await h.gw.engine.usage(h.gw.registry.pools[pool_id])
+    return float(usage.dimensions[0].total)
+
+
+def hedges(metrics: str) -> dict[str, float]:
+    out = {}
+    for line in metrics.splitlines():
+        if line.startswith('fairgate_combo_hedges_total{combo="h"'):
+            outcome = line.split('outcome="')[1].split('"')[0]
+            out[outcome] = float(line.rsplit(" ", 1)[1])
+    return out
+
+
+async def test_a_slow_first_token_is_hedged_and_the_hedge_wins(tmp_path: Path) -> None:
+    slow = Slow("oa-1")
+    timer = ManualTimer()
+    async with gateway(tmp_path, hedge_config(), timer, slow) as h:
+        task = asyncio.create_task(h.chat("h", stream=True))
+        await timer.until_sleeping(1)  # the hedge delay runs; oa-1 has not answered
+        assert h.sent_to == ["oa-1"]
+        timer.advance(499)
+        await asyncio.sleep(0)
+        assert h.sent_to == ["oa-1"]  # not before the delay
+        timer.advance(1)
+        r = await task
+        assert deltas(r, "content") == ["from oa-2"]
+        assert r.headers["x-fairgate-hedged"] == "won"
+        assert h.sent_to == ["oa-1", "oa-2"]
+        assert slow.cancelled == ["oa-1"]  # the loser was cancelled at once
+        await h.settle_background()
+        assert await h.open_reservations() == 0
+        # both attempts were charged to their pools: the upstream bills the started one too
+        assert await requests_total(h, "p1") == 1
+        assert await requests_total(h, "p2") == 1
+        assert hedges((await h.client.get("/metrics")).text) == {"won": 1.0}
+
+
+async def test_a_first_token_in_time_sends_no_hedge(tmp_path: Path) -> None:
+    async with gateway(tmp_path, hedge_config(), ManualTimer(), Slow()) as h:
+        r = await h.chat("h")
+        assert content(r) == "from oa-1"
+        assert h.sent_to == ["oa-1"]
+        assert hedges((await h.client.get("/metrics")).text) == {}
+
+
+async def test_the_first_target_answering_first_cancels_the_hedge(tmp_path: Path) -> None:
+    slow = Slow("oa-1", "oa-2")
+    timer = ManualTimer()
+    async with gateway(tmp_path, hedge_config(), timer, slow) as h:
+        task = asyncio.create_task(h.chat("h"))
+        await timer.until_sleeping(1)
+        timer.advance(500)
+        for _ in range(100):  # the hedge is sent
+            await asyncio.sleep(0)
+            if len(h.sent_to) == 2:
+                break
+        assert h.sent_to == ["oa-1", "oa-2"]
+        slow.gates["oa-1"].set()
+        r = await task
+        assert content(r) == "from oa-1"
+        assert "x-fairgate-hedged" not in r.headers
+        assert slow.cancelled == ["oa-2"]
+        await h.settle_background()
+        assert await h.open_reservations() == 0
+        assert await requests_total(h, "p2") == 1  # the cancelled hedge is charged too
+        assert hedges((await h.client.get("/metrics")).text) == {"cancelled": 1.0}
+
+
+async def test_hedges_over_the_cap_are_not_sent(tmp_path: Path) -> None:
+    slow = Slow("oa-1", "oa-2")
+    timer = ManualTimer()
+    async with gateway(tmp_path, hedge_config(maxHedgesInFlight=1), timer, slow) as h:
+        tasks = [asyncio.create_task(h.chat("h")) for _ in range(2)]
+        await timer.until_sleeping(2)
+        timer.advance(500)
+        for _ in range(100):
+            await asyncio.sleep(0)
+        assert sorted(h.sent_to) == ["oa-1", "oa-1", "oa-2"]  # one hedge, not two
+        slow.gates["oa-1"].set()
+        for t in tasks:
+            assert content(await t) == "from oa-1"
+        assert hedges((await h.client.get("/metrics")).text) == {"capped": 1.0, "cancelled": 1.0}
+        await h.settle_background()
+        assert await h.open_reservations() == 0

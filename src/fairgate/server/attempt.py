@@ -11,6 +11,7 @@ ends), or by a failure the upstream did work for; otherwise its owner releases i
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 import math
@@ -81,10 +82,15 @@ async def attempt(
         opts.drr.dispatch(cand.target)
     try:
         return await _attempt_on(call, cand, pool, adm, res, lease, diag=diag, opts=opts)
-    except BaseException:
+    except BaseException as exc:
         # a combo timeout, a shadow's abort or a bug: give the slot back (the reservation is
         # released by its owner on the way out)
         lease.release()
+        if opts.charge_if_cancelled and isinstance(exc, asyncio.CancelledError) and res.open:
+            # a hedge's loser: the upstream started (and bills) the work; charge its prompt
+            res.keep()
+            usage = Usage(prompt_tokens=call.prompt_estimate)
+            call.svc.spawn(_settle(call.svc, res, cand.conn, call, cand.model, usage))
         raise
 
 
@@ -197,13 +203,7 @@ async def _attempt_on(
     if call.stream:
         tally = relay.StreamTally(prompt_estimate=call.prompt_estimate)
         source = exchange.relay(call, resp, wants_usage, tally)
-        hold = _reasoning_hold(call, opts)
-        primed = (
-            await _prime(source, tally, hold, svc.gw.clock)
-            if opts.quality or hold is not None
-            else ([], None)
-        )
-        first, problem = primed
+        first, problem = await _primed(call, opts, source, tally, resp)
         if problem is not None:
             resp.release()
             return await fail(
@@ -336,6 +336,25 @@ async def _report_success(
         )
     tokens = 0 if usage is None else usage.prompt_tokens + usage.completion_tokens
     svc.record_attempt(cand, None, latency_ms, tokens)
+
+
+async def _primed(
+    call: Call,
+    opts: ExecOptions,
+    source: AsyncIterator[bytes],
+    tally: relay.StreamTally,
+    resp: UpstreamResponse,
+) -> tuple[list[bytes], str | None]:
+    """:func:`_prime` when the stream is validated or its reasoning held, else nothing read;
+    the upstream answer is released if this is cancelled (a hedge's loser, a combo timeout)."""
+    hold = _reasoning_hold(call, opts)
+    if not opts.quality and hold is None:
+        return [], None
+    try:
+        return await _prime(source, tally, hold, call.svc.gw.clock)
+    except BaseException:
+        resp.release()
+        raise
 
 
 #: The request header with which a client asks to see reasoning as it comes

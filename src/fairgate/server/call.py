@@ -99,6 +99,8 @@ class Services:
     rate: KeyRateGuard = field(init=False)
     fallbacks: FallbackCounts = field(default_factory=FallbackCounts)
     plain_candidates: PlainCandidates = field(default_factory=PlainCandidates)
+    #: hedges in flight per combo (a combo's ``maxHedgesInFlight`` caps them)
+    hedges: dict[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.slots = Slots(self.tracker, lambda: self.gw.slot_leases, timer=lambda: self.gw.timer)
@@ -227,3 +229,6 @@ class ExecOptions:
     #: combo routing: a target whose known context window is too small is skipped or
     #: compressed for (plain models leave the upstream to say so)
     fit_context: bool = False
+    #: one side of a hedged request: an attempt cut off by the other side's win is charged
+    #: its prompt (the upstream bills the work it started), not released
+    charge_if_cancelled: bool = False
