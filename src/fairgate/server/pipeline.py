@@ -18,7 +18,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 import orjson
@@ -340,7 +340,7 @@ async def _hedged(call: Call, combo: Combo, ordered: Sequence[Target]) -> Respon
     svc.hedges[name] = svc.hedges.get(name, 0) + 1
     hedge = asyncio.create_task(_run(call, combo, ordered[1:], charge_if_cancelled=True))
     try:
-        winner, outcome = await _race(primary, hedge)
+        winner, outcome = await _race(primary, hedge, svc.spawn)
     finally:
         svc.hedges[name] -= 1
         if not svc.hedges[name]:
@@ -353,8 +353,20 @@ async def _hedged(call: Call, combo: Combo, ordered: Sequence[Target]) -> Respon
     return winner
 
 
+async def _reap(task: asyncio.Task[Response]) -> None:
+    """A hedge race's loser, cancelled: wait for it to end (its attempt charged, its slot
+    given back), and settle an answer it got anyway."""
+    try:
+        resp = await task
+    except (asyncio.CancelledError, ApiError):
+        return
+    await _settle_loser(resp)
+
+
 async def _race(
-    primary: asyncio.Task[Response], hedge: asyncio.Task[Response]
+    primary: asyncio.Task[Response],
+    hedge: asyncio.Task[Response],
+    spawn: Callable[[Coroutine[Any, Any, None]], None],
 ) -> tuple[Response, str]:
     """The first answer of the two and the hedge's outcome (``won``, ``lost``, ``cancelled``,
     ``failed``); the other side is cancelled at once, or settled if it answered too. Raises
@@ -365,27 +377,31 @@ async def _race(
         while pending and winner is None:
             done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
             for task in (primary, hedge):  # the primary first when both answered at once
-                if task in done and winner is None and task.exception() is None:
+                if (
+                    task in done
+                    and winner is None
+                    and not task.cancelled()
+                    and task.exception() is None
+                ):
                     winner = task
     finally:
         for task in pending:
             task.cancel()
     loser = hedge if winner is primary else primary
     loser_answered = loser.done() and not loser.cancelled() and loser.exception() is None
-    if loser_answered:
-        await _settle_loser(loser.result())
-    elif not loser.done():
-        with contextlib.suppress(asyncio.CancelledError, ApiError):
-            await loser
+    if winner is not None:  # the loser ends in the background: the winner is not held
+        spawn(_reap(loser))
     if winner is None:  # both failed: the first target's error, as without a hedge
         err = primary.exception()
         assert err is not None
         raise err
     if winner is hedge:
         return winner.result(), "won"
-    if hedge.cancelled() or not hedge.done():
-        return winner.result(), "cancelled"
-    return winner.result(), "lost" if loser_answered else "failed"
+    if loser_answered:
+        return winner.result(), "lost"
+    if hedge.done() and not hedge.cancelled():
+        return winner.result(), "failed"
+    return winner.result(), "cancelled"
 
 
 async def _run(
