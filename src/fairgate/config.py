@@ -807,8 +807,10 @@ class ComboSettingsSpec(_CamelStrict):
     max_hedges_in_flight: int | None = Field(
         default=None, ge=1, le=1000, description="Hedges of this combo in flight at once (4)"
     )
-    reasoning_buffer: ReasoningBufferSpec | None = Field(
-        default=None, description="Hold a stream's reasoning until its first content (off)"
+    reasoning_buffer: ReasoningBufferSpec | bool | None = Field(
+        default=None,
+        description="Hold a stream's reasoning until its first content (off; true: on with "
+        "the default bounds)",
     )
     context_compression: ContextCompressionSpec | None = Field(
         default=None,
