@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import orjson
 import pytest
-from inproc_support import Harness, base_config, conn, failed_diagnostics, gateway
+from inproc_support import ALICE, Harness, base_config, conn, failed_diagnostics, gateway
 
 from fairgate.config import ConfigError
 from fairgate.providers.inprocess import Reply, UpstreamRequest, openai_chat
@@ -491,3 +491,101 @@ async def test_hedges_over_the_cap_are_not_sent(tmp_path: Path) -> None:
         assert hedges((await h.client.get("/metrics")).text) == {"capped": 1.0, "cancelled": 1.0}
         await h.settle_background()
         assert await h.open_reservations() == 0
+
+
+async def test_a_learned_p95_hedges_only_once_it_is_known(tmp_path: Path) -> None:
+    slow = Slow("oa-1")
+    timer = ManualTimer()
+    async with gateway(tmp_path, hedge_config(predictiveTtftMs="p95"), timer, slow) as h:
+        # no latency learned for oa-1 yet: no hedge, the request waits for oa-1
+        task = asyncio.create_task(h.chat("h"))
+        for _ in range(100):
+            await asyncio.sleep(0)
+        timer.advance(10_000)
+        for _ in range(100):
+            await asyncio.sleep(0)
+        assert h.sent_to == ["oa-1"]
+        slow.gates["oa-1"].set()
+        assert content(await task) == "from oa-1"
+        # now oa-1 has a p95: a slow first token past it is hedged
+        slow.gates["oa-1"] = asyncio.Event()
+        task = asyncio.create_task(h.chat("h"))
+        await timer.until_sleeping(1)
+        p95 = h.svc.target_metrics.p95_ms(f"mock/{GPT}@oa-1")
+        assert p95 is not None
+        timer.advance(int(p95) + 1)
+        r = await task
+        assert content(r) == "from oa-2"
+        assert r.headers["x-fairgate-hedged"] == "won"
+
+
+def anthropic_thinking_stream(text: str | None, stop: str) -> Reply:
+    """A Messages stream that thinks, then says ``text`` (None: nothing), then stops."""
+
+    def sse(kind: str, data: dict[str, Any]) -> bytes:
+        return (
+            f"event: {kind}\n".encode() + b"data: " + orjson.dumps({"type": kind, **data}) + b"\n\n"
+        )
+
+    message = {"id": "msg_1", "type": "message", "role": "assistant", "model": "m", "content": []}
+    thinking = {"type": "thinking", "thinking": ""}
+    chunks: list[bytes | BaseException] = [
+        sse("message_start", {"message": {**message, "usage": {"input_tokens": 9}}}),
+        sse("content_block_start", {"index": 0, "content_block": thinking}),
+        sse(
+            "content_block_delta",
+            {"index": 0, "delta": {"type": "thinking_delta", "thinking": "hmm"}},
+        ),
+        sse("content_block_stop", {"index": 0}),
+    ]
+    if text is not None:
+        block = {"type": "text", "text": ""}
+        chunks += [
+            sse("content_block_start", {"index": 1, "content_block": block}),
+            sse("content_block_delta", {"index": 1, "delta": {"type": "text_delta", "text": text}}),
+            sse("content_block_stop", {"index": 1}),
+        ]
+    chunks += [
+        sse("message_delta", {"delta": {"stop_reason": stop}, "usage": {"output_tokens": 30}}),
+        sse("message_stop", {}),
+    ]
+    return Reply(headers={"content-type": "text/event-stream"}, chunks=chunks)
+
+
+async def test_anthropic_thinking_only_fails_over_on_the_messages_route(tmp_path: Path) -> None:
+    claude = {"provider": "anthropic", "model": "claude-sonnet-4"}
+    cfg = base_config(
+        [
+            conn("cl-1", "anthropic", models=("claude-sonnet-4",)),
+            conn("cl-2", "anthropic", models=("claude-sonnet-4",)),
+        ],
+        combos=[
+            {
+                "name": "think",
+                "targets": [{**claude, "connection": "cl-1"}, {**claude, "connection": "cl-2"}],
+                "config": {"reasoningBuffer": True},
+            }
+        ],
+    )
+
+    async def handler(req: UpstreamRequest) -> Reply:
+        if req.conn.id == "cl-1":
+            return anthropic_thinking_stream(None, "max_tokens")
+        return anthropic_thinking_stream("done", "end_turn")
+
+    async with gateway(tmp_path, cfg, ManualTimer(), handler) as h:
+        r = await h.client.post(
+            "/v1/messages",
+            json={
+                "model": "think",
+                "max_tokens": 64,
+                "stream": True,
+                "messages": [{"role": "user", "content": "hi"}],
+            },
+            headers={"authorization": f"Bearer {ALICE}"},
+        )
+        assert r.status_code == 200, r.text
+        assert h.sent_to == ["cl-1", "cl-2"]
+        assert r.headers["x-fairgate-connection"] == "cl-2"
+        assert r.text.count("thinking_delta") == 1  # cl-2's only: nothing of cl-1's was sent
+        assert r.text.index("thinking_delta") < r.text.index("text_delta")
