@@ -8,6 +8,7 @@ conversation (issue 46). Matched by the longest known prefix of the model name, 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 
 __all__ = ["CONTEXT_WINDOWS", "context_window"]
@@ -41,8 +42,10 @@ CONTEXT_WINDOWS: Mapping[str, int] = {
 _BY_LENGTH = sorted(CONTEXT_WINDOWS, key=len, reverse=True)
 
 
+@functools.lru_cache(maxsize=1024)
 def context_window(model: str) -> int | None:
-    """The catalogue's window for ``model`` (the longest matching prefix), or None."""
+    """The catalogue's window for ``model`` (the longest matching prefix), or None; cached, so a
+    request's check is a dict lookup per target."""
     name = model.rsplit("/", 1)[-1].lower()
     for prefix in _BY_LENGTH:
         if name == prefix or name.startswith(prefix + "-"):
