@@ -710,6 +710,62 @@ class ComboShadowSpec(_CamelStrict):
     )
 
 
+class ReasoningBufferSpec(_CamelStrict):
+    """Reasoning held back in streams until the first content token (off by default)."""
+
+    enabled: bool = Field(default=True, description="Hold reasoning while the answer has none")
+    max_bytes: int = Field(
+        default=262_144,
+        ge=1,
+        le=16_777_216,
+        description="Bytes of reasoning held at most; past it the stream is passed through",
+    )
+    max_ms: int = Field(
+        default=60_000,
+        ge=1,
+        le=3_600_000,
+        description="Milliseconds reasoning is held at most; past it the stream is passed through",
+    )
+
+
+class ContextCompressionSpec(_CamelStrict):
+    """How a conversation larger than a target's context window is made to fit it."""
+
+    strategy: Literal["drop-middle"] = Field(
+        default="drop-middle",
+        description="drop-middle: keep the system prompt and the last turns, drop the rest",
+    )
+    keep_last_turns: int = Field(
+        default=8, ge=1, le=1000, description="Messages kept at the end of the conversation"
+    )
+
+
+class ResponseValidationSpec(_CamelStrict):
+    """Checks of an answer beyond the empty/truncated ones; a failed one fails over."""
+
+    disallowed_patterns: list[Annotated[str, StringConstraints(min_length=1, max_length=1000)]] = (
+        Field(
+            default_factory=list,
+            max_length=50,
+            description="Regexes (Python syntax) the answer's text must not match",
+        )
+    )
+    json_schema: bool = Field(
+        default=False,
+        description="Check the answer against the JSON schema of response_format / text.format",
+    )
+
+    @field_validator("disallowed_patterns")
+    @classmethod
+    def _regexes(cls, v: list[str]) -> list[str]:
+        for i, p in enumerate(v):
+            try:
+                re.compile(p)
+            except re.error as exc:
+                raise ValueError(f"disallowedPatterns.{i} is not a regex ({exc})") from None
+        return v
+
+
 class ComboSettingsSpec(_CamelStrict):
     """A combo's own settings. A field left out (or null) is not set by the combo and inherits
     from the layers below it (built-in default → global settings → per provider), so storing
@@ -763,6 +819,29 @@ class ComboSettingsSpec(_CamelStrict):
     )
     options: dict[str, Any] | None = Field(
         default=None, description="Strategy options (sticky, weights, exploration, budgetUsd, …)"
+    )
+    predictive_ttft_ms: Annotated[int, Field(ge=1, le=600_000)] | Literal["p95"] | None = Field(
+        default=None,
+        description=(
+            "Hedged first token: start the next target too when the first has produced no "
+            "token within this many ms ('p95': its learned p95); null: no hedging"
+        ),
+    )
+    max_hedges_in_flight: int | None = Field(
+        default=None, ge=1, le=1000, description="Hedges of this combo in flight at once (4)"
+    )
+    reasoning_buffer: ReasoningBufferSpec | bool | None = Field(
+        default=None,
+        description="Hold a stream's reasoning until its first content (off; true: on with "
+        "the default bounds)",
+    )
+    context_compression: ContextCompressionSpec | None = Field(
+        default=None,
+        description="Fit a conversation to a smaller target's window (null: skip that target)",
+    )
+    response_validation: ResponseValidationSpec | None = Field(
+        default=None,
+        description="Disallowed patterns and the requested JSON schema checked on answers (off)",
     )
 
     def layer(self) -> dict[str, Any]:

@@ -454,6 +454,37 @@ async def test_latency(oai: openai.AsyncOpenAI, mock: MockUpstream) -> None:
     assert time.monotonic() - start >= 0.15
 
 
+async def test_slow_first_token(oai: openai.AsyncOpenAI) -> None:
+    start = time.monotonic()
+    stream = await oai.chat.completions.create(
+        model="m", messages=MESSAGES, stream=True, extra_headers=_fault("slow-first-token:200")
+    )
+    chunks = [c async for c in stream]
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks[1:])
+    assert time.monotonic() - start >= 0.2  # the first token came no sooner
+
+
+async def test_reasoning_only(oai: openai.AsyncOpenAI) -> None:
+    resp = await oai.chat.completions.create(
+        model="m", messages=MESSAGES, extra_headers=_fault("reasoning-only")
+    )
+    choice = resp.choices[0]
+    assert choice.finish_reason == "length"
+    assert choice.message.content is None
+    assert (choice.message.model_extra or {})["reasoning_content"]
+    assert resp.usage is not None
+    assert resp.usage.completion_tokens_details is not None
+    assert resp.usage.completion_tokens_details.reasoning_tokens == resp.usage.completion_tokens
+    stream = await oai.chat.completions.create(
+        model="m", messages=MESSAGES, stream=True, extra_headers=_fault("reasoning-only")
+    )
+    chunks = [c async for c in stream]
+    assert all(not c.choices[0].delta.content for c in chunks)
+    assert any((c.choices[0].delta.model_extra or {}).get("reasoning_content") for c in chunks)
+    assert chunks[-1].choices[0].finish_reason == "length"
+
+
 async def test_reset_is_a_connection_error(
     oai: openai.AsyncOpenAI, http: aiohttp.ClientSession, mock: MockUpstream
 ) -> None:

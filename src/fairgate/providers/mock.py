@@ -451,6 +451,8 @@ class _Call:
                     break
                 if i and delay > 0:
                     await asyncio.sleep(delay)
+                if i == 1 and self.fault.kind == "slow-first-token":
+                    await asyncio.sleep(self.fault.value / 1000.0)
                 await resp.write(event)
             if stop_after is not None:
                 await _abort(self.request)
@@ -494,10 +496,18 @@ async def _chat(call: _Call) -> web.StreamResponse:
         "model": model,
         "system_fingerprint": "fp_mock",
     }
+    thinking = call.fault.kind == "reasoning-only"
+    if thinking:  # the budget went to reasoning: no content, finish length
+        usage["completion_tokens_details"] = {"reasoning_tokens": completion}
+        finish = "length"
     if body.get("stream") is not True:
         if call.fault.kind == "error-200":
             return _json(200, error_200_body("openai", call.request_id), headers)
+        if call.fault.kind == "slow-first-token":
+            await asyncio.sleep(call.fault.value / 1000.0)
         message = {"role": "assistant", "content": text, "refusal": None}
+        if thinking:
+            message = {"role": "assistant", "content": None, "reasoning_content": text}
         choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish}
         payload = {**base, "object": "chat.completion", "choices": [choice], "usage": usage}
         if call.fault.kind == "reset-mid-stream":
@@ -517,7 +527,8 @@ async def _chat(call: _Call) -> web.StreamResponse:
     if call.fault.kind == "error-200":
         return await call.stream([_sse(error_200_body("openai", call.request_id))], headers)
     events = [chunk({"role": "assistant", "content": "", "refusal": None}, None)]
-    events += [chunk({"content": p}, None) for p in _pieces(text, call.state.config.stream_chunks)]
+    field = "reasoning_content" if thinking else "content"
+    events += [chunk({field: p}, None) for p in _pieces(text, call.state.config.stream_chunks)]
     if finish is not None:
         events.append(chunk({}, finish))
         if include_usage:

@@ -24,6 +24,10 @@ A fault spec is the text of an ``x-mock-fault`` header or of one ``/_mock/schedu
                        (Anthropic documents it after tool results; never a failure)
 ``error-200``          a 200 whose body is an error object (an ``error`` event when streaming)
 ``no-finish``          a stream that ends without ``finish_reason`` / ``message_stop``
+``slow-first-token:ms``  (chat completions) a stream sends its first event at once, its first
+                       token ``ms`` later; a non-stream answer comes ``ms`` later
+``reasoning-only``     (chat completions) the whole budget spent reasoning: ``reasoning_content``
+                       only, finish ``length``, every completion token a reasoning token
 =====================  ==========================================================================
 
 Echoing mode (``reject_unknown_fields`` in the mock's config): a body field the real API does not
@@ -61,10 +65,11 @@ _NO_ARG = frozenset(
         "empty-turn",
         "error-200",
         "no-finish",
+        "reasoning-only",
     }
 )
 _OPTIONAL_ARG = {"429": 1.0, "429-date": 1.0, "reset-mid-stream": 1.0, "quota": 429.0}
-_REQUIRED_ARG = frozenset({"timeout", "latency"})
+_REQUIRED_ARG = frozenset({"timeout", "latency", "slow-first-token"})
 FAULT_KINDS = _NO_ARG | _OPTIONAL_ARG.keys() | _REQUIRED_ARG
 
 

@@ -31,6 +31,9 @@ __all__ = [
     "WILDCARD",
     "ComboConfig",
     "ConnectionLike",
+    "ContextCompression",
+    "ReasoningBuffer",
+    "ResponseValidation",
     "ShadowConfig",
     "Target",
     "expand_targets",
@@ -325,7 +328,108 @@ def _target_of(value: object) -> Target:
     raise ValueError(f"a target must be a mapping or 'provider/model', got {value!r}")
 
 
-_CONFIG_ALIASES = {"response_validation": "quality_validation", "strategy_options": "options"}
+@dataclass(frozen=True, slots=True)
+class ReasoningBuffer:
+    """Reasoning held back (issue 46): a stream's reasoning/thinking prefix is held, up to
+    ``max_bytes`` and ``max_ms``, until the first content or tool token, so that an answer that
+    spends its whole budget on reasoning fails over before the client saw a byte. Off by
+    default: holding delays what a client that shows reasoning would see."""
+
+    enabled: bool = False
+    max_bytes: int = 262_144
+    max_ms: int = 60_000
+
+    @classmethod
+    def from_value(cls, value: object) -> ReasoningBuffer:
+        if isinstance(value, ReasoningBuffer):
+            return value
+        if isinstance(value, bool):
+            return cls(enabled=value)
+        raw = {normalize_key(k): v for k, v in _as_mapping("reasoningBuffer", value).items()}
+        unknown = set(raw) - {"enabled", "max_bytes", "max_ms"}
+        if unknown:
+            raise ValueError(f"unknown reasoningBuffer field(s) {sorted(unknown)}")
+        return cls(
+            enabled=_as_bool("reasoningBuffer.enabled", raw.get("enabled", True)),
+            max_bytes=_as_int("reasoningBuffer.maxBytes", raw.get("max_bytes", 262_144), minimum=1),
+            max_ms=_as_int("reasoningBuffer.maxMs", raw.get("max_ms", 60_000), minimum=1),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ContextCompression:
+    """The combo's rule for a conversation larger than a target's context window (issue 46):
+    keep the system prompt and the last ``keep_last_turns`` messages, drop the middle, never
+    split a tool call from its result. Without a rule such a target is skipped."""
+
+    keep_last_turns: int = 8
+
+    @classmethod
+    def from_value(cls, value: object) -> ContextCompression:
+        if isinstance(value, ContextCompression):
+            return value
+        raw = {normalize_key(k): v for k, v in _as_mapping("contextCompression", value).items()}
+        unknown = set(raw) - {"keep_last_turns", "strategy"}
+        if unknown:
+            raise ValueError(f"unknown contextCompression field(s) {sorted(unknown)}")
+        if raw.get("strategy", "drop-middle") != "drop-middle":
+            raise ValueError("contextCompression.strategy must be 'drop-middle'")
+        return cls(
+            keep_last_turns=_as_int(
+                "contextCompression.keepLastTurns", raw.get("keep_last_turns", 8), minimum=1
+            )
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ResponseValidation:
+    """Checks of an answer beyond the empty/truncated ones (issue 46): regexes the answer's
+    text must not match, and the JSON schema the request asked for (``response_format`` /
+    ``text.format``). A failed check fails over like a provider error. Off by default: a
+    failover costs another upstream call."""
+
+    disallowed_patterns: tuple[re.Pattern[str], ...] = ()
+    json_schema: bool = False
+
+    @property
+    def active(self) -> bool:
+        return bool(self.disallowed_patterns) or self.json_schema
+
+    @classmethod
+    def from_value(cls, value: object) -> ResponseValidation:
+        if isinstance(value, ResponseValidation):
+            return value
+        raw = {normalize_key(k): v for k, v in _as_mapping("responseValidation", value).items()}
+        unknown = set(raw) - {"disallowed_patterns", "json_schema"}
+        if unknown:
+            raise ValueError(f"unknown responseValidation field(s) {sorted(unknown)}")
+        pats = raw.get("disallowed_patterns", ())
+        if isinstance(pats, str) or not isinstance(pats, Iterable):
+            raise ValueError("responseValidation.disallowedPatterns must be a list of regexes")
+        compiled = []
+        for i, p in enumerate(pats):
+            if not isinstance(p, str) or not p:
+                raise ValueError(f"responseValidation.disallowedPatterns.{i} must be a regex")
+            try:
+                compiled.append(re.compile(p))
+            except re.error as exc:
+                raise ValueError(
+                    f"responseValidation.disallowedPatterns.{i}: not a regex ({exc})"
+                ) from None
+        return cls(
+            disallowed_patterns=tuple(compiled),
+            json_schema=_as_bool("responseValidation.jsonSchema", raw.get("json_schema", False)),
+        )
+
+
+def _predictive_ttft(value: object) -> int | str | None:
+    """``predictiveTtftMs``: milliseconds, or ``"p95"`` for the first target's learned p95."""
+    if value is None or value == "p95":
+        return value
+    return _as_int("predictiveTtftMs", value, minimum=1)
+
+
+_CONFIG_ALIASES = {"strategy_options": "options"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -355,6 +459,14 @@ class ComboConfig:
     shadow: ShadowConfig = field(default_factory=ShadowConfig)
     judge: Target | None = None
     options: Mapping[str, object] = field(default_factory=dict)
+    #: hedged first token: start the next target when the first has not produced its first
+    #: token within this many ms (``"p95"``: its learned p95); None: no hedging
+    predictive_ttft_ms: int | str | None = None
+    #: hedges of this combo in flight at once, process-wide (a hedge over the cap is not sent)
+    max_hedges_in_flight: int = 4
+    reasoning_buffer: ReasoningBuffer = field(default_factory=ReasoningBuffer)
+    context_compression: ContextCompression | None = None
+    response_validation: ResponseValidation = field(default_factory=ResponseValidation)
 
     def __post_init__(self) -> None:
         for name in (
@@ -367,6 +479,8 @@ class ComboConfig:
             _as_int(name, getattr(self, name), minimum=0)
         _as_opt_int("timeout_ms", self.timeout_ms, minimum=1)
         _as_opt_int("max_attempts", self.max_attempts, minimum=1)
+        _as_int("max_hedges_in_flight", self.max_hedges_in_flight, minimum=1)
+        _predictive_ttft(self.predictive_ttft_ms)
         opts = {normalize_key(k): v for k, v in self.options.items()}
         object.__setattr__(self, "options", MappingProxyType(opts))
 
@@ -393,6 +507,8 @@ class ComboConfig:
                     raise ValueError(
                         f"unknown combo config field {k!r}; valid: {sorted(_CONFIG_KEYS)}"
                     )
+                if key == "response_validation" and isinstance(v, bool):
+                    key = "quality_validation"  # the older spelling of the empty/truncated check
                 if key == "options":
                     options |= {normalize_key(ok): ov for ok, ov in _as_mapping(k, v).items()}
                 else:
@@ -427,6 +543,19 @@ class ComboConfig:
             ),
             judge=None if judge_raw is None else _target_of(judge_raw),
             options=options,
+            predictive_ttft_ms=_predictive_ttft(merged.get("predictive_ttft_ms")),
+            max_hedges_in_flight=_as_int(
+                "maxHedgesInFlight", merged.get("max_hedges_in_flight", 4), minimum=1
+            ),
+            reasoning_buffer=ReasoningBuffer.from_value(merged.get("reasoning_buffer", False)),
+            context_compression=(
+                None
+                if merged.get("context_compression") is None
+                else ContextCompression.from_value(merged["context_compression"])
+            ),
+            response_validation=ResponseValidation.from_value(
+                merged.get("response_validation") or {}
+            ),
         )
 
 

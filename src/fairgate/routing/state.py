@@ -75,6 +75,12 @@ class StrategyState:
         if session_key is not None:
             _put(self._affinity, (combo, session_key), target.key, self._max_sessions)
 
+    def release(self, combo: str, session_key: str | None, target_key: str) -> None:
+        """Forget the session's pin to ``target_key`` (its answer failed a check): the next
+        request of the session is not sent back to it by affinity."""
+        if session_key is not None and self._affinity.get((combo, session_key)) == target_key:
+            del self._affinity[(combo, session_key)]
+
     def forget_combo(self, combo: str) -> None:
         self._turns.pop(combo, None)
         self._decks.pop(combo, None)

@@ -11,6 +11,7 @@ ends), or by a failure the upstream did work for; otherwise its owner releases i
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 import math
@@ -21,6 +22,7 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 import orjson
 from starlette.responses import Response, StreamingResponse
 
+from fairgate.clock import Clock
 from fairgate.domain.connections import Connection
 from fairgate.domain.readings import RateLimitSnapshot
 from fairgate.domain.units import Unit
@@ -34,6 +36,7 @@ from fairgate.resilience.failover import Step, same_model_is_futile, step_after
 from fairgate.routing import (
     Lease,
 )
+from fairgate.routing.model import ReasoningBuffer
 from fairgate.server import relay, tracing
 from fairgate.server.call import Call, Candidate, ExecOptions, Services
 from fairgate.server.client_http import Answer, Later, StreamAnswer
@@ -43,8 +46,12 @@ from fairgate.server.exchange import EXCHANGES, quality_problem, stream_error_ev
 from fairgate.server.logs import MASK, REDACTOR, REQUEST_ID
 from fairgate.server.provider_signals import PercentCharge
 from fairgate.server.reservation import Reservation
+from fairgate.server.validation import validation_problem
 
 log = logging.getLogger("fairgate.proxy")
+
+#: Failure kinds that are a 200 the gateway refused (no failure class of the upstream's).
+_BAD_200 = frozenset({"quality", "validation"})
 
 #: Units whose reservation an unbounded answer could overrun (all but the request count: a
 #: percent estimate is made from tokens too).
@@ -75,10 +82,15 @@ async def attempt(
         opts.drr.dispatch(cand.target)
     try:
         return await _attempt_on(call, cand, pool, adm, res, lease, diag=diag, opts=opts)
-    except BaseException:
+    except BaseException as exc:
         # a combo timeout, a shadow's abort or a bug: give the slot back (the reservation is
         # released by its owner on the way out)
         lease.release()
+        if opts.charge_if_cancelled and isinstance(exc, asyncio.CancelledError) and res.open:
+            # a hedge's loser: the upstream started (and bills) the work; charge its prompt
+            res.keep()
+            usage = Usage(prompt_tokens=call.prompt_estimate)
+            call.svc.spawn(_settle(call.svc, res, cand.conn, call, cand.model, usage))
         raise
 
 
@@ -151,10 +163,14 @@ async def _attempt_on(
         )
         err.failure = "connect_error" if kind == "connect_error" else cls
         # the one failover rule (a bad 200 is no class: another target may do better)
-        failure = None if kind == "quality" else verdict.cls
+        failure = None if kind in _BAD_200 else verdict.cls
         err.step = step_after(failure)
         err.final = err.step is Step.END
         err.same_model_futile = same_model_is_futile(failure)
+        if kind == "validation":
+            err.failure = "validation"
+            if opts.combo is not None:  # a pinned session is not sent back to this target
+                svc.strategy_state.release(opts.combo, call.key.id, cand.target.key)
         return err
 
     try:
@@ -188,8 +204,7 @@ async def _attempt_on(
     if call.stream:
         tally = relay.StreamTally(prompt_estimate=call.prompt_estimate)
         source = exchange.relay(call, resp, wants_usage, tally)
-        primed = await _prime(source, tally) if opts.quality else ([], None)
-        first, problem = primed
+        first, problem = await _primed(call, opts, source, tally, resp)
         if problem is not None:
             resp.release()
             return await fail(
@@ -239,10 +254,10 @@ async def _attempt_on(
         resp.release()
     t_body = time.perf_counter()
     out, usage, obj = exchange.answer(call, raw, upstream_model)
-    problem = quality_problem(call.route, obj) if opts.quality else None
+    kind, problem = _answer_problem(call, opts, obj)
     if problem is not None:
         return await fail(
-            "quality",
+            kind,
             ApiError(
                 502,
                 f"An upstream answered 200 without a usable answer ({problem})",
@@ -269,6 +284,17 @@ async def _attempt_on(
     )
     answer.raw_headers.extend(quota)
     return answer
+
+
+def _answer_problem(
+    call: Call, opts: ExecOptions, obj: dict[str, object] | None
+) -> tuple[str, str | None]:
+    """Why a non-stream 200 is refused, and by which check: ``quality`` (empty, cut off,
+    reasoning only) or the combo's ``validation`` (patterns, requested schema)."""
+    problem = quality_problem(call.route, obj) if opts.quality else None
+    if problem is None and obj is not None and opts.validation.active:
+        return "validation", validation_problem(opts.validation, call.route, call.body, obj)
+    return "quality", problem
 
 
 async def _apply_readings(
@@ -313,23 +339,79 @@ async def _report_success(
     svc.record_attempt(cand, None, latency_ms, tokens)
 
 
+async def _primed(
+    call: Call,
+    opts: ExecOptions,
+    source: AsyncIterator[bytes],
+    tally: relay.StreamTally,
+    resp: UpstreamResponse,
+) -> tuple[list[bytes], str | None]:
+    """:func:`_prime` when the stream is validated or its reasoning held, else nothing read;
+    the upstream answer is released if this is cancelled (a hedge's loser, a combo timeout)."""
+    hold = _reasoning_hold(call, opts)
+    if not opts.quality and hold is None:
+        return [], None
+    try:
+        return await _prime(source, tally, hold, call.svc.gw.clock)
+    except BaseException:
+        resp.release()
+        raise
+
+
+#: The request header with which a client asks to see reasoning as it comes
+#: (``x-fairgate-reasoning: live``): a combo's reasoning buffer is never applied to it.
+REASONING_HEADER = "x-fairgate-reasoning"
+
+
+def _reasoning_hold(call: Call, opts: ExecOptions) -> ReasoningBuffer | None:
+    """The combo's reasoning buffer for this request, unless the client asked to see
+    reasoning live."""
+    if opts.reasoning is None or call.headers.get(REASONING_HEADER, "").lower() == "live":
+        return None
+    return opts.reasoning
+
+
 async def _prime(
-    source: AsyncIterator[bytes], tally: relay.StreamTally
+    source: AsyncIterator[bytes],
+    tally: relay.StreamTally,
+    hold: ReasoningBuffer | None = None,
+    clock: Clock | None = None,
 ) -> tuple[list[bytes], str | None]:
     """Read a stream up to its first content (SPEC §8: validate on the first content chunk,
     then pass the rest through live). Returns what was read and, if the stream is no good
     (ended without a finish, broke or errored before any content), why. A stream that finishes
-    with nothing in it is an answer (an empty turn), not a failure."""
+    with nothing in it is an answer (an empty turn), not a failure.
+
+    With ``hold`` (a combo's reasoning buffer, issue 46) reasoning is no content: it is held
+    until the first content or tool token, within ``max_bytes`` and ``max_ms`` (checked as each
+    event arrives; past either the stream is passed through as it is); a stream that ends in
+    reasoning only because its budget ran out is a failure the combo fails over from before
+    the client saw a byte. What was held is sent first, in order."""
     first: list[bytes] = []
+    held = 0
+    started = 0 if clock is None else clock.now_ms()
+
+    def said() -> int:
+        return tally.text_chars if hold is None else tally.answer_chars
+
     try:
         async for chunk in source:
             first.append(chunk)
-            if tally.text_chars == 0 and chunk.find(b'"error"') != -1:  # find: see sse.py
+            if said() == 0 and chunk.find(b'"error"') != -1:  # find: see sse.py
                 return first, "error event"
-            if tally.text_chars > 0:
+            if said() > 0:
                 return first, None
             if tally.finished:
+                if hold is not None and tally.reasoning_chars and tally.truncated:
+                    async for _rest in source:  # the usage that follows the finish
+                        pass
+                    return first, "reasoning used the whole budget, no content"
                 return first, None
+            if hold is not None:
+                held += len(chunk)
+                waited = 0 if clock is None else clock.now_ms() - started
+                if held > hold.max_bytes or waited > hold.max_ms:
+                    return first, None  # bounded: pass it through from here
     except TRANSPORT_ERRORS as exc:
         return first, type(exc).__name__
     return first, "ended without content"

@@ -33,6 +33,9 @@ from fairgate.routing.fallbacks import FallbackCounts
 from fairgate.routing.model import (
     DEFAULT_MAX_WAIT_MS,
     DEFAULT_QUEUE_TIMEOUT_MS,
+    ContextCompression,
+    ReasoningBuffer,
+    ResponseValidation,
 )
 from fairgate.server.client_http import ClientRequest
 from fairgate.server.errors import ApiError
@@ -97,6 +100,8 @@ class Services:
     rate: KeyRateGuard = field(init=False)
     fallbacks: FallbackCounts = field(default_factory=FallbackCounts)
     plain_candidates: PlainCandidates = field(default_factory=PlainCandidates)
+    #: hedges in flight per combo (a combo's ``maxHedgesInFlight`` caps them)
+    hedges: dict[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.slots = Slots(self.tracker, lambda: self.gw.slot_leases, timer=lambda: self.gw.timer)
@@ -165,6 +170,8 @@ class Call:
     headers: Mapping[str, str]
     #: how many answers the upstream generates and bills (chat's ``n``; 1 elsewhere)
     choices: int = 1
+    #: an ``auto`` combo's candidates as it scored them (factors, score), for the diagnostics
+    route_scores: list[dict[str, object]] | None = None
 
     @property
     def anthropic_client(self) -> bool:
@@ -214,3 +221,15 @@ class ExecOptions:
     queue_timeout_ms: int = DEFAULT_QUEUE_TIMEOUT_MS
     #: the combo's timeout as an instant on the clock (waits never outlast it)
     deadline_ms: int | None = None
+    #: the combo's answer checks beyond quality (patterns, requested schema)
+    validation: ResponseValidation = field(default_factory=ResponseValidation)
+    #: hold a stream's reasoning until its first content (None: pass it through live)
+    reasoning: ReasoningBuffer | None = None
+    #: how a conversation too large for a target's window is made to fit (None: skip it)
+    compression: ContextCompression | None = None
+    #: combo routing: a target whose known context window is too small is skipped or
+    #: compressed for (plain models leave the upstream to say so)
+    fit_context: bool = False
+    #: one side of a hedged request: an attempt cut off by the other side's win is charged
+    #: its prompt (the upstream bills the work it started), not released
+    charge_if_cancelled: bool = False

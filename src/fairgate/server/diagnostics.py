@@ -48,6 +48,9 @@ class Diagnostics:
     retry_after_ms: int | None = None
     #: time spent waiting for a cooling target or a concurrency slot (ms, on the clock)
     waited_ms: int = 0
+    #: an ``auto`` combo's candidates as scored (target, score, factors) and its weights
+    candidates: list[dict[str, Any]] | None = None
+    weights: dict[str, float] | None = None
 
     def exclude(
         self, target: str, reason: str, until_ms: int | None = None, now_ms: int | None = None
@@ -90,6 +93,13 @@ class Diagnostics:
             Terminal.CONCURRENCY_FULL: "retry after the indicated time; every upstream is busy",
             None: "retry later",
         }[self.terminal]
+        if self.terminal is Terminal.UPSTREAM_FAILED and any(
+            a["outcome"] == "validation" for a in self.attempted
+        ):
+            action = (
+                "answers failed the combo's response validation (responseValidation: "
+                "disallowed patterns or the requested JSON schema); retry, or relax the schema"
+            )
         return {"action": action, "retry_after_seconds": retry_s}
 
     def body(self) -> dict[str, Any]:
@@ -103,7 +113,13 @@ class Diagnostics:
             "waitedMs": self.waited_ms,
             "terminalReason": self.terminal.value if self.terminal else None,
             "recoveryHint": self.hint(),
+            **self._scores(),
         }
+
+    def _scores(self) -> dict[str, Any]:
+        if self.candidates is None:
+            return {}
+        return {"candidates": self.candidates, "weights": self.weights}
 
     def client_body(self) -> dict[str, Any]:
         """The view a client gets (see the module doc)."""
@@ -166,6 +182,7 @@ _PUBLIC_REASONS = {
     "permanent": "unavailable",
     "concurrency-full": "busy",
     "attempt-cap": "attempt_cap",
+    "context-window": "context_window",  # the request's size: no secret of the gateway's
 }
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import math
 from collections.abc import Collection, Coroutine
@@ -22,7 +23,7 @@ from starlette.responses import Response
 
 from fairgate.domain.connections import Connection
 from fairgate.domain.units import Unit
-from fairgate.providers.usage import Usage
+from fairgate.providers.usage import Usage, estimate_prompt_tokens
 from fairgate.quota.engine import ALLOW_UNGOVERNED, Admission
 from fairgate.quota.messages import block_message
 from fairgate.quota.model import Pool
@@ -38,6 +39,7 @@ from fairgate.server import tracing
 from fairgate.server.attempt import attempt, quota_headers
 from fairgate.server.call import Call, Candidate, ExecOptions
 from fairgate.server.client_http import ClientRequest
+from fairgate.server.context_fit import COMPRESSED_HEADER, compress_messages, window_of
 from fairgate.server.diagnostics import Diagnostics, Terminal
 from fairgate.server.errors import ApiError
 from fairgate.server.reservation import Reservation
@@ -119,6 +121,9 @@ class _Execution:
         self.attempts = 0  # in this pass
         self.total_attempts = 0
         self.wait_spent = 0  # ms of cooldown waits asked for (the max_wait_ms budget)
+        #: the call a candidate is sent when its context window needed a compressed
+        #: conversation (by candidate label), with how many messages were dropped
+        self.fitted: dict[str, tuple[Call, int]] = {}
 
     async def end_reservations(self) -> None:
         """(The request got its answer) release what no answer kept, newest first; if that is
@@ -166,6 +171,8 @@ class _Execution:
             if self._capped():
                 self.diag.exclude(cand.label, "attempt-cap")
                 continue
+            if self.opts.fit_context and not self._fits(cand):
+                continue
             lease = await self.svc.slots.try_acquire(
                 cand.target, cand.conn.max_concurrent, self.call.key.id
             )
@@ -180,6 +187,34 @@ class _Execution:
             held, self.held = self.held, None
             return await self._attempt(held)
         return None
+
+    def _call_for(self, cand: Candidate) -> Call:
+        """The call as ``cand`` is sent it: compressed to fit its window, or as it came."""
+        fitted = self.fitted.get(cand.label)
+        return self.call if fitted is None else fitted[0]
+
+    def _fits(self, cand: Candidate) -> bool:
+        """Whether ``cand`` can take the conversation (issue 46): its context window (its
+        own, else the catalogue's) holds the prompt and the output bound; else, with the
+        combo's compression rule, a compressed conversation that fits is made for it; else it
+        is skipped (``context-window``) instead of spending an attempt on a certain 400."""
+        call = self.call
+        window = window_of(cand.target.context_window, cand.model)
+        if window is None or call.prompt_estimate + call.output_reserved <= window:
+            return True
+        rule = self.opts.compression
+        if cand.label not in self.fitted and rule is not None:
+            squeezed = compress_messages(call.body, rule.keep_last_turns)
+            if squeezed is not None:
+                body, dropped = squeezed
+                tokens = estimate_prompt_tokens(body)
+                if tokens + call.output_reserved <= window:
+                    sub = dataclasses.replace(call, body=body, prompt_estimate=tokens)
+                    self.fitted[cand.label] = (sub, dropped)
+        if cand.label in self.fitted:
+            return True
+        self.diag.exclude(cand.label, "context-window")
+        return False
 
     async def _consider(self, cand: Candidate, lease: Lease) -> Response | None:
         """Resilience, then admission, then an attempt (or holding a soft admission)."""
@@ -212,7 +247,7 @@ class _Execution:
         if pool is not None and pool.id in self.blocked_pools:
             self.diag.exclude(cand.label, "quota:pool-blocked")
             return None  # counters are per pool: its other members would block this request too
-        adm = await _admit(self.call, conn, pool, cand.model)
+        adm = await _admit(self._call_for(cand), conn, pool, cand.model)
         if not adm.allowed:
             self.blocked.append(Blocked(conn, adm))
             reason = adm.reason.value if adm.reason else "blocked"
@@ -245,10 +280,13 @@ class _Execution:
                     await self._pause(opts.retry_delay_ms)
             self.attempts += 1
             self.total_attempts += 1
+            call = self._call_for(a.cand)
             result = await attempt(
-                self.call, a.cand, a.pool, a.adm, a.res, a.lease, diag=self.diag, opts=opts
+                call, a.cand, a.pool, a.adm, a.res, a.lease, diag=self.diag, opts=opts
             )
             if isinstance(result, Response):
+                if call is not self.call:  # the answer says it saw a compressed conversation
+                    result.headers[COMPRESSED_HEADER] = f"dropped={self.fitted[a.cand.label][1]}"
                 return result
             if result.step is not Step.RETRY or self._capped():
                 break
@@ -271,7 +309,7 @@ class _Execution:
         )
         if lease is None:
             return None
-        adm = await _admit(self.call, a.cand.conn, a.pool, a.cand.model)
+        adm = await _admit(self._call_for(a.cand), a.cand.conn, a.pool, a.cand.model)
         if not adm.allowed:
             lease.release()
             return None
@@ -367,6 +405,16 @@ class _Execution:
         )
 
     def _no_answer(self) -> ApiError:
+        reasons = {e["reason"] for e in self.diag.excluded}
+        if reasons == {"context-window"} and self.last_error is None and not self.blocked:
+            return self.diag.error(  # every target too small: the request's own size
+                400,
+                f"The conversation does not fit the context window of any target of "
+                f"'{self.call.model}' (a combo's contextCompression can shorten it)",
+                code="context_length_exceeded",
+                terminal=Terminal.CLIENT_ERROR,
+                param="messages",
+            )
         return _no_answer(
             self.call,
             self.diag,

@@ -373,6 +373,14 @@ class Metrics:
             ["combo", "reason"],
             registry=None,
         )
+        self.combo_hedges = Counter(
+            "fairgate_combo_hedges",
+            "Hedged first tokens of a combo by outcome: won (the hedge answered first), lost "
+            "(it answered after the first target), cancelled (cut off when the first target "
+            "answered), failed (it got no answer), capped (not sent: maxHedgesInFlight)",
+            ["combo", "outcome"],
+            registry=None,
+        )
         self.attempts = FastCounter(
             "fairgate_target_attempts",
             "Upstream attempts per target (provider, connection, model) by outcome (ok or the "
@@ -394,6 +402,7 @@ class Metrics:
             self.overhead,
             self.combo_requests,
             self.combo_fallbacks,
+            self.combo_hedges,
             self.attempts,
             self.attempt_latency,
         ):
@@ -487,6 +496,9 @@ class Metrics:
 
     def observe_fallback(self, reg: Registry, combo: str, reason: str) -> None:
         self.combo_fallbacks.labels(self.model_label(reg, combo), reason).inc()
+
+    def observe_hedge(self, reg: Registry, combo: str, outcome: str) -> None:
+        self.combo_hedges.labels(self.model_label(reg, combo), outcome).inc()
 
     def observe_admission(self, adm: Admission) -> None:
         self.admissions.cell((adm.outcome.value, adm.reason.value if adm.reason else NONE))[0] += (

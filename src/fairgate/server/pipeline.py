@@ -18,7 +18,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 import orjson
@@ -46,6 +46,7 @@ from fairgate.routing import (
     task_hints,
 )
 from fairgate.routing.modes import FusionPlan, PipelinePlan, answer_text
+from fairgate.routing.strategies.auto import auto_breakdown, auto_weights
 from fairgate.server import access, executor
 from fairgate.server.call import Call, Candidate, ExecOptions, Route
 from fairgate.server.diagnostics import Diagnostics, Terminal
@@ -197,6 +198,8 @@ async def order_targets(call: Call, combo: Combo, targets: Sequence[Target]) -> 
         options=combo.config.options,
         soft_factor=svc.gw.quota_settings.soft_deprioritize_factor,
     )
+    if combo.strategy == "auto":  # what each candidate scored, for the diagnostics
+        call.route_scores = auto_breakdown(inp, svc.strategy_state)
     return get_strategy(combo.strategy)(inp, svc.strategy_state)
 
 
@@ -218,6 +221,8 @@ async def route_combo(call: Call, combo: Combo) -> Response:
     fan_out = _int_option(combo, "fan_out")
     if fan_out >= 2 and not call.stream:
         response = await _fan_out(call, combo, ordered[:fan_out], ordered[fan_out:])
+    elif combo.config.predictive_ttft_ms is not None and len(ordered) > 1:
+        response = await _hedged(call, combo, ordered)
     else:
         response = await _run(call, combo, ordered)
     _after_answer(call, combo, response)
@@ -303,8 +308,123 @@ async def _fan_out(
 
 
 async def _settle_loser(resp: Response) -> None:
+    """An answer that arrived but is not sent: settled as if it had been (the upstream did the
+    work). A stream's body is started and closed at once: that ends its upstream response,
+    gives its slot back and settles what was produced."""
     if resp.background is not None:
         await resp.background()
+    body = getattr(resp, "body_iterator", None)
+    if body is not None:
+        with contextlib.suppress(StopAsyncIteration):
+            await body.__anext__()
+        await body.aclose()
+
+
+def _hedge_delay_ms(call: Call, combo: Combo, first: Target) -> int | None:
+    """How long the first target may take to its first token before a hedge starts:
+    ``predictiveTtftMs``, or with ``"p95"`` the first target's learned p95 (no data yet: no
+    hedge)."""
+    setting = combo.config.predictive_ttft_ms
+    if setting == "p95":
+        p95 = call.svc.target_metrics.p95_ms(first.key)
+        return None if p95 is None else max(1, int(p95))
+    return setting if isinstance(setting, int) else None
+
+
+async def _hedged(call: Call, combo: Combo, ordered: Sequence[Target]) -> Response:
+    """Hedged first token (issue 46): the combo runs over its targets as usual; when no first
+    token came within the hedge delay, the next targets are started too (each attempt admitted
+    and charged like any). The first answer wins and the other side is cancelled at once (an
+    attempt it had started is charged its prompt; an answer it had already got is settled).
+    At most ``maxHedgesInFlight`` hedges of the combo run at once; one over the cap is not
+    sent. For a stream the answer comes back once its first content is read (quality
+    validation), so "first" is the first token; for a non-stream answer it is the answer."""
+    svc = call.svc
+    delay = _hedge_delay_ms(call, combo, ordered[0])
+    if delay is None:
+        return await _run(call, combo, ordered)
+    reg = svc.gw.registry
+    primary = asyncio.create_task(_run(call, combo, ordered, charge_if_cancelled=True))
+    timer = svc.gw.timer
+    late = asyncio.ensure_future(timer.sleep_until(timer.clock.now_ms() + delay))
+    try:
+        await asyncio.wait({primary, late}, return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:  # the client went away: nothing of it goes on
+        primary.cancel()
+        raise
+    finally:
+        late.cancel()
+    if primary.done():
+        return primary.result()
+    name = combo.name
+    if svc.hedges.get(name, 0) >= combo.config.max_hedges_in_flight:
+        svc.metrics.observe_hedge(reg, name, "capped")
+        return await primary
+    svc.hedges[name] = svc.hedges.get(name, 0) + 1
+    hedge = asyncio.create_task(_run(call, combo, ordered[1:], charge_if_cancelled=True))
+    try:
+        winner, outcome = await _race(primary, hedge, svc.spawn)
+    finally:
+        svc.hedges[name] -= 1
+        if not svc.hedges[name]:
+            del svc.hedges[name]
+        for task in (primary, hedge):
+            task.cancel()
+    svc.metrics.observe_hedge(reg, name, outcome)
+    if outcome == "won":
+        winner.headers["x-fairgate-hedged"] = "won"
+    return winner
+
+
+async def _reap(task: asyncio.Task[Response]) -> None:
+    """A hedge race's loser, cancelled: wait for it to end (its attempt charged, its slot
+    given back), and settle an answer it got anyway."""
+    try:
+        resp = await task
+    except (asyncio.CancelledError, ApiError):
+        return
+    await _settle_loser(resp)
+
+
+async def _race(
+    primary: asyncio.Task[Response],
+    hedge: asyncio.Task[Response],
+    spawn: Callable[[Coroutine[Any, Any, None]], None],
+) -> tuple[Response, str]:
+    """The first answer of the two and the hedge's outcome (``won``, ``lost``, ``cancelled``,
+    ``failed``); the other side is cancelled at once, or settled if it answered too. Raises
+    the primary's error when neither answers."""
+    pending: set[asyncio.Task[Response]] = {primary, hedge}
+    winner: asyncio.Task[Response] | None = None
+    try:
+        while pending and winner is None:
+            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            for task in (primary, hedge):  # the primary first when both answered at once
+                if (
+                    task in done
+                    and winner is None
+                    and not task.cancelled()
+                    and task.exception() is None
+                ):
+                    winner = task
+    finally:
+        for task in pending:
+            task.cancel()
+    loser = hedge if winner is primary else primary
+    loser_answered = loser.done() and not loser.cancelled() and loser.exception() is None
+    if winner is not None:  # the loser ends in the background: the winner is not held
+        spawn(_reap(loser))
+    if winner is None:  # both failed: the first target's error, as without a hedge
+        err = primary.exception()
+        assert err is not None
+        raise err
+    if winner is hedge:
+        return winner.result(), "won"
+    if loser_answered:
+        return winner.result(), "lost"
+    if hedge.done() and not hedge.cancelled():
+        return winner.result(), "failed"
+    return winner.result(), "cancelled"
 
 
 async def _run(
@@ -313,12 +433,16 @@ async def _run(
     ordered: Sequence[Target],
     *,
     stream: bool | None = None,
+    charge_if_cancelled: bool = False,
 ) -> Response:
     """Execute over the targets in order with the combo's config (timeout included)."""
     reg = call.svc.gw.registry
     cfg = combo.config
     cands = [c for t in ordered for c in target_candidates(reg, t, call)]
     diag = Diagnostics(pool_size=len(cands), combo=combo.name, strategy=combo.strategy)
+    if call.route_scores is not None:
+        diag.candidates = call.route_scores
+        diag.weights = {k: round(v, 4) for k, v in auto_weights(cfg.options).items()}
     if not cands:
         usable_targets(call, ordered)  # the 403 when the key may use none of them
         raise diag.error(
@@ -336,6 +460,11 @@ async def _run(
         combo=combo.name,
         max_wait_ms=cfg.max_wait_ms,
         queue_timeout_ms=cfg.queue_timeout_ms,
+        validation=cfg.response_validation,
+        reasoning=cfg.reasoning_buffer if cfg.reasoning_buffer.enabled else None,
+        compression=cfg.context_compression,
+        fit_context=True,
+        charge_if_cancelled=charge_if_cancelled,
     )
     if cfg.timeout_ms is None:
         return await executor.execute(call, cands, diag, opts)

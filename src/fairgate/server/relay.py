@@ -31,7 +31,12 @@ from fairgate.providers.usage import (
 @dataclass
 class StreamTally:
     usage: Usage | None = None
+    #: characters of output so far, reasoning included (the usage estimate of a cut stream)
     text_chars: int = 0
+    #: of which reasoning / thinking (what a held-back stream may not show yet)
+    reasoning_chars: int = 0
+    #: the finish reason the stream stated (``length``, ``max_tokens``, ``stop``...), if any
+    finish_reason: str | None = None
     finished: bool = False
     chunks: int = 0
     first_chunk_at: float | None = None
@@ -45,6 +50,16 @@ class StreamTally:
             return self.usage
         completion = estimate_text_tokens("x" * self.text_chars) if self.text_chars else 0
         return Usage(prompt_tokens=self.prompt_estimate, completion_tokens=completion)
+
+    @property
+    def answer_chars(self) -> int:
+        """Characters of content or tool call: what is no longer reasoning alone."""
+        return self.text_chars - self.reasoning_chars
+
+    @property
+    def truncated(self) -> bool:
+        """The stream said its output budget ran out."""
+        return self.finish_reason in ("length", "max_tokens")
 
     def mark_chunk(self) -> None:
         self.chunks += 1
@@ -61,9 +76,10 @@ async def _events(resp: UpstreamResponse) -> AsyncIterator[tuple[str | None, str
         yield ev.event, ev.data
 
 
-def _openai_text(obj: dict[str, Any]) -> tuple[int, bool]:
+def _openai_text(obj: dict[str, Any], tally: StreamTally) -> tuple[int, bool]:
     """(characters of output in this chunk, whether it carries a finish_reason). Tool-call
-    names and arguments count as output: a tool call is an answer too."""
+    names and arguments count as output: a tool call is an answer too. The reasoning part of
+    the output and the finish reason are noted in ``tally``."""
     n = 0
     finished = False
     for choice in obj.get("choices") or ():
@@ -71,16 +87,21 @@ def _openai_text(obj: dict[str, Any]) -> tuple[int, bool]:
             continue
         delta = choice.get("delta") or {}
         if isinstance(delta, dict):
-            for k in ("content", "reasoning_content"):
-                v = delta.get(k)
-                if isinstance(v, str):
-                    n += len(v)
+            v = delta.get("content")
+            if isinstance(v, str):
+                n += len(v)
+            v = delta.get("reasoning_content")
+            if isinstance(v, str):
+                n += len(v)
+                tally.reasoning_chars += len(v)
             for call in delta.get("tool_calls") or ():
                 fn = call.get("function") if isinstance(call, dict) else None
                 if isinstance(fn, dict):
                     n += len(fn.get("name") or "") + len(fn.get("arguments") or "")
-        if choice.get("finish_reason"):
+        reason = choice.get("finish_reason")
+        if reason:
             finished = True
+            tally.finish_reason = str(reason)
     return n, finished
 
 
@@ -116,7 +137,7 @@ def _openai_event(data: str, tally: StreamTally, client_wants_usage: bool) -> by
             tally.usage = u
             if not obj.get("choices") and not client_wants_usage:
                 return None
-        n, finished = _openai_text(obj)
+        n, finished = _openai_text(obj, tally)
         tally.text_chars += n
         tally.finished = tally.finished or finished
     tally.mark_chunk()
@@ -137,6 +158,10 @@ async def anthropic_to_anthropic(
             if kind in ("message_start", "message_delta"):
                 msg = obj.get("message") if kind == "message_start" else obj
                 merge_anthropic_usage(seen, msg.get("usage") if isinstance(msg, dict) else None)
+                delta = obj.get("delta") if kind == "message_delta" else None
+                stop = delta.get("stop_reason") if isinstance(delta, dict) else None
+                if isinstance(stop, str):
+                    tally.finish_reason = stop
                 if seen:
                     tally.usage = usage_from_anthropic({"usage": seen})
             elif kind == "content_block_delta":
@@ -146,6 +171,8 @@ async def anthropic_to_anthropic(
                         v = delta.get(k)
                         if isinstance(v, str):
                             tally.text_chars += len(v)
+                            if k == "thinking":
+                                tally.reasoning_chars += len(v)
             elif kind == "message_stop":
                 tally.finished = True
         tally.mark_chunk()
@@ -175,7 +202,7 @@ async def _to_openai(
         if not isinstance(obj, dict):
             continue
         for chunk in tr.feed(event, obj):
-            n, finished = _openai_text(chunk)
+            n, finished = _openai_text(chunk, tally)
             tally.text_chars += n
             tally.finished = tally.finished or finished
             tally.mark_chunk()
@@ -214,7 +241,7 @@ async def openai_to_anthropic(
             continue
         if not isinstance(obj, dict):
             continue
-        n, _ = _openai_text(obj)
+        n, _ = _openai_text(obj, tally)
         tally.text_chars += n
         for name, payload in tr.feed(obj):
             tally.finished = tally.finished or name == "message_stop"
@@ -268,7 +295,7 @@ async def responses_to_anthropic(
 def _anthropic_events(
     tr: OpenAIToAnthropicStream, tally: StreamTally, chunk: dict[str, Any]
 ) -> list[tuple[str, Any]]:
-    n, _ = _openai_text(chunk)
+    n, _ = _openai_text(chunk, tally)
     tally.text_chars += n
     out = list(tr.feed(chunk))
     for name, _payload in out:

@@ -5,18 +5,28 @@ the request where that is what makes it comparable:
 
 ==============  ====================================================================
 quota           remaining fraction of the tightest window (unknown = 1; no room = 0)
-health          1 closed breaker, 0.5 half-open, 0 open / cooling / locked
+health          circuit-breaker health: 1 closed breaker, 0.5 half-open, 0 open / cooling /
+                locked (alias ``breaker``)
 cost            cheapest estimated cost ÷ this target's (unknown price = 0.5)
 latency         lowest p95 ÷ this target's p95 (no data = 0.5)
 task_fit        share of the request's required tags the target has (no requirement = 1,
                 untagged target = 0.5); 0 when the request does not fit its context
-stability       success rate over the metrics window (no data = 0.5)
+stability       success rate over the metrics window (no data = 0.5; alias ``success_rate``)
 tier            1 for the best (lowest) tier down to 0 for the worst
 affinity        1 for the target this session last succeeded on, else 0
 density         live connections of the target's provider in this combo ÷ the most any
                 provider has: a provider with more healthy accounts absorbs bursts and
                 retries better
+reset_affinity  "use it or lose it": among the targets with room for this request, the
+                soonest reset of the tightest window ÷ this target's (the account whose
+                window resets soonest scores 1: what it has left is lost at the reset);
+                0 without room, 0.5 when the reset is unknown
 ==============  ====================================================================
+
+Default weights (:data:`DEFAULT_WEIGHTS`, normalised to sum to 1): quota 0.20, health 0.15,
+cost 0.15, latency 0.15, task_fit 0.10, stability 0.10, reset_affinity 0.10, tier 0.05,
+affinity 0.05, density 0.05. :func:`auto_breakdown` gives each candidate's factors, weights and
+score, which the combo's diagnostics show.
 
 score = Σ wᶠ × factorᶠ with the weights normalised to sum to 1 (option ``weights``: a partial
 mapping merged over :data:`DEFAULT_WEIGHTS`; configure-time errors for unknown factors or
@@ -40,7 +50,14 @@ from fairgate.routing.model import Target
 from fairgate.routing.soft import sort_by_score
 from fairgate.routing.state import StrategyState
 
-__all__ = ["DEFAULT_WEIGHTS", "FACTORS", "auto", "auto_factors", "auto_weights"]
+__all__ = [
+    "DEFAULT_WEIGHTS",
+    "FACTORS",
+    "auto",
+    "auto_breakdown",
+    "auto_factors",
+    "auto_weights",
+]
 
 FACTORS = (
     "quota",
@@ -52,6 +69,7 @@ FACTORS = (
     "tier",
     "affinity",
     "density",
+    "reset_affinity",
 )
 
 DEFAULT_WEIGHTS: Mapping[str, float] = {
@@ -64,6 +82,17 @@ DEFAULT_WEIGHTS: Mapping[str, float] = {
     "tier": 0.05,
     "affinity": 0.05,
     "density": 0.05,
+    "reset_affinity": 0.10,
+}
+
+#: Other spellings of a factor in ``weights``.
+_FACTOR_ALIASES = {
+    "taskfit": "task_fit",
+    "breaker": "health",
+    "breaker_health": "health",
+    "p95": "latency",
+    "success_rate": "stability",
+    "reset_window": "reset_affinity",
 }
 
 DEFAULT_EXPLORATION = 0.05
@@ -80,9 +109,7 @@ def auto_weights(options: Mapping[str, object]) -> dict[str, float]:
             raise ValueError("auto option 'weights' must be a mapping of factor → weight")
         for name, value in raw.items():
             factor = str(name).strip().lower().replace("-", "_")
-            factor = {"taskfit": "task_fit", "breaker": "health", "p95": "latency"}.get(
-                factor, factor
-            )
+            factor = _FACTOR_ALIASES.get(factor, factor)
             if factor not in DEFAULT_WEIGHTS:
                 raise ValueError(
                     f"unknown auto factor {name!r}; valid factors: {', '.join(FACTORS)}"
@@ -129,6 +156,7 @@ def auto_factors(inp: RouteInput, state: StrategyState) -> list[dict[str, float]
             live.setdefault(t.provider, set()).add(t.load_key)
     densest = max((len(v) for v in live.values()), default=0)
     required = inp.task.required_tags
+    resets = _ratio_to_best([q.reset_in_ms if q.has_room else None for q in quotas])
 
     out = []
     for i, t in enumerate(targets):
@@ -153,6 +181,24 @@ def auto_factors(inp: RouteInput, state: StrategyState) -> list[dict[str, float]
                 "tier": 1.0 if hi == lo else 1.0 - (t.tier - lo) / (hi - lo),
                 "affinity": 1.0 if last is not None and t.key == last else 0.0,
                 "density": (len(live.get(t.provider, ())) / densest) if densest else 0.0,
+                "reset_affinity": resets[i] if q.has_room else 0.0,
+            }
+        )
+    return out
+
+
+def auto_breakdown(inp: RouteInput, state: StrategyState) -> list[dict[str, object]]:
+    """Per candidate (in ``inp.targets`` order): its key, score, and each factor's value, for
+    the diagnostics of a combo request (the weights are the combo's, normalised)."""
+    weights = auto_weights(inp.options)
+    out: list[dict[str, object]] = []
+    for t, factors in zip(inp.targets, auto_factors(inp, state), strict=True):
+        score = sum(weights[f] * v for f, v in factors.items())
+        out.append(
+            {
+                "target": t.key,
+                "score": round(score, 4),
+                "factors": {f: round(v, 4) for f, v in factors.items()},
             }
         )
     return out
