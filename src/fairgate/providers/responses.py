@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fairgate.providers.translate import (
+    CannotCarry,
     _dumps,
     _list,
     _map,
@@ -77,14 +78,9 @@ _ECHO: Mapping[str, Any] = {
 }
 
 
-class ResponsesInputError(ValueError):
-    """A Responses request fairgate cannot serve, naming the offending field (the HTTP edge
+class ResponsesInputError(CannotCarry):
+    """A Responses request fairgate cannot serve, naming the offending field (the request path
     answers 400 with it)."""
-
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(message)
-        self.field = field
-        self.message = message
 
 
 # -- request ----------------------------------------------------------------------------------

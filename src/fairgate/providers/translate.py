@@ -41,6 +41,7 @@ __all__ = [
     "FINISH_TO_STOP",
     "STOP_TO_FINISH",
     "AnthropicToOpenAIStream",
+    "CannotCarry",
     "OpenAIToAnthropicStream",
     "anthropic_to_openai_request",
     "anthropic_to_openai_response",
@@ -71,6 +72,16 @@ FINISH_TO_STOP: Mapping[str, str] = {
 }
 
 _EMPTY_SCHEMA: JSON = {"type": "object", "properties": {}}
+
+
+class CannotCarry(ValueError):
+    """A request field the other wire cannot express faithfully, named (the request path
+    answers 400 with it: a translation never drops what changes the answer)."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+        self.message = message
 
 
 # -- small helpers ------------------------------------------------------------------------------

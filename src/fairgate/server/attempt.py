@@ -22,6 +22,7 @@ import orjson
 from starlette.responses import Response, StreamingResponse
 
 from fairgate.providers.ratelimit import RateLimitSnapshot
+from fairgate.providers.translate import CannotCarry
 from fairgate.providers.transport import TRANSPORT_ERRORS, UpstreamResponse
 from fairgate.providers.usage import Usage
 from fairgate.quota.engine import Admission, QuotaEngine
@@ -113,6 +114,18 @@ async def _attempt_on(
         await res.release()
         err = ApiError(
             400, "The request body cannot be encoded for the upstream (nested too deeply)"
+        )
+        err.final, err.step = True, Step.END
+        return err
+    except CannotCarry as exc:  # a field this upstream's wire cannot express: never dropped
+        lease.release()
+        await res.release()
+        err = ApiError(
+            400,
+            f"'{exc.field}': {exc.message} (the upstream chosen speaks the "
+            f"{conn.protocol.value} wire)",
+            param=exc.field,
+            code="unsupported_for_upstream",
         )
         err.final, err.step = True, Step.END
         return err
@@ -323,7 +336,9 @@ async def _prime(
     try:
         async for chunk in source:
             first.append(chunk)
-            if tally.text_chars == 0 and chunk.find(b'"error"') != -1:  # find: see sse.py
+            if tally.text_chars == 0 and (
+                tally.failed or (tally.scan_errors and chunk.find(b'"error"') != -1)
+            ):  # find: see sse.py
                 return first, "error event"
             if tally.text_chars > 0:
                 return first, None

@@ -1,0 +1,175 @@
+"""Same wire, no loss (issue 42, item 3): ``/v1/responses`` to a Responses-wire connection.
+
+Before, every Responses request went Responses → chat → Responses, even when the connection
+spoke Responses (the Codex backend, ``protocol: responses``): ``reasoning`` items,
+``reasoning.summary``, ``include``, ``prompt_cache_key``, ``text.verbosity`` were dropped on
+the way up, and reasoning items, encrypted content and summaries on the way down. Now the
+request is relayed as it is (the upstream's model name; asked as a stream) and every event
+arrives as the upstream sent it; the usage charged is ``response.completed``'s.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import orjson
+from inproc_support import ADMIN_KEY, ALICE, base_config, conn, gateway
+
+from fairgate.providers.inprocess import Reply, UpstreamRequest
+from fairgate.providers.mock_codex import ResponsesAnswer, responses_stream
+from fairgate.providers.mock_wire import ToolCall
+from fairgate.providers.sse import SSEParser
+from fairgate.timers import ManualTimer
+
+ADMIN = {"authorization": f"Bearer {ADMIN_KEY}"}
+
+#: A Codex CLI turn: everything the chat form had no place for.
+CODEX_TURN: dict[str, Any] = {
+    "model": "gpt-5-codex",
+    "instructions": "You are Codex.",
+    "input": [
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "fix"}]},
+        {
+            "type": "reasoning",
+            "id": "rs_prev",
+            "summary": [{"type": "summary_text", "text": "Earlier thought."}],
+            "encrypted_content": "gAAAAB-earlier-opaque-state",
+        },
+        {"type": "custom_tool_call", "call_id": "c0", "name": "apply_patch", "input": "*** x"},
+        {"type": "custom_tool_call_output", "call_id": "c0", "output": "done"},
+    ],
+    "tools": [
+        {"type": "function", "name": "shell", "parameters": {"type": "object"}},
+        {"type": "custom", "name": "apply_patch", "description": "Patch files"},
+        {"type": "web_search"},
+    ],
+    "tool_choice": "auto",
+    "parallel_tool_calls": True,
+    "reasoning": {"effort": "medium", "summary": "auto"},
+    "include": ["reasoning.encrypted_content"],
+    "prompt_cache_key": "session-1234",
+    "text": {"verbosity": "low"},
+    "store": False,
+    "stream": True,
+}
+
+ANSWER = ResponsesAnswer(
+    ["All ", "done."],
+    prompt=150,
+    completion=57,
+    calls=[
+        ToolCall("call_1", "shell", '{"cmd":"ls"}'),
+        ToolCall("call_2", "apply_patch", "*** Begin Patch", "custom"),
+    ],
+    reasoning=True,
+    summary=True,
+    encrypted=True,
+)
+
+
+def _config() -> dict[str, Any]:
+    pool = {
+        "id": "p",
+        "connections": ["codex-1"],
+        "dimensions": [{"unit": "tokens", "window": "hourly", "limit": 1_000_000}],
+        "allocations": [{"key": "alice", "weight": 100}],
+    }
+    codex = conn("codex-1", "codex", models=("gpt-5-codex",), protocol="responses")
+    return base_config([codex], pools=[pool])
+
+
+def _events(raw: bytes) -> list[tuple[str | None, str]]:
+    parser = SSEParser()
+    return [(e.event, e.data) for e in [*parser.feed(raw), *parser.flush()]]
+
+
+def _upstream_stream(cut_after: int | None = None) -> list[bytes]:
+    events = responses_stream("resp_up", "gpt-5-codex", 1_700_000_000, ANSWER)
+    sent = [f"event: {n}\ndata: ".encode() + orjson.dumps(d) + b"\n\n" for n, d in events]
+    return sent if cut_after is None else sent[:cut_after]
+
+
+async def _used(h: Any) -> float:
+    await h.settle_background()
+    usage = (await h.client.get("/api/quota/pools/p/usage", headers=ADMIN)).json()
+    return float(usage["dimensions"][0]["total"])
+
+
+async def test_a_codex_turn_reaches_the_upstream_unchanged_and_its_events_come_back_unchanged(
+    tmp_path: Path,
+) -> None:
+    seen: list[UpstreamRequest] = []
+
+    async def handler(req: UpstreamRequest) -> Reply:
+        seen.append(req)
+        return Reply(chunks=_upstream_stream())
+
+    async with gateway(tmp_path, _config(), ManualTimer(), handler) as h:
+        r = await h.client.post(
+            "/v1/responses",
+            json=CODEX_TURN,
+            headers={"authorization": f"Bearer {ALICE}", "openai-beta": "responses=v1"},
+        )
+        assert r.status_code == 200, r.text
+        (req,) = seen
+        assert req.path == "/responses"
+        assert req.json() == CODEX_TURN  # every field, the reasoning and custom items too
+        assert req.headers["openai-beta"] == "responses=v1"  # item 9
+        got = _events(r.content)
+        want = [
+            (n, orjson.dumps(d).decode())
+            for n, d in responses_stream("resp_up", "gpt-5-codex", 1_700_000_000, ANSWER)
+        ]
+        assert got == want  # every event, byte for byte
+        kinds = {n for n, _ in got}
+        assert "response.reasoning_summary_text.delta" in kinds
+        assert "response.custom_tool_call_input.delta" in kinds
+        done = [orjson.loads(d) for n, d in got if n == "response.output_item.done"]
+        assert done[0]["item"]["encrypted_content"].startswith("gAAAAB")
+        # charged what response.completed says, not an estimate
+        assert await _used(h) == 150 + 57
+
+
+async def test_a_non_stream_client_gets_the_upstreams_whole_response(tmp_path: Path) -> None:
+    async def handler(req: UpstreamRequest) -> Reply:
+        body = req.json()
+        assert body["stream"] is True  # the Codex backend serves streams only
+        assert body["store"] is False  # fairgate keeps no responses: not stored upstream
+        assert body["text"] == {"verbosity": "high"}
+        return Reply(chunks=_upstream_stream())
+
+    async with gateway(tmp_path, _config(), ManualTimer(), handler) as h:
+        turn = {k: v for k, v in CODEX_TURN.items() if k not in ("stream", "store")}
+        r = await h.client.post(
+            "/v1/responses",
+            json={**turn, "text": {"verbosity": "high"}},
+            headers={"authorization": f"Bearer {ALICE}"},
+        )
+        assert r.status_code == 200, r.text
+        final = dict(responses_stream("resp_up", "gpt-5-codex", 1_700_000_000, ANSWER))
+        assert r.json() == final["response.completed"]["response"]
+        kinds = [item["type"] for item in r.json()["output"]]
+        assert kinds == ["reasoning", "message", "function_call", "custom_tool_call"]
+
+
+async def test_a_passthrough_stream_cut_off_ends_failed_and_is_charged_what_came(
+    tmp_path: Path,
+) -> None:
+    async def handler(req: UpstreamRequest) -> Reply:
+        return Reply(chunks=_upstream_stream(cut_after=12))
+
+    async with gateway(tmp_path, _config(), ManualTimer(), handler) as h:
+        r = await h.client.post(
+            "/v1/responses", json=CODEX_TURN, headers={"authorization": f"Bearer {ALICE}"}
+        )
+        assert r.status_code == 200, r.text
+        got = _events(r.content)
+        assert len(got) == 13
+        name, data = got[-1]
+        assert name == "response.failed"
+        failed = orjson.loads(data)
+        assert failed["response"]["status"] == "failed"
+        assert failed["sequence_number"] == 12
+        assert "response.completed" not in {n for n, _ in got}
+        assert await _used(h) > 0  # the text already produced is charged
