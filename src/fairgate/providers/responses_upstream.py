@@ -157,7 +157,25 @@ def chat_to_responses_request(body: Mapping[str, Any], model: str) -> JSON:
     effort = body.get("reasoning_effort")
     if isinstance(effort, str):
         out["reasoning"] = {"effort": effort}
+    fmt = _text_format(body.get("response_format"))
+    if fmt is not None:
+        out["text"] = {"format": fmt}
     return out
+
+
+def _text_format(response_format: object) -> JSON | None:
+    """Chat ``response_format`` → the Responses API's ``text.format`` (the schema's fields
+    beside its ``type``, not nested under ``json_schema``)."""
+    rf = _map(response_format)
+    kind = rf.get("type")
+    if kind == "json_object":
+        return {"type": "json_object"}
+    if kind == "json_schema":
+        js = _map(rf.get("json_schema"))
+        fmt: JSON = {"type": "json_schema", "name": str(js.get("name") or "output")}
+        fmt.update({k: js[k] for k in ("schema", "strict", "description") if k in js})
+        return fmt
+    return None
 
 
 # -- answers ----------------------------------------------------------------------------------
