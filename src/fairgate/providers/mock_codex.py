@@ -148,7 +148,7 @@ def responses_input_text(body: JSON) -> tuple[str, int]:
 def _usage(prompt: int, completion: int) -> JSON:
     return {
         "input_tokens": prompt,
-        "input_tokens_details": {"cached_tokens": 0},
+        "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
         "output_tokens": completion,
         "output_tokens_details": {"reasoning_tokens": 0},
         "total_tokens": prompt + completion,
