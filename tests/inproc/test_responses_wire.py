@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-from inproc_support import ADMIN_KEY, ALICE, base_config, conn, gateway
+from inproc_support import ADMIN_KEY, ALICE, MockUpstream, base_config, conn, gateway
 
 from fairgate.providers.inprocess import Reply, UpstreamRequest
 from fairgate.providers.mock_codex import ResponsesAnswer, responses_stream
@@ -173,3 +173,45 @@ async def test_a_passthrough_stream_cut_off_ends_failed_and_is_charged_what_came
         assert failed["sequence_number"] == 12
         assert "response.completed" not in {n for n, _ in got}
         assert await _used(h) > 0  # the text already produced is charged
+
+
+# -- across wires: faithful, refused by name, or named as left out -------------------------------
+
+#: A Responses turn with fields only OpenAI's service has a place for.
+OPENAI_ONLY: dict[str, Any] = {
+    "model": "m",
+    "input": [
+        {"type": "message", "role": "user", "content": "hello there"},
+        {"type": "reasoning", "id": "rs_1", "summary": [], "encrypted_content": "gAAAAB-x"},
+    ],
+    "reasoning": {"effort": "low", "summary": "auto"},
+    "include": ["reasoning.encrypted_content"],
+    "prompt_cache_key": "session-1",
+    "text": {"verbosity": "low"},
+}
+
+
+async def test_translated_to_chat_or_anthropic_what_is_left_out_is_named(tmp_path: Path) -> None:
+    """Before, these fields vanished on the way to a chat or Anthropic upstream and the client
+    could not tell; now the answer names each one in ``x-fairgate-omitted``, and what the wire
+    can carry (the reasoning effort, to chat) is carried."""
+    cfg = base_config([conn("oa", models=("m",)), conn("an", "anthropic", models=("a",))])
+    async with gateway(tmp_path, cfg, ManualTimer(), MockUpstream()) as h:
+        left = "include, prompt_cache_key, text.verbosity, reasoning.summary, input.reasoning"
+        auth = {"authorization": f"Bearer {ALICE}"}
+        r = await h.client.post("/v1/responses", json=OPENAI_ONLY, headers=auth)
+        assert r.status_code == 200, r.text
+        assert r.headers["x-fairgate-omitted"] == left
+        sent = h.upstream.requests[-1].json()
+        assert sent["reasoning_effort"] == "low"
+        assert not {"include", "prompt_cache_key", "text", "reasoning"} & set(sent)
+        r = await h.client.post("/v1/responses", json={**OPENAI_ONLY, "model": "a"}, headers=auth)
+        assert r.status_code == 200, r.text
+        assert r.headers["x-fairgate-omitted"] == left + ", reasoning.effort"
+        # a chat client's OpenAI-only fields on the way to Anthropic, named too
+        r = await h.chat("a", seed=7, logprobs=True, n=2)
+        assert r.status_code == 200, r.text
+        assert r.headers["x-fairgate-omitted"] == "logprobs, seed, n"
+        # nothing left out: no header
+        r = await h.chat("m", seed=7)
+        assert "x-fairgate-omitted" not in r.headers

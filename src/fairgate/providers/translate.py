@@ -4,9 +4,10 @@ A client speaks one wire format and the connection chosen for it may speak the o
 proxy translates on the hot path. Everything here is pure: plain dicts in, plain dicts out,
 nothing buffered beyond the current stream event. The translation covers what both APIs can
 express — text, images, tool definitions, tool calls and results, stop sequences, sampling,
-usage — and drops silently what the other side cannot take (``n`` > 1 keeps one choice,
-``logprobs``, ``response_format``, server tools, …): a request that would otherwise be rejected
-upstream is worse than one answered without a cosmetic option.
+structured output, usage. What changes the answer and has no form on the other side is refused
+(:class:`CannotCarry`, a 400 naming the field); what the other side has no place for and only
+steers the provider's service (``logprobs``, ``seed``, ``n`` > 1 keeps one choice, …) is left
+out and named in the answer's ``x-fairgate-omitted`` (:mod:`fairgate.providers.wire_loss`).
 
 Notable decisions:
 

@@ -25,6 +25,7 @@ from fairgate.providers.ratelimit import RateLimitSnapshot
 from fairgate.providers.translate import CannotCarry
 from fairgate.providers.transport import TRANSPORT_ERRORS, UpstreamResponse
 from fairgate.providers.usage import Usage
+from fairgate.providers.wire_loss import OMITTED_HEADER
 from fairgate.quota.engine import Admission, QuotaEngine
 from fairgate.quota.model import Pool
 from fairgate.quota.units import Unit
@@ -196,6 +197,9 @@ async def _attempt_on(
     headers = {"x-fairgate-connection": conn.id}  # a new dict: this answer's own
     if opts.combo:
         headers["x-fairgate-combo"] = opts.combo
+    omitted = exchange.omitted(call)
+    if omitted:  # what the translation left out, never silently (issue 42)
+        headers[OMITTED_HEADER] = ", ".join(omitted)
     quota = quota_raw_headers(adm)  # encoded already, added to the answer's raw headers
     if call.stream:
         tally = relay.StreamTally(prompt_estimate=call.prompt_estimate)

@@ -12,8 +12,9 @@ never offered as a candidate.
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,6 +40,7 @@ from fairgate.providers.translate import (
 )
 from fairgate.providers.transport import UpstreamResponse
 from fairgate.providers.usage import Usage, usage_from_anthropic, usage_from_openai
+from fairgate.providers.wire_loss import omitted_chat_to_anthropic, omitted_in_translation
 from fairgate.registry import Protocol
 from fairgate.server import relay
 from fairgate.server.call import Call, Route
@@ -72,6 +74,10 @@ class Exchange:
     body: Body
     answer: Answer
     relay: Relay
+    #: what the translation leaves out of the request, named in the answer's
+    #: ``x-fairgate-omitted`` (fields no other wire has a place for; never what changes the
+    #: answer, which is carried or refused)
+    omitted: Callable[[Call], Sequence[str]] = lambda _call: ()
 
 
 def _json_exchange(
@@ -242,6 +248,24 @@ def _anthropic_to_responses_answer(
     return _as_responses(call, chat, usage_from_anthropic(obj))
 
 
+def _omitted(call: Call) -> Sequence[str]:
+    return omitted_in_translation(call.body)
+
+
+def _omitted_to_anthropic(call: Call) -> Sequence[str]:
+    """What a Responses request leaves out on the way to Anthropic: what the chat form leaves
+    out, then what the chat form has and Anthropic has not (``reasoning.effort``)."""
+    left = omitted_in_translation(call.body)
+    effort = call.body.get("reasoning")
+    if isinstance(effort, Mapping) and effort.get("effort") is not None:
+        left.append("reasoning.effort")
+    return left
+
+
+def _omitted_chat(call: Call) -> Sequence[str]:
+    return omitted_chat_to_anthropic(call.body)
+
+
 def _conv(call: Call) -> ChatToResponsesStream:
     return ChatToResponsesStream(call.body, call.model, created=_created(call))
 
@@ -350,12 +374,15 @@ EXCHANGES: Mapping[tuple[Route, Protocol], Exchange] = {
     (Route.CHAT, Protocol.OPENAI): _json_exchange(
         "/chat/completions", _openai_to_openai, _unchanged, usage_from_openai, _relay_openai
     ),
-    (Route.CHAT, Protocol.ANTHROPIC): _json_exchange(
-        "/messages",
-        _chat_to_anthropic,
-        _anthropic_to_chat,
-        usage_from_anthropic,
-        _relay_anthropic_to_chat,
+    (Route.CHAT, Protocol.ANTHROPIC): dataclasses.replace(
+        _json_exchange(
+            "/messages",
+            _chat_to_anthropic,
+            _anthropic_to_chat,
+            usage_from_anthropic,
+            _relay_anthropic_to_chat,
+        ),
+        omitted=_omitted_chat,
     ),
     (Route.CHAT, Protocol.RESPONSES): Exchange(
         "/responses", _responses_body, _responses_answer, _relay_responses_to_chat
@@ -384,12 +411,14 @@ EXCHANGES: Mapping[tuple[Route, Protocol], Exchange] = {
         _responses_to_openai,
         _openai_to_responses_answer,
         _relay_openai_to_responses,
+        _omitted,
     ),
     (Route.RESPONSES, Protocol.ANTHROPIC): Exchange(
         "/messages",
         _responses_to_anthropic,
         _anthropic_to_responses_answer,
         _relay_anthropic_to_responses,
+        _omitted_to_anthropic,
     ),
 }
 
