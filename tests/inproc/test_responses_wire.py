@@ -215,3 +215,17 @@ async def test_translated_to_chat_or_anthropic_what_is_left_out_is_named(tmp_pat
         # nothing left out: no header
         r = await h.chat("m", seed=7)
         assert "x-fairgate-omitted" not in r.headers
+        # an Anthropic client's thinking and effort on the way to an OpenAI chat upstream
+        r = await h.client.post(
+            "/v1/messages",
+            json={
+                "model": "m",
+                "max_tokens": 2048,
+                "messages": [{"role": "user", "content": "hi"}],
+                "thinking": {"type": "enabled", "budget_tokens": 1024},
+                "output_config": {"effort": "high"},
+            },
+            headers={"x-api-key": ALICE, "anthropic-version": "2023-06-01"},
+        )
+        assert r.status_code == 200, r.text
+        assert r.headers["x-fairgate-omitted"] == "thinking, output_config.effort"

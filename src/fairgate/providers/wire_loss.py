@@ -14,7 +14,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["OMITTED_HEADER", "omitted_chat_to_anthropic", "omitted_in_translation"]
+__all__ = [
+    "OMITTED_HEADER",
+    "omitted_chat_to_anthropic",
+    "omitted_in_translation",
+    "omitted_messages_to_chat",
+]
 
 #: The answer header that names what the translation left out (comma separated).
 OMITTED_HEADER = "x-fairgate-omitted"
@@ -78,4 +83,22 @@ def omitted_chat_to_anthropic(body: Mapping[str, Any]) -> list[str]:
     n = body.get("n")
     if isinstance(n, int) and n > 1:
         out.append("n")
+    return out
+
+
+#: Anthropic Messages fields an OpenAI chat request has no place for: ``thinking`` (OpenAI's
+#: reasoning models think by their own effort setting, and sending one to a model without
+#: reasoning is refused, so a budget is not turned into an effort), Anthropic's tools and
+#: context services, its tiers.
+_MESSAGES_ONLY = ("top_k", "thinking", "container", "mcp_servers", "context_management")
+
+
+def omitted_messages_to_chat(body: Mapping[str, Any]) -> list[str]:
+    """The fields of an Anthropic ``body`` a chat (or Responses) request leaves out."""
+    out = [name for name in _MESSAGES_ONLY if body.get(name) not in (None, [], {})]
+    if body.get("service_tier") not in (None, "auto"):
+        out.append("service_tier")
+    config = body.get("output_config")
+    if isinstance(config, Mapping) and config.get("effort") is not None:
+        out.append("output_config.effort")
     return out

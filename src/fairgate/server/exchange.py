@@ -40,7 +40,11 @@ from fairgate.providers.translate import (
 )
 from fairgate.providers.transport import UpstreamResponse
 from fairgate.providers.usage import Usage, usage_from_anthropic, usage_from_openai
-from fairgate.providers.wire_loss import omitted_chat_to_anthropic, omitted_in_translation
+from fairgate.providers.wire_loss import (
+    omitted_chat_to_anthropic,
+    omitted_in_translation,
+    omitted_messages_to_chat,
+)
 from fairgate.registry import Protocol
 from fairgate.server import relay
 from fairgate.server.call import Call, Route
@@ -266,6 +270,10 @@ def _omitted_chat(call: Call) -> Sequence[str]:
     return omitted_chat_to_anthropic(call.body)
 
 
+def _omitted_messages(call: Call) -> Sequence[str]:
+    return omitted_messages_to_chat(call.body)
+
+
 def _conv(call: Call) -> ChatToResponsesStream:
     return ChatToResponsesStream(call.body, call.model, created=_created(call))
 
@@ -390,15 +398,22 @@ EXCHANGES: Mapping[tuple[Route, Protocol], Exchange] = {
     (Route.MESSAGES, Protocol.ANTHROPIC): _json_exchange(
         "/messages", _as_is, _unchanged, usage_from_anthropic, _relay_anthropic
     ),
-    (Route.MESSAGES, Protocol.OPENAI): _json_exchange(
-        "/chat/completions",
-        _messages_to_openai,
-        _openai_to_messages,
-        usage_from_openai,
-        _relay_openai_to_messages,
+    (Route.MESSAGES, Protocol.OPENAI): dataclasses.replace(
+        _json_exchange(
+            "/chat/completions",
+            _messages_to_openai,
+            _openai_to_messages,
+            usage_from_openai,
+            _relay_openai_to_messages,
+        ),
+        omitted=_omitted_messages,
     ),
     (Route.MESSAGES, Protocol.RESPONSES): Exchange(
-        "/responses", _responses_body, _responses_answer, _relay_responses_to_messages
+        "/responses",
+        _responses_body,
+        _responses_answer,
+        _relay_responses_to_messages,
+        _omitted_messages,
     ),
     (Route.EMBEDDINGS, Protocol.OPENAI): _json_exchange(
         "/embeddings", _as_is, _unchanged, usage_from_openai, _relay_openai
