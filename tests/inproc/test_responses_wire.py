@@ -229,3 +229,88 @@ async def test_translated_to_chat_or_anthropic_what_is_left_out_is_named(tmp_pat
         )
         assert r.status_code == 200, r.text
         assert r.headers["x-fairgate-omitted"] == "thinking, output_config.effort"
+
+
+async def test_reasoning_maps_both_ways_where_the_wires_allow(tmp_path: Path) -> None:
+    """Before, an Anthropic upstream's thinking (and an OpenAI-compatible model's
+    ``reasoning_content``) never reached a Responses client, and a Responses upstream's
+    reasoning summary never reached a chat or Anthropic client. Now thinking is a reasoning
+    item's summary one way, and the summary is ``reasoning_content`` / a thinking block the
+    other (no signature or encrypted content: only the provider that made one can read it)."""
+
+    async def handler(req: UpstreamRequest) -> Reply:
+        if req.conn.id == "an":
+            return Reply(
+                body={
+                    "id": "msg_1",
+                    "type": "message",
+                    "role": "assistant",
+                    "model": "a",
+                    "content": [
+                        {"type": "thinking", "thinking": "Weighing it.", "signature": "sig"},
+                        {"type": "text", "text": "Yes."},
+                    ],
+                    "stop_reason": "end_turn",
+                    "stop_sequence": None,
+                    "usage": {"input_tokens": 5, "output_tokens": 7},
+                }
+            )
+        if req.conn.id == "oa":
+
+            def chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
+                c = {
+                    "id": "c",
+                    "object": "chat.completion.chunk",
+                    "created": 0,
+                    "model": "m",
+                    "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+                }
+                return b"data: " + orjson.dumps(c) + b"\n\n"
+
+            return Reply(
+                chunks=[
+                    chunk({"role": "assistant", "reasoning_content": "Think"}),
+                    chunk({"reasoning_content": "ing."}),
+                    chunk({"content": "Done."}),
+                    chunk({}, "stop"),
+                    b"data: [DONE]\n\n",
+                ]
+            )
+        return Reply(chunks=_upstream_stream())  # the Responses upstream: with a summary
+
+    conns = [
+        conn("an", "anthropic", models=("a",)),
+        conn("oa", models=("m",)),
+        conn("codex-1", "codex", models=("gpt-5-codex",), protocol="responses"),
+    ]
+    auth = {"authorization": f"Bearer {ALICE}"}
+    async with gateway(tmp_path, base_config(conns), ManualTimer(), handler) as h:
+        r = await h.client.post("/v1/responses", json={"model": "a", "input": "q"}, headers=auth)
+        assert r.status_code == 200, r.text
+        out = r.json()["output"]
+        assert out[0]["type"] == "reasoning"
+        assert out[0]["summary"] == [{"type": "summary_text", "text": "Weighing it."}]
+        assert out[1]["content"][0]["text"] == "Yes."
+        r = await h.client.post(
+            "/v1/responses", json={"model": "m", "input": "q", "stream": True}, headers=auth
+        )
+        got = [(n, orjson.loads(d)) for n, d in _events(r.content)]
+        deltas = [d["delta"] for n, d in got if n == "response.reasoning_summary_text.delta"]
+        assert deltas == ["Think", "ing."]
+        final = got[-1][1]["response"]
+        assert [i["type"] for i in final["output"]] == ["reasoning", "message"]
+        assert final["output"][0]["summary"][0]["text"] == "Thinking."
+        # a Responses upstream's summary to an Anthropic client: a thinking block
+        r = await h.client.post(
+            "/v1/messages",
+            json={
+                "model": "gpt-5-codex",
+                "max_tokens": 100,
+                "messages": [{"role": "user", "content": "q"}],
+            },
+            headers={"x-api-key": ALICE, "anthropic-version": "2023-06-01"},
+        )
+        assert r.status_code == 200, r.text
+        blocks = r.json()["content"]
+        assert blocks[0]["type"] == "thinking"
+        assert blocks[0]["thinking"] == "Considering the request."

@@ -194,9 +194,13 @@ def chat_from_completed(resp: Mapping[str, Any], model: str, *, created: int) ->
     caller's clock (never this module's own)."""
     texts: list[str] = []
     calls: list[JSON] = []
+    reasoning: list[str] = []
     for raw in _list(resp.get("output")):
         item = _map(raw)
-        if item.get("type") == "message":
+        if item.get("type") == "reasoning":
+            parts = [*_list(item.get("summary")), *_list(item.get("content"))]
+            reasoning.extend(str(_map(p).get("text") or "") for p in parts)
+        elif item.get("type") == "message":
             texts.extend(
                 str(p.get("text") or "")
                 for p in map(_map, _list(item.get("content")))
@@ -220,6 +224,8 @@ def chat_from_completed(resp: Mapping[str, Any], model: str, *, created: int) ->
     }
     if calls:
         message["tool_calls"] = calls
+    if any(reasoning):
+        message["reasoning_content"] = "".join(reasoning)
     usage = usage_from_openai(resp) or Usage()
     rid = resp.get("id")
     return {
@@ -310,6 +316,11 @@ class ResponsesToChatStream:
             if not isinstance(delta, str) or not delta:
                 return []
             return [*self._role(), self._chunk({"content": delta})]
+        if kind in ("response.reasoning_summary_text.delta", "response.reasoning_text.delta"):
+            delta = data.get("delta")  # the reasoning the upstream shows: the chat form's field
+            if not isinstance(delta, str) or not delta:
+                return []
+            return [*self._role(), self._chunk({"reasoning_content": delta})]
         if kind == "response.function_call_arguments.delta":
             index = self._calls.get(str(data.get("item_id")))
             delta = data.get("delta")
