@@ -310,8 +310,9 @@ class ConnectionConfig(_Strict):
         default_factory=list,
         max_length=50,
         description=(
-            "Client request headers passed on upstream (lower-cased; never one the "
-            "gateway sets itself)"
+            "Client request headers passed on upstream besides the wire's own (anthropic-beta "
+            "and anthropic-version to Anthropic, openai-beta to Responses; lower-cased; never "
+            "one the gateway sets itself)"
         ),
     )
     billing_fields: list[BillingField] = Field(

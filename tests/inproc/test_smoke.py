@@ -210,17 +210,18 @@ async def test_responses_refuses_cheaply_before_translating(
 ) -> None:
     """Issue 43, N15: a key that may not use the model, or an input over the message cap, is
     refused before the Responses input is translated (it was translated first, 0.5 s of work
-    on a large input before a 403)."""
-    from fairgate.server import responses_edge
+    on a large input before a 403). The translation is the exchange's, per attempt, since a
+    Responses request to a Responses-wire connection is not translated at all (issue 42)."""
+    from fairgate.server import exchange
 
     translated: list[object] = []
-    real = responses_edge.responses_to_chat_request
+    real = exchange.responses_to_chat_request
 
     def counting(body: Any, model: str) -> Any:
         translated.append(model)
         return real(body, model)
 
-    monkeypatch.setattr(responses_edge, "responses_to_chat_request", counting)
+    monkeypatch.setattr(exchange, "responses_to_chat_request", counting)
 
     async def handler(req: UpstreamRequest) -> Reply:
         return openai_chat("ok")

@@ -120,15 +120,21 @@ async def test_unallocated_use_when_allowed_shows_as_its_own_row(tmp_path: Path)
         assert settings["access"] == {"requireAllocation": False, "source": "config"}
 
 
-async def test_client_provider_headers_are_forwarded_only_when_allow_listed(
+async def test_billing_headers_are_forwarded_only_when_allow_listed(
     tmp_path: Path,
 ) -> None:
+    """The headers that choose who is billed pass only a connection that lists them; an
+    Anthropic connection forwards ``anthropic-beta`` by default (issue 42, item 9: Claude
+    Code's beta features are refused without it), an OpenAI one does not."""
     async with gateway(tmp_path / "closed", config(), ManualTimer(), MockUpstream()) as h:
         assert answered(await ask(h, "alice", GPT, **PROVIDER_HEADERS))
         assert recorded(h) == {}
         r = await messages(h, "alice", "claude-sonnet-4", **PROVIDER_HEADERS)
         assert r.status_code == 200, r.text
-        assert recorded(h) == {"anthropic-version": "2023-06-01"}
+        assert recorded(h) == {
+            "anthropic-version": "2023-06-01",
+            "anthropic-beta": "costly-beta-2099",
+        }
 
     allowed = config(forward=["openai-organization", "anthropic-beta"])
     async with gateway(tmp_path / "allowed", allowed, ManualTimer(), MockUpstream()) as h:

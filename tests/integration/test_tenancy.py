@@ -329,13 +329,17 @@ PROVIDER_HEADERS = {
 }
 
 
-async def test_client_provider_headers_are_not_forwarded_by_default(start: Start) -> None:
+async def test_billing_headers_are_not_forwarded_by_default(start: Start) -> None:
+    """Only an Anthropic connection's functional headers pass by default (issue 42, item 9)."""
     env = await start()
     assert (await env.chat("alice", "gpt-4o-mini", **PROVIDER_HEADERS)).status_code == 200
     assert env.mock.state.stats.last_headers == {}
-    r = await env.chat("dave", "claude-x", **PROVIDER_HEADERS, **{"anthropic-version": "1999"})
+    r = await env.chat("dave", "claude-x", **PROVIDER_HEADERS)
     assert r.status_code == 200
-    assert env.mock.state.stats.last_headers == {"anthropic-version": "2023-06-01"}
+    assert env.mock.state.stats.last_headers == {
+        "anthropic-version": "2023-06-01",
+        "anthropic-beta": "costly-beta-2099",
+    }
 
 
 async def test_allow_listed_headers_are_forwarded(start: Start) -> None:

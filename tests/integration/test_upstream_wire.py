@@ -111,16 +111,22 @@ async def test_an_openai_request_sends_exactly_our_headers_and_the_body(
     assert recorder.requests[0][1] == body
 
 
-async def test_anthropic_requests_send_their_own_headers_and_no_client_header(
+async def test_anthropic_requests_send_their_own_headers_and_the_wires_functional_ones(
     recorder: Recorder,
 ) -> None:
+    """Issue 42, item 9: ``anthropic-beta`` (and ``anthropic-version``) reach an Anthropic
+    connection without a ``forward_headers`` entry (Claude Code's beta features need them);
+    other client headers do not, and an OAuth connection's flag is merged, each flag once."""
     key = _conn(recorder, protocol=Protocol.ANTHROPIC, provider="anthropic")
     oauth = _conn(
         recorder, protocol=Protocol.ANTHROPIC, provider="anthropic", auth_type=AuthType.OAUTH
     )
     async with UpstreamClient() as client:
-        await _post(client, key, b"{}", {"anthropic-beta": "costly", "user-agent": "sdk"})
+        await _post(client, key, b"{}", {"user-agent": "sdk", "openai-project": "p"})
         await _post(client, oauth, b"{}", {})
+        await _post(client, key, b"{}", {"anthropic-beta": "context-1m-2025-08-07"})
+        beta = {"anthropic-beta": "oauth-2025-04-20,interleaved-thinking-2025-05-14"}
+        await _post(client, oauth, b"{}", beta)
     host = f"Host: 127.0.0.1:{recorder.port}"
     common = ["content-type: application/json", "accept-encoding: identity"]
     tail = ["Accept: */*", "Content-Length: 2"]
@@ -141,6 +147,16 @@ async def test_anthropic_requests_send_their_own_headers_and_no_client_header(
         "anthropic-beta: oauth-2025-04-20",
         *tail,
     ]
+    assert recorder.head(2) == [
+        "POST /v1/chat/completions HTTP/1.1",
+        host,
+        *common,
+        "x-api-key: sk-secret",
+        "anthropic-version: 2023-06-01",
+        "anthropic-beta: context-1m-2025-08-07",
+        *tail,
+    ]
+    assert "anthropic-beta: oauth-2025-04-20,interleaved-thinking-2025-05-14" in recorder.head(3)
 
 
 async def test_requests_in_a_row_reuse_one_connection_whether_read_or_released_unread(
@@ -245,3 +261,17 @@ async def test_a_body_cut_short_is_a_broken_answer_not_a_short_one() -> None:
         finally:
             server.close()
             await server.wait_closed()
+
+
+async def test_a_responses_connection_forwards_openai_beta_and_no_billing_header(
+    recorder: Recorder,
+) -> None:
+    """Issue 42, item 9: the Responses wire's ``OpenAI-Beta`` passes by default; the headers
+    that choose who is billed do not."""
+    conn = _conn(recorder, protocol=Protocol.RESPONSES)
+    async with UpstreamClient() as client:
+        sent = {"openai-beta": "responses=experimental", "openai-organization": "org-x"}
+        await _post(client, conn, b"{}", sent)
+    head = recorder.head(0)
+    assert "openai-beta: responses=experimental" in head
+    assert not any(line.startswith("openai-organization") for line in head)

@@ -72,9 +72,17 @@ def test_upstream_targets_are_built_once_per_connection_and_path() -> None:
     there = _PER_CONNECTION.target(moved, "/chat/completions")
     assert there.origin == ("https", "elsewhere", 8443)
     assert there.host == "elsewhere:8443"
-    # a connection that may add client headers has no fixed head: built per request
+    # a connection that may add client headers names them; a request that carries none of
+    # them still sends the fixed head (issue 42, item 9: Anthropic connections forward
+    # anthropic-beta by default, and most of their requests carry none)
     forwarding = dataclasses.replace(conn, forward_headers=("openai-project",))
-    assert _PER_CONNECTION.target(forwarding, "/chat/completions").head is None
+    assert _PER_CONNECTION.target(forwarding, "/chat/completions").forwarded == ("openai-project",)
+    anthropic = dataclasses.replace(conn, id="a", protocol=Protocol.ANTHROPIC)
+    assert _PER_CONNECTION.target(anthropic, "/messages").forwarded == (
+        "anthropic-beta",
+        "anthropic-version",
+    )
+    assert _PER_CONNECTION.target(conn, "/chat/completions").forwarded == ()
     # the mock is no exception (it once took every x-mock-* header): its head is fixed too
     assert _PER_CONNECTION.target(_conn("mock"), "/chat/completions").head is not None
 

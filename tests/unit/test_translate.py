@@ -21,9 +21,11 @@ from openai.types.chat.completion_create_params import (
 )
 from pydantic import TypeAdapter
 
+from fairgate.providers.responses_upstream import chat_to_responses_request
 from fairgate.providers.sse import SSEParser, encode_event
 from fairgate.providers.translate import (
     AnthropicToOpenAIStream,
+    CannotCarry,
     OpenAIToAnthropicStream,
     anthropic_to_openai_request,
     anthropic_to_openai_response,
@@ -130,7 +132,6 @@ def test_openai_to_anthropic_request_full() -> None:
         "stop": "END",
         "n": 3,
         "logprobs": True,
-        "response_format": {"type": "json_object"},
         "tools": [WEATHER_TOOL, {"type": "custom", "custom": {"name": "x"}}],
         "tool_choice": "required",
         "parallel_tool_calls": False,
@@ -1189,3 +1190,58 @@ def test_openai_stream_through_sse() -> None:
     received = [(e.event or "", orjson.loads(e.data)) for e in SSEParser().feed(b"".join(out))]
     msg = check_anthropic_sequence(received)
     assert "".join(b.text for b in msg.content if b.type == "text") == "".join(TEXT_PIECES)
+
+
+# -- structured output across wires (issue 42, item 3) --------------------------------------------
+
+PERSON = {
+    "type": "object",
+    "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+    "required": ["name", "age"],
+    "additionalProperties": False,
+}
+
+
+def test_a_json_schema_becomes_anthropics_output_config_format_and_back() -> None:
+    """Before, ``response_format`` was dropped on the way to Anthropic: the client's parser got
+    free text. Now it is Anthropic's structured output (``output_config.format``), and an
+    Anthropic client's format reaches an OpenAI upstream as ``response_format``."""
+    rf = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}}
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "response_format": rf}
+    out = openai_to_anthropic_request(body, "claude")
+    valid_anthropic_request(out)
+    assert out["output_config"] == {"format": {"type": "json_schema", "schema": PERSON}}
+    back = anthropic_to_openai_request({**out, "max_tokens": 5}, "gpt-4o")
+    assert back["response_format"] == {
+        "type": "json_schema",
+        "json_schema": {"name": "output", "schema": PERSON, "strict": True},
+    }
+    beta = {"model": "claude", "max_tokens": 5, "messages": out["messages"]}
+    beta["output_format"] = {"type": "json_schema", "schema": PERSON}
+    assert anthropic_to_openai_request(beta, "gpt-4o")["response_format"] == back["response_format"]
+
+
+def test_a_json_mode_anthropic_cannot_express_is_refused_by_name() -> None:
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    with pytest.raises(CannotCarry) as exc:
+        openai_to_anthropic_request({**body, "response_format": {"type": "json_object"}}, "c")
+    assert exc.value.field == "response_format"
+    assert "response_format" not in openai_to_anthropic_request(
+        {**body, "response_format": {"type": "text"}}, "c"
+    )
+
+
+def test_a_json_schema_becomes_the_responses_text_format() -> None:
+    rf = {
+        "type": "json_schema",
+        "json_schema": {"name": "person", "schema": PERSON, "strict": True},
+    }
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "response_format": rf}
+    out = chat_to_responses_request(body, "gpt-5")
+    assert out["text"] == {
+        "format": {"type": "json_schema", "name": "person", "schema": PERSON, "strict": True}
+    }
+    json_mode = {**body, "response_format": {"type": "json_object"}}
+    assert chat_to_responses_request(json_mode, "gpt-5")["text"] == {
+        "format": {"type": "json_object"}
+    }

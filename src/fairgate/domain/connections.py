@@ -57,8 +57,9 @@ class Connection:
     #: an empty list serves nothing)
     models: tuple[str, ...] = ()
     enabled: bool = True
-    #: client headers passed upstream (lower-case names); none by default, so a tenant cannot
-    #: choose the organisation or project billed or switch on beta features on a shared account
+    #: client headers passed upstream besides the wire's functional ones (lower-case names;
+    #: ``providers.upstream.WIRE_HEADERS``); none by default, so a tenant cannot choose the
+    #: organisation or project billed on a shared account
     forward_headers: tuple[str, ...] = ()
     #: billing-relevant body fields (:data:`BILLING_FIELDS`) a client may set on this
     #: connection; the others are not sent, so the account's defaults bill every tenant alike

@@ -57,10 +57,12 @@ from aiohttp import web
 
 from fairgate.clock import Clock, SystemClock
 from fairgate.providers.mock_codex import (
+    REASONING_TOKENS,
     CodexWindows,
-    responses_events,
+    ResponsesAnswer,
     responses_input_text,
-    responses_object,
+    responses_stream,
+    responses_whole,
 )
 from fairgate.providers.mock_faults import (
     NO_FAULT,
@@ -80,6 +82,16 @@ from fairgate.providers.mock_faults import (
     unknown_field_error,
 )
 from fairgate.providers.mock_oauth import ACCESS_PREFIX, OAUTH_BETA, MockTokenIssuer
+from fairgate.providers.mock_wire import (
+    ToolCall,
+    beta_refusal,
+    planned_calls,
+    reasoning_wanted,
+    signature,
+    structured_format,
+    structured_text,
+    thinking_requested,
+)
 from fairgate.testclock import ShiftedClock, TestClockError, advance_ms_of, clock_view
 
 JSON = dict[str, Any]
@@ -346,6 +358,39 @@ def _reply(
     return " ".join(chosen), n, cap is not None and cap < cfg.completion_tokens
 
 
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    """An answer beyond plain text (:mod:`fairgate.providers.mock_wire`): its text (schema
+    JSON for structured output), its tool calls, and the tokens they add."""
+
+    text: str
+    completion: int
+    truncated: bool
+    calls: list[ToolCall]
+
+
+def _plan(call: _Call, route: str, messages: list[Any], cap: int | None) -> _Plan:
+    """What to answer: the fault's and the request's choices on top of :func:`_reply`."""
+    cfg, fault, body = call.state.config, call.fault, call.body
+    text, completion, truncated = _reply(cfg, messages, cap, fault)
+    if fault.kind in _NOTHING:
+        return _Plan(text, completion, truncated, [])
+    fmt = structured_format(route, body)
+    if fmt is not None:
+        text = structured_text(fmt, text)
+        completion = _estimate_tokens(len(text))
+        truncated = cap is not None and cap < completion
+        if truncated and cap is not None:
+            text, completion = text[: cap * 4], cap
+    parallel = int(fault.value) if fault.kind == "tool-calls" else 0
+    calls = planned_calls(route, body, parallel, call.request_id)
+    if calls:
+        if fmt is None:
+            text, completion, truncated = "", 0, False
+        completion += sum(_estimate_tokens(len(c.arguments)) for c in calls)
+    return _Plan(text, completion, truncated, calls)
+
+
 def _pieces(text: str, k: int) -> list[str]:
     """``k`` stream pieces that concatenate to ``text``, split at word boundaries."""
     if not text:
@@ -467,6 +512,28 @@ class _Call:
 # Route implementations
 
 
+def _chat_message(text: str, plan: _Plan, *, thinking: bool) -> JSON:
+    """A non-stream chat answer's message: the text, or only reasoning (``reasoning-only``),
+    and the plan's tool calls (content null when there is no text beside them)."""
+    message: JSON = {
+        "role": "assistant",
+        "content": text if text or not plan.calls else None,
+        "refusal": None,
+    }
+    if thinking:
+        message = {"role": "assistant", "content": None, "reasoning_content": text}
+    if plan.calls:
+        message["tool_calls"] = [
+            {
+                "id": c.call_id,
+                "type": "function",
+                "function": {"name": c.name, "arguments": c.arguments},
+            }
+            for c in plan.calls
+        ]
+    return message
+
+
 async def _chat(call: _Call) -> web.StreamResponse:
     body = call.body
     model, messages = body.get("model"), body.get("messages")
@@ -479,8 +546,11 @@ async def _chat(call: _Call) -> web.StreamResponse:
     except ValueError as exc:
         return call.bad_request(str(exc), "max_tokens")
     prompt = _prompt_tokens(messages)
-    text, completion, truncated = _reply(call.state.config, messages, cap, call.fault)
+    plan = _plan(call, "chat", messages, cap)
+    text, completion, truncated = plan.text, plan.completion, plan.truncated
     finish = None if call.fault.kind in _NO_FINISH else ("length" if truncated else "stop")
+    if plan.calls and finish == "stop":
+        finish = "tool_calls"
     headers = call.headers(prompt, completion)
     usage = {
         "prompt_tokens": prompt,
@@ -505,9 +575,7 @@ async def _chat(call: _Call) -> web.StreamResponse:
             return _json(200, error_200_body("openai", call.request_id), headers)
         if call.fault.kind == "slow-first-token":
             await asyncio.sleep(call.fault.value / 1000.0)
-        message = {"role": "assistant", "content": text, "refusal": None}
-        if thinking:
-            message = {"role": "assistant", "content": None, "reasoning_content": text}
+        message = _chat_message(text, plan, thinking=thinking)
         choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish}
         payload = {**base, "object": "chat.completion", "choices": [choice], "usage": usage}
         if call.fault.kind == "reset-mid-stream":
@@ -529,6 +597,7 @@ async def _chat(call: _Call) -> web.StreamResponse:
     events = [chunk({"role": "assistant", "content": "", "refusal": None}, None)]
     field = "reasoning_content" if thinking else "content"
     events += [chunk({field: p}, None) for p in _pieces(text, call.state.config.stream_chunks)]
+    events += [chunk({"tool_calls": [d]}, None) for d in _interleaved_calls(plan.calls)]
     if finish is not None:
         events.append(chunk({}, finish))
         if include_usage:
@@ -537,6 +606,28 @@ async def _chat(call: _Call) -> web.StreamResponse:
             )
         events.append(b"data: [DONE]\n\n")
     return await call.stream(events, headers)
+
+
+def _interleaved_calls(calls: list[ToolCall]) -> list[JSON]:
+    """Tool-call deltas of a chat stream as OpenAI sends parallel calls: interleaved by
+    ``index`` (every call's opening delta with its id and name, then each call's first half
+    of arguments, then each call's second half), so a translator that assumes one call at a
+    time breaks here as it would on the real API."""
+    opening = [
+        {
+            "index": i,
+            "id": c.call_id,
+            "type": "function",
+            "function": {"name": c.name, "arguments": ""},
+        }
+        for i, c in enumerate(calls)
+    ]
+    halves = [
+        (c.arguments[: len(c.arguments) // 2], c.arguments[len(c.arguments) // 2 :]) for c in calls
+    ]
+    firsts = [{"index": i, "function": {"arguments": h[0]}} for i, h in enumerate(halves) if h[0]]
+    seconds = [{"index": i, "function": {"arguments": h[1]}} for i, h in enumerate(halves) if h[1]]
+    return opening + firsts + seconds
 
 
 #: Anthropic's token counting (free, rate limited apart from messages; Claude Code's /context).
@@ -577,24 +668,30 @@ async def _messages(call: _Call) -> web.StreamResponse:
     if cap is None:
         return call.bad_request("max_tokens: Field required")
     prompt = _prompt_tokens(messages, body.get("system"))
-    text, completion, truncated = _reply(call.state.config, messages, cap, call.fault)
-    stop = None if call.fault.kind in _NO_FINISH else ("max_tokens" if truncated else "end_turn")
+    plan = _plan(call, "messages", messages, cap)
+    blocks = _anthropic_blocks(call, plan)
+    thought = bool(blocks) and blocks[0]["type"] == "thinking"
+    completion = plan.completion + (THINKING_TOKENS if thought else 0)
+    stop = None
+    if call.fault.kind not in _NO_FINISH:
+        stop = "max_tokens" if plan.truncated else "tool_use" if plan.calls else "end_turn"
     headers = call.headers(prompt, completion)
+    usage = {
+        "input_tokens": prompt,
+        "output_tokens": completion,
+        "cache_read_input_tokens": 0,
+        "cache_creation_input_tokens": 0,
+    }
     message: JSON = {
         "id": f"msg_mock{call.state.next_seq():08d}",
         "type": "message",
         "role": "assistant",
         "model": model,
         # an empty turn is ``content: []``, as Anthropic documents it
-        "content": [] if call.fault.kind in _NOTHING else [{"type": "text", "text": text}],
+        "content": blocks,
         "stop_reason": stop,
         "stop_sequence": None,
-        "usage": {
-            "input_tokens": prompt,
-            "output_tokens": completion,
-            "cache_read_input_tokens": 0,
-            "cache_creation_input_tokens": 0,
-        },
+        "usage": usage,
     }
     if body.get("stream") is not True:
         if call.fault.kind == "error-200":
@@ -606,40 +703,102 @@ async def _messages(call: _Call) -> web.StreamResponse:
     if call.fault.kind == "error-200":
         event = _sse(error_200_body("anthropic", call.request_id), "error")
         return await call.stream([event], headers)
-    start = {
-        **message,
-        "content": [],
-        "stop_reason": None,
-        "usage": {**message["usage"], "output_tokens": 1},
-    }
-    block = {"type": "text", "text": ""}
-    events = [
-        _sse({"type": "message_start", "message": start}, "message_start"),
-        _sse(
-            {"type": "content_block_start", "index": 0, "content_block": block},
-            "content_block_start",
-        ),
-        _sse({"type": "ping"}, "ping"),
-    ]
-    for piece in _pieces(text, call.state.config.stream_chunks):
-        delta = {"type": "text_delta", "text": piece}
-        events.append(
-            _sse({"type": "content_block_delta", "index": 0, "delta": delta}, "content_block_delta")
-        )
-    if stop is not None:
+    in_delta = call.fault.kind == "usage-in-delta"
+    start_usage = dict.fromkeys(usage, 0) if in_delta else {**usage, "output_tokens": 1}
+    start = {**message, "content": [], "stop_reason": None, "usage": start_usage}
+    events = [_sse({"type": "message_start", "message": start}, "message_start")]
+    stream_blocks = blocks or [{"type": "text", "text": ""}]  # an empty turn: one empty block
+    for index, block in enumerate(stream_blocks):
+        block_events = _block_events(index, block, call.state.config.stream_chunks)
+        if index == 0:  # Anthropic's ping follows the first block's start
+            block_events.insert(1, _sse({"type": "ping"}, "ping"))
+        events += block_events
+    if stop is None:
+        events.pop()  # cut off: the last block never stops, the message never ends
+    else:
+        delta_usage = usage if in_delta else {"output_tokens": completion}
         events += [
-            _sse({"type": "content_block_stop", "index": 0}, "content_block_stop"),
             _sse(
                 {
                     "type": "message_delta",
                     "delta": {"stop_reason": stop, "stop_sequence": None},
-                    "usage": {"output_tokens": completion},
+                    "usage": delta_usage,
                 },
                 "message_delta",
             ),
             _sse({"type": "message_stop"}, "message_stop"),
         ]
     return await call.stream(events, headers)
+
+
+#: What the mock thinks aloud when a request enables Anthropic's extended thinking, and the
+#: tokens it counts for it (in ``output_tokens``, as Anthropic bills thinking).
+THINKING = "Let me think about the request."
+THINKING_TOKENS = 8
+
+
+def _anthropic_blocks(call: _Call, plan: _Plan) -> list[JSON]:
+    """The content blocks of an Anthropic answer: thinking (with its signature; a
+    ``redacted_thinking`` block too under the ``redacted-thinking`` fault) when the request
+    enables it, the text, the tool calls."""
+    kind = call.fault.kind
+    if kind in _NOTHING:
+        return []
+    blocks: list[JSON] = []
+    if thinking_requested(call.body):
+        blocks.append(
+            {"type": "thinking", "thinking": THINKING, "signature": signature(call.request_id)}
+        )
+        if kind == "redacted-thinking":
+            data = signature(f"redacted:{call.request_id}")
+            blocks.append({"type": "redacted_thinking", "data": data})
+    if plan.text or not plan.calls:
+        blocks.append({"type": "text", "text": plan.text})
+    blocks += [
+        {"type": "tool_use", "id": c.call_id, "name": c.name, "input": orjson.loads(c.arguments)}
+        for c in plan.calls
+    ]
+    return blocks
+
+
+def _block_events(index: int, block: JSON, chunks: int) -> list[bytes]:
+    """One content block streamed as Anthropic streams it: its start (the block with its
+    content empty), its deltas, its stop."""
+
+    def delta(d: JSON) -> bytes:
+        return _sse(
+            {"type": "content_block_delta", "index": index, "delta": d}, "content_block_delta"
+        )
+
+    kind = block["type"]
+    deltas: list[bytes] = []
+    if kind == "text":
+        opened: JSON = {"type": "text", "text": ""}
+        deltas = [delta({"type": "text_delta", "text": p}) for p in _pieces(block["text"], chunks)]
+    elif kind == "thinking":
+        opened = {"type": "thinking", "thinking": "", "signature": ""}
+        deltas = [
+            delta({"type": "thinking_delta", "thinking": block["thinking"]}),
+            delta({"type": "signature_delta", "signature": block["signature"]}),
+        ]
+    elif kind == "tool_use":
+        opened = {**block, "input": {}}
+        args = orjson.dumps(block["input"]).decode()
+        half = len(args) // 2
+        deltas = [
+            delta({"type": "input_json_delta", "partial_json": part})
+            for part in (args[:half], args[half:])
+            if part
+        ]
+    else:  # redacted_thinking arrives whole in its start
+        opened = block
+    start = {"type": "content_block_start", "index": index, "content_block": opened}
+    stop = {"type": "content_block_stop", "index": index}
+    return [
+        _sse(start, "content_block_start"),
+        *deltas,
+        _sse(stop, "content_block_stop"),
+    ]
 
 
 def _embedding_inputs(raw: object) -> list[tuple[bytes, int]] | None:
@@ -777,6 +936,30 @@ def _wire_of(request: web.Request, route: str) -> Wire:
 _Impl = Callable[[_Call], Awaitable[web.StreamResponse]]
 
 
+async def _body(
+    request: web.Request, state: MockState, wire: Wire, route: str, request_id: str
+) -> JSON | web.Response:
+    """The request's JSON object, or the provider's 400: not an object, a field the API does
+    not know (echoing mode), a beta field without its ``anthropic-beta`` flag (always, as
+    Anthropic refuses one)."""
+    ids = _id_headers(wire, request_id)
+    try:
+        parsed = orjson.loads(await request.read())
+    except orjson.JSONDecodeError:
+        parsed = None
+    if not isinstance(parsed, dict):
+        return _json(400, error_body(wire, 400, "body must be a JSON object", request_id), ids)
+    if state.config.reject_unknown_fields:
+        echoed = unknown_field_error(wire, route, parsed, request_id)
+        if echoed is not None:
+            return _json(400, echoed, ids)
+    if wire == "anthropic":
+        refused = beta_refusal(parsed, request.headers.get("anthropic-beta"))
+        if refused is not None:
+            return _json(400, error_body(wire, 400, refused, request_id), ids)
+    return parsed
+
+
 async def _serve(
     request: web.Request, state: MockState, route: str, impl: _Impl
 ) -> web.StreamResponse:
@@ -795,17 +978,10 @@ async def _serve(
         return _json(401, auth_error(wire, request_id), ids)
     body: JSON = {}
     if request.method == "POST":
-        try:
-            parsed = orjson.loads(await request.read())
-        except orjson.JSONDecodeError:
-            parsed = None
-        if not isinstance(parsed, dict):
-            return _json(400, error_body(wire, 400, "body must be a JSON object", request_id), ids)
-        body = parsed
-        if state.config.reject_unknown_fields:
-            echoed = unknown_field_error(wire, route, body, request_id)
-            if echoed is not None:
-                return _json(400, echoed, ids)
+        read = await _body(request, state, wire, route, request_id)
+        if isinstance(read, web.Response):
+            return read
+        body = read
     try:
         fault = state.take_fault(request.headers.get(FAULT_HEADER))
     except FaultSpecError as exc:
@@ -857,14 +1033,27 @@ def _data_route(route: str, impl: _Impl) -> Callable[[web.Request], Awaitable[we
 CODEX_PATH = "/backend-api/codex/responses"
 
 
-def _responses_reply(call: _Call) -> tuple[str, int, int]:
-    """(text, prompt tokens, completion tokens) of a Responses request, like the chat routes."""
+def _responses_reply(call: _Call) -> ResponsesAnswer:
+    """The answer to a Responses request: text like the chat routes', or schema JSON, tool
+    calls, a reasoning item, as the request asks (:mod:`fairgate.providers.mock_wire`)."""
     last, chars = responses_input_text(call.body)
     cap = call.body.get("max_output_tokens")
     cap = cap if isinstance(cap, int) and not isinstance(cap, bool) and cap > 0 else None
     user = [{"role": "user", "content": last}]
-    text, completion, _ = _reply(call.state.config, user, cap, call.fault)
-    return text, _estimate_tokens(chars), completion
+    plan = _plan(call, "responses", user, cap)
+    reasoning, summary, encrypted = reasoning_wanted(call.body)
+    pieces = _pieces(plan.text, call.state.config.stream_chunks)
+    completion = plan.completion + (REASONING_TOKENS if reasoning else 0)
+    return ResponsesAnswer(
+        pieces,
+        _estimate_tokens(chars),
+        completion,
+        plan.calls,
+        reasoning,
+        summary,
+        encrypted,
+        plan.truncated,
+    )
 
 
 async def _responses_answer(call: _Call, headers: JSON, *, stream: bool) -> web.StreamResponse:
@@ -873,16 +1062,13 @@ async def _responses_answer(call: _Call, headers: JSON, *, stream: bool) -> web.
         return call.bad_request("Missing required parameter: 'model'.", "model")
     if not isinstance(call.body.get("input"), str | list):
         return call.bad_request("Missing required parameter: 'input'.", "input")
-    text, prompt, completion = _responses_reply(call)
+    ans = _responses_reply(call)
     rid = f"resp_mock{call.state.next_seq():08d}"
     created = int(call.state.now_s())
-    headers = {**headers, **call.extra_headers(prompt, completion)}
+    headers = {**headers, **call.extra_headers(ans.prompt, ans.completion)}
     if not stream:
-        return _json(
-            200, responses_object(rid, model, created, text, prompt, completion, done=True), headers
-        )
-    pieces = _pieces(text, call.state.config.stream_chunks)
-    events = responses_events(rid, model, created, pieces, prompt, completion)
+        return _json(200, responses_whole(rid, model, created, ans), headers)
+    events = responses_stream(rid, model, created, ans)
     return await call.stream([_sse(data, name) for name, data in events], headers)
 
 

@@ -24,8 +24,18 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fairgate.clock import Clock
+from fairgate.providers.mock_wire import ToolCall, signature
 
-__all__ = ["CodexWindows", "responses_events", "responses_input_text", "responses_object"]
+__all__ = [
+    "CodexWindows",
+    "ResponsesAnswer",
+    "responses_events",
+    "responses_input_text",
+    "responses_object",
+    "responses_output",
+    "responses_stream",
+    "responses_whole",
+]
 
 JSON = dict[str, Any]
 
@@ -138,7 +148,7 @@ def responses_input_text(body: JSON) -> tuple[str, int]:
 def _usage(prompt: int, completion: int) -> JSON:
     return {
         "input_tokens": prompt,
-        "input_tokens_details": {"cached_tokens": 0},
+        "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
         "output_tokens": completion,
         "output_tokens_details": {"reasoning_tokens": 0},
         "total_tokens": prompt + completion,
@@ -146,57 +156,232 @@ def _usage(prompt: int, completion: int) -> JSON:
 
 
 def responses_object(
-    rid: str, model: str, created: int, text: str, prompt: int, completion: int, *, done: bool
+    rid: str,
+    model: str,
+    created: int,
+    text: str,
+    prompt: int,
+    completion: int,
+    *,
+    done: bool,
+    output: list[JSON] | None = None,
+    reasoning_tokens: int = 0,
+    incomplete: bool = False,
 ) -> JSON:
-    message = {
-        "type": "message",
-        "id": f"msg_{rid}",
-        "status": "completed",
-        "role": "assistant",
-        "content": [{"type": "output_text", "text": text, "annotations": []}],
-    }
+    """The response object; ``output`` (the items) defaults to one message of ``text``."""
+    message = _message_item(rid, text, "completed")
+    usage = _usage(prompt, completion)
+    usage["output_tokens_details"]["reasoning_tokens"] = reasoning_tokens
+    status = "incomplete" if incomplete else "completed"
     return {
         "id": rid,
         "object": "response",
         "created_at": created,
         "model": model,
-        "status": "completed" if done else "in_progress",
+        "status": status if done else "in_progress",
         "error": None,
-        "incomplete_details": None,
-        "output": [message] if done else [],
+        "incomplete_details": {"reason": "max_output_tokens"} if done and incomplete else None,
+        "output": (output if output is not None else [message]) if done else [],
         "parallel_tool_calls": True,
         "tool_choice": "auto",
         "tools": [],
-        "usage": _usage(prompt, completion) if done else None,
+        "usage": usage if done else None,
     }
+
+
+def _message_item(rid: str, text: str, status: str) -> JSON:
+    content = [{"type": "output_text", "text": text, "annotations": []}]
+    return {
+        "type": "message",
+        "id": f"msg_{rid}",
+        "status": status,
+        "role": "assistant",
+        "content": content if status == "completed" else [],
+    }
+
+
+@dataclass
+class ResponsesAnswer:
+    """What one Responses answer holds besides its ids: text pieces (the stream's deltas),
+    tool calls (``function_call`` / ``custom_tool_call`` items), and a reasoning item (with a
+    summary, with ``encrypted_content``) when the request asked for reasoning."""
+
+    pieces: list[str]
+    prompt: int
+    completion: int
+    calls: list[ToolCall] = field(default_factory=list)
+    reasoning: bool = False
+    summary: bool = False
+    encrypted: bool = False
+    incomplete: bool = False
+
+    @property
+    def text(self) -> str:
+        return "".join(self.pieces)
+
+    @property
+    def reasoning_tokens(self) -> int:
+        return REASONING_TOKENS if self.reasoning else 0
+
+
+#: Reasoning tokens a reasoning answer spends (counted in its ``output_tokens`` as well).
+REASONING_TOKENS = 8
+#: The reasoning summary the mock writes.
+SUMMARY = "Considering the request."
+
+
+def _reasoning_item(rid: str, ans: ResponsesAnswer, *, done: bool) -> JSON:
+    item: JSON = {
+        "type": "reasoning",
+        "id": f"rs_{rid}",
+        "summary": [{"type": "summary_text", "text": SUMMARY}] if ans.summary and done else [],
+    }
+    if ans.encrypted:  # opaque state a client sends back in its next request's input
+        item["encrypted_content"] = "gAAAAB" + signature(rid)
+    return item
+
+
+def _call_item(rid: str, n: int, call: ToolCall, *, done: bool) -> JSON:
+    if call.kind == "custom":
+        return {
+            "type": "custom_tool_call",
+            "id": f"ctc_{rid}_{n}",
+            "call_id": call.call_id,
+            "name": call.name,
+            "input": call.arguments if done else "",
+        }
+    return {
+        "type": "function_call",
+        "id": f"fc_{rid}_{n}",
+        "call_id": call.call_id,
+        "name": call.name,
+        "arguments": call.arguments if done else "",
+        "status": "completed" if done else "in_progress",
+    }
+
+
+def responses_output(rid: str, ans: ResponsesAnswer) -> list[JSON]:
+    """The answer's output items, in order: reasoning, the message, the calls."""
+    out: list[JSON] = []
+    if ans.reasoning:
+        out.append(_reasoning_item(rid, ans, done=True))
+    if ans.text or not ans.calls:
+        message = _message_item(rid, ans.text, "completed")
+        out.append(message)
+    out += [_call_item(rid, n, c, done=True) for n, c in enumerate(ans.calls)]
+    return out
+
+
+def responses_whole(rid: str, model: str, created: int, ans: ResponsesAnswer) -> JSON:
+    """The non-stream answer (and what ``response.completed`` carries)."""
+    return responses_object(
+        rid,
+        model,
+        created,
+        ans.text,
+        ans.prompt,
+        ans.completion,
+        done=True,
+        output=responses_output(rid, ans),
+        reasoning_tokens=ans.reasoning_tokens,
+        incomplete=ans.incomplete,
+    )
+
+
+def responses_stream(
+    rid: str, model: str, created: int, ans: ResponsesAnswer
+) -> list[tuple[str, JSON]]:
+    """The stream of one answer: (event name, data) pairs with rising sequence numbers, each
+    item added, its deltas, its done events and the item done, as the Responses API sends
+    them; then ``response.completed`` (``response.incomplete`` when capped) with the whole
+    response."""
+    start = responses_object(rid, model, created, "", 0, 0, done=False)
+    final = responses_whole(rid, model, created, ans)
+    events: list[JSON] = [
+        {"type": "response.created", "response": start},
+        {"type": "response.in_progress", "response": start},
+    ]
+    for index, item in enumerate(final["output"]):
+        kind = item["type"]
+        item_id = item["id"]
+        where = {"item_id": item_id, "output_index": index}
+        if kind == "reasoning":
+            added = _reasoning_item(rid, ans, done=False)
+            events.append(
+                {"type": "response.output_item.added", "output_index": index, "item": added}
+            )
+            if ans.summary:
+                part = {"type": "summary_text", "text": ""}
+                at = {**where, "summary_index": 0}
+                events += [
+                    {"type": "response.reasoning_summary_part.added", "part": part, **at},
+                    {"type": "response.reasoning_summary_text.delta", "delta": SUMMARY, **at},
+                    {"type": "response.reasoning_summary_text.done", "text": SUMMARY, **at},
+                    {
+                        "type": "response.reasoning_summary_part.done",
+                        "part": {**part, "text": SUMMARY},
+                        **at,
+                    },
+                ]
+        elif kind == "message":
+            added = _message_item(rid, "", "in_progress")
+            events.append(
+                {"type": "response.output_item.added", "output_index": index, "item": added}
+            )
+            text_part: JSON = {"type": "output_text", "text": "", "annotations": []}
+            at = {**where, "content_index": 0}
+            text = ans.text
+            events.append({"type": "response.content_part.added", "part": text_part, **at})
+            events += [
+                {"type": "response.output_text.delta", "delta": p, "logprobs": [], **at}
+                for p in ans.pieces
+            ]
+            events += [
+                {"type": "response.output_text.done", "text": text, "logprobs": [], **at},
+                {"type": "response.content_part.done", "part": {**text_part, "text": text}, **at},
+            ]
+        else:
+            n = index - (len(final["output"]) - len(ans.calls))
+            call = ans.calls[n]
+            added = _call_item(rid, n, call, done=False)
+            events.append(
+                {"type": "response.output_item.added", "output_index": index, "item": added}
+            )
+            if call.kind == "custom":
+                events += [
+                    {
+                        "type": "response.custom_tool_call_input.delta",
+                        "delta": call.arguments,
+                        **where,
+                    },
+                    {
+                        "type": "response.custom_tool_call_input.done",
+                        "input": call.arguments,
+                        **where,
+                    },
+                ]
+            else:
+                half = len(call.arguments) // 2
+                events += [
+                    {"type": "response.function_call_arguments.delta", "delta": d, **where}
+                    for d in (call.arguments[:half], call.arguments[half:])
+                    if d
+                ]
+                events.append(
+                    {
+                        "type": "response.function_call_arguments.done",
+                        "arguments": call.arguments,
+                        **where,
+                    }
+                )
+        events.append({"type": "response.output_item.done", "output_index": index, "item": item})
+    closing = "response.incomplete" if ans.incomplete else "response.completed"
+    events.append({"type": closing, "response": final})
+    return [(e["type"], {**e, "sequence_number": n}) for n, e in enumerate(events)]
 
 
 def responses_events(
     rid: str, model: str, created: int, pieces: list[str], prompt: int, completion: int
 ) -> list[tuple[str, JSON]]:
     """The stream of one text answer: (event name, data) pairs with sequence numbers."""
-    text = "".join(pieces)
-    item_id = f"msg_{rid}"
-    start = responses_object(rid, model, created, "", 0, 0, done=False)
-    part = {"type": "output_text", "text": "", "annotations": []}
-    where = {"item_id": item_id, "output_index": 0, "content_index": 0}
-    empty_item = {**responses_object(rid, model, created, "", 0, 0, done=True)["output"][0]}
-    empty_item.update(status="in_progress", content=[])
-    events: list[JSON] = [
-        {"type": "response.created", "response": start},
-        {"type": "response.in_progress", "response": start},
-        {"type": "response.output_item.added", "output_index": 0, "item": empty_item},
-        {"type": "response.content_part.added", "part": part, **where},
-        *(
-            {"type": "response.output_text.delta", "delta": p, "logprobs": [], **where}
-            for p in pieces
-        ),
-        {"type": "response.output_text.done", "text": text, "logprobs": [], **where},
-        {"type": "response.content_part.done", "part": {**part, "text": text}, **where},
-    ]
-    final = responses_object(rid, model, created, text, prompt, completion, done=True)
-    events.append(
-        {"type": "response.output_item.done", "output_index": 0, "item": final["output"][0]}
-    )
-    events.append({"type": "response.completed", "response": final})
-    return [(e["type"], {**e, "sequence_number": n}) for n, e in enumerate(events)]
+    return responses_stream(rid, model, created, ResponsesAnswer(pieces, prompt, completion))

@@ -28,7 +28,15 @@ A fault spec is the text of an ``x-mock-fault`` header or of one ``/_mock/schedu
                        token ``ms`` later; a non-stream answer comes ``ms`` later
 ``reasoning-only``     (chat completions) the whole budget spent reasoning: ``reasoning_content``
                        only, finish ``length``, every completion token a reasoning token
+``tool-calls[:n]``     ``n`` parallel calls to the request's tools (default 2), interleaved by
+                       index in chat streams (:mod:`fairgate.providers.mock_wire`)
+``redacted-thinking``  a ``redacted_thinking`` block beside the thinking of an Anthropic answer
+``usage-in-delta``     an Anthropic stream whose ``message_start`` counts 0 and whose
+                       ``message_delta`` carries every count
 =====================  ==========================================================================
+
+Besides faults, the mock answers what a request asks for as the providers do (forced tools,
+structured output, thinking, reasoning items): see :mod:`fairgate.providers.mock_wire`.
 
 Echoing mode (``reject_unknown_fields`` in the mock's config): a body field the real API does not
 know is refused with a 400 in the provider's own words, which repeat the field's name — OpenAI's
@@ -46,6 +54,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal
+
+from fairgate.providers.mock_wire import RESPONSES_FIELDS, anthropic_extra_fields
 
 #: Which wire format an answer takes: OpenAI chat completions or Anthropic messages.
 Wire = Literal["openai", "anthropic"]
@@ -66,9 +76,17 @@ _NO_ARG = frozenset(
         "error-200",
         "no-finish",
         "reasoning-only",
+        "redacted-thinking",
+        "usage-in-delta",
     }
 )
-_OPTIONAL_ARG = {"429": 1.0, "429-date": 1.0, "reset-mid-stream": 1.0, "quota": 429.0}
+_OPTIONAL_ARG = {
+    "429": 1.0,
+    "429-date": 1.0,
+    "reset-mid-stream": 1.0,
+    "quota": 429.0,
+    "tool-calls": 2.0,
+}
 _REQUIRED_ARG = frozenset({"timeout", "latency", "slow-first-token"})
 FAULT_KINDS = _NO_ARG | _OPTIONAL_ARG.keys() | _REQUIRED_ARG
 
@@ -117,8 +135,8 @@ def parse_fault(spec: str) -> Fault:
         raise FaultSpecError(f"fault {kind!r}: {arg!r} is not a number") from None
     if not math.isfinite(value) or value < 0:
         raise FaultSpecError(f"fault {kind!r}: {arg!r} must be a finite number >= 0")
-    if kind == "reset-mid-stream" and value != int(value):
-        raise FaultSpecError("fault 'reset-mid-stream': the event count must be an integer")
+    if kind in ("reset-mid-stream", "tool-calls") and value != int(value):
+        raise FaultSpecError(f"fault {kind!r}: the count must be an integer")
     if kind == "quota" and (value != int(value) or not 400 <= value <= 599):
         raise FaultSpecError("fault 'quota': the status must be an integer in 400..599")
     return Fault(kind, value)
@@ -162,7 +180,7 @@ def _fields(names: str) -> frozenset[str]:
 
 #: Top-level body fields the real APIs accept, per route (OpenAI chat completions and
 #: embeddings, Anthropic messages); anything else is refused in echoing mode.
-KNOWN_FIELDS: Mapping[str, frozenset[str]] = {
+_LISTED_FIELDS: Mapping[str, frozenset[str]] = {
     "/v1/chat/completions": _fields(
         """model messages audio frequency_penalty function_call functions logit_bias logprobs
         max_completion_tokens max_tokens metadata modalities n parallel_tool_calls prediction
@@ -176,6 +194,16 @@ KNOWN_FIELDS: Mapping[str, frozenset[str]] = {
         tool_choice tools top_k top_p container mcp_servers service_tier
         context_management"""
     ),
+}
+
+
+#: Every route's fields, with those the APIs added since (:mod:`fairgate.providers.mock_wire`):
+#: Anthropic's ``output_config`` and beta fields, the Responses API's (OpenAI's and Codex's).
+KNOWN_FIELDS: Mapping[str, frozenset[str]] = {
+    **_LISTED_FIELDS,
+    "/v1/messages": _LISTED_FIELDS["/v1/messages"] | anthropic_extra_fields(),
+    "/v1/responses": RESPONSES_FIELDS,
+    "/backend-api/codex/responses": RESPONSES_FIELDS,
 }
 
 

@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fairgate.providers.translate import (
+    CannotCarry,
     _dumps,
     _list,
     _map,
@@ -77,14 +78,9 @@ _ECHO: Mapping[str, Any] = {
 }
 
 
-class ResponsesInputError(ValueError):
-    """A Responses request fairgate cannot serve, naming the offending field (the HTTP edge
+class ResponsesInputError(CannotCarry):
+    """A Responses request fairgate cannot serve, naming the offending field (the request path
     answers 400 with it)."""
-
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(message)
-        self.field = field
-        self.message = message
 
 
 # -- request ----------------------------------------------------------------------------------
@@ -331,6 +327,14 @@ def _text_item(item_id: str, text: str, status: str = "completed") -> JSON:
     }
 
 
+def _reasoning_item(item_id: str, summary: str | None) -> JSON:
+    """A reasoning item whose summary is the reasoning a chat answer showed
+    (``reasoning_content``: an Anthropic upstream's thinking, an OpenAI-compatible model's
+    reasoning); no ``encrypted_content``, which only OpenAI can make."""
+    parts = [] if summary is None else [{"type": "summary_text", "text": summary}]
+    return {"type": "reasoning", "id": item_id, "summary": parts}
+
+
 def _call_item(item_id: str, call_id: str, name: str, args: str, status: str) -> JSON:
     return {
         "type": "function_call",
@@ -363,6 +367,9 @@ def chat_to_responses_response(
     content = message.get("content")
     text = content if isinstance(content, str) else ""
     output: list[JSON] = []
+    reasoning = message.get("reasoning_content")
+    if isinstance(reasoning, str) and reasoning:  # a thinking upstream's reasoning, shown
+        output.append(_reasoning_item(f"rs_{rid}", reasoning))
     if text:
         output.append(_text_item(f"msg_{rid}", text))
     for n, raw in enumerate(_list(message.get("tool_calls"))):
@@ -417,6 +424,8 @@ class ChatToResponsesStream:
         self._output: list[JSON] = []  # finished items, in output order
         self._text_index: int | None = None
         self._text: list[str] = []
+        self._reasoning_index: int | None = None
+        self._reasoning: list[str] = []
         self._calls: dict[int, _Call] = {}  # chat tool-call index → its item
         self._finish_reason: object = None
         self._usage: Usage | None = None
@@ -445,13 +454,53 @@ class ChatToResponsesStream:
         ]
 
     def _next_index(self) -> int:
-        return len(self._output) + (self._text_index is not None) + len(self._calls)
+        opened = (self._text_index is not None) + (self._reasoning_index is not None)
+        return len(self._output) + opened + len(self._calls)
+
+    def _reasoning_delta(self, text: str) -> list[JSON]:
+        events: list[JSON] = []
+        item_id = f"rs_{self.response_id}"
+        at: JSON
+        if self._reasoning_index is None:
+            events += self._close_text() + self._close_calls()
+            self._reasoning_index = self._next_index()
+            at = {"item_id": item_id, "output_index": self._reasoning_index, "summary_index": 0}
+            events.append(
+                self._event(
+                    "response.output_item.added",
+                    output_index=self._reasoning_index,
+                    item=_reasoning_item(item_id, None),
+                )
+            )
+            part = {"type": "summary_text", "text": ""}
+            events.append(self._event("response.reasoning_summary_part.added", part=part, **at))
+        at = {"item_id": item_id, "output_index": self._reasoning_index, "summary_index": 0}
+        self._reasoning.append(text)
+        events.append(self._event("response.reasoning_summary_text.delta", delta=text, **at))
+        return events
+
+    def _close_reasoning(self) -> list[JSON]:
+        if self._reasoning_index is None:
+            return []
+        item_id, index = f"rs_{self.response_id}", self._reasoning_index
+        text = "".join(self._reasoning)
+        item = _reasoning_item(item_id, text)
+        self._reasoning_index = None
+        self._output.append(item)
+        at = {"item_id": item_id, "output_index": index, "summary_index": 0}
+        part = {"type": "summary_text", "text": text}
+        return [
+            self._event("response.reasoning_summary_text.done", text=text, **at),
+            self._event("response.reasoning_summary_part.done", part=part, **at),
+            self._event("response.output_item.done", output_index=index, item=item),
+        ]
 
     def _text_delta(self, text: str) -> list[JSON]:
         events: list[JSON] = []
         item_id = f"msg_{self.response_id}"
         if self._text_index is None:
-            events += self._close_calls()  # an item is finished before the next one starts
+            # an item is finished before the next one starts
+            events += self._close_reasoning() + self._close_calls()
             self._text_index = self._next_index()
             events.append(
                 self._event(
@@ -503,7 +552,8 @@ class ChatToResponsesStream:
         fn = _map(raw.get("function"))
         call = self._calls.get(index) if isinstance(index, int) else None
         if call is None:
-            events += self._close_text()  # an item is finished before the next one starts
+            # an item is finished before the next one starts
+            events += self._close_reasoning() + self._close_text()
             n = self._next_index()
             call = _Call(
                 n,
@@ -557,6 +607,9 @@ class ChatToResponsesStream:
         for raw_choice in _list(chunk.get("choices"))[:1]:
             choice = _map(raw_choice)
             delta = _map(choice.get("delta"))
+            thought = delta.get("reasoning_content")
+            if isinstance(thought, str) and thought:
+                events += self._reasoning_delta(thought)
             text = delta.get("content")
             if isinstance(text, str) and text:
                 events += self._text_delta(text)
@@ -578,7 +631,7 @@ class ChatToResponsesStream:
                 self._usage = usage
             return self.fail("the upstream ended the stream before it finished")
         self.done = True
-        events = self._close_text() + self._close_calls()
+        events = self._close_reasoning() + self._close_text() + self._close_calls()
         resp = _finish(self._snapshot(), self._finish_reason, self._usage or usage or Usage())
         kind = "response.completed" if resp["status"] == "completed" else "response.incomplete"
         events.append(self._event(kind, response=resp))

@@ -157,7 +157,25 @@ def chat_to_responses_request(body: Mapping[str, Any], model: str) -> JSON:
     effort = body.get("reasoning_effort")
     if isinstance(effort, str):
         out["reasoning"] = {"effort": effort}
+    fmt = _text_format(body.get("response_format"))
+    if fmt is not None:
+        out["text"] = {"format": fmt}
     return out
+
+
+def _text_format(response_format: object) -> JSON | None:
+    """Chat ``response_format`` → the Responses API's ``text.format`` (the schema's fields
+    beside its ``type``, not nested under ``json_schema``)."""
+    rf = _map(response_format)
+    kind = rf.get("type")
+    if kind == "json_object":
+        return {"type": "json_object"}
+    if kind == "json_schema":
+        js = _map(rf.get("json_schema"))
+        fmt: JSON = {"type": "json_schema", "name": str(js.get("name") or "output")}
+        fmt.update({k: js[k] for k in ("schema", "strict", "description") if k in js})
+        return fmt
+    return None
 
 
 # -- answers ----------------------------------------------------------------------------------
@@ -176,9 +194,13 @@ def chat_from_completed(resp: Mapping[str, Any], model: str, *, created: int) ->
     caller's clock (never this module's own)."""
     texts: list[str] = []
     calls: list[JSON] = []
+    reasoning: list[str] = []
     for raw in _list(resp.get("output")):
         item = _map(raw)
-        if item.get("type") == "message":
+        if item.get("type") == "reasoning":
+            parts = [*_list(item.get("summary")), *_list(item.get("content"))]
+            reasoning.extend(str(_map(p).get("text") or "") for p in parts)
+        elif item.get("type") == "message":
             texts.extend(
                 str(p.get("text") or "")
                 for p in map(_map, _list(item.get("content")))
@@ -202,6 +224,8 @@ def chat_from_completed(resp: Mapping[str, Any], model: str, *, created: int) ->
     }
     if calls:
         message["tool_calls"] = calls
+    if any(reasoning):
+        message["reasoning_content"] = "".join(reasoning)
     usage = usage_from_openai(resp) or Usage()
     rid = resp.get("id")
     return {
@@ -292,6 +316,11 @@ class ResponsesToChatStream:
             if not isinstance(delta, str) or not delta:
                 return []
             return [*self._role(), self._chunk({"content": delta})]
+        if kind in ("response.reasoning_summary_text.delta", "response.reasoning_text.delta"):
+            delta = data.get("delta")  # the reasoning the upstream shows: the chat form's field
+            if not isinstance(delta, str) or not delta:
+                return []
+            return [*self._role(), self._chunk({"reasoning_content": delta})]
         if kind == "response.function_call_arguments.delta":
             index = self._calls.get(str(data.get("item_id")))
             delta = data.get("delta")

@@ -4,9 +4,10 @@ A client speaks one wire format and the connection chosen for it may speak the o
 proxy translates on the hot path. Everything here is pure: plain dicts in, plain dicts out,
 nothing buffered beyond the current stream event. The translation covers what both APIs can
 express — text, images, tool definitions, tool calls and results, stop sequences, sampling,
-usage — and drops silently what the other side cannot take (``n`` > 1 keeps one choice,
-``logprobs``, ``response_format``, server tools, …): a request that would otherwise be rejected
-upstream is worse than one answered without a cosmetic option.
+structured output, usage. What changes the answer and has no form on the other side is refused
+(:class:`CannotCarry`, a 400 naming the field); what the other side has no place for and only
+steers the provider's service (``logprobs``, ``seed``, ``n`` > 1 keeps one choice, …) is left
+out and named in the answer's ``x-fairgate-omitted`` (:mod:`fairgate.providers.wire_loss`).
 
 Notable decisions:
 
@@ -41,6 +42,7 @@ __all__ = [
     "FINISH_TO_STOP",
     "STOP_TO_FINISH",
     "AnthropicToOpenAIStream",
+    "CannotCarry",
     "OpenAIToAnthropicStream",
     "anthropic_to_openai_request",
     "anthropic_to_openai_response",
@@ -71,6 +73,16 @@ FINISH_TO_STOP: Mapping[str, str] = {
 }
 
 _EMPTY_SCHEMA: JSON = {"type": "object", "properties": {}}
+
+
+class CannotCarry(ValueError):
+    """A request field the other wire cannot express faithfully, named (the request path
+    answers 400 with it: a translation never drops what changes the answer)."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+        self.message = message
 
 
 # -- small helpers ------------------------------------------------------------------------------
@@ -369,6 +381,38 @@ def _anthropic_tool_choice(choice: object) -> JSON | None:
     return None
 
 
+def anthropic_output_format(response_format: object) -> JSON | None:
+    """Chat ``response_format`` → Anthropic's structured-output form (``output_config.format``,
+    generally available; the JSON is the answer's text). ``json_schema`` carries over whole;
+    ``json_object`` (any JSON object) has no Anthropic form: :class:`CannotCarry`, since
+    answering free text to a client that parses JSON would be a silent loss."""
+    rf = _map(response_format)
+    kind = rf.get("type")
+    if kind in (None, "text"):
+        return None
+    if kind == "json_schema":
+        schema = _map(rf.get("json_schema")).get("schema")
+        if not isinstance(schema, Mapping):
+            raise CannotCarry("response_format.json_schema.schema", "a JSON schema is required")
+        return {"type": "json_schema", "schema": dict(schema)}
+    raise CannotCarry(
+        "response_format",
+        f"{kind!r} has no Anthropic form: send a json_schema (structured outputs)",
+    )
+
+
+def chat_response_format(fmt: object) -> JSON | None:
+    """An Anthropic structured-output format (``output_config.format`` or the beta
+    ``output_format``) → chat ``response_format`` (``json_schema``, named ``output``)."""
+    f = _map(fmt)
+    if f.get("type") != "json_schema" or not isinstance(f.get("schema"), Mapping):
+        return None
+    return {
+        "type": "json_schema",
+        "json_schema": {"name": "output", "schema": dict(f["schema"]), "strict": True},
+    }
+
+
 def openai_to_anthropic_request(
     body: Mapping[str, Any],
     model: str,
@@ -425,6 +469,9 @@ def openai_to_anthropic_request(
     user = _map(body.get("metadata")).get("user") or body.get("user")
     if isinstance(user, str) and user:
         out["metadata"] = {"user_id": user}
+    fmt = anthropic_output_format(body.get("response_format"))
+    if fmt is not None:
+        out["output_config"] = {"format": fmt}
     thinking = body.get("thinking")
     if isinstance(thinking, Mapping):  # an Anthropic option some OpenAI-format clients send
         out["thinking"] = dict(thinking)
@@ -589,7 +636,21 @@ def anthropic_to_openai_request(body: Mapping[str, Any], model: str) -> JSON:
     user = _map(body.get("metadata")).get("user_id")
     if isinstance(user, str) and user:
         out["user"] = user
+    rf = _chat_format_of(body)
+    if rf is not None:
+        out["response_format"] = rf
     return out
+
+
+def _chat_format_of(body: Mapping[str, Any]) -> JSON | None:
+    """An Anthropic body's structured output as chat ``response_format`` (None: free text)."""
+    fmt = _map(body.get("output_config")).get("format") or body.get("output_format")
+    if fmt is None:
+        return None
+    rf = chat_response_format(fmt)
+    if rf is None:
+        raise CannotCarry("output_config.format", "only a json_schema format can be carried")
+    return rf
 
 
 # -- answers --------------------------------------------------------------------------------------

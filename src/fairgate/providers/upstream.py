@@ -67,8 +67,8 @@ class _PerConnection:
     an equal copy) identifies its entry; the cache starts over when it holds too many
     (connections are few).
 
-    A request with nothing of the client's to add (:func:`_takes_client_headers`) sends the
-    head kept here as it is, its length and the body appended."""
+    A request with nothing of the client's to add (no header :func:`forwarded_names` lists)
+    sends the head kept here as it is, its length and the body appended."""
 
     __slots__ = ("_by_id",)
 
@@ -98,20 +98,21 @@ class _PerConnection:
             url = URL(upstream_url(conn, path))
             origin = Origin.of(url)
             target, host = url.raw_path_qs, origin.host_header()
-            fixed = not _takes_client_headers(conn)
-            head = request_head("POST", target, host, own.items()).encode() if fixed else None
-            found = targets[path] = _Target(origin, target, host, head)
+            head = request_head("POST", target, host, own.items()).encode()
+            found = targets[path] = _Target(origin, target, host, head, forwarded_names(conn))
         return found
 
 
 class _Target(typing.NamedTuple):
-    """Where a request to one path of a connection goes, and its head when it is always the
-    same (None when the client's headers may add to it)."""
+    """Where a request to one path of a connection goes, its head with our headers only, and
+    the client headers that may add to it (a request that carries none of them sends the head
+    as it is)."""
 
     origin: Origin
     path: str
     host: str
-    head: bytes | None
+    head: bytes
+    forwarded: tuple[str, ...]
 
 
 #: A connection's cached part: the object it was built from, our headers, its targets by path.
@@ -144,26 +145,46 @@ def _own_headers(conn: Connection) -> dict[str, str]:
     return headers
 
 
-def _takes_client_headers(conn: Connection) -> bool:
-    """Whether a request to ``conn`` may carry any client header (its ``forward_headers``
-    allow-list names some); when not, every request sends exactly our own headers."""
-    return bool(conn.forward_headers)
+#: Client headers forwarded by default to a connection of each wire (issue 42, item 9): the
+#: functional ones a client of that wire needs, none that chooses who is billed. Anthropic's
+#: ``anthropic-beta`` switches on what the client's request uses (a beta field, tool or
+#: behaviour: without it the provider refuses the request) and ``anthropic-version`` is the
+#: API version the client's body is written for; ``OpenAI-Beta`` does the same for the
+#: Responses API. ``openai-organization`` / ``openai-project`` stay blocked unless a
+#: connection lists them in ``forward_headers``: on a shared account they would let a tenant
+#: choose who is billed.
+WIRE_HEADERS: Mapping[Protocol, tuple[str, ...]] = {
+    Protocol.ANTHROPIC: ("anthropic-beta", "anthropic-version"),
+    Protocol.RESPONSES: ("openai-beta",),
+    Protocol.OPENAI: (),
+}
+
+
+def forwarded_names(conn: Connection) -> tuple[str, ...]:
+    """The client headers a request to ``conn`` carries when the client sends them: its wire's
+    defaults (:data:`WIRE_HEADERS`) and its ``forward_headers`` allow-list."""
+    extra = tuple(n for n in conn.forward_headers if n not in WIRE_HEADERS[conn.protocol])
+    return WIRE_HEADERS[conn.protocol] + extra
+
+
+def _merged_beta(ours: str, theirs: str) -> str:
+    """Our ``anthropic-beta`` flags (an OAuth connection's) and the client's, each once."""
+    flags = [f.strip() for f in f"{ours},{theirs}".split(",") if f.strip()]
+    return ",".join(dict.fromkeys(flags))
 
 
 def upstream_headers(conn: Connection, client_headers: Mapping[str, str]) -> dict[str, str]:
-    """Our headers for ``conn``, plus the client headers the connection's ``forward_headers``
-    allow-list names. Nothing of the client's passes by default: on a shared account,
-    ``openai-organization`` / ``openai-project`` would let a tenant choose who is billed and
-    ``anthropic-beta`` switch on costlier features for everyone's quota. A new dict per call
-    (the caller's to change); our own part is built once per connection."""
+    """Our headers for ``conn``, plus the client headers it forwards (:func:`forwarded_names`):
+    its wire's functional headers and what its ``forward_headers`` allow-list names. A new
+    dict per call (the caller's to change); our own part is built once per connection."""
     headers = dict(_PER_CONNECTION.headers(conn))
-    if not _takes_client_headers(conn):
-        return headers
-    for name in conn.forward_headers:
+    for name in forwarded_names(conn):
         value = client_headers.get(name)
         if value:
             ours = headers.get(name)
-            headers[name] = f"{ours},{value}" if name == "anthropic-beta" and ours else value
+            headers[name] = (
+                _merged_beta(ours, value) if name == "anthropic-beta" and ours else value
+            )
     return headers
 
 
@@ -339,10 +360,10 @@ class UpstreamClient:
         self, conn: Connection, path: str, body: bytes, client_headers: Mapping[str, str]
     ) -> Awaitable[UpstreamResponse]:
         """The pool's request, to be awaited by the caller; the head is the cached one unless
-        the client's headers may add to it."""
+        the client sent a header the connection forwards."""
         target = _PER_CONNECTION.target(conn, path)
         head = target.head
-        if head is None:
+        if any(name in client_headers for name in target.forwarded):
             headers = upstream_headers(conn, client_headers)
             head = request_head("POST", target.path, target.host, headers.items()).encode()
         return self._pool.request(target.origin, head, body)

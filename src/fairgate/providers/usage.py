@@ -202,7 +202,7 @@ def estimate_prompt_tokens(body: Mapping[str, Any]) -> int:
     c = _Counter()
     try:
         c.content(body.get("system"))
-        for key in ("prompt", "input"):
+        for key in ("prompt", "input", "instructions"):
             c.content(body.get(key))
         messages = body.get("messages")
         if isinstance(messages, list):

@@ -26,8 +26,10 @@ from fairgate.clock import Clock
 from fairgate.domain.connections import Connection
 from fairgate.domain.readings import RateLimitSnapshot
 from fairgate.domain.units import Unit
+from fairgate.providers.translate import CannotCarry
 from fairgate.providers.transport import TRANSPORT_ERRORS, UpstreamResponse
 from fairgate.providers.usage import Usage
+from fairgate.providers.wire_loss import OMITTED_HEADER
 from fairgate.quota.engine import Admission, QuotaEngine
 from fairgate.quota.model import Pool
 from fairgate.resilience.classify import Classification, FailureClass, classify
@@ -42,7 +44,7 @@ from fairgate.server.call import Call, Candidate, ExecOptions, Services
 from fairgate.server.client_http import Answer, Later, StreamAnswer
 from fairgate.server.diagnostics import Diagnostics
 from fairgate.server.errors import ApiError
-from fairgate.server.exchange import EXCHANGES, quality_problem, stream_error_event
+from fairgate.server.exchange import EXCHANGES, Exchange, quality_problem, stream_error_event
 from fairgate.server.logs import MASK, REDACTOR, REQUEST_ID
 from fairgate.server.provider_signals import PercentCharge
 from fairgate.server.reservation import Reservation
@@ -103,6 +105,28 @@ def _output_bound(call: Call, pool: Pool | None, res: Reservation) -> int | None
     return call.max_output
 
 
+def _encoded(
+    call: Call, exchange: Exchange, conn: Connection, upstream_model: str, bound: int | None
+) -> tuple[bytes, bool] | ApiError:
+    """The upstream request body, or the final 400 when it cannot be encoded for this wire."""
+    try:
+        return exchange.body(call, upstream_model, bound, conn.billing_fields)
+    except orjson.JSONEncodeError:  # e.g. nested too deeply once translated
+        err = ApiError(
+            400, "The request body cannot be encoded for the upstream (nested too deeply)"
+        )
+    except CannotCarry as exc:  # a field this upstream's wire cannot express: never dropped
+        err = ApiError(
+            400,
+            f"'{exc.field}': {exc.message} (the upstream chosen speaks the "
+            f"{conn.protocol.value} wire)",
+            param=exc.field,
+            code="unsupported_for_upstream",
+        )
+    err.final, err.step = True, Step.END
+    return err
+
+
 async def _attempt_on(
     call: Call,
     cand: Candidate,
@@ -118,17 +142,12 @@ async def _attempt_on(
     conn, upstream_model = cand.conn, cand.model
     exchange = EXCHANGES[(call.route, conn.protocol)]
     path = exchange.path
-    try:
-        bound = _output_bound(call, pool, res)
-        payload, wants_usage = exchange.body(call, upstream_model, bound, conn.billing_fields)
-    except orjson.JSONEncodeError:  # e.g. nested too deeply once translated: no target helps
+    encoded = _encoded(call, exchange, conn, upstream_model, _output_bound(call, pool, res))
+    if isinstance(encoded, ApiError):  # no target helps: the request cannot be sent as it is
         lease.release()
         await res.release()
-        err = ApiError(
-            400, "The request body cannot be encoded for the upstream (nested too deeply)"
-        )
-        err.final, err.step = True, Step.END
-        return err
+        return encoded
+    payload, wants_usage = encoded
     t_send = time.perf_counter()
     sent_ms = svc.gw.clock.now_ms()  # the injected clock: what the evidence rule measures
 
@@ -197,9 +216,7 @@ async def _attempt_on(
         err, raw_err = await _upstream_error(resp, conn)
         log.warning("upstream error", extra={"connection": conn.id, "status": resp.status})
         return await fail("upstream", err, status=resp.status, body=raw_err, headers=resp.headers)
-    headers = {"x-fairgate-connection": conn.id}  # a new dict: this answer's own
-    if opts.combo:
-        headers["x-fairgate-combo"] = opts.combo
+    headers = _answer_headers(call, conn, exchange, opts)
     quota = quota_raw_headers(adm)  # encoded already, added to the answer's raw headers
     if call.stream:
         tally = relay.StreamTally(prompt_estimate=call.prompt_estimate)
@@ -284,6 +301,20 @@ async def _attempt_on(
     )
     answer.raw_headers.extend(quota)
     return answer
+
+
+def _answer_headers(
+    call: Call, conn: Connection, exchange: Exchange, opts: ExecOptions
+) -> dict[str, str]:
+    """A new dict (this answer's own): who served, the combo, and what the translation left
+    out (never silently, issue 42)."""
+    headers = {"x-fairgate-connection": conn.id}
+    if opts.combo:
+        headers["x-fairgate-combo"] = opts.combo
+    omitted = exchange.omitted(call)
+    if omitted:
+        headers[OMITTED_HEADER] = ", ".join(omitted)
+    return headers
 
 
 def _answer_problem(
@@ -397,7 +428,9 @@ async def _prime(
     try:
         async for chunk in source:
             first.append(chunk)
-            if said() == 0 and chunk.find(b'"error"') != -1:  # find: see sse.py
+            if said() == 0 and (
+                tally.failed or (tally.scan_errors and chunk.find(b'"error"') != -1)
+            ):  # find: see sse.py
                 return first, "error event"
             if said() > 0:
                 return first, None

@@ -304,6 +304,27 @@ MESSAGES_FIELDS: dict[str, FieldRule] = {
     "thinking": _rule("object", "null"),
 }
 
+#: The OpenAI Responses API (``/v1/responses``): its standard fields' types and ranges, what
+#: every upstream wire would refuse alike (checked before any is chosen).
+RESPONSES_FIELDS: dict[str, FieldRule] = {
+    "input": _rule("string", "array"),
+    "instructions": _rule("string", "array", "null"),
+    "temperature": _rule("number", "null", lo=0, hi=2),
+    "top_p": _rule("number", "null", lo=0, hi=1),
+    "tools": _rule("array", "null"),
+    "tool_choice": _rule("string", "object", "null"),
+    "parallel_tool_calls": _rule("boolean", "null"),
+    "text": _rule("object", "null"),
+    "reasoning": _rule("object", "null"),
+    "include": _rule("array", "null"),
+    "metadata": _rule("object", "null"),
+    "store": _rule("boolean", "null"),
+    "prompt_cache_key": _rule("string", "null"),
+    "service_tier": _rule("string", "null"),
+    "user": _rule("string", "null"),
+    "safety_identifier": _rule("string", "null"),
+}
+
 
 def check_fields(body: dict[str, Any], rules: dict[str, FieldRule]) -> None:
     """400 naming the first standard field of ``body`` (in the order of ``rules``) whose type or

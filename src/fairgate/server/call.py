@@ -51,6 +51,9 @@ class Route(StrEnum):
     CHAT = "chat"
     MESSAGES = "messages"
     EMBEDDINGS = "embeddings"
+    #: the OpenAI Responses API (``/v1/responses``): relayed as it is to a Responses-wire
+    #: connection, translated through the chat form to the others (issue 42, item 3)
+    RESPONSES = "responses"
 
 
 class PlainCandidates:

@@ -12,19 +12,27 @@ never offered as a candidate.
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
 from fairgate.domain.connections import BILLING_FIELDS, Connection, Protocol
+from fairgate.providers.responses import (
+    ChatToResponsesStream,
+    chat_to_responses_response,
+    responses_to_chat_request,
+)
 from fairgate.providers.responses_upstream import (
+    completed_of,
     upstream_responses_answer,
     upstream_responses_body,
 )
 from fairgate.providers.translate import (
+    AnthropicToOpenAIStream,
     anthropic_to_openai_request,
     anthropic_to_openai_response,
     openai_to_anthropic_request,
@@ -33,6 +41,11 @@ from fairgate.providers.translate import (
 )
 from fairgate.providers.transport import UpstreamResponse
 from fairgate.providers.usage import Usage, usage_from_anthropic, usage_from_openai
+from fairgate.providers.wire_loss import (
+    omitted_chat_to_anthropic,
+    omitted_in_translation,
+    omitted_messages_to_chat,
+)
 from fairgate.server import relay
 from fairgate.server.call import Call, Route
 
@@ -67,6 +80,10 @@ class Exchange:
     body: Body
     answer: Answer
     relay: Relay
+    #: what the translation leaves out of the request, named in the answer's
+    #: ``x-fairgate-omitted`` (fields no other wire has a place for; never what changes the
+    #: answer, which is carried or refused)
+    omitted: Callable[[Call], Sequence[str]] = lambda _call: ()
 
 
 def _json_exchange(
@@ -147,7 +164,7 @@ def _bounded(call: Call, upstream_model: str, payload: JSON, bound: int | None) 
     to the model's own limit, and a pool that reserved 1,024 tokens would be billed 16,000.
     Traffic no pool meters that way keeps the upstream's default. OpenAI's reasoning models take
     ``max_completion_tokens`` only."""
-    body = call.body  # both fields were checked at the edge: a positive integer or null
+    body = payload  # the client's fields, or their chat form: positive integers or null
     if bound is None or body.get("max_completion_tokens") is not None:
         return
     if body.get("max_tokens") is not None:
@@ -171,6 +188,140 @@ def _chat_to_anthropic(call: Call, upstream_model: str, bound: int | None) -> tu
     default = call.svc.gw.config.server.default_max_tokens
     payload = openai_to_anthropic_request(call.body, upstream_model, default_max_tokens=default)
     return payload, _stream_usage_asked(call.body)
+
+
+# -- the Responses client route (issue 42, item 3) ------------------------------------------------
+# To a Responses-wire connection the request and its answer are relayed as they are: the model
+# name is the upstream's, the request is asked as a stream (the Codex backend serves streams
+# only; a client that asked for none gets the final response object of the stream, which is
+# the whole answer) and ``store`` is false unless the client said otherwise (fairgate keeps no
+# responses, and a later request may go to another account). No output bound is added, as for
+# every Responses-wire request: the Codex backend refuses ``max_output_tokens``. To the other
+# wires the request is translated through the chat form (``responses_to_chat_request``, which
+# refuses with a 400 naming the field what it cannot carry) and the answer rendered back.
+
+
+def _responses_as_is(
+    call: Call, upstream_model: str, bound: int | None, billing: tuple[str, ...]
+) -> tuple[bytes, bool]:
+    payload = {**call.body, "model": upstream_model, "stream": True}
+    _billing_policy(payload, billing)
+    payload.setdefault("store", False)
+    return orjson.dumps(payload), False
+
+
+def _responses_final(
+    call: Call, raw: bytes, upstream_model: str
+) -> tuple[bytes, Usage | None, JSON | None]:
+    resp = completed_of(raw)
+    if resp is None:
+        return raw, None, None
+    return orjson.dumps(resp), usage_from_openai(resp), resp
+
+
+def _responses_to_chat(call: Call, upstream_model: str, bound: int | None) -> JSON:
+    chat = responses_to_chat_request(call.body, upstream_model)
+    _bounded(call, upstream_model, chat, bound)
+    return chat
+
+
+def _responses_to_openai(
+    call: Call, upstream_model: str, bound: int | None, billing: tuple[str, ...]
+) -> tuple[bytes, bool]:
+    payload = _responses_to_chat(call, upstream_model, bound)
+    _billing_policy(payload, billing)
+    return orjson.dumps(payload), True
+
+
+def _responses_to_anthropic(
+    call: Call, upstream_model: str, bound: int | None, billing: tuple[str, ...]
+) -> tuple[bytes, bool]:
+    chat = _responses_to_chat(call, upstream_model, bound)
+    default = call.svc.gw.config.server.default_max_tokens
+    payload = openai_to_anthropic_request(chat, upstream_model, default_max_tokens=default)
+    _billing_policy(payload, billing)
+    return orjson.dumps(payload), True
+
+
+def _as_responses(
+    call: Call, chat: JSON, usage: Usage | None
+) -> tuple[bytes, Usage | None, JSON | None]:
+    stamp = chat.get("created")
+    created = stamp if isinstance(stamp, int) else _created(call)
+    out = chat_to_responses_response(chat, call.body, call.model, created=created)
+    return orjson.dumps(out), usage, out
+
+
+def _json_object(raw: bytes) -> JSON | None:
+    try:
+        obj = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return None
+    return obj if isinstance(obj, dict) else None
+
+
+def _openai_to_responses_answer(
+    call: Call, raw: bytes, upstream_model: str
+) -> tuple[bytes, Usage | None, JSON | None]:
+    obj = _json_object(raw)
+    if obj is None or "choices" not in obj:
+        return raw, None, obj
+    return _as_responses(call, obj, usage_from_openai(obj))
+
+
+def _anthropic_to_responses_answer(
+    call: Call, raw: bytes, upstream_model: str
+) -> tuple[bytes, Usage | None, JSON | None]:
+    obj = _json_object(raw)
+    if obj is None or obj.get("type") != "message":
+        return raw, None, obj
+    chat = anthropic_to_openai_response(obj, call.model, created=_created(call))
+    return _as_responses(call, chat, usage_from_anthropic(obj))
+
+
+def _omitted(call: Call) -> Sequence[str]:
+    return omitted_in_translation(call.body)
+
+
+def _omitted_to_anthropic(call: Call) -> Sequence[str]:
+    """What a Responses request leaves out on the way to Anthropic: what the chat form leaves
+    out, then what the chat form has and Anthropic has not (``reasoning.effort``)."""
+    left = omitted_in_translation(call.body)
+    effort = call.body.get("reasoning")
+    if isinstance(effort, Mapping) and effort.get("effort") is not None:
+        left.append("reasoning.effort")
+    return left
+
+
+def _omitted_chat(call: Call) -> Sequence[str]:
+    return omitted_chat_to_anthropic(call.body)
+
+
+def _omitted_messages(call: Call) -> Sequence[str]:
+    return omitted_messages_to_chat(call.body)
+
+
+def _conv(call: Call) -> ChatToResponsesStream:
+    return ChatToResponsesStream(call.body, call.model, created=_created(call))
+
+
+def _relay_responses(
+    call: Call, resp: UpstreamResponse, wants_usage: bool, tally: relay.StreamTally
+) -> AsyncIterator[bytes]:
+    return relay.responses_to_responses(resp, tally)
+
+
+def _relay_openai_to_responses(
+    call: Call, resp: UpstreamResponse, wants_usage: bool, tally: relay.StreamTally
+) -> AsyncIterator[bytes]:
+    return relay.chat_sse_to_responses(resp.chunks(), tally, _conv(call))
+
+
+def _relay_anthropic_to_responses(
+    call: Call, resp: UpstreamResponse, wants_usage: bool, tally: relay.StreamTally
+) -> AsyncIterator[bytes]:
+    tr = AnthropicToOpenAIStream(call.model, True, _created(call), f"chatcmpl-{_stream_id()}")
+    return relay.anthropic_to_responses(resp, tally, _conv(call), tr)
 
 
 def _messages_to_openai(call: Call, upstream_model: str, bound: int | None) -> tuple[JSON, bool]:
@@ -258,12 +409,15 @@ EXCHANGES: Mapping[tuple[Route, Protocol], Exchange] = {
     (Route.CHAT, Protocol.OPENAI): _json_exchange(
         "/chat/completions", _openai_to_openai, _unchanged, usage_from_openai, _relay_openai
     ),
-    (Route.CHAT, Protocol.ANTHROPIC): _json_exchange(
-        "/messages",
-        _chat_to_anthropic,
-        _anthropic_to_chat,
-        usage_from_anthropic,
-        _relay_anthropic_to_chat,
+    (Route.CHAT, Protocol.ANTHROPIC): dataclasses.replace(
+        _json_exchange(
+            "/messages",
+            _chat_to_anthropic,
+            _anthropic_to_chat,
+            usage_from_anthropic,
+            _relay_anthropic_to_chat,
+        ),
+        omitted=_omitted_chat,
     ),
     (Route.CHAT, Protocol.RESPONSES): Exchange(
         "/responses", _responses_body, _responses_answer, _relay_responses_to_chat
@@ -271,18 +425,42 @@ EXCHANGES: Mapping[tuple[Route, Protocol], Exchange] = {
     (Route.MESSAGES, Protocol.ANTHROPIC): _json_exchange(
         "/messages", _as_is, _unchanged, usage_from_anthropic, _relay_anthropic
     ),
-    (Route.MESSAGES, Protocol.OPENAI): _json_exchange(
-        "/chat/completions",
-        _messages_to_openai,
-        _openai_to_messages,
-        usage_from_openai,
-        _relay_openai_to_messages,
+    (Route.MESSAGES, Protocol.OPENAI): dataclasses.replace(
+        _json_exchange(
+            "/chat/completions",
+            _messages_to_openai,
+            _openai_to_messages,
+            usage_from_openai,
+            _relay_openai_to_messages,
+        ),
+        omitted=_omitted_messages,
     ),
     (Route.MESSAGES, Protocol.RESPONSES): Exchange(
-        "/responses", _responses_body, _responses_answer, _relay_responses_to_messages
+        "/responses",
+        _responses_body,
+        _responses_answer,
+        _relay_responses_to_messages,
+        _omitted_messages,
     ),
     (Route.EMBEDDINGS, Protocol.OPENAI): _json_exchange(
         "/embeddings", _as_is, _unchanged, usage_from_openai, _relay_openai
+    ),
+    (Route.RESPONSES, Protocol.RESPONSES): Exchange(
+        "/responses", _responses_as_is, _responses_final, _relay_responses
+    ),
+    (Route.RESPONSES, Protocol.OPENAI): Exchange(
+        "/chat/completions",
+        _responses_to_openai,
+        _openai_to_responses_answer,
+        _relay_openai_to_responses,
+        _omitted,
+    ),
+    (Route.RESPONSES, Protocol.ANTHROPIC): Exchange(
+        "/messages",
+        _responses_to_anthropic,
+        _anthropic_to_responses_answer,
+        _relay_anthropic_to_responses,
+        _omitted_to_anthropic,
     ),
 }
 
@@ -343,10 +521,25 @@ def _chat_problem(obj: JSON) -> str | None:
     return None
 
 
+def _responses_problem(obj: JSON) -> str | None:
+    status = obj.get("status")
+    if status == "failed":
+        return "response failed"
+    if status not in ("completed", "incomplete"):
+        return "no final status"
+    kinds = [i.get("type") for i in obj.get("output") or [] if isinstance(i, dict)]
+    said = any(k != "reasoning" for k in kinds)
+    reason = (obj.get("incomplete_details") or {}).get("reason")
+    if status == "incomplete" and reason == "max_output_tokens" and kinds and not said:
+        return "reasoning used the whole budget, no content"
+    return None
+
+
 _PROBLEMS: Mapping[Route, Callable[[JSON], str | None]] = {
     Route.CHAT: _chat_problem,
     Route.MESSAGES: _messages_problem,
     Route.EMBEDDINGS: _embeddings_problem,
+    Route.RESPONSES: _responses_problem,
 }
 
 
@@ -363,6 +556,9 @@ def quality_problem(route: Route, obj: JSON | None) -> str | None:
 def stream_error_event(route: Route, what: str) -> bytes:
     """The event that tells a streaming client the upstream broke off, in its format."""
     msg = f"Upstream stream interrupted ({what})"
+    if route is Route.RESPONSES:
+        failed = {"type": "error", "code": "upstream_error", "message": msg, "param": None}
+        return b"event: error\ndata: " + orjson.dumps(failed) + b"\n\n"
     if route is Route.MESSAGES:
         data = {"type": "error", "error": {"type": "api_error", "message": msg}}
         return b"event: error\ndata: " + orjson.dumps(data) + b"\n\n"

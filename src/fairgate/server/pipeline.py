@@ -52,6 +52,7 @@ from fairgate.server.call import Call, Candidate, ExecOptions, Route
 from fairgate.server.diagnostics import Diagnostics, Terminal
 from fairgate.server.errors import ApiError
 from fairgate.server.exchange import carried
+from fairgate.server.responses_chat import served_as_chat
 from fairgate.server.views import health_view, quota_view
 
 log = logging.getLogger("fairgate.routing")
@@ -208,6 +209,8 @@ async def route_combo(call: Call, combo: Combo) -> Response:
     targets = expand_targets(combo.targets, reg.by_provider)
     mode = mode_of(combo.strategy)
     if mode != "fallback":
+        if call.route is Route.RESPONSES:  # these combos compose chat answers
+            return await served_as_chat(call, lambda sub: route_combo(sub, combo))
         if call.route is not Route.CHAT:
             raise ApiError(
                 400, f"'{combo.strategy}' combos are served on /v1/chat/completions", param="model"

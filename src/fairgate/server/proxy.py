@@ -33,6 +33,7 @@ from fairgate.server.bodies import (
     MAX_MODEL_LEN,
     MAX_OUTPUT_TOKENS,
     MESSAGES_FIELDS,
+    RESPONSES_FIELDS,
     check_depth,
     check_fields,
     check_message_limits,
@@ -111,6 +112,12 @@ async def messages(request: ClientRequest) -> Response:
 
 async def embeddings(request: ClientRequest) -> Response:
     return await _handle(request, Route.EMBEDDINGS)
+
+
+async def responses(request: ClientRequest) -> Response:
+    """``POST /v1/responses`` as its own route: relayed as it is to a Responses-wire
+    connection, translated to the others per attempt (``exchange``)."""
+    return await _handle(request, Route.RESPONSES)
 
 
 #: Where Anthropic counts a Messages body's input tokens (free; Claude Code's ``/context``).
@@ -301,6 +308,8 @@ def _parse(
             raise ApiError(400, "'input' must be a string or an array of strings", param="input")
         prompt = sum(estimate_text_tokens(t) for t in texts)
         return Call(svc, request, key, body, route, model, False, prompt, 0, t0, request.headers)
+    if route is Route.RESPONSES:
+        return _parse_responses(svc, request, key, body, model, t0)
     check_messages(body)
     check_fields(body, MESSAGES_FIELDS if route is Route.MESSAGES else CHAT_FIELDS)
     stream = optional_bool(body, "stream")
@@ -330,6 +339,47 @@ def _parse(
         t0,
         request.headers,
         choices,
+    )
+
+
+def _parse_responses(
+    svc: Services,
+    request: ClientRequest,
+    key: ClientKey,
+    body: dict[str, Any],
+    model: str,
+    t0: float,
+) -> Call:
+    """A Responses body's wire-neutral checks: what every upstream needs (``input``, the
+    output bound, ``stream``) and what none can serve (``previous_response_id``: fairgate
+    stores no responses, and the next request may go to another account). What only a
+    translation cannot carry is refused per attempt, naming the field."""
+    _before_translation(svc, key, body)
+    if body.get("previous_response_id") is not None:
+        raise ApiError(
+            400,
+            "'previous_response_id': fairgate does not store responses: send the whole "
+            "conversation in `input`",
+            param="previous_response_id",
+        )
+    if "input" not in body:
+        raise ApiError(400, "'input' is required", param="input")
+    check_fields(body, RESPONSES_FIELDS)
+    stream = optional_bool(body, "stream")
+    max_out = optional_int(body, "max_output_tokens", minimum=1, maximum=MAX_OUTPUT_TOKENS)
+    default_out = svc.gw.config.server.default_max_tokens
+    return Call(
+        svc,
+        request,
+        key,
+        body,
+        Route.RESPONSES,
+        model,
+        stream,
+        estimate_prompt_tokens(body),
+        max_out or default_out,
+        t0,
+        request.headers,
     )
 
 

@@ -15,6 +15,7 @@ from typing import Any, Protocol
 
 import orjson
 
+from fairgate.providers.responses import ChatToResponsesStream
 from fairgate.providers.responses_upstream import ResponsesToChatStream
 from fairgate.providers.sse import SSEParser, encode_event
 from fairgate.providers.translate import AnthropicToOpenAIStream, OpenAIToAnthropicStream
@@ -42,6 +43,11 @@ class StreamTally:
     first_chunk_at: float | None = None
     prompt_estimate: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
+    #: the relay says itself when the stream carried an error (``failed``); else the first
+    #: chunks are scanned for an error object (a Responses stream names ``"error": null`` in
+    #: every response object it carries, so its relays say it instead)
+    scan_errors: bool = True
+    failed: bool = False
 
     def effective_usage(self) -> Usage:
         """The provider's usage block when it came; otherwise what we saw (a client disconnect
@@ -302,3 +308,171 @@ def _anthropic_events(
         tally.finished = tally.finished or name == "message_stop"
         tally.mark_chunk()
     return out
+
+
+# -- the Responses API's client route ------------------------------------------------------------
+
+#: Responses events whose ``delta`` is output (text, tool-call input, reasoning a client sees).
+_RESPONSES_OUTPUT = frozenset(
+    {
+        "response.output_text.delta",
+        "response.refusal.delta",
+        "response.function_call_arguments.delta",
+        "response.custom_tool_call_input.delta",
+        "response.reasoning_summary_text.delta",
+        "response.reasoning_text.delta",
+    }
+)
+#: The events that end a Responses stream with an answer.
+_RESPONSES_DONE = frozenset({"response.completed", "response.incomplete"})
+
+
+def _responses_tally(obj: Mapping[str, Any], tally: StreamTally) -> None:
+    """Count one Responses event: output characters, the final usage, how it ended."""
+    kind = obj.get("type")
+    if kind in _RESPONSES_OUTPUT:
+        delta = obj.get("delta")
+        if isinstance(delta, str):
+            tally.text_chars += len(delta)
+    elif kind in _RESPONSES_DONE or kind == "response.failed":
+        resp = obj.get("response")
+        usage = usage_from_openai(resp) if isinstance(resp, Mapping) else None
+        if usage is not None:
+            tally.usage = usage
+        if kind == "response.failed":
+            tally.failed = True
+        else:
+            tally.finished = True
+    elif kind == "error":
+        tally.failed = True
+
+
+def cut_off_event(last: Mapping[str, Any] | None, sequence_number: int) -> dict[str, Any]:
+    """``response.failed`` for a Responses stream the upstream ended before its last event:
+    never silence, which a client could take for the whole answer (issue 42)."""
+    resp: dict[str, Any] = dict(last) if last is not None else {"object": "response"}
+    resp["status"] = "failed"
+    resp["error"] = {
+        "code": "server_error",
+        "message": "the upstream ended the stream before it finished",
+    }
+    return {"type": "response.failed", "sequence_number": sequence_number, "response": resp}
+
+
+async def responses_to_responses(
+    resp: UpstreamResponse, tally: StreamTally
+) -> AsyncIterator[bytes]:
+    """A Responses-wire upstream to a Responses client: every event as it came (reasoning
+    items, encrypted content, summaries, custom tool calls, whatever a newer API adds), only
+    read for the usage ``response.completed`` carries. A stream cut off before its last event
+    ends with ``response.failed``."""
+    tally.scan_errors = False
+    last: Mapping[str, Any] | None = None
+    seq = -1
+    ended = False
+    async for event, data in _events(resp):
+        try:
+            obj = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            obj = None
+        if isinstance(obj, dict):
+            _responses_tally(obj, tally)
+            snapshot = obj.get("response")
+            if isinstance(snapshot, Mapping):
+                last = snapshot
+            n = obj.get("sequence_number")
+            if isinstance(n, int) and not isinstance(n, bool):
+                seq = max(seq, n)
+            ended = ended or tally.finished or tally.failed
+        tally.mark_chunk()
+        yield encode_event(data, event)
+    if not ended:
+        failed = cut_off_event(last, seq + 1)
+        tally.failed = True
+        yield encode_event(orjson.dumps(failed), "response.failed")
+
+
+def _responses_encoded(events: list[dict[str, Any]], tally: StreamTally) -> bytes:
+    for e in events:
+        _responses_tally(e, tally)
+        tally.mark_chunk()
+    return b"".join(encode_event(orjson.dumps(e), e["type"]) for e in events)
+
+
+async def chat_chunks_to_responses(
+    chunks: AsyncIterator[dict[str, Any]], tally: StreamTally, conv: ChatToResponsesStream
+) -> AsyncIterator[bytes]:
+    """Chat chunk dicts → a Responses client's events, one chunk at a time: the one
+    re-rendering of every translated Responses stream (from an OpenAI chat upstream, from an
+    Anthropic upstream through the chat form, from a combo's chat answer). An error object
+    among the chunks closes with ``response.failed``; a stream that ends without its finish
+    reason too (``ChatToResponsesStream.finish``)."""
+    tally.scan_errors = False
+    yield _responses_encoded(conv.start(), tally)
+    async for chunk in chunks:
+        err = chunk.get("error")
+        if isinstance(err, Mapping) and "choices" not in chunk:
+            out = conv.fail(str(err.get("message") or "upstream error"))
+        else:
+            out = conv.feed(chunk)
+        if out:
+            yield _responses_encoded(out, tally)
+    tail = conv.finish()
+    if tail:
+        yield _responses_encoded(tail, tally)
+
+
+async def _chat_sse_chunks(raw: AsyncIterator[bytes]) -> AsyncIterator[dict[str, Any]]:
+    """The chunk dicts of a chat SSE byte stream (``[DONE]`` and what is no object left out)."""
+    parser = SSEParser()
+
+    def objects(events: list[Any]) -> list[dict[str, Any]]:
+        out = []
+        for ev in events:
+            if ev.data == "[DONE]":
+                continue
+            try:
+                obj = orjson.loads(ev.data)
+            except orjson.JSONDecodeError:
+                continue
+            if isinstance(obj, dict):
+                out.append(obj)
+        return out
+
+    async for chunk in raw:
+        for obj in objects(parser.feed(chunk)):
+            yield obj
+    for obj in objects(parser.flush()):
+        yield obj
+
+
+def chat_sse_to_responses(
+    raw: AsyncIterator[bytes], tally: StreamTally, conv: ChatToResponsesStream
+) -> AsyncIterator[bytes]:
+    """A chat SSE byte stream (an OpenAI upstream's, a combo's answer) → Responses events."""
+    return chat_chunks_to_responses(_chat_sse_chunks(raw), tally, conv)
+
+
+async def _anthropic_chat_chunks(
+    resp: UpstreamResponse, tr: AnthropicToOpenAIStream
+) -> AsyncIterator[dict[str, Any]]:
+    async for event, data in _events(resp):
+        try:
+            obj = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            continue
+        if isinstance(obj, dict):
+            for chunk in tr.feed(event, obj):
+                yield chunk
+    for chunk in tr.finish():
+        yield chunk
+
+
+def anthropic_to_responses(
+    resp: UpstreamResponse,
+    tally: StreamTally,
+    conv: ChatToResponsesStream,
+    tr: AnthropicToOpenAIStream,
+) -> AsyncIterator[bytes]:
+    """An Anthropic upstream → Responses events, through the chat chunk form."""
+    return chat_chunks_to_responses(_anthropic_chat_chunks(resp, tr), tally, conv)

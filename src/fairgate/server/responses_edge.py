@@ -1,120 +1,29 @@
-"""``POST /v1/responses``: the OpenAI Responses API for clients, served by the chat route.
+"""``POST /v1/responses``: the OpenAI Responses API for clients, a client route of its own.
 
-The request is translated to fairgate's chat form (:mod:`fairgate.providers.responses`), then
-admitted, routed, settled and translated to whatever upstream the chat route picks, exactly as
-a chat completion; only the answer is rendered back in the Responses shapes: a ``response``
-object, or the ``response.*`` event stream. Errors keep the OpenAI error body, which is what
-Responses clients read too.
+A request is admitted, routed and settled like any other; per attempt the exchange table
+(:mod:`fairgate.server.exchange`) relays it as it is to a Responses-wire connection (the
+Codex backend, ``protocol: responses``: every field and event the gateway does not need to
+change arrives unchanged, issue 42) and translates it through the chat form to an OpenAI chat
+or Anthropic connection (:mod:`fairgate.providers.responses`), refusing with a 400 naming the
+field what that wire cannot carry. Fusion and pipeline combos, which compose chat answers, are
+served through the chat route (:mod:`fairgate.server.responses_chat`). Errors keep the OpenAI
+error body, which is what Responses clients read too.
 
-Decided here (see the module notes of the translation for the field mapping):
-``previous_response_id`` is a 400 naming the field — fairgate stores no responses, so clients
-send the whole conversation (as ``store: false`` clients do); ``store`` is accepted and
-answered ``false``.
+Decided here: ``previous_response_id`` is a 400 naming the field: fairgate stores no
+responses, and the next request may go to another account, so clients send the whole
+conversation (as ``store: false`` clients do); ``store`` is false unless the client says
+otherwise.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from typing import Any
+from starlette.responses import Response
 
-import orjson
-from starlette.responses import Response, StreamingResponse
-
-from fairgate.providers.responses import (
-    ChatToResponsesStream,
-    ResponsesInputError,
-    chat_to_responses_response,
-    responses_to_chat_request,
-)
-from fairgate.providers.sse import SSEParser, encode_event
 from fairgate.server import proxy
 from fairgate.server.client_http import ClientRequest
-from fairgate.server.errors import ApiError
 
 __all__ = ["responses"]
 
-#: Headers of the chat answer that describe the transfer, not the answer: not copied over.
-_FRAMING = frozenset({"content-length", "content-type", "transfer-encoding"})
-
-
-def _carry(resp: Response) -> dict[str, str]:
-    return {k: v for k, v in resp.headers.items() if k.lower() not in _FRAMING}
-
 
 async def responses(request: ClientRequest) -> Response:
-    original: dict[str, Any] = {}
-
-    def prepare(body: dict[str, Any]) -> dict[str, Any]:
-        original.update(body)
-        model = body.get("model")
-        try:
-            return responses_to_chat_request(body, model if isinstance(model, str) else "")
-        except ResponsesInputError as exc:
-            raise ApiError(400, f"'{exc.field}': {exc.message}", param=exc.field) from None
-
-    resp = await proxy.chat_from(request, prepare)
-    if resp.status_code != 200 or not original:
-        return resp  # an error: the OpenAI error body is the Responses API's too
-    model = str(original.get("model"))
-    if isinstance(resp, StreamingResponse):
-        return StreamingResponse(
-            _events(resp, original, model, proxy.now_s(request)),
-            status_code=200,
-            media_type="text/event-stream",
-            headers=_carry(resp),
-        )
-    chat = orjson.loads(bytes(resp.body))
-    stamp = chat.get("created")
-    created = stamp if isinstance(stamp, int) else proxy.now_s(request)
-    out = chat_to_responses_response(chat, original, model, created=created)
-    return Response(
-        orjson.dumps(out),
-        status_code=200,
-        media_type="application/json",
-        headers=_carry(resp),
-        background=resp.background,  # the settlement of the chat answer
-    )
-
-
-def _encode(events: list[dict[str, Any]]) -> bytes:
-    return b"".join(encode_event(orjson.dumps(e), e["type"]) for e in events)
-
-
-async def _events(
-    resp: StreamingResponse, original: dict[str, Any], model: str, created: int
-) -> AsyncIterator[bytes]:
-    """The chat chunk stream re-rendered as Responses events, one chunk at a time. Closing
-    this generator (the client left) closes the chat stream, whose own clean-up settles."""
-    conv = ChatToResponsesStream(original, model, created=created)
-    parser = SSEParser()
-    inner = resp.body_iterator
-    yield _encode(conv.start())
-    try:
-        async for raw in inner:
-            chunk = raw if isinstance(raw, bytes) else str(raw).encode()
-            out: list[dict[str, Any]] = []
-            for ev in parser.feed(chunk):
-                out += _convert(conv, ev.data)
-            if out:
-                yield _encode(out)
-        tail = [e for ev in parser.flush() for e in _convert(conv, ev.data)]
-        yield _encode(tail + conv.finish())
-    finally:
-        aclose = getattr(inner, "aclose", None)
-        if aclose is not None:
-            await aclose()
-
-
-def _convert(conv: ChatToResponsesStream, data: str) -> list[dict[str, Any]]:
-    if data == "[DONE]":
-        return []
-    try:
-        obj = orjson.loads(data)
-    except orjson.JSONDecodeError:
-        return []
-    if not isinstance(obj, dict):
-        return []
-    err = obj.get("error")
-    if isinstance(err, dict) and "choices" not in obj:
-        return conv.fail(str(err.get("message") or "upstream error"))
-    return conv.feed(obj)
+    return await proxy.responses(request)
