@@ -213,3 +213,8 @@ class ExecOptions:
     queue_timeout_ms: int = DEFAULT_QUEUE_TIMEOUT_MS
     #: the combo's timeout as an instant on the clock (waits never outlast it)
     deadline_ms: int | None = None
+    #: the candidates' order already weighs the soft penalty (a combo's strategy scored the
+    #: penalised targets × ``soft_factor``, SPEC §4): the executor keeps that order instead of
+    #: holding a penalised admission behind every unpenalised candidate, which would make the
+    #: factor meaningless (a penalised target priced 1 losing to one priced 100)
+    soft_ordered: bool = False

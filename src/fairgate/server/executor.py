@@ -65,11 +65,13 @@ async def execute(
     A candidate is skipped when resilience excludes it (breaker open, cooling down, model locked,
     permanently blocked, rate-limited until a learned reset) or its pool blocks the key; one at
     its concurrency cap is queued for (FIFO, bounded) once nothing else is left; a soft admission
-    is held while an unpenalised candidate is looked for; after a failure the one failover rule
-    (:mod:`fairgate.resilience.failover`) retries, moves on or ends the request. When nothing
-    can be tried now but a target frees within ``max_wait_ms``, the request waits for it. When
-    nothing answers, the error says why, with diagnostics. Every reservation taken here is
-    settled by the answer or released on the way out, cancellation included.
+    is held while an unpenalised candidate is looked for, unless the order came from a combo's
+    strategy, which already scored the penalty (``ExecOptions.soft_ordered``); after a failure
+    the one failover rule (:mod:`fairgate.resilience.failover`) retries, moves on or ends the
+    request. When nothing can be tried now but a target frees within ``max_wait_ms``, the
+    request waits for it. When nothing answers, the error says why, with diagnostics. Every
+    reservation taken here is settled by the answer or released on the way out, cancellation
+    included.
     """
     run = _Execution(call, diag, opts or ExecOptions())
     try:
@@ -190,8 +192,8 @@ class _Execution:
             lease.release()
             return None
         more = bool(self.queue)  # a candidate at its cap cannot be tried now: not an option
-        if a.adm.penalized and self.held is None and more:
-            self.held = a  # soft: look for an unpenalised candidate first
+        if a.adm.penalized and self.held is None and more and not self.opts.soft_ordered:
+            self.held = a  # soft, unscored order: look for an unpenalised candidate first
             return None
         # a held admission stays until something answers: if the unpenalised candidates all
         # fail, it serves (it is released on the way out when it was not needed)

@@ -313,6 +313,7 @@ async def _run(
         combo=combo.name,
         max_wait_ms=cfg.max_wait_ms,
         queue_timeout_ms=cfg.queue_timeout_ms,
+        soft_ordered=True,  # the strategy's order weighs the soft penalty (× soft_factor)
     )
     if cfg.timeout_ms is None:
         return await executor.execute(call, cands, diag, opts)
