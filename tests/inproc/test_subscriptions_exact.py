@@ -75,3 +75,48 @@ async def test_soft_penalty_scales_the_cost_by_the_factor(
         assert r.status_code == 200, r.text
         assert h.sent_to == [served]
         assert r.headers["x-fairgate-connection"] == served
+
+
+# -- item 2: the credential gate, for every kind of credential ---------------------------------
+
+
+@pytest.mark.parametrize(
+    "s1",
+    [
+        pytest.param(conn("s1", "sub", models=("other",)), id="model-not-served"),
+        pytest.param(
+            {**conn("s1", "sub", base_url="https://s1.invalid/v1"), "secret": ""},
+            id="api-key-missing",
+        ),
+    ],
+)
+async def test_an_unusable_credential_is_skipped_before_any_attempt(
+    tmp_path: Path, s1: dict[str, Any]
+) -> None:
+    combo = {
+        "name": "c",
+        "strategy": "priority",
+        "targets": [
+            {"provider": "sub", "model": "m", "connection": "s1"},
+            {"provider": "kimi", "model": "m", "connection": "k1"},
+        ],
+        "config": {"maxWaitMs": 0},
+    }
+    only = {**combo, "name": "only", "targets": combo["targets"][:1]}
+    cfg = base_config([s1, conn("k1", "kimi")], combos=[combo, only])
+    async with gateway(tmp_path, cfg, ManualTimer(), _answer) as h:
+        for _ in range(3):
+            r = await h.chat("c", max_tokens=5)
+            assert r.status_code == 200, r.text
+        assert h.sent_to == ["k1"] * 3  # s1 never attempted
+        mgr = h.gw.resilience
+        assert mgr is not None
+        snap = await mgr.snapshot()
+        assert snap["breakers"].get("sub", {}).get("failures", 0) == 0
+        # alone, it is a 503 that names what to do, still without an attempt
+        r = await h.chat("only", max_tokens=5)
+        assert r.status_code == 503, r.text
+        err = r.json()["error"]
+        assert err["code"] == "credential_unusable"
+        assert "s1: " in err["message"]
+        assert h.sent_to == ["k1"] * 3

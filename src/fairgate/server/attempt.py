@@ -23,6 +23,7 @@ from starlette.responses import Response, StreamingResponse
 
 from fairgate.providers.ratelimit import RateLimitSnapshot
 from fairgate.providers.transport import TRANSPORT_ERRORS, UpstreamResponse
+from fairgate.providers.upstream import UpstreamAuthUnavailable
 from fairgate.providers.usage import Usage
 from fairgate.quota.engine import Admission, QuotaEngine
 from fairgate.quota.model import Pool
@@ -134,9 +135,22 @@ async def _attempt_on(
             await _settle(svc, res, conn, call, upstream_model, settle_usage)
         else:
             await res.release()
-        verdict = await _report_failure(
-            call, conn, upstream_model, status, body, headers, exc, sent_ms=sent_ms, request=payload
-        )
+        if kind == "credential":
+            # our own credential is unusable (found out now; the credential gate skips it from
+            # here on): nothing reached the provider, so nothing counts against it
+            verdict = Classification(FailureClass.AUTH, retry_elsewhere=True, signal="credential")
+        else:
+            verdict = await _report_failure(
+                call,
+                conn,
+                upstream_model,
+                status,
+                body,
+                headers,
+                exc,
+                sent_ms=sent_ms,
+                request=payload,
+            )
         err = _for_the_client(err, status, verdict)
         cls = verdict.cls.value
         latency = _ms_since(t_send)
@@ -158,6 +172,17 @@ async def _attempt_on(
 
     try:
         resp = await svc.upstream.post(conn, path, payload, call.headers)
+    except UpstreamAuthUnavailable as exc:
+        log.warning("upstream credential unusable", extra={"connection": conn.id})
+        return await fail(
+            "credential",
+            ApiError(
+                503,
+                f"The credential of connection '{conn.id}' is unusable: an admin must log in again",
+                code="credential_unusable",
+            ),
+            exc=exc,
+        )
     except TRANSPORT_ERRORS as exc:
         log.warning(
             "upstream unreachable", extra={"connection": conn.id, "error": type(exc).__name__}

@@ -34,7 +34,7 @@ from fairgate.routing import (
 from fairgate.routing.model import (
     GLOBAL_MAX_ATTEMPTS,
 )
-from fairgate.server import tracing
+from fairgate.server import credentials, tracing
 from fairgate.server.attempt import attempt, quota_headers
 from fairgate.server.call import Call, Candidate, ExecOptions
 from fairgate.server.client_http import ClientRequest
@@ -109,6 +109,8 @@ class _Execution:
         self.reservations: list[Reservation] = []
         self.blocked: list[Blocked] = []
         self.exclusions: list[Exclusion] = []
+        #: connections the credential gate skipped (``connection id: the admin's action``)
+        self.unusable: dict[str, str] = {}
         self.last_error: ApiError | None = None
         #: the soonest Retry-After (ms) of the 429s the attempts got: when every target failed,
         #: the first moment one of them said it may serve again
@@ -158,6 +160,7 @@ class _Execution:
             await self._sleep_until(wake)
             # a fresh pass: its own attempt cap (the waits bound how many passes there are)
             self.blocked, self.exclusions, self.blocked_pools = [], [], set()
+            self.unusable = {}
             self.full, self.failed = [], []
             self.attempts = 0
 
@@ -202,6 +205,13 @@ class _Execution:
     async def _admit(self, cand: Candidate, lease: Lease) -> _Admitted | None:
         conn, mgr = cand.conn, self.svc.gw.resilience
         now = self.svc.gw.clock.now_ms()
+        oauth = self.svc.gw.oauth
+        tokens = None if oauth is None else oauth.tokens
+        cred = await credentials.gate(conn, cand.model, tokens, now)
+        if not cred.usable:  # known unusable: never attempted, never counted against anything
+            self.unusable[conn.id] = f"{cred.action} ({cred.problem})"
+            self.diag.exclude(cand.label, f"credential:{cred.problem}")
+            return None
         if mgr is not None:
             excl = await mgr.check(conn.provider, conn.id, cand.model, conn.auth_type)
             if excl is not None:
@@ -371,6 +381,7 @@ class _Execution:
             self.exclusions,
             self.last_error,
             self.soonest_retry_ms,
+            self.unusable,
         )
 
 
@@ -389,11 +400,28 @@ def _no_answer(
     exclusions: list[Exclusion],
     last_error: ApiError | None,
     soonest_retry_ms: int | None = None,
+    unusable: dict[str, str] | None = None,
 ) -> ApiError:
     """The error for a request nothing could serve, with its diagnostics. When every attempt
     was refused with a 429, the Retry-After is the soonest any of them stated (a Codex
-    ``usage_limit_reached`` states its reset in the body: see ``attempt``)."""
+    ``usage_limit_reached`` states its reset in the body: see ``attempt``). When the credential
+    gate skipped every candidate, the error names what an admin must do (log in again)."""
     now = call.svc.gw.clock.now_ms()
+    if (
+        unusable
+        and not blocked
+        and not exclusions
+        and (last_error is None or last_error.code == "credential_unusable")
+    ):
+        diag.terminal = Terminal.ALL_UNAVAILABLE
+        todo = "; ".join(f"{cid}: {action}" for cid, action in sorted(unusable.items()))
+        return diag.error(
+            503,
+            f"No upstream for '{call.model}' has a usable credential ({todo})",
+            code="credential_unusable",
+            terminal=Terminal.ALL_UNAVAILABLE,
+            type_="overloaded_error",
+        )
     if last_error is not None:
         diag.terminal = Terminal.UPSTREAM_FAILED
         if not blocked and exclusions == [] and last_error.status == 429:
