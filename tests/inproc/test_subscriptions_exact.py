@@ -8,10 +8,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
-from inproc_support import base_config, conn, gateway
+from inproc_support import ADMIN, ALICE, BOB, Harness, base_config, conn, gateway
 
+from fairgate.clock import ManualClock
 from fairgate.providers.inprocess import Reply, UpstreamRequest, openai_chat
+from fairgate.providers.mock_codex import CodexWindows, responses_events, responses_input_text
 from fairgate.timers import ManualTimer
 
 
@@ -120,3 +123,145 @@ async def test_an_unusable_credential_is_skipped_before_any_attempt(
         assert err["code"] == "credential_unusable"
         assert "s1: " in err["message"]
         assert h.sent_to == ["k1"] * 3
+
+
+# -- items 1 and 3: the percent estimate and its attribution ---------------------------------
+
+CAROL = "fg-carol-secret-0123456789"
+T0 = 1_782_297_000_000  # 2026-06-24T10:30Z
+
+
+class CodexAccount:
+    """The mock's Codex backend for one account: ``per_1k`` percent of the 5-hour window per
+    1,000 tokens; a prompt costs a token per four characters, the answer 16 tokens (the
+    mock's), and the reading in the answer's headers counts this request already."""
+
+    def __init__(self, clock: Any, per_1k: float) -> None:
+        self.windows = CodexWindows(clock, percent_per_1k_tokens=per_1k, weekly_ratio=0.2)
+        self.served = 0
+
+    async def __call__(self, req: UpstreamRequest) -> Reply:
+        body = req.json()
+        full = self.windows.exhausted()
+        if full is not None:
+            return Reply(429, self.windows.limit_error(full), headers=self.windows.headers())
+        _, chars = responses_input_text(body)
+        prompt = max(1, -(-chars // 4))
+        self.windows.use(prompt + 16)
+        self.served += 1
+        events = responses_events("resp_1", body["model"], 0, ["mock ", "reply"], prompt, 16)
+        chunks = [
+            b"event: " + name.encode() + b"\ndata: " + orjson.dumps(data) + b"\n\n"
+            for name, data in events
+        ]
+        return Reply(200, chunks=chunks, headers=self.windows.headers())
+
+
+def codex_config(keys: dict[str, str], *, models: list[str] | None = None) -> dict[str, Any]:
+    return {
+        "server": {"default_provider": "codex"},
+        "connections": [
+            {
+                "id": "codex-1",
+                "provider": "codex",
+                "base_url": "http://codex-1.invalid/backend-api/codex",
+                "secret": "upstream-secret-codex-1",
+                "models": models or ["gpt-5-codex"],
+            }
+        ],
+        "keys": [{"id": k, "name": k, "secret": s} for k, s in keys.items()],
+        "pools": [
+            {
+                "id": "codex",
+                "name": "Codex Plus",
+                "connections": ["codex-1"],
+                "dimensions": [
+                    {"unit": "percent", "window": "5h", "limit": 100},
+                    {"unit": "percent", "window": "weekly", "limit": 100},
+                ],
+                "allocations": [{"key": k, "weight": 50} for k in keys],
+            }
+        ],
+    }
+
+
+async def _consumed(h: Harness, dim: str = "percent/5h") -> dict[str, float]:
+    r = await h.client.get("/api/quota/pools/codex/usage", headers=ADMIN)
+    assert r.status_code == 200, r.text
+    (d,) = [d for d in r.json()["dimensions"] if d["key"] == dim]
+    return {k["keyId"]: k["consumed"] for k in d["keys"]}
+
+
+async def test_each_rise_is_charged_to_the_request_whose_answer_reported_it(
+    tmp_path: Path,
+) -> None:
+    """Issue 44, item 3: each request adds 2.1 % (21 tokens at 100 % per 1,000); alice ×4,
+    bob ×2, carol ×2, a second apart. The first answer's reading is the baseline (it counts
+    alice's first request); every later rise is its own request's: 6.3 / 4.2 / 4.2 (before:
+    8.4 / 4.2 / 2.1, each rise billed to the previous caller). Then the account's owner uses
+    it outside the gateway (+30 %): carol's next request is charged what her tokens explain at
+    most, never the owner's use (before: the whole 32.1 %)."""
+    timer = ManualTimer(ManualClock(T0))
+    account = CodexAccount(timer.clock, per_1k=100.0)
+    keys = {"alice": ALICE, "bob": BOB, "carol": CAROL}
+    async with gateway(tmp_path, codex_config(keys), timer, account) as h:
+        for who in ("alice",) * 4 + ("bob",) * 2 + ("carol",) * 2:
+            r = await h.chat("gpt-5-codex", key=keys[who], messages=[_say("x" * 20)])
+            assert r.status_code == 200, r.text
+            await h.settle_background()
+            timer.advance(1_000)
+        assert account.windows.primary.used == pytest.approx(8 * 2.1)
+        assert await _consumed(h) == pytest.approx({"alice": 6.3, "bob": 4.2, "carol": 4.2})
+
+        account.windows.use(300)  # the owner's own Codex session: +30 %
+        r = await h.chat("gpt-5-codex", key=CAROL, messages=[_say("x" * 20)])
+        assert r.status_code == 200, r.text
+        await h.settle_background()
+        carol = (await _consumed(h))["carol"] - 4.2
+        assert 2.1 - 1e-6 <= carol <= 3 * 2.1 + 1e-6  # her own use, not the owner's 30 %
+
+
+def _say(text: str) -> dict[str, str]:
+    return {"role": "user", "content": text}
+
+
+async def test_one_big_prompt_does_not_wedge_the_pool(tmp_path: Path) -> None:
+    """Issue 44, item 1 (the docs' walkthrough, the mock's 1 % per 1,000 tokens): alice "hi"
+    ×2, bob "hi", then alice a 3,766-token prompt (3.8 % of the window). Before, the rise was
+    priced over the ~17 tokens counted before it (0.22 % a token), so every ordinary request's
+    1,025-token estimate exceeded the 96 % left: 429 global-saturated for everyone. Now the
+    estimate is the request's own reading, smoothed and bounded by the plan, and the preview
+    agrees with admission."""
+    timer = ManualTimer(ManualClock(T0))
+    account = CodexAccount(timer.clock, per_1k=1.0)
+    keys = {"alice": ALICE, "bob": BOB}
+    async with gateway(tmp_path, codex_config(keys), timer, account) as h:
+        steps = [("alice", "hi"), ("alice", "hi"), ("bob", "hi"), ("alice", "y" * 15_000)]
+        for who, text in steps:
+            r = await h.chat("gpt-5-codex", key=keys[who], messages=[_say(text)])
+            assert r.status_code == 200, r.text
+            await h.settle_background()
+            timer.advance(1_200)
+        assert 3.7 < account.windows.primary.used < 3.9
+        for i in range(8):  # ordinary requests, no max_tokens (the default output budget)
+            who = ("alice", "bob")[i % 2]
+            r = await h.chat("gpt-5-codex", key=keys[who], messages=[_say("hi")])
+            assert r.status_code == 200, r.text
+            await h.settle_background()
+            timer.advance(1_200)
+        signals = h.svc.signals
+        estimate = signals.percent_estimate("codex-1", 1_025)
+        assert estimate < 1.1  # ~0.001 % a token, as the account really fills
+        # the preview prices the same request the same way, and says what admission does
+        q = {"pool": "codex", "key": "alice", "tokens": "1025"}
+        r = await h.client.get("/api/quota/preview", params=q, headers=ADMIN)
+        assert r.status_code == 200, r.text
+        assert r.json()["outcome"] == "allow"
+        # a request the estimate cannot fit is refused by both alike: 99 % of it is used
+        account.windows.use(95_000)
+        r = await h.chat("gpt-5-codex", key=ALICE, messages=[_say("hi")])
+        await h.settle_background()
+        timer.advance(1_200)
+        big = {"pool": "codex", "key": "bob", "tokens": str(500_000)}
+        preview = (await h.client.get("/api/quota/preview", params=big, headers=ADMIN)).json()
+        assert preview["outcome"] == "block", preview

@@ -112,6 +112,7 @@ def create_app(
         if isinstance(services.upstream, UpstreamClient):  # the in-process one has no OAuth
             services.upstream.oauth = await start_oauth(gw, services.upstream)
         gw.signals_source = services.signals.for_pool
+        gw.percent_estimator = services.signals.percent_estimate
         gw.target_metrics = services.target_metrics
         gw.fallback_counts = services.fallbacks
         app.state.services = services

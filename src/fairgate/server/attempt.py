@@ -42,7 +42,7 @@ from fairgate.server.diagnostics import Diagnostics
 from fairgate.server.errors import ApiError
 from fairgate.server.exchange import EXCHANGES, quality_problem, stream_error_event
 from fairgate.server.logs import MASK, REDACTOR, REQUEST_ID
-from fairgate.server.provider_signals import PercentCharge
+from fairgate.server.provider_signals import PercentCharge, Reading
 from fairgate.server.reservation import Reservation
 
 log = logging.getLogger("fairgate.proxy")
@@ -119,6 +119,7 @@ async def _attempt_on(
         return err
     t_send = time.perf_counter()
     sent_ms = svc.gw.clock.now_ms()  # the injected clock: what the evidence rule measures
+    reading: Reading | None = None  # the answer's provider reading, attributed at settlement
 
     async def fail(
         kind: str,
@@ -132,7 +133,7 @@ async def _attempt_on(
     ) -> ApiError:
         lease.release()
         if settle_usage is not None:  # the upstream did the work: charge it even though it failed
-            await _settle(svc, res, conn, call, upstream_model, settle_usage)
+            await _settle(svc, res, conn, call, upstream_model, settle_usage, reading)
         else:
             await res.release()
         if kind == "credential":
@@ -196,9 +197,10 @@ async def _attempt_on(
             ),
             exc=exc,
         )
-    snap, charges = svc.signals.observe(
-        conn.id, upstream_model, resp.headers, force=resp.status >= 400
+    reading, charges = svc.signals.observe(
+        conn.id, upstream_model, resp.headers, force=resp.status >= 400, defer=resp.status < 400
     )
+    snap = None if reading is None else reading.snap
     if pool is not None and snap is not None:
         await _apply_readings(svc.gw.engine, pool, conn.id, snap, charges)
     if resp.status >= 400:
@@ -244,6 +246,7 @@ async def _attempt_on(
             lease,
             overhead,
             sent_ms,
+            reading,
         )
         streamed.raw_headers.extend(quota)
         return streamed
@@ -283,11 +286,11 @@ async def _attempt_on(
     headers["x-fairgate-overhead-ms"] = f"{overhead:.3f}"
     # settle after the answer is on its way: the client need not wait for our bookkeeping
     # (the reservation holds the quota meanwhile, so nothing can overshoot)
-    if res.open or tracing.active():
-        settle: Later | None = Later(_settle, svc, res, conn, call, upstream_model, usage)
+    if res.open or tracing.active() or reading is not None:
+        settle: Later | None = Later(_settle, svc, res, conn, call, upstream_model, usage, reading)
     else:  # nothing reserved (no pool), no span to record: no task, only the tokens to count
         settle = None
-        _count_tokens(svc, conn, call, usage)
+        _count_tokens(svc, conn, call, usage, reading)
     answer = Answer(
         out, headers=headers, background=settle, served_by=conn.id, overhead_ms=overhead
     )
@@ -518,16 +521,21 @@ def _redact(text: str, conn: Connection) -> str:
 
 
 def _count_tokens(
-    svc: Services, conn: Connection, call: Call, usage: Usage | None
-) -> tuple[Usage, float]:
+    svc: Services,
+    conn: Connection,
+    call: Call,
+    usage: Usage | None,
+    reading: Reading | None = None,
+) -> tuple[Usage, float, list[PercentCharge]]:
     """The usage to charge (the estimate when the upstream reported none) and its tokens, which
-    the percent attribution of ``conn`` counts for the key (a subscription's next reading is
-    split by them) whether or not a pool reserved anything."""
+    the percent attribution of ``conn`` counts for the key whether or not a pool reserved
+    anything; then the reading the answer carried is attributed, this request's own tokens
+    included (its rise is this request's: issue 44, item 3). Returns the percent charges."""
     if usage is None:
         usage = Usage(prompt_tokens=call.prompt_estimate, completion_tokens=call.output_reserved)
     tokens = float(usage.prompt_tokens + usage.completion_tokens)
-    svc.signals.add_tokens(conn.id, call.key.id, tokens)
-    return usage, tokens
+    charges = svc.signals.attribute(conn.id, call.key.id, tokens, reading)
+    return usage, tokens, charges
 
 
 @tracing.traced("fairgate.settle", tracing.settle_attrs, call_of=tracing.call_of_settle)
@@ -538,8 +546,14 @@ async def _settle(
     call: Call,
     upstream_model: str,
     usage: Usage | None,
+    reading: Reading | None = None,
 ) -> None:
-    usage, tokens = _count_tokens(svc, conn, call, usage)
+    usage, tokens, charges = _count_tokens(svc, conn, call, usage, reading)
+    if charges:
+        pool = svc.gw.registry.pool_by_connection.get(conn.id)
+        if pool is not None:
+            for ch in charges:
+                await svc.gw.engine.record(pool, ch.key_id, {ch.counter: ch.amount})
     if not res.open:  # no reservation to settle (no pool, or it ended already): no price
         return
     await res.settle(
@@ -565,6 +579,7 @@ def _stream_response(
     lease: Lease,
     overhead_ms: float,
     sent_ms: int,
+    reading: Reading | None = None,
 ) -> StreamingResponse:
     svc = call.svc
     route = call.route
@@ -587,8 +602,8 @@ def _stream_response(
             resp.release()
             lease.release()
             usage = tally.effective_usage()
-            if res.open or tracing.active():
-                svc.spawn(_settle(svc, res, conn, call, upstream_model, usage))
+            if res.open or tracing.active() or reading is not None:
+                svc.spawn(_settle(svc, res, conn, call, upstream_model, usage, reading))
             else:  # nothing reserved (no pool), no span to record: no task
                 _count_tokens(svc, conn, call, usage)
 
