@@ -265,3 +265,62 @@ async def test_one_big_prompt_does_not_wedge_the_pool(tmp_path: Path) -> None:
         big = {"pool": "codex", "key": "bob", "tokens": str(500_000)}
         preview = (await h.client.get("/api/quota/preview", params=big, headers=ADMIN)).json()
         assert preview["outcome"] == "block", preview
+
+
+# -- item 5: wildcard connections (models: ["*"]) --------------------------------------------
+
+
+async def test_a_wildcard_pool_shares_its_load_like_a_named_one(tmp_path: Path) -> None:
+    """Two Codex accounts listed ``models: ["*"]`` in one pool: the quota-share combo is minted
+    (at the model's first request), listed with the internal combos, and 16 requests of three
+    keys split between the accounts (before: no combo, every request to codex-1)."""
+    timer = ManualTimer(ManualClock(T0))
+    accounts = {c: CodexAccount(timer.clock, per_1k=0.01) for c in ("codex-1", "codex-2")}
+
+    async def backend(req: UpstreamRequest) -> Reply:
+        return await accounts[req.conn.id](req)
+
+    keys = {"alice": ALICE, "bob": BOB, "carol": CAROL}
+    cfg = codex_config(keys, models=["*"])
+    second = {**cfg["connections"][0], "id": "codex-2", "base_url": "http://codex-2.invalid/x"}
+    cfg["connections"].append(second)
+    cfg["pools"][0]["connections"] = ["codex-1", "codex-2"]
+    async with gateway(tmp_path, cfg, timer, backend) as h:
+        for i in range(16):
+            who = ("alice", "bob", "carol")[i % 3]
+            r = await h.chat("gpt-5-codex", key=keys[who], messages=[_say("hi")])
+            assert r.status_code == 200, r.text
+            await h.settle_background()
+            timer.advance(100)
+        served = {c: a.served for c, a in accounts.items()}
+        assert served["codex-1"] + served["codex-2"] == 16
+        assert min(served.values()) >= 6, served  # shared, not all on codex-1
+        r = await h.client.get("/api/combos", params={"internal": "true"}, headers=ADMIN)
+        assert [c["name"] for c in r.json()] == ["qtSd/codex/gpt-5-codex"]
+        # /v1/models lists what the pool served (a wildcard has no list of its own)
+        models = await h.client.get("/v1/models", headers={"authorization": f"Bearer {ALICE}"})
+        ids = {m["id"] for m in models.json()["data"]}
+        assert {"gpt-5-codex", "codex/gpt-5-codex"} <= ids
+
+
+async def test_wildcard_openai_connections_serve_any_model_asked(tmp_path: Path) -> None:
+    """Two OpenAI-wire connections ``models: "*"`` and no default provider: ``gpt-4o-mini``
+    is served (before: 404 model_not_found; only ``openai/gpt-4o-mini`` worked), and once
+    served it is in ``/v1/models``."""
+    served: list[str] = []
+
+    async def answer(req: UpstreamRequest) -> Reply:
+        served.append(req.conn.id)
+        return openai_chat("hello", model=str(req.json()["model"]))
+
+    cfg = base_config([conn("oa-1", "openai", models=("*",)), conn("oa-2", "openai", models="*")])
+    async with gateway(tmp_path, cfg, ManualTimer(), answer) as h:
+        before = await h.client.get("/v1/models", headers={"authorization": f"Bearer {ALICE}"})
+        assert before.json()["data"] == []
+        for model in ("gpt-4o-mini", "openai/gpt-4o-mini", "gpt-4.1"):
+            r = await h.chat(model, max_tokens=5)
+            assert r.status_code == 200, r.text
+        assert len(served) == 3
+        after = await h.client.get("/v1/models", headers={"authorization": f"Bearer {ALICE}"})
+        ids = [m["id"] for m in after.json()["data"]]
+        assert ids == ["openai/gpt-4.1", "openai/gpt-4o-mini"]

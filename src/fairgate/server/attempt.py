@@ -338,6 +338,7 @@ async def _report_success(
         )
     tokens = 0 if usage is None else usage.prompt_tokens + usage.completion_tokens
     svc.record_attempt(cand, None, latency_ms, tokens)
+    svc.gw.registry.served_by_wildcard(cand.conn, cand.model)  # for /v1/models
 
 
 async def _prime(

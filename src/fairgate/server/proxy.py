@@ -24,7 +24,7 @@ from starlette.responses import Response
 
 from fairgate.providers.transport import TRANSPORT_ERRORS
 from fairgate.providers.usage import estimate_prompt_tokens, estimate_text_tokens
-from fairgate.registry import ClientKey, Protocol
+from fairgate.registry import ANY_MODEL, ClientKey, Connection, Protocol, Registry
 from fairgate.server import pipeline, tracing
 from fairgate.server.bodies import (
     CHAT_FIELDS,
@@ -179,6 +179,20 @@ async def _count_upstream(
     return None
 
 
+def _listed_models(reg: Registry, conn: Connection) -> tuple[str, ...]:
+    """The models ``/v1/models`` shows for ``conn``: those it names; for a wildcard
+    connection (``models: ["*"]``, any model) also its pool's: those the other members name,
+    and those asked of its provider's wildcard connections since the configuration was loaded
+    (a wildcard has no list of its own to show; ``provider/<any model>`` is served)."""
+    if ANY_MODEL not in conn.models:
+        return conn.named_models
+    pool = reg.pool_by_connection.get(conn.id)
+    members = [] if pool is None else [reg.connections.get(cid) for cid in pool.connections]
+    named = (m for c in members if c is not None for m in c.named_models)
+    asked = reg.wildcard_asked.get(conn.provider, {})
+    return tuple(dict.fromkeys((*conn.named_models, *named, *asked)))
+
+
 async def models(request: ClientRequest) -> Response:
     svc = _services(request)
     try:
@@ -191,7 +205,7 @@ async def models(request: ClientRequest) -> Response:
         for conn in conns:
             if reg.denial(key, conn) is not None:
                 continue  # only what this key may use
-            for m in conn.named_models:
+            for m in _listed_models(reg, conn):
                 seen.setdefault(f"{provider}/{m}", provider)
                 if reg.default_provider == provider:
                     seen.setdefault(m, provider)
