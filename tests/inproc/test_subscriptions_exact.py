@@ -324,3 +324,39 @@ async def test_wildcard_openai_connections_serve_any_model_asked(tmp_path: Path)
         after = await h.client.get("/v1/models", headers={"authorization": f"Bearer {ALICE}"})
         ids = [m["id"] for m in after.json()["data"]]
         assert ids == ["openai/gpt-4.1", "openai/gpt-4o-mini"]
+
+
+# -- item 6: a provider reading holds until the provider's own reset ---------------------------
+
+
+async def test_a_reading_holds_after_an_idle_spell_until_the_providers_reset(
+    tmp_path: Path,
+) -> None:
+    """The account is 60 % full (its owner's own use); by our own counters the pool is at 20 %
+    (all alice's, over her 10 % share). The reading keeps the pool strict: alice is refused,
+    and still after a minute's idle spell (before: the reading expired after 30 s and her next
+    request went through); when the provider's 5-hour window resets, the reading goes."""
+    timer = ManualTimer(ManualClock(T0))
+    account = CodexAccount(timer.clock, per_1k=1.0)
+    keys = {"alice": ALICE, "bob": BOB}
+    cfg = codex_config(keys)
+    cfg["pools"][0]["allocations"] = [{"key": "alice", "weight": 1}, {"key": "bob", "weight": 9}]
+    async with gateway(tmp_path, cfg, timer, account) as h:
+        pool = h.gw.registry.pools["codex"]
+        await h.gw.engine.record(pool, "alice", {"percent/5h": 20.0})
+        account.windows.use(60_000)  # 60 %
+        r = await h.chat("gpt-5-codex", key=BOB, messages=[_say("hi")])
+        assert r.status_code == 200, r.text
+        await h.settle_background()
+        timer.advance(1_000)
+        refused = await h.chat("gpt-5-codex", key=ALICE, messages=[_say("hi")])
+        assert refused.status_code == 429, refused.text
+        assert refused.json()["error"]["reason"] == "fair-share"
+        timer.advance(60_000)  # an idle minute: no newer reading came
+        again = await h.chat("gpt-5-codex", key=ALICE, messages=[_say("hi")])
+        assert again.status_code == 429, again.text
+        reset = account.windows.primary.reset_at_ms
+        assert reset is not None
+        assert h.svc.signals.saturation.fraction("codex-1", "percent", "5h") > 0.6
+        timer.set(reset + 1)  # the provider's window reset: its reading no longer holds
+        assert h.svc.signals.saturation.fraction("codex-1", "percent", "5h") == 0.0

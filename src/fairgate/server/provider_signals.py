@@ -63,7 +63,8 @@ class ProviderSignals:
     ) -> tuple[Reading | None, list[PercentCharge]]:
         """Feed one upstream response's headers; returns the reading and percent charges due.
 
-        Readings move slowly, so a connection's headers are parsed at most once per
+        Readings move slowly (each holds until the provider's stated reset of its limit), so a
+        connection's headers are parsed at most once per
         ``min_interval_ms`` (parsing every answer cost more than the rest of the hot path's
         bookkeeping); ``force`` (error answers) always parses. With ``defer`` (an answer that
         will settle) nothing is attributed now: the reading counts the request it answers, so
