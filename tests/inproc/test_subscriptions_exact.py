@@ -360,3 +360,60 @@ async def test_a_reading_holds_after_an_idle_spell_until_the_providers_reset(
         assert h.svc.signals.saturation.fraction("codex-1", "percent", "5h") > 0.6
         timer.set(reset + 1)  # the provider's window reset: its reading no longer holds
         assert h.svc.signals.saturation.fraction("codex-1", "percent", "5h") == 0.0
+
+
+# -- item 4: Retry-After on subscription windows ---------------------------------------------
+
+
+async def test_full_accounts_give_the_stated_reset_not_the_cooldowns_cap(tmp_path: Path) -> None:
+    """Two full Codex accounts (usage_limit_reached, resetting in about 5 hours): the first
+    refusal says the soonest stated reset, and so does every later one while the accounts
+    cool down (before: 3,599 s, the cooldown's one-hour cap, so a client that obeyed it was
+    refused again)."""
+    timer = ManualTimer(ManualClock(T0))
+    accounts = {c: CodexAccount(timer.clock, per_1k=1.0) for c in ("codex-1", "codex-2")}
+    accounts["codex-1"].windows.use(100_000)
+    timer.advance(60_000)
+    accounts["codex-2"].windows.use(100_000)  # resets a minute after codex-1
+
+    async def backend(req: UpstreamRequest) -> Reply:
+        return await accounts[req.conn.id](req)
+
+    cfg = codex_config({"alice": ALICE, "bob": BOB}, models=["*"])
+    second = {**cfg["connections"][0], "id": "codex-2", "base_url": "http://codex-2.invalid/x"}
+    cfg["connections"].append(second)
+    cfg["pools"] = []
+    for k in cfg["keys"]:
+        k["allowed_providers"] = ["codex"]
+    soonest = accounts["codex-1"].windows.primary.reset_at_ms
+    assert soonest is not None
+    async with gateway(tmp_path, cfg, timer, backend) as h:
+        for wait_ms in (0, 10_000, 30 * 60_000, 2 * 3_600_000):
+            timer.advance(wait_ms)
+            r = await h.chat("gpt-5-codex", messages=[_say("hi")])
+            assert r.status_code == 429, r.text
+            expected = -(-(soonest - timer.clock.now_ms()) // 1000)
+            assert abs(int(r.headers["retry-after"]) - expected) <= 1, (wait_ms, r.headers)
+            assert int(r.headers["retry-after"]) > 3_600
+
+
+async def test_a_request_larger_than_the_pool_is_a_413_not_a_retry(tmp_path: Path) -> None:
+    """A request whose estimate alone is more than the pool's whole limit can never fit: a
+    413 that says so (before: 429 with Retry-After: 1, again and again)."""
+    pool = {
+        "id": "small",
+        "connections": ["s1"],
+        "dimensions": [{"unit": "tokens", "window": "hourly", "limit": 1_000}],
+        "allocations": [{"key": "alice", "weight": 1}],
+    }
+    cfg = base_config([conn("s1", "sub")], pools=[pool])
+    async with gateway(tmp_path, cfg, ManualTimer(), _answer) as h:
+        r = await h.chat("m", max_tokens=5_000)
+        assert r.status_code == 413, r.text
+        err = r.json()["error"]
+        assert err["code"] == "request_too_large"
+        assert "too large for the pool 'small'" in err["message"]
+        assert "retry-after" not in r.headers
+        assert r.json()["diagnostics"]["terminalReason"] == "client_error"
+        assert h.sent_to == []
+        assert (await h.chat("m", max_tokens=50)).status_code == 200

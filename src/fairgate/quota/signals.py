@@ -382,6 +382,28 @@ class AccountBuckets:
             or self._saturated(buckets, f"{LIMIT_BUCKET}:{family}", now)
         )
 
+    def saturated_until(self, connection_id: str, model: str) -> int | None:
+        """When the connection can serve ``model`` again by its account's own windows: the
+        latest stated reset among its saturated buckets (the ones :meth:`is_saturated` reads);
+        None when none is saturated or none stated its reset. A resilience cooldown is capped
+        at an hour; this is what the provider said (issue 44, item 4)."""
+        buckets = self._buckets.get(connection_id)
+        if not buckets:
+            return None
+        now = self._clock.now_ms()
+        family = family_of(model)
+        names = ["5h", "7d", LIMIT_BUCKET, f"requests:{family or '*'}", f"tokens:{family or '*'}"]
+        if family is not None:
+            names += [f"7d:{family}", f"{LIMIT_BUCKET}:{family}"]
+        resets = [
+            state.reset_ms
+            for name in names
+            if self._saturated(buckets, name, now)
+            and (state := buckets.get(name)) is not None
+            and state.reset_ms is not None
+        ]
+        return max(resets, default=None)
+
     def buckets(self, connection_id: str) -> dict[str, BucketState]:
         """A copy of the connection's buckets (for the dashboard and health API)."""
         return dict(self._buckets.get(connection_id, {}))

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import math
 from collections.abc import Collection, Coroutine
@@ -21,6 +22,7 @@ from typing import Any, TypeVar
 from starlette.responses import Response
 
 from fairgate.providers.usage import Usage
+from fairgate.quota.decision import Reason
 from fairgate.quota.engine import ALLOW_UNGOVERNED, Admission
 from fairgate.quota.messages import block_message
 from fairgate.quota.model import Pool
@@ -215,6 +217,7 @@ class _Execution:
         if mgr is not None:
             excl = await mgr.check(conn.provider, conn.id, cand.model, conn.auth_type)
             if excl is not None:
+                excl = self._until_the_providers_reset(excl, cand)
                 self.exclusions.append(excl)
                 self.diag.exclude(cand.label, excl.reason, excl.until_ms, now)
                 return None
@@ -235,6 +238,16 @@ class _Execution:
         res = Reservation(svc.gw.engine, adm.ticket, svc.inflight, svc.spawn)
         self.reservations.append(res)  # released on the way out unless settled
         return _Admitted(cand, pool, adm, res, lease)
+
+    def _until_the_providers_reset(self, excl: Exclusion, cand: Candidate) -> Exclusion:
+        """A cooldown is capped at an hour, but an account that refused with its usage limit
+        (or whose window reading is full) stated when it resets: the target is unavailable
+        until then, and that is the Retry-After to give (issue 44, item 4: a client obeying
+        the cooldown's 3,599 s was refused again)."""
+        held = self.svc.signals.buckets.saturated_until(cand.conn.id, cand.model)
+        if held is None or excl.until_ms is None or held <= excl.until_ms:
+            return excl
+        return dataclasses.replace(excl, until_ms=held)
 
     async def _attempt(self, a: _Admitted) -> Response | None:
         """Attempts on one target (retries per the failover rule); None when it failed and
@@ -432,7 +445,9 @@ def _no_answer(
     if blocked and not exclusions:
         diag.terminal = Terminal.QUOTA_BLOCKED
         err = _quota_blocked(blocked, call)
-        diag.retry_after_ms = int(err.headers["retry-after"]) * 1000
+        diag.retry_after_ms = _retry_ms(err)
+        if err.status == 413:  # too large for the pool: no wait helps, a smaller request does
+            diag.terminal = Terminal.CLIENT_ERROR
         return diag.attach(err)
     # every candidate excluded by resilience (maybe some by quota): the earliest one to free
     waits = [e.until_ms - now for e in exclusions if e.until_ms is not None]
@@ -519,6 +534,19 @@ def _quota_blocked(blocked: list[Blocked], call: Call) -> ApiError:
     best = min(blocked, key=lambda b: b.admission.retry_after_ms or math.inf)
     adm = best.admission
     assert adm.reason is not None
+    if adm.reason is Reason.GLOBAL_SATURATED and adm.retry_after_ms is None:
+        # the pool's window never frees enough: this request alone is more than its whole
+        # limit, so no wait helps (a 429 would have the client retry it for ever)
+        pool = call.svc.gw.registry.pool_by_connection.get(best.conn.id)
+        return ApiError(
+            413,
+            f"The request is too large for the pool{'' if pool is None else f' {pool.id!r}'}"
+            f": its estimate on {adm.dimension} is more than the pool's whole limit; reduce "
+            "the input or max_tokens",
+            code="request_too_large",
+            type_="invalid_request_error",
+            extra={"reason": adm.reason.value, "dimension": adm.dimension},
+        )
     retry_s = max(1, math.ceil((adm.retry_after_ms or 1000) / 1000))
     return ApiError(
         429,
