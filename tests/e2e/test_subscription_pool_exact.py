@@ -104,3 +104,94 @@ def test_a_blocked_account_is_skipped_and_never_takes_the_live_one_down(
     codex = res["breakers"]["codex"]
     assert (codex["state"], codex["failures"]) == ("closed", 0)
     assert res["cooldowns"] == []
+
+
+def walkthrough(mock: Proc, keys: dict[str, str], accounts: int) -> str:
+    """The docs' walkthrough (codex.yaml) with ``accounts`` Codex accounts, ``models: ["*"]``."""
+    conns = ""
+    for n in range(1, accounts + 1):
+        t = login(mock, f"acct-{n}")
+        conns += (
+            f"  - {{id: codex-{n}, provider: codex, base_url: '{mock.url}/backend-api/codex',\n"
+            f"     auth_type: oauth, secret: '{t['access_token']}', models: ['*']}}\n"
+        )
+    key_lines = "".join(f"  - {{id: {k}, name: {k}, secret: '{s}'}}\n" for k, s in keys.items())
+    members = ", ".join(f"codex-{n}" for n in range(1, accounts + 1))
+    allocs = ", ".join(f"{{key: {k}, weight: 50}}" for k in keys)
+    return (
+        "server: {default_provider: codex}\n"
+        f"connections:\n{conns}keys:\n{key_lines}"
+        "pools:\n"
+        f"  - {{id: codex, name: Codex Plus, connections: [{members}],\n"
+        "     dimensions: [{unit: percent, window: 5h, limit: 100},\n"
+        "                  {unit: percent, window: weekly, limit: 100}],\n"
+        f"     allocations: [{allocs}]}}\n"
+    )
+
+
+def say(gw: Proc, secret: str, text: str) -> httpx.Response:
+    return httpx.post(
+        gw.url + "/v1/chat/completions",
+        headers={"Authorization": f"Bearer {secret}"},
+        json={"model": "gpt-5-codex", "messages": [{"role": "user", "content": text}]},
+        timeout=30,
+    )
+
+
+def charged(gw: Proc) -> dict[str, float]:
+    usage = httpx.get(gw.url + "/api/quota/pools/codex/usage", headers=ADMIN).json()
+    (five,) = [d for d in usage["dimensions"] if d["key"] == "percent/5h"]
+    return {k["keyId"]: round(k["consumed"], 4) for k in five["keys"]}
+
+
+def test_the_two_account_walkthrough_charges_each_key_its_own_and_says_when(
+    mock: Proc, start_gateway: GatewayFactory
+) -> None:
+    """Issue 44's walkthrough on two accounts (items 1, 3, 4, 5): alice "hi" ×2, bob "hi",
+    alice a 3,766-token prompt, then ordinary requests of both keys: all served, shared by the
+    two accounts, the preview agreeing; each key charged its own rises; then both accounts
+    full: every refusal says the soonest stated reset, before and after the cooldowns."""
+    httpx.post(mock.url + "/_mock/config", json={"oauth_access_ttl_s": 86_400.0})
+    keys = {"alice": new_secret(), "bob": new_secret()}
+    gw = start_gateway(walkthrough(mock, keys, 2))
+    steps = [("alice", "hi"), ("alice", "hi"), ("bob", "hi"), ("alice", "y" * 15_064)]
+    for who, text in steps:
+        r = say(gw, keys[who], text)
+        assert r.status_code == 200, r.text
+        TEST_CLOCK.advance(1_200, gw, mock)
+    served = []
+    for i in range(12):  # ordinary requests, the default output budget
+        r = say(gw, keys[("alice", "bob")[i % 2]], "hi")
+        assert r.status_code == 200, r.text
+        served.append(r.headers["x-fairgate-connection"])
+        TEST_CLOCK.advance(1_200, gw, mock)
+    assert set(served) == {"codex-1", "codex-2"}  # the wildcard pool shares its load
+    preview = httpx.get(
+        gw.url + "/api/quota/preview",
+        params={"pool": "codex", "key": "alice", "tokens": 1_025},
+        headers=ADMIN,
+    ).json()
+    assert preview["outcome"] == "allow"
+    after_use = charged(gw)
+    print("charged after the walkthrough (percent/5h):", after_use)
+    assert after_use["alice"] > after_use["bob"] > 0  # the big prompt is alice's
+    assert after_use["alice"] > 3.5  # its 3.8 % landed on her, not on bob
+
+    # both accounts fill up (a steep rate: the next answer of each takes it to 100 %)
+    httpx.post(mock.url + "/_mock/config", json={"codex_percent_per_1k_tokens": 10_000.0})
+    for _ in range(4):
+        say(gw, keys["bob"], "hi")
+        TEST_CLOCK.advance(1_200, gw, mock)
+    refusals = []
+    for wait_ms in (0, 10_000, 30 * 60_000, 90 * 60_000):
+        TEST_CLOCK.advance(wait_ms, gw, mock)
+        r = say(gw, keys["alice"], "hi")
+        refusals.append((r.status_code, r.headers.get("retry-after"), r.json()["error"]))
+    print("refusals:", [(s, ra, e.get("code"), e.get("reason")) for s, ra, e in refusals])
+    stated = [int(ra) for s, ra, _ in refusals if s == 429 and ra is not None]
+    assert len(stated) == 4, refusals
+    # every refusal names the reset, counting down with the clock (not 3,599 s, the cap)
+    assert stated[0] > 3_600 * 4
+    waits = (10_000, 30 * 60_000, 90 * 60_000)
+    for a, b, w in zip(stated[:-1], stated[1:], waits, strict=True):
+        assert abs((a - b) - w / 1000) <= 2, stated
