@@ -18,7 +18,11 @@ from fairgate.domain.keys import ClientKey, Denial, hash_key
 from fairgate.quota.model import Pool
 from fairgate.routing.combo import Combo
 from fairgate.routing.model import ComboConfig
-from fairgate.routing.quota_share import quota_share_combo
+from fairgate.routing.quota_share import qtsd_name, quota_share_combo
+
+#: Quota-share combos a snapshot keeps for models only wildcard members serve (the models are
+#: the clients' strings: the cache must not grow with them).
+MAX_WILDCARD_COMBOS = 1_024
 
 
 @dataclass(frozen=True)
@@ -39,6 +43,12 @@ class Registry:
     #: the cascade's global layer over the built-in defaults: what a plain model (no combo)
     #: waits and queues by
     routing_defaults: ComboConfig = field(default_factory=ComboConfig)
+    #: quota-share combos minted on first use for a model only wildcard members serve
+    #: (``models: ["*"]``), by name; bounded by :data:`MAX_WILDCARD_COMBOS`
+    wildcard_combos: dict[str, Combo] = field(default_factory=dict, compare=False)
+    #: provider → the models its wildcard connections served (in order, bounded like the
+    #: combos): what ``/v1/models`` lists for a connection that names none
+    wildcard_asked: dict[str, dict[str, None]] = field(default_factory=dict, compare=False)
 
     @classmethod
     def build(
@@ -82,6 +92,24 @@ class Registry:
         found = self.combos.get(name)
         return found if found is not None else self.internal_combos.get(name)
 
+    def quota_share(self, pool: Pool, model: str) -> Combo | None:
+        """The ``qtSd/<pool>/<model>`` combo that shares ``model`` among the pool's members:
+        minted with the snapshot for every model a member names; for a model only wildcard
+        members (``models: ["*"]``) serve, minted on its first request and kept with this
+        snapshot (at most :data:`MAX_WILDCARD_COMBOS`; past that, minted per request, which
+        costs O(members)), so a wildcard pool shares its load like a named one."""
+        name = qtsd_name(pool.id, model)
+        combo = self.internal_combos.get(name) or self.wildcard_combos.get(name)
+        if combo is not None:
+            return combo
+        members = [self.connections[c] for c in pool.connections if c in self.connections]
+        if not any(ANY_MODEL in c.models for c in members):
+            return None
+        combo = quota_share_combo(pool.id, model, members)
+        if combo is not None and len(self.wildcard_combos) < MAX_WILDCARD_COMBOS:
+            self.wildcard_combos[name] = combo
+        return combo
+
     def authenticate(self, secret: str) -> ClientKey | None:
         """The enabled key whose hash matches. The dict lookup is by hash (no secret prefix is
         ever compared), and the final compare is constant-time."""
@@ -123,7 +151,25 @@ class Registry:
             return model, tuple(
                 c for c in self.by_provider[self.default_provider] if c.serves(model)
             )
+        # no connection names it and no default provider: the wildcard connections
+        # (``models: ["*"]``) serve it when they are all of one provider (a bare name cannot
+        # choose between providers: ``provider/model`` does)
+        wild = tuple(
+            c for conns in self.by_provider.values() for c in conns if ANY_MODEL in c.models
+        )
+        if wild and len({c.provider for c in wild}) == 1:
+            return model, wild
         return model, ()
+
+    def served_by_wildcard(self, conn: Connection, model: str) -> None:
+        """``conn`` answered ``model`` with a 200: when only its wildcard serves it, remember
+        the model for ``/v1/models`` (only what an upstream served, so a client cannot put
+        names in another key's list; bounded). O(1)."""
+        if model in conn.models or ANY_MODEL not in conn.models:
+            return
+        asked = self.wildcard_asked.setdefault(conn.provider, {})
+        if model not in asked and len(asked) < MAX_WILDCARD_COMBOS:
+            asked[model] = None
 
 
 def mint_quota_share_combos(

@@ -86,25 +86,26 @@ def test_each_window_is_charged_only_by_its_own_reading(
     token = login(codex_mock, "acct-cx")["access_token"]
     since = TEST_CLOCK.now_ms()
     gw = start_gateway(codex_config(codex_mock.url, token, keys, pools))
-    r = chat(gw, keys["a"])  # the baseline reading: one request's worth
+    r = chat(gw, keys["a"])  # the baseline reading: one request's worth (this one)
     assert r.status_code == 200, r.text
     assert r.json()["choices"][0]["message"]["content"].startswith("mock reply: x")
     assert r.json()["usage"]["total_tokens"] == TOKENS_PER_REQUEST
     TEST_CLOCK.advance(1_100, gw, codex_mock)  # readings are taken at most once a second
-    assert chat(gw, keys["a"]).status_code == 200  # reads 2 steps: +1 step, all a's tokens
+    assert chat(gw, keys["a"]).status_code == 200  # reads 2 steps: +1 step, its own: a's
     for who in ("a", "b"):  # not read (same second): their tokens split the next rise
         r = chat(gw, keys[who])
         assert r.status_code == 200, r.text
     TEST_CLOCK.advance(1_100, gw, codex_mock)
-    assert chat(gw, keys["b"]).status_code == 200  # reads 5 steps: +3, split a 2 : b 1
+    # reads 5 steps: +3, split a 1 : b 2 (the request whose answer reported it counts too)
+    assert chat(gw, keys["b"]).status_code == 200
     usage = httpx.get(gw.url + "/api/quota/pools/cx/usage", headers=ADMIN).json()
     by = {d["key"]: {k["keyId"]: k["consumed"] for k in d["keys"]} for d in usage["dimensions"]}
-    assert_window_count(by["percent/5h"]["a"], 3 * FIVE_H_STEP, "5h", since)
-    assert_window_count(by["percent/5h"]["b"], 1 * FIVE_H_STEP, "5h", since)
+    assert_window_count(by["percent/5h"]["a"], 2 * FIVE_H_STEP, "5h", since)
+    assert_window_count(by["percent/5h"]["b"], 2 * FIVE_H_STEP, "5h", since)
     # the weekly reading rose by a fifth as much: the weekly counter holds exactly that, and
     # none of it landed on the 5-hour one (which holds exactly the 5-hour rises above)
-    assert_window_count(by["percent/weekly"]["a"], 3 * WEEK_STEP, "weekly", since)
-    assert_window_count(by["percent/weekly"]["b"], 1 * WEEK_STEP, "weekly", since)
+    assert_window_count(by["percent/weekly"]["a"], 2 * WEEK_STEP, "weekly", since)
+    assert_window_count(by["percent/weekly"]["b"], 2 * WEEK_STEP, "weekly", since)
 
 
 def test_responses_client_through_a_codex_pool(

@@ -104,6 +104,7 @@ def test_provider_reset_on_the_pool_page_and_a_blocked_credential_warning(
     entry = banner.locator('[data-oauth="codex-1"]')
     expect(entry).to_contain_text("codex-1: blocked (auth)")
     expect(entry).to_contain_text("invalid_grant")
+    expect(entry).to_contain_text("Log in again")  # the credential gate's action (issue 44)
     page.get_by_role("link", name="Health").click()  # above every page, not only the pools'
     expect(page.locator("#store-status")).to_have_text("reachable")
     expect(entry).to_be_visible()

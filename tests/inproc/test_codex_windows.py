@@ -208,10 +208,15 @@ async def test_codex_pool_turns_strict_blocks_by_share_and_rolls_over_at_the_pro
         # the weekly window did not reset: its counts stay
         assert consumed(after, "percent/weekly") == week
         assert week["alice"] > 0
-        r = await ask(ALICE)
+        # (to the anchoring account: codex-2's window resets 1.1 s later, so its reading now
+        # would restate its running window, which writes nothing)
+        pin = {"x-fairgate-pin": "codex/gpt-5-codex@codex-1"}
+        r = await h.chat("codex", key=ALICE, headers=pin)
         assert r.status_code == 200, r.text
-        # the account's new window is the next one at the same phase: one write moves the
-        # stated reset along, the bucket in use stays
+        await h.settle_background()
+        assert backend.served[-1] == "codex-1"
+        # the anchoring account's new window is the next one at the same phase: one write
+        # moves the stated reset along, the bucket in use stays
         assert sorted(writes) == ["percent/5h", "percent/5h", "percent/weekly"]
         assert (await usage())["percent/5h"]["resetsAtMs"] == reset_5h + FIVE_H
 

@@ -42,11 +42,14 @@ async def test_no_settle_task_without_a_reservation_but_tokens_counted(
         settles.append(conn.id)
         return real_settle(svc, res, conn, *rest)
 
-    def spy_tokens(self: ProviderSignals, conn_id: str, key_id: str, tokens: float) -> None:
+    def spy_tokens(
+        self: ProviderSignals, conn_id: str, key_id: str, tokens: float, reading: Any
+    ) -> list[Any]:
         counted.append((conn_id, key_id, tokens))
+        return []
 
     monkeypatch.setattr(attempt, "_settle", spy_settle)
-    monkeypatch.setattr(ProviderSignals, "add_tokens", spy_tokens)
+    monkeypatch.setattr(ProviderSignals, "attribute", spy_tokens)
     cfg = base_config([conn("free", models=("a",)), conn("pooled", models=("b",))], pools=[POOL])
     async with gateway(tmp_path, cfg, ManualTimer(), _answer) as h:
         for model in ("a", "b"):

@@ -49,7 +49,9 @@ async def test_n_choices_are_reserved_and_cannot_overrun_the_pool(tmp_path: Path
     cfg = base_config([conn("c1")], pools=[_pool(10_000)])
     async with gateway(tmp_path, cfg, ManualTimer(), _billing) as h:
         r = await h.chat("m", n=128, max_tokens=100)
-        assert r.status_code == 429, r.text  # 12,800 output tokens do not fit in 10,000
+        # 12,800 output tokens never fit in the pool's 10,000: too large, not "retry later"
+        assert r.status_code == 413, r.text
+        assert r.json()["error"]["code"] == "request_too_large"
         assert h.upstream.requests == []  # refused before anything was billed
         r = await h.chat("m", n=4, max_tokens=100)
         assert r.status_code == 200, r.text

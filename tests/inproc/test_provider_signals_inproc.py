@@ -86,11 +86,11 @@ async def test_percent_plan_charged_by_token_share(tmp_path: Path) -> None:
     timer = ManualTimer()
     mock = MockUpstream(requests_limit=1500, unified_5h=0.10, clock=timer.clock)
     async with gateway(tmp_path, config(pool, {"a": a, "b": b}), timer, mock) as h:
-        # the first answer carries the baseline reading (10 %); its tokens were used after the
-        # reading was taken, so they count in the next interval, with the two that follow
+        # the first answer carries the baseline reading (10 %), which already counts that
+        # request: its tokens are in the baseline (issue 44, item 3)
         assert (await chat(h, a, "claude-sonnet-4")).status_code == 200
         timer.advance(1_100)
-        for _ in range(2):  # a: 3 equal requests in the interval, b: 1
+        for _ in range(2):  # a: 2 equal requests in the interval, b: 2 with the reading's own
             assert (await chat(h, a, "claude-sonnet-4")).status_code == 200
         assert (await chat(h, b, "claude-sonnet-4")).status_code == 200
         mock.unified_5h = 0.14
@@ -98,5 +98,6 @@ async def test_percent_plan_charged_by_token_share(tmp_path: Path) -> None:
         assert (await chat(h, b, "claude-sonnet-4")).status_code == 200  # reads 14 %: +4
         usage = (await h.client.get("/api/quota/pools/pct/usage", headers=ADMIN)).json()
         consumed = {k["keyId"]: k["consumed"] for k in usage["dimensions"][0]["keys"]}
-        # the 4 points split 3:1 by tokens, exactly (the clock stays inside one 5-hour bucket)
-        assert consumed == pytest.approx({"a": 3.0, "b": 1.0}, rel=1e-6)
+        # the 4 points split 2:2 by tokens, the request whose answer read them included,
+        # exactly (the clock stays inside one 5-hour bucket)
+        assert consumed == pytest.approx({"a": 2.0, "b": 2.0}, rel=1e-6)

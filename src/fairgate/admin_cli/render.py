@@ -124,7 +124,8 @@ def usage_view(usage: JSON) -> Group:
 
 def connections_table(conns: Sequence[JSON]) -> Table:
     t = Table(title=f"Connections ({len(conns)})")
-    for col in ("id", "provider", "protocol", "base URL", "models", "pool", "enabled", "secret"):
+    cols = ("id", "provider", "protocol", "base URL", "models", "pool", "enabled", "secret")
+    for col in (*cols, "credential"):
         t.add_column(col)
     for c in conns:
         t.add_row(
@@ -136,8 +137,17 @@ def connections_table(conns: Sequence[JSON]) -> Table:
             c.get("pool") or "—",
             "yes" if c["enabled"] else "[red]no[/]",
             "set" if c["hasSecret"] else "[yellow]none[/]",
+            _credential(c.get("credential")),
         )
     return t
+
+
+def _credential(cred: JSON | None) -> str:
+    """The credential gate's word on a connection: ok, or what an admin must do about it
+    (``log in again``) and why; requests skip the connection until then."""
+    if not cred or cred.get("usable", True):
+        return "ok"
+    return f"[red]{cred.get('action')}[/] ({cred.get('problem')})"
 
 
 def connection_test(res: JSON) -> Table:

@@ -300,10 +300,12 @@
   function authProblem(a) {
     const since = a.sinceMs ? ` since ${when(a.sinceMs)}` : "";
     const reason = a.reason || "no reason given";
-    if (a.state === "blocked") return `${a.connectionId}: blocked (auth)${since}: ${reason}. Until new tokens are supplied, requests routed to it fail over or fail.`;
+    // the credential gate's action ("log in again"): requests skip the connection until then
+    const act = a.action ? ` Log in again: ${a.connectionId} is skipped until then.` : "";
+    if (a.state === "blocked") return `${a.connectionId}: blocked (auth)${since}: ${reason}.${act || " Until new tokens are supplied, requests routed to it fail over or fail."}`;
     const expired = a.expiresAtMs !== null && a.expiresAtMs !== undefined && a.expiresAtMs <= Date.now();
     const token = a.expiresAtMs ? (expired ? "its access token has expired" : `its access token is valid until ${when(a.expiresAtMs)}`) : "";
-    return `${a.connectionId}: ${a.state}${since}: ${reason}${token ? `; ${token}` : ""}.`;
+    return `${a.connectionId}: ${a.state}${since}: ${reason}${token ? `; ${token}` : ""}.${act}`;
   }
 
   function pageError(message) {

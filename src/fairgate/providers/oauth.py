@@ -88,6 +88,9 @@ def chatgpt_account_id(access_token: str) -> str | None:
 
 DEFAULT_REFRESH_AHEAD_MS = 5 * 60_000
 DEFAULT_RETRY_MS = 30_000
+#: How often a blocked connection's stored tokens are read again (a login through another
+#: replica lifts the block there): the credential gate skips it meanwhile without any I/O.
+RECHECK_BLOCKED_MS = 5_000
 
 
 class RefreshRejected(Exception):
@@ -196,6 +199,7 @@ class _State:
     refreshes: int = 0
     degraded: str | None = None
     since_ms: int = 0
+    recheck_at_ms: int = 0  # a blocked connection's next read of the store
 
 
 class OAuthTokens:
@@ -255,7 +259,11 @@ class OAuthTokens:
         st = self._state(connection_id)
         tokens = await self._store.load(connection_id)
         if tokens is None:
-            raise OAuthBlocked(connection_id, "no OAuth tokens stored for this connection")
+            # known unusable until someone logs in: the credential gate skips it, and a later
+            # read that finds tokens lifts this (rejected_refresh None ≠ any token)
+            st.rejected_refresh = None
+            self._set(st, blocked="no OAuth tokens stored for this connection")
+            raise OAuthBlocked(connection_id, st.blocked or "")
         if st.blocked is not None and tokens.refresh_token != st.rejected_refresh:
             self._set(st, blocked=None)
         st.tokens = tokens
@@ -361,14 +369,35 @@ class OAuthTokens:
         self._set(st)
 
     def health(self) -> list[AuthHealth]:
-        out = []
-        for cid, st in sorted(self._states.items()):
-            state = "blocked" if st.blocked else "degraded" if st.degraded else "ok"
-            exp = st.tokens.expires_at_ms if st.tokens is not None else None
-            out.append(
-                AuthHealth(cid, state, st.blocked or st.degraded, exp, st.refreshes, st.since_ms)
-            )
-        return out
+        return [self._health(cid, st) for cid, st in sorted(self._states.items())]
+
+    @staticmethod
+    def _health(cid: str, st: _State) -> AuthHealth:
+        state = "blocked" if st.blocked else "degraded" if st.degraded else "ok"
+        exp = st.tokens.expires_at_ms if st.tokens is not None else None
+        return AuthHealth(cid, state, st.blocked or st.degraded, exp, st.refreshes, st.since_ms)
+
+    def standing(self, connection_id: str) -> AuthHealth | None:
+        """One connection's health (None when not managed): a dict lookup, for the credential
+        gate of every attempt."""
+        st = self._states.get(connection_id)
+        return None if st is None else self._health(connection_id, st)
+
+    async def recheck(self, connection_id: str) -> None:
+        """A blocked connection reads its stored tokens again, at most every
+        :data:`RECHECK_BLOCKED_MS`: new tokens (a login through another replica, a restored
+        store) lift the block. Free for a connection that is not blocked."""
+        st = self._states.get(connection_id)
+        if st is None or st.blocked is None:
+            return
+        now = self._clock.now_ms()
+        if now < st.recheck_at_ms:
+            return
+        st.recheck_at_ms = now + RECHECK_BLOCKED_MS
+        try:
+            await self._current(connection_id)
+        except Exception:  # still blocked, or the store failed to answer: the block stays
+            return
 
     def forget(self, connection_id: str) -> None:
         self._states.pop(connection_id, None)

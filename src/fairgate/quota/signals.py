@@ -4,9 +4,13 @@ Our counters only see traffic that went through this gateway; the provider sees 
 (other tools on the same account, other replicas before they synced). Its rate-limit headers are
 therefore the better judge of how full an account is:
 
-- ``SaturationSignals`` keeps the latest used fractions per connection for 30 s and hands the
-  fair-share engine, per pool dimension, the fullest member's fraction; the engine takes the max
-  of that and its own total/limit, so a pool goes strict when the provider says it is filling.
+- ``SaturationSignals`` keeps the latest used fraction per connection and limit until a newer
+  reading replaces it or the provider's own reset time for that limit passes (a Codex 5-hour
+  reading holds until its ``reset-at``, an OpenAI request limit until its ``reset-requests``;
+  a limit stated without a reset holds ``ttl_ms``, 30 s), and hands the fair-share engine, per
+  pool dimension, the fullest member's fraction; the engine takes the max of that and its own
+  total/limit, so a pool goes strict when the provider says it is filling, and stays so after
+  an idle spell until the provider's window really resets (issue 44, item 6).
 - ``AccountBuckets`` remembers, per connection, whether the 5-hour, 7-day or per-model-family
   7-day subscription window is exhausted, or the request or token limit of the model's family
   (OpenAI's ``x-ratelimit-*``, Anthropic's ``anthropic-ratelimit-*``: remaining 0), so
@@ -30,7 +34,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple, TypeVar, cast
 
 from fairgate.clock import Clock
-from fairgate.domain.readings import RateLimitSnapshot, count_limits, used_fractions
+from fairgate.domain.readings import RateLimitSnapshot, count_limits
 
 __all__ = [
     "LIMIT_BUCKET",
@@ -62,8 +66,37 @@ def _touch(store: dict[str, Any], key: str, value: Any, cap: int) -> None:
 
 @dataclass(frozen=True, slots=True)
 class _Reading:
-    at_ms: int
+    """A connection's latest fraction per limit and until when each holds (the provider's
+    reset, else the reading's time + ttl)."""
+
     fractions: dict[str, float]
+    until: dict[str, int]
+
+    @property
+    def expires_ms(self) -> int:
+        return max(self.until.values())
+
+    @property
+    def first_expiry_ms(self) -> int:
+        return min(self.until.values())
+
+
+def _fractions_until(
+    snap: RateLimitSnapshot, now_ms: int, ttl_ms: int
+) -> dict[str, tuple[float, int]]:
+    """``{"requests" | "tokens" | "percent/<window>": (used fraction, holds until)}``: until the
+    limit's stated reset when it is ahead, else ``ttl_ms`` from now."""
+
+    def until(reset_ms: int | None) -> int:
+        return reset_ms if reset_ms is not None and reset_ms > now_ms else now_ms + ttl_ms
+
+    out = {unit: (used, until(reset)) for unit, (used, reset) in count_limits(snap).items()}
+    for reading in snap.percent_windows:
+        key = reading.counter
+        prev = out.get(key)
+        used = reading.used if prev is None else max(prev[0], reading.used)
+        out[key] = (used, until(reading.reset_ms))
+    return out
 
 
 class _PoolAnswer(NamedTuple):
@@ -75,7 +108,8 @@ class _PoolAnswer(NamedTuple):
 
 
 class SaturationSignals:
-    """The provider's used fraction per connection and dimension, valid for ``ttl_ms``."""
+    """The provider's used fraction per connection and dimension, held until the limit's
+    stated reset (``ttl_ms`` when none is stated)."""
 
     __slots__ = ("_clock", "_max", "_memo", "_readings", "_version", "ttl_ms")
 
@@ -102,32 +136,42 @@ class SaturationSignals:
         return not self._readings
 
     def update(self, connection_id: str, snap: RateLimitSnapshot) -> None:
-        """Record a response's snapshot. A snapshot reporting nothing usable keeps the previous
-        reading (its age still counts from when it was taken)."""
-        fractions = used_fractions(snap)
-        if fractions:
-            _touch(
-                self._readings, connection_id, _Reading(self._clock.now_ms(), fractions), self._max
-            )
-            self._version += 1
+        """Record a response's snapshot: each limit it reports replaces that limit's previous
+        reading; the limits it does not report keep theirs (until their own reset)."""
+        now = self._clock.now_ms()
+        found = _fractions_until(snap, now, self.ttl_ms)
+        if not found:
+            return
+        old = self._fresh(connection_id, now)
+        fractions = (
+            {} if old is None else {k: v for k, v in old.fractions.items() if old.until[k] >= now}
+        )
+        until = {} if old is None else {k: old.until[k] for k in fractions}
+        for key, (used, holds) in found.items():
+            fractions[key], until[key] = used, holds
+        _touch(self._readings, connection_id, _Reading(fractions, until), self._max)
+        self._version += 1
 
     def _fresh(self, connection_id: str, now_ms: int) -> _Reading | None:
         reading = self._readings.get(connection_id)
         if reading is None:
             return None
-        if now_ms - reading.at_ms > self.ttl_ms:
-            del self._readings[connection_id]  # expired: drop lazily
+        if now_ms > reading.expires_ms:
+            del self._readings[connection_id]  # every limit reset: drop lazily
             self._version += 1
             return None
         return reading
 
     @staticmethod
-    def _pick(fractions: dict[str, float], unit: str, window: str) -> float:
+    def _pick(reading: _Reading, unit: str, window: str, now_ms: int) -> float:
         if unit == "percent":
-            return fractions.get(f"percent/{window}", 0.0)
-        if unit in ("requests", "tokens"):
-            return fractions.get(unit, 0.0)
-        return 0.0
+            key = f"percent/{window}"
+        elif unit in ("requests", "tokens"):
+            key = unit
+        else:
+            return 0.0
+        held = reading.until.get(key)
+        return reading.fractions[key] if held is not None and now_ms <= held else 0.0
 
     def fraction(self, connection_id: str, unit: str, window: str) -> float:
         """Used fraction the provider reported for ``unit``/``window`` on this connection.
@@ -135,10 +179,11 @@ class SaturationSignals:
         ``percent/<window>`` ← the provider's reading of that window (Anthropic unified 5h/7d,
         Codex primary/secondary named by their length); ``requests/*``
         and ``tokens/*`` ← 1 - remaining/limit (the provider's own window, whatever ours is).
-        0.0 when unknown or older than the ttl.
+        0.0 when unknown, or past the limit's reset (or, without one, older than the ttl).
         """
-        reading = self._fresh(connection_id, self._clock.now_ms())
-        return 0.0 if reading is None else self._pick(reading.fractions, unit, window)
+        now = self._clock.now_ms()
+        reading = self._fresh(connection_id, now)
+        return 0.0 if reading is None else self._pick(reading, unit, window, now)
 
     def for_pool(
         self, connection_ids: tuple[str, ...], dimension_keys: tuple[str, ...]
@@ -162,8 +207,9 @@ class SaturationSignals:
         out: dict[str, float] = {}
         for key in dimension_keys:
             unit, _, window = key.partition("/")
-            out[key] = max((self._pick(r.fractions, unit, window) for r in found), default=0.0)
-        until = min((r.at_ms for r in found), default=now) + self.ttl_ms
+            out[key] = max((self._pick(r, unit, window, now) for r in found), default=0.0)
+        # the answer holds until the first limit it was built from resets
+        until = min((r.first_expiry_ms for r in found), default=now)
         if len(self._memo) >= self._max:
             self._memo.clear()  # bounded: one entry per pool shape in use
         self._memo[memo_key] = _PoolAnswer(self._version, until, out)
@@ -335,6 +381,28 @@ class AccountBuckets:
             self._saturated(buckets, f"7d:{family}", now)
             or self._saturated(buckets, f"{LIMIT_BUCKET}:{family}", now)
         )
+
+    def saturated_until(self, connection_id: str, model: str) -> int | None:
+        """When the connection can serve ``model`` again by its account's own windows: the
+        latest stated reset among its saturated buckets (the ones :meth:`is_saturated` reads);
+        None when none is saturated or none stated its reset. A resilience cooldown is capped
+        at an hour; this is what the provider said (issue 44, item 4)."""
+        buckets = self._buckets.get(connection_id)
+        if not buckets:
+            return None
+        now = self._clock.now_ms()
+        family = family_of(model)
+        names = ["5h", "7d", LIMIT_BUCKET, f"requests:{family or '*'}", f"tokens:{family or '*'}"]
+        if family is not None:
+            names += [f"7d:{family}", f"{LIMIT_BUCKET}:{family}"]
+        resets = [
+            state.reset_ms
+            for name in names
+            if self._saturated(buckets, name, now)
+            and (state := buckets.get(name)) is not None
+            and state.reset_ms is not None
+        ]
+        return max(resets, default=None)
 
     def buckets(self, connection_id: str) -> dict[str, BucketState]:
         """A copy of the connection's buckets (for the dashboard and health API)."""

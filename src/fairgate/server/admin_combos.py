@@ -63,7 +63,8 @@ def _read_only(name: str) -> AdminError:
 
 
 def _internal(gw: Gateway, name: str) -> Combo:
-    combo = gw.registry.internal_combos.get(name)
+    reg = gw.registry
+    combo = reg.internal_combos.get(name) or reg.wildcard_combos.get(name)
     if combo is None:
         raise AdminError(404, f"combo '{name}' not found")
     return combo
@@ -78,7 +79,8 @@ async def list_combos(
 ) -> list[ComboOut]:
     out = [_user_out(rec) for rec in ComboRepo(gw.db, gw.clock).all()]
     if internal:
-        minted = gw.registry.internal_combos
+        # with those of wildcard pools, minted at their model's first request
+        minted = {**gw.registry.wildcard_combos, **gw.registry.internal_combos}
         out.extend(_internal_out(minted[name]) for name in sorted(minted))
     return out
 

@@ -582,9 +582,13 @@ class ConnectionOut(ApiModel):
     billing_fields: list[str]
     has_secret: bool
     pool: str | None
+    #: the credential gate's word: ``{"usable", "problem", "action"}`` (``log in again``)
+    credential: dict[str, object] | None = None
 
     @classmethod
-    def of(cls, c: Connection, pool: str | None) -> ConnectionOut:
+    def of(
+        cls, c: Connection, pool: str | None, credential: dict[str, object] | None = None
+    ) -> ConnectionOut:
         return cls(
             id=c.id,
             provider=c.provider,
@@ -599,6 +603,7 @@ class ConnectionOut(ApiModel):
             billing_fields=list(c.billing_fields),
             has_secret=bool(c.secret),
             pool=pool,
+            credential=credential,
         )
 
 

@@ -397,7 +397,10 @@ async def preview(
     alloc = p.allocation(key)
     effective = alloc or Allocation(key, 0.0, policy=Policy.HARD)
     threshold = gw.quota_settings.saturation_threshold
-    cost = {Unit.REQUESTS: requests, Unit.TOKENS: tokens, Unit.USD: usd}
+    # the percent a request of these tokens is priced at, as admission prices it (issue 44,
+    # item 1: the preview and admission must not disagree about the same request)
+    percent = gw.percent_estimate(p, tokens)
+    cost = {Unit.REQUESTS: requests, Unit.TOKENS: tokens, Unit.USD: usd, Unit.PERCENT: percent}
     store = gw.engine.store
     now = gw.clock.now_ms()
     try:

@@ -20,6 +20,7 @@ from fairgate.domain.connections import AuthType, Connection, protocol_for
 from fairgate.domain.keys import ClientKey
 from fairgate.providers.probe import probe_connection
 from fairgate.providers.upstream import UpstreamClient
+from fairgate.server import credentials
 from fairgate.server.admin_common import (
     ERROR_RESPONSES,
     GW,
@@ -96,7 +97,9 @@ def _origin_change_needs_credentials(c: Connection, body: ConnectionPatch) -> No
 
 
 def _conn_out(gw: Gateway, c: Connection) -> ConnectionOut:
-    return ConnectionOut.of(c, gw.connections().pool_of(c.id))
+    tokens = None if gw.oauth is None else gw.oauth.tokens
+    verdict = credentials.verdict(c, tokens, gw.clock.now_ms())
+    return ConnectionOut.of(c, gw.connections().pool_of(c.id), verdict.as_json())
 
 
 @router.get("/connections", tags=["connections"])

@@ -18,12 +18,12 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Mount, Route
 
-from fairgate.providers.oauth import OAuthTokens
+from fairgate.providers.oauth import AuthHealth, OAuthTokens
 from fairgate.providers.pricing import PriceTable
 from fairgate.providers.transport import Upstream
 from fairgate.providers.upstream import UpstreamClient
 from fairgate.quota.model import unenforced_pools
-from fairgate.server import proxy, responses_edge, tracing
+from fairgate.server import credentials, proxy, responses_edge, tracing
 from fairgate.server.admin import create_admin_app
 from fairgate.server.admin_common import error_response as admin_error_response
 from fairgate.server.call import Services
@@ -38,6 +38,17 @@ from fairgate.server.provider_signals import ProviderSignals
 from fairgate.server.state import Gateway
 
 Hook = Callable[[], Awaitable[None]]
+
+
+def _auth_json(gw: Gateway, tokens: OAuthTokens, health: AuthHealth) -> dict[str, object]:
+    """One OAuth connection's health with the credential gate's word on it: ``usable`` false
+    while requests skip it, and ``action`` ("log in again") for the admin."""
+    out = health.as_json()
+    conn = gw.registry.connections.get(health.connection_id)
+    if conn is not None:
+        verdict = credentials.verdict(conn, tokens, gw.clock.now_ms())
+        out["usable"], out["action"] = verdict.usable, verdict.action
+    return out
 
 
 def _memory_sizes(svc: Services, gw: Gateway) -> dict[str, int]:
@@ -101,6 +112,7 @@ def create_app(
         if isinstance(services.upstream, UpstreamClient):  # the in-process one has no OAuth
             services.upstream.oauth = await start_oauth(gw, services.upstream)
         gw.signals_source = services.signals.for_pool
+        gw.percent_estimator = services.signals.percent_estimate
         gw.target_metrics = services.target_metrics
         gw.fallback_counts = services.fallbacks
         app.state.services = services
@@ -170,7 +182,7 @@ def create_app(
             }
         oauth = svc.upstream.oauth if isinstance(svc.upstream, UpstreamClient) else None
         if isinstance(oauth, OAuthTokens) and oauth.health():  # states, reasons, expiry times
-            body["oauth"] = [h.as_json() for h in oauth.health()]
+            body["oauth"] = [_auth_json(gw, oauth, h) for h in oauth.health()]
         return Response(orjson.dumps(body), media_type="application/json")
 
     # the client API: served by GatewayApp's fast lane; also routed below, so that a wrong

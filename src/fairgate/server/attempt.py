@@ -28,6 +28,7 @@ from fairgate.domain.readings import RateLimitSnapshot
 from fairgate.domain.units import Unit
 from fairgate.providers.translate import CannotCarry
 from fairgate.providers.transport import TRANSPORT_ERRORS, UpstreamResponse
+from fairgate.providers.upstream import UpstreamAuthUnavailable
 from fairgate.providers.usage import Usage
 from fairgate.providers.wire_loss import OMITTED_HEADER
 from fairgate.quota.engine import Admission, QuotaEngine
@@ -46,7 +47,7 @@ from fairgate.server.diagnostics import Diagnostics
 from fairgate.server.errors import ApiError
 from fairgate.server.exchange import EXCHANGES, Exchange, quality_problem, stream_error_event
 from fairgate.server.logs import MASK, REDACTOR, REQUEST_ID
-from fairgate.server.provider_signals import PercentCharge
+from fairgate.server.provider_signals import PercentCharge, Reading
 from fairgate.server.reservation import Reservation
 from fairgate.server.validation import validation_problem
 
@@ -105,6 +106,11 @@ def _output_bound(call: Call, pool: Pool | None, res: Reservation) -> int | None
     return call.max_output
 
 
+#: Our own credential is unusable (found out by this attempt; the credential gate skips the
+#: connection from here on): nothing reached the provider, so nothing counts against it.
+_CREDENTIAL_VERDICT = Classification(FailureClass.AUTH, retry_elsewhere=True, signal="credential")
+
+
 def _encoded(
     call: Call, exchange: Exchange, conn: Connection, upstream_model: str, bound: int | None
 ) -> tuple[bytes, bool] | ApiError:
@@ -150,6 +156,7 @@ async def _attempt_on(
     payload, wants_usage = encoded
     t_send = time.perf_counter()
     sent_ms = svc.gw.clock.now_ms()  # the injected clock: what the evidence rule measures
+    reading: Reading | None = None  # the answer's provider reading, attributed at settlement
 
     async def fail(
         kind: str,
@@ -163,11 +170,23 @@ async def _attempt_on(
     ) -> ApiError:
         lease.release()
         if settle_usage is not None:  # the upstream did the work: charge it even though it failed
-            await _settle(svc, res, conn, call, upstream_model, settle_usage)
+            await _settle(svc, res, conn, call, upstream_model, settle_usage, reading)
         else:
             await res.release()
-        verdict = await _report_failure(
-            call, conn, upstream_model, status, body, headers, exc, sent_ms=sent_ms, request=payload
+        verdict = (
+            _CREDENTIAL_VERDICT
+            if kind == "credential"
+            else await _report_failure(
+                call,
+                conn,
+                upstream_model,
+                status,
+                body,
+                headers,
+                exc,
+                sent_ms=sent_ms,
+                request=payload,
+            )
         )
         err = _for_the_client(err, status, verdict)
         cls = verdict.cls.value
@@ -194,6 +213,17 @@ async def _attempt_on(
 
     try:
         resp = await svc.upstream.post(conn, path, payload, call.headers)
+    except UpstreamAuthUnavailable as exc:
+        log.warning("upstream credential unusable", extra={"connection": conn.id})
+        return await fail(
+            "credential",
+            ApiError(
+                503,
+                f"The credential of connection '{conn.id}' is unusable: an admin must log in again",
+                code="credential_unusable",
+            ),
+            exc=exc,
+        )
     except TRANSPORT_ERRORS as exc:
         log.warning(
             "upstream unreachable", extra={"connection": conn.id, "error": type(exc).__name__}
@@ -207,9 +237,10 @@ async def _attempt_on(
             ),
             exc=exc,
         )
-    snap, charges = svc.signals.observe(
-        conn.id, upstream_model, resp.headers, force=resp.status >= 400
+    reading, charges = svc.signals.observe(
+        conn.id, upstream_model, resp.headers, force=resp.status >= 400, defer=resp.status < 400
     )
+    snap = None if reading is None else reading.snap
     if pool is not None and snap is not None:
         await _apply_readings(svc.gw.engine, pool, conn.id, snap, charges)
     if resp.status >= 400:
@@ -252,6 +283,7 @@ async def _attempt_on(
             lease,
             overhead,
             sent_ms,
+            reading,
         )
         streamed.raw_headers.extend(quota)
         return streamed
@@ -291,11 +323,11 @@ async def _attempt_on(
     headers["x-fairgate-overhead-ms"] = f"{overhead:.3f}"
     # settle after the answer is on its way: the client need not wait for our bookkeeping
     # (the reservation holds the quota meanwhile, so nothing can overshoot)
-    if res.open or tracing.active():
-        settle: Later | None = Later(_settle, svc, res, conn, call, upstream_model, usage)
+    if res.open or tracing.active() or reading is not None:
+        settle: Later | None = Later(_settle, svc, res, conn, call, upstream_model, usage, reading)
     else:  # nothing reserved (no pool), no span to record: no task, only the tokens to count
         settle = None
-        _count_tokens(svc, conn, call, usage)
+        _count_tokens(svc, conn, call, usage, reading)
     answer = Answer(
         out, headers=headers, background=settle, served_by=conn.id, overhead_ms=overhead
     )
@@ -368,6 +400,7 @@ async def _report_success(
         )
     tokens = 0 if usage is None else usage.prompt_tokens + usage.completion_tokens
     svc.record_attempt(cand, None, latency_ms, tokens)
+    svc.gw.registry.served_by_wildcard(cand.conn, cand.model)  # for /v1/models
 
 
 async def _primed(
@@ -609,16 +642,21 @@ def _redact(text: str, conn: Connection) -> str:
 
 
 def _count_tokens(
-    svc: Services, conn: Connection, call: Call, usage: Usage | None
-) -> tuple[Usage, float]:
+    svc: Services,
+    conn: Connection,
+    call: Call,
+    usage: Usage | None,
+    reading: Reading | None = None,
+) -> tuple[Usage, float, list[PercentCharge]]:
     """The usage to charge (the estimate when the upstream reported none) and its tokens, which
-    the percent attribution of ``conn`` counts for the key (a subscription's next reading is
-    split by them) whether or not a pool reserved anything."""
+    the percent attribution of ``conn`` counts for the key whether or not a pool reserved
+    anything; then the reading the answer carried is attributed, this request's own tokens
+    included (its rise is this request's: issue 44, item 3). Returns the percent charges."""
     if usage is None:
         usage = Usage(prompt_tokens=call.prompt_estimate, completion_tokens=call.output_reserved)
     tokens = float(usage.prompt_tokens + usage.completion_tokens)
-    svc.signals.add_tokens(conn.id, call.key.id, tokens)
-    return usage, tokens
+    charges = svc.signals.attribute(conn.id, call.key.id, tokens, reading)
+    return usage, tokens, charges
 
 
 @tracing.traced("fairgate.settle", tracing.settle_attrs, call_of=tracing.call_of_settle)
@@ -629,8 +667,14 @@ async def _settle(
     call: Call,
     upstream_model: str,
     usage: Usage | None,
+    reading: Reading | None = None,
 ) -> None:
-    usage, tokens = _count_tokens(svc, conn, call, usage)
+    usage, tokens, charges = _count_tokens(svc, conn, call, usage, reading)
+    if charges:
+        pool = svc.gw.registry.pool_by_connection.get(conn.id)
+        if pool is not None:
+            for ch in charges:
+                await svc.gw.engine.record(pool, ch.key_id, {ch.counter: ch.amount})
     if not res.open:  # no reservation to settle (no pool, or it ended already): no price
         return
     await res.settle(
@@ -656,6 +700,7 @@ def _stream_response(
     lease: Lease,
     overhead_ms: float,
     sent_ms: int,
+    reading: Reading | None = None,
 ) -> StreamingResponse:
     svc = call.svc
     route = call.route
@@ -678,8 +723,8 @@ def _stream_response(
             resp.release()
             lease.release()
             usage = tally.effective_usage()
-            if res.open or tracing.active():
-                svc.spawn(_settle(svc, res, conn, call, upstream_model, usage))
+            if res.open or tracing.active() or reading is not None:
+                svc.spawn(_settle(svc, res, conn, call, upstream_model, usage, reading))
             else:  # nothing reserved (no pool), no span to record: no task
                 _count_tokens(svc, conn, call, usage)
 

@@ -236,3 +236,8 @@ class ExecOptions:
     #: one side of a hedged request: an attempt cut off by the other side's win is charged
     #: its prompt (the upstream bills the work it started), not released
     charge_if_cancelled: bool = False
+    #: the candidates' order already weighs the soft penalty (a combo's strategy scored the
+    #: penalised targets × ``soft_factor``, SPEC §4): the executor keeps that order instead of
+    #: holding a penalised admission behind every unpenalised candidate, which would make the
+    #: factor meaningless (a penalised target priced 1 losing to one priced 100)
+    soft_ordered: bool = False

@@ -24,6 +24,7 @@ from starlette.responses import Response
 from fairgate.domain.connections import Connection
 from fairgate.domain.units import Unit
 from fairgate.providers.usage import Usage, estimate_prompt_tokens
+from fairgate.quota.decision import Reason
 from fairgate.quota.engine import ALLOW_UNGOVERNED, Admission
 from fairgate.quota.messages import block_message
 from fairgate.quota.model import Pool
@@ -35,7 +36,7 @@ from fairgate.routing import (
 from fairgate.routing.model import (
     GLOBAL_MAX_ATTEMPTS,
 )
-from fairgate.server import tracing
+from fairgate.server import credentials, tracing
 from fairgate.server.attempt import attempt, quota_headers
 from fairgate.server.call import Call, Candidate, ExecOptions
 from fairgate.server.client_http import ClientRequest
@@ -67,11 +68,13 @@ async def execute(
     A candidate is skipped when resilience excludes it (breaker open, cooling down, model locked,
     permanently blocked, rate-limited until a learned reset) or its pool blocks the key; one at
     its concurrency cap is queued for (FIFO, bounded) once nothing else is left; a soft admission
-    is held while an unpenalised candidate is looked for; after a failure the one failover rule
-    (:mod:`fairgate.resilience.failover`) retries, moves on or ends the request. When nothing
-    can be tried now but a target frees within ``max_wait_ms``, the request waits for it. When
-    nothing answers, the error says why, with diagnostics. Every reservation taken here is
-    settled by the answer or released on the way out, cancellation included.
+    is held while an unpenalised candidate is looked for, unless the order came from a combo's
+    strategy, which already scored the penalty (``ExecOptions.soft_ordered``); after a failure
+    the one failover rule (:mod:`fairgate.resilience.failover`) retries, moves on or ends the
+    request. When nothing can be tried now but a target frees within ``max_wait_ms``, the
+    request waits for it. When nothing answers, the error says why, with diagnostics. Every
+    reservation taken here is settled by the answer or released on the way out, cancellation
+    included.
     """
     run = _Execution(call, diag, opts or ExecOptions())
     try:
@@ -109,6 +112,8 @@ class _Execution:
         self.reservations: list[Reservation] = []
         self.blocked: list[Blocked] = []
         self.exclusions: list[Exclusion] = []
+        #: connections the credential gate skipped (``connection id: the admin's action``)
+        self.unusable: dict[str, str] = {}
         self.last_error: ApiError | None = None
         #: the soonest Retry-After (ms) of the 429s the attempts got: when every target failed,
         #: the first moment one of them said it may serve again
@@ -161,6 +166,7 @@ class _Execution:
             await self._sleep_until(wake)
             # a fresh pass: its own attempt cap (the waits bound how many passes there are)
             self.blocked, self.exclusions, self.blocked_pools = [], [], set()
+            self.unusable = {}
             self.full, self.failed = [], []
             self.attempts = 0
 
@@ -227,8 +233,8 @@ class _Execution:
             lease.release()
             return None
         more = bool(self.queue)  # a candidate at its cap cannot be tried now: not an option
-        if a.adm.penalized and self.held is None and more:
-            self.held = a  # soft: look for an unpenalised candidate first
+        if a.adm.penalized and self.held is None and more and not self.opts.soft_ordered:
+            self.held = a  # soft, unscored order: look for an unpenalised candidate first
             return None
         # a held admission stays until something answers: if the unpenalised candidates all
         # fail, it serves (it is released on the way out when it was not needed)
@@ -237,9 +243,17 @@ class _Execution:
     async def _admit(self, cand: Candidate, lease: Lease) -> _Admitted | None:
         conn, mgr = cand.conn, self.svc.gw.resilience
         now = self.svc.gw.clock.now_ms()
+        oauth = self.svc.gw.oauth
+        tokens = None if oauth is None else oauth.tokens
+        cred = await credentials.gate(conn, cand.model, tokens, now)
+        if not cred.usable:  # known unusable: never attempted, never counted against anything
+            self.unusable[conn.id] = f"{cred.action} ({cred.problem})"
+            self.diag.exclude(cand.label, f"credential:{cred.problem}")
+            return None
         if mgr is not None:
             excl = await mgr.check(conn.provider, conn.id, cand.model, conn.auth_type)
             if excl is not None:
+                excl = self._until_the_providers_reset(excl, cand)
                 self.exclusions.append(excl)
                 self.diag.exclude(cand.label, excl.reason, excl.until_ms, now)
                 return None
@@ -260,6 +274,16 @@ class _Execution:
         res = Reservation(svc.gw.engine, adm.ticket, svc.inflight, svc.spawn)
         self.reservations.append(res)  # released on the way out unless settled
         return _Admitted(cand, pool, adm, res, lease)
+
+    def _until_the_providers_reset(self, excl: Exclusion, cand: Candidate) -> Exclusion:
+        """A cooldown is capped at an hour, but an account that refused with its usage limit
+        (or whose window reading is full) stated when it resets: the target is unavailable
+        until then, and that is the Retry-After to give (issue 44, item 4: a client obeying
+        the cooldown's 3,599 s was refused again)."""
+        held = self.svc.signals.buckets.saturated_until(cand.conn.id, cand.model)
+        if held is None or excl.until_ms is None or held <= excl.until_ms:
+            return excl
+        return dataclasses.replace(excl, until_ms=held)
 
     async def _attempt(self, a: _Admitted) -> Response | None:
         """Attempts on one target (retries per the failover rule); None when it failed and
@@ -422,6 +446,7 @@ class _Execution:
             self.exclusions,
             self.last_error,
             self.soonest_retry_ms,
+            self.unusable,
         )
 
 
@@ -440,11 +465,28 @@ def _no_answer(
     exclusions: list[Exclusion],
     last_error: ApiError | None,
     soonest_retry_ms: int | None = None,
+    unusable: dict[str, str] | None = None,
 ) -> ApiError:
     """The error for a request nothing could serve, with its diagnostics. When every attempt
     was refused with a 429, the Retry-After is the soonest any of them stated (a Codex
-    ``usage_limit_reached`` states its reset in the body: see ``attempt``)."""
+    ``usage_limit_reached`` states its reset in the body: see ``attempt``). When the credential
+    gate skipped every candidate, the error names what an admin must do (log in again)."""
     now = call.svc.gw.clock.now_ms()
+    if (
+        unusable
+        and not blocked
+        and not exclusions
+        and (last_error is None or last_error.code == "credential_unusable")
+    ):
+        diag.terminal = Terminal.ALL_UNAVAILABLE
+        todo = "; ".join(f"{cid}: {action}" for cid, action in sorted(unusable.items()))
+        return diag.error(
+            503,
+            f"No upstream for '{call.model}' has a usable credential ({todo})",
+            code="credential_unusable",
+            terminal=Terminal.ALL_UNAVAILABLE,
+            type_="overloaded_error",
+        )
     if last_error is not None:
         diag.terminal = Terminal.UPSTREAM_FAILED
         if not blocked and exclusions == [] and last_error.status == 429:
@@ -455,7 +497,9 @@ def _no_answer(
     if blocked and not exclusions:
         diag.terminal = Terminal.QUOTA_BLOCKED
         err = _quota_blocked(blocked, call)
-        diag.retry_after_ms = int(err.headers["retry-after"]) * 1000
+        diag.retry_after_ms = _retry_ms(err)
+        if err.status == 413:  # too large for the pool: no wait helps, a smaller request does
+            diag.terminal = Terminal.CLIENT_ERROR
         return diag.attach(err)
     # every candidate excluded by resilience (maybe some by quota): the earliest one to free
     waits = [e.until_ms - now for e in exclusions if e.until_ms is not None]
@@ -542,6 +586,19 @@ def _quota_blocked(blocked: list[Blocked], call: Call) -> ApiError:
     best = min(blocked, key=lambda b: b.admission.retry_after_ms or math.inf)
     adm = best.admission
     assert adm.reason is not None
+    if adm.reason is Reason.GLOBAL_SATURATED and adm.retry_after_ms is None:
+        # the pool's window never frees enough: this request alone is more than its whole
+        # limit, so no wait helps (a 429 would have the client retry it for ever)
+        pool = call.svc.gw.registry.pool_by_connection.get(best.conn.id)
+        return ApiError(
+            413,
+            f"The request is too large for the pool{'' if pool is None else f' {pool.id!r}'}"
+            f": its estimate on {adm.dimension} is more than the pool's whole limit; reduce "
+            "the input or max_tokens",
+            code="request_too_large",
+            type_="invalid_request_error",
+            extra={"reason": adm.reason.value, "dimension": adm.dimension},
+        )
     retry_s = max(1, math.ceil((adm.retry_after_ms or 1000) / 1000))
     return ApiError(
         429,

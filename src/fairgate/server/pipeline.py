@@ -39,7 +39,6 @@ from fairgate.routing import (
     get_strategy,
     judge_messages,
     mode_of,
-    qtsd_name,
     saturation_gate,
     select_quota_share,
     step_messages,
@@ -72,9 +71,7 @@ async def route_plain(call: Call, upstream_model: str, conns: Sequence[Connectio
     if len(cands) > 1:
         pools = {reg.pool_by_connection.get(c.conn.id) for c in cands}
         pool = next(iter(pools)) if len(pools) == 1 else None
-        combo = (
-            None if pool is None else reg.internal_combos.get(qtsd_name(pool.id, upstream_model))
-        )
+        combo = None if pool is None else reg.quota_share(pool, upstream_model)
         if combo is not None:
             return await _quota_share(call, combo, upstream_model, cands, diag)
     return await executor.execute(call, cands, diag, _plain_options(reg))
@@ -468,6 +465,7 @@ async def _run(
         compression=cfg.context_compression,
         fit_context=True,
         charge_if_cancelled=charge_if_cancelled,
+        soft_ordered=True,  # the strategy's order weighs the soft penalty (× soft_factor)
     )
     if cfg.timeout_ms is None:
         return await executor.execute(call, cands, diag, opts)

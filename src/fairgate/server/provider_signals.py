@@ -27,6 +27,15 @@ _NO_SIGNALS: Mapping[str, float] = MappingProxyType({})
 
 
 @dataclass(frozen=True, slots=True)
+class Reading:
+    """A parsed snapshot and when it was taken (a later request's reading may be applied
+    first: the older one must not look like a window reset)."""
+
+    snap: RateLimitSnapshot
+    at_ms: int
+
+
+@dataclass(frozen=True, slots=True)
 class PercentCharge:
     key_id: str
     counter: str  # e.g. "percent/5h"
@@ -50,12 +59,17 @@ class ProviderSignals:
         headers: Mapping[str, str],
         *,
         force: bool = False,
-    ) -> tuple[RateLimitSnapshot | None, list[PercentCharge]]:
-        """Feed one upstream response's headers; returns the snapshot and percent charges due.
+        defer: bool = False,
+    ) -> tuple[Reading | None, list[PercentCharge]]:
+        """Feed one upstream response's headers; returns the reading and percent charges due.
 
-        Readings live 30 s and move slowly, so a connection's headers are parsed at most once
-        per ``min_interval_ms`` (parsing every answer cost more than the rest of the hot path's
-        bookkeeping); ``force`` (error answers) always parses.
+        Readings move slowly (each holds until the provider's stated reset of its limit), so a
+        connection's headers are parsed at most once per
+        ``min_interval_ms`` (parsing every answer cost more than the rest of the hot path's
+        bookkeeping); ``force`` (error answers) always parses. With ``defer`` (an answer that
+        will settle) nothing is attributed now: the reading counts the request it answers, so
+        :meth:`attribute` charges its rise when that request's own tokens are known; without
+        it (a refused request, which used nothing) the rise is attributed at once.
         """
         now = self.clock.now_ms()
         last = self._parsed.get(connection_id)
@@ -67,16 +81,33 @@ class ProviderSignals:
             return None, []
         self.saturation.update(connection_id, snap)
         self.buckets.observe_snapshot(connection_id, model, snap)
+        reading = Reading(snap, now)
+        if defer or not snap.percent_windows:
+            return reading, []
+        return reading, self._attribute(connection_id, reading)
+
+    def attribute(
+        self, connection_id: str, key_id: str, tokens: float, reading: Reading | None
+    ) -> list[PercentCharge]:
+        """A request settled with ``tokens``: they count for ``key_id`` in every percent window
+        of the connection, then the reading its answer carried (if one was taken) is
+        attributed, so its rise is charged to the keys that used tokens since the previous
+        reading, this request included (issue 44, item 3)."""
+        for attr in self._attr.get(connection_id, {}).values():
+            attr.add_tokens(key_id, tokens)
+        if reading is None or not reading.snap.percent_windows:
+            return []
+        return self._attribute(connection_id, reading)
+
+    def _attribute(self, connection_id: str, reading: Reading) -> list[PercentCharge]:
         charges: list[PercentCharge] = []
-        if not snap.percent_windows:
-            return snap, charges
         attrs = self._attr.setdefault(connection_id, {})
-        for reading in snap.percent_windows:
-            counter = reading.counter
+        for window in reading.snap.percent_windows:
+            counter = window.counter
             attr = attrs.setdefault(counter, PercentAttributor())
-            for key_id, pct in attr.observe(reading.used * 100.0).items():
+            for key_id, pct in attr.observe(window.used * 100.0, reading.at_ms).items():
                 charges.append(PercentCharge(key_id, counter, pct))
-        return snap, charges
+        return charges
 
     def refused(self, connection_id: str, model: str, cls: Classification) -> None:
         """A failed attempt: a 429 whose *structured* code says the account's usage limit is
@@ -101,8 +132,8 @@ class ProviderSignals:
         return {"signalConnections": len(self._parsed), "percentAttributors": attributors}
 
     def add_tokens(self, connection_id: str, key_id: str, tokens: float) -> None:
-        for attr in self._attr.get(connection_id, {}).values():
-            attr.add_tokens(key_id, tokens)
+        """Tokens of a request whose answer carried no reading (see :meth:`attribute`)."""
+        self.attribute(connection_id, key_id, tokens, None)
 
     def percent_estimate(self, connection_id: str, tokens: float) -> float:
         """Percent a request of ``tokens`` is expected to cost, from the observed rate (the

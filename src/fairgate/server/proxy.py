@@ -22,10 +22,11 @@ from typing import Any
 import orjson
 from starlette.responses import Response
 
-from fairgate.domain.connections import Protocol
+from fairgate.domain.connections import ANY_MODEL, Connection, Protocol
 from fairgate.domain.keys import ClientKey
 from fairgate.providers.transport import TRANSPORT_ERRORS
 from fairgate.providers.usage import estimate_prompt_tokens, estimate_text_tokens
+from fairgate.registry import Registry
 from fairgate.server import pipeline, tracing
 from fairgate.server.bodies import (
     CHAT_FIELDS,
@@ -188,6 +189,20 @@ async def _count_upstream(
     return None
 
 
+def _listed_models(reg: Registry, conn: Connection) -> tuple[str, ...]:
+    """The models ``/v1/models`` shows for ``conn``: those it names; for a wildcard
+    connection (``models: ["*"]``, any model) also its pool's: those the other members name,
+    and those asked of its provider's wildcard connections since the configuration was loaded
+    (a wildcard has no list of its own to show; ``provider/<any model>`` is served)."""
+    if ANY_MODEL not in conn.models:
+        return conn.named_models
+    pool = reg.pool_by_connection.get(conn.id)
+    members = [] if pool is None else [reg.connections.get(cid) for cid in pool.connections]
+    named = (m for c in members if c is not None for m in c.named_models)
+    asked = reg.wildcard_asked.get(conn.provider, {})
+    return tuple(dict.fromkeys((*conn.named_models, *named, *asked)))
+
+
 async def models(request: ClientRequest) -> Response:
     svc = _services(request)
     try:
@@ -200,7 +215,7 @@ async def models(request: ClientRequest) -> Response:
         for conn in conns:
             if reg.denial(key, conn) is not None:
                 continue  # only what this key may use
-            for m in conn.named_models:
+            for m in _listed_models(reg, conn):
                 seen.setdefault(f"{provider}/{m}", provider)
                 if reg.default_provider == provider:
                     seen.setdefault(m, provider)

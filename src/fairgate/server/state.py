@@ -112,6 +112,9 @@ class Gateway:
         #: to the database
         self.key_last_used: dict[str, int] = {}
         self.signals_source: SignalsSource | None = None
+        #: the percent a request of so many tokens is expected to cost on a connection (the
+        #: provider signals' robust ratio): admission and the preview price it alike
+        self.percent_estimator: Callable[[str, float], float] | None = None
         #: the proxy's per-target metrics (set by the app at startup), read by the admin API's
         #: combo statistics; None before the app has started
         self.target_metrics: TargetMetrics | None = None
@@ -283,6 +286,15 @@ class Gateway:
         """Key prefix in Redis (``QUOTA_STORE_REDIS_PREFIX``): several gateways or test runs can
         share one server without touching each other's counters."""
         return self.env.get("QUOTA_STORE_REDIS_PREFIX") or "fairgate"
+
+    def percent_estimate(self, pool: Pool, tokens: float) -> float:
+        """The percent a request of ``tokens`` is expected to cost in ``pool``: the most any of
+        its connections would (admission prices the connection it tries; the preview, which
+        names none, the dearest, so it never allows what admission would refuse)."""
+        est = self.percent_estimator
+        if est is None or tokens <= 0:
+            return 0.0
+        return max((est(c, tokens) for c in pool.connections), default=0.0)
 
     def pool_signals(self, pool: Pool) -> Mapping[str, float]:
         """Provider saturation per dimension key, from ``signals_source`` when one is set."""
