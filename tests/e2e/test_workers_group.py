@@ -1,5 +1,6 @@
-"""``serve --workers 2`` answers as one gateway (issue 48): ``/metrics`` is the whole group's
-exposition whichever worker takes the scrape (item 2)."""
+"""``serve --workers 2`` as one gateway (issue 48): ``/metrics`` is the whole group's exposition
+whichever worker takes the scrape (item 2); the per-key rate guard counts in each worker, as
+documented (item 4)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,16 @@ def _fresh(url: str) -> httpx.AsyncClient:
     )
 
 
+async def _both_workers_up(gw: Proc) -> None:
+    async def up() -> bool:
+        try:
+            return len({h["pid"] for h in await healths(gw.url)}) == 2
+        except httpx.TransportError:  # a worker still starting may reset a connection it took
+            return False
+
+    await eventually(up)
+
+
 def _requests_total(exposition: str) -> float:
     return sum(
         s.value
@@ -38,14 +49,7 @@ async def test_every_scrape_of_two_workers_counts_every_request(
     gw = start_gateway(
         gateway_config(mock_upstream.url, keys={"k1": secret}), extra_args=("--workers", "2")
     )
-
-    async def both_workers_up() -> bool:
-        try:
-            return len({h["pid"] for h in await healths(gw.url)}) == 2
-        except httpx.TransportError:  # a worker still starting may reset a connection it took
-            return False
-
-    await eventually(both_workers_up)
+    await _both_workers_up(gw)
     auth = {"Authorization": f"Bearer {secret}"}
     async with _fresh(gw.url) as c:
         statuses = [
@@ -58,3 +62,29 @@ async def test_every_scrape_of_two_workers_counts_every_request(
     assert sums == [N] * SCRAPES
     # and the scrapes went to both workers, as the requests did
     assert len({h["pid"] for h in await healths(gw.url)}) == 2
+
+
+@pytest.mark.slow
+async def test_the_key_rate_guard_counts_in_each_worker_as_documented(
+    mock_upstream: Proc, start_gateway: GatewayFactory
+) -> None:
+    """Item 4, decided per process (docs/security.md): with a burst of 3 and no refill to speak
+    of, two workers let a key through more than one burst and at most two, and the parent
+    says at start what the guard adds up to."""
+    secret = new_secret()
+    gw = start_gateway(
+        gateway_config(mock_upstream.url, keys={"k1": secret}),
+        extra_args=("--workers", "2"),
+        extra_env={"FAIRGATE_KEY_RATE_PER_S": "0.0001", "FAIRGATE_KEY_RATE_BURST": "3"},
+    )
+    await _both_workers_up(gw)
+    auth = {"Authorization": f"Bearer {secret}"}
+    async with _fresh(gw.url) as c:
+        answers = [await c.post("/v1/chat/completions", json=BODY, headers=auth) for _ in range(60)]
+    served = sum(r.status_code == 200 for r in answers)
+    refused = [r for r in answers if r.status_code != 200]
+    assert 3 < served <= 6
+    assert {(r.status_code, r.json()["error"]["code"]) for r in refused} == {
+        (429, "key_rate_limited")
+    }
+    assert "a key may send up to 0.0002 requests a second (bursts of 6)" in gw.output()

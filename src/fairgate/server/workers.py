@@ -80,6 +80,15 @@ def run_workers(
     }
     os.environ[WORKER_SPEC_ENV] = orjson.dumps(spec).decode()
     limits = HttpSettings.from_env(os.environ, host)
+    if limits.key_rate_per_s > 0:
+        # per process by design (docs/security.md): say what it adds up to
+        logging.getLogger("fairgate.cli").info(
+            "the per-key rate guard counts in each worker: a key may send up to %g requests a "
+            "second (bursts of %d) to these %d workers together",
+            limits.key_rate_per_s * workers,
+            limits.key_rate_burst * workers,
+            workers,
+        )
     # the group's metric files: new for each run (a counter starts at 0 with its processes),
     # private (they name keys and connections), gone with the run
     metrics_dir = tempfile.mkdtemp(prefix="fairgate-metrics-")
