@@ -294,9 +294,12 @@ class SharedCells:
             except OSError:  # alive, owned by someone else: not ours to judge
                 continue
 
-    def close(self) -> None:
-        """On a worker's way out: its in-flight gauge goes (nothing is in flight any more)."""
+    def retire(self) -> None:
+        """On a worker's way out: nothing is in flight any more. The files stay open (a
+        settle still draining counts into them) and go with the process."""
         self.publish_inflight(0)
+
+    def close(self) -> None:
         for f in (self.counters, self.histograms, self.gauges):
             f.close()
 
@@ -580,7 +583,7 @@ class Metrics:
                 await asyncio.sleep(INFLIGHT_PUBLISH_S)
         finally:
             with contextlib.suppress(Exception):
-                shared.close()
+                shared.retire()
 
     def set_health_source(self, source: HealthSource | None) -> None:
         """Report breakers, cooldowns and lockouts at scrape time. Without one, the Gateway's
