@@ -7,8 +7,13 @@ store (when Redis answers at ``--redis-url``), optionally fairgate from another 
 proxy when it is installed (``pip install 'fairgate[bench-peers]'``, or ``--litellm PATH`` to a
 ``litellm`` executable in a separate venv; its rows say "not installed" otherwise).
 ``--fairgate sqlite`` (or any comma-separated subset of sqlite, transactional, no-pool,
-workers, redis) runs only those fairgate rows: with ``--compare`` and more ``--rounds``, a
-before/after of one row with many pairs in the time the whole table takes.
+workers, redis, redis-workers) runs only those fairgate rows: with ``--compare`` and more
+``--rounds``, a before/after of one row with many pairs in the time the whole table takes.
+``workers`` and ``redis-workers`` are ``serve --workers N`` (``--workers``, default 2) on the
+SQLite file and on Redis: set beside their one-process rows, their CPU per request is what a
+second worker costs (issue 48: within +10 % is the target), and ``--pin-load CPU`` runs wrk on
+that CPU alone (``taskset``), so the load generator's share of the two cores is the same for
+every row.
 
 Method: rounds alternate the targets (``--rounds``, median round of each row), so a noisy
 moment of a shared host hits every target alike. Per target and round:
@@ -232,11 +237,14 @@ end
 """
 
 
-def wrk_run(url: str, key: str, conc: int, seconds: float, tmp: Path) -> Run:
+def wrk_run(
+    url: str, key: str, conc: int, seconds: float, tmp: Path, pin: str | None = None
+) -> Run:
     script = tmp / f"wrk-{key[-8:]}.lua"
     script.write_text(WRK_SCRIPT % (json.dumps(BODY), key))
     out = subprocess.run(
         [
+            *(["taskset", "-c", pin] if pin else []),
             "wrk",
             "-t1",
             f"-c{conc}",
@@ -349,7 +357,15 @@ class Row:
 
 
 class Bench:
-    def __init__(self, mock: str, mock_pid: int, seconds: float, ttfe_n: int, tmp: Path) -> None:
+    def __init__(
+        self,
+        mock: str,
+        mock_pid: int,
+        seconds: float,
+        ttfe_n: int,
+        tmp: Path,
+        pin: str | None = None,
+    ) -> None:
         self.mock, self.mock_pid, self.seconds, self.ttfe_n, self.tmp = (
             mock,
             mock_pid,
@@ -358,11 +374,12 @@ class Bench:
             tmp,
         )
         self.use_wrk = shutil.which("wrk") is not None
+        self.pin = pin
 
     def run(self, t: Target, conc: int, seconds: float) -> Run:
         before = mock_requests(self.mock)
         if self.use_wrk:
-            r = wrk_run(t.url, t.key, conc, seconds, self.tmp)
+            r = wrk_run(t.url, t.key, conc, seconds, self.tmp, self.pin)
         else:
             r = python_run(t.url, t.key, conc, seconds)
         seen = mock_requests(self.mock) - before  # once what was in flight has arrived
@@ -462,7 +479,7 @@ def report(targets: list[Target], rows: dict[str, Row], bench: Bench, rounds: in
 
 
 #: The fairgate rows, by the name ``--fairgate`` gives them.
-KINDS = ("sqlite", "transactional", "no-pool", "workers", "redis")
+KINDS = ("sqlite", "transactional", "no-pool", "workers", "redis", "redis-workers")
 
 
 def fairgate_targets(
@@ -474,7 +491,7 @@ def fairgate_targets(
     for spec in args.compare:
         label, _, src = spec.partition("=")
         sources.append((f" [{label}]", str(Path(src).resolve())))
-    redis_cpu = redis_cpu_reader(args.redis_url) if "redis" in kinds else None
+    redis_cpu = redis_cpu_reader(args.redis_url) if kinds & {"redis", "redis-workers"} else None
     for i, (label, src) in enumerate(sources):
         base = {"PYTHONPATH": src} if src else {}
         if "sqlite" in kinds:
@@ -499,20 +516,24 @@ def fairgate_targets(
             procs.append(proc)
             name = f"fairgate, SQLite, {args.workers} workers{label}"
             out.append(Target(name, url, CLIENT_KEY, proc.pid))
-        if "redis" not in kinds:
-            continue
-        if redis_cpu is None:
-            out.append(Target(f"fairgate, Redis{label}", "", "", 0, missing="Redis not reachable"))
-            continue
-        env = {
-            **base,
-            "QUOTA_STORE_DRIVER": "redis",
-            "QUOTA_STORE_REDIS_URL": args.redis_url,
-            "QUOTA_STORE_REDIS_PREFIX": f"fgbench{uuid.uuid4().hex[:8]}",
-        }
-        url, proc = start_fairgate(mock, tmp, name=f"fg-redis-{i}", extra_env=env)
-        procs.append(proc)
-        out.append(Target(f"fairgate, Redis{label}", url, CLIENT_KEY, proc.pid, redis_cpu))
+        for kind, workers in (("redis", 1), ("redis-workers", args.workers)):
+            if kind not in kinds or (kind == "redis-workers" and workers < 2):
+                continue
+            name = f"fairgate, Redis{f', {workers} workers' if workers > 1 else ''}{label}"
+            if redis_cpu is None:
+                out.append(Target(name, "", "", 0, missing="Redis not reachable"))
+                continue
+            env = {
+                **base,
+                "QUOTA_STORE_DRIVER": "redis",
+                "QUOTA_STORE_REDIS_URL": args.redis_url,
+                "QUOTA_STORE_REDIS_PREFIX": f"fgbench{uuid.uuid4().hex[:8]}",
+            }
+            url, proc = start_fairgate(
+                mock, tmp, name=f"fg-{kind}-{i}", extra_env=env, workers=workers
+            )
+            procs.append(proc)
+            out.append(Target(name, url, CLIENT_KEY, proc.pid, redis_cpu))
     return out
 
 
@@ -552,6 +573,11 @@ def main() -> None:
         help=f"the fairgate rows to run, comma-separated (default: all of {','.join(KINDS)})",
     )
     ap.add_argument(
+        "--pin-load",
+        metavar="CPU",
+        help="run wrk on this CPU alone (taskset -c CPU), the same share for every row",
+    )
+    ap.add_argument(
         "--compare",
         action="append",
         default=[],
@@ -580,7 +606,7 @@ def main() -> None:
             url, proc, version = start_litellm(cmd, mock, tmp)
             procs.append(proc)
             targets.append(Target(f"LiteLLM {version}, 1 worker", url, LITELLM_KEY, proc.pid))
-        bench = Bench(mock, mproc.pid, seconds, ttfe_n, tmp)
+        bench = Bench(mock, mproc.pid, seconds, ttfe_n, tmp, args.pin_load)
         rows: dict[str, Row] = {t.name: Row() for t in targets if not t.missing}
         for r in range(args.rounds):
             for t in targets:

@@ -29,3 +29,8 @@ def export(name: str, value: str) -> None:
     """Set a variable for the processes this one starts (``serve --workers``: the supervisor
     hands each worker its spec this way, since uvicorn starts workers with the environment)."""
     os.environ[name] = value
+
+
+def unset(name: str) -> None:
+    """Remove a variable :func:`export` set, once the processes that needed it are gone."""
+    os.environ.pop(name, None)

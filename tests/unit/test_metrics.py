@@ -3,6 +3,7 @@ health source, and an exposition that the Prometheus parser reads back."""
 
 from __future__ import annotations
 
+import os
 import time
 from types import SimpleNamespace
 from typing import Any
@@ -22,6 +23,7 @@ from fairgate.server.metrics import (
     FastHistogram,
     Metrics,
     ResilienceGauges,
+    SharedCells,
     gauges_from_snapshot,
 )
 
@@ -203,3 +205,54 @@ def test_the_fast_counters_and_histograms_export_as_prometheus_clients_own() -> 
     assert got[("t_requests_total", (("key", "a"), ("status", "200")))] == 2.0
     assert got[("t_fails_total", ())] == 0.0
     assert got[("t_latency_seconds_bucket", (("conn", "c1"), ("le", "0.005")))] == 3.0
+
+
+def _without_created(m: Metrics) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    return {k: v for k, v in samples(m).items() if not k[0].endswith("_created")}
+
+
+async def test_workers_of_one_group_each_answer_for_all_of_them(tmp_path: Any) -> None:
+    """``serve --workers N`` (issue 48, item 2): whichever worker takes the scrape, the
+    exposition is the group's sum, and it equals what one process that saw every request would
+    say (but ``_created``, which prometheus_client's multiprocess format does not have)."""
+    # two live processes' ids (a gone one's in-flight gauge is dropped at each scrape)
+    a = Metrics(SharedCells(str(tmp_path), ident=str(os.getpid())))
+    b = Metrics(SharedCells(str(tmp_path), ident=str(os.getppid())))
+    alone = Metrics()
+    ok, limited = Response(status_code=200), Response(status_code=429)
+    answers = [ok] * 5 + [limited] * 2
+    for i, resp in enumerate(answers):
+        for m in (a if i % 3 else b, alone):
+            resp.headers["x-fairgate-overhead-ms"] = "0.4"
+            m.observe_request(REG, KEY, {"model": "gpt-4o-mini"}, resp, time.perf_counter())
+            m.observe_admission(Admission(Outcome.ALLOW))
+            m.observe_attempt(REG, "mock", "c1", "gpt-4o-mini", "ok", 12.0 * i)
+    await a.refresh(fake_gateway(), inflight=2)
+    await b.refresh(fake_gateway(), inflight=1)
+    await alone.refresh(fake_gateway(), inflight=3)
+    for worker in (a, b):
+        got = _without_created(worker)
+        assert got == _without_created(alone)
+        requests = sum(v for (name, _), v in got.items() if name == "fairgate_requests_total")
+        assert requests == len(answers)
+        assert got[("fairgate_inflight_requests", ())] == 3  # the two workers' own, summed
+    for worker in (a, b):
+        assert worker.shared is not None
+        worker.shared.close()
+
+
+async def test_a_dead_workers_counts_stay_and_its_inflight_goes(tmp_path: Any) -> None:
+    """A worker that died (its pid gone) keeps its counts in the group's totals, as counters
+    never go back; its requests in flight went with it."""
+    dead = Metrics(SharedCells(str(tmp_path), ident="999999999"))  # no such process
+    dead.observe_admission(Admission(Outcome.ALLOW))
+    await dead.refresh(fake_gateway(), inflight=4)
+    live = Metrics(SharedCells(str(tmp_path)))
+    live.observe_admission(Admission(Outcome.ALLOW))
+    await live.refresh(fake_gateway(), inflight=1)
+    got = samples(live)
+    assert got[("fairgate_admissions_total", (("outcome", "allow"), ("reason", "none")))] == 2
+    assert got[("fairgate_inflight_requests", ())] == 1
+    for m in (dead, live):
+        assert m.shared is not None
+        m.shared.close()

@@ -7,6 +7,7 @@ releases any reservation still held, so a stopped gateway never leaves quota res
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import gc
 import os
@@ -68,6 +69,21 @@ def _memory_sizes(svc: Services, gw: Gateway) -> dict[str, int]:
     }
 
 
+def _publish_inflight(metrics: Metrics, svc: Services) -> asyncio.Task[None] | None:
+    """A worker of ``serve --workers N`` publishes its requests in flight to the group's
+    ``/metrics`` (metrics.py); a single process reads them at scrape time."""
+    if metrics.shared is None:
+        return None
+    return asyncio.get_running_loop().create_task(metrics.publish(lambda: len(svc.inflight)))
+
+
+async def _stop(task: asyncio.Task[None] | None) -> None:
+    if task is not None:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
 def create_app(
     gw: Gateway,
     *,
@@ -80,7 +96,7 @@ def create_app(
     gateway's environment, with no bind address, so no host check unless configured);
     ``upstream`` the providers' side of the request path (default: the real HTTP client; tests
     pass an in-process :class:`~fairgate.providers.inprocess.HandlerUpstream`)."""
-    metrics = Metrics()
+    metrics = Metrics.from_env(gw.env)  # a worker's: the group's exposition (metrics.py)
     limits = http if http is not None else HttpSettings.from_env(gw.env)
 
     @contextlib.asynccontextmanager
@@ -116,6 +132,11 @@ def create_app(
         gw.target_metrics = services.target_metrics
         gw.fallback_counts = services.fallbacks
         app.state.services = services
+        publishing = (
+            asyncio.get_running_loop().create_task(metrics.publish(lambda: len(services.inflight)))
+            if metrics.shared is not None
+            else None
+        )
         # everything allocated so far lives for the whole run: keep the cyclic GC from walking
         # it again and again, and let the young generation grow before a collection (fewer
         # multi-millisecond pauses in the middle of requests)
@@ -125,6 +146,7 @@ def create_app(
         try:
             yield
         finally:
+            await _stop(publishing)
             await services.drain()
             for ticket in list(services.inflight):
                 await gw.engine.release(ticket)

@@ -13,24 +13,40 @@ callback. A Prometheus collector is synchronous while the quota store is async, 
 Label cardinality is bounded by configuration, never by traffic: key ids, connection ids and pool
 ids come from the metadata DB; a model is its own label only when a connection lists it or it names
 a combo (user or ``qtSd/...``); anything else a client sends is ``other``.
+
+``serve --workers N``: every worker answers ``/metrics`` for the whole process group, not for
+itself (a scraper reaching whichever worker took its connection saw a third or two thirds of the
+traffic, and read each switch as a counter reset). Each worker's counters and histograms are
+written through to a file of its own in a directory the parent made for the group
+(:data:`METRICS_DIR_ENV`), in prometheus_client's multiprocess format, and the worker that
+answers a scrape sums every worker's file (prometheus_client's ``MultiProcessCollector``): one
+``struct`` write into an mmapped page per count, no lock and no system call on the hot path. A
+worker that died and was restarted keeps its file, so its counts stay in the totals (counters
+never go back). The scrape-time gauges come from the shared stores (the same in every worker),
+except the requests in flight, which each worker publishes to its file (:class:`SharedCells`).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hmac
 import inspect
 import logging
 import math
+import os
 import time
 from bisect import bisect_left
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry
 from prometheus_client import metrics as prometheus_metrics
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.exposition import generate_latest
+from prometheus_client.mmap_dict import MmapedDict, mmap_key
+from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 from starlette.requests import Request
@@ -56,6 +72,14 @@ NONE = "none"
 OTHER = "other"
 
 BREAKER_STATES = ("closed", "open", "half_open")
+
+#: ``serve --workers N``: the directory of the process group's metric files, set by the parent
+#: for its workers (server/workers.py); unset, a process's metrics are its own.
+METRICS_DIR_ENV = "FAIRGATE_WORKER_METRICS_DIR"
+#: How often a worker publishes its requests in flight to the group's files (seconds).
+INFLIGHT_PUBLISH_S = 1.0
+_INFLIGHT = "fairgate_inflight_requests"
+_INFLIGHT_HELP = "Requests holding a quota reservation now"
 
 #: Upstream answers take from milliseconds (a mock, a cache) to minutes (long generations).
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
@@ -173,12 +197,9 @@ class _StateCollector(Collector):
             )
             up.add_metric([snap.store_driver], 1.0 if snap.store_up else 0.0)
             yield up
-        if snap.inflight is not None:
-            yield GaugeMetricFamily(
-                "fairgate_inflight_requests",
-                "Requests holding a quota reservation now",
-                value=snap.inflight,
-            )
+        if snap.inflight is not None and self._metrics.shared is None:
+            # with workers, each publishes its own and the group's files sum them
+            yield GaugeMetricFamily(_INFLIGHT, _INFLIGHT_HELP, value=snap.inflight)
         yield from self._resilience()
 
     def _resilience(self) -> Iterator[Metric]:
@@ -223,6 +244,67 @@ def _created_series() -> bool:
     return bool(getattr(prometheus_metrics, "_use_created", True))
 
 
+class _ValueFile(Protocol):
+    """What the hot path uses of prometheus_client's ``MmapedDict`` (untyped there)."""
+
+    def write_value(self, key: str, value: float, timestamp: float) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def _value_file(path: str) -> _ValueFile:
+    found: _ValueFile = MmapedDict(path)  # type: ignore[no-untyped-call]
+    return found
+
+
+class SharedCells:
+    """This process's part of a process group's metrics (``serve --workers N``, module doc):
+    three mmapped files in the group's directory, named as prometheus_client's multiprocess mode
+    names them (``counter_<id>.db``, ``histogram_<id>.db``, ``gauge_livesum_<id>.db``), so its
+    ``MultiProcessCollector`` sums them. ``ident`` tells this process's files from the others'
+    (the pid; tests give two in one process names of their own)."""
+
+    def __init__(self, directory: str, ident: str | None = None) -> None:
+        self.directory = directory
+        self.ident = ident if ident is not None else str(os.getpid())
+        self.counters = self._open("counter")
+        self.histograms = self._open("histogram")
+        self.gauges = self._open("gauge_livesum")
+        self._inflight_key = mmap_key(_INFLIGHT, _INFLIGHT, [], [], _INFLIGHT_HELP)
+
+    def _open(self, kind: str) -> _ValueFile:
+        return _value_file(os.path.join(self.directory, f"{kind}_{self.ident}.db"))
+
+    def publish_inflight(self, count: int) -> None:
+        """This process's requests in flight (the group's gauge is the live processes' sum)."""
+        self.gauges.write_value(self._inflight_key, float(count), 0.0)
+
+    def forget_dead(self) -> None:
+        """Drop the in-flight gauge of every worker that is gone (its requests went with it);
+        its counters stay in the totals."""
+        for name in os.listdir(self.directory):
+            if not (name.startswith("gauge_livesum_") and name.endswith(".db")):
+                continue
+            pid = name[len("gauge_livesum_") : -3]
+            if not pid.isdigit() or pid == self.ident:
+                continue
+            try:
+                os.kill(int(pid), 0)
+            except ProcessLookupError:
+                mark_process_dead(int(pid), self.directory)  # type: ignore[no-untyped-call]
+            except OSError:  # alive, owned by someone else: not ours to judge
+                continue
+
+    def retire(self) -> None:
+        """On a worker's way out: nothing is in flight any more. The files stay open (a
+        settle still draining counts into them) and go with the process."""
+        self.publish_inflight(0)
+
+    def close(self) -> None:
+        for f in (self.counters, self.histograms, self.gauges):
+            f.close()
+
+
 class FastCounter(Collector):
     """A counter for the hot path, exported exactly as a prometheus_client ``Counter`` of the
     same name, help and labels (``_total``, ``_created``).
@@ -230,12 +312,25 @@ class FastCounter(Collector):
     prometheus_client's ``labels()`` validates and locks on every call, and each ``inc()``
     takes a lock again; here a label set's cell is a dict lookup and a float added to. The
     request path runs on one event loop thread and ``/metrics`` reads on the same thread, so
-    no lock is needed. Bounded by the same label sets a ``Counter`` would keep."""
+    no lock is needed. Bounded by the same label sets a ``Counter`` would keep.
 
-    def __init__(self, name: str, documentation: str, labelnames: Sequence[str] = ()) -> None:
+    ``shared`` (``serve --workers N``): every count is also written to this worker's counter
+    file, which the group's scrape sums (no ``_created`` there: prometheus_client's
+    multiprocess format has none)."""
+
+    def __init__(
+        self,
+        name: str,
+        documentation: str,
+        labelnames: Sequence[str] = (),
+        shared: _ValueFile | None = None,
+    ) -> None:
         self.name = name
         self.documentation = documentation
         self.labelnames = tuple(labelnames)
+        self._shared = shared
+        #: label values → the cell's key in the shared file
+        self._keys: dict[tuple[str, ...], str] = {}
         #: label values → [count, created]
         self.cells: dict[tuple[str, ...], list[float]] = {}
         if not self.labelnames:  # an unlabelled counter exists (at 0) from the start
@@ -246,10 +341,28 @@ class FastCounter(Collector):
         found = self.cells.get(values)
         if found is None:
             found = self.cells[values] = [0.0, time.time()]
+            if self._shared is not None:
+                key = mmap_key(
+                    self.name,
+                    self.name + "_total",
+                    list(self.labelnames),
+                    list(values),
+                    self.documentation,
+                )
+                self._keys[values] = key
+                self._shared.write_value(key, 0.0, 0.0)  # the series exists from now on
         return found
 
+    def add(self, values: tuple[str, ...], amount: float = 1.0) -> None:
+        """Count ``amount`` for one label set (the hot path's one call)."""
+        cell = self.cells.get(values) or self.cell(values)
+        cell[0] += amount
+        shared = self._shared
+        if shared is not None:
+            shared.write_value(self._keys[values], cell[0], 0.0)
+
     def inc(self, *values: str) -> None:
-        self.cell(values)[0] += 1.0
+        self.add(values)
 
     def describe(self) -> Iterable[Metric]:
         return [Metric(self.name, self.documentation, "counter")]
@@ -266,26 +379,41 @@ class FastCounter(Collector):
 
 
 class _HistogramCell:
-    """One label set of a :class:`FastHistogram`: observations per bucket, their sum."""
+    """One label set of a :class:`FastHistogram`: observations per bucket, their sum (and, with
+    a shared file, where each of them is written)."""
 
-    __slots__ = ("bounds", "counts", "created", "sum")
+    __slots__ = ("bounds", "counts", "created", "keys", "shared", "sum", "sum_key")
 
-    def __init__(self, bounds: tuple[float, ...]) -> None:
+    def __init__(
+        self,
+        bounds: tuple[float, ...],
+        shared: _ValueFile | None = None,
+        keys: tuple[str, ...] = (),
+        sum_key: str = "",
+    ) -> None:
         self.bounds = bounds
         self.counts = [0] * len(bounds)
         self.sum = 0.0
         self.created = time.time()
+        self.shared = shared
+        self.keys = keys
+        self.sum_key = sum_key
 
     def observe(self, amount: float) -> None:
         """As prometheus_client's: the first bucket whose upper bound is ≥ ``amount``."""
-        self.counts[bisect_left(self.bounds, amount)] += 1
+        i = bisect_left(self.bounds, amount)
+        self.counts[i] += 1
         self.sum += amount
+        shared = self.shared
+        if shared is not None:  # the file holds each bucket's own count, as the client's does
+            shared.write_value(self.keys[i], float(self.counts[i]), 0.0)
+            shared.write_value(self.sum_key, self.sum, 0.0)
 
 
 class FastHistogram(Collector):
     """A histogram for the hot path, exported exactly as a prometheus_client ``Histogram`` of
     the same name, help, labels and buckets (``_bucket`` cumulative with ``le``, ``_count``,
-    ``_sum``, ``_created``); why, as :class:`FastCounter`."""
+    ``_sum``, ``_created``); why, and ``shared``, as :class:`FastCounter`."""
 
     def __init__(
         self,
@@ -293,6 +421,7 @@ class FastHistogram(Collector):
         documentation: str,
         buckets: Sequence[float],
         labelnames: Sequence[str] = (),
+        shared: _ValueFile | None = None,
     ) -> None:
         self.name = name
         self.documentation = documentation
@@ -302,6 +431,7 @@ class FastHistogram(Collector):
             bounds.append(math.inf)
         self.bounds = tuple(bounds)
         self._le = tuple(_le(b) for b in bounds)
+        self._shared = shared
         self.cells: dict[tuple[str, ...], _HistogramCell] = {}
         if not self.labelnames:
             self.cell(())
@@ -309,8 +439,21 @@ class FastHistogram(Collector):
     def cell(self, values: tuple[str, ...]) -> _HistogramCell:
         found = self.cells.get(values)
         if found is None:
-            found = self.cells[values] = _HistogramCell(self.bounds)
+            found = self.cells[values] = self._new_cell(values)
         return found
+
+    def _new_cell(self, values: tuple[str, ...]) -> _HistogramCell:
+        shared = self._shared
+        if shared is None:
+            return _HistogramCell(self.bounds)
+        names, doc = [*self.labelnames, "le"], self.documentation
+        keys = tuple(
+            mmap_key(self.name, self.name + "_bucket", names, [*values, le], doc) for le in self._le
+        )
+        sum_key = mmap_key(self.name, self.name + "_sum", list(self.labelnames), list(values), doc)
+        for key in (*keys, sum_key):  # the series exist from now on
+            shared.write_value(key, 0.0, 0.0)
+        return _HistogramCell(self.bounds, shared, keys, sum_key)
 
     def describe(self) -> Iterable[Metric]:
         return [Metric(self.name, self.documentation, "histogram")]
@@ -332,81 +475,96 @@ class FastHistogram(Collector):
 
 
 class Metrics:
-    """The gateway's metrics. One per app; the hot path calls the ``observe_*`` methods."""
+    """The gateway's metrics. One per app; the hot path calls the ``observe_*`` methods.
+    ``shared``: this worker's files of a ``serve --workers N`` group (module doc)."""
 
-    def __init__(self) -> None:
+    def __init__(self, shared: SharedCells | None = None) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
+        self.shared = shared
+        counts = shared.counters if shared is not None else None
+        spread = shared.histograms if shared is not None else None
         # the hot path's counters and histograms (exported as prometheus_client's would be)
         self.requests = FastCounter(
             "fairgate_requests",
             "Proxied requests by client key, requested model, serving connection and status",
             ["key", "model", "connection", "status"],
+            counts,
         )
         self.admissions = FastCounter(
             "fairgate_admissions",
             "Quota admission decisions by outcome (allow, penalize, block) and reason",
             ["outcome", "reason"],
+            counts,
         )
         self.fail_open = FastCounter(
             "fairgate_fail_open",
             "Admissions allowed because the quota engine or store failed (fail-open)",
+            shared=counts,
         )
         self.upstream_latency = FastHistogram(
             "fairgate_upstream_latency_seconds",
             "Time upstream: until the whole answer (non-stream) or its headers (stream)",
             LATENCY_BUCKETS,
+            shared=spread,
         )
         self.overhead = FastHistogram(
             "fairgate_overhead_seconds",
             "Time the gateway itself adds to a request (auth, parsing, admission, translation)",
             OVERHEAD_BUCKETS,
+            shared=spread,
         )
-        self.combo_requests = Counter(
+        self.combo_requests = FastCounter(
             "fairgate_combo_requests",
             "Requests for a combo by outcome (ok, or the HTTP status of the failure)",
             ["combo", "outcome"],
-            registry=None,
+            counts,
         )
-        self.combo_fallbacks = Counter(
+        self.combo_fallbacks = FastCounter(
             "fairgate_combo_fallbacks",
             "Fallbacks of a combo to its next target, by the failure class of the previous one",
             ["combo", "reason"],
-            registry=None,
+            counts,
         )
-        self.combo_hedges = Counter(
+        self.combo_hedges = FastCounter(
             "fairgate_combo_hedges",
             "Hedged first tokens of a combo by outcome: won (the hedge answered first), lost "
             "(it answered after the first target), cancelled (cut off when the first target "
             "answered), failed (it got no answer), capped (not sent: maxHedgesInFlight)",
             ["combo", "outcome"],
-            registry=None,
+            counts,
         )
         self.attempts = FastCounter(
             "fairgate_target_attempts",
             "Upstream attempts per target (provider, connection, model) by outcome (ok or the "
             "failure class)",
             ["provider", "connection", "model", "outcome"],
+            counts,
         )
         self.attempt_latency = FastHistogram(
             "fairgate_target_latency_seconds",
             "Latency of successful upstream attempts per provider and connection",
             LATENCY_BUCKETS,
             ["provider", "connection"],
+            spread,
         )
-        # registered in this order: the exposition lists them as it always did
-        for metric in (
-            self.requests,
-            self.admissions,
-            self.fail_open,
-            self.upstream_latency,
-            self.overhead,
-            self.combo_requests,
-            self.combo_fallbacks,
-            self.combo_hedges,
-            self.attempts,
-            self.attempt_latency,
-        ):
-            self.registry.register(metric)
+        if shared is None:
+            # registered in this order: the exposition lists them as it always did
+            for metric in (
+                self.requests,
+                self.admissions,
+                self.fail_open,
+                self.upstream_latency,
+                self.overhead,
+                self.combo_requests,
+                self.combo_fallbacks,
+                self.combo_hedges,
+                self.attempts,
+                self.attempt_latency,
+            ):
+                self.registry.register(metric)
+        else:  # every worker's files, this one's included, summed at each scrape
+            group = MultiProcessCollector(None, path=shared.directory)  # type: ignore[no-untyped-call]
+            self.registry.register(group)
         self.snapshot = _Snapshot()
         self.health_source: HealthSource | None = None
         self._models_of: Registry | None = None
@@ -415,6 +573,27 @@ class Metrics:
         self._overhead = self.overhead.cell(())
         self._upstream_latency = self.upstream_latency.cell(())
         self.registry.register(_StateCollector(self))
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> Metrics:
+        """A worker's metrics (shared with its group when :data:`METRICS_DIR_ENV` names the
+        group's directory), else a process's own."""
+        directory = env.get(METRICS_DIR_ENV)
+        return cls(SharedCells(directory) if directory else None)
+
+    async def publish(self, inflight: Callable[[], int]) -> None:
+        """(A worker of a group) Publish this worker's requests in flight every
+        :data:`INFLIGHT_PUBLISH_S` until cancelled; the gauge goes to 0 on the way out."""
+        shared = self.shared
+        if shared is None:
+            return
+        try:
+            while True:
+                shared.publish_inflight(inflight())
+                await asyncio.sleep(INFLIGHT_PUBLISH_S)
+        finally:
+            with contextlib.suppress(Exception):
+                shared.retire()
 
     def set_health_source(self, source: HealthSource | None) -> None:
         """Report breakers, cooldowns and lockouts at scrape time. Without one, the Gateway's
@@ -467,12 +646,12 @@ class Metrics:
                 overhead_ms = None
         model = self.model_label(reg, body.get("model") if body is not None else None)
         status = resp.status_code
-        self.requests.cell(
+        self.requests.add(
             (key.id if key is not None else NONE, model, connection or NONE, str(status))
-        )[0] += 1.0
+        )
         if model in self._combos and model not in (NONE, OTHER):
             outcome = "ok" if status < 400 else str(status)
-            self.combo_requests.labels(model, outcome).inc()
+            self.combo_requests.add((model, outcome))
         if overhead_ms is None:
             return
         overhead = overhead_ms / 1000.0
@@ -490,20 +669,18 @@ class Metrics:
     ) -> None:
         """One upstream attempt; provider and connection come from configuration, the model is
         bounded by :meth:`model_label`, the outcome by the failure classifier's classes."""
-        self.attempts.cell((provider, connection, self.model_label(reg, model), outcome))[0] += 1.0
+        self.attempts.add((provider, connection, self.model_label(reg, model), outcome))
         if outcome == "ok":
             self.attempt_latency.cell((provider, connection)).observe(max(0.0, latency_ms) / 1000)
 
     def observe_fallback(self, reg: Registry, combo: str, reason: str) -> None:
-        self.combo_fallbacks.labels(self.model_label(reg, combo), reason).inc()
+        self.combo_fallbacks.add((self.model_label(reg, combo), reason))
 
     def observe_hedge(self, reg: Registry, combo: str, outcome: str) -> None:
-        self.combo_hedges.labels(self.model_label(reg, combo), outcome).inc()
+        self.combo_hedges.add((self.model_label(reg, combo), outcome))
 
     def observe_admission(self, adm: Admission) -> None:
-        self.admissions.cell((adm.outcome.value, adm.reason.value if adm.reason else NONE))[0] += (
-            1.0
-        )
+        self.admissions.add((adm.outcome.value, adm.reason.value if adm.reason else NONE))
         if adm.fail_open:
             self.fail_open.inc()
 
@@ -546,6 +723,11 @@ class Metrics:
         self.snapshot = _Snapshot(
             tuple(dims), gw.store_choice.driver, store_up, inflight, await self._read_health(gw)
         )
+        shared = self.shared
+        if shared is not None:  # this worker's count as of now; the others' as they published
+            if inflight is not None:
+                shared.publish_inflight(inflight)
+            shared.forget_dead()
 
     async def _read_health(self, gw: Gateway) -> ResilienceGauges | None:
         """The resilience gauges, or None (no source, or it failed: the scrape still answers)."""

@@ -8,12 +8,16 @@ worker is a full gateway (its own event loop, registry snapshot and in-flight ta
 shared, not copied: quota counters in the SQLite quota file or Redis (admission is one
 transaction or one Lua script, so limits stay exact), metadata in ``fairgate.sqlite`` or
 PostgreSQL, whose change counter every worker follows (fairgate.db.watch), and resilience
-state in the metadata DB or Redis.
+state in the metadata DB or Redis. ``/metrics`` answers for the whole group, whichever worker
+takes the scrape: each worker writes its counts to a file in a directory made here for the run
+and removed with it (server/metrics.py).
 """
 
 from __future__ import annotations
 
 import logging
+import shutil
+import tempfile
 from pathlib import Path
 
 import orjson
@@ -24,6 +28,7 @@ from fairgate.config import Config, load_config
 from fairgate.server.app import create_app
 from fairgate.server.http_settings import HttpSettings
 from fairgate.server.logs import configure_from_env
+from fairgate.server.metrics import METRICS_DIR_ENV
 from fairgate.server.state import Gateway
 from fairgate.server.wire import server_options
 from fairgate.testclock import process_clock
@@ -75,12 +80,29 @@ def run_workers(
     }
     environment.export(WORKER_SPEC_ENV, orjson.dumps(spec).decode())
     limits = HttpSettings.from_env(environment.snapshot(), host)
-    uvicorn.run(
-        "fairgate.server.workers:worker_app",
-        factory=True,
-        workers=workers,
-        host=host,
-        port=port,
-        http="fairgate.server.worker_protocol:WorkerHttpProtocol",
-        **server_options(limits, drain_s),
-    )
+    if limits.key_rate_per_s > 0:
+        # per process by design (docs/security.md): say what it adds up to
+        logging.getLogger("fairgate.cli").info(
+            "the per-key rate guard counts in each worker: a key may send up to %g requests a "
+            "second (bursts of %d) to these %d workers together",
+            limits.key_rate_per_s * workers,
+            limits.key_rate_burst * workers,
+            workers,
+        )
+    # the group's metric files: new for each run (a counter starts at 0 with its processes),
+    # private (they name keys and connections), gone with the run
+    metrics_dir = tempfile.mkdtemp(prefix="fairgate-metrics-")
+    environment.export(METRICS_DIR_ENV, metrics_dir)
+    try:
+        uvicorn.run(
+            "fairgate.server.workers:worker_app",
+            factory=True,
+            workers=workers,
+            host=host,
+            port=port,
+            http="fairgate.server.worker_protocol:WorkerHttpProtocol",
+            **server_options(limits, drain_s),
+        )
+    finally:
+        environment.unset(METRICS_DIR_ENV)
+        shutil.rmtree(metrics_dir, ignore_errors=True)

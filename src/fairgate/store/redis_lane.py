@@ -160,7 +160,7 @@ class _Pipe(asyncio.Protocol):
         reader.feed(data)
         waiting = self._waiting
         try:
-            while (reply := reader.gets()) is not False:
+            while (reply := _next_reply(reader)) is not False:
                 if not waiting:  # a reply nobody asked for: the stream is out of step
                     raise InvalidResponse("a reply with no command waiting for it")
                 fut = waiting.popleft()
@@ -197,6 +197,18 @@ class _Pipe(asyncio.Protocol):
     def close(self) -> None:
         if not self.closed:
             self._lose(RedisConnectionError("the script connection was closed"))
+
+
+def _next_reply(reader: hiredis.Reader) -> Any:
+    """The reader's next reply (False: none complete yet). A reply that a decoding client
+    cannot decode (``decode_responses`` and bytes that are not UTF-8) is its caller's
+    ``UnicodeDecodeError``, as redis-py raises it; the reader has consumed it, so the replies
+    after it stay in step (it used to escape ``data_received`` and close the connection under
+    every call on it)."""
+    try:
+        return reader.gets()
+    except UnicodeDecodeError as exc:
+        return exc
 
 
 def _reply_error(text: str) -> Exception:
