@@ -1,5 +1,5 @@
 """The combo pipeline's target-loop checks of issue 46 over the wire: one gateway process in
-front of the mock upstream, five connections to it (``a`` and ``c`` take the test's
+front of the mock upstream, six connections to it (``a``, ``c`` and ``f`` take the test's
 ``x-mock-fault`` header, the others never do), one combo per check, each with mock targets
 shaped to trigger it: a slow first token, a reasoning-only answer, a long conversation and a
 small-window fallback, a schema violation, a target whose window resets sooner. The behaviour
@@ -35,6 +35,9 @@ C = "{provider: mock, model: gpt-4o-mini, connection: c}"
 #: other test, so that nothing but their windows tells them apart
 D = "{provider: mock, model: gpt-4o-mini, connection: d}"
 E = "{provider: mock, model: gpt-4o-mini, connection: e}"
+#: the validation test's second target: it takes the fault header too, so both targets break
+#: the schema
+F = "{provider: mock, model: gpt-4o-mini, connection: f}"
 SMALL_B = "{provider: mock, model: gpt-4o-mini, connection: b, contextWindow: 1000}"
 
 
@@ -53,6 +56,7 @@ def config(mock: str) -> str:
         f"  - {{id: c, {base}{FAULTS}}}\n"
         f"  - {{id: d, {base}}}\n"
         f"  - {{id: e, {base}}}\n"
+        f"  - {{id: f, {base}{FAULTS}}}\n"
         f"keys:\n  - {{id: k, name: k, secret: '{SECRET}', allowed_providers: [mock]}}\n"
         "pools:\n"
         + pool.format(pid="daily", cid="d", window="daily")
@@ -62,7 +66,7 @@ def config(mock: str) -> str:
         f"  - {{name: thinking, targets: [{A}, {B}], config: {{reasoningBuffer: true}}}}\n"
         f"  - {{name: fitted, targets: [{C}, {SMALL_B}],"
         " config: {maxRetries: 0, maxWaitMs: 0, contextCompression: {keepLastTurns: 2}}}\n"
-        f"  - {{name: checked, targets: [{A}, {B}],"
+        f"  - {{name: checked, targets: [{A}, {F}],"
         " config: {maxRetries: 0, maxWaitMs: 0, responseValidation: {jsonSchema: true}}}\n"
         f"  - {{name: chooser, strategy: auto, targets: [{D}, {E}],"
         " config: {options: {exploration: 0}}}\n"
@@ -133,13 +137,13 @@ def test_a_long_conversation_is_compressed_for_the_small_window(gw: Proc) -> Non
 def test_a_schema_violation_fails_over_and_names_the_check(gw: Proc) -> None:
     schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
     fmt = {"type": "json_schema", "json_schema": {"name": "n", "schema": schema}}
-    # the mock answers prose, never the JSON the schema asks for: both targets fail the check
-    r = chat(gw, "checked", response_format=fmt)
+    # the mock answers prose instead of the JSON the schema asks for: both targets fail it
+    r = chat(gw, "checked", "off-schema", response_format=fmt)
     assert r.status_code == 502, r.text
     assert "response validation" in r.json()["diagnostics"]["recoveryHint"]["action"]
     full = logged_diagnostics(gw)[-1]
     assert [a["outcome"] for a in full["attempted"]] == ["validation", "validation"]
-    assert [a["target"].rsplit("@", 1)[1] for a in full["attempted"]] == ["a", "b"]
+    assert [a["target"].rsplit("@", 1)[1] for a in full["attempted"]] == ["a", "f"]
 
 
 def test_auto_prefers_the_target_whose_window_resets_sooner(gw: Proc) -> None:

@@ -375,7 +375,7 @@ def _plan(call: _Call, route: str, messages: list[Any], cap: int | None) -> _Pla
     text, completion, truncated = _reply(cfg, messages, cap, fault)
     if fault.kind in _NOTHING:
         return _Plan(text, completion, truncated, [])
-    fmt = structured_format(route, body)
+    fmt = None if fault.kind == "off-schema" else structured_format(route, body)
     if fmt is not None:
         text = structured_text(fmt, text)
         completion = _estimate_tokens(len(text))

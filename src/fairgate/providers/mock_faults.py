@@ -33,6 +33,8 @@ A fault spec is the text of an ``x-mock-fault`` header or of one ``/_mock/schedu
 ``redacted-thinking``  a ``redacted_thinking`` block beside the thinking of an Anthropic answer
 ``usage-in-delta``     an Anthropic stream whose ``message_start`` counts 0 and whose
                        ``message_delta`` carries every count
+``off-schema``         prose although the request asked for a JSON schema (a model without
+                       strict structured output breaking it)
 =====================  ==========================================================================
 
 Besides faults, the mock answers what a request asks for as the providers do (forced tools,
@@ -78,6 +80,7 @@ _NO_ARG = frozenset(
         "reasoning-only",
         "redacted-thinking",
         "usage-in-delta",
+        "off-schema",
     }
 )
 _OPTIONAL_ARG = {
