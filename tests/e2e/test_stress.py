@@ -101,8 +101,9 @@ async def test_busy_cores_redis_stopped_every_replica_fails_open_and_counts_it(
     )
     # fail-open keeps clients served: every request answered, each admission counted
     assert statuses == {200: CLIENTS}
-    # fail-open answers keep the quota headers: the limit, and the reading marked unavailable
-    assert {(r.limit, r.quota) for r in results} == {("100", "unavailable")}
+    # fail-open answers keep the quota headers: the limit (each key's share of the pool's 100,
+    # issue 43 N11), and the reading marked unavailable
+    assert {(r.limit, r.quota) for r in results} == {("25", "unavailable")}
     assert sum(fail_open) == CLIENTS
     assert all(n > 0 for n in fail_open)
     assert all(n >= 1 for n in usage["outages"])  # type: ignore[attr-defined]
