@@ -723,7 +723,7 @@
     else if (d.timeToExhaustionMs === null) forecast = ema > 0 ? "no forecast" : "not running out at the current rate";
     else if (d.timeToExhaustionMs <= 0) forecast = "the pool is exhausted now";
     else forecast = `at this rate the pool runs out in ${duration(d.timeToExhaustionMs)} (around ${clock(Date.now() + d.timeToExhaustionMs)})`;
-    const caption = h("p", { class: "burn-caption", "data-ttl": d.timeToExhaustionMs === null ? "" : d.timeToExhaustionMs }, h("strong", {}, `${num(ema, d.unit)} ${unit}/min`), " (moving average) · ", forecast);
+    const caption = h("p", { class: "burn-caption", "data-ttl": d.timeToExhaustionMs === null ? "" : d.timeToExhaustionMs }, h("strong", {}, `${num(ema, d.unit)} ${unit}/min`), " (over the window) · ", forecast);
     if (!points.length) {
       section.append(h("p", { class: "muted" }, "No burn-rate data yet: the chart needs two samples of the pool's consumption, taken as traffic is settled and on refresh."), caption);
       return section;
@@ -740,7 +740,7 @@
     const chart = svg(
       "svg",
       { class: "chart", viewBox: `0 0 ${W} ${H}`, width: W, role: "img", "aria-labelledby": `${titleId} ${descId}`, "data-points": points.length },
-      svg("desc", { id: descId }, `Consumption rate in ${unit} per minute over the last ${duration(span)}; latest ${num(points[points.length - 1][1], d.unit)}, moving average ${num(ema, d.unit)}.`),
+      svg("desc", { id: descId }, `Consumption rate in ${unit} per minute over the last ${duration(span)}; latest ${num(points[points.length - 1][1], d.unit)}, rate over the window ${num(ema, d.unit)}.`),
     );
     for (const v of [0, yMax / 2, yMax]) {
       chart.append(svg("line", { class: "grid", x1: L, x2: W - R, y1: y(v), y2: y(v) }));
@@ -760,7 +760,7 @@
       "p",
       { class: "chart-legend small muted", "aria-hidden": "true" },
       h("span", {}, h("span", { class: "line-swatch" }), "rate between samples"),
-      h("span", {}, h("span", { class: "line-swatch ema-swatch" }), "moving average"),
+      h("span", {}, h("span", { class: "line-swatch ema-swatch" }), "rate over the window"),
     );
     section.append(chart, key, caption);
     return section;

@@ -147,7 +147,7 @@ class _StateCollector(Collector):
         )
         burn = GaugeMetricFamily(
             "fairgate_pool_burn_rate_per_second",
-            "EMA consumption rate per pool dimension, in the dimension's unit per second",
+            "Consumption per second over the dimension's window (its horizon), in its unit",
             labels=["pool", "dimension"],
         )
         consumed = GaugeMetricFamily(
