@@ -467,7 +467,7 @@
           "div",
           {},
           h("h2", { id: titleId }, pool.name || pool.id),
-          h("p", { class: "muted small" }, `id ${pool.id} · provider ${pool.provider} · limits from ${planSourceText(pool.planSource)}`),
+          h("p", { class: "muted small" }, `id ${pool.id} · provider ${pool.provider} · limits from ${planSourceText(pool.planSource)}${perConnectionText(pool)}`),
         ),
         h("span", { class: `badge ${status}`, "data-status": status, title: STATUS_HELP[status] }, title(status)),
       ),
@@ -494,6 +494,15 @@
     if (usage.dimensions.length) card.append(poolDetail(pool, usage, colors));
     else card.append(editButton(pool));
     return card;
+  }
+
+  // the limits shown are the pool's whole (what it enforces); say when one came from a
+  // per-connection limit (a plan's, or a percent) multiplied by the pool's connections
+  function perConnectionText(pool) {
+    const n = (pool.connections || []).length;
+    const per = (pool.effectiveDimensions || []).filter((d) => d.basis === "per-connection");
+    if (n < 2 || !per.length) return "";
+    return ` · ${per.map((d) => `${d.unit}/${d.window} ${num(d.writtenLimit, d.unit)} per connection × ${n}`).join(", ")}`;
   }
 
   function planSourceText(source) {
@@ -1114,7 +1123,7 @@
     openDialog(
       "New pool",
       () => {
-        dims = dimensionEditor([], "None: the pool enforces its first connection's plan (catalog or override, see Plans).", "dimensions");
+        dims = dimensionEditor([], "None: the pool enforces its first connection's plan (catalog or override, see Plans), once per connection. A limit set here is the whole pool's, as written (a percent limit: each connection's).", "dimensions");
         allocs = allocationEditor([], false);
         return h(
           "div",

@@ -142,7 +142,8 @@ class _StateCollector(Collector):
         )
         limit = GaugeMetricFamily(
             "fairgate_pool_limit",
-            "Pool limit per dimension (plan limit × member connections; 0 = unknown)",
+            "Pool limit per dimension as enforced (a plan's or a percent limit × connections; "
+            "0 = unknown)",
             labels=["pool", "dimension"],
         )
         burn = GaugeMetricFamily(
