@@ -21,7 +21,7 @@ from fairgate.db.base import Database
 from fairgate.db.common import MetadataUnavailable, RepoError
 from fairgate.db.connections import ConnectionRepo
 from fairgate.db.engine import database_url, open_database
-from fairgate.db.postgres import STATEMENT_DEADLINE_S
+from fairgate.db.postgres import STATEMENT_DEADLINE_S, PgDatabase
 from fairgate.db.reconcile import start_log
 from fairgate.db.repos import compare_with_config, load_registry, seed_from_config
 from fairgate.db.sealing import prepare_secrets
@@ -130,11 +130,15 @@ class Gateway:
         self._replay_task: asyncio.Task[None] | None = None
         self._gc_task: asyncio.Task[None] | None = None
         #: follows the metadata DB's change counter (writes by other replicas or workers)
-        self.watcher: ChangeWatcher | None = None
+        self.watcher: ChangeWatcher[_Snapshot] | None = None
+        #: the watcher thread's own connection to the metadata DB (opened there, on first use)
+        self._reader: Database | None = None
+        self._db_url: str | None = None
         #: the OAuth connections' tokens and logins (set by the app at start)
         self.oauth: OAuthAccounts | None = None
-        #: called after each registry rebuild (the OAuth side adopts other replicas' logins)
-        self.reload_hooks: list[Callable[[], None]] = []
+        #: called after each registry rebuild with the DB's settings as read with it (the OAuth
+        #: side adopts other replicas' logins); on the event loop, so no I/O
+        self.reload_hooks: list[Callable[[Mapping[str, str]], None]] = []
         self._watch_task: asyncio.Task[None] | None = None
         self._log_task: asyncio.Task[None] | None = None
         #: (registry version, report) of :meth:`config_report`
@@ -221,7 +225,10 @@ class Gateway:
         self.retention = RetentionGc(self.engine, pool_log=self.pool_log)
         self._gc_task = loop.create_task(self.retention.run_forever(), name="fairgate-quota-gc")
         self._started = True
-        self.watcher = ChangeWatcher(self.db, self._metadata_changed, url=db_url, poll_s=poll_s)
+        self._db_url = db_url
+        self.watcher = ChangeWatcher(
+            self.db, self._read_snapshot, self._apply_snapshot, url=db_url, poll_s=poll_s
+        )
         self.watcher.start_version()
         self.reload()
         self._warn_about_silent_gaps()
@@ -260,6 +267,11 @@ class Gateway:
             await self.engine.store.close()
         finally:
             self.db.close()
+            if self.watcher is not None:
+                self.watcher.close()
+            if self._reader is not None:
+                self._reader.close()
+                self._reader = None
 
     async def _flush_journal(self, timeout_s: float = 2.0) -> None:
         """Last chance for usage journaled during a store outage: one bounded replay. What is
@@ -311,16 +323,21 @@ class Gateway:
 
     def reload(self) -> None:
         """Rebuild the registry from the DB and swap it in (one assignment: readers see the old
-        or the new snapshot, never a mix)."""
-        self.registry = load_registry(
-            self.db,
+        or the new snapshot, never a mix). This process's own admin writes call it, on the
+        loop; another process's writes reach it through the watcher, off the loop."""
+        self.registry = self._load_registry(self.db)
+        settings = SettingsRepo(self.db).all()
+        for hook in self.reload_hooks:
+            hook(settings)
+
+    def _load_registry(self, db: Database) -> Registry:
+        return load_registry(
+            db,
             self.config.server.default_provider,
             box=self.box,
             version=self.registry.version + 1,
             require_allocation=self.config.server.require_allocation,
         )
-        for hook in self.reload_hooks:
-            hook()
 
     def config_report(self) -> dict[str, object]:
         """The config file's mode and what differs between it and the database (names of
@@ -363,15 +380,31 @@ class Gateway:
             raise ValueError("FAIRGATE_ADMISSION_LOG_MAX_AGE_S must be a whole number of seconds")
         return max(60, int(raw)) * 1000
 
-    def _metadata_changed(self) -> None:
-        """Another process (a replica, a worker, the CLI) wrote the metadata DB: rebuild the
-        snapshot and re-read the settings, as this process's own admin API does after a write."""
-        self.reload()
-        db_settings = SettingsRepo(self.db).all()
-        self.quota_settings = self._settings_from(db_settings)
+    def _read_snapshot(self) -> _Snapshot:
+        """Another process (a replica, a worker, the CLI) wrote the metadata DB: read the new
+        snapshot and the settings. On the watcher's thread, over its own connection: the event
+        loop never waits on the database for it (db/watch.py)."""
+        db = self._reader
+        if db is None:
+            db = self._reader = open_database(
+                self._db_url, self.db_path, statement_deadline_s=STATEMENT_DEADLINE_S, migrate=False
+            )
+        if isinstance(db, PgDatabase):
+            db.set_reachable(True)  # the watcher has just read from the server
+        return _Snapshot(self._load_registry(db), SettingsRepo(db).all())
+
+    def _apply_snapshot(self, snap: _Snapshot) -> None:
+        """Swap in what :meth:`_read_snapshot` read, as this process's own admin API does after
+        a write; on the loop, with no I/O."""
+        self.registry = snap.registry
+        for hook in self.reload_hooks:
+            hook(snap.settings)
+        self.quota_settings = self._settings_from(snap.settings)
         self.engine.settings = self.quota_settings
         if self.resilience is not None:
-            self.resilience.update_settings(ResilienceSettings.from_sources(self.env, db_settings))
+            self.resilience.update_settings(
+                ResilienceSettings.from_sources(self.env, snap.settings)
+            )
 
     def _metadata_poll_s(self) -> float | None:
         """``FAIRGATE_METADATA_POLL_MS``: how often the change counter is read (default 250 ms
@@ -415,6 +448,14 @@ class Gateway:
     def _settings_from(self, db_settings: Mapping[str, str]) -> QuotaSettings:
         base = QuotaSettings.from_sources(self.env, db_settings)
         return dataclasses.replace(base, default_max_tokens=self.config.server.default_max_tokens)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Snapshot:
+    """What a rebuild reads from the metadata DB: the registry and the settings table."""
+
+    registry: Registry
+    settings: Mapping[str, str]
 
 
 def _slot_leases(store: object) -> SlotLeases | None:
