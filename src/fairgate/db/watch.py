@@ -105,6 +105,69 @@ def _close_after(read: asyncio.Future[int], conn: psycopg.AsyncConnection[Any]) 
     read.add_done_callback(close)
 
 
+class MetadataProbe:
+    """Whether the PostgreSQL server answers now, asked without holding the event loop: a
+    ``SELECT 1`` on an async connection of its own, given up after :data:`READ_TIMEOUT_S` of
+    responsive loop time.
+
+    Why: the admin API's repositories use the synchronous connection on the loop; a statement
+    sent to a server that has just hung (before the watcher noticed) held the loop, and every
+    request of the replica, for the statement deadline (5.0 s seen, issue 48 item 5). An admin
+    call asks this first: while it waits, requests go on; a server that does not answer makes
+    the call a 503 and the synchronous connection refuses statements until the watcher reads
+    from the server again."""
+
+    def __init__(self, url: str) -> None:
+        self._url = url
+        self._conn: psycopg.AsyncConnection[Any] | None = None
+        self._lock = asyncio.Lock()
+        self._abandoned: list[asyncio.Future[int]] = []
+
+    async def answers(self) -> bool:
+        async with self._lock:
+            try:
+                conn: psycopg.AsyncConnection[Any] | None = self._conn
+                if conn is None or conn.closed or conn.broken:
+                    conn = await call_within(
+                        psycopg.AsyncConnection.connect(
+                            self._url, autocommit=True, connect_timeout=3
+                        ),
+                        READ_TIMEOUT_S,
+                        ceiling_s=READ_CEILING_S,
+                    )
+                    self._conn = conn
+                assert conn is not None
+                await _read_within(self._one(conn), self._abandoned)
+                return True
+            except (psycopg.Error, NoReply, OSError):
+                self._drop()
+                return False
+
+    async def close(self) -> None:
+        async with self._lock:
+            self._drop()
+
+    @staticmethod
+    async def _one(conn: psycopg.AsyncConnection[Any]) -> int:
+        cur = await conn.execute("SELECT 1")
+        row = await cur.fetchone()
+        return int(row[0]) if row is not None else 0
+
+    def _drop(self) -> None:
+        """Forget the connection; closed once a read given up on it has ended (_close_after)."""
+        conn, self._conn = self._conn, None
+        pending = [t for t in self._abandoned if not t.done()]
+        self._abandoned.clear()
+        if conn is None:
+            return
+        if pending:
+            _close_after(pending[0], conn)
+        else:
+            closing = asyncio.ensure_future(conn.close())
+            _CLOSING.add(closing)
+            closing.add_done_callback(_CLOSING.discard)
+
+
 def read_version(db: Database) -> int:
     row = db.execute(_VERSION_SQL).fetchone()
     return int(row[0]) if row is not None else 0

@@ -26,7 +26,7 @@ from fairgate.db.reconcile import start_log
 from fairgate.db.repos import compare_with_config, load_registry, seed_from_config
 from fairgate.db.sealing import prepare_secrets
 from fairgate.db.settings import SettingsRepo, access_policy
-from fairgate.db.watch import ChangeWatcher
+from fairgate.db.watch import READ_TIMEOUT_S, ChangeWatcher, MetadataProbe
 from fairgate.files import private_dir
 from fairgate.quota.engine import QuotaEngine
 from fairgate.quota.model import Pool, unenforced_pools
@@ -133,6 +133,8 @@ class Gateway:
         self.watcher: ChangeWatcher[_Snapshot] | None = None
         #: the watcher thread's own connection to the metadata DB (opened there, on first use)
         self._reader: Database | None = None
+        #: asks PostgreSQL whether it answers before an admin call uses the loop's connection
+        self._probe: MetadataProbe | None = None
         self._db_url: str | None = None
         #: the OAuth connections' tokens and logins (set by the app at start)
         self.oauth: OAuthAccounts | None = None
@@ -226,6 +228,7 @@ class Gateway:
         self._gc_task = loop.create_task(self.retention.run_forever(), name="fairgate-quota-gc")
         self._started = True
         self._db_url = db_url
+        self._probe = MetadataProbe(db_url) if db_url is not None else None
         self.watcher = ChangeWatcher(
             self.db, self._read_snapshot, self._apply_snapshot, url=db_url, poll_s=poll_s
         )
@@ -265,6 +268,8 @@ class Gateway:
             if self.resilience is not None:
                 await self.resilience.close()
             await self.engine.store.close()
+            if self._probe is not None:
+                await self._probe.close()
         finally:
             self.db.close()
             if self.watcher is not None:
@@ -358,6 +363,21 @@ class Gateway:
                 report["differences"] = [d.as_json() for d in result.differences]
                 self._config_report = (version, report)
         return report
+
+    async def ensure_metadata_answers(self) -> None:
+        """Before an admin call uses the metadata DB on the event loop: on PostgreSQL, ask the
+        server (asynchronously, bounded) whether it answers; it does not → the synchronous
+        connection refuses statements until the watcher reads from it again, and the call
+        raises :class:`MetadataUnavailable` (a 503) without having held the loop."""
+        db = self.db
+        if self._probe is None or not isinstance(db, PgDatabase) or not db.reachable:
+            return  # SQLite is a local file; an unreachable server is refused at once anyway
+        if not await self._probe.answers():
+            db.set_reachable(False)
+            raise MetadataUnavailable(
+                "the metadata database is unreachable (it did not answer within "
+                f"{READ_TIMEOUT_S:g} s)"
+            )
 
     def _metadata_readable(self) -> bool:
         return self.watcher is None or self.watcher.healthy
