@@ -143,8 +143,9 @@ class Gateway:
         self.reload_hooks: list[Callable[[Mapping[str, str]], None]] = []
         self._watch_task: asyncio.Task[None] | None = None
         self._log_task: asyncio.Task[None] | None = None
-        #: (registry version, report) of :meth:`config_report`
-        self._config_report: tuple[int, dict[str, object]] | None = None
+        #: what differs between the config file and the database, as last compared (None: not
+        #: compared yet, or the comparison failed every time so far)
+        self._config_differences: list[dict[str, object]] | None = None
 
     @property
     def db_path(self) -> Path:
@@ -332,6 +333,9 @@ class Gateway:
         loop; another process's writes reach it through the watcher, off the loop."""
         self.registry = self._load_registry(self.db)
         settings = SettingsRepo(self.db).all()
+        differences = self._compare_config(self.db)
+        if differences is not None:
+            self._config_differences = differences
         for hook in self.reload_hooks:
             hook(settings)
 
@@ -346,23 +350,11 @@ class Gateway:
 
     def config_report(self) -> dict[str, object]:
         """The config file's mode and what differs between it and the database (names of
-        objects and fields, never a value), for ``/health``. Compared again once per registry
-        snapshot (any write to the metadata rebuilds it), and not while the metadata DB is
-        down: the last report stands, ``differences`` is null if there is none yet."""
-        version = self.registry.version
-        cached = self._config_report
-        if cached is not None and (cached[0] == version or not self._metadata_readable()):
-            return cached[1]
-        report: dict[str, object] = {"mode": self.config.server.config_mode, "differences": None}
-        if self._metadata_readable():
-            try:
-                result = compare_with_config(self.db, self.config, box=self.box)
-            except (MetadataUnavailable, RepoError, SecretKeyError) as exc:
-                log.warning("comparing the config file with the database failed (%s)", exc)
-            else:
-                report["differences"] = [d.as_json() for d in result.differences]
-                self._config_report = (version, report)
-        return report
+        objects and fields, never a value), for ``/health``: as compared with the last snapshot
+        read (at start, then on the watcher's thread with each rebuild), never here: ``/health``
+        must not wait on the database (a hung server held the loop 3-5 s per call, issue 48).
+        ``differences`` is null until a comparison succeeded."""
+        return {"mode": self.config.server.config_mode, "differences": self._config_differences}
 
     async def ensure_metadata_answers(self) -> None:
         """Before an admin call uses the metadata DB on the event loop: on PostgreSQL, ask the
@@ -379,8 +371,13 @@ class Gateway:
                 f"{READ_TIMEOUT_S:g} s)"
             )
 
-    def _metadata_readable(self) -> bool:
-        return self.watcher is None or self.watcher.healthy
+    def _compare_config(self, db: Database) -> list[dict[str, object]] | None:
+        try:
+            result = compare_with_config(db, self.config, box=self.box)
+        except (MetadataUnavailable, RepoError, SecretKeyError) as exc:
+            log.warning("comparing the config file with the database failed (%s)", exc)
+            return None
+        return [d.as_json() for d in result.differences]
 
     def _log_backend(self, db_settings: Mapping[str, str]) -> LogBackend:
         """Where the admission log lives: with the counters, so it is shared as widely."""
@@ -411,12 +408,14 @@ class Gateway:
             )
         if isinstance(db, PgDatabase):
             db.set_reachable(True)  # the watcher has just read from the server
-        return _Snapshot(self._load_registry(db), SettingsRepo(db).all())
+        return _Snapshot(self._load_registry(db), SettingsRepo(db).all(), self._compare_config(db))
 
     def _apply_snapshot(self, snap: _Snapshot) -> None:
         """Swap in what :meth:`_read_snapshot` read, as this process's own admin API does after
         a write; on the loop, with no I/O."""
         self.registry = snap.registry
+        if snap.differences is not None:
+            self._config_differences = snap.differences
         for hook in self.reload_hooks:
             hook(snap.settings)
         self.quota_settings = self._settings_from(snap.settings)
@@ -476,6 +475,8 @@ class _Snapshot:
 
     registry: Registry
     settings: Mapping[str, str]
+    #: the config file compared with the database (None: the comparison failed)
+    differences: list[dict[str, object]] | None = None
 
 
 def _slot_leases(store: object) -> SlotLeases | None:
