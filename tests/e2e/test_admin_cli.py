@@ -182,6 +182,44 @@ def test_pools_list_and_usage(gw: tuple[Proc, str]) -> None:
     assert "not found" in failed(cli(proc, "pools", "usage", "nope"))
 
 
+def test_a_two_connection_pools_limit_is_one_number_everywhere(
+    mock_upstream: Proc, start_gateway: GatewayFactory
+) -> None:
+    """Issue 48, item 3: ``limit: 3`` on a pool of two connections admits 3 (it admitted 6),
+    and the gateway process's API, ``pools list`` and ``pools usage`` all say 3."""
+    alice = new_secret()
+    conn = f"base_url: '{mock_upstream.url}/v1', secret: '{UPSTREAM_SECRET}', models: [gpt-4o-mini]"
+    proc = start_gateway(
+        "server: {default_provider: mock}\n"
+        "connections:\n"
+        f"  - {{id: mock-1, provider: mock, {conn}}}\n"
+        f"  - {{id: mock-2, provider: mock, {conn}}}\n"
+        f"keys:\n  - {{id: alice, name: Alice, secret: '{alice}'}}\n"
+        "pools:\n"
+        "  - id: shared\n    connections: [mock-1, mock-2]\n"
+        "    dimensions: [{unit: requests, window: hourly, limit: 3}]\n"
+        "    allocations: [{key: alice, weight: 100}]\n"
+    )
+    body = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}]}
+    codes = [
+        httpx.post(
+            proc.url + "/v1/chat/completions",
+            headers={"authorization": f"Bearer {alice}"},
+            json=body,
+            timeout=30,
+        ).status_code
+        for _ in range(6)
+    ]
+    assert codes == [200, 200, 200, 429, 429, 429]
+    (pool,) = as_json(cli(proc, "pools", "list", "--json"))
+    assert [(d["limit"], d["basis"]) for d in pool["effectiveDimensions"]] == [(3, "pool")]
+    usage = as_json(cli(proc, "pools", "usage", "shared", "--json"))
+    assert [(d["limit"], d["total"]) for d in usage["dimensions"]] == [(3, 3)]
+    env = {"FAIRGATE_URL": proc.url, "FAIRGATE_ADMIN_KEY": ADMIN_KEY, "COLUMNS": "200"}
+    assert "3 requests/hourly" in runner.invoke(app, ["pools", "list"], env=env).stdout
+    assert "3 of 3" in cli(proc, "pools", "usage", "shared").stdout
+
+
 def test_pools_allow_and_disallow(gw: tuple[Proc, str]) -> None:
     """A key gets into a pool by one command, without resending the pool's allocations: it can
     then use the pool's connection (allocations are required on a new data directory), the

@@ -49,7 +49,7 @@ POOL = (
     "pools:\n"
     "  - id: p\n"
     "    connections: [mock-1, mock-2]\n"
-    "    dimensions: [{unit: requests, window: hourly, limit: 2}]\n"  # 2 members: 4 in all
+    "    dimensions: [{unit: requests, window: hourly, limit: 4}]\n"  # the pool's: 4 in all
     "    allocations:\n"
     "      - {key: a, weight: 100, policy: hard}\n"
 )

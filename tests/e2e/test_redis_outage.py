@@ -27,14 +27,14 @@ from outage_support import (
     wait_for,
 )
 
-# 100 requests/month (2 connections x 50; a long window, so no bucket turns during the test);
+# 100 requests/month (the pool's, as written; a long window, so no bucket turns in the test);
 # strict from 50 used. "a" may borrow while the pool is generous but its share is 20; "b" has 80.
 POOLS = (
     "pools:\n"
     "  - id: outage\n"
     "    name: Outage\n"
     "    connections: [mock-1, mock-2]\n"
-    "    dimensions: [{unit: requests, window: monthly, limit: 50}]\n"
+    "    dimensions: [{unit: requests, window: monthly, limit: 100}]\n"
     "    allocations:\n"
     "      - {key: a, weight: 20, policy: hard}\n"
     "      - {key: b, weight: 80, policy: hard}\n"
@@ -188,7 +188,7 @@ async def test_hung_redis_costs_one_timeout_then_admissions_fail_open_at_once(
     probe that confirms it (1 s); with the circuit open every later admission fails open
     without asking Redis. Latencies are reported, not asserted (a busy host stretches them);
     what is asserted is who waited: at most the requests in flight at the hang."""
-    roomy = POOLS.replace("limit: 50", "limit: 100000")  # nothing is refused in this one
+    roomy = POOLS.replace("limit: 100}", "limit: 100000}")  # nothing is refused in this one
     gw, keys = _gateway(start_gateway, mock_upstream, throwaway_redis, roomy)
     load = Load(gw.url, keys["a"], workers=WORKERS, pause_s=0.02)
     async with httpx.AsyncClient(base_url=gw.url, timeout=10) as api:

@@ -35,11 +35,11 @@ async def test_four_replicas_400_clients_request_limit_100_admit_exactly_100(
             "QUOTA_STORE_REDIS_URL": request.getfixturevalue("redis_cluster_url"),
             "QUOTA_STORE_REDIS_PREFIX": request.getfixturevalue("redis_cluster_prefix"),
         }
-    # 2 connections x 50 = 100 requests per month (a window that does not turn during the test)
+    # 100 requests per month for the pool (a window that does not turn during the test)
     gws, keys = replicas(
         start_gateway,
         mock_upstream,
-        pools("{unit: requests, window: monthly, limit: 50}"),
+        pools("{unit: requests, window: monthly, limit: 100}"),
         extra_env=cluster,
         own_redis=bool(cluster),
     )
@@ -87,11 +87,11 @@ async def test_four_replicas_token_limit_overshoot_bounded_by_the_estimate_error
     start_gateway: GatewayFactory,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    limit = 2 * 1_300  # 2 connections x 1,300 tokens per month
+    limit = 2_600  # tokens per month for the pool, as written
     gws, keys = replicas(
         start_gateway,
         mock_upstream,
-        pools("{unit: tokens, window: monthly, limit: 1300}"),
+        pools("{unit: tokens, window: monthly, limit: 2600}"),
         default_max_tokens=4,
     )
     # 40 characters: 10 prompt tokens, for the gateway's estimate and for the mock alike

@@ -58,7 +58,7 @@ async def models(url: str, secret: str) -> int:
 
 def _one_pool(keys: dict[str, str]) -> str:
     del keys
-    return pools("{unit: requests, window: monthly, limit: 50}")
+    return pools("{unit: requests, window: monthly, limit: 100}")
 
 
 @pytest.mark.slow

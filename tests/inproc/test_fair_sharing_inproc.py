@@ -36,8 +36,8 @@ def config() -> dict[str, object]:
             {
                 "id": "shared",
                 "name": "Shared",
-                "connections": ["mock-1", "mock-2"],  # 2 members × 50 per connection = 100
-                "dimensions": [{"unit": "requests", "window": "hourly", "limit": 50}],
+                "connections": ["mock-1", "mock-2"],  # the pool's own limit: 100 in all
+                "dimensions": [{"unit": "requests", "window": "hourly", "limit": 100}],
                 "allocations": [
                     {"key": "a", "weight": 50, "policy": "hard"},
                     {"key": "b", "weight": 30, "policy": "hard"},

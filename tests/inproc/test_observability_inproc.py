@@ -34,8 +34,8 @@ def config() -> dict[str, Any]:
             {
                 "id": "p",
                 "connections": ["mock-1", "mock-2"],
-                # 2 members: 4 in all
-                "dimensions": [{"unit": "requests", "window": "hourly", "limit": 2}],
+                # the pool's own limit: 4 in all, whatever its members
+                "dimensions": [{"unit": "requests", "window": "hourly", "limit": 4}],
                 "allocations": [{"key": "a", "weight": 100, "policy": "hard"}],
             }
         ],

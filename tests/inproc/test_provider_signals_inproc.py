@@ -48,7 +48,7 @@ async def test_provider_saturation_makes_the_pool_strict(tmp_path: Path) -> None
         "id": "sat",
         "name": "Sat",
         "connections": ["mock-1", "mock-2"],
-        "dimensions": [{"unit": "requests", "window": "hourly", "limit": 50}],
+        "dimensions": [{"unit": "requests", "window": "hourly", "limit": 100}],
         "allocations": [{"key": "big", "weight": 98}, {"key": "small", "weight": 2}],
     }
     timer = ManualTimer()

@@ -36,6 +36,9 @@ class TcpCut:
         self._flowing = threading.Event()
         self._flowing.set()
         self._conns: list[socket.socket] = []
+        #: chunks the client side sent that the relay holds back (frozen): a test's sign that
+        #: the code under test is waiting on the server
+        self.held = 0
         self._listener: socket.socket | None = None
         #: the server's URL through the relay (set by :meth:`for_url`)
         self.url = ""
@@ -79,6 +82,10 @@ class TcpCut:
         self.thaw()
         self.cut()
 
+    def _hold(self) -> None:
+        with self._lock:
+            self.held += 1
+
     def _accept(self, ls: socket.socket) -> None:
         number = 0
         while True:
@@ -96,7 +103,10 @@ class TcpCut:
                 self._conns += [client, upstream]
             for a, b, asks in ((client, upstream, True), (upstream, client, False)):
                 tap = None if self._tap is None else functools.partial(self._tap, number, asks)
-                threading.Thread(target=_pump, args=(a, b, self._flowing, tap), daemon=True).start()
+                held = self._hold if asks else None
+                threading.Thread(
+                    target=_pump, args=(a, b, self._flowing, tap, held), daemon=True
+                ).start()
             number += 1
 
 
@@ -105,9 +115,12 @@ def _pump(
     dst: socket.socket,
     flowing: threading.Event,
     tap: Callable[[bytes], None] | None,
+    held: Callable[[], None] | None = None,
 ) -> None:
     try:
         while data := src.recv(65536):
+            if held is not None and not flowing.is_set():
+                held()
             flowing.wait()
             if tap is not None:
                 tap(data)

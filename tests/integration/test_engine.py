@@ -156,7 +156,9 @@ async def test_settles_sample_the_burn_rate_when_a_series_is_due_and_only_then(
         clock.advance(1_000)
     series = engine.burn_samples(pool.id, "requests/hourly")
     assert series is not None
-    assert [s.t_ms - start for s in series.samples] == [0, 5_000, 10_000]
+    # sampled at 0, 5 and 10 s; samples closer than the hour's spacing (30 s) are merged into
+    # the newest, so the head is the one at 10 s: the settles at 11 and 12 s took none
+    assert [s.t_ms - start for s in series.samples] == [0, 10_000]
     tokens = Dimension(Unit.TOKENS, Window.HOURLY, 10_000)
     wider = dataclasses.replace(pool, dimensions=(*pool.dimensions, tokens))
     adm = await engine.admit(wider, "c", {Unit.REQUESTS: 1, Unit.TOKENS: 10})

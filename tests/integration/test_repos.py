@@ -215,11 +215,13 @@ def test_pool_crud_and_resolution(populated: Database) -> None:
     assert pool.allocation("alice") == alloc
     assert pool.share_mode is ShareMode.ACTIVE
     PlanRepo(populated).set("m1", [REQ_H])
-    assert repo.get("p").dimensions == (REQ_H,)  # first member's override
+    # first member's override: one account's plan, enforced once per member (issue 48)
+    two = (replace(REQ_H, limit=2 * REQ_H.limit),)
+    assert repo.get("p").dimensions == two
     PlanRepo(populated).set("m2", [TOK_D])
-    assert repo.get("p").dimensions == (REQ_H,)  # only the first member counts
+    assert repo.get("p").dimensions == two  # only the first member counts
     repo.update(replace(rec, dimensions=(TOK_D,)))
-    assert repo.get("p").dimensions == (TOK_D,)  # explicit wins
+    assert repo.get("p").dimensions == (TOK_D,)  # explicit wins, and is the pool's as written
     with pytest.raises(Conflict):
         repo.create(rec)
     repo.delete("p")
@@ -484,8 +486,9 @@ def test_load_registry(db: Database) -> None:
     assert "anthropic" not in reg.by_provider  # disabled connections are not routable
     assert [c.id for c in reg.by_provider["mock"]] == ["m1", "m2"]
     demo = reg.pools["demo"]
-    assert demo.dimensions == (REQ_H,)  # the override of its first member
-    assert demo.effective_limit(REQ_H) == 200
+    # the override of its first member: one account's plan, so the pool of two enforces it twice
+    assert demo.dimensions == (Dimension(Unit.REQUESTS, Window.HOURLY, 200),)
+    assert demo.written_limit(demo.dimensions[0]) == REQ_H.limit
     assert demo.weight_of("alice") == 50
     assert demo.allocation("bob") is not None
     assert reg.pools["kp"].dimensions == (Dimension(Unit.TOKENS, Window.DAILY, 5),)

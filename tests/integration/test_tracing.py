@@ -8,6 +8,7 @@ the attributes name the key id, pool, connection and outcome, and never a secret
 from __future__ import annotations
 
 import asyncio
+import io
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -165,6 +166,79 @@ async def test_each_upstream_attempt_of_a_fallback_is_its_own_span(
     (root,) = [s for s in spans if s.name == "fairgate.request"]
     assert {s.parent.span_id for s in attempts if s.parent} == {root.context.span_id}
     no_secret(spans)
+
+
+async def test_a_callers_traceparent_is_continued(
+    exporter: InMemorySpanExporter, gateway: tuple[httpx.AsyncClient, MockUpstream]
+) -> None:
+    """Issue 48, item 7: the request's span is the caller's span's child, in its trace (it
+    began a new trace), and the admission, attempt and settlement follow it there."""
+    client, _ = gateway
+    trace_id, span_id = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+    r = await client.post(
+        "/v1/chat/completions",
+        json={"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}]},
+        headers={
+            "Authorization": f"Bearer {ALICE}",
+            "traceparent": f"00-{trace_id}-{span_id}-01",
+            "tracestate": "vendor=x",
+        },
+    )
+    assert r.status_code == 200, r.text
+    spans = await finished(exporter, 1)
+    (root,) = [s for s in spans if s.name == "fairgate.request"]
+    assert format(root.context.trace_id, "032x") == trace_id
+    assert root.parent is not None
+    assert format(root.parent.span_id, "016x") == span_id
+    assert root.parent.is_remote
+    assert root.kind.name == "SERVER"
+    assert root.context.trace_state.get("vendor") == "x"
+    assert {format(s.context.trace_id, "032x") for s in spans} == {trace_id}
+
+
+def test_the_sdks_variables_choose_the_exporters() -> None:
+    plan = tracing.plan_from_env
+    assert plan({}).exporters == ()
+    assert plan({"OTEL_TRACES_EXPORTER": "console"}).exporters == ("console",)
+    assert plan({"OTEL_TRACES_EXPORTER": " Console , otlp "}).exporters == ("console", "otlp")
+    assert plan({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318"}).exporters == ("otlp",)
+    assert plan({"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://c:4318/v1/traces"}).exporters == (
+        "otlp",
+    )
+    endpoint = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318"}
+    assert plan({**endpoint, "OTEL_TRACES_EXPORTER": "none"}).exporters == ()
+    assert plan({**endpoint, "OTEL_SDK_DISABLED": "true"}).exporters == ()
+    assert plan({**endpoint, "OTEL_TRACES_EXPORTER": "console"}).exporters == ("console",)
+    zipkin = plan({"OTEL_TRACES_EXPORTER": "zipkin,console"})
+    assert zipkin.exporters == ("console",)
+    (warning,) = zipkin.warnings
+    assert "'zipkin' is not supported" in warning
+    grpc = plan({**endpoint, "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"})
+    assert grpc.exporters == ("otlp",)
+    assert "OTEL_EXPORTER_OTLP_PROTOCOL=grpc is not supported" in grpc.warnings[0]
+
+
+async def test_the_console_exporter_prints_the_spans(
+    gateway: tuple[httpx.AsyncClient, MockUpstream],
+) -> None:
+    """``OTEL_TRACES_EXPORTER=console`` was ignored (nothing traced without an OTLP endpoint)."""
+    client, _ = gateway
+    out = io.StringIO()
+    try:
+        assert tracing.configure_from_env({"OTEL_TRACES_EXPORTER": "console"}, console=out)
+        await chat(client, "gpt-4o-mini")
+        for _ in range(500):  # the settlement runs after the answer
+            if tracing._STATE.provider is not None and '"fairgate.settle"' in out.getvalue():
+                break
+            tracing._STATE.provider.force_flush()
+            await asyncio.sleep(0.01)
+    finally:
+        tracing.shutdown()
+    printed = out.getvalue()
+    for name in ("fairgate.request", "fairgate.admission", "fairgate.attempt", "fairgate.settle"):
+        assert f'"name": "{name}"' in printed, name
+    assert '"fairgate.key_id": "alice"' in printed
+    assert ALICE not in printed
 
 
 def test_tracing_is_off_without_an_endpoint() -> None:

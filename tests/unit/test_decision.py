@@ -31,7 +31,16 @@ from fairgate.quota.decision import (
     water_fill_level,
     with_pace,
 )
-from fairgate.quota.model import Allocation, Dimension, ModelCap, Policy, Pool, ShareMode
+from fairgate.quota.model import (
+    Allocation,
+    Dimension,
+    LimitBasis,
+    ModelCap,
+    Policy,
+    Pool,
+    ShareMode,
+    pool_limits,
+)
 from fairgate.quota.window import Anchor, Count, ms_until_at_most
 
 H, S, B = Policy.HARD, Policy.SOFT, Policy.BURST
@@ -167,10 +176,31 @@ def test_weights_need_not_sum_to_100_and_zero_weight_key_gets_nothing() -> None:
     assert static_fair_share(pool, "stranger", dim) == 0
 
 
-def test_limit_times_member_count() -> None:
+def test_a_pools_own_limit_is_enforced_as_written_whatever_its_members() -> None:
+    """Issue 48, item 3: ``limit: 100`` on a three-connection pool admits 100, not 300."""
     pool = _pool((Allocation("a", 50),), members=3)
     (c,) = compile_checks(pool, pool.allocations[0], {Unit.REQUESTS: 1})
-    assert (c.limit, c.fair_share) == (300, 150)
+    assert (c.limit, c.fair_share) == (100, 50)
+    assert pool.basis(pool.dimensions[0]) is LimitBasis.POOL
+
+
+def test_a_plans_limit_and_a_percent_are_per_connection() -> None:
+    """A plan is one account's (catalogue or override), and a percent is of one account's
+    window: the pool enforces them once per member, multiplied once where it is resolved."""
+    req = Dimension(Unit.REQUESTS, Window.HOURLY, 100)
+    pct = Dimension(Unit.PERCENT, Window.FIVE_HOURS, 100)
+    dims, per = pool_limits((req,), from_plan=True, members=3)
+    assert [d.limit for d in dims] == [300]
+    assert per == {req.key}
+    dims, per = pool_limits((req, pct), from_plan=False, members=3)
+    assert [d.limit for d in dims] == [100, 300]
+    assert per == {pct.key}
+    pool = dataclasses.replace(
+        _pool((Allocation("a", 50),), dims=dims, members=3), per_connection=per
+    )
+    checks = compile_checks(pool, pool.allocations[0], {Unit.REQUESTS: 1, Unit.PERCENT: 1})
+    assert [(c.limit, c.fair_share) for c in checks] == [(100, 50), (300, 150)]
+    assert [pool.written_limit(d) for d in pool.dimensions] == [100, 100]
 
 
 def test_unknown_limit_dimensions_are_skipped_and_cap_only_on_its_unit() -> None:

@@ -462,8 +462,9 @@ def config_check(
     """Validate a config file without starting anything: every problem with its field path
     (``pools.0.allocations.1.weight: …``); exit 2 when there is any. A valid file is then
     compared with the metadata database a start would use (read only): the mode
-    (``server.config_mode``), the pools that would enforce nothing or whose weights do not sum
-    near 100, and, per object, what differs and what a start does about it."""
+    (``server.config_mode``), what each pool will enforce, the pools that would enforce nothing
+    or whose weights do not sum near 100, and, per object, what differs and what a start does
+    about it."""
     from fairgate.config import ConfigError, load_config, weight_warnings
     from fairgate.db.inspection import compare_database
 
@@ -492,6 +493,8 @@ def config_check(
         # a newcomer's silent gaps: pools that would enforce nothing (no limits known), and
         # weights read as relative parts (they are percentages of the limit)
         "warnings": compared.warnings(cfg) + [f"{p}: {m}" for p, m in weight_warnings(cfg)],
+        # the limits each pool will enforce, as every surface will show them (issue 48)
+        "enforced": compared.enforced(cfg),
         "database": compared.as_json(),
     }
     _show(summary, as_json, lambda s: render.config_check(str(file), s))

@@ -75,7 +75,7 @@ def pools_table(pools: Sequence[JSON]) -> Table:
         t.add_column(col)
     for p in pools:
         dims = ", ".join(
-            f"{d['limit']:g} {d['unit']}/{d['window']}" for d in p.get("effectiveDimensions", [])
+            enforced_dimension(d, len(p["connections"])) for d in p.get("effectiveDimensions", [])
         )
         t.add_row(
             p["id"],
@@ -88,6 +88,16 @@ def pools_table(pools: Sequence[JSON]) -> Table:
             ),
         )
     return t
+
+
+def enforced_dimension(d: JSON, connections: int) -> str:
+    """``200 requests/hourly (100 per connection × 2)``: the limit the pool enforces, the
+    number ``pools usage`` and the dashboard show, and where it comes from when it is not the
+    pool's own as written."""
+    text = f"{d['limit']:g} {d['unit']}/{d['window']}"
+    if d.get("basis") == "per-connection" and connections > 1:
+        text += f" ({d['writtenLimit']:g} per connection × {connections})"
+    return text
 
 
 def usage_view(usage: JSON) -> Group:
@@ -320,6 +330,15 @@ def config_check(file: str, s: JSON) -> str:
         f"key(s), {s['pools']} pool(s), {s['combos']} combo(s)",
         f"mode: {mode} (server.config_mode): {CONFIG_MODES.get(mode, '')}",
     ]
+    for pool in s.get("enforced", ()):
+        dims = [
+            enforced_dimension(d, int(pool["connections"]))
+            + ("" if d["enforced"] else " (unknown: not enforced)")
+            for d in pool["dimensions"]
+        ]
+        lines.append(
+            f"pool {escape(str(pool['pool']))} enforces: {escape(', '.join(dims) or 'nothing')}"
+        )
     lines.extend(f"[yellow]warning:[/] {escape(str(w))}" for w in s.get("warnings", ()))
     db = s.get("database") or {}
     where = escape(str(db.get("where", "")))

@@ -469,7 +469,7 @@
           "div",
           {},
           h("h2", { id: titleId }, pool.name || pool.id),
-          h("p", { class: "muted small" }, `id ${pool.id} · provider ${pool.provider} · limits from ${planSourceText(pool.planSource)}`),
+          h("p", { class: "muted small" }, `id ${pool.id} · provider ${pool.provider} · limits from ${planSourceText(pool.planSource)}${perConnectionText(pool)}`),
         ),
         h("span", { class: `badge ${status}`, "data-status": status, title: STATUS_HELP[status] }, title(status)),
       ),
@@ -496,6 +496,15 @@
     if (usage.dimensions.length) card.append(poolDetail(pool, usage, colors));
     else card.append(editButton(pool));
     return card;
+  }
+
+  // the limits shown are the pool's whole (what it enforces); say when one came from a
+  // per-connection limit (a plan's, or a percent) multiplied by the pool's connections
+  function perConnectionText(pool) {
+    const n = (pool.connections || []).length;
+    const per = (pool.effectiveDimensions || []).filter((d) => d.basis === "per-connection");
+    if (n < 2 || !per.length) return "";
+    return ` · ${per.map((d) => `${d.unit}/${d.window} ${num(d.writtenLimit, d.unit)} per connection × ${n}`).join(", ")}`;
   }
 
   function planSourceText(source) {
@@ -725,7 +734,7 @@
     else if (d.timeToExhaustionMs === null) forecast = ema > 0 ? "no forecast" : "not running out at the current rate";
     else if (d.timeToExhaustionMs <= 0) forecast = "the pool is exhausted now";
     else forecast = `at this rate the pool runs out in ${duration(d.timeToExhaustionMs)} (around ${clock(Date.now() + d.timeToExhaustionMs)})`;
-    const caption = h("p", { class: "burn-caption", "data-ttl": d.timeToExhaustionMs === null ? "" : d.timeToExhaustionMs }, h("strong", {}, `${num(ema, d.unit)} ${unit}/min`), " (moving average) · ", forecast);
+    const caption = h("p", { class: "burn-caption", "data-ttl": d.timeToExhaustionMs === null ? "" : d.timeToExhaustionMs }, h("strong", {}, `${num(ema, d.unit)} ${unit}/min`), " (over the window) · ", forecast);
     if (!points.length) {
       section.append(h("p", { class: "muted" }, "No burn-rate data yet: the chart needs two samples of the pool's consumption, taken as traffic is settled and on refresh."), caption);
       return section;
@@ -742,7 +751,7 @@
     const chart = svg(
       "svg",
       { class: "chart", viewBox: `0 0 ${W} ${H}`, width: W, role: "img", "aria-labelledby": `${titleId} ${descId}`, "data-points": points.length },
-      svg("desc", { id: descId }, `Consumption rate in ${unit} per minute over the last ${duration(span)}; latest ${num(points[points.length - 1][1], d.unit)}, moving average ${num(ema, d.unit)}.`),
+      svg("desc", { id: descId }, `Consumption rate in ${unit} per minute over the last ${duration(span)}; latest ${num(points[points.length - 1][1], d.unit)}, rate over the window ${num(ema, d.unit)}.`),
     );
     for (const v of [0, yMax / 2, yMax]) {
       chart.append(svg("line", { class: "grid", x1: L, x2: W - R, y1: y(v), y2: y(v) }));
@@ -762,7 +771,7 @@
       "p",
       { class: "chart-legend small muted", "aria-hidden": "true" },
       h("span", {}, h("span", { class: "line-swatch" }), "rate between samples"),
-      h("span", {}, h("span", { class: "line-swatch ema-swatch" }), "moving average"),
+      h("span", {}, h("span", { class: "line-swatch ema-swatch" }), "rate over the window"),
     );
     section.append(chart, key, caption);
     return section;
@@ -1116,7 +1125,7 @@
     openDialog(
       "New pool",
       () => {
-        dims = dimensionEditor([], "None: the pool enforces its first connection's plan (catalog or override, see Plans).", "dimensions");
+        dims = dimensionEditor([], "None: the pool enforces its first connection's plan (catalog or override, see Plans), once per connection. A limit set here is the whole pool's, as written (a percent limit: each connection's).", "dimensions");
         allocs = allocationEditor([], false);
         return h(
           "div",

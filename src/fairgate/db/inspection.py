@@ -46,6 +46,31 @@ class Comparison:
         objects = self.result.after if self.result is not None else declared_objects(config)
         return unenforced_pools(pools_of(objects))
 
+    def enforced(self, config: Config) -> list[dict[str, object]]:
+        """What each pool will enforce (the pools :meth:`warnings` looks at): per dimension the
+        pool's whole limit, how it was written (the pool's own, or one connection's × the
+        connections) and whether it is known; what ``GET /api/quota/pools`` will say."""
+        objects = self.result.after if self.result is not None else declared_objects(config)
+        return [
+            {
+                "pool": p.id,
+                "connections": len(p.connections),
+                "dimensions": [
+                    {
+                        "key": d.key,
+                        "unit": d.unit.value,
+                        "window": d.window.value,
+                        "limit": d.limit,
+                        "enforced": d.known,
+                        "basis": p.basis(d).value,
+                        "writtenLimit": p.written_limit(d),
+                    }
+                    for d in p.dimensions
+                ],
+            }
+            for p in pools_of(objects)
+        ]
+
     def as_json(self) -> dict[str, object]:
         return {
             "where": self.where,

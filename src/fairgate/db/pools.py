@@ -26,7 +26,15 @@ from fairgate.db.common import (
 from fairgate.db.plans import PlanRepo
 from fairgate.domain.units import Unit
 from fairgate.quota.catalog import resolve_plan
-from fairgate.quota.model import Allocation, Dimension, ModelCap, Policy, Pool, ShareMode
+from fairgate.quota.model import (
+    Allocation,
+    Dimension,
+    ModelCap,
+    Policy,
+    Pool,
+    ShareMode,
+    pool_limits,
+)
 
 DEFAULT_ACTIVE_WINDOW_MS = 15 * 60_000
 
@@ -47,10 +55,14 @@ class PoolRecord:
 
 
 def resolve_pool(rec: PoolRecord, overrides: Mapping[str, tuple[Dimension, ...]]) -> Pool:
-    """The engine's view: explicit dimensions, else the resolved plan of the first member."""
-    dims = rec.dimensions
-    if not dims and rec.connections:
-        dims = resolve_plan(rec.provider, overrides.get(rec.connections[0])).dimensions
+    """The engine's view: explicit dimensions, else the resolved plan of the first member,
+    each as the pool enforces it (a plan's limit is one account's: × the members; a pool's own
+    is the pool's, as written, except percent: ``quota.model.LimitBasis``)."""
+    written = rec.dimensions
+    from_plan = not written
+    if from_plan and rec.connections:
+        written = resolve_plan(rec.provider, overrides.get(rec.connections[0])).dimensions
+    dims, per_connection = pool_limits(written, from_plan=from_plan, members=len(rec.connections))
     return Pool(
         id=rec.id,
         name=rec.name,
@@ -60,6 +72,7 @@ def resolve_pool(rec: PoolRecord, overrides: Mapping[str, tuple[Dimension, ...]]
         allocations=rec.allocations,
         share_mode=rec.share_mode,
         active_window_ms=rec.active_window_ms,
+        per_connection=per_connection,
     )
 
 

@@ -148,7 +148,7 @@ def evaluate(
 
 
 def static_fair_share(pool: Pool, key_id: str, dim: Dimension) -> float:
-    return pool.effective_limit(dim) * pool.weight_of(key_id) / 100.0
+    return dim.limit * pool.weight_of(key_id) / 100.0
 
 
 def water_fill_level(limit: float, members: Sequence[tuple[float, float | None]]) -> float:
@@ -196,7 +196,7 @@ def active_levels(
     allocs = [a for a in (pool.allocation(k) for k in dict.fromkeys(active_keys)) if a]
     for dim in pool.enforced_dimensions():
         members = [(pool.weight_of(a.key_id), _demand_bound(a, dim, demand)) for a in allocs]
-        levels[dim.key] = water_fill_level(pool.effective_limit(dim), members)
+        levels[dim.key] = water_fill_level(dim.limit, members)
     return levels
 
 
@@ -283,12 +283,8 @@ def dominant_levels(
 def _dominant_dims(pool: Pool, pace: LongPace) -> tuple[list[Dimension], dict[str, float]]:
     """The dimensions a dominant standing is taken over and the capacity of each: every
     enforced one with a limit but a paced longer budget, a shorter one at its paced capacity."""
-    dims = [
-        d
-        for d in pool.enforced_dimensions()
-        if pool.effective_limit(d) > 0 and d.key not in pace.paced
-    ]
-    limits = {d.key: pace.capacities.get(d.key, pool.effective_limit(d)) for d in dims}
+    dims = [d for d in pool.enforced_dimensions() if d.limit > 0 and d.key not in pace.paced]
+    limits = {d.key: pace.capacities.get(d.key, d.limit) for d in dims}
     return dims, limits
 
 
@@ -497,7 +493,7 @@ def pace_reserves(
     falls = {k: dict(v) for k, v in base.falls.items()}
     for dim in pool.enforced_dimensions():
         total = totals.get(dim.key)
-        limit = pool.effective_limit(dim)
+        limit = dim.limit
         if total is None or max(0.0, total.prev) >= threshold * limit:
             continue
         w = dim.window_ms
@@ -735,7 +731,7 @@ def longer_budgets(pool: Pool) -> frozenset[str]:
     """The pool's budgets whose window is longer than its shortest one (a weekly beside 5-hour
     windows): the ones :func:`long_budget_pace` paces, and whose refusals make no run of
     refusals (the engine's ``_note_pressure``). Only enforced dimensions with a limit count."""
-    dims = [d for d in pool.enforced_dimensions() if pool.effective_limit(d) > 0]
+    dims = [d for d in pool.enforced_dimensions() if d.limit > 0]
     if len(dims) < 2:
         return frozenset()
     shortest = min(d.window_ms for d in dims)
@@ -783,7 +779,7 @@ def long_budget_pace(pool: Pool, totals: Mapping[str, Count], now_ms: int) -> Lo
     longer = longer_budgets(pool)
     if not longer:
         return NO_PACE
-    dims = [d for d in pool.enforced_dimensions() if pool.effective_limit(d) > 0]
+    dims = [d for d in pool.enforced_dimensions() if d.limit > 0]
     shortest = min(d.window_ms for d in dims)
     capacities: dict[str, float] = {}
     held: dict[str, float] = {}
@@ -794,14 +790,14 @@ def long_budget_pace(pool: Pool, totals: Mapping[str, Count], now_ms: int) -> Lo
         total = totals.get(dim.key)
         if dim.key not in longer or total is None:
             continue
-        limit = pool.effective_limit(dim)
+        limit = dim.limit
         elapsed = w - (window_end_ms(now_ms, w, total.anchor) - now_ms)
         prev = 0.0 if total.anchor is not None else max(0.0, total.prev)
         curr = max(0.0, total.curr)
         rate = curr / max(elapsed, shortest)
         for short in dims:  # a shorter window of the same unit used to its limit
             if short.unit == dim.unit and short.window_ms < w:
-                rate = max(rate, pool.effective_limit(short) / short.window_ms)
+                rate = max(rate, short.limit / short.window_ms)
         if curr + rate * (w - elapsed) <= limit:
             continue  # at this rate the budget lasts its window
         keep = (limit - prev) * max(0.0, 1.0 - elapsed / w)
@@ -812,7 +808,7 @@ def long_budget_pace(pool: Pool, totals: Mapping[str, Count], now_ms: int) -> Lo
             s_total = totals.get(short.key)
             if short.unit != dim.unit or short.window_ms >= w or s_total is None:
                 continue
-            s_limit = pool.effective_limit(short)
+            s_limit = short.limit
             hold = max(limit * short.window_ms / w, s_total.value(now_ms, short.window_ms) + room)
             capacities[short.key] = min(capacities.get(short.key, s_limit), s_limit, hold)
             shorter[dim.key] = (*shorter.get(dim.key, ()), short.key)
@@ -896,7 +892,7 @@ def catch_up_reserves(
 
 
 def _share_at_level(pool: Pool, key_id: str, dim: Dimension, level: float) -> float:
-    limit = pool.effective_limit(dim)
+    limit = dim.limit
     if math.isinf(level):
         return limit
     return min(limit, level * pool.weight_of(key_id))
@@ -936,7 +932,7 @@ def check_plan(pool: Pool, alloc: Allocation, model: str | None = None) -> Check
         _DimPlan(
             dim,
             dim.window_ms,
-            pool.effective_limit(dim),
+            dim.limit,
             static_fair_share(pool, alloc.key_id, dim),
             alloc.cap_for(dim.unit),
             dim.provider_anchored,

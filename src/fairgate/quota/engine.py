@@ -25,9 +25,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from fairgate.clock import SYSTEM_CLOCK, Clock
-from fairgate.domain.units import Unit
+from fairgate.domain.units import Unit, Window
 from fairgate.quota.backlog import Streak, backlogged, refused
-from fairgate.quota.burn import BurnSeries
+from fairgate.quota.burn import DEFAULT_HORIZON_MS, BurnSeries
 from fairgate.quota.decision import (
     NO_PACE,
     NO_RESERVES,
@@ -312,6 +312,15 @@ def _id_source() -> Callable[[], str]:
     prefix = uuid.uuid4().hex[:16]
     counter = itertools.count(1)
     return lambda: f"{prefix}{next(counter):x}"
+
+
+def _horizon_ms(counter: str) -> int:
+    """The burn rate's horizon of a pool counter ``<unit>/<window>``: its window's length
+    (``fairgate.quota.burn``); an hour for a name without a known window."""
+    try:
+        return Window(counter.rpartition("/")[2]).ms
+    except ValueError:
+        return DEFAULT_HORIZON_MS
 
 
 class QuotaEngine:
@@ -815,7 +824,8 @@ class QuotaEngine:
         verdict = evaluate(checks, values, alloc.policy, threshold)
         status = _status(checks, totals, mine, now, threshold, False)
         burn = tuple(
-            s.rate() if (s := self._burn.get((pool.id, c.key))) is not None else 0.0 for c in checks
+            s.rate(now) if (s := self._burn.get((pool.id, c.key))) is not None else 0.0
+            for c in checks
         )
         return Standing(verdict.outcome, checks, status, burn)
 
@@ -830,7 +840,7 @@ class QuotaEngine:
         )
         await self._sample(pool.id, [d.key for d in pool.dimensions], now)
         rates = {
-            d.key: self._burn[(pool.id, d.key)].rate()
+            d.key: self._burn[(pool.id, d.key)].rate(now)
             for d in pool.dimensions
             if (pool.id, d.key) in self._burn
         }
@@ -1126,7 +1136,7 @@ class QuotaEngine:
     def _series(self, pool_id: str, key: str) -> BurnSeries:
         s = self._burn.get((pool_id, key))
         if s is None:
-            s = self._burn[(pool_id, key)] = BurnSeries()
+            s = self._burn[(pool_id, key)] = BurnSeries(horizon_ms=_horizon_ms(key))
         return s
 
     def _store_error(self, op: str, exc: Exception) -> None:

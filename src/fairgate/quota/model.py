@@ -73,6 +73,47 @@ def unenforced_message(dims: tuple[Dimension, ...]) -> str | None:
     )
 
 
+class LimitBasis(StrEnum):
+    """What a pool's dimension was written as (issue 48, item 3).
+
+    ``pool``: the pool's whole limit, enforced as written however many connections it has (a
+    pool's own ``dimensions`` in requests, tokens or usd). ``per-connection``: one account's
+    limit, which the pool has once per member connection: a plan's (catalogue or a connection's
+    override: a plan is an account's), and any percent dimension (a percent is of one account's
+    window: ``100`` is each account's whole window). The pool enforces ``limit × members`` of
+    those; every surface shows that enforced number."""
+
+    POOL = "pool"
+    PER_CONNECTION = "per-connection"
+
+
+def limit_basis(dim: Dimension, *, from_plan: bool) -> LimitBasis:
+    """The basis of ``dim`` written in a plan (``from_plan``) or as a pool's own (see
+    :class:`LimitBasis`)."""
+    if from_plan or dim.unit is Unit.PERCENT:
+        return LimitBasis.PER_CONNECTION
+    return LimitBasis.POOL
+
+
+def pool_limits(
+    written: Iterable[Dimension], *, from_plan: bool, members: int
+) -> tuple[tuple[Dimension, ...], frozenset[str]]:
+    """The dimensions a pool of ``members`` connections enforces, from those written for it
+    (its own, or its first connection's plan: ``from_plan``), and the keys of those whose
+    written limit is per connection (multiplied by ``members`` here, once: nothing downstream
+    multiplies again)."""
+    out: list[Dimension] = []
+    per_connection: set[str] = set()
+    n = max(1, members)
+    for d in written:
+        if limit_basis(d, from_plan=from_plan) is LimitBasis.PER_CONNECTION:
+            per_connection.add(d.key)
+            out.append(Dimension(d.unit, d.window, d.limit * n, d.anchor))
+        else:
+            out.append(d)
+    return tuple(out), frozenset(per_connection)
+
+
 class PlanSource(StrEnum):
     """Where a connection's plan came from: an admin override, the built-in catalog, or
     nowhere (no known limits)."""
@@ -139,6 +180,9 @@ class Pool:
     allocations: tuple[Allocation, ...] = ()
     share_mode: ShareMode = ShareMode.STATIC
     active_window_ms: int = 15 * 60_000
+    #: keys of the dimensions written per connection (:class:`LimitBasis`): their ``limit``
+    #: above is already the pool's (× members, :func:`pool_limits`); kept to say so
+    per_connection: frozenset[str] = frozenset()
     _by_key: Mapping[str, Allocation] = field(default_factory=dict, compare=False, repr=False)
     _equal_weight: float | None = field(default=None, compare=False, repr=False)
     _enforced: tuple[Dimension, ...] = field(default=(), compare=False, repr=False)
@@ -160,9 +204,16 @@ class Pool:
     def members(self) -> int:
         return max(1, len(self.connections))
 
-    def effective_limit(self, dim: Dimension) -> float:
-        """A pool of n member connections has n times the plan's limit."""
-        return dim.limit * self.members
+    def basis(self, dim: Dimension) -> LimitBasis:
+        """Whether ``dim``'s limit was written per connection or for the whole pool."""
+        return LimitBasis.PER_CONNECTION if dim.key in self.per_connection else LimitBasis.POOL
+
+    def written_limit(self, dim: Dimension) -> float:
+        """``dim``'s limit as written: one connection's for a per-connection dimension (the
+        pool enforces ``dim.limit``, that times its members), else the pool's."""
+        if dim.key in self.per_connection:
+            return dim.limit / self.members
+        return dim.limit
 
     def allocation(self, key_id: str) -> Allocation | None:
         return self._by_key.get(key_id)

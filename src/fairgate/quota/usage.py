@@ -93,7 +93,7 @@ def build_usage(
     for dim in pool.dimensions:
         w = dim.window_ms
         anchor = (anchors or {}).get(dim.key)
-        limit = pool.effective_limit(dim)
+        limit = dim.limit
         total = totals.get(dim.key, Count()).value(now_ms, w)
         used = total / limit if dim.known else 0.0
         used = max(used, (signals or {}).get(dim.key, 0.0))

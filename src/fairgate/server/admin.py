@@ -188,6 +188,13 @@ async def require_admin(
         raise AdminError(problem_status(problem), problem)
 
 
+async def metadata_answers(request: Request) -> None:
+    """Every admin call first makes sure a PostgreSQL metadata DB answers, without holding the
+    event loop (``Gateway.ensure_metadata_answers``): the routes then use the synchronous
+    connection on the loop, which a server that hangs would hold for the statement deadline."""
+    await request.app.state.gateway.ensure_metadata_answers()
+
+
 def _validation_fields(exc: RequestValidationError) -> tuple[bool, list[tuple[str, str]]]:
     """(is malformed JSON, [(field, message)]). The location's first part (body, query, path)
     is dropped; the rejected input is never echoed."""
@@ -269,7 +276,7 @@ def create_admin_app(gw: Gateway, limits: HttpSettings | None = None) -> FastAPI
         openapi_url=OPENAPI_PATH,
         docs_url=None,
         redoc_url=None,
-        dependencies=[Depends(require_admin)],
+        dependencies=[Depends(require_admin), Depends(metadata_answers)],
     )
     app.state.gateway = gw
     _install_error_handlers(app)

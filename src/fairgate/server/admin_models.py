@@ -48,7 +48,7 @@ from fairgate.domain.connections import Connection
 from fairgate.domain.keys import ClientKey
 from fairgate.domain.units import Unit, Window, WindowAnchor
 from fairgate.quota.decision import Outcome, Reason
-from fairgate.quota.model import Allocation, Dimension, ModelCap, Policy, ShareMode
+from fairgate.quota.model import Allocation, Dimension, ModelCap, Policy, Pool, ShareMode
 from fairgate.quota.usage import PoolUsage
 
 Name = Annotated[str, StringConstraints(max_length=200)]
@@ -121,6 +121,28 @@ class DimensionOut(ApiModel):
             limit=d.limit,
             enforced=d.known,
             window_anchor=d.anchor,
+        )
+
+
+class EnforcedDimensionOut(DimensionOut):
+    """A dimension as a pool enforces it: ``limit`` is the pool's whole limit, the number the
+    usage, the CLI and the dashboard show; ``basis`` and ``writtenLimit`` say how it came from
+    what was written (one connection's limit × ``connections``, or the pool's as written)."""
+
+    basis: Literal["pool", "per-connection"] = Field(
+        description="pool: the pool's own limit, enforced as written; per-connection: one "
+        "account's (a plan's, or a percent), enforced once per member connection"
+    )
+    written_limit: float = Field(
+        description="The limit as written: one connection's for a per-connection dimension"
+    )
+
+    @classmethod
+    def of_pool(cls, pool: Pool, d: Dimension) -> EnforcedDimensionOut:
+        return cls(
+            **DimensionOut.of(d).model_dump(),
+            basis=pool.basis(d).value,
+            written_limit=pool.written_limit(d),
         )
 
 
@@ -295,8 +317,9 @@ class PoolPatch(ApiModel):
 
 class PoolOut(PoolIn):
     provider: str
-    effective_dimensions: list[DimensionOut] = Field(
-        description="What the engine enforces: the pool's dimensions, else the plan's"
+    effective_dimensions: list[EnforcedDimensionOut] = Field(
+        description="What the engine enforces: the pool's dimensions as written, else its "
+        "first connection's plan once per member connection (percent: always per connection)"
     )
     plan_source: Literal["pool", "override", "catalog", "empty"]
 

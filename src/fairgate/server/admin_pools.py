@@ -51,6 +51,7 @@ from fairgate.server.admin_models import (
     AllocationIn,
     BurnSampleOut,
     DimensionOut,
+    EnforcedDimensionOut,
     ImportResult,
     ModelCapIn,
     PlanIn,
@@ -90,7 +91,7 @@ def _pool_out(rec: PoolRecord, overrides: Mapping[str, tuple[Dimension, ...]]) -
         dimensions=base.dimensions,
         allocations=base.allocations,
         provider=rec.provider,
-        effective_dimensions=[DimensionOut.of(d) for d in pool.dimensions],
+        effective_dimensions=[EnforcedDimensionOut.of_pool(pool, d) for d in pool.dimensions],
         plan_source=source,
     )
 

@@ -104,7 +104,7 @@ def create_app(
         for hook in on_startup or ():
             await hook()
         await gw.start()
-        # OpenTelemetry, only with OTEL_EXPORTER_OTLP_ENDPOINT (and the otel extra)
+        # OpenTelemetry, as the SDK's OTEL_* variables ask (and with the otel extra)
         tracing_on = tracing.configure_from_env(gw.env)
         # the exact secrets the gateway holds are masked in every log line, whatever logs them
         REDACTOR.set_source(

@@ -167,12 +167,13 @@ class _StateCollector(Collector):
         )
         limit = GaugeMetricFamily(
             "fairgate_pool_limit",
-            "Pool limit per dimension (plan limit × member connections; 0 = unknown)",
+            "Pool limit per dimension as enforced (a plan's or a percent limit × connections; "
+            "0 = unknown)",
             labels=["pool", "dimension"],
         )
         burn = GaugeMetricFamily(
             "fairgate_pool_burn_rate_per_second",
-            "EMA consumption rate per pool dimension, in the dimension's unit per second",
+            "Consumption per second over the dimension's window (its horizon), in its unit",
             labels=["pool", "dimension"],
         )
         consumed = GaugeMetricFamily(

@@ -6,7 +6,7 @@ static secret."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from fairgate.backends.redis_client import AsyncClient, async_client
@@ -37,16 +37,19 @@ async def start_oauth(gw: Gateway, upstream: UpstreamClient) -> OAuthTokens:
             await store.seed(c.id, _seed_tokens(c))
     gw.oauth = accounts
     adopt = _adopter(gw, accounts)
-    adopt()
+    adopt(SettingsRepo(gw.db).all())
     gw.reload_hooks.append(adopt)
     return accounts.tokens
 
 
-def _adopter(gw: Gateway, accounts: OAuthAccounts) -> Callable[[], None]:
-    def adopt() -> None:
+def _adopter(gw: Gateway, accounts: OAuthAccounts) -> Callable[[Mapping[str, str]], None]:
+    """Adopt the logins other replicas stored, from the settings read with each snapshot (no
+    read of its own: a reload hook runs on the event loop)."""
+
+    def adopt(settings: Mapping[str, str]) -> None:
         oauth_ids = [c.id for c in gw.registry.connections.values() if c.auth_type == "oauth"]
         if oauth_ids:
-            accounts.adopt(SettingsRepo(gw.db).all(), oauth_ids)
+            accounts.adopt(settings, oauth_ids)
 
     return adopt
 

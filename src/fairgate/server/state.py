@@ -21,12 +21,12 @@ from fairgate.db.base import Database
 from fairgate.db.common import MetadataUnavailable, RepoError
 from fairgate.db.connections import ConnectionRepo
 from fairgate.db.engine import database_url, open_database
-from fairgate.db.postgres import STATEMENT_DEADLINE_S
+from fairgate.db.postgres import STATEMENT_DEADLINE_S, PgDatabase
 from fairgate.db.reconcile import start_log
 from fairgate.db.repos import compare_with_config, load_registry, seed_from_config
 from fairgate.db.sealing import prepare_secrets
 from fairgate.db.settings import SettingsRepo, access_policy
-from fairgate.db.watch import ChangeWatcher
+from fairgate.db.watch import READ_TIMEOUT_S, ChangeWatcher, MetadataProbe
 from fairgate.files import private_dir
 from fairgate.quota.engine import QuotaEngine
 from fairgate.quota.model import Pool, unenforced_pools
@@ -133,15 +133,22 @@ class Gateway:
         self._replay_task: asyncio.Task[None] | None = None
         self._gc_task: asyncio.Task[None] | None = None
         #: follows the metadata DB's change counter (writes by other replicas or workers)
-        self.watcher: ChangeWatcher | None = None
+        self.watcher: ChangeWatcher[_Snapshot] | None = None
+        #: the watcher thread's own connection to the metadata DB (opened there, on first use)
+        self._reader: Database | None = None
+        #: asks PostgreSQL whether it answers before an admin call uses the loop's connection
+        self._probe: MetadataProbe | None = None
+        self._db_url: str | None = None
         #: the OAuth connections' tokens and logins (set by the app at start)
         self.oauth: OAuthAccounts | None = None
-        #: called after each registry rebuild (the OAuth side adopts other replicas' logins)
-        self.reload_hooks: list[Callable[[], None]] = []
+        #: called after each registry rebuild with the DB's settings as read with it (the OAuth
+        #: side adopts other replicas' logins); on the event loop, so no I/O
+        self.reload_hooks: list[Callable[[Mapping[str, str]], None]] = []
         self._watch_task: asyncio.Task[None] | None = None
         self._log_task: asyncio.Task[None] | None = None
-        #: (registry version, report) of :meth:`config_report`
-        self._config_report: tuple[int, dict[str, object]] | None = None
+        #: what differs between the config file and the database, as last compared (None: not
+        #: compared yet, or the comparison failed every time so far)
+        self._config_differences: list[dict[str, object]] | None = None
 
     @property
     def db_path(self) -> Path:
@@ -224,7 +231,11 @@ class Gateway:
         self.retention = RetentionGc(self.engine, pool_log=self.pool_log)
         self._gc_task = loop.create_task(self.retention.run_forever(), name="fairgate-quota-gc")
         self._started = True
-        self.watcher = ChangeWatcher(self.db, self._metadata_changed, url=db_url, poll_s=poll_s)
+        self._db_url = db_url
+        self._probe = MetadataProbe(db_url) if db_url is not None else None
+        self.watcher = ChangeWatcher(
+            self.db, self._read_snapshot, self._apply_snapshot, url=db_url, poll_s=poll_s
+        )
         self.watcher.start_version()
         self.reload()
         self._warn_about_silent_gaps()
@@ -261,8 +272,15 @@ class Gateway:
             if self.resilience is not None:
                 await self.resilience.close()
             await self.engine.store.close()
+            if self._probe is not None:
+                await self._probe.close()
         finally:
             self.db.close()
+            if self.watcher is not None:
+                self.watcher.close()
+            if self._reader is not None:
+                self._reader.close()
+                self._reader = None
 
     async def _flush_journal(self, timeout_s: float = 2.0) -> None:
         """Last chance for usage journaled during a store outage: one bounded replay. What is
@@ -323,39 +341,55 @@ class Gateway:
 
     def reload(self) -> None:
         """Rebuild the registry from the DB and swap it in (one assignment: readers see the old
-        or the new snapshot, never a mix)."""
-        self.registry = load_registry(
-            self.db,
+        or the new snapshot, never a mix). This process's own admin writes call it, on the
+        loop; another process's writes reach it through the watcher, off the loop."""
+        self.registry = self._load_registry(self.db)
+        settings = SettingsRepo(self.db).all()
+        differences = self._compare_config(self.db)
+        if differences is not None:
+            self._config_differences = differences
+        for hook in self.reload_hooks:
+            hook(settings)
+
+    def _load_registry(self, db: Database) -> Registry:
+        return load_registry(
+            db,
             self.config.server.default_provider,
             box=self.box,
             version=self.registry.version + 1,
             require_allocation=self.config.server.require_allocation,
         )
-        for hook in self.reload_hooks:
-            hook()
 
     def config_report(self) -> dict[str, object]:
         """The config file's mode and what differs between it and the database (names of
-        objects and fields, never a value), for ``/health``. Compared again once per registry
-        snapshot (any write to the metadata rebuilds it), and not while the metadata DB is
-        down: the last report stands, ``differences`` is null if there is none yet."""
-        version = self.registry.version
-        cached = self._config_report
-        if cached is not None and (cached[0] == version or not self._metadata_readable()):
-            return cached[1]
-        report: dict[str, object] = {"mode": self.config.server.config_mode, "differences": None}
-        if self._metadata_readable():
-            try:
-                result = compare_with_config(self.db, self.config, box=self.box)
-            except (MetadataUnavailable, RepoError, SecretKeyError) as exc:
-                log.warning("comparing the config file with the database failed (%s)", exc)
-            else:
-                report["differences"] = [d.as_json() for d in result.differences]
-                self._config_report = (version, report)
-        return report
+        objects and fields, never a value), for ``/health``: as compared with the last snapshot
+        read (at start, then on the watcher's thread with each rebuild), never here: ``/health``
+        must not wait on the database (a hung server held the loop 3-5 s per call, issue 48).
+        ``differences`` is null until a comparison succeeded."""
+        return {"mode": self.config.server.config_mode, "differences": self._config_differences}
 
-    def _metadata_readable(self) -> bool:
-        return self.watcher is None or self.watcher.healthy
+    async def ensure_metadata_answers(self) -> None:
+        """Before an admin call uses the metadata DB on the event loop: on PostgreSQL, ask the
+        server (asynchronously, bounded) whether it answers; it does not → the synchronous
+        connection refuses statements until the watcher reads from it again, and the call
+        raises :class:`MetadataUnavailable` (a 503) without having held the loop."""
+        db = self.db
+        if self._probe is None or not isinstance(db, PgDatabase) or not db.reachable:
+            return  # SQLite is a local file; an unreachable server is refused at once anyway
+        if not await self._probe.answers():
+            db.set_reachable(False)
+            raise MetadataUnavailable(
+                "the metadata database is unreachable (it did not answer within "
+                f"{READ_TIMEOUT_S:g} s)"
+            )
+
+    def _compare_config(self, db: Database) -> list[dict[str, object]] | None:
+        try:
+            result = compare_with_config(db, self.config, box=self.box)
+        except (MetadataUnavailable, RepoError, SecretKeyError) as exc:
+            log.warning("comparing the config file with the database failed (%s)", exc)
+            return None
+        return [d.as_json() for d in result.differences]
 
     def _log_backend(self, db_settings: Mapping[str, str]) -> LogBackend:
         """Where the admission log lives: with the counters, so it is shared as widely."""
@@ -375,15 +409,33 @@ class Gateway:
             raise ValueError("FAIRGATE_ADMISSION_LOG_MAX_AGE_S must be a whole number of seconds")
         return max(60, int(raw)) * 1000
 
-    def _metadata_changed(self) -> None:
-        """Another process (a replica, a worker, the CLI) wrote the metadata DB: rebuild the
-        snapshot and re-read the settings, as this process's own admin API does after a write."""
-        self.reload()
-        db_settings = SettingsRepo(self.db).all()
-        self.quota_settings = self._settings_from(db_settings)
+    def _read_snapshot(self) -> _Snapshot:
+        """Another process (a replica, a worker, the CLI) wrote the metadata DB: read the new
+        snapshot and the settings. On the watcher's thread, over its own connection: the event
+        loop never waits on the database for it (db/watch.py)."""
+        db = self._reader
+        if db is None:
+            db = self._reader = open_database(
+                self._db_url, self.db_path, statement_deadline_s=STATEMENT_DEADLINE_S, migrate=False
+            )
+        if isinstance(db, PgDatabase):
+            db.set_reachable(True)  # the watcher has just read from the server
+        return _Snapshot(self._load_registry(db), SettingsRepo(db).all(), self._compare_config(db))
+
+    def _apply_snapshot(self, snap: _Snapshot) -> None:
+        """Swap in what :meth:`_read_snapshot` read, as this process's own admin API does after
+        a write; on the loop, with no I/O."""
+        self.registry = snap.registry
+        if snap.differences is not None:
+            self._config_differences = snap.differences
+        for hook in self.reload_hooks:
+            hook(snap.settings)
+        self.quota_settings = self._settings_from(snap.settings)
         self.engine.settings = self.quota_settings
         if self.resilience is not None:
-            self.resilience.update_settings(ResilienceSettings.from_sources(self.env, db_settings))
+            self.resilience.update_settings(
+                ResilienceSettings.from_sources(self.env, snap.settings)
+            )
 
     def _metadata_poll_s(self) -> float | None:
         """``FAIRGATE_METADATA_POLL_MS``: how often the change counter is read (default 250 ms
@@ -427,6 +479,16 @@ class Gateway:
     def _settings_from(self, db_settings: Mapping[str, str]) -> QuotaSettings:
         base = QuotaSettings.from_sources(self.env, db_settings)
         return dataclasses.replace(base, default_max_tokens=self.config.server.default_max_tokens)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Snapshot:
+    """What a rebuild reads from the metadata DB: the registry and the settings table."""
+
+    registry: Registry
+    settings: Mapping[str, str]
+    #: the config file compared with the database (None: the comparison failed)
+    differences: list[dict[str, object]] | None = None
 
 
 def _slot_leases(store: object) -> SlotLeases | None:

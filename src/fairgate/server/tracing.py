@@ -1,12 +1,26 @@
 """OpenTelemetry traces of the request path, when asked for.
 
-Off unless ``OTEL_EXPORTER_OTLP_ENDPOINT`` is set *and* the ``otel`` extra is installed (``pip
-install -e '.[otel]'`` in the checkout): then every ``/v1`` request is a span
-(``fairgate.request``) with a child span for each quota admission (``fairgate.admission``), each
-upstream attempt (``fairgate.attempt``) and each settlement (``fairgate.settle``), exported over
-OTLP/HTTP with the SDK's batch processor; the standard ``OTEL_*`` variables (service name,
-headers, sampler) apply. Attributes name the pool, the client key's id (never its secret), the
-connection, the model and the outcome.
+Off unless asked for with the OpenTelemetry SDK's own variables *and* the ``otel`` extra is
+installed (``pip install -e '.[otel]'`` in the checkout): ``OTEL_TRACES_EXPORTER`` naming an
+exporter (``otlp``, ``console``, or both, comma-separated), or an OTLP endpoint
+(``OTEL_EXPORTER_OTLP_ENDPOINT`` or ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``, which means
+``otlp``). Then every ``/v1`` request is a server span (``fairgate.request``) with a child span
+for each quota admission (``fairgate.admission``), each upstream attempt (``fairgate.attempt``)
+and each settlement (``fairgate.settle``), exported with the SDK's batch processor: ``otlp``
+over OTLP/HTTP (protobuf), ``console`` as JSON on standard output. A request that carries a
+W3C ``traceparent`` (and ``tracestate``, baggage) continues the caller's trace: its span is the
+caller's span's child (``OTEL_PROPAGATORS`` chooses the propagators, as in the SDK).
+
+Of the SDK's variables, these apply (:func:`plan_from_env` reads the first three): the exporter
+list (an unknown name such as ``zipkin`` is warned about and left out; ``none`` switches tracing
+off), ``OTEL_SDK_DISABLED=true`` (off), ``OTEL_EXPORTER_OTLP_PROTOCOL`` /
+``OTEL_EXPORTER_OTLP_TRACES_PROTOCOL`` (only ``http/protobuf``; another is warned about and
+http/protobuf used), and, read by the SDK itself, ``OTEL_SERVICE_NAME`` (default ``fairgate``),
+``OTEL_RESOURCE_ATTRIBUTES``, ``OTEL_EXPORTER_OTLP_*`` endpoints, headers, timeouts and
+certificates, ``OTEL_TRACES_SAMPLER`` / ``OTEL_TRACES_SAMPLER_ARG``, ``OTEL_BSP_*`` and
+``OTEL_PROPAGATORS``. Unlike the SDK, nothing set means no tracing (the SDK's default exporter
+is ``otlp``): a gateway exports nothing nobody asked for. Attributes name the pool, the client
+key's id (never its secret), the connection, the model and the outcome.
 
 Why decorators: the request path stays as it is (one line per traced function), and with tracing
 off a traced call costs one attribute read — the hot path does not pay for a feature it does not
@@ -21,14 +35,24 @@ import contextlib
 import contextvars
 import functools
 import logging
+import sys
 from collections.abc import Callable, Coroutine, Mapping
-from typing import Any, ParamSpec, TypeVar
+from dataclasses import dataclass, field
+from typing import IO, Any, ParamSpec, TypeVar
 
 from fairgate.install import extra_hint
 
 log = logging.getLogger("fairgate.tracing")
 
-__all__ = ["active", "configure_from_env", "shutdown", "traced", "use_tracer_provider"]
+__all__ = [
+    "TracingPlan",
+    "active",
+    "configure_from_env",
+    "plan_from_env",
+    "shutdown",
+    "traced",
+    "use_tracer_provider",
+]
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -61,26 +85,93 @@ def active() -> bool:
     return _STATE.tracer is not None
 
 
-def configure_from_env(env: Mapping[str, str]) -> bool:
-    """Switch tracing on when ``OTEL_EXPORTER_OTLP_ENDPOINT`` is set; True when it is on."""
-    if not (env.get("OTEL_EXPORTER_OTLP_ENDPOINT") or "").strip():
+#: The span exporters fairgate builds (``OTEL_TRACES_EXPORTER``); ``none`` is also understood.
+EXPORTERS = ("otlp", "console")
+_ENDPOINTS = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
+_PROTOCOLS = ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL")
+
+
+@dataclass(frozen=True, slots=True)
+class TracingPlan:
+    """What the environment asks for: the exporters to build (empty: tracing off) and a
+    warning for each variable asked for something fairgate does not do."""
+
+    exporters: tuple[str, ...] = ()
+    warnings: tuple[str, ...] = field(default=())
+
+
+def plan_from_env(env: Mapping[str, str]) -> TracingPlan:
+    """The SDK's variables read the SDK's way (module doc), pure: no import, no side effect."""
+    if (env.get("OTEL_SDK_DISABLED") or "").strip().lower() == "true":
+        return TracingPlan()
+    warnings: list[str] = []
+    raw = (env.get("OTEL_TRACES_EXPORTER") or "").strip()
+    if raw:
+        names = [n.strip().lower() for n in raw.split(",") if n.strip()]
+    else:  # nothing named: an OTLP endpoint asks for otlp (the SDK's default exporter)
+        names = ["otlp"] if any((env.get(v) or "").strip() for v in _ENDPOINTS) else []
+    chosen: list[str] = []
+    for name in names:
+        if name == "none":
+            return TracingPlan(warnings=tuple(warnings))
+        if name in EXPORTERS:
+            if name not in chosen:
+                chosen.append(name)
+        else:
+            warnings.append(
+                f"OTEL_TRACES_EXPORTER: '{name}' is not supported (fairgate exports to "
+                f"{', '.join(EXPORTERS)} or none); left out"
+            )
+    if "otlp" in chosen:
+        for var in _PROTOCOLS:
+            proto = (env.get(var) or "").strip().lower()
+            if proto and proto != "http/protobuf":
+                warnings.append(
+                    f"{var}={proto} is not supported: spans are exported over http/protobuf"
+                )
+                break
+    return TracingPlan(tuple(chosen), tuple(warnings))
+
+
+def configure_from_env(env: Mapping[str, str], *, console: IO[str] | None = None) -> bool:
+    """Switch tracing on as the SDK's variables ask (:func:`plan_from_env`); True when it is
+    on. ``console``: where the console exporter writes (standard output)."""
+    plan = plan_from_env(env)
+    for warning in plan.warnings:
+        log.warning(warning)
+    if not plan.exporters:
         return False
     try:
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
         from opentelemetry.sdk.resources import Resource
         from opentelemetry.sdk.trace import TracerProvider
-        from opentelemetry.sdk.trace.export import BatchSpanProcessor
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
+
+        exporters: list[Any] = []
+        if "otlp" in plan.exporters:
+            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+            exporters.append(OTLPSpanExporter())
     except ImportError:
         log.warning(
-            "OTEL_EXPORTER_OTLP_ENDPOINT is set but OpenTelemetry is not installed: "
-            f"{extra_hint('otel')}; tracing stays off"
+            f"tracing is asked for ({', '.join(plan.exporters)}) but OpenTelemetry is not "
+            f"installed: {extra_hint('otel')}; tracing stays off"
         )
         return False
+    if "console" in plan.exporters:
+        exporters.append(ConsoleSpanExporter(out=console or sys.stdout))
     service = env.get("OTEL_SERVICE_NAME") or "fairgate"
     provider = TracerProvider(resource=Resource.create({"service.name": service}))
-    provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+    for exporter in exporters:
+        provider.add_span_processor(BatchSpanProcessor(exporter))
     use_tracer_provider(provider)
-    log.info("tracing to %s", env["OTEL_EXPORTER_OTLP_ENDPOINT"], extra={"service": service})
+    endpoint = next((env[v] for v in _ENDPOINTS if (env.get(v) or "").strip()), None)
+    log.info(
+        "tracing to %s",
+        ", ".join(
+            f"otlp {endpoint or '(the SDK default)'}" if e == "otlp" else e for e in plan.exporters
+        ),
+        extra={"service": service},
+    )
     return True
 
 
@@ -117,10 +208,12 @@ def traced(
             return traced_run(tracer, *args, **kwargs)
 
         async def traced_run(tracer: Any, *args: P.args, **kwargs: P.kwargs) -> R:
-            parent = None
+            opts: dict[str, Any] = {"context": None}
             if call_of is not None:
-                parent = _parent_context(call_of(*args, **kwargs))
-            with tracer.start_as_current_span(name, context=parent) as span:
+                opts["context"] = _parent_context(call_of(*args, **kwargs))
+            if request:  # the caller's trace, when it sent one (W3C traceparent)
+                opts["context"], opts["kind"] = _incoming_context(args[0] if args else None)
+            with tracer.start_as_current_span(name, **opts) as span:
                 token = _REQUEST_SPAN.set(span) if request else None
                 try:
                     if before is not None:
@@ -136,6 +229,16 @@ def traced(
         return wrapper
 
     return deco
+
+
+def _incoming_context(request: object) -> tuple[Any, Any]:
+    """The context the request's headers carry (``traceparent``, ``tracestate``, baggage, by
+    the propagators ``OTEL_PROPAGATORS`` configures; none: a new trace), and the server kind."""
+    from opentelemetry import propagate, trace
+
+    headers = getattr(request, "headers", None)
+    parent = propagate.extract(headers) if headers is not None else None
+    return parent, trace.SpanKind.SERVER
 
 
 def _parent_context(call: object) -> Any:

@@ -30,7 +30,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from fairgate.domain.units import Unit, Window
-from fairgate.quota.model import Allocation, Dimension, Policy, Pool, ShareMode
+from fairgate.quota.model import Allocation, Dimension, Policy, Pool, ShareMode, pool_limits
 
 HOUR_MS = 3_600_000
 
@@ -283,12 +283,19 @@ class Scenario(_Strict):
         return self.model_copy(update={"duration": duration_ms})
 
     def to_pool(self, pool_id: str, mode: ShareMode) -> Pool:
+        """The engine's pool: a scenario's limits are per member connection, as a plan's."""
+        dims, per_connection = pool_limits(
+            (Dimension(d.unit, d.window, d.limit) for d in self.pool.dimensions),
+            from_plan=True,
+            members=self.pool.members,
+        )
         return Pool(
             id=pool_id,
             name=self.name,
             provider="sim",
             connections=tuple(f"sim-{i}" for i in range(self.pool.members)),
-            dimensions=tuple(Dimension(d.unit, d.window, d.limit) for d in self.pool.dimensions),
+            dimensions=dims,
+            per_connection=per_connection,
             allocations=tuple(
                 Allocation(
                     k.id,
