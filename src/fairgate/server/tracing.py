@@ -321,7 +321,9 @@ def attempt_result(result: Any) -> Attrs:
     }
 
 
-def settle_attrs(_svc: Any, res: Any, conn: Any, call: Any, model: str, usage: Any) -> Attrs:
+def settle_attrs(
+    _svc: Any, res: Any, conn: Any, call: Any, model: str, usage: Any, *_: Any
+) -> Attrs:
     ticket = getattr(res, "ticket", res)  # a Reservation (its ticket), or a bare ticket
     out: dict[str, str | int | float | bool] = {
         "fairgate.key_id": call.key.id,
