@@ -285,62 +285,152 @@ def _cap_times(
     return CapTimes(window, asked, {k.id: k.max_wait for k in sc.keys})
 
 
+class _Recorder:
+    """What every run measures, whatever decides its admissions: the per-key queues (with
+    the clients' patience and backlog), demand and admissions per window and measured
+    dimension, refusals, waits, the pool's peak per dimension and the usage series; and at
+    the end the figures against the ideal (:meth:`finish`). One place, so the engine's runs
+    and the reference schedulers' are measured identically."""
+
+    def __init__(self, workload: Workload, result: ScenarioResult) -> None:
+        sc = workload.scenario
+        self.workload = workload
+        self.result = result
+        self.sc = sc
+        self.t_start = time.perf_counter()
+        self.start = start_ms(sc)
+        self.window = sc.primary.window.ms
+        self.primary_name = f"{sc.primary.unit.value}/{sc.primary.window.value}"
+        self.n_windows = result.windows
+        self.keys = [k.id for k in sc.keys]
+        self.backlog = {k.id: k.backlog for k in sc.keys}
+        self.limits = {
+            f"{d.unit.value}/{d.window.value}": d.limit * sc.pool.members
+            for d in sc.pool.dimensions
+        }
+        self.measured = measured_dimensions(sc)
+        self.ledger = Ledger(sc)
+        self.max_wait = {k.id: k.max_wait for k in sc.keys}
+        self.queues: dict[str, deque[tuple[int, Request]]] = {k: deque() for k in self.keys}
+        self.waits: dict[str, list[int]] = {k: [] for k in self.keys}
+        self.demand_w: list[dict[str, dict[str, float]]] = [
+            {d: defaultdict(float) for d in self.measured} for _ in range(self.n_windows)
+        ]
+        self.admitted_w: list[dict[str, dict[str, float]]] = [
+            {d: defaultdict(float) for d in self.measured} for _ in range(self.n_windows)
+        ]
+        self.blocked: dict[str, int] = defaultdict(int)
+        self.dropped: dict[str, int] = defaultdict(int)
+        self.first_block: dict[str, int | None] = {}
+        self.peak = dict.fromkeys(self.limits, 0.0)
+        self.every = max(1, sc.ticks // SERIES_POINTS)
+        self.times_h: list[float] = []
+        self.usage: dict[str, list[float]] = {k: [] for k in self.keys}
+        self.admissions = 0
+
+    def tick_start(self, i: int) -> int:
+        """Tick ``i`` begins: every key's arrivals join its queue; its start instant."""
+        t0 = self.start + i * self.sc.tick
+        w_idx = min(self.n_windows - 1, (t0 - self.start) // self.window)
+        for k in self.keys:
+            _enqueue(
+                self.queues[k],
+                self.workload.arrivals[k][i],
+                t0,
+                self.max_wait[k],
+                self.backlog[k],
+                k,
+                self.dropped,
+                self.demand_w[w_idx],
+                self.measured,
+            )
+        return t0
+
+    def admitted(self, k: str, now: int) -> None:
+        """Key ``k``'s oldest waiting request was admitted at ``now`` (and settled)."""
+        arrived, req = self.queues[k].popleft()
+        self.waits[k].append(now - arrived)
+        actual = req.actual()
+        self.ledger.add(k, actual, now)
+        # counted in the window the request was asked in, beside its demand: a burst
+        # asked at 59 minutes and served at 61 was served for what it asked then
+        got = self.admitted_w[min(self.n_windows - 1, (arrived - self.start) // self.window)]
+        for d, u in self.measured.items():
+            got[d][k] += actual.get(u, 0.0)
+        for _u, w, name in self.ledger.dimensions:
+            v = self.ledger.value(POOL, name, w, now)
+            self.peak[name] = max(self.peak[name], v)
+
+    def refused(self, k: str, now: int) -> None:
+        self.blocked[k] += 1
+        if k not in self.first_block:
+            self.first_block[k] = now - self.start
+
+    def tick_end(self, i: int, t0: int) -> None:
+        if i % self.every == 0 or i == self.sc.ticks - 1:
+            t_end = t0 + self.sc.tick - 1
+            self.times_h.append((t_end - self.start) / 3_600_000)
+            for k in self.keys:
+                self.usage[k].append(self.ledger.value(k, self.primary_name, self.window, t_end))
+
+    def finish(self, name: str) -> PolicyRun:
+        sc, start, window, n_windows = self.sc, self.start, self.window, self.n_windows
+        # requests still waiting when the run ends were neither served nor given up:
+        # undecided, so not demand either (else a burst in the run's last minute would
+        # count as refused)
+        for k in self.keys:
+            for arrived, r in self.queues[k]:
+                w = min(n_windows - 1, (arrived - start) // window)
+                for d, u in self.measured.items():
+                    self.demand_w[w][d][k] -= r.size(u)
+        windows = dominant_window_figures(
+            {d: self.limits[d] for d in self.measured},
+            {k.id: sc.weight_of(k.id) for k in sc.keys},
+            {
+                k.id: {d: k.cap.value for d, u in self.measured.items() if u is k.cap.unit}
+                for k in sc.keys
+                if k.cap is not None
+            },
+            self.demand_w,
+            self.admitted_w,
+            longer_windows(sc, n_windows),
+            _cap_times(sc, self.workload, self.queues, start, n_windows),
+        )
+        overshoot = {d: max(0.0, self.peak[d] - lim) / lim for d, lim in self.limits.items()}
+        metrics = summarize(
+            windows,
+            shares=self.result.shares,
+            overshoot=overshoot,
+            blocked=self.blocked,
+            dropped=self.dropped,
+            first_block_ms=self.first_block,
+            waits_ms=self.waits,
+        )
+        return PolicyRun(
+            policy=name,
+            metrics=metrics,
+            times_h=self.times_h,
+            usage=self.usage,
+            wall_s=time.perf_counter() - self.t_start,
+            admissions=self.admissions,
+            windows=windows,
+        )
+
+
 async def run_policy(
     policy: SimPolicy,
     workload: Workload,
     result: ScenarioResult,
     on_tick: Callable[[], None] | None = None,
 ) -> PolicyRun:
-    sc = workload.scenario
-    t_start = time.perf_counter()
-    start = start_ms(sc)
-    window = sc.primary.window.ms
-    unit = sc.primary.unit
-    primary_name = f"{unit.value}/{sc.primary.window.value}"
-    n_windows = result.windows
-    keys = [k.id for k in sc.keys]
-    backlog = {k.id: k.backlog for k in sc.keys}
-    limits = {
-        f"{d.unit.value}/{d.window.value}": d.limit * sc.pool.members for d in sc.pool.dimensions
-    }
-    measured = measured_dimensions(sc)
-
-    ledger = Ledger(sc)
-    max_wait = {k.id: k.max_wait for k in sc.keys}
-    queues: dict[str, deque[tuple[int, Request]]] = {k: deque() for k in keys}
-    waits: dict[str, list[int]] = {k: [] for k in keys}
-    demand_w: list[dict[str, dict[str, float]]] = [
-        {d: defaultdict(float) for d in measured} for _ in range(n_windows)
-    ]
-    admitted_w: list[dict[str, dict[str, float]]] = [
-        {d: defaultdict(float) for d in measured} for _ in range(n_windows)
-    ]
-    blocked: dict[str, int] = defaultdict(int)
-    dropped: dict[str, int] = defaultdict(int)
-    first_block: dict[str, int | None] = {}
-    peak = dict.fromkeys(limits, 0.0)
+    """The clients retry: within a tick every queued request of every key is tried once, in
+    a seeded random interleaving, and a refused key backs off until the next tick."""
+    rec = _Recorder(workload, result)
+    sc = rec.sc
     rng = random.Random(f"fairgate-sim-order:{workload.seed}")
-    every = max(1, sc.ticks // SERIES_POINTS)
-    times_h: list[float] = []
-    usage: dict[str, list[float]] = {k: [] for k in keys}
-    admissions = 0
-
     for i in range(sc.ticks):
-        t0 = start + i * sc.tick
-        w_idx = min(n_windows - 1, (t0 - start) // window)
-        for k in keys:
-            _enqueue(
-                queues[k],
-                workload.arrivals[k][i],
-                t0,
-                max_wait[k],
-                backlog[k],
-                k,
-                dropped,
-                demand_w[w_idx],
-                measured,
-            )
-        order = [k for k in keys for _ in range(len(queues[k]))]
+        t0 = rec.tick_start(i)
+        order = [k for k in rec.keys for _ in range(len(rec.queues[k]))]
         rng.shuffle(order)
         stopped: set[str] = set()
         n = len(order)
@@ -348,69 +438,14 @@ async def run_policy(
             if k in stopped:
                 continue
             now = t0 + (j * sc.tick) // n
-            arrived, req = queues[k][0]
-            admissions += 1
+            _arrived, req = rec.queues[k][0]
+            rec.admissions += 1
             if await policy.attempt(req, now):
-                queues[k].popleft()
-                waits[k].append(now - arrived)
-                actual = req.actual()
-                ledger.add(k, actual, now)
-                # counted in the window the request was asked in, beside its demand: a burst
-                # asked at 59 minutes and served at 61 was served for what it asked then
-                got = admitted_w[min(n_windows - 1, (arrived - start) // window)]
-                for d, u in measured.items():
-                    got[d][k] += actual.get(u, 0.0)
-                for _u, w, name in ledger.dimensions:
-                    v = ledger.value(POOL, name, w, now)
-                    peak[name] = max(peak[name], v)
+                rec.admitted(k, now)
             else:
-                blocked[k] += 1
-                if k not in first_block:
-                    first_block[k] = now - start
+                rec.refused(k, now)
                 stopped.add(k)
-        if i % every == 0 or i == sc.ticks - 1:
-            t_end = t0 + sc.tick - 1
-            times_h.append((t_end - start) / 3_600_000)
-            for k in keys:
-                usage[k].append(ledger.value(k, primary_name, window, t_end))
+        rec.tick_end(i, t0)
         if on_tick is not None:
             on_tick()
-
-    # requests still waiting when the run ends were neither served nor given up: undecided,
-    # so not demand either (else a burst in the run's last minute would count as refused)
-    for k in keys:
-        for arrived, r in queues[k]:
-            for d, u in measured.items():
-                demand_w[min(n_windows - 1, (arrived - start) // window)][d][k] -= r.size(u)
-    windows = dominant_window_figures(
-        {d: limits[d] for d in measured},
-        {k.id: sc.weight_of(k.id) for k in sc.keys},
-        {
-            k.id: {d: k.cap.value for d, u in measured.items() if u is k.cap.unit}
-            for k in sc.keys
-            if k.cap is not None
-        },
-        demand_w,
-        admitted_w,
-        longer_windows(sc, n_windows),
-        _cap_times(sc, workload, queues, start, n_windows),
-    )
-    overshoot = {name: max(0.0, peak[name] - lim) / lim for name, lim in limits.items()}
-    metrics = summarize(
-        windows,
-        shares=result.shares,
-        overshoot=overshoot,
-        blocked=blocked,
-        dropped=dropped,
-        first_block_ms=first_block,
-        waits_ms=waits,
-    )
-    return PolicyRun(
-        policy=policy.name,
-        metrics=metrics,
-        times_h=times_h,
-        usage=usage,
-        wall_s=time.perf_counter() - t_start,
-        admissions=admissions,
-        windows=windows,
-    )
+    return rec.finish(policy.name)
