@@ -43,12 +43,14 @@ from fairgate.sim.policies import (
     ENGINE_POLICIES,
     POLICY_NAMES,
     POOL,
+    REFERENCE_NAMES,
     EnginePolicy,
     FcfsPolicy,
     FixedPolicy,
     Ledger,
     SimPolicy,
 )
+from fairgate.sim.reference import HeldScheduler, reference
 from fairgate.sim.scenario import Scenario
 from fairgate.sim.workload import Request, Workload, generate
 from fairgate.store.base import QuotaStore
@@ -58,6 +60,9 @@ from fairgate.store.base import QuotaStore
 EPOCH_MS = 1_700_000_000_000
 #: Points per key in the usage-over-time series (for the chart).
 SERIES_POINTS = 240
+#: Instants per tick at which a held run hands out the room the sliding counters freed (at
+#: most one a second): 1 s apart with 30 s ticks, finer than any key's request rate.
+HELD_STEPS = 30
 
 DRIVERS = ("sqlite", "redis")
 
@@ -191,6 +196,19 @@ async def run_scenario(
             )
         try:
             for name in policies:
+                task = None
+                if progress is not None:
+                    task = progress.add_task(f"{scenario.name} · {name}", total=scenario.ticks)
+
+                def advance(task_id: object = task) -> None:
+                    if progress is not None and task_id is not None:
+                        progress.advance(task_id)  # type: ignore[arg-type]
+
+                if name in REFERENCE_NAMES:
+                    result.runs[name] = run_held(
+                        reference(name, scenario), workload, result, advance
+                    )
+                    continue
                 policy: SimPolicy
                 if name == "fcfs":
                     policy = FcfsPolicy(scenario)
@@ -205,14 +223,6 @@ async def run_scenario(
                         f"sim-{scenario.name}-{name}-{uuid.uuid4().hex[:6]}",
                         ManualClock(start_ms(scenario)),
                     )
-                task = None
-                if progress is not None:
-                    task = progress.add_task(f"{scenario.name} · {name}", total=scenario.ticks)
-
-                def advance(task_id: object = task) -> None:
-                    if progress is not None and task_id is not None:
-                        progress.advance(task_id)  # type: ignore[arg-type]
-
                 try:
                     run = await run_policy(policy, workload, result, advance)
                 finally:
@@ -319,6 +329,8 @@ class _Recorder:
         self.admitted_w: list[dict[str, dict[str, float]]] = [
             {d: defaultdict(float) for d in self.measured} for _ in range(self.n_windows)
         ]
+        #: requests asked per window and key (the small-key allowance counts them)
+        self.asked_n: list[dict[str, int]] = [defaultdict(int) for _ in range(self.n_windows)]
         self.blocked: dict[str, int] = defaultdict(int)
         self.dropped: dict[str, int] = defaultdict(int)
         self.first_block: dict[str, int | None] = {}
@@ -333,6 +345,7 @@ class _Recorder:
         t0 = self.start + i * self.sc.tick
         w_idx = min(self.n_windows - 1, (t0 - self.start) // self.window)
         for k in self.keys:
+            self.asked_n[w_idx][k] += len(self.workload.arrivals[k][i])
             _enqueue(
                 self.queues[k],
                 self.workload.arrivals[k][i],
@@ -381,6 +394,7 @@ class _Recorder:
         for k in self.keys:
             for arrived, r in self.queues[k]:
                 w = min(n_windows - 1, (arrived - start) // window)
+                self.asked_n[w][k] -= 1
                 for d, u in self.measured.items():
                     self.demand_w[w][d][k] -= r.size(u)
         windows = dominant_window_figures(
@@ -405,6 +419,7 @@ class _Recorder:
             dropped=self.dropped,
             first_block_ms=self.first_block,
             waits_ms=self.waits,
+            asked_n=self.asked_n,
         )
         return PolicyRun(
             policy=name,
@@ -449,3 +464,75 @@ async def run_policy(
         if on_tick is not None:
             on_tick()
     return rec.finish(policy.name)
+
+
+def run_held(
+    scheduler: HeldScheduler,
+    workload: Workload,
+    result: ScenarioResult,
+    on_tick: Callable[[], None] | None = None,
+) -> PolicyRun:
+    """The clients are held: a request that does not fit waits in its key's queue (up to the
+    key's patience and backlog, as under the engine), and at :data:`HELD_STEPS` instants a
+    tick, while the pool's sliding counters have room, the oldest request of the waiting key
+    ``scheduler`` puts first is admitted. When that request does not fit, nothing else is
+    admitted at that instant: the room freeing is held for the key owed it, not taken by a
+    smaller request behind it. A key at its absolute cap is passed over until it has room."""
+    rec = _Recorder(workload, result)
+    sc, ledger = rec.sc, rec.ledger
+    dims = [(u, w, name, rec.limits[name]) for u, w, name in ledger.dimensions]
+    caps: dict[str, list[tuple[Unit, int, str, float]]] = {
+        k.id: [(u, w, name, k.cap.value) for u, w, name, _lim in dims if u is k.cap.unit]
+        for k in sc.keys
+        if k.cap is not None
+    }
+    steps = max(1, min(HELD_STEPS, sc.tick // 1000))
+    waiting: set[str] = set()
+
+    def fits(owner: str, req: Request, bounds: Sequence[tuple[Unit, int, str, float]]) -> bool:
+        est = req.estimate()
+        return all(
+            ledger.value(owner, name, w, now) + est.get(u, 0.0) <= lim
+            for u, w, name, lim in bounds
+            if est.get(u, 0.0) > 0
+        )
+
+    for i in range(sc.ticks):
+        t0 = rec.tick_start(i)
+        before = set(waiting)
+        for k in rec.keys:
+            if rec.queues[k] and k not in waiting:
+                scheduler.backlogged(k, before)
+                waiting.add(k)
+            elif not rec.queues[k] and k in waiting:
+                scheduler.idle(k)
+                waiting.discard(k)
+        for s in range(steps):
+            now = t0 + (s * sc.tick) // steps
+            while waiting:
+                room = [(u, lim - ledger.value(POOL, name, w, now)) for u, w, name, lim in dims]
+                if not any(
+                    all(r >= q[0][1].estimate().get(u, 0.0) for u, r in room)
+                    for q in (rec.queues[k] for k in waiting)
+                ):
+                    break  # a full pool: no waiting request fits, whoever is first
+                eligible = [k for k in waiting if fits(k, rec.queues[k][0][1], caps.get(k, ()))]
+                if not eligible:
+                    break
+                k = min(
+                    eligible,
+                    key=lambda k: scheduler.order(k, rec.queues[k][0][0], ledger, now),
+                )
+                req = rec.queues[k][0][1]
+                if not fits(POOL, req, dims):
+                    break
+                rec.admissions += 1
+                rec.admitted(k, now)
+                scheduler.served(k, req)
+                if not rec.queues[k]:
+                    scheduler.idle(k)
+                    waiting.discard(k)
+        rec.tick_end(i, t0)
+        if on_tick is not None:
+            on_tick()
+    return rec.finish(scheduler.name)
