@@ -17,6 +17,8 @@ from typer.testing import CliRunner
 from fairgate.cli import app
 from fairgate.quota.units import WINDOW_MS, Window
 from fairgate.sim.fairness import dominant_window_figures, summarize, window_figures
+from fairgate.sim.gate import GATE_NAMES
+from fairgate.sim.policies import POLICY_NAMES
 from fairgate.sim.runner import EPOCH_MS, PolicyRun, run_scenario, start_ms
 from fairgate.sim.scenario import (
     ScenarioError,
@@ -134,9 +136,15 @@ def test_cli_writes_a_chart_and_json(tmp_path: Path) -> None:
     doc = json.loads((out / "results.json").read_text())
     (scenario,) = doc["scenarios"]
     assert scenario["scenario"]["name"] == "late-arrival"
-    assert set(scenario["policies"]) == {"fcfs", "static", "active", "fixed"}
+    assert set(scenario["policies"]) == set(POLICY_NAMES)
     # late-arrival meets every target on seed 1 (the per-key range test below holds it too)
     assert scenario["active_targets"] == dict.fromkeys(TARGET_NAMES, True)
+    # and so passes the gate of issue 45, whatever the references reached
+    gate = scenario["gate"]
+    assert gate["passed"] is True
+    assert set(gate["checks"]) == set(GATE_NAMES)
+    assert all(d == 0 for d in gate["distance_to_goal"].values())
+    assert "gate PASS" in res.output
     assert doc["targets"]["key_ratio"] == [0.9, 1.1]
     assert "Jain" in res.output
     assert "worst window ✓" in res.output
@@ -151,7 +159,10 @@ def test_cli_seeds_prints_the_spread_and_writes_every_run(tmp_path: Path) -> Non
     doc = json.loads((out / "results.json").read_text())
     assert [s["seed"] for s in doc["scenarios"]] == [1, 2, 3]
     rows = {r["policy"]: r for r in doc["spread"]}
-    assert set(rows) == {"fcfs", "static", "active", "fixed"}
+    assert set(rows) == set(POLICY_NAMES)
+    passed = [s["gate"]["passed"] for s in doc["scenarios"]]
+    assert rows["active"]["gate"] == sum(passed)
+    assert rows["las"]["gate"] is None
     active = rows["active"]
     jains = [s["policies"]["active"]["metrics"]["jain"] for s in doc["scenarios"]]
     assert active["seeds"] == 3
