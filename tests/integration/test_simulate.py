@@ -17,6 +17,8 @@ from typer.testing import CliRunner
 from fairgate.cli import app
 from fairgate.domain.units import WINDOW_MS, Window
 from fairgate.sim.fairness import dominant_window_figures, summarize, window_figures
+from fairgate.sim.gate import GATE_NAMES
+from fairgate.sim.policies import POLICY_NAMES
 from fairgate.sim.runner import EPOCH_MS, PolicyRun, run_scenario, start_ms
 from fairgate.sim.scenario import (
     ScenarioError,
@@ -56,10 +58,18 @@ async def test_simulation_is_deterministic_for_a_seed(tmp_path: Path) -> None:
 #: (3 hours, seed 1): many-keys' capped bursty key at 0.75 (its first window's burst, asked
 #: where the pool is paced) and its weight-1 greedy key at 1.10; two-resource's research agent at
 #: 0.84 before the CI bot starts. Both need to know what is asked later in the window.
-RANGE_NOT_YET = {"many-keys", "two-resource"}
-#: The subscription built-in runs its whole week (pacing the weekly budget and the ideal across
-#: windows must agree on when the week ends); active mode paces the week and meets the band.
-FULL_LENGTH = {"subscription"}
+#: Issue 45's built-ins where active mode misses the absolute targets (seed 1; the gate
+#: against the online references, and its table over seeds 1-10, are in docs/fairness.md):
+#: policy-mix's burst key gets 0.83 (Jain 0.9885; before room held for waiting keys refused
+#: soft and burst keys too, 0.90 with the hard keys at 0.62),
+#: tiny-keys' fresh pool hands the first hour to the heavy keys (utilisation 93.7 % of what
+#: the tiny keys were owed, the lowest at 0.87), daily-batch's batch gets 0.58 of its week.
+TARGETS_NOT_YET = {"policy-mix", "tiny-keys", "daily-batch"}
+RANGE_NOT_YET = {"many-keys", "two-resource", *TARGETS_NOT_YET}
+#: The subscription and daily-batch built-ins run their whole week (pacing the weekly budget
+#: and the ideal across windows must agree on when the week ends); active mode paces the week
+#: and meets the band in subscription.
+FULL_LENGTH = {"subscription", "daily-batch"}
 
 
 def _xfail_in(names: set[str], reason: str) -> list[object]:
@@ -83,7 +93,9 @@ async def _smoke(name: str, tmp_path: Path) -> PolicyRun:
     return _SMOKE_RUNS[name]
 
 
-@pytest.mark.parametrize("name", builtin_names())
+@pytest.mark.parametrize(
+    "name", _xfail_in(TARGETS_NOT_YET, "issue 45: behind the online reference (fairness.md)")
+)
 async def test_builtin_scenario_meets_the_active_targets(name: str, tmp_path: Path) -> None:
     run = await _smoke(name, tmp_path)
     m = run.metrics
@@ -134,9 +146,15 @@ def test_cli_writes_a_chart_and_json(tmp_path: Path) -> None:
     doc = json.loads((out / "results.json").read_text())
     (scenario,) = doc["scenarios"]
     assert scenario["scenario"]["name"] == "late-arrival"
-    assert set(scenario["policies"]) == {"fcfs", "static", "active", "fixed"}
+    assert set(scenario["policies"]) == set(POLICY_NAMES)
     # late-arrival meets every target on seed 1 (the per-key range test below holds it too)
     assert scenario["active_targets"] == dict.fromkeys(TARGET_NAMES, True)
+    # and so passes the gate of issue 45, whatever the references reached
+    gate = scenario["gate"]
+    assert gate["passed"] is True
+    assert set(gate["checks"]) == set(GATE_NAMES)
+    assert all(d == 0 for d in gate["distance_to_goal"].values())
+    assert "gate PASS" in res.output
     assert doc["targets"]["key_ratio"] == [0.9, 1.1]
     assert "Jain" in res.output
     assert "worst window ✓" in res.output
@@ -151,7 +169,10 @@ def test_cli_seeds_prints_the_spread_and_writes_every_run(tmp_path: Path) -> Non
     doc = json.loads((out / "results.json").read_text())
     assert [s["seed"] for s in doc["scenarios"]] == [1, 2, 3]
     rows = {r["policy"]: r for r in doc["spread"]}
-    assert set(rows) == {"fcfs", "static", "active", "fixed"}
+    assert set(rows) == set(POLICY_NAMES)
+    passed = [s["gate"]["passed"] for s in doc["scenarios"]]
+    assert rows["active"]["gate"] == sum(passed)
+    assert rows["las"]["gate"] is None
     active = rows["active"]
     jains = [s["policies"]["active"]["metrics"]["jain"] for s in doc["scenarios"]]
     assert active["seeds"] == 3

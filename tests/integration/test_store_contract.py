@@ -706,6 +706,18 @@ async def _run_scenario(store: QuotaStore, seed: int) -> tuple[list[Any], list[f
             await store.record(pool.id, key, [used(PARITY_DIMS[1], 777.0)], now)
             log.append((step, "record", key))
 
+    # a soft key above its share outside any reserve, a few hours later: penalised (since
+    # issue 45 room held for waiting keys refuses every policy, so the random steps above no
+    # longer penalise there)
+    now += 3 * HOUR
+    for i in range(12):
+        cost = {Unit.REQUESTS: 1.0, Unit.TOKENS: 100.0, Unit.USD: 1 / 1024}
+        req = admit_request(pool, "b", now + i, cost=cost, rid=f"soft{i}", threshold=0.5)
+        res = await store.admit(req)
+        v = res.verdict
+        log.append((400 + i, "admit", "b", None, v.outcome, v.reason, v.index, res.reserved, None))
+        for c in (*res.totals, *res.mine):
+            floats.extend((c.prev, c.curr))
     counters = [ref(d) for d in PARITY_DIMS]
     counters += [CounterRef(mc.key, HOUR) for a in pool.allocations for mc in a.model_caps]
     usage = await store.pool_usage(pool.id, keys, counters, now)

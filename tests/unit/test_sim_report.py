@@ -4,6 +4,7 @@ columns (pure)."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 from rich.console import Console
 
@@ -48,6 +49,7 @@ def test_the_spread_over_seeds_fits_an_80_column_terminal() -> None:
             ratio_max=1.20,
             overshoot_max=0.0,
             meeting=10,
+            gate=9 if policy == "active" else None,
         )
         for name in builtin_names()
         for policy in ("static", "active")
@@ -56,8 +58,14 @@ def test_the_spread_over_seeds_fits_an_80_column_terminal() -> None:
     print_spreads(rows, console)
     text = console.export_text()
     assert "…" not in text
-    for cell in ("subscription", "0.81–1.20", "100.0%", "10/10"):
+    for cell in ("subscription", "0.81–1.20", "100.0%", "10/10", "9/10", "gate"):
         assert cell in text
+    plain = Console(width=80, record=True)
+    print_spreads([replace(r, gate=None) for r in rows], plain)
+    text = plain.export_text()
+    assert "…" not in text
+    assert "0.9985" in text  # without references run, the median column is back
+    assert "gate" not in text.split("worst and median")[0]
 
 
 def test_a_scenarios_table_fits_an_80_column_terminal(sim_metrics: Callable[..., Metrics]) -> None:

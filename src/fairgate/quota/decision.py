@@ -127,11 +127,10 @@ def evaluate(
         if total >= limit or total + check.cost > limit:
             return Verdict(Outcome.BLOCK, Reason.GLOBAL_SATURATED, i)
         if check.reserve > 0 and total + check.cost + check.reserve > limit:
-            # into room owed to keys waiting further below their share
-            if policy is Policy.HARD:
-                return Verdict(Outcome.BLOCK, Reason.FAIR_SHARE, i)
-            if policy is Policy.SOFT:
-                penalized = True
+            # into room owed to keys waiting further below their share: refused whatever the
+            # policy (issue 45), so a soft key is served after the hard keys it would hold
+            # back and a burst passes its share only while nobody below it is waiting
+            return Verdict(Outcome.BLOCK, Reason.FAIR_SHARE, i)
         share_use = window if check.window_share else mine
         used = max(total / limit, check.signal)
         if used >= threshold:  # strict

@@ -449,6 +449,10 @@ class Metrics:
     utilisation_by_dim: dict[str, float] = field(default_factory=dict)
     #: 95th percentile of the time admitted requests waited (refused, retried), per key
     wait_p95_ms: dict[str, int] = field(default_factory=dict)
+    #: per key, how far from 1 its ratio may be by one request in each window it asked in
+    #: (the small-key allowance of issue 45's gate): ``Σ one request ÷ Σ ideal``, in the
+    #: primary dimension over the windows it asked in; empty when the counts were not given
+    slack: dict[str, float] = field(default_factory=dict)
 
     @property
     def blocked_total(self) -> int:
@@ -480,7 +484,10 @@ def summarize(
     dropped: Mapping[str, int],
     first_block_ms: Mapping[str, int | None],
     waits_ms: Mapping[str, Sequence[int]] | None = None,
+    asked_n: Sequence[Mapping[str, int]] | None = None,
 ) -> Metrics:
+    """The run's figures; ``asked_n[w][key]``: how many requests the key asked in window
+    ``w`` (for the small-key allowance, :attr:`Metrics.slack`)."""
     keys = list(shares)
     admitted = {k: sum(w.admitted.get(k, 0.0) for w in windows) for k in keys}
     ideal = {k: sum(w.ideal.get(k, 0.0) for w in windows) for k in keys}
@@ -501,6 +508,15 @@ def summarize(
         owed = sum(sum(w.ideal_by_dim[d].values()) for w in windows)
         by_dim[d] = got / owed if owed > 0 else 1.0
     well = well_behaved_keys(windows, shares)
+    slack: dict[str, float] = {}
+    if asked_n is not None:
+        for k in ratio:
+            one = sum(
+                w.demand.get(k, 0.0) / n[k]
+                for w, n in zip(windows, asked_n, strict=True)
+                if n.get(k, 0) > 0 and w.demand.get(k, 0.0) > 0
+            )
+            slack[k] = one / ideal[k] if ideal[k] > 0 else 0.0
     return Metrics(
         jain=jain(list(ratio.values())),
         jain_worst_window=min(per_window) if per_window else 1.0,
@@ -517,6 +533,7 @@ def summarize(
         well_behaved=well,
         first_block_ms={k: first_block_ms.get(k) for k in well},
         wait_p95_ms={k: _p95(v) for k, v in (waits_ms or {}).items()},
+        slack=slack,
     )
 
 

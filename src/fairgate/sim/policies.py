@@ -8,6 +8,8 @@
   active recently, bounded by their recent demand).
 - ``fixed``: a static per-key limit of ``weight × limit`` per window, never borrowing: the
   common alternative (a rate limit per API key).
+- ``las``, ``sfq``, ``vtc``: the online references of issue 45, which hold a request that does
+  not fit instead of refusing it (:mod:`fairgate.sim.reference`).
 
 The engine-backed policies run through a real store (SQLite or Redis) with a
 :class:`~fairgate.clock.ManualClock` that the runner moves to each request's simulated time, so
@@ -31,7 +33,10 @@ from fairgate.quota.window import bucket_index, sliding_value
 from fairgate.sim.scenario import Scenario
 from fairgate.sim.workload import Request
 
-POLICY_NAMES = ("fcfs", "static", "active", "fixed")
+#: The online reference schedulers fairgate is gated against (:mod:`fairgate.sim.reference`):
+#: they hold a request that does not fit in its key's queue instead of refusing it.
+REFERENCE_NAMES = ("las", "sfq", "vtc")
+POLICY_NAMES = ("fcfs", "static", "active", "fixed", *REFERENCE_NAMES)
 ENGINE_POLICIES = ("static", "active")
 
 

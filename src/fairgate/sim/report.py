@@ -21,6 +21,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
+from fairgate.sim.gate import describe_verdict, run_verdict
 from fairgate.sim.runner import ScenarioResult
 from fairgate.sim.spread import Spread
 from fairgate.sim.targets import (
@@ -169,7 +170,11 @@ def print_results(results: Sequence[ScenarioResult], console: Console) -> None:
         if "active" in result.runs:
             t = meets(result.runs["active"].metrics)
             marks = ", ".join(f"{k.replace('_', ' ')} {'✓' if ok else '✗'}" for k, ok in t.items())
-            console.print(f"  active targets ({describe()}): {marks}\n")
+            console.print(f"  active targets ({describe()}): {marks}")
+            verdict = run_verdict(result)
+            if verdict is not None:
+                console.print("  " + describe_verdict(verdict))
+            console.print()
     console.print(
         "[dim]Ideal: weighted dominant-resource-fair over the pool's dimensions of the first "
         "one's window and longer ones, a longer one's budget shared over its windows by the "
@@ -186,17 +191,21 @@ def print_spreads(rows: Sequence[Spread], console: Console) -> None:
     """One row per scenario and policy: the worst and the median over the seeds."""
     seeds = max((r.seeds for r in rows), default=0)
     table = _table(f"spread over {seeds} seeds")
-    for col in (
+    # with the gate's column the Jain median makes way (it stays in the JSON): 80 columns
+    gated = any(r.gate is not None for r in rows)
+    cols = [
         "scenario",
         "policy",
         "Jain\nworst",
-        "Jain\nmedian",
+        *(() if gated else ("Jain\nmedian",)),
         "worst\nwindow",
         "utilis-\nation\nworst",
         "key ratio\nmin–max",
         "over-\nshoot",
         "every\ntarget",
-    ):
+        *(("gate",) if gated else ()),
+    ]
+    for col in cols:
         table.add_column(col, justify="left" if col in ("scenario", "policy") else "right")
     table.columns[0].min_width = min(16, max((len(r.scenario) for r in rows), default=0))
     last = None
@@ -209,16 +218,18 @@ def print_spreads(rows: Sequence[Spread], console: Console) -> None:
             r.ratio_max,
             r.overshoot_max,
         )
+        gate = "" if r.gate is None else _mark(r.gate == r.seeds, f"{r.gate}/{r.seeds}")
         table.add_row(
             r.scenario if r.scenario != last else "",
             r.policy,
             _mark(ok["jain"], f"{r.jain_min:.4f}"),
-            f"{r.jain_median:.4f}",
+            *(() if gated else (f"{r.jain_median:.4f}",)),
             _mark(ok["worst_window"], f"{r.worst_window_min:.3f}"),
             _mark(ok["utilisation"], f"{r.utilisation_min * 100:.1f}%"),
             _mark(ok["key_ratio"], f"{r.ratio_min:.2f}–{r.ratio_max:.2f}"),
             "0" if r.overshoot_max == 0 else _pct(r.overshoot_max),
             _mark(r.meeting == r.seeds, f"{r.meeting}/{r.seeds}"),
+            *((gate,) if gated else ()),
         )
         last = r.scenario
     console.print(table)
@@ -227,7 +238,8 @@ def print_spreads(rows: Sequence[Spread], console: Console) -> None:
         "worst window: the lowest Jain of a single "
         "window in any seed; key ratio: the lowest and highest admitted ÷ ideal of any key "
         "with demand in any seed; overshoot: the worst of any dimension; every target: the "
-        f"runs that meet all of {describe()}.[/]"
+        f"runs that meet all of {describe()}; gate: the active runs that pass issue 45's "
+        "gate against the best reference run beside them (las, sfq, vtc).[/]"
     )
 
 
@@ -295,6 +307,16 @@ def result_dict(result: ScenarioResult) -> dict[str, Any]:
     }
     if "active" in result.runs:
         out["active_targets"] = meets(result.runs["active"].metrics)
+    verdict = run_verdict(result)
+    if verdict is not None:
+        out["gate"] = {
+            "passed": verdict.passed,
+            "checks": verdict.checks,
+            "bar": asdict(verdict.bar),
+            "low_keys": verdict.low_keys,
+            "high_keys": verdict.high_keys,
+            "distance_to_goal": verdict.distance,
+        }
     return _clean(out)  # type: ignore[no-any-return]
 
 

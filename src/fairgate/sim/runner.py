@@ -44,12 +44,14 @@ from fairgate.sim.policies import (
     ENGINE_POLICIES,
     POLICY_NAMES,
     POOL,
+    REFERENCE_NAMES,
     EnginePolicy,
     FcfsPolicy,
     FixedPolicy,
     Ledger,
     SimPolicy,
 )
+from fairgate.sim.reference import HeldScheduler, reference
 from fairgate.sim.scenario import Scenario
 from fairgate.sim.workload import Request, Workload, generate
 
@@ -58,6 +60,9 @@ from fairgate.sim.workload import Request, Workload, generate
 EPOCH_MS = 1_700_000_000_000
 #: Points per key in the usage-over-time series (for the chart).
 SERIES_POINTS = 240
+#: Instants per tick at which a held run hands out the room the sliding counters freed (at
+#: most one a second): 1 s apart with 30 s ticks, finer than any key's request rate.
+HELD_STEPS = 30
 
 DRIVERS = ("sqlite", "redis")
 
@@ -191,6 +196,19 @@ async def run_scenario(
             )
         try:
             for name in policies:
+                task = None
+                if progress is not None:
+                    task = progress.add_task(f"{scenario.name} · {name}", total=scenario.ticks)
+
+                def advance(task_id: object = task) -> None:
+                    if progress is not None and task_id is not None:
+                        progress.advance(task_id)  # type: ignore[arg-type]
+
+                if name in REFERENCE_NAMES:
+                    result.runs[name] = run_held(
+                        reference(name, scenario), workload, result, advance
+                    )
+                    continue
                 policy: SimPolicy
                 if name == "fcfs":
                     policy = FcfsPolicy(scenario)
@@ -205,14 +223,6 @@ async def run_scenario(
                         f"sim-{scenario.name}-{name}-{uuid.uuid4().hex[:6]}",
                         ManualClock(start_ms(scenario)),
                     )
-                task = None
-                if progress is not None:
-                    task = progress.add_task(f"{scenario.name} · {name}", total=scenario.ticks)
-
-                def advance(task_id: object = task) -> None:
-                    if progress is not None and task_id is not None:
-                        progress.advance(task_id)  # type: ignore[arg-type]
-
                 try:
                     run = await run_policy(policy, workload, result, advance)
                 finally:
@@ -285,62 +295,157 @@ def _cap_times(
     return CapTimes(window, asked, {k.id: k.max_wait for k in sc.keys})
 
 
+class _Recorder:
+    """What every run measures, whatever decides its admissions: the per-key queues (with
+    the clients' patience and backlog), demand and admissions per window and measured
+    dimension, refusals, waits, the pool's peak per dimension and the usage series; and at
+    the end the figures against the ideal (:meth:`finish`). One place, so the engine's runs
+    and the reference schedulers' are measured identically."""
+
+    def __init__(self, workload: Workload, result: ScenarioResult) -> None:
+        sc = workload.scenario
+        self.workload = workload
+        self.result = result
+        self.sc = sc
+        self.t_start = time.perf_counter()
+        self.start = start_ms(sc)
+        self.window = sc.primary.window.ms
+        self.primary_name = f"{sc.primary.unit.value}/{sc.primary.window.value}"
+        self.n_windows = result.windows
+        self.keys = [k.id for k in sc.keys]
+        self.backlog = {k.id: k.backlog for k in sc.keys}
+        self.limits = {
+            f"{d.unit.value}/{d.window.value}": d.limit * sc.pool.members
+            for d in sc.pool.dimensions
+        }
+        self.measured = measured_dimensions(sc)
+        self.ledger = Ledger(sc)
+        self.max_wait = {k.id: k.max_wait for k in sc.keys}
+        self.queues: dict[str, deque[tuple[int, Request]]] = {k: deque() for k in self.keys}
+        self.waits: dict[str, list[int]] = {k: [] for k in self.keys}
+        self.demand_w: list[dict[str, dict[str, float]]] = [
+            {d: defaultdict(float) for d in self.measured} for _ in range(self.n_windows)
+        ]
+        self.admitted_w: list[dict[str, dict[str, float]]] = [
+            {d: defaultdict(float) for d in self.measured} for _ in range(self.n_windows)
+        ]
+        #: requests asked per window and key (the small-key allowance counts them)
+        self.asked_n: list[dict[str, int]] = [defaultdict(int) for _ in range(self.n_windows)]
+        self.blocked: dict[str, int] = defaultdict(int)
+        self.dropped: dict[str, int] = defaultdict(int)
+        self.first_block: dict[str, int | None] = {}
+        self.peak = dict.fromkeys(self.limits, 0.0)
+        self.every = max(1, sc.ticks // SERIES_POINTS)
+        self.times_h: list[float] = []
+        self.usage: dict[str, list[float]] = {k: [] for k in self.keys}
+        self.admissions = 0
+
+    def tick_start(self, i: int) -> int:
+        """Tick ``i`` begins: every key's arrivals join its queue; its start instant."""
+        t0 = self.start + i * self.sc.tick
+        w_idx = min(self.n_windows - 1, (t0 - self.start) // self.window)
+        for k in self.keys:
+            self.asked_n[w_idx][k] += len(self.workload.arrivals[k][i])
+            _enqueue(
+                self.queues[k],
+                self.workload.arrivals[k][i],
+                t0,
+                self.max_wait[k],
+                self.backlog[k],
+                k,
+                self.dropped,
+                self.demand_w[w_idx],
+                self.measured,
+            )
+        return t0
+
+    def admitted(self, k: str, now: int) -> None:
+        """Key ``k``'s oldest waiting request was admitted at ``now`` (and settled)."""
+        arrived, req = self.queues[k].popleft()
+        self.waits[k].append(now - arrived)
+        actual = req.actual()
+        self.ledger.add(k, actual, now)
+        # counted in the window the request was asked in, beside its demand: a burst
+        # asked at 59 minutes and served at 61 was served for what it asked then
+        got = self.admitted_w[min(self.n_windows - 1, (arrived - self.start) // self.window)]
+        for d, u in self.measured.items():
+            got[d][k] += actual.get(u, 0.0)
+        for _u, w, name in self.ledger.dimensions:
+            v = self.ledger.value(POOL, name, w, now)
+            self.peak[name] = max(self.peak[name], v)
+
+    def refused(self, k: str, now: int) -> None:
+        self.blocked[k] += 1
+        if k not in self.first_block:
+            self.first_block[k] = now - self.start
+
+    def tick_end(self, i: int, t0: int) -> None:
+        if i % self.every == 0 or i == self.sc.ticks - 1:
+            t_end = t0 + self.sc.tick - 1
+            self.times_h.append((t_end - self.start) / 3_600_000)
+            for k in self.keys:
+                self.usage[k].append(self.ledger.value(k, self.primary_name, self.window, t_end))
+
+    def finish(self, name: str) -> PolicyRun:
+        sc, start, window, n_windows = self.sc, self.start, self.window, self.n_windows
+        # requests still waiting when the run ends were neither served nor given up:
+        # undecided, so not demand either (else a burst in the run's last minute would
+        # count as refused)
+        for k in self.keys:
+            for arrived, r in self.queues[k]:
+                w = min(n_windows - 1, (arrived - start) // window)
+                self.asked_n[w][k] -= 1
+                for d, u in self.measured.items():
+                    self.demand_w[w][d][k] -= r.size(u)
+        windows = dominant_window_figures(
+            {d: self.limits[d] for d in self.measured},
+            {k.id: sc.weight_of(k.id) for k in sc.keys},
+            {
+                k.id: {d: k.cap.value for d, u in self.measured.items() if u is k.cap.unit}
+                for k in sc.keys
+                if k.cap is not None
+            },
+            self.demand_w,
+            self.admitted_w,
+            longer_windows(sc, n_windows),
+            _cap_times(sc, self.workload, self.queues, start, n_windows),
+        )
+        overshoot = {d: max(0.0, self.peak[d] - lim) / lim for d, lim in self.limits.items()}
+        metrics = summarize(
+            windows,
+            shares=self.result.shares,
+            overshoot=overshoot,
+            blocked=self.blocked,
+            dropped=self.dropped,
+            first_block_ms=self.first_block,
+            waits_ms=self.waits,
+            asked_n=self.asked_n,
+        )
+        return PolicyRun(
+            policy=name,
+            metrics=metrics,
+            times_h=self.times_h,
+            usage=self.usage,
+            wall_s=time.perf_counter() - self.t_start,
+            admissions=self.admissions,
+            windows=windows,
+        )
+
+
 async def run_policy(
     policy: SimPolicy,
     workload: Workload,
     result: ScenarioResult,
     on_tick: Callable[[], None] | None = None,
 ) -> PolicyRun:
-    sc = workload.scenario
-    t_start = time.perf_counter()
-    start = start_ms(sc)
-    window = sc.primary.window.ms
-    unit = sc.primary.unit
-    primary_name = f"{unit.value}/{sc.primary.window.value}"
-    n_windows = result.windows
-    keys = [k.id for k in sc.keys]
-    backlog = {k.id: k.backlog for k in sc.keys}
-    limits = {
-        f"{d.unit.value}/{d.window.value}": d.limit * sc.pool.members for d in sc.pool.dimensions
-    }
-    measured = measured_dimensions(sc)
-
-    ledger = Ledger(sc)
-    max_wait = {k.id: k.max_wait for k in sc.keys}
-    queues: dict[str, deque[tuple[int, Request]]] = {k: deque() for k in keys}
-    waits: dict[str, list[int]] = {k: [] for k in keys}
-    demand_w: list[dict[str, dict[str, float]]] = [
-        {d: defaultdict(float) for d in measured} for _ in range(n_windows)
-    ]
-    admitted_w: list[dict[str, dict[str, float]]] = [
-        {d: defaultdict(float) for d in measured} for _ in range(n_windows)
-    ]
-    blocked: dict[str, int] = defaultdict(int)
-    dropped: dict[str, int] = defaultdict(int)
-    first_block: dict[str, int | None] = {}
-    peak = dict.fromkeys(limits, 0.0)
+    """The clients retry: within a tick every queued request of every key is tried once, in
+    a seeded random interleaving, and a refused key backs off until the next tick."""
+    rec = _Recorder(workload, result)
+    sc = rec.sc
     rng = random.Random(f"fairgate-sim-order:{workload.seed}")
-    every = max(1, sc.ticks // SERIES_POINTS)
-    times_h: list[float] = []
-    usage: dict[str, list[float]] = {k: [] for k in keys}
-    admissions = 0
-
     for i in range(sc.ticks):
-        t0 = start + i * sc.tick
-        w_idx = min(n_windows - 1, (t0 - start) // window)
-        for k in keys:
-            _enqueue(
-                queues[k],
-                workload.arrivals[k][i],
-                t0,
-                max_wait[k],
-                backlog[k],
-                k,
-                dropped,
-                demand_w[w_idx],
-                measured,
-            )
-        order = [k for k in keys for _ in range(len(queues[k]))]
+        t0 = rec.tick_start(i)
+        order = [k for k in rec.keys for _ in range(len(rec.queues[k]))]
         rng.shuffle(order)
         stopped: set[str] = set()
         n = len(order)
@@ -348,69 +453,86 @@ async def run_policy(
             if k in stopped:
                 continue
             now = t0 + (j * sc.tick) // n
-            arrived, req = queues[k][0]
-            admissions += 1
+            _arrived, req = rec.queues[k][0]
+            rec.admissions += 1
             if await policy.attempt(req, now):
-                queues[k].popleft()
-                waits[k].append(now - arrived)
-                actual = req.actual()
-                ledger.add(k, actual, now)
-                # counted in the window the request was asked in, beside its demand: a burst
-                # asked at 59 minutes and served at 61 was served for what it asked then
-                got = admitted_w[min(n_windows - 1, (arrived - start) // window)]
-                for d, u in measured.items():
-                    got[d][k] += actual.get(u, 0.0)
-                for _u, w, name in ledger.dimensions:
-                    v = ledger.value(POOL, name, w, now)
-                    peak[name] = max(peak[name], v)
+                rec.admitted(k, now)
             else:
-                blocked[k] += 1
-                if k not in first_block:
-                    first_block[k] = now - start
+                rec.refused(k, now)
                 stopped.add(k)
-        if i % every == 0 or i == sc.ticks - 1:
-            t_end = t0 + sc.tick - 1
-            times_h.append((t_end - start) / 3_600_000)
-            for k in keys:
-                usage[k].append(ledger.value(k, primary_name, window, t_end))
+        rec.tick_end(i, t0)
         if on_tick is not None:
             on_tick()
+    return rec.finish(policy.name)
 
-    # requests still waiting when the run ends were neither served nor given up: undecided,
-    # so not demand either (else a burst in the run's last minute would count as refused)
-    for k in keys:
-        for arrived, r in queues[k]:
-            for d, u in measured.items():
-                demand_w[min(n_windows - 1, (arrived - start) // window)][d][k] -= r.size(u)
-    windows = dominant_window_figures(
-        {d: limits[d] for d in measured},
-        {k.id: sc.weight_of(k.id) for k in sc.keys},
-        {
-            k.id: {d: k.cap.value for d, u in measured.items() if u is k.cap.unit}
-            for k in sc.keys
-            if k.cap is not None
-        },
-        demand_w,
-        admitted_w,
-        longer_windows(sc, n_windows),
-        _cap_times(sc, workload, queues, start, n_windows),
-    )
-    overshoot = {name: max(0.0, peak[name] - lim) / lim for name, lim in limits.items()}
-    metrics = summarize(
-        windows,
-        shares=result.shares,
-        overshoot=overshoot,
-        blocked=blocked,
-        dropped=dropped,
-        first_block_ms=first_block,
-        waits_ms=waits,
-    )
-    return PolicyRun(
-        policy=policy.name,
-        metrics=metrics,
-        times_h=times_h,
-        usage=usage,
-        wall_s=time.perf_counter() - t_start,
-        admissions=admissions,
-        windows=windows,
-    )
+
+def run_held(
+    scheduler: HeldScheduler,
+    workload: Workload,
+    result: ScenarioResult,
+    on_tick: Callable[[], None] | None = None,
+) -> PolicyRun:
+    """The clients are held: a request that does not fit waits in its key's queue (up to the
+    key's patience and backlog, as under the engine), and at :data:`HELD_STEPS` instants a
+    tick, while the pool's sliding counters have room, the oldest request of the waiting key
+    ``scheduler`` puts first is admitted. When that request does not fit, nothing else is
+    admitted at that instant: the room freeing is held for the key owed it, not taken by a
+    smaller request behind it. A key at its absolute cap is passed over until it has room."""
+    rec = _Recorder(workload, result)
+    sc, ledger = rec.sc, rec.ledger
+    dims = [(u, w, name, rec.limits[name]) for u, w, name in ledger.dimensions]
+    caps: dict[str, list[tuple[Unit, int, str, float]]] = {
+        k.id: [(u, w, name, k.cap.value) for u, w, name, _lim in dims if u is k.cap.unit]
+        for k in sc.keys
+        if k.cap is not None
+    }
+    steps = max(1, min(HELD_STEPS, sc.tick // 1000))
+    waiting: set[str] = set()
+
+    def fits(owner: str, req: Request, bounds: Sequence[tuple[Unit, int, str, float]]) -> bool:
+        est = req.estimate()
+        return all(
+            ledger.value(owner, name, w, now) + est.get(u, 0.0) <= lim
+            for u, w, name, lim in bounds
+            if est.get(u, 0.0) > 0
+        )
+
+    for i in range(sc.ticks):
+        t0 = rec.tick_start(i)
+        before = set(waiting)
+        for k in rec.keys:
+            if rec.queues[k] and k not in waiting:
+                scheduler.backlogged(k, before)
+                waiting.add(k)
+            elif not rec.queues[k] and k in waiting:
+                scheduler.idle(k)
+                waiting.discard(k)
+        for s in range(steps):
+            now = t0 + (s * sc.tick) // steps
+            while waiting:
+                room = [(u, lim - ledger.value(POOL, name, w, now)) for u, w, name, lim in dims]
+                if not any(
+                    all(r >= q[0][1].estimate().get(u, 0.0) for u, r in room)
+                    for q in (rec.queues[k] for k in waiting)
+                ):
+                    break  # a full pool: no waiting request fits, whoever is first
+                eligible = [k for k in waiting if fits(k, rec.queues[k][0][1], caps.get(k, ()))]
+                if not eligible:
+                    break
+                k = min(
+                    eligible,
+                    key=lambda k: scheduler.order(k, rec.queues[k][0][0], ledger, now),
+                )
+                req = rec.queues[k][0][1]
+                if not fits(POOL, req, dims):
+                    break
+                rec.admissions += 1
+                rec.admitted(k, now)
+                scheduler.served(k, req)
+                if not rec.queues[k]:
+                    scheduler.idle(k)
+                    waiting.discard(k)
+        rec.tick_end(i, t0)
+        if on_tick is not None:
+            on_tick()
+    return rec.finish(scheduler.name)

@@ -688,6 +688,161 @@ _BUILTIN_DATA["subscription"] = {
 }
 
 
+# -- issue 45: one built-in per kind of workload the gate found fairgate behind on ----------------
+
+#: Coding agents (steady, far above their share) beside interactive developers (small bursts,
+#: short patience), and a fourth developer who joins two hours in and asks more than its share:
+#: the joining key must get its share back from keys that filled the pool, without more.
+_BUILTIN_DATA["joining"] = {
+    "description": "agents and interactive developers; a developer joins two hours in",
+    "duration": "6h",
+    "keys": [
+        {"id": "agent-1", "weight": 20, "demand": {"kind": "greedy", "factor": 3}},
+        {"id": "agent-2", "weight": 20, "demand": {"kind": "greedy", "factor": 2}},
+        *(
+            {
+                "id": f"dev-{i}",
+                "weight": 15,
+                "max_wait": "1m",
+                "demand": {"kind": "bursty", "rate": 70 + 15 * i, "burst": 4},
+                "tokens": {"prompt": 1500, "completion": 400, "max_tokens": 1024},
+            }
+            for i in range(1, 4)
+        ),
+        {
+            "id": "joiner",
+            "weight": 15,
+            "max_wait": "5m",
+            "demand": {"kind": "late", "rate": 150, "start": "2h"},
+        },
+    ],
+}
+
+#: Keys of the three policies at once: a burst-policy key whose bursts may pass its share, a
+#: soft key asking three times its share, and hard keys that must still get theirs.
+_BUILTIN_DATA["policy-mix"] = {
+    "description": "burst-, soft- and hard-policy keys together",
+    "duration": "6h",
+    "keys": [
+        {
+            "id": "burst",
+            "weight": 25,
+            "policy": "burst",
+            "max_wait": "10m",
+            "demand": {"kind": "bursty", "rate": 200, "burst": 40},
+        },
+        {"id": "soft", "weight": 25, "policy": "soft", "demand": {"kind": "greedy", "factor": 3}},
+        {"id": "hard-1", "weight": 25, "demand": {"kind": "greedy", "factor": 2}},
+        {"id": "hard-2", "weight": 15, "demand": {"kind": "steady", "rate": 100}},
+        {
+            "id": "hard-3",
+            "weight": 10,
+            "max_wait": "10m",
+            "demand": {"kind": "on_off", "rate": 150, "on": "30m", "off": "50m", "phase": "20m"},
+        },
+    ],
+}
+
+#: Requests and tokens both bind all the time: many small chat requests (requests dominant)
+#: beside long-context jobs (tokens dominant), both asking more than their share, and a key
+#: that switches between them.
+_BUILTIN_DATA["dual-bind"] = {
+    "description": "requests and tokens both bind: small chats beside long-context jobs",
+    "duration": "6h",
+    "pool": {
+        "dimensions": [
+            {"unit": "requests", "window": "hourly", "limit": 400},
+            {"unit": "tokens", "window": "hourly", "limit": 800_000},
+        ]
+    },
+    "keys": [
+        {
+            "id": "chat",
+            "weight": 30,
+            "demand": {"kind": "greedy", "factor": 2},
+            "tokens": {"prompt": 500, "completion": 200, "max_tokens": 512},
+        },
+        {
+            "id": "longctx",
+            "weight": 30,
+            "max_wait": "10m",
+            "demand": {"kind": "greedy", "factor": 0.6},
+            "tokens": {"prompt": 9000, "completion": 800, "max_tokens": 2048},
+        },
+        {
+            "id": "mixed",
+            "weight": 20,
+            "max_wait": "5m",
+            "demand": {"kind": "on_off", "rate": 120, "on": "45m", "off": "45m"},
+            "tokens": {"prompt": 3000, "completion": 600, "max_tokens": 1024},
+        },
+        {
+            "id": "small",
+            "weight": 20,
+            "demand": {"kind": "bursty", "rate": 50, "burst": 5},
+            "tokens": {"prompt": 800, "completion": 300, "max_tokens": 512},
+        },
+    ],
+}
+
+#: A weekly budget beside a 5-hour one: two users spend steadily, and a batch key runs for an
+#: hour once a day, patient, asking far more than an hour's share: the week must keep room for
+#: it on every day, and its hour must not take the others' 5-hour windows.
+_BUILTIN_DATA["daily-batch"] = {
+    "description": "5-hour and weekly budgets: two steady users, a batch once a day",
+    "duration": "7d",
+    "tick": "5m",
+    "pool": {
+        "dimensions": [
+            {"unit": "requests", "window": "5h", "limit": 250},
+            {"unit": "requests", "window": "weekly", "limit": 5000},
+        ]
+    },
+    "keys": [
+        {"id": "user-a", "weight": 35, "max_wait": "15m", "demand": {"kind": "steady", "rate": 25}},
+        {
+            "id": "user-b",
+            "weight": 35,
+            "max_wait": "15m",
+            "demand": {"kind": "diurnal", "rate": 20, "amplitude": 0.8, "period": "24h"},
+        },
+        {
+            "id": "batch",
+            "weight": 30,
+            "max_wait": "60m",
+            "demand": {"kind": "on_off", "rate": 300, "on": "1h", "off": "23h", "phase": "3h"},
+        },
+    ],
+}
+
+
+def _tiny_keys() -> list[dict[str, object]]:
+    """Two heavy keys (greedy, weight 10 each) and 200 tiny ones (weight 0.4, a few requests
+    an hour each, starting spread over the first hour) on a fresh pool."""
+    keys: list[dict[str, object]] = [
+        {"id": f"heavy-{i}", "weight": 10, "demand": {"kind": "greedy", "factor": 5}}
+        for i in (1, 2)
+    ]
+    for i in range(200):
+        keys.append(
+            {
+                "id": f"tiny-{i:03d}",
+                "weight": 0.4,
+                "max_wait": "5m",
+                "demand": {"kind": "steady", "rate": 3 + i % 3, "start": (i * 18) % 3600},
+            }
+        )
+    return keys
+
+
+_BUILTIN_DATA["tiny-keys"] = {
+    "description": "200 tiny keys beside two heavy ones on a fresh pool",
+    "duration": "4h",
+    "pool": {"dimensions": [{"unit": "requests", "window": "hourly", "limit": 1200}]},
+    "keys": _tiny_keys(),
+}
+
+
 def builtin_names() -> tuple[str, ...]:
     return tuple(_BUILTIN_DATA)
 

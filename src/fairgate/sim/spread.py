@@ -13,6 +13,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from fairgate.sim.gate import run_verdict
 from fairgate.sim.runner import ScenarioResult
 from fairgate.sim.targets import meets
 
@@ -58,6 +59,9 @@ class Spread:
     overshoot_max: float
     #: how many of the runs meet every target (:func:`fairgate.sim.targets.meets`)
     meeting: int
+    #: the active row: how many of the runs pass the gate against the references run beside
+    #: them (:func:`fairgate.sim.gate.run_verdict`); None for other rows or without references
+    gate: int | None = None
 
 
 def spreads(results: Sequence[ScenarioResult]) -> list[Spread]:
@@ -85,6 +89,13 @@ def spreads(results: Sequence[ScenarioResult]) -> list[Spread]:
                 ratio_max=max(ratios, default=1.0),
                 overshoot_max=max((v for m in ms for v in m.overshoot.values()), default=0.0),
                 meeting=sum(all(meets(m).values()) for m in ms),
+                gate=_gate_count(rs) if policy == "active" else None,
             )
         )
     return out
+
+
+def _gate_count(results: Sequence[ScenarioResult]) -> int | None:
+    """How many runs pass the gate; None when none had references run beside them."""
+    verdicts = [v for r in results if (v := run_verdict(r)) is not None]
+    return sum(v.passed for v in verdicts) if verdicts else None

@@ -20,7 +20,7 @@ TARGET_UTILISATION = 0.98
 #: every key with demand gets this much of its ideal, at least and at most
 TARGET_RATIO = (0.90, 1.10)
 #: tolerance for float residue when an overshoot is compared with 0
-_EXACT = 1e-9
+EXACT = 1e-9
 
 #: the targets' names, in the order they are printed
 TARGET_NAMES = ("jain", "worst_window", "utilisation", "key_ratio", "overshoot")
@@ -49,7 +49,7 @@ def judge(
         "worst_window": worst_window >= TARGET_WORST_WINDOW,
         "utilisation": utilisation >= TARGET_UTILISATION,
         "key_ratio": lo <= ratio_min and ratio_max <= hi,
-        "overshoot": overshoot <= _EXACT,
+        "overshoot": overshoot <= EXACT,
     }
 
 

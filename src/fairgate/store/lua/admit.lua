@@ -118,14 +118,10 @@ local function evaluate()
       if total >= limit or total + c.cost > limit then
         return 2, GLOBAL_SATURATED, i - 1
       end
-      -- into room owed to keys waiting further below their share (active mode)
+      -- into room owed to keys waiting further below their share (active mode): refused
+      -- whatever the policy (issue 45)
       if c.reserve > 0 and total + c.cost + c.reserve > limit then
-        if policy == HARD then
-          return 2, FAIR_SHARE, i - 1
-        end
-        if policy == SOFT then
-          penalized = true
-        end
+        return 2, FAIR_SHARE, i - 1
       end
       -- Python's max(a, b) keeps a unless b > a; so does this.
       local used = total / limit
