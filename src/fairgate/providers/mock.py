@@ -80,6 +80,18 @@ from fairgate.providers.mock_faults import (
     unknown_field_error,
 )
 from fairgate.providers.mock_oauth import ACCESS_PREFIX, OAUTH_BETA, MockTokenIssuer
+from fairgate.providers.mock_script import (
+    ToolCall,
+    anthropic_last_turn,
+    anthropic_tool_blocks,
+    chat_last_turn,
+    chat_tool_calls,
+    chat_tool_deltas,
+    responses_custom_tools,
+    responses_last_turn,
+    responses_tool_events,
+    responses_tool_items,
+)
 from fairgate.testclock import ShiftedClock, TestClockError, advance_ms_of, clock_view
 
 JSON = dict[str, Any]
@@ -335,15 +347,26 @@ _NO_FINISH = frozenset({"no-finish", "empty"})
 
 
 def _reply(
-    cfg: MockConfig, messages: list[Any], cap: int | None, fault: Fault
+    cfg: MockConfig,
+    messages: list[Any],
+    cap: int | None,
+    fault: Fault,
+    source: str | None = None,
 ) -> tuple[str, int, bool]:
-    """(text, tokens, truncated): one word per token, words taken from the last user message."""
+    """(text, tokens, truncated): one word per token, words taken from the last user message
+    (or from ``source``: the tool output a conversation ends with, see :mod:`mock_script`)."""
     if fault.kind in _NOTHING:
         return "", 0, False
     n = cfg.completion_tokens if cap is None else min(cap, cfg.completion_tokens)
-    words = re.findall(r"[a-z0-9]+", _last_user_text(messages).lower()) or list(_FILLER)
+    text = _last_user_text(messages) if source is None else source
+    words = re.findall(r"[a-z0-9]+", text.lower()) or list(_FILLER)
     chosen = list(itertools.islice(itertools.chain(("mock", "reply:"), itertools.cycle(words)), n))
     return " ".join(chosen), n, cap is not None and cap < cfg.completion_tokens
+
+
+def _calls_tokens(calls: tuple[ToolCall, ...]) -> int:
+    """Output tokens of scripted tool calls: their arguments, four characters a token."""
+    return _estimate_tokens(sum(len(c.arguments_json) + len(c.name) for c in calls))
 
 
 def _pieces(text: str, k: int) -> list[str]:
@@ -477,8 +500,16 @@ async def _chat(call: _Call) -> web.StreamResponse:
     except ValueError as exc:
         return call.bad_request(str(exc), "max_tokens")
     prompt = _prompt_tokens(messages)
-    text, completion, truncated = _reply(call.state.config, messages, cap, call.fault)
+    turn = chat_last_turn(messages)
+    calls = () if call.fault.kind in _NOTHING else turn.calls
+    text, completion, truncated = _reply(
+        call.state.config, messages, cap, call.fault, turn.tool_result
+    )
+    if calls:  # a scripted tool call (mock_script): no text, the arguments are the output
+        text, completion, truncated = "", _calls_tokens(calls), False
     finish = None if call.fault.kind in _NO_FINISH else ("length" if truncated else "stop")
+    if calls and finish is not None:
+        finish = "tool_calls"
     headers = call.headers(prompt, completion)
     usage = {
         "prompt_tokens": prompt,
@@ -497,7 +528,11 @@ async def _chat(call: _Call) -> web.StreamResponse:
     if body.get("stream") is not True:
         if call.fault.kind == "error-200":
             return _json(200, error_200_body("openai", call.request_id), headers)
-        message = {"role": "assistant", "content": text, "refusal": None}
+        message: JSON = {"role": "assistant", "content": text or None, "refusal": None}
+        if calls:
+            message["tool_calls"] = chat_tool_calls(calls, seq)
+        else:
+            message["content"] = text
         choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish}
         payload = {**base, "object": "chat.completion", "choices": [choice], "usage": usage}
         if call.fault.kind == "reset-mid-stream":
@@ -518,6 +553,7 @@ async def _chat(call: _Call) -> web.StreamResponse:
         return await call.stream([_sse(error_200_body("openai", call.request_id))], headers)
     events = [chunk({"role": "assistant", "content": "", "refusal": None}, None)]
     events += [chunk({"content": p}, None) for p in _pieces(text, call.state.config.stream_chunks)]
+    events += [chunk(d, None) for d in chat_tool_deltas(calls, seq)]
     if finish is not None:
         events.append(chunk({}, finish))
         if include_usage:
@@ -566,16 +602,27 @@ async def _messages(call: _Call) -> web.StreamResponse:
     if cap is None:
         return call.bad_request("max_tokens: Field required")
     prompt = _prompt_tokens(messages, body.get("system"))
-    text, completion, truncated = _reply(call.state.config, messages, cap, call.fault)
+    turn = anthropic_last_turn(messages)
+    calls = () if call.fault.kind in _NOTHING else turn.calls
+    text, completion, truncated = _reply(
+        call.state.config, messages, cap, call.fault, turn.tool_result
+    )
+    if calls:  # a scripted tool call (mock_script): tool_use blocks instead of text
+        text, completion, truncated = "", _calls_tokens(calls), False
     stop = None if call.fault.kind in _NO_FINISH else ("max_tokens" if truncated else "end_turn")
+    if calls and stop is not None:
+        stop = "tool_use"
     headers = call.headers(prompt, completion)
+    seq = call.state.next_seq()
+    tool_blocks = anthropic_tool_blocks(calls, seq)
+    content: list[JSON] = tool_blocks or [{"type": "text", "text": text}]
     message: JSON = {
-        "id": f"msg_mock{call.state.next_seq():08d}",
+        "id": f"msg_mock{seq:08d}",
         "type": "message",
         "role": "assistant",
         "model": model,
         # an empty turn is ``content: []``, as Anthropic documents it
-        "content": [] if call.fault.kind in _NOTHING else [{"type": "text", "text": text}],
+        "content": [] if call.fault.kind in _NOTHING else content,
         "stop_reason": stop,
         "stop_sequence": None,
         "usage": {
@@ -601,23 +648,30 @@ async def _messages(call: _Call) -> web.StreamResponse:
         "stop_reason": None,
         "usage": {**message["usage"], "output_tokens": 1},
     }
-    block = {"type": "text", "text": ""}
-    events = [
-        _sse({"type": "message_start", "message": start}, "message_start"),
-        _sse(
-            {"type": "content_block_start", "index": 0, "content_block": block},
-            "content_block_start",
-        ),
-        _sse({"type": "ping"}, "ping"),
-    ]
-    for piece in _pieces(text, call.state.config.stream_chunks):
-        delta = {"type": "text_delta", "text": piece}
-        events.append(
-            _sse({"type": "content_block_delta", "index": 0, "delta": delta}, "content_block_delta")
-        )
-    if stop is not None:
+    events = [_sse({"type": "message_start", "message": start}, "message_start")]
+    if tool_blocks:
+        events += _tool_use_events(tool_blocks)
+    else:
+        block = {"type": "text", "text": ""}
         events += [
-            _sse({"type": "content_block_stop", "index": 0}, "content_block_stop"),
+            _sse(
+                {"type": "content_block_start", "index": 0, "content_block": block},
+                "content_block_start",
+            ),
+            _sse({"type": "ping"}, "ping"),
+        ]
+        for piece in _pieces(text, call.state.config.stream_chunks):
+            delta = {"type": "text_delta", "text": piece}
+            events.append(
+                _sse(
+                    {"type": "content_block_delta", "index": 0, "delta": delta},
+                    "content_block_delta",
+                )
+            )
+    if stop is not None:
+        if not tool_blocks:
+            events.append(_sse({"type": "content_block_stop", "index": 0}, "content_block_stop"))
+        events += [
             _sse(
                 {
                     "type": "message_delta",
@@ -629,6 +683,26 @@ async def _messages(call: _Call) -> web.StreamResponse:
             _sse({"type": "message_stop"}, "message_stop"),
         ]
     return await call.stream(events, headers)
+
+
+def _tool_use_events(blocks: list[JSON]) -> list[bytes]:
+    """Each ``tool_use`` block streamed whole: start (empty input), the input JSON in one
+    ``input_json_delta``, stop."""
+    events = []
+    for n, block in enumerate(blocks):
+        start = {**block, "input": {}}
+        delta = {"type": "input_json_delta", "partial_json": orjson.dumps(block["input"]).decode()}
+        events += [
+            _sse(
+                {"type": "content_block_start", "index": n, "content_block": start},
+                "content_block_start",
+            ),
+            _sse(
+                {"type": "content_block_delta", "index": n, "delta": delta}, "content_block_delta"
+            ),
+            _sse({"type": "content_block_stop", "index": n}, "content_block_stop"),
+        ]
+    return events
 
 
 def _embedding_inputs(raw: object) -> list[tuple[bytes, int]] | None:
@@ -846,13 +920,13 @@ def _data_route(route: str, impl: _Impl) -> Callable[[web.Request], Awaitable[we
 CODEX_PATH = "/backend-api/codex/responses"
 
 
-def _responses_reply(call: _Call) -> tuple[str, int, int]:
+def _responses_reply(call: _Call, tool_result: str | None) -> tuple[str, int, int]:
     """(text, prompt tokens, completion tokens) of a Responses request, like the chat routes."""
     last, chars = responses_input_text(call.body)
     cap = call.body.get("max_output_tokens")
     cap = cap if isinstance(cap, int) and not isinstance(cap, bool) and cap > 0 else None
     user = [{"role": "user", "content": last}]
-    text, completion, _ = _reply(call.state.config, user, cap, call.fault)
+    text, completion, _ = _reply(call.state.config, user, cap, call.fault, tool_result)
     return text, _estimate_tokens(chars), completion
 
 
@@ -862,10 +936,32 @@ async def _responses_answer(call: _Call, headers: JSON, *, stream: bool) -> web.
         return call.bad_request("Missing required parameter: 'model'.", "model")
     if not isinstance(call.body.get("input"), str | list):
         return call.bad_request("Missing required parameter: 'input'.", "input")
-    text, prompt, completion = _responses_reply(call)
-    rid = f"resp_mock{call.state.next_seq():08d}"
+    turn = responses_last_turn(call.body)
+    text, prompt, completion = _responses_reply(call, turn.tool_result)
+    seq = call.state.next_seq()
+    rid = f"resp_mock{seq:08d}"
     created = int(call.state.now_s())
+    calls = () if call.fault.kind in _NOTHING else turn.calls
+    if calls:  # a scripted tool call (mock_script): function or custom tool calls, no text
+        completion = _calls_tokens(calls)
     headers = {**headers, **call.extra_headers(prompt, completion)}
+    if calls:
+        items = responses_tool_items(calls, seq, responses_custom_tools(call.body))
+        final = responses_object(rid, model, created, "", prompt, completion, done=True)
+        final["output"] = items
+        if not stream:
+            return _json(200, final, headers)
+        start = responses_object(rid, model, created, "", 0, 0, done=False)
+        tool_events = [
+            {"type": "response.created", "response": start},
+            {"type": "response.in_progress", "response": start},
+            *responses_tool_events(items, 0),
+            {"type": "response.completed", "response": final},
+        ]
+        return await call.stream(
+            [_sse({**e, "sequence_number": n}, e["type"]) for n, e in enumerate(tool_events)],
+            headers,
+        )
     if not stream:
         return _json(
             200, responses_object(rid, model, created, text, prompt, completion, done=True), headers

@@ -156,7 +156,8 @@ def _fields(names: str) -> frozenset[str]:
 
 
 #: Top-level body fields the real APIs accept, per route (OpenAI chat completions and
-#: embeddings, Anthropic messages); anything else is refused in echoing mode.
+#: embeddings, Anthropic messages); anything else is refused in echoing mode. Kept to what the
+#: APIs take today: Claude Code 2.1.332 sends ``output_config`` (``effort``) by default.
 KNOWN_FIELDS: Mapping[str, frozenset[str]] = {
     "/v1/chat/completions": _fields(
         """model messages audio frequency_penalty function_call functions logit_bias logprobs
@@ -169,7 +170,7 @@ KNOWN_FIELDS: Mapping[str, frozenset[str]] = {
     "/v1/messages": _fields(
         """model messages max_tokens metadata stop_sequences stream system temperature thinking
         tool_choice tools top_k top_p container mcp_servers service_tier
-        context_management"""
+        context_management output_config"""
     ),
 }
 
