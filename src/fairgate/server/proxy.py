@@ -84,6 +84,19 @@ def check_model_allowed(key: ClientKey, model: str) -> None:
         )
 
 
+def resolve_model(svc: Services, key: ClientKey, model: str) -> str:
+    """The model a request is served with: its own name, or the target of the alias catching it
+    (:meth:`Registry.alias_target`). A key with an allow-list may use an alias when it may use
+    the requested name or the target (the admin who made the alias chose the target)."""
+    target = svc.gw.registry.alias_target(model)
+    if target is None:
+        check_model_allowed(key, model)
+        return model
+    if key.allowed_models and model not in key.allowed_models:
+        check_model_allowed(key, target)
+    return target
+
+
 def authenticate(svc: Services, request: ClientRequest) -> ClientKey:
     secret = _client_secret(request)
     if secret is None:
@@ -131,7 +144,7 @@ async def count_tokens(request: ClientRequest) -> Response:
         raw = await read_body(request, svc.gw.config.server.max_body_bytes)
         body = await asyncio.to_thread(decode_json_object, raw)
         model = require_str(body, "model", max_len=MAX_MODEL_LEN)
-        check_model_allowed(key, model)
+        model = resolve_model(svc, key, model)
         check_message_limits(body, svc.limits.max_messages, svc.limits.max_message_bytes)
         check_depth(body)
         check_messages(body)
@@ -259,7 +272,7 @@ def _before_translation(svc: Services, key: ClientKey, body: dict[str, Any]) -> 
     the model allow-list, and the item count of ``input`` against the message cap."""
     model = body.get("model")
     if isinstance(model, str):
-        check_model_allowed(key, model)
+        resolve_model(svc, key, model)
     items = body.get("input")
     limit = svc.limits.max_messages
     if isinstance(items, list) and len(items) > limit:
@@ -282,7 +295,7 @@ def _parse(
     model = require_str(body, "model", max_len=MAX_MODEL_LEN)
     # the cheap refusals first: a key that may not use the model, too many or too large
     # messages; only then the walks over the whole body
-    check_model_allowed(key, model)
+    model = resolve_model(svc, key, model)
     limits = svc.limits
     check_message_limits(body, limits.max_messages, limits.max_message_bytes)
     check_depth(body)

@@ -24,8 +24,10 @@ from fairgate.providers.responses import (
     ChatToResponsesStream,
     ResponsesInputError,
     chat_to_responses_response,
+    omitted_tools,
     responses_to_chat_request,
 )
+from fairgate.providers.responses_tools import TOOLS_OMITTED_HEADER
 from fairgate.providers.sse import SSEParser, encode_event
 from fairgate.server import proxy
 from fairgate.server.client_http import ClientRequest
@@ -37,8 +39,14 @@ __all__ = ["responses"]
 _FRAMING = frozenset({"content-length", "content-type", "transfer-encoding"})
 
 
-def _carry(resp: Response) -> dict[str, str]:
-    return {k: v for k, v in resp.headers.items() if k.lower() not in _FRAMING}
+def _carry(resp: Response, original: dict[str, Any]) -> dict[str, str]:
+    """The chat answer's headers, and the hosted tools of the request that were left out of the
+    upstream request (Codex sends web_search and tool_search; a chat upstream runs neither)."""
+    out = {k: v for k, v in resp.headers.items() if k.lower() not in _FRAMING}
+    omitted = omitted_tools(original)
+    if omitted:
+        out[TOOLS_OMITTED_HEADER] = ", ".join(omitted)
+    return out
 
 
 async def responses(request: ClientRequest) -> Response:
@@ -61,7 +69,7 @@ async def responses(request: ClientRequest) -> Response:
             _events(resp, original, model, proxy.now_s(request)),
             status_code=200,
             media_type="text/event-stream",
-            headers=_carry(resp),
+            headers=_carry(resp, original),
         )
     chat = orjson.loads(bytes(resp.body))
     stamp = chat.get("created")
@@ -71,7 +79,7 @@ async def responses(request: ClientRequest) -> Response:
         orjson.dumps(out),
         status_code=200,
         media_type="application/json",
-        headers=_carry(resp),
+        headers=_carry(resp, original),
         background=resp.background,  # the settlement of the chat answer
     )
 
