@@ -123,13 +123,14 @@ def _run(
 
 def _claude(gw: Proc, tmp_path: Path, key: str = KEY, **extra: str) -> dict[str, str]:
     env = _home(tmp_path)
-    env.update(ANTHROPIC_BASE_URL=gw.url, ANTHROPIC_API_KEY=key, CLAUDE_CODE_MAX_RETRIES="0")
+    env.update(ANTHROPIC_BASE_URL=gw.url, ANTHROPIC_API_KEY=key)
     env.update(extra)
     return env
 
 
-def _codex(gw: Proc, tmp_path: Path, key: str = KEY) -> dict[str, str]:
-    """Codex's own defaults (model, tools, reasoning) with one provider: the gateway."""
+def _codex(gw: Proc, tmp_path: Path, key: str = KEY, *, retries: bool = True) -> dict[str, str]:
+    """Codex's own defaults (model, tools, reasoning, retries) with one provider: the
+    gateway; ``retries=False``: no retry of a refused request."""
     env = _home(tmp_path)
     (Path(env["CODEX_HOME"]) / "config.toml").write_text(
         'model_provider = "fairgate"\n'
@@ -138,8 +139,7 @@ def _codex(gw: Proc, tmp_path: Path, key: str = KEY) -> dict[str, str]:
         f'base_url = "{gw.url}/v1"\n'
         'env_key = "FAIRGATE_API_KEY"\n'
         'wire_api = "responses"\n'
-        "request_max_retries = 0\n"
-        "stream_max_retries = 0\n"
+        + ("" if retries else "request_max_retries = 0\nstream_max_retries = 0\n")
     )
     env["FAIRGATE_API_KEY"] = key
     return env
@@ -244,7 +244,8 @@ def test_quota_block_reason_reaches_each_client(
     clients: Path, gateway: Proc, tmp_path: Path
 ) -> None:
     """The pool allows one request an hour: the first passes, then each client is refused with
-    fairgate's 429. Claude Code shows fairgate's reason in its result; Codex only the status."""
+    fairgate's 429, and shows fairgate's reason and retry time (Claude Code in its result, Codex
+    on stderr)."""
     first = httpx.post(
         gateway.url + "/v1/chat/completions",
         headers={"Authorization": f"Bearer {BLOCKED_KEY}"},
@@ -252,18 +253,22 @@ def test_quota_block_reason_reaches_each_client(
         timeout=30,
     )
     assert first.status_code == 200, first.text
-    env = _claude(gateway, tmp_path / "c", BLOCKED_KEY)
+    # no retries: the block lasts the hour, and what is checked is what the user is shown
+    env = _claude(gateway, tmp_path / "c", BLOCKED_KEY, CLAUDE_CODE_MAX_RETRIES="0")
     claude = _run(["claude", "-p", "hi", "--model", "tiny-model", "--output-format", "json"], env)
     out = json.loads(claude.stdout)
+    print("claude shows:", out["result"])  # the closing note quotes it
     assert out["is_error"] is True
     assert out["api_error_status"] == 429
-    assert "saturated" in out["result"] or "Quota" in out["result"], out["result"]
+    assert "Provider mock quota window is saturated" in out["result"], out["result"]
+    assert re.search(r"retry in \d+ s", out["result"]), out["result"]
     codex = _run(
         ["codex", "exec", "--skip-git-repo-check", "-m", "tiny-model", "hi"],
-        _codex(gateway, tmp_path / "x", BLOCKED_KEY),
+        _codex(gateway, tmp_path / "x", BLOCKED_KEY, retries=False),
     )
     assert codex.returncode != 0
     shown = codex.stdout + codex.stderr
-    # Codex 0.171.0 prints no body for a 429 it gave up retrying, only the status (issue 42,
-    # item 7 is open for Codex: the reason needs another shape, see the closing note)
-    assert "429 Too Many Requests" in shown, shown[-3000:]
+    print("codex shows:", [line for line in shown.splitlines() if "ERROR" in line])
+    # Codex prints no body of an HTTP 429, only its status; fairgate tells it response.failed
+    assert "rate limit exceeded: Provider mock quota window is saturated" in shown, shown[-3000:]
+    assert re.search(r"Please try again in \d+s", shown), shown[-3000:]

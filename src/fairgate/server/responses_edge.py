@@ -61,6 +61,12 @@ async def responses(request: ClientRequest) -> Response:
             raise ApiError(400, f"'{exc.field}': {exc.message}", param=exc.field) from None
 
     resp = await proxy.chat_from(request, prepare)
+    if (
+        resp.status_code in _SHOWN_AS_FAILED
+        and original.get("stream") is True
+        and request.headers.get("originator", "").startswith("codex")
+    ):
+        return _failed_stream(resp, original, proxy.now_s(request))
     if resp.status_code != 200 or not original:
         return resp  # an error: the OpenAI error body is the Responses API's too
     model = str(original.get("model"))
@@ -81,6 +87,40 @@ async def responses(request: ClientRequest) -> Response:
         media_type="application/json",
         headers=_carry(resp, original),
         background=resp.background,  # the settlement of the chat answer
+    )
+
+
+#: Refusals a streaming Codex client is told as ``response.failed`` (with the reason), and the
+#: error code each gets there.
+_SHOWN_AS_FAILED = {429: "rate_limit_exceeded", 503: "server_is_overloaded"}
+
+
+def _failed_stream(resp: Response, original: dict[str, Any], created: int) -> Response:
+    """A 429 or 503 of the gateway as the ``response.failed`` stream the Codex CLI reads.
+
+    Codex prints no body of an HTTP 429 or 503 it gave up retrying, only "exceeded retry limit,
+    last status: 429" (issue 42): the user never learns that fairgate's quota share, not the
+    provider, refused them, nor when to come back. Of a ``response.failed`` event it prints the
+    error message ("rate limit exceeded: <message>"), and reads its retry delay from the
+    message's "try again in Ns" as it does with OpenAI's own. So the reason and the
+    ``Retry-After`` go into that message; the HTTP status and headers (``Retry-After``,
+    ``x-ratelimit-*``) stay what they were for every other client, which keeps the HTTP error:
+    this is only for a client that says it is Codex (its ``originator`` header)."""
+    try:
+        err = orjson.loads(bytes(resp.body)).get("error") or {}
+    except (orjson.JSONDecodeError, AttributeError):
+        err = {}
+    message = str(err.get("message") or "the gateway refused the request")
+    retry = resp.headers.get("retry-after")
+    if retry and retry.isdigit():
+        message += f". Please try again in {retry}s."
+    conv = ChatToResponsesStream(original, str(original.get("model")), created=created)
+    events = conv.start() + conv.fail(message, _SHOWN_AS_FAILED[resp.status_code])
+    return Response(
+        _encode(events),
+        status_code=200,
+        media_type="text/event-stream",
+        headers=_carry(resp, original),
     )
 
 
