@@ -272,3 +272,49 @@ def test_quota_block_reason_reaches_each_client(
     # Codex prints no body of an HTTP 429, only its status; fairgate tells it response.failed
     assert "rate limit exceeded: Provider mock quota window is saturated" in shown, shown[-3000:]
     assert re.search(r"Please try again in \d+s", shown), shown[-3000:]
+
+
+def _mock_routes(mock: Proc) -> dict[str, int]:
+    return dict(httpx.get(mock.url + "/_mock/stats", timeout=10).json()["by_route"])
+
+
+def test_claude_code_context_counts_tokens_without_a_message(
+    clients: Path, gateway: Proc, mock_upstream: Proc, tmp_path: Path
+) -> None:
+    """``/context`` counts with ``POST /v1/messages/count_tokens`` (free upstream): no
+    ``/v1/messages`` call with ``max_tokens: 1`` is spent on it."""
+    before = _mock_routes(mock_upstream)
+    done = _run(["claude", "-p", "/context", "--output-format", "json"], _claude(gateway, tmp_path))
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "Context Usage" in json.loads(done.stdout)["result"]
+    after = _mock_routes(mock_upstream)
+    count = "/v1/messages/count_tokens"
+    assert after.get(count, 0) > before.get(count, 0)
+    assert after.get("/v1/messages", 0) == before.get("/v1/messages", 0)
+
+
+def test_claude_code_parallel_tool_calls_through_a_chat_upstream(
+    clients: Path, gateway: Proc, tmp_path: Path
+) -> None:
+    """Two calls the chat upstream interleaves by index (start 0, start 1, args 0, args 1, …)
+    reach Claude Code whole, each with its own input, and both run."""
+    prompt = (
+        'mock-tool Bash {"command": "echo first-call", "description": "one"}\n'
+        'mock-tool Bash {"command": "echo second-call", "description": "two"}'
+    )
+    args = ["claude", "-p", prompt, "--model", "gpt-4o-mini", "--output-format", "stream-json"]
+    args += ["--verbose", "--allowedTools", "Bash"]
+    done = _run(args, _claude(gateway, tmp_path))
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    events = _stream_events(done.stdout)
+    commands = [
+        b["input"].get("command")
+        for e in events
+        if e.get("type") == "assistant"
+        for b in e["message"]["content"]
+        if b.get("type") == "tool_use"
+    ]
+    assert commands == ["echo first-call", "echo second-call"]
+    results = json.dumps([e for e in events if e.get("type") == "user"])
+    assert "first-call" in results
+    assert "second-call" in results
