@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-from inproc_support import ALICE, BOB, base_config, conn, gateway
+from inproc_support import ADMIN, ALICE, BOB, base_config, conn, gateway
 
 from fairgate.providers.inprocess import Reply, UpstreamRequest, anthropic_message, openai_chat
 from fairgate.timers import ManualTimer
@@ -151,3 +151,29 @@ async def test_codex_sees_response_failed_with_the_reason_other_clients_the_429(
     assert error["code"] == "rate_limit_exceeded"
     assert "quota window is saturated" in error["message"]
     assert error["message"].endswith(f"Please try again in {codex.headers['retry-after']}s.")
+
+
+async def test_aliases_set_through_the_admin_api_win_over_the_file_until_deleted(
+    tmp_path: Path,
+) -> None:
+    async with gateway(tmp_path, _config(), ManualTimer(), _handler) as h:
+        r = await h.client.get("/api/model-aliases", headers=ADMIN)
+        assert r.json()["source"] == "config"
+        assert r.json()["aliases"][0] == {"pattern": "claude-*", "target": "claude-sonnet-4"}
+        new = {"aliases": [{"pattern": "gpt-*", "target": "claude-sonnet-4"}]}
+        r = await h.client.put("/api/model-aliases", json=new, headers=ADMIN)
+        assert r.status_code == 200, r.text
+        assert r.json() == {**new, "source": "db"}
+        assert (await h.chat("gpt-6.2-sol")).status_code == 200
+        assert (await h.chat("claude-opus-5-5")).status_code == 404  # the file's is replaced
+        bad = {"aliases": [{"pattern": "gpt-*", "target": "x*"}]}
+        r = await h.client.put("/api/model-aliases", json=bad, headers=ADMIN)
+        assert r.status_code in (400, 422)
+        assert "target" in r.text
+        r = await h.client.delete("/api/model-aliases", headers=ADMIN)
+        assert r.status_code == 204
+        assert (await h.client.get("/api/model-aliases", headers=ADMIN)).json()[
+            "source"
+        ] == "config"
+        assert (await h.chat("gpt-6.2-sol")).status_code == 200
+    assert [q.conn.id for q in h.upstream.requests] == ["ant", "chat"]
