@@ -1811,7 +1811,7 @@
     text.value = aliasLines(data.aliases);
     const source = h("p", { class: "muted", id: "aliases-source" }, data.source === "db" ? "Set here (wins over the config file)." : "From the config file (model_aliases).");
     const formError = h("p", { class: "alert", role: "alert" });
-    const save = h("button", { type: "submit", class: "button primary", id: "aliases-save" }, "Apply");
+    const save = h("button", { type: "submit", class: "button primary", id: "aliases-save" }, "Save aliases");
     const reset = h("button", { type: "button", class: "button", id: "aliases-reset" }, "Use the config file's");
     const form = h(
       "form",
