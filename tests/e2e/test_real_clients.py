@@ -318,3 +318,21 @@ def test_claude_code_parallel_tool_calls_through_a_chat_upstream(
     results = json.dumps([e for e in events if e.get("type") == "user"])
     assert "first-call" in results
     assert "second-call" in results
+
+
+def test_codex_default_model_runs_its_code_mode_tool(
+    clients: Path, gateway: Proc, tmp_path: Path
+) -> None:
+    """Codex's default model (gpt-6.2-sol in 0.171.0) works in code mode: its only direct tool is
+    the freeform ``exec`` (JavaScript calling the nested tools) inside the ``functions``
+    namespace, declared in an ``additional_tools`` input item. In front of a chat upstream it is
+    a function with one string argument; its call comes back as a ``custom_tool_call`` that
+    Codex runs."""
+    script = 'const r = await tools.exec_command({cmd: "echo fairgate-$((6*7))"});\n'
+    script += "text(JSON.stringify(r));"
+    prompt = "mock-tool exec " + json.dumps({"input": script})
+    done = _run(["codex", "exec", "--skip-git-repo-check", prompt], _codex(gateway, tmp_path))
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    shown = done.stdout + done.stderr
+    assert "fairgate-42" in shown  # the shell ran (the prompt holds only "$((6*7))")
+    assert "mock reply:" in done.stdout  # and the answer came after the tool's output
