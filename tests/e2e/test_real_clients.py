@@ -128,9 +128,9 @@ def _claude(gw: Proc, tmp_path: Path, key: str = KEY, **extra: str) -> dict[str,
     return env
 
 
-def _codex(gw: Proc, tmp_path: Path, key: str = KEY, *, retries: bool = True) -> dict[str, str]:
+def _codex(gw: Proc, tmp_path: Path, key: str = KEY) -> dict[str, str]:
     """Codex's own defaults (model, tools, reasoning, retries) with one provider: the
-    gateway; ``retries=False``: no retry of a refused request."""
+    gateway."""
     env = _home(tmp_path)
     (Path(env["CODEX_HOME"]) / "config.toml").write_text(
         'model_provider = "fairgate"\n'
@@ -139,7 +139,6 @@ def _codex(gw: Proc, tmp_path: Path, key: str = KEY, *, retries: bool = True) ->
         f'base_url = "{gw.url}/v1"\n'
         'env_key = "FAIRGATE_API_KEY"\n'
         'wire_api = "responses"\n'
-        + ("" if retries else "request_max_retries = 0\nstream_max_retries = 0\n")
     )
     env["FAIRGATE_API_KEY"] = key
     return env
@@ -253,8 +252,9 @@ def test_quota_block_reason_reaches_each_client(
         timeout=30,
     )
     assert first.status_code == 200, first.text
-    # no retries: the block lasts the hour, and what is checked is what the user is shown
-    env = _claude(gateway, tmp_path / "c", BLOCKED_KEY, CLAUDE_CODE_MAX_RETRIES="0")
+    # both with their default retries: each retry is refused at once, and the user sees the
+    # reason within seconds (Codex: five stream retries; Claude Code: none on this 429)
+    env = _claude(gateway, tmp_path / "c", BLOCKED_KEY)
     claude = _run(["claude", "-p", "hi", "--model", "tiny-model", "--output-format", "json"], env)
     out = json.loads(claude.stdout)
     print("claude shows:", out["result"])  # the closing note quotes it
@@ -264,14 +264,14 @@ def test_quota_block_reason_reaches_each_client(
     assert re.search(r"retry in \d+ s", out["result"]), out["result"]
     codex = _run(
         ["codex", "exec", "--skip-git-repo-check", "-m", "tiny-model", "hi"],
-        _codex(gateway, tmp_path / "x", BLOCKED_KEY, retries=False),
+        _codex(gateway, tmp_path / "x", BLOCKED_KEY),
     )
     assert codex.returncode != 0
     shown = codex.stdout + codex.stderr
     print("codex shows:", [line for line in shown.splitlines() if "ERROR" in line])
     # Codex prints no body of an HTTP 429, only its status; fairgate tells it response.failed
     assert "rate limit exceeded: Provider mock quota window is saturated" in shown, shown[-3000:]
-    assert re.search(r"Please try again in \d+s", shown), shown[-3000:]
+    assert re.search(r"retry after \d+ s", shown), shown[-3000:]
 
 
 def _mock_routes(mock: Proc) -> dict[str, int]:

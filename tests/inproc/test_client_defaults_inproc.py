@@ -150,7 +150,7 @@ async def test_codex_sees_response_failed_with_the_reason_other_clients_the_429(
     error = events[-1]["response"]["error"]
     assert error["code"] == "rate_limit_exceeded"
     assert "quota window is saturated" in error["message"]
-    assert error["message"].endswith(f"Please try again in {codex.headers['retry-after']}s.")
+    assert error["message"].endswith(f"; retry after {codex.headers['retry-after']} s")
 
 
 async def test_aliases_set_through_the_admin_api_win_over_the_file_until_deleted(

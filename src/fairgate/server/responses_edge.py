@@ -101,9 +101,12 @@ def _failed_stream(resp: Response, original: dict[str, Any], created: int) -> Re
     Codex prints no body of an HTTP 429 or 503 it gave up retrying, only "exceeded retry limit,
     last status: 429" (issue 42): the user never learns that fairgate's quota share, not the
     provider, refused them, nor when to come back. Of a ``response.failed`` event it prints the
-    error message ("rate limit exceeded: <message>"), and reads its retry delay from the
-    message's "try again in Ns" as it does with OpenAI's own. So the reason and the
-    ``Retry-After`` go into that message; the HTTP status and headers (``Retry-After``,
+    error message ("rate limit exceeded: <message>"). So the reason and the ``Retry-After`` go
+    into that message, worded "retry after N s" and not OpenAI's "Please try again in Ns":
+    Codex would read that as the delay of each of its five stream retries and sit silent for
+    five times the wait (seen: "Reconnecting... 1/5" for minutes); this way its retries, which
+    the gateway refuses at once without spending anything upstream, end in seconds with the
+    reason shown. The HTTP status and headers (``Retry-After``,
     ``x-ratelimit-*``) stay what they were for every other client, which keeps the HTTP error:
     this is only for a client that says it is Codex (its ``originator`` header)."""
     try:
@@ -113,7 +116,7 @@ def _failed_stream(resp: Response, original: dict[str, Any], created: int) -> Re
     message = str(err.get("message") or "the gateway refused the request")
     retry = resp.headers.get("retry-after")
     if retry and retry.isdigit():
-        message += f". Please try again in {retry}s."
+        message += f"; retry after {retry} s"
     conv = ChatToResponsesStream(original, str(original.get("model")), created=created)
     events = conv.start() + conv.fail(message, _SHOWN_AS_FAILED[resp.status_code])
     return Response(
