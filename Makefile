@@ -28,6 +28,7 @@ test: $(VENV)/.installed-dev
 	$(VENV)/bin/lint-imports --no-cache
 	$(MAKE) docs
 	bash scripts/ensure_chromium.sh
+	bash scripts/ensure_clients.sh
 	PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 PATH="$(abspath $(VENV))/bin:$$PATH" bash scripts/with_redis.sh $(PY) -m pytest $(PYTEST_ARGS)
 
 lint: $(VENV)/.installed-dev

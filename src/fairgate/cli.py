@@ -361,7 +361,8 @@ DEMO_KEYS = (("alice", 50, "hard"), ("bob", 30, "soft"), ("carol", 20, "burst"))
 def demo_config_yaml(mock_url: str, upstream_secret: str, keys: dict[str, str]) -> str:
     """The demo's config: one mock connection per wire format, a pool, three keys. Allocations
     are required: each key has one in the pool and may use the Anthropic-format connection,
-    which is outside every pool, because it lists it."""
+    which is outside every pool, because it lists it. Model aliases send Claude Code's and
+    Codex's default model names to the demo's models, so both work without ``--model``."""
     lines = [
         "server: {default_provider: mock, require_allocation: true}",
         "connections:",
@@ -384,6 +385,12 @@ def demo_config_yaml(mock_url: str, upstream_secret: str, keys: dict[str, str]) 
         "      - {unit: tokens, window: hourly, limit: 200000}",
         "    allocations:",
         *(f"      - {{key: {k}, weight: {w}, policy: {p}}}" for k, w, p in DEMO_KEYS),
+        # Claude Code and the Codex CLI ask for their own default models (claude-opus-…,
+        # gpt-6…): every such name goes to a model the demo serves
+        "model_aliases:",
+        "  - {pattern: 'claude-*', target: claude-sonnet-4}",
+        "  - {pattern: 'gpt-*', target: gpt-4o-mini}",
+        "  - {pattern: 'codex-*', target: gpt-4o-mini}",
     ]
     return "\n".join(lines) + "\n"
 

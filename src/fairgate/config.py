@@ -37,6 +37,7 @@ from fairgate.domain.connections import ANY_MODEL, BILLING_FIELDS
 from fairgate.domain.keys import hash_key
 from fairgate.domain.units import Unit, Window, WindowAnchor
 from fairgate.quota.model import Policy, ShareMode
+from fairgate.routing.aliases import ModelAlias
 from fairgate.routing.combo import Combo
 from fairgate.routing.model import GLOBAL_MAX_ATTEMPTS, QTSD_PREFIX, ComboConfig, Target
 from fairgate.routing.registry import PUBLIC_STRATEGIES, resolve_strategy, validate_options
@@ -346,6 +347,33 @@ class ConnectionConfig(_Strict):
     @classmethod
     def _billing(cls, v: list[str]) -> list[str]:
         return checked_billing_fields(v)
+
+
+class ModelAliasConfig(_Strict):
+    """A requested model name, or a pattern of names with ``*``, and the model it is sent to."""
+
+    pattern: ModelName = Field(
+        description=(
+            "The model names this alias catches: an exact name, or a pattern where * matches "
+            "any characters (claude-*, gpt-5*)"
+        )
+    )
+    target: ModelName = Field(
+        description=(
+            "The model the caught names are sent to: a model a connection lists, "
+            "provider/model, or a combo's name (not aliased again)"
+        )
+    )
+
+    @field_validator("target")
+    @classmethod
+    def _plain_target(cls, v: str) -> str:
+        if "*" in v:
+            raise ValueError("the target is a model name, not a pattern")
+        return v
+
+    def alias(self) -> ModelAlias:
+        return ModelAlias(self.pattern, self.target)
 
 
 class KeyConfig(_Strict):
@@ -1013,6 +1041,13 @@ class Config(_Strict):
         default_factory=list,
         description=(
             "Named virtual models routed over several targets (priority, fallback, fusion, …)"
+        ),
+    )
+    model_aliases: list[ModelAliasConfig] = Field(
+        default_factory=list,
+        description=(
+            "Requested model names (or patterns) sent to another model, so clients work with "
+            "their default model names; exact names first, then patterns in this order"
         ),
     )
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from fairgate.domain.connections import ANY_MODEL, Connection
 from fairgate.domain.keys import ClientKey, Denial, hash_key
 from fairgate.quota.model import Pool
+from fairgate.routing.aliases import ModelAliases
 from fairgate.routing.combo import Combo
 from fairgate.routing.model import ComboConfig
 from fairgate.routing.quota_share import qtsd_name, quota_share_combo
@@ -43,6 +44,10 @@ class Registry:
     #: the cascade's global layer over the built-in defaults: what a plain model (no combo)
     #: waits and queues by
     routing_defaults: ComboConfig = field(default_factory=ComboConfig)
+    #: model aliases (config file ``model_aliases``, or the admin API's): see :meth:`alias_target`
+    aliases: ModelAliases = field(default_factory=ModelAliases)
+    #: every model an enabled connection lists by name (never aliased)
+    listed_models: frozenset[str] = frozenset()
     #: quota-share combos minted on first use for a model only wildcard members serve
     #: (``models: ["*"]``), by name; bounded by :data:`MAX_WILDCARD_COMBOS`
     wildcard_combos: dict[str, Combo] = field(default_factory=dict, compare=False)
@@ -62,6 +67,7 @@ class Registry:
         combos: Iterable[Combo] = (),
         require_allocation: bool = True,
         routing_defaults: ComboConfig | None = None,
+        aliases: ModelAliases | None = None,
     ) -> Registry:
         conns = {c.id: c for c in connections}
         by_provider: dict[str, list[Connection]] = {}
@@ -85,12 +91,24 @@ class Registry:
             internal_combos=mint_quota_share_combos(pool_map.values(), conns),
             require_allocation=require_allocation,
             routing_defaults=routing_defaults or ComboConfig(),
+            aliases=aliases or ModelAliases(),
+            listed_models=frozenset(m for c in conns.values() if c.enabled for m in c.named_models),
         )
 
     def combo(self, name: str) -> Combo | None:
         """The user or internal combo called ``name``, or None."""
         found = self.combos.get(name)
         return found if found is not None else self.internal_combos.get(name)
+
+    def alias_target(self, model: str) -> str | None:
+        """The model an alias sends ``model`` to, or None when ``model`` is served under its
+        own name (a combo, ``provider/model``, a model a connection lists) or no alias catches
+        it. A step of its own, before :meth:`candidates` (:mod:`fairgate.routing.aliases`)."""
+        if not self.aliases.aliases or "/" in model or model in self.listed_models:
+            return None
+        if model in self.combos or model in self.internal_combos:
+            return None
+        return self.aliases.resolve(model)
 
     def quota_share(self, pool: Pool, model: str) -> Combo | None:
         """The ``qtSd/<pool>/<model>`` combo that shares ``model`` among the pool's members:

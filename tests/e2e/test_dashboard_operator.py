@@ -259,6 +259,26 @@ def test_settings_quota_store_switch(open_page: Any, gateway: Proc) -> None:
     expect(pg.locator(f"#{field.get_attribute('id')}-error")).not_to_be_empty()
 
 
+def test_settings_model_aliases(open_page: Any, gateway: Proc) -> None:
+    """Issue 42, item 8: an alias set on the page sends a client's default model name to a model
+    the gateway serves; back to the config file's (none here), the name is unknown again."""
+    pg = open_page(1280)
+    go(pg, gateway, "settings")
+    expect(pg.locator("#aliases-source")).to_contain_text("config file")
+    assert status_with(gateway, ALICE, "gpt-6.2-sol") == 404
+    pg.get_by_label("Aliases", exact=True).fill("gpt-* -> gpt-4o-mini")
+    pg.get_by_role("button", name="Save aliases").click()
+    expect(pg.locator("#aliases-source")).to_contain_text("Set here")
+    assert status_with(gateway, ALICE, "gpt-6.2-sol") == 200
+    # a target that is a pattern: the message sits next to the field
+    pg.get_by_label("Aliases", exact=True).fill("gpt-* -> gpt-*")
+    pg.get_by_role("button", name="Save aliases").click()
+    expect(pg.locator("#aliases-form .alert, #aliases-form .field-error")).not_to_have_count(0)
+    pg.get_by_role("button", name="Use the config file's").click()
+    expect(pg.locator("#aliases-source")).to_contain_text("config file")
+    assert status_with(gateway, ALICE, "gpt-6.2-sol") == 404
+
+
 def test_operator_pages_at_phone_width(open_page: Any, gateway: Proc) -> None:
     pg = open_page(390)
     go(pg, gateway, "keys")

@@ -114,8 +114,14 @@ def test_unservable_requests_are_clear_400s(gateway: Proc) -> None:
         with pytest.raises(openai.BadRequestError) as exc:
             client.responses.create(model="gpt-4o-mini", input="hi", previous_response_id="r_1")
         assert exc.value.body["param"] == "previous_response_id"  # type: ignore[index]
+        # a hosted tool a chat upstream cannot run is left out and named (issue 42, item 4)
+        raw = client.responses.with_raw_response.create(
+            model="gpt-4o-mini", input="hi", tools=[{"type": "web_search"}]
+        )
+        assert raw.headers["x-fairgate-tools-omitted"] == "web_search"
+        assert raw.parse().output_text.startswith("mock reply:")
         with pytest.raises(openai.BadRequestError) as exc:
-            client.responses.create(model="gpt-4o-mini", input="hi", tools=[{"type": "web_search"}])
+            client.responses.create(model="gpt-4o-mini", input="hi", tools=[{"name": "x"}])  # type: ignore[list-item]
         assert exc.value.body["param"] == "tools[0].type"  # type: ignore[index]
         with pytest.raises(openai.BadRequestError) as exc:
             client.responses.create(model="gpt-4o-mini", input="hi", temperature=7)

@@ -116,6 +116,8 @@ async def test_a_codex_turn_reaches_the_upstream_unchanged_and_its_events_come_b
         assert req.path == "/responses"
         assert req.json() == CODEX_TURN  # every field, the reasoning and custom items too
         assert req.headers["openai-beta"] == "responses=v1"  # item 9
+        # web_search went up as it is: nothing is left out, so no tool is named as omitted
+        assert "x-fairgate-tools-omitted" not in r.headers
         got = _events(r.content)
         want = [
             (n, orjson.dumps(d).decode())

@@ -184,7 +184,8 @@ def test_images_stay_parts() -> None:
             {"input": [{"role": "user", "content": [{"type": "input_audio"}]}]},
             "input[0].content[0].type",
         ),
-        ({"input": "hi", "tools": [{"type": "web_search"}]}, "tools[0].type"),
+        ({"input": "hi", "tools": [{"name": "untyped"}]}, "tools[0].type"),
+        ({"input": "hi", "tools": [{"type": "namespace", "tools": []}]}, "tools[0].name"),
         ({"input": [{"type": "function_call_output", "output": "x"}]}, "input[0].call_id"),
     ],
 )

@@ -1796,7 +1796,71 @@
       h("div", { class: "page-head" }, h("h1", {}, "Settings")),
       h("p", { id: "page-error", class: "alert", role: "alert" }),
       h("section", { class: "card", "aria-labelledby": "qs-title" }, h("h2", { id: "qs-title" }, "Quota store"), h("div", { id: "quota-store" }, h("p", { class: "muted" }, "Loading…"))),
+      h("section", { class: "card", "aria-labelledby": "aliases-title" }, h("h2", { id: "aliases-title" }, "Model aliases"), h("div", { id: "model-aliases" }, h("p", { class: "muted" }, "Loading…"))),
     );
+  }
+
+  // One alias a line, "pattern -> target": what Claude Code and Codex ask for by default
+  // (claude-*, gpt-*) sent to a model the gateway serves.
+  function aliasLines(aliases) {
+    return aliases.map((a) => `${a.pattern} -> ${a.target}`).join("\n");
+  }
+
+  function parseAliasLines(text) {
+    return text
+      .split("\n")
+      .map((line) => line.trim())
+      .filter(Boolean)
+      .map((line) => {
+        const [pattern, target] = line.split("->").map((x) => (x || "").trim());
+        return { pattern, target };
+      });
+  }
+
+  async function loadAliases() {
+    const box = $("#model-aliases");
+    if (!box) return;
+    const data = await api("GET", "/model-aliases");
+    const text = h("textarea", { name: "aliases", rows: 5, spellcheck: "false", id: nextId("aliases") });
+    text.value = aliasLines(data.aliases);
+    const source = h("p", { class: "muted", id: "aliases-source" }, data.source === "db" ? "Set here (wins over the config file)." : "From the config file (model_aliases).");
+    const formError = h("p", { class: "alert", role: "alert" });
+    const save = h("button", { type: "submit", class: "button primary", id: "aliases-save" }, "Save aliases");
+    const reset = h("button", { type: "button", class: "button", id: "aliases-reset" }, "Use the config file's");
+    const form = h(
+      "form",
+      { novalidate: true, id: "aliases-form" },
+      field("Aliases", text, "aliases", "One a line: pattern -> target. * matches any characters (claude-* -> claude-sonnet-4). Exact names first, then patterns in this order; a model a connection lists is never aliased."),
+      formError,
+      h("div", { class: "form-actions" }, save, reset),
+    );
+    form.addEventListener("submit", async (ev) => {
+      ev.preventDefault();
+      clearErrors(form);
+      formError.textContent = "";
+      save.disabled = true;
+      try {
+        const out = await api("PUT", "/model-aliases", { aliases: parseAliasLines(text.value) });
+        text.value = aliasLines(out.aliases);
+        source.textContent = "Set here (wins over the config file).";
+        toast("Model aliases applied.");
+      } catch (err) {
+        showApiError(form, formError, err);
+      } finally {
+        save.disabled = false;
+      }
+    });
+    reset.addEventListener("click", async () => {
+      formError.textContent = "";
+      try {
+        await api("DELETE", "/model-aliases");
+        toast("The config file's model aliases apply again.");
+        await loadAliases();
+      } catch (err) {
+        showApiError(form, formError, err);
+      }
+    });
+    keepFocus(() => box.replaceChildren(source, form));
   }
 
   function storeFacts(qs) {
@@ -1858,6 +1922,7 @@
       }
     });
     keepFocus(() => box.replaceChildren(facts, form));
+    await loadAliases();
   }
 
   // -- boot ------------------------------------------------------------------------------------

@@ -29,8 +29,9 @@ from fairgate.db.seeding import (
     pool_record_from_config,
     seed_from_config,
 )
-from fairgate.db.settings import SettingsRepo, access_policy
+from fairgate.db.settings import SettingsRepo, access_policy, model_aliases
 from fairgate.registry import Registry
+from fairgate.routing.aliases import ModelAlias, ModelAliases
 from fairgate.routing.model import ComboConfig
 from fairgate.secretbox import SecretBox
 
@@ -71,9 +72,11 @@ def load_registry(
     box: SecretBox,
     version: int = 0,
     require_allocation: bool | None = None,
+    aliases: tuple[ModelAlias, ...] = (),
 ) -> Registry:
     """Read every table once and build the hot path's snapshot (pool dimensions resolved).
-    ``require_allocation``: the config file's ``server.require_allocation`` (None: not set)."""
+    ``require_allocation``: the config file's ``server.require_allocation`` (None: not set);
+    ``aliases``: the config file's ``model_aliases``, unless the admin API stored its own."""
     overrides = PlanRepo(conn).all()
     settings = SettingsRepo(conn).all()
     global_layer, provider_layers = _combo_layers(settings)
@@ -86,6 +89,7 @@ def load_registry(
         combos=ComboRepo(conn).combos(global_layer, provider_layers),
         routing_defaults=_routing_defaults(global_layer),
         require_allocation=access_policy(settings, require_allocation).required,
+        aliases=ModelAliases.of(model_aliases(settings, aliases)),
     )
 
 

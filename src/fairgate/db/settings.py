@@ -2,17 +2,42 @@
 
 from __future__ import annotations
 
+import json
+import logging
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
 from fairgate.db.base import Database
+from fairgate.routing.aliases import ModelAlias, parse_aliases
+
+log = logging.getLogger(__name__)
 
 #: DB setting of ``server.require_allocation`` (``true``/``false``), set by ``PUT /api/settings``.
 REQUIRE_ALLOCATION = "access.requireAllocation"
 #: Set by migration 5 in a DB that held connections or keys before the setting existed.
 LEGACY_OPEN = "access.legacyOpen"
+
+
+#: DB setting of the model aliases (a JSON list of ``{"pattern", "target"}``), set by
+#: ``PUT /api/model-aliases``; absent: the config file's ``model_aliases``.
+MODEL_ALIASES = "models.aliases"
+
+
+def model_aliases(
+    settings: Mapping[str, str], configured: tuple[ModelAlias, ...]
+) -> tuple[ModelAlias, ...]:
+    """DB setting > config file, like every other setting. A stored value that no longer
+    parses (the admin API validates before storing) falls back to the file, with a warning."""
+    raw = settings.get(MODEL_ALIASES)
+    if raw is None:
+        return configured
+    try:
+        return parse_aliases(json.loads(raw))
+    except ValueError as exc:
+        log.warning("stored model aliases unusable (%s); using the config file's", exc)
+        return configured
 
 
 @dataclass(frozen=True, slots=True)

@@ -82,6 +82,7 @@ from fairgate.providers.mock_faults import (
     unknown_field_error,
 )
 from fairgate.providers.mock_oauth import ACCESS_PREFIX, OAUTH_BETA, MockTokenIssuer
+from fairgate.providers.mock_script import last_turn, scripted_calls
 from fairgate.providers.mock_wire import (
     ToolCall,
     beta_refusal,
@@ -347,13 +348,19 @@ _NO_FINISH = frozenset({"no-finish", "empty"})
 
 
 def _reply(
-    cfg: MockConfig, messages: list[Any], cap: int | None, fault: Fault
+    cfg: MockConfig,
+    messages: list[Any],
+    cap: int | None,
+    fault: Fault,
+    source: str | None = None,
 ) -> tuple[str, int, bool]:
-    """(text, tokens, truncated): one word per token, words taken from the last user message."""
+    """(text, tokens, truncated): one word per token, words taken from the last user message
+    (or from ``source``: the tool output a conversation ends with, see :mod:`mock_script`)."""
     if fault.kind in _NOTHING:
         return "", 0, False
     n = cfg.completion_tokens if cap is None else min(cap, cfg.completion_tokens)
-    words = re.findall(r"[a-z0-9]+", _last_user_text(messages).lower()) or list(_FILLER)
+    text = _last_user_text(messages) if source is None else source
+    words = re.findall(r"[a-z0-9]+", text.lower()) or list(_FILLER)
     chosen = list(itertools.islice(itertools.chain(("mock", "reply:"), itertools.cycle(words)), n))
     return " ".join(chosen), n, cap is not None and cap < cfg.completion_tokens
 
@@ -370,9 +377,13 @@ class _Plan:
 
 
 def _plan(call: _Call, route: str, messages: list[Any], cap: int | None) -> _Plan:
-    """What to answer: the fault's and the request's choices on top of :func:`_reply`."""
+    """What to answer: the fault's and the request's choices on top of :func:`_reply`. The
+    calls are the ``mock-tool`` lines of the last user turn first (:mod:`mock_script`, what
+    the real clients' tool loops are driven by), else those the request forces or the
+    ``tool-calls:n`` fault asks for; after a tool result the text is made of its output."""
     cfg, fault, body = call.state.config, call.fault, call.body
-    text, completion, truncated = _reply(cfg, messages, cap, fault)
+    turn = last_turn(route, body)
+    text, completion, truncated = _reply(cfg, messages, cap, fault, turn.tool_result)
     if fault.kind in _NOTHING:
         return _Plan(text, completion, truncated, [])
     fmt = None if fault.kind == "off-schema" else structured_format(route, body)
@@ -383,7 +394,9 @@ def _plan(call: _Call, route: str, messages: list[Any], cap: int | None) -> _Pla
         if truncated and cap is not None:
             text, completion = text[: cap * 4], cap
     parallel = int(fault.value) if fault.kind == "tool-calls" else 0
-    calls = planned_calls(route, body, parallel, call.request_id)
+    calls = scripted_calls(route, body, turn, call.request_id) or planned_calls(
+        route, body, parallel, call.request_id
+    )
     if calls:
         if fmt is None:
             text, completion, truncated = "", 0, False

@@ -259,15 +259,21 @@ def planned_calls(route: str, body: Mapping[str, Any], parallel: int, seed: str)
     calls = []
     for i in range(n):
         tool_name, schema, kind = tools[i % len(tools)]
-        digest = hashlib.sha256(f"{seed}:{i}".encode()).hexdigest()[:24]
         if kind == "custom":
             args = f"mock input {i}"
         else:
             value = schema_instance(schema) if schema else {}
             args = orjson.dumps(value if isinstance(value, dict) else {}).decode()
-        prefix = {"chat": "call_", "messages": "toolu_"}.get(route, "call_")
-        calls.append(ToolCall(f"{prefix}{digest}", tool_name, args, kind))
+        calls.append(ToolCall(call_id(route, seed, i), tool_name, args, kind))
     return calls
+
+
+def call_id(route: str, seed: str, i: int) -> str:
+    """The id of the ``i``-th call of an answer, in the route's form (``toolu_`` on
+    Anthropic's, ``call_`` on OpenAI's); ``seed`` (the request id) makes it unique."""
+    digest = hashlib.sha256(f"{seed}:{i}".encode()).hexdigest()[:24]
+    prefix = {"chat": "call_", "messages": "toolu_"}.get(route, "call_")
+    return f"{prefix}{digest}"
 
 
 # -- thinking and reasoning ------------------------------------------------------------------------

@@ -41,6 +41,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from fairgate.providers.responses_tools import (
+    CUSTOM_ARGUMENT,
+    ToolPlan,
+    ToolPlanError,
+    tool_plan,
+)
 from fairgate.providers.translate import (
     CannotCarry,
     _dumps,
@@ -128,14 +134,26 @@ def _message(item: Mapping[str, Any], where: str) -> JSON:
     return {"role": chat_role, "content": content}
 
 
-def _tool_call(item: Mapping[str, Any], where: str) -> JSON:
+def _tool_call(item: Mapping[str, Any], where: str, plan: ToolPlan) -> JSON:
+    """A ``function_call`` or ``custom_tool_call`` item → a chat tool call under the upstream
+    function name the plan gives its tool (a freeform input as the one ``input`` argument)."""
     name = item.get("name")
     call_id = item.get("call_id")
     if not isinstance(name, str) or not isinstance(call_id, str):
-        raise ResponsesInputError(where, "a function_call item needs call_id and name")
-    args = item.get("arguments")
-    arguments = args if isinstance(args, str) else _dumps(args or {})
-    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+        raise ResponsesInputError(where, f"a {item.get('type')} item needs call_id and name")
+    ns = item.get("namespace")
+    chat_name = plan.chat_name(name, ns if isinstance(ns, str) else None)
+    if item.get("type") == "custom_tool_call":
+        raw = item.get("input")
+        arguments = _dumps({CUSTOM_ARGUMENT: raw if isinstance(raw, str) else ""})
+    else:
+        args = item.get("arguments")
+        arguments = args if isinstance(args, str) else _dumps(args or {})
+    return {
+        "id": call_id,
+        "type": "function",
+        "function": {"name": chat_name, "arguments": arguments},
+    }
 
 
 def _append_call(messages: list[JSON], call: JSON) -> None:
@@ -162,7 +180,12 @@ def _tool_output(item: Mapping[str, Any], where: str) -> JSON:
     return {"role": "tool", "tool_call_id": call_id, "content": text}
 
 
-def _chat_messages(raw: object) -> list[JSON]:
+#: Input items that only carry the client's own state or tool declarations (the tools are read
+#: by the tool plan): nothing of them goes into the chat messages.
+_STATE_ITEMS = frozenset({"reasoning", "additional_tools", "configuration_update"})
+
+
+def _chat_messages(raw: object, plan: ToolPlan) -> list[JSON]:
     if isinstance(raw, str):
         return [{"role": "user", "content": raw}]
     if not isinstance(raw, list):
@@ -175,39 +198,21 @@ def _chat_messages(raw: object) -> list[JSON]:
         kind = entry.get("type", "message")
         if kind == "message":
             messages.append(_message(entry, where))
-        elif kind == "function_call":
-            _append_call(messages, _tool_call(entry, where))
-        elif kind == "function_call_output":
+        elif kind in ("function_call", "custom_tool_call"):
+            _append_call(messages, _tool_call(entry, where, plan))
+        elif kind in ("function_call_output", "custom_tool_call_output"):
             messages.append(_tool_output(entry, where))
-        elif kind != "reasoning":
+        elif kind not in _STATE_ITEMS:
             raise ResponsesInputError(f"{where}.type", f"unsupported input item type {kind!r}")
     return messages
 
 
-def _chat_tools(tools: object) -> list[JSON]:
-    out: list[JSON] = []
-    for n, raw in enumerate(_list(tools)):
-        tool = _map(raw)
-        if tool.get("type") != "function" or not isinstance(tool.get("name"), str):
-            raise ResponsesInputError(
-                f"tools[{n}].type",
-                "only function tools can be served (built-in tools need OpenAI's servers)",
-            )
-        fn: JSON = {"name": tool["name"], "parameters": tool.get("parameters") or {}}
-        if isinstance(tool.get("description"), str):
-            fn["description"] = tool["description"]
-        if isinstance(tool.get("strict"), bool):
-            fn["strict"] = tool["strict"]
-        out.append({"type": "function", "function": fn})
-    return out
-
-
-def _chat_tool_choice(choice: object) -> object:
+def _chat_tool_choice(choice: object, plan: ToolPlan) -> object:
     if isinstance(choice, str):
         return choice
     c = _map(choice)
-    if c.get("type") == "function" and isinstance(c.get("name"), str):
-        return {"type": "function", "function": {"name": c["name"]}}
+    if c.get("type") in ("function", "custom") and isinstance(c.get("name"), str):
+        return {"type": "function", "function": {"name": plan.chat_name(c["name"])}}
     return None
 
 
@@ -222,6 +227,22 @@ def _response_format(text: object) -> JSON | None:
     return None
 
 
+def _plan(body: Mapping[str, Any]) -> ToolPlan:
+    try:
+        return tool_plan(body)
+    except ToolPlanError as exc:
+        raise ResponsesInputError(exc.where, exc.message) from None
+
+
+def omitted_tools(body: Mapping[str, Any]) -> tuple[str, ...]:
+    """The hosted tool types of a Responses request that a chat upstream cannot run, left out
+    of the translated request (the edge names them in ``x-fairgate-tools-omitted``)."""
+    try:
+        return tool_plan(body).omitted
+    except ToolPlanError:
+        return ()
+
+
 def responses_to_chat_request(body: Mapping[str, Any], model: str) -> JSON:
     """A Responses request → a chat-completions request for ``model``.
 
@@ -233,7 +254,8 @@ def responses_to_chat_request(body: Mapping[str, Any], model: str) -> JSON:
         )
     if "input" not in body:
         raise ResponsesInputError("input", "is required")
-    messages = _chat_messages(body.get("input"))
+    plan = _plan(body)
+    messages = _chat_messages(body.get("input"), plan)
     instructions = body.get("instructions")
     if isinstance(instructions, str) and instructions:
         messages.insert(0, {"role": "system", "content": instructions})
@@ -248,10 +270,9 @@ def responses_to_chat_request(body: Mapping[str, Any], model: str) -> JSON:
     for name in ("temperature", "top_p"):
         if body.get(name) is not None:  # same name and range in chat: checked there
             out[name] = body[name]
-    tools = _chat_tools(body.get("tools"))
-    if tools:
-        out["tools"] = tools
-        choice = _chat_tool_choice(body.get("tool_choice"))
+    if plan.chat_tools:
+        out["tools"] = list(plan.chat_tools)
+        choice = _chat_tool_choice(body.get("tool_choice"), plan)
         if choice is not None:
             out["tool_choice"] = choice
         if isinstance(body.get("parallel_tool_calls"), bool):
@@ -335,15 +356,27 @@ def _reasoning_item(item_id: str, summary: str | None) -> JSON:
     return {"type": "reasoning", "id": item_id, "summary": parts}
 
 
-def _call_item(item_id: str, call_id: str, name: str, args: str, status: str) -> JSON:
+def _call_item(
+    item_id: str, call_id: str, name: str, args: str, status: str, plan: ToolPlan | None = None
+) -> JSON:
+    """The client's call item for an upstream call of function ``name``: a ``function_call``,
+    or what the tool plan makes of it (a ``custom_tool_call``, a namespaced call)."""
+    fields = (plan or ToolPlan()).client_call(name, args)
     return {
-        "type": "function_call",
+        "type": fields.pop("type"),
         "id": item_id,
         "call_id": call_id,
-        "name": name,
-        "arguments": args,
+        **fields,
         "status": status,
     }
+
+
+def _safe_plan(request: Mapping[str, Any]) -> ToolPlan:
+    """The request's tool plan on the way out (its errors were answered on the way in)."""
+    try:
+        return tool_plan(request)
+    except ToolPlanError:
+        return ToolPlan()
 
 
 def _new_id(prefix: str) -> str:
@@ -361,6 +394,7 @@ def chat_to_responses_response(
     """A chat completion → the Responses object answering ``request`` (first choice only)."""
     rid = response_id or _new_id("resp")
     resp = _shell(request, model, rid, created)
+    plan = _safe_plan(request)
     choices = _list(chat.get("choices"))
     choice = _map(choices[0]) if choices else {}
     message = _map(choice.get("message"))
@@ -383,6 +417,7 @@ def chat_to_responses_response(
                 str(fn.get("name") or ""),
                 args if isinstance(args, str) else _dumps(args or {}),
                 "completed",
+                plan,
             )
         )
     resp["output"] = output
@@ -420,6 +455,7 @@ class ChatToResponsesStream:
     ) -> None:
         rid = response_id or _new_id("resp")
         self._resp = _shell(request, model, rid, created)
+        self._plan = _safe_plan(request)
         self._seq = 0
         self._output: list[JSON] = []  # finished items, in output order
         self._text_index: int | None = None
@@ -562,11 +598,13 @@ class ChatToResponsesStream:
                 str(fn.get("name") or ""),
             )
             self._calls[index if isinstance(index, int) else n] = call
-            item = _call_item(call.item_id, call.call_id, call.name, "", "in_progress")
+            item = _call_item(call.item_id, call.call_id, call.name, "", "in_progress", self._plan)
             events.append(self._event("response.output_item.added", output_index=n, item=item))
         args = fn.get("arguments")
         if isinstance(args, str) and args:
             call.args.append(args)
+            if self._plan.is_custom(call.name):
+                return events  # a freeform input is known once its arguments are whole
             events.append(
                 self._event(
                     "response.function_call_arguments.delta",
@@ -581,16 +619,21 @@ class ChatToResponsesStream:
         events: list[JSON] = []
         for call in self._calls.values():
             args = "".join(call.args)
-            item = _call_item(call.item_id, call.call_id, call.name, args, "completed")
+            item = _call_item(call.item_id, call.call_id, call.name, args, "completed", self._plan)
             self._output.append(item)
-            events.append(
-                self._event(
-                    "response.function_call_arguments.done",
-                    item_id=call.item_id,
-                    output_index=call.output_index,
-                    arguments=args,
+            where = {"item_id": call.item_id, "output_index": call.output_index}
+            if item["type"] == "custom_tool_call":
+                raw = item["input"]
+                events.append(
+                    self._event("response.custom_tool_call_input.delta", delta=raw, **where)
                 )
-            )
+                events.append(
+                    self._event("response.custom_tool_call_input.done", input=raw, **where)
+                )
+            else:
+                events.append(
+                    self._event("response.function_call_arguments.done", arguments=args, **where)
+                )
             events.append(
                 self._event("response.output_item.done", output_index=call.output_index, item=item)
             )

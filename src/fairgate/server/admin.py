@@ -30,6 +30,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from fairgate import __version__
 from fairgate.config import dotted
 from fairgate.db.common import Conflict, Invalid, MetadataUnavailable, NotFound, RepoError
+from fairgate.server.admin_aliases import router as aliases_router
 from fairgate.server.admin_combo_stats import router as combo_stats_router
 from fairgate.server.admin_combos import router as combos_router
 from fairgate.server.admin_common import AdminError, error_response
@@ -284,6 +285,7 @@ def create_admin_app(gw: Gateway, limits: HttpSettings | None = None) -> FastAPI
     app.include_router(combo_stats_router)  # before /combos/{name:path}, which would match it
     app.include_router(combos_router)
     app.include_router(resources_router)
+    app.include_router(aliases_router)
     app.include_router(oauth_router)
     app.include_router(resilience_router)
     app.include_router(testing_router)

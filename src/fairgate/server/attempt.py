@@ -26,6 +26,7 @@ from fairgate.clock import Clock
 from fairgate.domain.connections import Connection
 from fairgate.domain.readings import RateLimitSnapshot
 from fairgate.domain.units import Unit
+from fairgate.providers.responses_tools import TOOLS_OMITTED_HEADER
 from fairgate.providers.translate import CannotCarry
 from fairgate.providers.transport import TRANSPORT_ERRORS, UpstreamResponse
 from fairgate.providers.upstream import UpstreamAuthUnavailable
@@ -346,6 +347,9 @@ def _answer_headers(
     omitted = exchange.omitted(call)
     if omitted:
         headers[OMITTED_HEADER] = ", ".join(omitted)
+    tools = exchange.tools_omitted(call)
+    if tools:
+        headers[TOOLS_OMITTED_HEADER] = ", ".join(tools)
     return headers
 
 

@@ -77,7 +77,15 @@ def openai_error_body(err: ApiError) -> dict[str, Any]:
 
 
 def anthropic_error_body(err: ApiError) -> dict[str, Any]:
-    inner: dict[str, Any] = {"type": err.type, "message": err.message}
+    """Anthropic's error shape. A 429 or 503 with a ``Retry-After`` in seconds says the wait in
+    its message too: Claude Code prints an error's message ("API Error: Request rejected (429) ·
+    <message>") but not its headers, and a user refused by the quota share should learn when to
+    come back (issue 42, item 7)."""
+    message = err.message
+    retry = err.headers.get("Retry-After") or err.headers.get("retry-after")
+    if err.status in (429, 503) and retry is not None and retry.isdigit():
+        message = f"{message}; retry in {retry} s"
+    inner: dict[str, Any] = {"type": err.type, "message": message}
     if err.code:
         inner["code"] = err.code
     inner.update(err.extra)

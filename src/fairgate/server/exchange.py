@@ -24,6 +24,7 @@ from fairgate.domain.connections import BILLING_FIELDS, Connection, Protocol
 from fairgate.providers.responses import (
     ChatToResponsesStream,
     chat_to_responses_response,
+    omitted_tools,
     responses_to_chat_request,
 )
 from fairgate.providers.responses_upstream import (
@@ -84,6 +85,10 @@ class Exchange:
     #: ``x-fairgate-omitted`` (fields no other wire has a place for; never what changes the
     #: answer, which is carried or refused)
     omitted: Callable[[Call], Sequence[str]] = lambda _call: ()
+    #: the hosted tool types a Responses request offers that the upstream's wire cannot run,
+    #: left out and named in ``x-fairgate-tools-omitted`` (none on the Responses wire itself,
+    #: which takes every tool as it is)
+    tools_omitted: Callable[[Call], Sequence[str]] = lambda _call: ()
 
 
 def _json_exchange(
@@ -293,6 +298,10 @@ def _omitted_to_anthropic(call: Call) -> Sequence[str]:
     return left
 
 
+def _tools_omitted(call: Call) -> Sequence[str]:
+    return omitted_tools(call.body)
+
+
 def _omitted_chat(call: Call) -> Sequence[str]:
     return omitted_chat_to_anthropic(call.body)
 
@@ -454,6 +463,7 @@ EXCHANGES: Mapping[tuple[Route, Protocol], Exchange] = {
         _openai_to_responses_answer,
         _relay_openai_to_responses,
         _omitted,
+        _tools_omitted,
     ),
     (Route.RESPONSES, Protocol.ANTHROPIC): Exchange(
         "/messages",
@@ -461,6 +471,7 @@ EXCHANGES: Mapping[tuple[Route, Protocol], Exchange] = {
         _anthropic_to_responses_answer,
         _relay_anthropic_to_responses,
         _omitted_to_anthropic,
+        _tools_omitted,
     ),
 }
 

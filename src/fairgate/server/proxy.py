@@ -47,6 +47,7 @@ from fairgate.server.bodies import (
 )
 from fairgate.server.call import Call, Route, Services
 from fairgate.server.client_http import Answer, ClientRequest
+from fairgate.server.codex_refusal import codex_failed_stream
 from fairgate.server.errors import ApiError, error_response
 from fairgate.server.exchange import carried
 
@@ -86,6 +87,19 @@ def check_model_allowed(key: ClientKey, model: str) -> None:
             code="model_not_allowed",
             param="model",
         )
+
+
+def resolve_model(svc: Services, key: ClientKey, model: str) -> str:
+    """The model a request is served with: its own name, or the target of the alias catching it
+    (:meth:`Registry.alias_target`). A key with an allow-list may use an alias when it may use
+    the requested name or the target (the admin who made the alias chose the target)."""
+    target = svc.gw.registry.alias_target(model)
+    if target is None:
+        check_model_allowed(key, model)
+        return model
+    if key.allowed_models and model not in key.allowed_models:
+        check_model_allowed(key, target)
+    return target
 
 
 def authenticate(svc: Services, request: ClientRequest) -> ClientKey:
@@ -141,7 +155,7 @@ async def count_tokens(request: ClientRequest) -> Response:
         raw = await read_body(request, svc.gw.config.server.max_body_bytes)
         body = await asyncio.to_thread(decode_json_object, raw)
         model = require_str(body, "model", max_len=MAX_MODEL_LEN)
-        check_model_allowed(key, model)
+        model = resolve_model(svc, key, model)
         check_message_limits(body, svc.limits.max_messages, svc.limits.max_message_bytes)
         check_depth(body)
         check_messages(body)
@@ -273,6 +287,9 @@ async def _handle(
             )
         resp = error_response(err, anthropic=route is Route.MESSAGES)
     svc.metrics.observe_request(svc.gw.registry, key, body, resp, t0)
+    if route is Route.RESPONSES and resp.status_code in (429, 503):
+        # a streaming Codex client sees only a refusal's reason in ``response.failed``
+        return codex_failed_stream(resp, body, request.headers, now_s(request)) or resp
     return resp
 
 
@@ -283,7 +300,7 @@ def _before_translation(svc: Services, key: ClientKey, body: dict[str, Any]) -> 
     the model allow-list, and the item count of ``input`` against the message cap."""
     model = body.get("model")
     if isinstance(model, str):
-        check_model_allowed(key, model)
+        resolve_model(svc, key, model)
     items = body.get("input")
     limit = svc.limits.max_messages
     if isinstance(items, list) and len(items) > limit:
@@ -306,7 +323,7 @@ def _parse(
     model = require_str(body, "model", max_len=MAX_MODEL_LEN)
     # the cheap refusals first: a key that may not use the model, too many or too large
     # messages; only then the walks over the whole body
-    check_model_allowed(key, model)
+    model = resolve_model(svc, key, model)
     limits = svc.limits
     check_message_limits(body, limits.max_messages, limits.max_message_bytes)
     check_depth(body)

@@ -19,8 +19,10 @@ from starlette.responses import Response, StreamingResponse
 from fairgate.providers.responses import (
     ChatToResponsesStream,
     chat_to_responses_response,
+    omitted_tools,
     responses_to_chat_request,
 )
+from fairgate.providers.responses_tools import TOOLS_OMITTED_HEADER
 from fairgate.providers.translate import CannotCarry
 from fairgate.server import relay
 from fairgate.server.call import Call, Route
@@ -32,8 +34,14 @@ __all__ = ["served_as_chat"]
 _FRAMING = frozenset({"content-length", "content-type", "transfer-encoding"})
 
 
-def _carry(resp: Response) -> dict[str, str]:
-    return {k: v for k, v in resp.headers.items() if k.lower() not in _FRAMING}
+def _carry(resp: Response, call: Call) -> dict[str, str]:
+    """The chat answer's headers, and the hosted tools of the request left out of the chat
+    form (Codex sends ``web_search``; a chat upstream runs none)."""
+    out = {k: v for k, v in resp.headers.items() if k.lower() not in _FRAMING}
+    omitted = omitted_tools(call.body)
+    if omitted:
+        out[TOOLS_OMITTED_HEADER] = ", ".join(omitted)
+    return out
 
 
 async def served_as_chat(call: Call, serve: Callable[[Call], Awaitable[Response]]) -> Response:
@@ -53,7 +61,7 @@ async def served_as_chat(call: Call, serve: Callable[[Call], Awaitable[Response]
             relay.chat_sse_to_responses(_bytes(resp), relay.StreamTally(), conv),
             status_code=200,
             media_type="text/event-stream",
-            headers=_carry(resp),
+            headers=_carry(resp, call),
         )
     answer = orjson.loads(bytes(resp.body))
     stamp = answer.get("created")
@@ -64,7 +72,7 @@ async def served_as_chat(call: Call, serve: Callable[[Call], Awaitable[Response]
         orjson.dumps(out),
         status_code=200,
         media_type="application/json",
-        headers=_carry(resp),
+        headers=_carry(resp, call),
         background=resp.background,  # the settlement of the chat answer
     )
 

@@ -358,6 +358,7 @@ class Gateway:
             box=self.box,
             version=self.registry.version + 1,
             require_allocation=self.config.server.require_allocation,
+            aliases=tuple(a.alias() for a in self.config.model_aliases),
         )
 
     def config_report(self) -> dict[str, object]:
