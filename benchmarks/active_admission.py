@@ -23,7 +23,7 @@ from fairgate.domain.units import Unit, Window
 from fairgate.quota.engine import QuotaEngine
 from fairgate.quota.model import Allocation, Dimension, Pool, ShareMode
 from fairgate.quota.window import Count
-from fairgate.store.sqlite import SqliteQuotaStore
+from fairgate.store.sqlite.store import SqliteQuotaStore
 
 T0 = 1_700_002_800_000
 COST = {Unit.REQUESTS: 1.0}

@@ -33,8 +33,8 @@ from fairgate.quota.decision import compile_checks, evaluate
 from fairgate.quota.engine import QuotaEngine
 from fairgate.quota.model import Allocation, Dimension, Policy, Pool
 from fairgate.quota.ports import QuotaStore, UsageItem
-from fairgate.store.redis import SlowReply
-from fairgate.store.sqlite import MAX_FLUSH_MS, SqliteQuotaStore
+from fairgate.store.redis.store import SlowReply
+from fairgate.store.sqlite.store import MAX_FLUSH_MS, SqliteQuotaStore
 
 T0 = 1_700_002_800_000
 COST = {Unit.REQUESTS: 1.0, Unit.TOKENS: 500.0}
@@ -144,7 +144,7 @@ async def redis_round_trips(url: str, prefix: str, pool: Pool, ops: int) -> tupl
     the server's INFO commandstats deltas."""
     import redis.asyncio as aioredis
 
-    from fairgate.store.redis import RedisQuotaStore
+    from fairgate.store.redis.store import RedisQuotaStore
 
     probe = aioredis.Redis.from_url(url)
 
@@ -195,7 +195,7 @@ async def warm(store: QuotaStore, pool: Pool) -> None:
 
 async def redis_available(url: str) -> bool:
     try:
-        from fairgate.store.redis import RedisQuotaStore
+        from fairgate.store.redis.store import RedisQuotaStore
 
         probe = RedisQuotaStore(url, prefix=f"fgbench:{uuid.uuid4().hex[:8]}")
         ok = await probe.ping()
@@ -251,7 +251,7 @@ async def measure(
                 lags.append((n, memory.durability()))
             await memory.close()
             if have_redis:
-                from fairgate.store.redis import RedisQuotaStore
+                from fairgate.store.redis.store import RedisQuotaStore
 
                 redis_store = RedisQuotaStore(url, prefix=prefix)
                 await prefill(redis_store, pool)

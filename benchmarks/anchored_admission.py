@@ -26,7 +26,7 @@ from fairgate.domain.units import Unit, Window, WindowAnchor
 from fairgate.quota.engine import QuotaEngine
 from fairgate.quota.model import Allocation, Dimension, Pool
 from fairgate.quota.ports import QuotaStore
-from fairgate.store.sqlite import SqliteQuotaStore
+from fairgate.store.sqlite.store import SqliteQuotaStore
 
 T0 = 1_782_297_000_000
 N = int(os.environ.get("BENCH_N", "3000"))
@@ -94,7 +94,7 @@ async def main() -> None:
     stores.append(("sqlite", lambda: SqliteQuotaStore(Path(tmp) / "q.sqlite")))
     url = os.environ.get("REDIS_URL")
     if url:
-        from fairgate.store.redis import RedisQuotaStore
+        from fairgate.store.redis.store import RedisQuotaStore
 
         stores.append(("redis", lambda: RedisQuotaStore(url, prefix=f"bench{os.getpid()}")))
     print(f"admit+settle, {N} × {ROUNDS} rounds, median µs per admission")

@@ -106,9 +106,9 @@ async def _serve(
     import orjson
 
     from fairgate.config import parse_config
+    from fairgate.process.state import Gateway
     from fairgate.providers.inprocess import HandlerUpstream, Reply, UpstreamRequest, openai_chat
     from fairgate.server.app import create_app
-    from fairgate.server.state import Gateway
 
     chunk = orjson.dumps(
         {

@@ -94,7 +94,7 @@ async def child(url: str, n: int, batches: list[int]) -> None:
     from fairgate.quota.decision import DimensionCheck
     from fairgate.quota.model import Policy
     from fairgate.quota.ports import AdmitRequest, UsageItem
-    from fairgate.store.redis import RedisQuotaStore
+    from fairgate.store.redis.store import RedisQuotaStore
 
     def mark(word: str) -> None:
         print(word, flush=True)

@@ -41,7 +41,7 @@ async def child(n: int, url: str, prefix: str) -> None:
     from fairgate.quota.model import Policy
     from fairgate.quota.ports import AdmitRequest, UsageItem
     from fairgate.resilience.state_redis import RedisResilienceStore
-    from fairgate.store.redis import RedisQuotaStore
+    from fairgate.store.redis.store import RedisQuotaStore
 
     store = RedisQuotaStore(url, prefix=prefix, socket_timeout_s=30.0)
     # a clock that stands still and a watcher that polls once: its confirmation never goes

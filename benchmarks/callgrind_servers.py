@@ -14,7 +14,7 @@ Targets (``--targets``, comma-separated; default: all):
 
 - ``aiohttp``: aiohttp's own server, a handler that reads the body and answers a fixed JSON;
 - ``uvicorn``: uvicorn's stock httptools protocol (uvloop), the same handler as an ASGI app;
-- ``wire``: the same on fairgate's protocol (``server/wire.py``: every HTTP limit on);
+- ``wire``: the same on fairgate's protocol (``process/http_protocol.py``: every HTTP limit on);
 - ``bare``: the bare aiohttp pass-through of ``proxy_overhead.py`` in front of the mock;
 - ``nopool``: ``fairgate serve``, the model with no quota pool (the floor of a request);
 - ``pool``: ``fairgate serve``, SQLite store, one pool with requests and tokens.
@@ -116,8 +116,8 @@ def _serve(kind: str, port: int) -> None:
         return
     import uvicorn
 
-    from fairgate.server.http_settings import HttpSettings
-    from fairgate.server.wire import protocol_for, server_options
+    from fairgate.process.http_protocol import protocol_for, server_options
+    from fairgate.process.http_settings import HttpSettings
 
     options = server_options(HttpSettings(), drain_s=1)
     http: object = "httptools" if kind == "uvicorn" else protocol_for(HttpSettings())

@@ -4,7 +4,7 @@
 among many; this one counts only the client side: a process (this file run with ``--client``)
 posts the gateway's usual chat-completion body to the mock upstream through
 :class:`fairgate.providers.upstream.UpstreamClient` (``post``, ``status``, ``read``,
-``release``, as ``server/attempt.py`` does for a whole answer), ``--concurrency`` at a time
+``release``, as ``path/attempt.py`` does for a whole answer), ``--concurrency`` at a time
 over keep-alive connections. It runs under ``valgrind --tool=callgrind --instr-atstart=no``;
 after a warm-up it tells this process, which switches the instrumentation on
 (``callgrind_control -i on``), lets it send ``N`` requests, switches it off and divides. The
@@ -96,7 +96,7 @@ def _client(mock: str, n: int, conc: int, profile: int) -> None:
             print("done", flush=True)
             sys.stdin.readline()
 
-    import uvloop  # the gateway's loop (``server/wire.py``)
+    import uvloop  # the gateway's loop (``process/http_protocol.py``)
 
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
         runner.run(run())

@@ -63,7 +63,7 @@ async def one_admission(url: str, prefix: str) -> tuple[list[bytes], list[bytes]
     from fairgate.quota.decision import DimensionCheck
     from fairgate.quota.model import Policy
     from fairgate.quota.ports import AdmitRequest
-    from fairgate.store.redis import RedisQuotaStore
+    from fairgate.store.redis.store import RedisQuotaStore
 
     store = RedisQuotaStore(url, prefix=prefix)
     seen: list[tuple[list[bytes], list[bytes]]] = []
@@ -93,7 +93,7 @@ def main() -> None:
     ap.add_argument("--calls", type=int, default=1500, help="per variant and round")
     ap.add_argument("--rounds", type=int, default=4)
     args = ap.parse_args()
-    from fairgate.store.redis import script_source
+    from fairgate.store.redis.store import script_source
 
     url = redis_url()
     prefix = f"fgparts{uuid.uuid4().hex[:8]}"

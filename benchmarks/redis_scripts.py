@@ -53,7 +53,7 @@ async def one_round(url: str, n: int) -> dict[str, float]:
     from fairgate.quota.decision import DimensionCheck
     from fairgate.quota.model import Policy
     from fairgate.quota.ports import AdmitRequest, UsageItem
-    from fairgate.store.redis import RedisQuotaStore
+    from fairgate.store.redis.store import RedisQuotaStore
 
     prefix = f"fgbrs{uuid.uuid4().hex[:10]}"
     store = RedisQuotaStore(url, prefix=prefix)

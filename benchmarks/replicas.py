@@ -35,7 +35,7 @@ import psycopg
 
 from fairgate.config import parse_config
 from fairgate.db.settings import SettingsRepo
-from fairgate.server.state import Gateway
+from fairgate.process.state import Gateway
 from proxy_overhead import (
     ADMIN,
     CLIENT_KEY,

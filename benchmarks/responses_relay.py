@@ -15,11 +15,11 @@ from typing import ClassVar
 
 import orjson
 
-from fairgate.providers.mock_codex import ResponsesAnswer, responses_stream
-from fairgate.providers.mock_wire import ToolCall
-from fairgate.providers.responses import ChatToResponsesStream
-from fairgate.providers.responses_upstream import ResponsesToChatStream
-from fairgate.server import relay
+from fairgate.formats.responses import ChatToResponsesStream
+from fairgate.formats.responses_upstream import ResponsesToChatStream
+from fairgate.mock.codex import ResponsesAnswer, responses_stream
+from fairgate.mock.wire import ToolCall
+from fairgate.path import relay
 
 PIECES = [f"word{i} " for i in range(200)]
 ANSWER = ResponsesAnswer(

@@ -201,7 +201,7 @@ async def _heap_after_start(n_keys: int) -> dict[str, float]:
     import tracemalloc
 
     from fairgate.config import load_config_text
-    from fairgate.server.state import Gateway
+    from fairgate.process.state import Gateway
 
     tmp = Path(tempfile.mkdtemp(prefix="fairgate-heap-"))
     text = po.bench_config("http://127.0.0.1:9", n_keys)
@@ -216,7 +216,7 @@ async def _heap_after_start(n_keys: int) -> dict[str, float]:
         "config (pydantic models)": "pydantic",
         "key records (db/keys.py)": "fairgate/db/keys.py",
         "pool records (db/pools.py)": "fairgate/db/pools.py",
-        "registry + quota model": ("fairgate/registry.py", "fairgate/quota/"),
+        "registry + quota model": ("fairgate/snapshot.py", "fairgate/quota/"),
     }
     out: dict[str, float] = {"total": 0.0}
     for stat in after.compare_to(before, "filename"):

@@ -141,8 +141,8 @@ def _schema_ref(schema: dict[str, Any] | None) -> str:
 
 
 def admin_api_reference() -> str:
-    from fairgate.server.admin import create_admin_app
-    from fairgate.server.state import Gateway
+    from fairgate.admin.api import create_admin_app
+    from fairgate.process.state import Gateway
 
     with tempfile.TemporaryDirectory() as tmp:
         spec = create_admin_app(Gateway(data_dir=Path(tmp), env={})).openapi()

@@ -18,10 +18,10 @@ from fairgate import __version__, environment
 from fairgate.admin_cli import register as register_admin_commands
 from fairgate.clock import Clock, ManualClock
 from fairgate.domain.units import Unit, Window
+from fairgate.process.http_settings import HttpSettings, SettingsError, admin_key_problem
 from fairgate.quota.catalog import CATALOG
 from fairgate.quota.engine import QuotaEngine
 from fairgate.quota.model import Allocation, Dimension, Policy, Pool
-from fairgate.server.http_settings import HttpSettings, SettingsError, admin_key_problem
 from fairgate.testclock import TestClockError, process_clock
 
 app = typer.Typer(
@@ -128,7 +128,7 @@ def engine_demo(
 
 
 async def _engine_demo(data_dir: Path) -> None:
-    from fairgate.store.sqlite import SqliteQuotaStore
+    from fairgate.store.sqlite.store import SqliteQuotaStore
 
     clock = ManualClock(1_700_002_800_000)
     store = SqliteQuotaStore(data_dir / "quota.sqlite")
@@ -283,9 +283,9 @@ def serve(
 ) -> None:
     """Run the gateway."""
     from fairgate.config import Config, ConfigError, load_config
+    from fairgate.process.http_protocol import run as serve_http
+    from fairgate.process.state import Gateway
     from fairgate.server.app import create_app
-    from fairgate.server.state import Gateway
-    from fairgate.server.wire import run as serve_http
     from fairgate.server.workers import MAX_WORKERS, run_workers
 
     if not 1 <= workers <= MAX_WORKERS:
@@ -307,7 +307,7 @@ def serve(
     if not _port_free(bind, chosen):
         _fail(f"port {chosen} on {bind} is already in use (choose another with --port)")
     ddir = data_dir or Path(env.get("FAIRGATE_DATA_DIR") or "data")
-    from fairgate.server.logs import configure_from_env
+    from fairgate.process.logs import configure_from_env
 
     configure_from_env(env, _secrets_of(cfg, env.get("FAIRGATE_ADMIN_KEY", "")))
     gw = Gateway(data_dir=ddir, config=cfg, env=env, clock=_process_clock(env))
@@ -338,7 +338,7 @@ def mock_upstream(
     secret: Annotated[str | None, typer.Option(help="Require this upstream API key.")] = None,
 ) -> None:
     """Run the built-in mock LLM provider (OpenAI and Anthropic wire formats, fault injection)."""
-    from fairgate.providers.mock import MockConfig, run_mock_upstream
+    from fairgate.mock.server import MockConfig, run_mock_upstream
 
     if not _port_free(host, port):
         _fail(f"port {port} on {host} is already in use")
@@ -419,10 +419,10 @@ def demo(
     import secrets as _secrets
 
     from fairgate.config import load_config_text
-    from fairgate.providers.mock import MockConfig, MockUpstream
+    from fairgate.mock.server import MockConfig, MockUpstream
+    from fairgate.process.http_protocol import run as serve_http
+    from fairgate.process.state import Gateway
     from fairgate.server.app import create_app
-    from fairgate.server.state import Gateway
-    from fairgate.server.wire import run as serve_http
 
     host = "127.0.0.1"
     env = environment.snapshot()
@@ -441,7 +441,7 @@ def demo(
     async def start_mock() -> None:
         await mock.start(host, mock_port)
 
-    from fairgate.server.logs import configure_from_env
+    from fairgate.process.logs import configure_from_env
 
     # the demo prints its keys for the user on stdout; the logs (stderr) never show them
     configure_from_env(env, _secrets_of(cfg, admin_key, upstream_secret))

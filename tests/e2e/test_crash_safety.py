@@ -20,7 +20,7 @@ import pytest
 from e2e_support import TEST_CLOCK, GatewayFactory, Proc, gateway_config, new_secret
 from outage_support import ADMIN, Load, report, wait_for
 
-from fairgate.store.sqlite_owner import shared_connection
+from fairgate.store.sqlite.owner import shared_connection
 
 #: the default reservation lease (quota.leaseMs)
 LEASE_MS = 10 * 60_000

@@ -30,7 +30,7 @@ import pytest
 from e2e_support import ADMIN_KEY, FAULTS, UPSTREAM_SECRET, GatewayFactory, Proc, new_secret
 
 from fairgate.domain.keys import ClientKey, hash_key
-from fairgate.registry import Registry
+from fairgate.snapshot import Registry
 
 ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
 

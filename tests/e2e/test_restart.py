@@ -37,7 +37,7 @@ from e2e_support import (
 )
 from outage_support import ADMIN, Load, report, wait_for
 
-from fairgate.store.sqlite_owner import shared_connection
+from fairgate.store.sqlite.owner import shared_connection
 
 WORKERS = 16
 LOAD_S = 2.5

@@ -24,15 +24,7 @@ import orjson
 
 from fairgate.clock import Clock
 from fairgate.config import parse_config
-from fairgate.providers.inprocess import (
-    Handler,
-    HandlerUpstream,
-    Reply,
-    UpstreamRequest,
-    anthropic_message,
-    openai_chat,
-)
-from fairgate.providers.mock_faults import (
+from fairgate.mock.faults import (
     Fault,
     Limits,
     RateWindow,
@@ -44,10 +36,18 @@ from fairgate.providers.mock_faults import (
     status_fault,
     unknown_field_error,
 )
+from fairgate.path.call import Services
+from fairgate.process.state import Gateway
+from fairgate.providers.inprocess import (
+    Handler,
+    HandlerUpstream,
+    Reply,
+    UpstreamRequest,
+    anthropic_message,
+    openai_chat,
+)
 from fairgate.server.app import create_app
-from fairgate.server.call import Services
-from fairgate.server.state import Gateway
-from fairgate.store.sqlite import SqliteQuotaStore
+from fairgate.store.sqlite.store import SqliteQuotaStore
 from fairgate.timers import ManualTimer
 
 ALICE = "fg-alice-secret-0123456789"
@@ -229,7 +229,7 @@ class MockUpstream:
     """A handler that answers like the mock provider (``fairgate mock-upstream``), for tests
     moved from subprocess e2e: every request takes the fault of its ``x-mock-fault`` header,
     else the next fault of :meth:`schedule` (the mock's spec language and error bodies,
-    ``providers/mock_faults.py``), else it answers in its route's shape with "mock reply:" and
+    ``mock/faults.py``), else it answers in its route's shape with "mock reply:" and
     the words of the last user message, about one prompt token per four characters.
     ``latency``/``timeout`` faults hold the request until the test sets :attr:`release` (or
     the gateway gives up on it); :attr:`holding` tells a test one is held.

@@ -19,8 +19,8 @@ import orjson
 from inproc_support import base_config, conn, gateway
 
 from fairgate.clock import ManualClock
+from fairgate.mock.codex import CodexWindows, responses_events
 from fairgate.providers.inprocess import Reply, UpstreamRequest, openai_chat
-from fairgate.providers.mock_codex import CodexWindows, responses_events
 from fairgate.timers import ManualTimer
 
 HOUR = 3_600_000

@@ -1,6 +1,6 @@
 """A Codex subscription shared by keys, in process: two Codex accounts (connections) and three
 keys in one pool with ``percent/5h`` and ``percent/weekly``. The upstream is the mock's Codex
-model (:class:`~fairgate.providers.mock_codex.CodexWindows`, one per account, on the test's
+model (:class:`~fairgate.mock.codex.CodexWindows`, one per account, on the test's
 clock), answering on the Responses wire with its ``x-codex-*`` readings.
 
 The readings turn the pool strict, are attributed to the keys by their tokens, block the key
@@ -25,8 +25,8 @@ from inproc_support import ALICE, BOB, UPSTREAM_SECRET, gateway
 
 from fairgate.clock import ManualClock
 from fairgate.domain.units import Window
+from fairgate.mock.codex import CodexWindows, responses_events
 from fairgate.providers.inprocess import Reply, UpstreamRequest
-from fairgate.providers.mock_codex import CodexWindows, responses_events
 from fairgate.quota.window import Anchor
 from fairgate.timers import ManualTimer
 

@@ -1,4 +1,4 @@
-"""The outermost ASGI layer (``server/edge.py``): the ``/v1`` fast lane and what every path
+"""The outermost ASGI layer (``process/edge.py``): the ``/v1`` fast lane and what every path
 gets from it (the host check, the request id), and what falls through to Starlette."""
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ import pytest
 from inproc_support import ALICE, base_config, conn
 
 from fairgate.config import parse_config
+from fairgate.path import proxy
+from fairgate.process.http_settings import HttpSettings
+from fairgate.process.state import Gateway
 from fairgate.providers.inprocess import HandlerUpstream, Reply, UpstreamRequest, openai_chat
-from fairgate.server import proxy
 from fairgate.server.app import create_app
-from fairgate.server.http_settings import HttpSettings
-from fairgate.server.state import Gateway
 from fairgate.timers import ManualTimer
 
 AUTH = {"authorization": f"Bearer {ALICE}"}

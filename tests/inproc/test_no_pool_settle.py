@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 from inproc_support import ALICE, base_config, conn, gateway, openai_stream
 
+from fairgate.path import attempt
+from fairgate.path.provider_signals import ProviderSignals
 from fairgate.providers.inprocess import Reply, UpstreamRequest, openai_chat
-from fairgate.server import attempt
-from fairgate.server.provider_signals import ProviderSignals
 from fairgate.timers import ManualTimer
 
 POOL = {

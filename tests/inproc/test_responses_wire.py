@@ -16,10 +16,10 @@ from typing import Any
 import orjson
 from inproc_support import ADMIN_KEY, ALICE, MockUpstream, base_config, conn, gateway
 
+from fairgate.formats.sse import SSEParser
+from fairgate.mock.codex import ResponsesAnswer, responses_stream
+from fairgate.mock.wire import ToolCall
 from fairgate.providers.inprocess import Reply, UpstreamRequest
-from fairgate.providers.mock_codex import ResponsesAnswer, responses_stream
-from fairgate.providers.mock_wire import ToolCall
-from fairgate.providers.sse import SSEParser
 from fairgate.timers import ManualTimer
 
 ADMIN = {"authorization": f"Bearer {ADMIN_KEY}"}

@@ -1,7 +1,7 @@
 """Concurrency slots shared through Redis: two replicas, one ``max_concurrent``.
 
 Real Redis (the ``redis_url`` fixture, a key prefix of the test's own); each "replica" is its
-own :class:`~fairgate.server.slots.Slots` with its own in-flight tracker, as two processes
+own :class:`~fairgate.path.slots.Slots` with its own in-flight tracker, as two processes
 have. Time is a ManualTimer's clock, handed to the Lua scripts as an argument, so a lease's
 expiry is tested by moving the clock, never by waiting.
 """
@@ -19,14 +19,14 @@ import redis.asyncio
 from inproc_support import ALICE, base_config, conn
 
 from fairgate.config import parse_config
+from fairgate.path.call import Services
+from fairgate.path.slots import Slots
+from fairgate.process.state import Gateway
 from fairgate.providers.inprocess import HandlerUpstream, Reply, UpstreamRequest, openai_chat
 from fairgate.routing import InflightTracker, Target
 from fairgate.server.app import create_app
-from fairgate.server.call import Services
-from fairgate.server.slots import Slots
-from fairgate.server.state import Gateway
-from fairgate.store.redis import RedisQuotaStore
-from fairgate.store.redis_slots import RedisSlotLeases
+from fairgate.store.redis.slots import RedisSlotLeases
+from fairgate.store.redis.store import RedisQuotaStore
 from fairgate.timers import ManualTimer
 
 TTL = 30_000

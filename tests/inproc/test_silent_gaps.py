@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 from fairgate.cli import app
 from fairgate.clock import ManualClock
 from fairgate.config import parse_config
-from fairgate.server.state import Gateway
+from fairgate.process.state import Gateway
 from fairgate.timers import ManualTimer
 
 #: an openai connection in a pool that sets no dimensions: the catalogue has no openai plan

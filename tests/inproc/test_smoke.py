@@ -212,7 +212,7 @@ async def test_responses_refuses_cheaply_before_translating(
     refused before the Responses input is translated (it was translated first, 0.5 s of work
     on a large input before a 403). The translation is the exchange's, per attempt, since a
     Responses request to a Responses-wire connection is not translated at all (issue 42)."""
-    from fairgate.server import exchange
+    from fairgate.path import exchange
 
     translated: list[object] = []
     real = exchange.responses_to_chat_request

@@ -6,7 +6,7 @@ on the way to an Anthropic one: the answer was free text and the SDK's parse fai
 schema goes as chat ``response_format``, the Responses API's ``text.format`` or Anthropic's
 ``output_config.format``, and the official SDK parses the answer.
 
-The gateway runs in-process; the provider is the real mock (:mod:`fairgate.providers.mock`)
+The gateway runs in-process; the provider is the real mock (:mod:`fairgate.mock.server`)
 on a loopback port, which answers a schema with JSON that fits it, as the providers do.
 """
 
@@ -22,8 +22,8 @@ import pytest
 from inproc_support import ALICE, Harness, base_config, conn, gateway
 from pydantic import BaseModel
 
+from fairgate.mock.server import MockUpstream
 from fairgate.providers.inprocess import Reply, UpstreamRequest
-from fairgate.providers.mock import MockUpstream
 from fairgate.timers import ManualTimer
 
 #: model → (connection, its wire)

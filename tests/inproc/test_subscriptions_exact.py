@@ -13,8 +13,8 @@ import pytest
 from inproc_support import ADMIN, ALICE, BOB, Harness, base_config, conn, gateway
 
 from fairgate.clock import ManualClock
+from fairgate.mock.codex import CodexWindows, responses_events, responses_input_text
 from fairgate.providers.inprocess import Reply, UpstreamRequest, openai_chat
-from fairgate.providers.mock_codex import CodexWindows, responses_events, responses_input_text
 from fairgate.timers import ManualTimer
 
 

@@ -21,7 +21,7 @@ from typing import Any
 import httpx
 from inproc_support import ADMIN, Harness, MockUpstream, conn, gateway
 
-from fairgate.providers.mock import RECORDED_HEADERS
+from fairgate.mock.server import RECORDED_HEADERS
 from fairgate.timers import ManualTimer
 
 GPT = "gpt-4o-mini"

@@ -13,7 +13,7 @@ import pytest_asyncio
 from fairgate.db.base import Database
 from fairgate.db.engine import open_database
 from fairgate.quota.ports import QuotaStore
-from fairgate.store.sqlite import SqliteQuotaStore
+from fairgate.store.sqlite.store import SqliteQuotaStore
 
 
 @pytest_asyncio.fixture(
@@ -69,7 +69,7 @@ async def _open_store(kind: str, request: pytest.FixtureRequest, path: Path) -> 
     cluster = kind == "redis-cluster"
     url: str = request.getfixturevalue("redis_cluster_url" if cluster else "redis_url")
     prefix: str = request.getfixturevalue("redis_cluster_prefix" if cluster else "redis_prefix")
-    from fairgate.store.redis import RedisQuotaStore
+    from fairgate.store.redis.store import RedisQuotaStore
 
     s = RedisQuotaStore(url, prefix=prefix)
     if cluster:

@@ -20,12 +20,12 @@ import pytest
 import pytest_asyncio
 import uvicorn
 
+from fairgate.admin.api import create_admin_app
 from fairgate.clock import ManualClock
 from fairgate.config import Config, ConfigError, parse_config
 from fairgate.db.pools import PoolRepo
 from fairgate.domain.units import Unit
-from fairgate.server.admin import create_admin_app
-from fairgate.server.state import Gateway
+from fairgate.process.state import Gateway
 
 ADMIN = "adm-test"
 ALICE_SECRET = "fg-alice-secret-0123456789"

@@ -17,11 +17,11 @@ import httpx
 import pytest_asyncio
 import uvicorn
 
+from fairgate.admin.api import create_admin_app
 from fairgate.clock import ManualClock
 from fairgate.config import parse_config
+from fairgate.process.state import Gateway
 from fairgate.routing.registry import PUBLIC_STRATEGIES
-from fairgate.server.admin import create_admin_app
-from fairgate.server.state import Gateway
 
 ADMIN = "adm-test"
 UPSTREAM_SECRET = "upstream-very-secret-value"

@@ -14,9 +14,9 @@ from resp_wire import Wire
 
 from fairgate.clock import ManualClock
 from fairgate.config import Config
+from fairgate.process.state import Gateway
 from fairgate.quota.engine import QuotaEngine
 from fairgate.quota.retention import RetentionGc
-from fairgate.server.state import Gateway
 from fairgate.store.admission_log import (
     MAX_AGE_MS,
     LogBackend,
@@ -24,7 +24,7 @@ from fairgate.store.admission_log import (
     SharedPoolLog,
     SqliteLogBackend,
 )
-from fairgate.store.sqlite import SqliteQuotaStore
+from fairgate.store.sqlite.store import SqliteQuotaStore
 
 Opener = Callable[[int], LogBackend]
 

@@ -25,7 +25,7 @@ from fairgate.db.repos import (
     seed_from_config,
 )
 from fairgate.domain.connections import Connection
-from fairgate.registry import Registry
+from fairgate.snapshot import Registry
 
 
 def conn_(cid: str, provider: str = "mock", **kw: Any) -> Connection:

@@ -19,8 +19,8 @@ from fairgate.config import load_config_text
 from fairgate.db.keys import KeyRepo
 from fairgate.db.pools import PoolRepo
 from fairgate.db.schema import MIGRATIONS, PROVENANCE_VERSION
+from fairgate.process.state import Gateway
 from fairgate.secretbox import ENV_VAR, KEY_FILE, SecretBox
-from fairgate.server.state import Gateway
 
 UPSTREAM = "upstream-secret-for-the-check"
 ALICE = "fg-alice-secret-for-the-check"

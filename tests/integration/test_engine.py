@@ -13,7 +13,7 @@ from fairgate.quota.decision import Outcome, Reason
 from fairgate.quota.engine import QuotaEngine
 from fairgate.quota.model import Allocation, Dimension, Policy, Pool, ShareMode
 from fairgate.quota.ports import QuotaStore
-from fairgate.store.sqlite import SqliteQuotaStore
+from fairgate.store.sqlite.store import SqliteQuotaStore
 
 HOUR = 3_600_000
 #: the shared test clock's start (tests/conftest.py), on an hour

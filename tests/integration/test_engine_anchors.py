@@ -17,7 +17,7 @@ from fairgate.quota.model import Allocation, Dimension, Policy, Pool
 from fairgate.quota.ports import QuotaStore
 from fairgate.quota.settings import QuotaSettings
 from fairgate.quota.window import Anchor
-from fairgate.store.sqlite import SqliteQuotaStore
+from fairgate.store.sqlite.store import SqliteQuotaStore
 
 MIN = 60_000
 W = Window.FIVE_HOURS.ms

@@ -25,7 +25,7 @@ from fairgate.quota.journal import Circuit, Journal
 from fairgate.quota.model import Allocation, Dimension, Policy, Pool
 from fairgate.quota.ports import AdmitRequest, AdmitResult, CounterRef, PoolCounts, UsageItem
 from fairgate.quota.window import Count
-from fairgate.store.sqlite import SqliteQuotaStore
+from fairgate.store.sqlite.store import SqliteQuotaStore
 
 HOUR = 3_600_000
 REQ = Dimension(Unit.REQUESTS, Window.HOURLY, 10)
@@ -448,7 +448,7 @@ async def test_gateway_stop_replays_what_is_still_journaled(
     tmp_path: Path, clock: ManualClock
 ) -> None:
     """A graceful stop gives the journal one last replay before closing the store."""
-    from fairgate.server.state import Gateway
+    from fairgate.process.state import Gateway
 
     gw = Gateway(data_dir=tmp_path / "gw", env={}, clock=clock)
     await gw.start()

@@ -21,7 +21,7 @@ from fairgate.quota.engine import QuotaEngine, Ticket
 from fairgate.quota.model import Allocation, Dimension, Policy, Pool, ShareMode
 from fairgate.quota.ports import CounterRef
 from fairgate.quota.window import Count
-from fairgate.store.sqlite import SqliteQuotaStore
+from fairgate.store.sqlite.store import SqliteQuotaStore
 
 T0 = 1_700_002_800_000
 HOUR = 3_600_000

@@ -114,7 +114,7 @@ async def test_sqlite_synchronous_setting(tmp_path: Path, caplog: pytest.LogCapt
 
 
 def test_sqlite_store_rejects_unknown_synchronous(tmp_path: Path) -> None:
-    from fairgate.store.sqlite import SqliteQuotaStore
+    from fairgate.store.sqlite.store import SqliteQuotaStore
 
     with pytest.raises(ValueError, match="synchronous"):
         SqliteQuotaStore(tmp_path / "d.sqlite", synchronous="sometimes")

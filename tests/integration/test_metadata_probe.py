@@ -18,8 +18,8 @@ import httpx
 from tcp_cut import TcpCut
 
 from fairgate.config import parse_config
+from fairgate.process.state import Gateway
 from fairgate.server.app import create_app
-from fairgate.server.state import Gateway
 
 ADMIN_KEY = "fg-admin-probe-key-0123456789abcdef"
 ADMIN = {"authorization": f"Bearer {ADMIN_KEY}"}

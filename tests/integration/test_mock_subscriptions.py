@@ -16,8 +16,8 @@ import pytest_asyncio
 
 from fairgate.clock import ManualClock
 from fairgate.domain.readings import WindowReading, parse_rate_limit_headers
-from fairgate.providers.mock import CODEX_PATH, MockConfig, MockUpstream
-from fairgate.providers.mock_oauth import OAUTH_BETA
+from fairgate.mock.oauth import OAUTH_BETA
+from fairgate.mock.server import CODEX_PATH, MockConfig, MockUpstream
 
 SECRET = "sk-mock-sub-secret-0123456789"
 TOKENS = 10

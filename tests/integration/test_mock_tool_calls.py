@@ -12,8 +12,8 @@ import anthropic
 import openai
 import pytest_asyncio
 
-from fairgate.providers.mock import MockConfig, MockUpstream
-from fairgate.providers.mock_script import parse_calls
+from fairgate.mock.script import parse_calls
+from fairgate.mock.server import MockConfig, MockUpstream
 
 SECRET = "sk-mock-tools-secret-0123456789"
 SCRIPT = 'do it\nmock-tool Bash {"command": "echo a"}\nmock-tool Bash {"command": "echo b"}'

@@ -26,8 +26,8 @@ import openai
 import pytest
 import pytest_asyncio
 
-from fairgate.providers.mock import MockConfig, MockUpstream
-from fairgate.providers.mock_faults import FaultSpecError, go_duration, parse_fault
+from fairgate.mock.faults import FaultSpecError, go_duration, parse_fault
+from fairgate.mock.server import MockConfig, MockUpstream
 
 SECRET = "sk-mock-test-secret-0123456789"
 WRONG = "sk-wrong-key-should-never-be-echoed"
@@ -809,7 +809,7 @@ async def test_chunk_delay(mock: MockUpstream, oai: openai.AsyncOpenAI) -> None:
 
 def test_run_mock_upstream_until_sigterm() -> None:
     code = (
-        "from fairgate.providers.mock import MockConfig, run_mock_upstream\n"
+        "from fairgate.mock.server import MockConfig, run_mock_upstream\n"
         "run_mock_upstream('127.0.0.1', 0, MockConfig(completion_tokens=2))\n"
     )
     with subprocess.Popen(

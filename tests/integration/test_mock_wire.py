@@ -22,8 +22,8 @@ import pytest_asyncio
 from openai.types.responses import ResponseStreamEvent
 from pydantic import TypeAdapter
 
-from fairgate.providers.mock import MockConfig, MockUpstream
-from fairgate.providers.sse import SSEParser
+from fairgate.formats.sse import SSEParser
+from fairgate.mock.server import MockConfig, MockUpstream
 
 WEATHER = {
     "type": "object",

@@ -10,7 +10,7 @@ from pathlib import Path
 from fairgate.clock import ManualClock
 from fairgate.db.oauth_tokens import FileRefreshLock, FileTokenStore
 from fairgate.domain.tokens import TokenSet
-from fairgate.providers.mock_oauth import MockTokenIssuer
+from fairgate.mock.oauth import MockTokenIssuer
 from fairgate.providers.oauth import OAuthTokens, RefreshRejected
 from fairgate.secretbox import SecretBox
 

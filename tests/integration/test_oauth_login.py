@@ -25,11 +25,11 @@ from fairgate.admin_cli.credentials import login_fields
 from fairgate.cli import app as cli_app
 from fairgate.clock import ManualClock
 from fairgate.config import load_config_text
-from fairgate.providers.mock import MockUpstream
+from fairgate.mock.server import MockUpstream
+from fairgate.process.oauth_setup import start_oauth
+from fairgate.process.state import Gateway
 from fairgate.providers.upstream import UpstreamClient
 from fairgate.server.app import create_app
-from fairgate.server.oauth_setup import start_oauth
-from fairgate.server.state import Gateway
 
 ADMIN = "adm-oauth-login-test-key-000000000"
 KEY = "fg-" + secrets.token_urlsafe(24)

@@ -17,12 +17,12 @@ from fairgate.config import load_config_text
 from fairgate.db.oauth_redis import RedisRefreshLock, RedisTokenStore
 from fairgate.db.oauth_tokens import FileTokenStore
 from fairgate.domain.tokens import TokenSet
-from fairgate.providers.mock_oauth import MockTokenIssuer
+from fairgate.mock.oauth import MockTokenIssuer
+from fairgate.process.oauth_setup import start_oauth
+from fairgate.process.state import Gateway
 from fairgate.providers.oauth import OAuthTokens, RefreshRejected
 from fairgate.providers.upstream import UpstreamClient
 from fairgate.secretbox import ENV_VAR, SecretBox
-from fairgate.server.oauth_setup import start_oauth
-from fairgate.server.state import Gateway
 
 KEY = SecretBox.generate_key()
 

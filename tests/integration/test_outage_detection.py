@@ -18,14 +18,14 @@ import pytest_asyncio
 
 from fairgate.clock import ManualClock
 from fairgate.domain.units import Unit, Window
+from fairgate.path.attempt import quota_headers
 from fairgate.quota.decision import Outcome
 from fairgate.quota.engine import ADMIT_ATTEMPTS, QuotaEngine
 from fairgate.quota.journal import Circuit
 from fairgate.quota.model import Allocation, Dimension, Policy, Pool
 from fairgate.quota.ports import AdmitRequest, AdmitResult, CounterRef
-from fairgate.server.attempt import quota_headers
-from fairgate.store.redis import MAX_CONNECTIONS, WARM_POOL_CONNECTIONS, RedisQuotaStore
-from fairgate.store.sqlite import SqliteQuotaStore
+from fairgate.store.redis.store import MAX_CONNECTIONS, WARM_POOL_CONNECTIONS, RedisQuotaStore
+from fairgate.store.sqlite.store import SqliteQuotaStore
 
 HOUR = 3_600_000
 REQ = Dimension(Unit.REQUESTS, Window.HOURLY, 10)

@@ -18,15 +18,15 @@ import pytest_asyncio
 from rich.console import Console
 from tcp_cut import TcpCut
 
+from fairgate.admin.api import create_admin_app
 from fairgate.admin_cli.render import degraded_parts, health_view
 from fairgate.clock import ManualClock
 from fairgate.config import parse_config
 from fairgate.db.keys import KeyRepo
 from fairgate.db.pools import PoolRepo
 from fairgate.db.settings import SettingsRepo
-from fairgate.server.admin import create_admin_app
+from fairgate.process.state import Gateway
 from fairgate.server.app import create_app
-from fairgate.server.state import Gateway
 
 #: one key for the replicas sharing a PostgreSQL DB (a valid Fernet key)
 SHARED_SECRET_KEY = "dGVzdC1vbmx5LWtleS1mb3ItZmFpcmdhdGUtc3ViMTI="

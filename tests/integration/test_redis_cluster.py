@@ -162,7 +162,7 @@ async def test_shared_slot_leases_on_the_cluster(
 ) -> None:
     """The slot scripts (acquire, renew, release) each name one key, ``{slot:<connection>}``:
     connections whose leases sit on different masters keep their own caps."""
-    from fairgate.store.redis import RedisQuotaStore
+    from fairgate.store.redis.store import RedisQuotaStore
 
     store = RedisQuotaStore(redis_cluster_url, prefix=redis_cluster_prefix)
     try:

@@ -1,4 +1,4 @@
-"""The store's pipelined script connection (``store/redis_lane.py``) against a real Redis.
+"""The store's pipelined script connection (``store/redis/lane.py``) against a real Redis.
 
 What it promises: the calls of one loop turn go out in one write and each gets its own reply;
 a cancelled call leaves the others their replies and retires the connection; a connection
@@ -25,7 +25,7 @@ import uvloop
 from redis.exceptions import ResponseError
 from tcp_cut import TcpCut
 
-from fairgate.store.redis_lane import LaneScript, ScriptLane
+from fairgate.store.redis.lane import LaneScript, ScriptLane
 
 pytestmark = pytest.mark.redis
 

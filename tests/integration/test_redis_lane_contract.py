@@ -1,4 +1,4 @@
-"""``store/redis_lane.py`` against redis-py, the library it stands in for on the hot path (issue
+"""``store/redis/lane.py`` against redis-py, the library it stands in for on the hot path (issue
 47, item 5): the same ``EVALSHA`` with the same keys and arguments gives the same reply, of the
 same type, or the same error, of the same class and text, through the lane and through
 redis-py's own ``evalsha``, on a real Redis, with and without ``decode_responses``."""
@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import redis.asyncio
 
-from fairgate.store.redis_lane import LaneScript, ScriptLane
+from fairgate.store.redis.lane import LaneScript, ScriptLane
 
 pytestmark = pytest.mark.redis
 

@@ -33,7 +33,7 @@ from fairgate.quota.ports import (
     UsageItem,
 )
 from fairgate.quota.window import Count
-from fairgate.store.redis import RedisQuotaStore
+from fairgate.store.redis.store import RedisQuotaStore
 
 pytestmark = pytest.mark.redis
 

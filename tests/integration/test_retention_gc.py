@@ -14,8 +14,8 @@ import pytest
 from fairgate.clock import ManualClock
 from fairgate.config import parse_config
 from fairgate.domain.units import Unit
+from fairgate.process.state import Gateway
 from fairgate.quota.retention import INTERVAL_S, JITTER, START_JITTER_S, RetentionGc
-from fairgate.server.state import Gateway
 
 HOUR = 3_600_000
 DAY = 24 * HOUR

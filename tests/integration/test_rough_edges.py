@@ -17,11 +17,11 @@ from fairgate.cli import demo_identity
 from fairgate.clock import ManualClock
 from fairgate.config import parse_config
 from fairgate.domain.units import Unit, Window
+from fairgate.process.state import Gateway
 from fairgate.quota.engine import QuotaEngine
 from fairgate.quota.model import Allocation, Dimension, ModelCap, Policy, Pool
 from fairgate.server.app import create_app
-from fairgate.server.state import Gateway
-from fairgate.store.sqlite import SqliteQuotaStore
+from fairgate.store.sqlite.store import SqliteQuotaStore
 
 ADMIN = "adm-rough-edges"
 ALICE = "fg-alice-secret-0123456789"

@@ -19,8 +19,8 @@ from fairgate.db.repos import load_registry
 from fairgate.db.schema import MIGRATIONS
 from fairgate.db.sealing import prepare_secrets
 from fairgate.domain.connections import Connection
+from fairgate.process.state import Gateway
 from fairgate.secretbox import ENV_VAR, KEY_FILE, PREFIX, SecretBox, SecretKeyError
-from fairgate.server.state import Gateway
 
 UPSTREAM = "sk-live-UPSTREAM-never-in-clear-0001"
 

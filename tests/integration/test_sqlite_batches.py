@@ -2,7 +2,7 @@
 it is exact once whoever folds it and wherever a crash falls.
 
 The memory mode's commits append batches to ``<database>.batches`` and fold them into the quota
-tables about once a second (:mod:`fairgate.store.sqlite_batches`); every process that opens the
+tables about once a second (:mod:`fairgate.store.sqlite.batches`); every process that opens the
 file folds first. These tests drive the pieces directly (no clock: a fold is asked for, or a
 fold interval far beyond the test keeps one from happening), and through a store.
 """
@@ -23,9 +23,7 @@ from fairgate.domain.units import Unit, Window
 from fairgate.quota.decision import compile_checks
 from fairgate.quota.model import Allocation, Dimension, Policy, Pool
 from fairgate.quota.ports import AdmitRequest, CounterRef, UsageItem
-from fairgate.store import sqlite_memory
-from fairgate.store.sqlite import SqliteQuotaStore
-from fairgate.store.sqlite_batches import (
+from fairgate.store.sqlite.batches import (
     FOLDED_SCHEMA,
     Batch,
     BatchJournal,
@@ -34,7 +32,9 @@ from fairgate.store.sqlite_batches import (
     replay,
     write_batch,
 )
-from fairgate.store.sqlite_owner import shared_connection
+from fairgate.store.sqlite.owner import shared_connection
+from fairgate.store.sqlite.store import SqliteQuotaStore
+from fairgate.store.sqlite.store import memory as sqlite_memory
 
 T0 = 1_700_002_800_000
 REQ = Dimension(Unit.REQUESTS, Window.HOURLY, 1_000_000)

@@ -28,8 +28,8 @@ from fairgate.quota.model import Allocation, Dimension, Policy, Pool
 from fairgate.quota.ports import AdmitRequest, CounterRef, UsageItem
 from fairgate.quota.window import Count
 from fairgate.store.factory import create_store
-from fairgate.store.sqlite import SqliteQuotaStore
-from fairgate.store.sqlite_owner import FileUse, shared_connection
+from fairgate.store.sqlite.owner import FileUse, shared_connection
+from fairgate.store.sqlite.store import SqliteQuotaStore
 
 T0 = 1_700_002_800_000
 REQ = Dimension(Unit.REQUESTS, Window.HOURLY, 1_000_000)

@@ -15,7 +15,7 @@ from fairgate.quota.decision import compile_checks
 from fairgate.quota.model import Allocation, Dimension, Policy, Pool
 from fairgate.quota.ports import AdmitRequest, CounterRef
 from fairgate.quota.window import Count
-from fairgate.store.sqlite import SqliteQuotaStore
+from fairgate.store.sqlite.store import SqliteQuotaStore
 
 #: Fixed instant handed to every worker (same as ``T0`` of tests/conftest.py): no clocks.
 NOW_MS = 1_700_002_800_000

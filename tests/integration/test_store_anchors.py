@@ -20,7 +20,7 @@ from fairgate.quota.decision import Outcome, Reason, compile_checks
 from fairgate.quota.model import Allocation, Dimension, Policy, Pool
 from fairgate.quota.ports import AdmitRequest, CounterRef, QuotaStore, UsageItem
 from fairgate.quota.window import Anchor, bucket_index, natural_index
-from fairgate.store.sqlite import SqliteQuotaStore
+from fairgate.store.sqlite.store import SqliteQuotaStore
 
 MIN = 60_000
 W = Window.FIVE_HOURS.ms
@@ -222,7 +222,7 @@ async def _anchored_scenario(store: QuotaStore) -> list[Any]:
 
 @pytest.mark.redis
 async def test_parity_anchored_windows(tmp_path: Path, redis_url: str, redis_prefix: str) -> None:
-    from fairgate.store.redis import RedisQuotaStore
+    from fairgate.store.redis.store import RedisQuotaStore
 
     sqlite_store = SqliteQuotaStore(tmp_path / "parity.sqlite")
     redis_store = RedisQuotaStore(redis_url, prefix=redis_prefix)

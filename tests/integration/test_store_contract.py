@@ -35,7 +35,7 @@ from fairgate.quota.ports import (
     UsageItem,
 )
 from fairgate.quota.window import Count, bucket_index
-from fairgate.store.sqlite import SqliteQuotaStore
+from fairgate.store.sqlite.store import SqliteQuotaStore
 
 #: The hour-aligned instant of ``tests/conftest.py`` (not importable from here: the tests
 #: directories are not packages); ``test_t0_is_the_shared_clock_start`` keeps the two equal.
@@ -758,7 +758,7 @@ def _flatten(final: Any) -> tuple[list[str], list[float]]:
 async def test_parity_same_scenario_gives_identical_decisions_and_counts(
     tmp_path: Path, redis_url: str, redis_prefix: str
 ) -> None:
-    from fairgate.store.redis import RedisQuotaStore
+    from fairgate.store.redis.store import RedisQuotaStore
 
     sqlite_store = SqliteQuotaStore(tmp_path / "parity.sqlite")
     redis_store = RedisQuotaStore(redis_url, prefix=redis_prefix)

@@ -28,9 +28,9 @@ from fairgate.config import load_config_text
 from fairgate.db.connection import open_db
 from fairgate.db.schema import MIGRATIONS
 from fairgate.db.settings import SettingsRepo, access_policy
-from fairgate.providers.mock import MockConfig, MockUpstream
+from fairgate.mock.server import MockConfig, MockUpstream
+from fairgate.process.state import Gateway
 from fairgate.server.app import create_app
-from fairgate.server.state import Gateway
 
 UP = "sk-upstream-tenancy-0123456789"
 ADMIN = "adm-tenancy-test-key"

@@ -13,11 +13,11 @@ import httpx
 import pytest
 import pytest_asyncio
 
+from fairgate.admin.api import create_admin_app
 from fairgate.cli import _free_port
 from fairgate.clock import Clock, ManualClock
-from fairgate.providers.mock import MockConfig, MockUpstream
-from fairgate.server.admin import create_admin_app
-from fairgate.server.state import Gateway
+from fairgate.mock.server import MockConfig, MockUpstream
+from fairgate.process.state import Gateway
 from fairgate.testclock import ShiftedClock
 
 ADMIN = "adm-clock-test"

@@ -22,10 +22,10 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from fairgate.config import load_config_text
-from fairgate.providers.mock import MockConfig, MockUpstream
-from fairgate.server import tracing
+from fairgate.mock.server import MockConfig, MockUpstream
+from fairgate.process import tracing
+from fairgate.process.state import Gateway
 from fairgate.server.app import create_app
-from fairgate.server.state import Gateway
 
 UP = "sk-upstream-tracing-0123456789"
 ALICE = "fg-alice-tracing-secret-0123456789"

@@ -14,11 +14,11 @@ And the gateway's own loop can fall behind: uvloop (libuv) runs the timers that 
 connection whose request already waits in the socket, unread; closing it would reset it.
 Deadlines look again once what waits is read.
 
-These tests drive :class:`~fairgate.server.wire.LimitedHttpToolsProtocol` on a loop whose clock
-and timers the test moves (:class:`ManualLoop`): "the loop is late" is a deadline that is due
-while the client's bytes wait unread in a real loopback socket, and "the loop reads" is the
-test handing those bytes to ``data_received``, in libuv's order (due timers first, then the
-sockets). No test waits for time to pass.
+These tests drive :class:`~fairgate.process.http_protocol.LimitedHttpToolsProtocol` on a loop
+whose clock and timers the test moves (:class:`ManualLoop`): "the loop is late" is a deadline
+that is due while the client's bytes wait unread in a real loopback socket, and "the loop
+reads" is the test handing those bytes to ``data_received``, in libuv's order (due timers
+first, then the sockets). No test waits for time to pass.
 """
 
 from __future__ import annotations
@@ -35,8 +35,8 @@ import pytest
 from uvicorn.config import Config
 from uvicorn.server import ServerState
 
-from fairgate.server.http_settings import HttpSettings
-from fairgate.server.wire import LimitedHttpToolsProtocol, protocol_for
+from fairgate.process.http_protocol import LimitedHttpToolsProtocol, protocol_for
+from fairgate.process.http_settings import HttpSettings
 
 HEAD_S = 10.0
 BODY_S = 60.0

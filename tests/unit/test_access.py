@@ -6,11 +6,11 @@ from __future__ import annotations
 from fairgate.domain.connections import Connection
 from fairgate.domain.keys import ClientKey, Denial
 from fairgate.domain.units import Unit, Window
+from fairgate.path.diagnostics import Diagnostics, Terminal, public_label, public_reason
 from fairgate.quota.model import Allocation, Dimension, Pool
 from fairgate.quota.usage import UNALLOCATED, build_usage
 from fairgate.quota.window import Count
-from fairgate.registry import Registry
-from fairgate.server.diagnostics import Diagnostics, Terminal, public_label, public_reason
+from fairgate.snapshot import Registry
 
 DIM = Dimension(Unit.REQUESTS, Window.HOURLY, 100)
 POOL = Pool(

@@ -1,4 +1,4 @@
-"""The body checks' quick paths (``server/bodies.py``): a field's rule accepts exactly what its
+"""The body checks' quick paths (``path/bodies.py``): a field's rule accepts exactly what its
 full check accepts, the first wrong field in the rules' order is named whatever order the client
 sent them in, and the depth walk refuses exactly past ``MAX_DEPTH``."""
 
@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from fairgate.server.bodies import (
+from fairgate.path.bodies import (
     CHAT_FIELDS,
     MAX_DEPTH,
     MESSAGES_FIELDS,
@@ -18,7 +18,7 @@ from fairgate.server.bodies import (
     check_fields,
     check_messages,
 )
-from fairgate.server.errors import ApiError
+from fairgate.process.errors import ApiError
 
 JSON_SCALARS = st.one_of(
     st.none(),

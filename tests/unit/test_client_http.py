@@ -1,4 +1,4 @@
-"""The ``/v1`` request as the edge hands it to a handler (``server/client_http.py``) and how its
+"""The ``/v1`` request as the edge hands it to a handler (``process/client_http.py``) and how its
 body is read (``bodies.read_body``): headers decoded once, the body straight from ``receive``."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 from starlette.responses import Response, StreamingResponse
 
-from fairgate.server.bodies import read_body
-from fairgate.server.client_http import Answer, ClientRequest, Later, StreamAnswer, decode_headers
-from fairgate.server.errors import ApiError
+from fairgate.path.bodies import read_body
+from fairgate.process.client_http import Answer, ClientRequest, Later, StreamAnswer, decode_headers
+from fairgate.process.errors import ApiError
 
 
 def test_headers_keep_the_first_value_of_a_repeated_name_and_decode_latin1() -> None:

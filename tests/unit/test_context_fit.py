@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from fairgate.path.context_fit import compress_messages, window_of
 from fairgate.providers.context_windows import context_window
-from fairgate.server.context_fit import compress_messages, window_of
 
 
 def user(text: str) -> dict[str, Any]:

@@ -57,9 +57,9 @@ def _served(tmp_path: Path) -> set[tuple[str, str]]:
     under ``/api``, from the app itself."""
     from starlette.routing import Mount, Route
 
-    from fairgate.server.admin_testing import router as testing_router
+    from fairgate.admin.testing import router as testing_router
+    from fairgate.process.state import Gateway
     from fairgate.server.app import create_app
-    from fairgate.server.state import Gateway
 
     app = create_app(Gateway(data_dir=tmp_path, env={}))
     out: set[tuple[str, str]] = set()

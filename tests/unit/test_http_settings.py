@@ -5,15 +5,15 @@ from __future__ import annotations
 import pytest
 from starlette.requests import Request
 
-from fairgate.server.guards import AdminBackoff, KeyRateGuard
-from fairgate.server.http_settings import (
+from fairgate.process.guards import AdminBackoff, KeyRateGuard
+from fairgate.process.http_settings import (
     HttpSettings,
     SettingsError,
     TrustedProxies,
     admin_key_problem,
     host_allowed,
 )
-from fairgate.server.metrics import metrics_access_problem
+from fairgate.process.metrics import metrics_access_problem
 
 
 def test_defaults_are_bounded() -> None:

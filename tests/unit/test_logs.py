@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from fairgate.server.logs import (
+from fairgate.process.logs import (
     REDACTOR,
     REQUEST_ID,
     JsonFormatter,
@@ -176,7 +176,7 @@ def test_configure_logging_replaces_its_own_handler() -> None:
 # -- request ids ---------------------------------------------------------------------------
 
 _ID_SCRIPT = (
-    "from fairgate.server.logs import new_request_id\n"
+    "from fairgate.process.logs import new_request_id\n"
     "print('\\n'.join(new_request_id() for _ in range(2000)))\n"
 )
 

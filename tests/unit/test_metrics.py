@@ -15,10 +15,7 @@ from starlette.responses import Response
 
 from fairgate.domain.connections import Connection
 from fairgate.domain.keys import ClientKey
-from fairgate.quota.decision import Outcome, Reason
-from fairgate.quota.engine import Admission
-from fairgate.registry import Registry
-from fairgate.server.metrics import (
+from fairgate.process.metrics import (
     FastCounter,
     FastHistogram,
     Metrics,
@@ -26,6 +23,9 @@ from fairgate.server.metrics import (
     SharedCells,
     gauges_from_snapshot,
 )
+from fairgate.quota.decision import Outcome, Reason
+from fairgate.quota.engine import Admission
+from fairgate.snapshot import Registry
 
 REG = Registry.build(
     [

@@ -8,8 +8,8 @@ import re
 import pytest
 
 from fairgate.domain.connections import Connection
-from fairgate.registry import Registry
 from fairgate.routing.aliases import ModelAlias, ModelAliases, parse_aliases
+from fairgate.snapshot import Registry
 
 
 def _registry(*aliases: tuple[str, str]) -> Registry:

@@ -9,7 +9,7 @@ import pytest
 from fairgate.clock import ManualClock
 from fairgate.domain.connections import AuthType, Connection
 from fairgate.domain.tokens import TokenSet
-from fairgate.providers.mock_oauth import MockTokenIssuer
+from fairgate.mock.oauth import MockTokenIssuer
 from fairgate.providers.oauth import (
     LocalRefreshLock,
     MemoryTokenStore,

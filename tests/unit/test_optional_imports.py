@@ -127,7 +127,7 @@ def test_tracing_without_its_extra_says_which_extra_to_install() -> None:
             return real_import(name, *a, **k)
         builtins.__import__ = fake
         logging.basicConfig(level=logging.WARNING, stream=sys.stdout, format="%(message)s")
-        from fairgate.server import tracing
+        from fairgate.process import tracing
         on = tracing.configure_from_env({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4318"})
         print("ON" if on else "OFF")
         """

@@ -1,11 +1,11 @@
-"""Per-window percent attribution from provider readings (fairgate.server.provider_signals)."""
+"""Per-window percent attribution from provider readings (fairgate.path.provider_signals)."""
 
 from __future__ import annotations
 
 import pytest
 
 from fairgate.clock import ManualClock
-from fairgate.server.provider_signals import PercentCharge, ProviderSignals
+from fairgate.path.provider_signals import PercentCharge, ProviderSignals
 
 
 def codex(five: float, week: float) -> dict[str, str]:

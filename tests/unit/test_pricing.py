@@ -1,4 +1,4 @@
-"""Price table lookups, overrides and cost (fairgate.providers.pricing)."""
+"""Price table lookups, overrides and cost (fairgate.formats.pricing)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from fairgate.providers.pricing import DEFAULT_PRICES, Price, PriceTable
-from fairgate.providers.usage import Usage
+from fairgate.formats.pricing import DEFAULT_PRICES, Price, PriceTable
+from fairgate.formats.usage import Usage
 
 TABLE = PriceTable()
 

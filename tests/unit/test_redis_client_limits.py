@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from fairgate.store.factory import DEFAULT_REDIS_TIMEOUT_MS, redis_timeout_ms
-from fairgate.store.redis import MAX_CONNECTIONS, RedisQuotaStore
+from fairgate.store.redis.store import MAX_CONNECTIONS, RedisQuotaStore
 
 
 def test_timeout_knob_default_value_and_range(caplog: pytest.LogCaptureFixture) -> None:

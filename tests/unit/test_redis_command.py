@@ -7,7 +7,7 @@ from __future__ import annotations
 import hiredis
 import pytest
 
-from fairgate.store.redis_lane import command
+from fairgate.store.redis.lane import command
 
 SHA = b"0123456789abcdef0123456789abcdef01234567"
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 import dataclasses
 
 from fairgate.domain.connections import Connection, Protocol
+from fairgate.path.call import PlainCandidates
 from fairgate.providers.upstream import _PER_CONNECTION, upstream_headers
-from fairgate.registry import Registry
-from fairgate.server.call import PlainCandidates
+from fairgate.snapshot import Registry
 
 
 def _conn(cid: str, weight: float = 1.0, **kw: object) -> Connection:

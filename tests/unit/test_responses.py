@@ -1,4 +1,4 @@
-"""Responses API translation (fairgate.providers.responses / responses_upstream).
+"""Responses API translation (fairgate.formats.responses / responses_upstream).
 
 The shapes are checked against the official ``openai`` SDK's own types (strict pydantic
 validation of ``Response`` and every stream event), not against hand-written expectations.
@@ -12,18 +12,18 @@ import pytest
 from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter
 
-from fairgate.providers.responses import (
+from fairgate.formats.responses import (
     ChatToResponsesStream,
     ResponsesInputError,
     chat_to_responses_response,
     responses_to_chat_request,
 )
-from fairgate.providers.responses_upstream import (
+from fairgate.formats.responses_upstream import (
     ResponsesToChatStream,
     chat_from_completed,
     chat_to_responses_request,
 )
-from fairgate.providers.usage import Usage
+from fairgate.formats.usage import Usage
 
 EVENTS: TypeAdapter[Any] = TypeAdapter(ResponseStreamEvent)
 TOOL = {

@@ -8,7 +8,7 @@ from typing import Any
 
 import orjson
 
-from fairgate.providers.responses import (
+from fairgate.formats.responses import (
     ChatToResponsesStream,
     chat_to_responses_response,
     omitted_tools,

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from fairgate.server.client_http import Later, StreamAnswer
-from fairgate.server.edge import SendDeadline, send_stream
+from fairgate.process.client_http import Later, StreamAnswer
+from fairgate.process.edge import SendDeadline, send_stream
 from fairgate.timers import ManualTimer
 
 

@@ -370,8 +370,8 @@ def test_only_a_usage_limit_code_saturates_the_limit_bucket(clock: ManualClock) 
     a 429 whose quota reading came from its text, with a Retry-After, does not."""
     import orjson
 
+    from fairgate.path.provider_signals import ProviderSignals
     from fairgate.resilience.classify import classify
-    from fairgate.server.provider_signals import ProviderSignals
 
     sig = ProviderSignals(clock)
     now = clock.now_ms()

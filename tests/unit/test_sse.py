@@ -1,4 +1,4 @@
-"""Incremental SSE parsing and encoding (fairgate.providers.sse)."""
+"""Incremental SSE parsing and encoding (fairgate.formats.sse)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from fairgate.providers.sse import SSEEvent, SSEParser, encode_event
+from fairgate.formats.sse import SSEEvent, SSEParser, encode_event
 
 STREAM = (
     b": keep-alive comment\n"

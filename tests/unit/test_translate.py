@@ -21,9 +21,9 @@ from openai.types.chat.completion_create_params import (
 )
 from pydantic import TypeAdapter
 
-from fairgate.providers.responses_upstream import chat_to_responses_request
-from fairgate.providers.sse import SSEParser, encode_event
-from fairgate.providers.translate import (
+from fairgate.formats.responses_upstream import chat_to_responses_request
+from fairgate.formats.sse import SSEParser, encode_event
+from fairgate.formats.translate import (
     AnthropicToOpenAIStream,
     CannotCarry,
     OpenAIToAnthropicStream,
@@ -32,7 +32,7 @@ from fairgate.providers.translate import (
     openai_to_anthropic_request,
     openai_to_anthropic_response,
 )
-from fairgate.providers.usage import Usage
+from fairgate.formats.usage import Usage
 
 EVENT = TypeAdapter[Any](RawMessageStreamEvent)
 AN_REQ = TypeAdapter[Any](MessageCreateParamsNonStreaming)

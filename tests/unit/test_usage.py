@@ -1,4 +1,4 @@
-"""Usage readers and the prompt estimate (fairgate.providers.usage)."""
+"""Usage readers and the prompt estimate (fairgate.formats.usage)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from fairgate.providers.usage import (
+from fairgate.formats.usage import (
     IMAGE_TOKENS,
     Usage,
     estimate_prompt_tokens,

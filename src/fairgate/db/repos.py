@@ -30,10 +30,10 @@ from fairgate.db.seeding import (
     seed_from_config,
 )
 from fairgate.db.settings import SettingsRepo, access_policy, model_aliases
-from fairgate.registry import Registry
 from fairgate.routing.aliases import ModelAlias, ModelAliases
 from fairgate.routing.model import ComboConfig
 from fairgate.secretbox import SecretBox
+from fairgate.snapshot import Registry
 
 log = logging.getLogger("fairgate.db")
 

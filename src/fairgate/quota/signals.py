@@ -192,7 +192,7 @@ class SaturationSignals:
         because a pool's members share one plan and the first to fill limits the pool.
 
         Every governed admission asks, and a connection's reading changes at most once a
-        second (:class:`~fairgate.server.provider_signals.ProviderSignals` parses no more
+        second (:class:`~fairgate.path.provider_signals.ProviderSignals` parses no more
         often), so the answer is kept per pool shape and given again until a reading changes
         or the oldest one it was built from expires: a version check and a clock read instead
         of a walk of the readings. The answer is shared: callers only read it."""

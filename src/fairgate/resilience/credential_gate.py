@@ -11,7 +11,7 @@ the reason an admin must act on ("log in again") is the same one ``/health``, th
 and ``fairgate connections`` show.
 
 This module is the pure core, over plain data (:class:`CredentialFacts` in,
-:class:`CredentialVerdict` out); the gateway's adapter (``fairgate.server.credentials``)
+:class:`CredentialVerdict` out); the gateway's adapter (``fairgate.process.credentials``)
 gathers the facts from the connection and the OAuth token lifecycle. Every credential kind
 goes through the same function, and every target loop (plain models, quota-share, user
 combos, the combo pipeline) calls the same stage.

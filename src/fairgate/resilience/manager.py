@@ -25,7 +25,7 @@ must not open on what one tenant can cause on purpose — long generations that 
 upstream timeout, streams it stalls until the upstream cuts them, 408/5xx its content provokes.
 The caller says whether the request explains a failure (``request_explained``: its output
 bound or size, or how long it ran, accounts for the timeout or break; see
-``server/attempt.py``). Such a failure is that request's alone: no connection cooldown. Every
+``path/attempt.py``). Such a failure is that request's alone: no connection cooldown. Every
 provider failure still enters the breaker's window, but the breaker may open only when the
 window's failures are witnessed by :data:`BREAKER_WITNESSES` distinct client keys, or when one
 of them is not explained by its request (a connect failure, a 5xx on a small quick request).
@@ -134,7 +134,7 @@ _NO_KEY: Final = "-"
 #: Stands for a failure no request explains, among a breaker's witnesses: enough on its own.
 _UNEXPLAINED: Final = "\x00unexplained"
 #: The key id a shadow copy of a request is sent under is its client key's id plus this
-#: (:mod:`fairgate.server.pipeline`): it names the copy in causes and logs, but a shadow is the
+#: (:mod:`fairgate.path.combos`): it names the copy in causes and logs, but a shadow is the
 #: same client, never a second witness for :data:`PERMANENT_QUORUM` (issue 43, N9).
 SHADOW_KEY_SUFFIX: Final = "~shadow"
 _DIMENSIONS: Final = ("requests", "tokens", "input_tokens", "output_tokens")

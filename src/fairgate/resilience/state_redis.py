@@ -85,7 +85,7 @@ SNAPSHOT_LIMIT: Final = 10_000
 DEFAULT_MAX_CONNECTIONS: Final = 64
 POOL_TIMEOUT_S: Final = 5.0
 #: Read timeout of the store's own connections (the connect timeout is half of it); the same as
-#: the quota store's default (see ``fairgate.store.redis``).
+#: the quota store's default (see ``fairgate.store.redis.store``).
 SOCKET_TIMEOUT_S: Final = 1.0
 #: A watched store answers reads from memory only while its watcher confirmed the shared version
 #: this recently (by the store's clock): the bound on how late a replica honours another's write.

@@ -19,24 +19,25 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Mount, Route
 
+from fairgate.admin.api import create_admin_app
+from fairgate.admin.common import error_response as admin_error_response
+from fairgate.admin.dashboard import dashboard_mount
+from fairgate.formats.pricing import PriceTable
+from fairgate.path import proxy, responses_edge
+from fairgate.path.call import Services
+from fairgate.path.provider_signals import ProviderSignals
+from fairgate.process import credentials, tracing
+from fairgate.process.edge import FastRoute, GatewayApp, SendDeadline, internal_error, via_router
+from fairgate.process.errors import ApiError, error_response
+from fairgate.process.http_settings import HttpSettings
+from fairgate.process.logs import REDACTOR
+from fairgate.process.metrics import Metrics, metrics_endpoint
+from fairgate.process.oauth_setup import start_oauth
+from fairgate.process.state import Gateway
 from fairgate.providers.oauth import AuthHealth, OAuthTokens
-from fairgate.providers.pricing import PriceTable
 from fairgate.providers.transport import Upstream
 from fairgate.providers.upstream import UpstreamClient
 from fairgate.quota.model import unenforced_pools
-from fairgate.server import credentials, proxy, responses_edge, tracing
-from fairgate.server.admin import create_admin_app
-from fairgate.server.admin_common import error_response as admin_error_response
-from fairgate.server.call import Services
-from fairgate.server.dashboard import dashboard_mount
-from fairgate.server.edge import FastRoute, GatewayApp, SendDeadline, internal_error, via_router
-from fairgate.server.errors import ApiError, error_response
-from fairgate.server.http_settings import HttpSettings
-from fairgate.server.logs import REDACTOR
-from fairgate.server.metrics import Metrics, metrics_endpoint
-from fairgate.server.oauth_setup import start_oauth
-from fairgate.server.provider_signals import ProviderSignals
-from fairgate.server.state import Gateway
 
 Hook = Callable[[], Awaitable[None]]
 

@@ -10,7 +10,7 @@ transaction or one Lua script, so limits stay exact), metadata in ``fairgate.sql
 PostgreSQL, whose change counter every worker follows (fairgate.db.watch), and resilience
 state in the metadata DB or Redis. ``/metrics`` answers for the whole group, whichever worker
 takes the scrape: each worker writes its counts to a file in a directory made here for the run
-and removed with it (server/metrics.py).
+and removed with it (process/metrics.py).
 """
 
 from __future__ import annotations
@@ -25,12 +25,12 @@ from starlette.applications import Starlette
 
 from fairgate import environment
 from fairgate.config import Config, load_config
+from fairgate.process.http_protocol import server_options
+from fairgate.process.http_settings import HttpSettings
+from fairgate.process.logs import configure_from_env
+from fairgate.process.metrics import METRICS_DIR_ENV
+from fairgate.process.state import Gateway
 from fairgate.server.app import create_app
-from fairgate.server.http_settings import HttpSettings
-from fairgate.server.logs import configure_from_env
-from fairgate.server.metrics import METRICS_DIR_ENV
-from fairgate.server.state import Gateway
-from fairgate.server.wire import server_options
 from fairgate.testclock import process_clock
 
 #: How the parent tells each worker what to serve (JSON: config path, data dir, bind address).
@@ -70,7 +70,7 @@ def run_workers(
     drain_s: int = 30,
 ) -> None:
     """Serve with ``workers`` processes until stopped (blocks). Each worker gets the same HTTP
-    edge limits, clock and drain timeout as a single process (server/wire.py)."""
+    edge limits, clock and drain timeout as a single process (process/http_protocol.py)."""
     import uvicorn
 
     spec = {

@@ -144,13 +144,13 @@ async def _open_store(
 ) -> tuple[QuotaStore, str | None]:
     """A store for one scenario (and the Redis prefix to clean up afterwards)."""
     if driver == "sqlite":
-        from fairgate.store.sqlite import SqliteQuotaStore
+        from fairgate.store.sqlite.store import SqliteQuotaStore
 
         os.makedirs(data_dir, exist_ok=True)  # a blocking call, once per scenario
         return SqliteQuotaStore(data_dir / f"{name}.sqlite"), None
     if driver != "redis":
         raise SimError(f"unknown driver {driver!r} (use sqlite or redis)")
-    from fairgate.store.redis import RedisQuotaStore
+    from fairgate.store.redis.store import RedisQuotaStore
 
     url = redis_url or "redis://127.0.0.1:6379/0"
     prefix = f"fgsim-{uuid.uuid4().hex[:12]}"

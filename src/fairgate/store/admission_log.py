@@ -182,7 +182,7 @@ class RedisLogBackend:
         max_age_ms: int = MAX_AGE_MS,
     ) -> None:
         from fairgate.backends.redis_client import async_client
-        from fairgate.store.redis import script_source
+        from fairgate.store.redis.store import script_source
 
         if per_pool < 1 or max_age_ms < 1:
             raise ValueError("per_pool and max_age_ms must be positive")
@@ -223,7 +223,7 @@ class RedisLogBackend:
         whole nodes, so a pool that went quiet keeps week-old events until its TTL; this bounds
         them by age on the retention GC's schedule. Found by a SCAN of stream keys under the
         prefix. Returns the entries removed."""
-        from fairgate.store.redis import _glob_escape
+        from fairgate.store.redis.store import _glob_escape
 
         head = f"{self._prefix}:{{"
         pattern = _glob_escape(head) + "*}:log"

@@ -16,14 +16,14 @@ from typing import Any
 from fairgate import environment
 from fairgate.files import private_sqlite
 from fairgate.quota.ports import QuotaStore
-from fairgate.store.sqlite import (
+from fairgate.store.sqlite.memory import DEFAULT_FLUSH_MS
+from fairgate.store.sqlite.store import (
     DEFAULT_MODE,
     MAX_FLUSH_MS,
     MODES,
     SYNCHRONOUS_MODES,
     SqliteQuotaStore,
 )
-from fairgate.store.sqlite_memory import DEFAULT_FLUSH_MS
 
 log = logging.getLogger("fairgate.store")
 
@@ -166,7 +166,7 @@ async def _try_redis(
     url = redis_url(env, db)
     if not url:
         return "QUOTA_STORE_REDIS_URL is not set"
-    from fairgate.store.redis import RedisQuotaStore
+    from fairgate.store.redis.store import RedisQuotaStore
 
     try:
         timeout_s = redis_timeout_ms(env) / 1000.0

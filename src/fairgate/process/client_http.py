@@ -1,0 +1,139 @@
+"""What a ``/v1`` handler takes and returns: the client's request and its answer.
+
+Starlette's ``Request`` decodes the raw header list again on every lookup (four per request on
+the hot path: authorization, x-api-key, content-length, then the pin and forwarded headers), and
+reads the body through an async generator over ``receive``. :class:`ClientRequest` is built by
+the edge (:mod:`fairgate.process.edge`) from the one pass it makes over the headers anyway: a
+plain dict of the decoded headers, and the ASGI ``receive`` for the body and the disconnect.
+It has only what the request path reads; the admin API, the dashboard, ``/health`` and
+``/metrics`` keep Starlette's.
+
+The answers are Starlette's ``Response`` and ``StreamingResponse`` (what the combos, the
+Responses API edge and Starlette's router handle), built without Starlette's per-answer header
+normalisation and background-task inspection, and carrying the two facts the request's metrics
+need (the serving connection, the gateway's own time) as attributes instead of headers to be
+parsed back. What goes on the wire is what Starlette would send for the same arguments: the
+given headers (names lower-cased), then ``content-length`` and ``content-type`` unless given.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterable, Awaitable, Callable, Mapping, Sequence
+from typing import Any
+
+from starlette.background import BackgroundTask
+from starlette.responses import Response, StreamingResponse
+from starlette.types import Receive, Scope
+
+__all__ = ["Answer", "ClientRequest", "Later", "StreamAnswer", "decode_headers"]
+
+_JSON = (b"content-type", b"application/json")
+#: what Starlette sends for ``media_type="text/event-stream"`` (a text type gets a charset)
+_SSE = (b"content-type", b"text/event-stream; charset=utf-8")
+
+
+def decode_headers(raw: Sequence[tuple[bytes, bytes]]) -> dict[str, str]:
+    """The ASGI header list (lower-case names) as a dict, latin-1 decoded as Starlette decodes
+    them. A header sent twice keeps its first value, as Starlette's ``headers.get`` answers."""
+    return {k.decode("latin-1"): v.decode("latin-1") for k, v in reversed(raw)}
+
+
+class ClientRequest:
+    """One client request: its ASGI scope and ``receive``, its headers decoded once (lower-case
+    names; the first value of a repeated header), and the application serving it (whose
+    ``state`` holds the long-lived services)."""
+
+    __slots__ = ("app", "headers", "receive", "scope")
+
+    def __init__(self, scope: Scope, receive: Receive, headers: dict[str, str], app: Any) -> None:
+        self.scope = scope
+        self.receive = receive
+        self.headers = headers
+        self.app = app
+
+    @classmethod
+    def of_scope(cls, scope: Scope, receive: Receive, app: Any) -> ClientRequest:
+        """A request straight from an ASGI scope (the router's way in: a HEAD for a GET route)."""
+        return cls(scope, receive, decode_headers(scope["headers"]), app)
+
+
+class Later(BackgroundTask):
+    """Starlette's ``BackgroundTask`` for a function that returns an awaitable (a coroutine
+    function, or a traced one), without the inspection Starlette's runs for every answer to
+    tell coroutine functions from functions it must run in a thread."""
+
+    def __init__(self, func: Callable[..., Awaitable[Any]], *args: Any) -> None:
+        # the attributes Starlette's __init__ sets (typed there by its ParamSpec)
+        self.func = func
+        self.args = args  # type: ignore[assignment]
+        self.kwargs = {}  # type: ignore[assignment]
+        self.is_async = True
+
+
+def _raw(
+    headers: Mapping[str, str] | None, length: int | None, content_type: tuple[bytes, bytes]
+) -> list[tuple[bytes, bytes]]:
+    """The header list Starlette's ``init_headers`` builds: the given headers, names
+    lower-cased, then a content length (``length`` None: none) and the content type unless
+    they were given."""
+    if not headers:
+        raw: list[tuple[bytes, bytes]] = []
+        if length is not None:
+            raw.append((b"content-length", str(length).encode("latin-1")))
+        raw.append(content_type)
+        return raw
+    raw = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
+    names = {name for name, _ in raw}
+    if length is not None and b"content-length" not in names:
+        raw.append((b"content-length", str(length).encode("latin-1")))
+    if b"content-type" not in names:
+        raw.append(content_type)
+    return raw
+
+
+class Answer(Response):
+    """A whole JSON answer (a success or an error). ``served_by``: the connection that served
+    it; ``overhead_ms``: the time the gateway itself added (both None on an error)."""
+
+    media_type = "application/json"
+
+    def __init__(
+        self,
+        body: bytes,
+        status_code: int = 200,
+        headers: Mapping[str, str] | None = None,
+        background: BackgroundTask | None = None,
+        *,
+        served_by: str | None = None,
+        overhead_ms: float | None = None,
+    ) -> None:
+        self.status_code = status_code
+        self.body = body
+        self.background = background
+        # Starlette sends no length on a 1xx, 204 or 304 (no JSON answer has those)
+        bodiless = status_code < 200 or status_code in (204, 304)
+        self.raw_headers = _raw(headers, None if bodiless else len(body), _JSON)
+        self.served_by = served_by
+        self.overhead_ms = overhead_ms
+
+
+class StreamAnswer(StreamingResponse):
+    """A streamed answer (server-sent events); ``served_by`` and ``overhead_ms`` as
+    :class:`Answer`'s."""
+
+    media_type = "text/event-stream"
+
+    def __init__(
+        self,
+        chunks: AsyncIterable[bytes],
+        headers: Mapping[str, str] | None = None,
+        *,
+        served_by: str | None = None,
+        overhead_ms: float | None = None,
+    ) -> None:
+        self.body_iterator = chunks
+        self.status_code = 200
+        self.background = None
+        self.raw_headers = _raw(headers, None, _SSE)
+        self.served_by = served_by
+        self.overhead_ms = overhead_ms
