@@ -23,6 +23,7 @@ from fairgate.domain.units import Unit, Window
 from fairgate.quota.decision import compile_checks
 from fairgate.quota.model import Allocation, Dimension, Policy, Pool
 from fairgate.quota.ports import AdmitRequest, CounterRef, UsageItem
+from fairgate.store.sqlite import memory as sqlite_memory
 from fairgate.store.sqlite.batches import (
     FOLDED_SCHEMA,
     Batch,
@@ -34,7 +35,6 @@ from fairgate.store.sqlite.batches import (
 )
 from fairgate.store.sqlite.owner import shared_connection
 from fairgate.store.sqlite.store import SqliteQuotaStore
-from fairgate.store.sqlite.store import memory as sqlite_memory
 
 T0 = 1_700_002_800_000
 REQ = Dimension(Unit.REQUESTS, Window.HOURLY, 1_000_000)
