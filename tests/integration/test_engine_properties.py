@@ -17,8 +17,9 @@ from hypothesis import strategies as st
 
 from fairgate.clock import ManualClock
 from fairgate.domain.units import Unit, Window
-from fairgate.quota.engine import QuotaEngine, Ticket
+from fairgate.quota.engine import QuotaEngine
 from fairgate.quota.model import Allocation, Dimension, Policy, Pool, ShareMode
+from fairgate.quota.outcomes import Ticket
 from fairgate.quota.ports import CounterRef
 from fairgate.quota.window import Count
 from fairgate.store.sqlite.store import SqliteQuotaStore

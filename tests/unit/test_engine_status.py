@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 
 from fairgate.domain.units import Unit, Window
 from fairgate.quota.decision import DimensionCheck, Outcome, Scope, evaluate
-from fairgate.quota.engine import _status
 from fairgate.quota.model import Policy
+from fairgate.quota.outcomes import dimension_status
 from fairgate.quota.window import Anchor, Count, window_end_ms
 
 HOUR = Window.HOURLY.ms
@@ -33,9 +33,9 @@ def _check(reserve: float) -> DimensionCheck:
 
 def test_remaining_subtracts_the_room_held_for_waiting_keys() -> None:
     totals, mine = (Count(prev=0, curr=50),), (Count(prev=0, curr=40),)
-    (free,) = _status((_check(0),), totals, mine, NOW, 0.5, False)
+    (free,) = dimension_status((_check(0),), totals, mine, NOW, 0.5, False)
     assert free.remaining == pytest.approx(40)  # its share: 80 − 40 (the pool has 50)
-    (held,) = _status((_check(30),), totals, mine, NOW, 0.5, False)
+    (held,) = dimension_status((_check(30),), totals, mine, NOW, 0.5, False)
     assert held.remaining == pytest.approx(20)  # 100 − 50 − 30 held for the waiting keys
     assert held.limit == 80
 
@@ -45,7 +45,7 @@ def test_a_key_held_back_is_told_it_has_no_room() -> None:
     totals, mine = (Count(prev=0, curr=50),), (Count(prev=0, curr=10),)
     verdict = evaluate((check,), [(50.0, 10.0, 10.0)], Policy.HARD, 0.5)
     assert verdict.outcome is Outcome.BLOCK  # 50 + 1 + 60 > 100: the request waits
-    (st,) = _status((check,), totals, mine, NOW, 0.5, False)
+    (st,) = dimension_status((check,), totals, mine, NOW, 0.5, False)
     assert st.remaining == 0
 
 
@@ -113,7 +113,7 @@ def test_status_is_the_window_arithmetic_to_the_last_bit(
     )
     totals = (Count(prev[0], curr[0], anchor),)
     mine = (Count(prev[1], curr[1], anchor),)
-    got = _status((check,), totals, mine, now, 0.5, reserved)
+    got = dimension_status((check,), totals, mine, now, 0.5, reserved)
     want = _reference_status((check,), totals, mine, now, 0.5, reserved)
     assert [(s.key, s.unit, s.limit, s.remaining, s.reset_ms) for s in got] == want
     assert type(got[0].unit) is str

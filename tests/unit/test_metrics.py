@@ -24,7 +24,7 @@ from fairgate.process.metrics import (
     gauges_from_snapshot,
 )
 from fairgate.quota.decision import Outcome, Reason
-from fairgate.quota.engine import Admission
+from fairgate.quota.outcomes import Admission
 from fairgate.snapshot import Registry
 
 REG = Registry.build(

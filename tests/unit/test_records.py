@@ -7,7 +7,7 @@ import dataclasses
 
 from fairgate.domain.units import Unit
 from fairgate.quota.decision import DimensionCheck
-from fairgate.quota.engine import Ticket
+from fairgate.quota.outcomes import Ticket
 from fairgate.quota.window import Count
 from fairgate.records import record
 

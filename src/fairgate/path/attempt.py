@@ -43,8 +43,9 @@ from fairgate.process.errors import ApiError
 from fairgate.process.logs import MASK, REDACTOR, REQUEST_ID
 from fairgate.providers.transport import TRANSPORT_ERRORS, UpstreamResponse
 from fairgate.providers.upstream import UpstreamAuthUnavailable
-from fairgate.quota.engine import Admission, QuotaEngine
+from fairgate.quota.engine import QuotaEngine
 from fairgate.quota.model import Pool
+from fairgate.quota.outcomes import Admission
 from fairgate.resilience.classify import Classification, FailureClass, classify
 from fairgate.resilience.evidence import request_explains
 from fairgate.resilience.failover import Step, same_model_is_futile, step_after

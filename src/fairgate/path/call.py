@@ -28,7 +28,7 @@ from fairgate.process.http_settings import HttpSettings
 from fairgate.process.metrics import Metrics
 from fairgate.process.state import Gateway
 from fairgate.providers.transport import Upstream
-from fairgate.quota.engine import Ticket
+from fairgate.quota.outcomes import Ticket
 from fairgate.routing import (
     DrrState,
     DrrTicket,

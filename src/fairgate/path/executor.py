@@ -33,9 +33,9 @@ from fairgate.process import credentials, tracing
 from fairgate.process.client_http import ClientRequest
 from fairgate.process.errors import ApiError
 from fairgate.quota.decision import Reason
-from fairgate.quota.engine import ALLOW_UNGOVERNED, Admission
 from fairgate.quota.messages import block_message
 from fairgate.quota.model import Pool
+from fairgate.quota.outcomes import ALLOW_UNGOVERNED, Admission
 from fairgate.resilience.failover import Step
 from fairgate.resilience.manager import Exclusion, all_rate_limited
 from fairgate.routing import (

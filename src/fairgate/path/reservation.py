@@ -21,7 +21,8 @@ from types import TracebackType
 from typing import Any
 
 from fairgate.domain.units import Unit
-from fairgate.quota.engine import QuotaEngine, Ticket
+from fairgate.quota.engine import QuotaEngine
+from fairgate.quota.outcomes import Ticket
 
 __all__ = ["Reservation"]
 

@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING
 from fairgate.domain.connections import Connection
 from fairgate.domain.units import Unit
 from fairgate.quota.decision import Outcome
-from fairgate.quota.engine import Standing
 from fairgate.quota.model import Pool
+from fairgate.quota.outcomes import Standing
 from fairgate.quota.signals import BucketState
 from fairgate.routing import HealthView, QuotaView, Target, TargetHealth, TargetQuota
 from fairgate.snapshot import Registry

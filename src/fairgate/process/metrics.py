@@ -58,7 +58,7 @@ from fairgate.process.http_settings import HttpSettings, is_loopback
 if TYPE_CHECKING:
     from fairgate.domain.keys import ClientKey
     from fairgate.process.state import Gateway
-    from fairgate.quota.engine import Admission
+    from fairgate.quota.outcomes import Admission
     from fairgate.snapshot import Registry
 
 log = logging.getLogger("fairgate.metrics")

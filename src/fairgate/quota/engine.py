@@ -50,6 +50,15 @@ from fairgate.quota.decision import (
 )
 from fairgate.quota.journal import Circuit, Journal, JournalEntry
 from fairgate.quota.model import Allocation, Policy, Pool, ShareMode
+from fairgate.quota.outcomes import (
+    ALLOW_UNGOVERNED,
+    Admission,
+    Standing,
+    StoreHealth,
+    Ticket,
+    dimension_status,
+    unread_status,
+)
 from fairgate.quota.ports import (
     AdmitRequest,
     CounterRef,
@@ -64,74 +73,10 @@ from fairgate.quota.ports import (
 from fairgate.quota.settings import QuotaSettings
 from fairgate.quota.usage import PoolUsage, build_usage
 from fairgate.quota.window import Anchor, Count, reanchor, window_end_ms
-from fairgate.records import record
 
 log = logging.getLogger("fairgate.quota")
 
 SignalSource = Callable[[Pool], Mapping[str, float]]
-
-
-@record(eq=False)
-class Ticket:
-    """What settle/release need to find the reservation again. ``reserved`` is False for an
-    admission that failed open: nothing to release, and its settle is plain usage.
-
-    A ticket is one reservation, so it equals only itself (``eq=False``: identity, as its
-    reservation id is unique): the request path keeps the open ones in a set, and a hash of
-    every field would hash each check's eleven fields twice per request."""
-
-    pool_id: str
-    key_id: str
-    reservation_id: str
-    checks: tuple[DimensionCheck, ...]
-    reserved: bool = True
-
-
-@record
-class DimensionStatus:
-    """The key's standing on one counter, for ``x-ratelimit-*`` headers. ``remaining`` is None
-    when the store could not be read (a fail-open admission, or a reply lost to a timeout):
-    the limit and the reset are known from the pool, what is left is not."""
-
-    key: str
-    unit: str
-    limit: float
-    remaining: float | None
-    reset_ms: int
-
-
-@record
-class Admission:
-    outcome: Outcome
-    reason: Reason | None = None
-    dimension: str | None = None
-    retry_after_ms: int | None = None
-    ticket: Ticket | None = None
-    status: tuple[DimensionStatus, ...] = ()
-    fail_open: bool = False
-
-    @property
-    def allowed(self) -> bool:
-        return self.outcome is not Outcome.BLOCK
-
-    @property
-    def penalized(self) -> bool:
-        return self.outcome is Outcome.PENALIZE
-
-
-ALLOW_UNGOVERNED = Admission(Outcome.ALLOW)
-
-
-@dataclass(frozen=True, slots=True)
-class Standing:
-    """A key's standing in a pool for one prospective request (:meth:`QuotaEngine.standing`):
-    the outcome an admission would have, and per check its status and the pool's burn rate
-    (units per second, 0 unknown)."""
-
-    outcome: Outcome
-    checks: tuple[DimensionCheck, ...]
-    status: tuple[DimensionStatus, ...]
-    burn_per_s: tuple[float, ...]
 
 
 #: How long a refusal keeps a key counted as wanting more (active mode), at least.
@@ -158,45 +103,6 @@ ADMIT_ATTEMPTS = 6
 #: At most this many cached check plans (one per pool, key and model in use) before the cache
 #: starts over: a guard against unbounded growth, far above what a deployment uses.
 _PLAN_CACHE_MAX = 200_000
-
-
-@dataclass(frozen=True, slots=True)
-class StoreHealth:
-    """What ``/health`` and the admin health API show about the quota store's availability."""
-
-    down: bool
-    down_since_ms: int | None
-    outages: int
-    slow_timeouts: int
-    last_outage_ms: int | None
-    fail_open: int
-    store_errors: int
-    last_error: str | None
-    journal_pending: int
-    journal_appended: int
-    journal_replayed: int
-    journal_dropped: int
-    journal_compactions: int
-
-    def as_json(self) -> dict[str, object]:
-        return {
-            "down": self.down,
-            "downSinceMs": self.down_since_ms,
-            "outages": self.outages,
-            # timeouts the out-of-loop probe showed to be a busy event loop, not an outage
-            "slowTimeouts": self.slow_timeouts,
-            "lastOutageMs": self.last_outage_ms,
-            "failOpen": self.fail_open,
-            "storeErrors": self.store_errors,
-            "lastError": self.last_error,
-            "journal": {
-                "pending": self.journal_pending,
-                "appended": self.journal_appended,
-                "replayed": self.journal_replayed,
-                "dropped": self.journal_dropped,
-                "compactions": self.journal_compactions,
-            },
-        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -232,78 +138,6 @@ def _demand_every(keys: set[str]) -> int:
     estimates move at the pace of the window (minutes to hours); pressure, which must act
     within a second, is applied at every refresh regardless."""
     return len(keys) * DEMAND_READ_MS_PER_KEY
-
-
-#: A unit's text (``Unit.value`` is an enum property: a dictionary lookup is a third of it).
-_UNIT_TEXT: Mapping[Unit, str] = {u: u.value for u in Unit}
-
-
-def _status(
-    checks: tuple[DimensionCheck, ...],
-    totals: tuple[Count, ...],
-    mine: tuple[Count, ...],
-    now_ms: int,
-    threshold: float,
-    reserved: bool,
-    own: bool = False,
-) -> tuple[DimensionStatus, ...]:
-    """Remaining = what this key could still use now: its share in strict mode, the pool's free
-    room in generous mode (never more than the pool has left), less the room it must leave for
-    keys waiting below their share (active mode, ``DimensionCheck.reserve``): a key held back
-    for a waiting one is never told it has room.
-
-    ``own`` (the ``x-ratelimit-*`` headers a tenant reads): the key's own room in both modes,
-    its share less its use, never the pool's free room in generous mode, which moved with every
-    other key's request and let a tenant read their use request by request (issue 43, N11).
-    The pool's room still caps it (a key is never told room the pool has not got), which can
-    bind only once other keys use more than their own shares. The routing view keeps the
-    generous room: what a key may borrow decides where it is sent, not what it is told.
-
-    Every admission runs this for its ``x-ratelimit-*`` headers, so the window arithmetic of
-    :meth:`~fairgate.quota.window.Count.value` and :func:`~fairgate.quota.window.window_end_ms`
-    is written out here, once per check for both counts (the same expressions, so the same
-    floats to the last bit; ``tests/unit/test_engine_status.py`` holds them together)."""
-    out: list[DimensionStatus] = []
-    for c, t, m in zip(checks, totals, mine, strict=True):
-        w = c.window_ms
-        start = now_ms // w * w  # the epoch bucket's start
-        fade = 1.0 - (now_ms - start) / w  # what of the previous bucket still counts
-        total = t.curr if t.anchor is not None else t.prev * fade + t.curr
-        used = m.curr if m.anchor is not None else m.prev * fade + m.curr
-        window = m.curr  # what a window_share check judges the share on
-        if reserved:
-            used += c.cost
-            window += c.cost
-            if c.scope == "pool":
-                total += c.cost
-        if c.scope == "model":
-            limit, remaining = c.limit, c.limit - used
-        else:
-            strict = max(total / c.limit, c.signal) >= threshold
-            limit = c.fair_share if strict or own else c.limit
-            share_use = window if strict and c.window_share else used
-            remaining = min(c.limit - total - c.reserve, limit - share_use)
-            if c.cap is not None:
-                limit, remaining = min(limit, c.cap), min(remaining, c.cap - used)
-        anchor = c.anchor
-        end = start + w if anchor is None else window_end_ms(now_ms, w, anchor)
-        out.append(
-            DimensionStatus(c.key, _UNIT_TEXT[c.unit], limit, max(0.0, remaining), end - now_ms)
-        )
-    return tuple(out)
-
-
-def _unread_status(checks: tuple[DimensionCheck, ...], now_ms: int) -> tuple[DimensionStatus, ...]:
-    """What the headers can say without the store: each dimension's limit for this key (its
-    share of the pool, as :func:`_status` tells it, or the key's cap or model cap when lower)
-    and when its window turns."""
-    out = []
-    for c in checks:
-        limit = c.limit if c.scope == "model" else c.fair_share
-        limit = limit if c.cap is None else min(limit, c.cap)
-        reset = window_end_ms(now_ms, c.window_ms, c.anchor) - now_ms
-        out.append(DimensionStatus(c.key, c.unit.value, limit, None, reset))
-    return tuple(out)
 
 
 def _id_source() -> Callable[[], str]:
@@ -431,7 +265,7 @@ class QuotaEngine:
                 ticket = Ticket(pool.id, key_id, self._new_id(), checks, reserved=False)
         except Exception as exc:  # the pool itself is broken: nothing to charge
             log.warning("quota fail-open without a ticket", extra={"error": type(exc).__name__})
-        status = () if ticket is None else _unread_status(ticket.checks, self.clock.now_ms())
+        status = () if ticket is None else unread_status(ticket.checks, self.clock.now_ms())
         return Admission(Outcome.ALLOW, ticket=ticket, status=status, fail_open=True)
 
     def _unavailable(self, exc: BaseException) -> bool:
@@ -573,9 +407,11 @@ class QuotaEngine:
             # key's standing for the headers, was lost)
             self._verdict(None)
             ticket = Ticket(pool.id, key_id, reservation_id, checks)
-            return Admission(Outcome.ALLOW, ticket=ticket, status=_unread_status(checks, now))
+            return Admission(Outcome.ALLOW, ticket=ticket, status=unread_status(checks, now))
         self._verdict(None, now)  # the store answered (closes the circuit if it was the probe)
-        status = _status(checks, res.totals, res.mine, now, threshold, res.reserved, own=True)
+        status = dimension_status(
+            checks, res.totals, res.mine, now, threshold, res.reserved, own=True
+        )
         v = res.verdict
         longest: int | None = None
         if v.outcome is Outcome.BLOCK:
@@ -822,7 +658,7 @@ class QuotaEngine:
             for c, t, m in zip(checks, totals, mine, strict=True)
         ]
         verdict = evaluate(checks, values, alloc.policy, threshold)
-        status = _status(checks, totals, mine, now, threshold, False)
+        status = dimension_status(checks, totals, mine, now, threshold, False)
         burn = tuple(
             s.rate(now) if (s := self._burn.get((pool.id, c.key))) is not None else 0.0
             for c in checks
