@@ -64,7 +64,12 @@ _BAD_200 = frozenset({"quality", "validation"})
 _BOUNDED_UNITS = frozenset(u for u in Unit if u is not Unit.REQUESTS)
 
 
-@tracing.traced("fairgate.attempt", tracing.attempt_attrs, tracing.attempt_result)
+@tracing.traced(
+    "fairgate.attempt",
+    tracing.attempt_attrs,
+    tracing.attempt_result,
+    call_of=tracing.call_of_attempt,
+)
 async def attempt(
     call: Call,
     cand: Candidate,

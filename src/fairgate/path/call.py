@@ -23,6 +23,7 @@ from fairgate.path.provider_signals import ProviderSignals
 from fairgate.path.slots import Slots
 from fairgate.process.client_http import ClientRequest
 from fairgate.process.errors import ApiError
+from fairgate.process.events import EventSink
 from fairgate.process.guards import KeyRateGuard
 from fairgate.process.http_settings import HttpSettings
 from fairgate.process.metrics import Metrics
@@ -90,6 +91,8 @@ class Services:
     upstream: Upstream
     signals: ProviderSignals
     prices: PriceTable
+    #: the one hook the path reports its events to (log, metrics, tracing adapters)
+    events: EventSink
     inflight: set[Ticket] = field(default_factory=set)
     tasks: set[asyncio.Task[None]] = field(default_factory=set)
     tracker: InflightTracker = field(default_factory=InflightTracker)

@@ -13,8 +13,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import logging
 import math
+import time
 from collections.abc import Collection, Coroutine
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -29,9 +29,10 @@ from fairgate.path.call import Call, Candidate, ExecOptions
 from fairgate.path.context_fit import COMPRESSED_HEADER, compress_messages, window_of
 from fairgate.path.diagnostics import Diagnostics, Terminal
 from fairgate.path.reservation import Reservation
-from fairgate.process import credentials, tracing
+from fairgate.process import credentials
 from fairgate.process.client_http import ClientRequest
 from fairgate.process.errors import ApiError
+from fairgate.process.events import AdmissionEvent
 from fairgate.quota.decision import Reason
 from fairgate.quota.messages import block_message
 from fairgate.quota.model import Pool
@@ -44,9 +45,6 @@ from fairgate.routing import (
 from fairgate.routing.model import (
     GLOBAL_MAX_ATTEMPTS,
 )
-
-log = logging.getLogger("fairgate.proxy")
-
 
 _T = TypeVar("_T")
 
@@ -539,45 +537,29 @@ def request_cost(
     return cost
 
 
-@tracing.traced(
-    "fairgate.admission",
-    tracing.admission_attrs,
-    tracing.admission_result,
-    call_of=tracing.call_of_admission,
-)
 async def _admit(call: Call, conn: Connection, pool: Pool | None, upstream_model: str) -> Admission:
-    if pool is None:
-        return ALLOW_UNGOVERNED
+    """The admission of ``call`` on ``conn`` (allowed without asking when no pool governs
+    it), reported once to the event hook (log, pool log, metrics, trace)."""
     svc = call.svc
-    cost = request_cost(call, conn, upstream_model, pool.cost_units)
-    adm = await svc.gw.engine.admit(pool, call.key.id, cost, model=upstream_model)
-    svc.metrics.observe_admission(adm)
-    if not adm.allowed:
-        log.info(
-            "admission blocked",
-            extra={
-                "pool": pool.id,
-                "key": call.key.id,
-                "connection": conn.id,
-                "reason": adm.reason.value if adm.reason else None,
-                "dimension": adm.dimension,
-                "retry_after_ms": adm.retry_after_ms,
-            },
+    started = time.time_ns()
+    if pool is None:
+        adm = ALLOW_UNGOVERNED
+        pool_id = None
+    else:
+        cost = request_cost(call, conn, upstream_model, pool.cost_units)
+        adm = await svc.gw.engine.admit(pool, call.key.id, cost, model=upstream_model)
+        pool_id = pool.id
+    svc.events.admission(
+        AdmissionEvent(
+            pool_id,
+            call.key.id,
+            conn.id,
+            upstream_model,
+            adm,
+            svc.gw.clock.now_ms(),
+            started,
+            time.time_ns(),
         )
-    svc.gw.pool_log.log(
-        pool.id,
-        {
-            "ts": svc.gw.clock.now_ms(),
-            "keyId": call.key.id,
-            "model": upstream_model,
-            "connectionId": conn.id,
-            # the enum members themselves: str subclasses, written as their values
-            "outcome": adm.outcome,
-            "reason": adm.reason,
-            "dimension": adm.dimension,
-            "retryAfterMs": adm.retry_after_ms,
-            "failOpen": adm.fail_open,
-        },
     )
     return adm
 

@@ -231,6 +231,21 @@ def traced(
     return deco
 
 
+def record_span(name: str, attrs: Attrs, start_ns: int, end_ns: int) -> None:
+    """A span ``name`` that has already happened (from ``start_ns`` to ``end_ns``, epoch
+    nanoseconds), under the current span: how an event reported after the fact (the event
+    hook's tracing adapter, :mod:`fairgate.process.events`) is traced. Its attributes lift
+    the key id and pool to the request's span, as a decorated function's do."""
+    tracer = _STATE.tracer
+    if tracer is None:
+        return
+    span = tracer.start_span(name, start_time=start_ns)
+    try:
+        _annotate(span, attrs)
+    finally:
+        span.end(end_time=end_ns)
+
+
 def _incoming_context(request: object) -> tuple[Any, Any]:
     """The context the request's headers carry (``traceparent``, ``tracestate``, baggage, by
     the propagators ``OTEL_PROPAGATORS`` configures; none: a new trace), and the server kind."""
@@ -337,7 +352,7 @@ def settle_attrs(
     return out
 
 
-def call_of_admission(call: Any, *_: Any, **__: Any) -> object:
+def call_of_attempt(call: Any, *_: Any, **__: Any) -> object:
     return call
 
 

@@ -29,6 +29,7 @@ from fairgate.path.provider_signals import ProviderSignals
 from fairgate.process import credentials, tracing
 from fairgate.process.edge import FastRoute, GatewayApp, SendDeadline, internal_error, via_router
 from fairgate.process.errors import ApiError, error_response
+from fairgate.process.events import standard_events
 from fairgate.process.http_settings import HttpSettings
 from fairgate.process.logs import REDACTOR
 from fairgate.process.metrics import Metrics, metrics_endpoint
@@ -123,6 +124,7 @@ def create_app(
             prices=PriceTable().with_overrides(
                 {k: v.model_dump() for k, v in gw.config.prices.items()}
             ),
+            events=standard_events(metrics, gw.pool_log),
             metrics=metrics,
             limits=limits,
         )
