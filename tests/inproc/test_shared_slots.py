@@ -214,7 +214,7 @@ async def test_the_gateway_gives_the_shared_slot_back_on_every_path(
 
     upstream = HandlerUpstream(handler)
     async with redis_gateway(tmp_path, redis_url, redis_prefix, timer, upstream) as (svc, client):
-        leases = svc.gw.slot_leases
+        leases = svc.state.slot_leases
         assert isinstance(leases, RedisSlotLeases)
 
         async def post(tag: str, **extra: object) -> httpx.Response:

@@ -163,7 +163,7 @@ async def _attempt_on(
         return encoded
     payload, wants_usage = encoded
     t_send = time.perf_counter()
-    sent_ms = svc.gw.clock.now_ms()  # the injected clock: what the evidence rule measures
+    sent_ms = svc.state.clock.now_ms()  # the injected clock: what the evidence rule measures
     reading: Reading | None = None  # the answer's provider reading, attributed at settlement
 
     async def fail(
@@ -250,7 +250,7 @@ async def _attempt_on(
     )
     snap = None if reading is None else reading.snap
     if pool is not None and snap is not None:
-        await _apply_readings(svc.gw.engine, pool, conn.id, snap, charges)
+        await _apply_readings(svc.state.engine, pool, conn.id, snap, charges)
     if resp.status >= 400:
         err, raw_err = await _upstream_error(resp, conn)
         log.warning("upstream error", extra={"connection": conn.id, "status": resp.status})
@@ -400,8 +400,8 @@ async def _report_success(
     """``snap``: the rate-limit headers as parsed by the provider signals (None when they were
     not parsed this time: readings are taken at most once a second per connection)."""
     svc = call.svc
-    if svc.gw.resilience is not None:
-        await svc.gw.resilience.on_success(
+    if svc.state.resilience is not None:
+        await svc.state.resilience.on_success(
             cand.conn.provider,
             cand.conn.id,
             cand.model,
@@ -411,7 +411,7 @@ async def _report_success(
         )
     tokens = 0 if usage is None else usage.prompt_tokens + usage.completion_tokens
     svc.record_attempt(cand, None, latency_ms, tokens)
-    svc.gw.registry.served_by_wildcard(cand.conn, cand.model)  # for /v1/models
+    svc.state.registry.served_by_wildcard(cand.conn, cand.model)  # for /v1/models
 
 
 async def _primed(
@@ -427,7 +427,7 @@ async def _primed(
     if not opts.quality and hold is None:
         return [], None
     try:
-        return await _prime(source, tally, hold, call.svc.gw.clock)
+        return await _prime(source, tally, hold, call.svc.state.clock)
     except BaseException:
         resp.release()
         raise
@@ -598,8 +598,8 @@ async def _report_failure(
     request's own size or duration explains the failure (then it is the request's alone:
     issue 43, N3, :mod:`fairgate.resilience.evidence`). ``request`` is the body sent upstream:
     an error body that echoes it is not the provider's word (issue 43, N9)."""
-    mgr = call.svc.gw.resilience
-    now = call.svc.gw.clock.now_ms()
+    mgr = call.svc.state.resilience
+    now = call.svc.state.clock.now_ms()
     cls = classify(status, body, headers, exception=exc, model=model, now_ms=now, request=request)
     call.svc.signals.refused(conn.id, model, cls)
     if mgr is not None:
@@ -682,10 +682,10 @@ async def _settle(
 ) -> None:
     usage, tokens, charges = _count_tokens(svc, conn, call, usage, reading)
     if charges:
-        pool = svc.gw.registry.pool_by_connection.get(conn.id)
+        pool = svc.state.registry.pool_by_connection.get(conn.id)
         if pool is not None:
             for ch in charges:
-                await svc.gw.engine.record(pool, ch.key_id, {ch.counter: ch.amount})
+                await svc.state.engine.record(pool, ch.key_id, {ch.counter: ch.amount})
     if not res.open:  # no reservation to settle (no pool, or it ended already): no price
         return
     await res.settle(

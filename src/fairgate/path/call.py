@@ -19,6 +19,7 @@ from typing import Any
 from fairgate.domain.connections import Connection
 from fairgate.domain.keys import ClientKey
 from fairgate.formats.pricing import PriceTable
+from fairgate.path.deps import PathState
 from fairgate.path.provider_signals import ProviderSignals
 from fairgate.path.slots import Slots
 from fairgate.process.client_http import ClientRequest
@@ -27,7 +28,6 @@ from fairgate.process.events import EventSink
 from fairgate.process.guards import KeyRateGuard
 from fairgate.process.http_settings import HttpSettings
 from fairgate.process.metrics import Metrics
-from fairgate.process.state import Gateway
 from fairgate.providers.transport import Upstream
 from fairgate.quota.outcomes import Ticket
 from fairgate.routing import (
@@ -85,9 +85,12 @@ class PlainCandidates:
 
 @dataclass
 class Services:
-    """Long-lived things the proxy needs besides the Gateway state."""
+    """The request path's dependencies, built once by the app: the process state it reads
+    (:class:`~fairgate.path.deps.PathState`: registry, clock, timer, engine, resilience, ...),
+    the upstream port, provider signals, prices, the event hook, and its own bookkeeping
+    (in-flight tickets, slots, routing state, metrics)."""
 
-    gw: Gateway
+    state: PathState
     upstream: Upstream
     signals: ProviderSignals
     prices: PriceTable
@@ -110,13 +113,14 @@ class Services:
     hedges: dict[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        self.slots = Slots(self.tracker, lambda: self.gw.slot_leases, timer=lambda: self.gw.timer)
+        state = self.state
+        self.slots = Slots(self.tracker, lambda: state.slot_leases, timer=lambda: state.timer)
         self.rate = KeyRateGuard(self.limits.key_rate_per_s, self.limits.key_rate_burst)
 
     def check_rate(self, key: ClientKey) -> None:
         """429 when ``key`` sends faster than the per-key flood guard allows (checked before
         its body is read)."""
-        wait_ms = self.rate.take(key.id, self.gw.clock.now_ms())
+        wait_ms = self.rate.take(key.id, self.state.clock.now_ms())
         if wait_ms:
             raise ApiError(
                 429,
@@ -131,19 +135,20 @@ class Services:
         """One finished upstream attempt (``failure``: None for a success, else its class), for
         the routing metrics the strategies read and the per-target Prometheus series."""
         ok = failure is None
-        self.target_metrics.record(cand.target.key, latency_ms, ok, self.gw.clock.now_ms(), tokens)
+        now = self.state.clock.now_ms()
+        self.target_metrics.record(cand.target.key, latency_ms, ok, now, tokens)
         conn = cand.conn
         outcome = "ok" if ok else (failure if failure and failure != "ok" else "error")
         self.metrics.observe_attempt(
-            self.gw.registry, conn.provider, conn.id, cand.model, outcome, latency_ms
+            self.state.registry, conn.provider, conn.id, cand.model, outcome, latency_ms
         )
 
     def record_fallback(self, combo: str | None, reason: str | None) -> None:
         """A combo moved on to another target because the previous one failed (``reason``)."""
         if combo is not None:
             why = reason or "error"
-            self.fallbacks.record(combo, why, self.gw.clock.now_ms())
-            self.metrics.observe_fallback(self.gw.registry, combo, why)
+            self.fallbacks.record(combo, why, self.state.clock.now_ms())
+            self.metrics.observe_fallback(self.state.registry, combo, why)
 
     def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         """Run bookkeeping off the response path; shutdown waits for what is still running."""

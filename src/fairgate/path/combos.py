@@ -61,7 +61,7 @@ log = logging.getLogger("fairgate.routing")
 
 
 async def route_plain(call: Call, upstream_model: str, conns: Sequence[Connection]) -> Response:
-    reg = call.svc.gw.registry
+    reg = call.svc.state.registry
     every = call.svc.plain_candidates.of(reg, upstream_model, conns)
     cands, why = access.permitted(reg, call.key, every, _conn_of)
     if not cands:
@@ -100,7 +100,7 @@ async def _quota_share(
         combo.targets,
         combo.name,
         model,
-        svc.gw.clock.now_ms(),
+        svc.state.clock.now_ms(),
         saturated=saturation_gate(svc.signals.buckets, model),
         max_concurrent={c.conn.id: c.conn.max_concurrent for c in cands},
         inflight=svc.tracker,
@@ -114,7 +114,7 @@ async def _quota_share(
     ordered += [c for c in cands if c.conn.id not in {o.conn.id for o in ordered}]
     diag.combo, diag.strategy = combo.name, "quota-share"
     with res.ticket:  # charges DRR to the member that was really dispatched
-        opts = _plain_options(svc.gw.registry, drr=res.ticket, combo=combo.name)
+        opts = _plain_options(svc.state.registry, drr=res.ticket, combo=combo.name)
         return await executor.execute(call, ordered, diag, opts)
 
 
@@ -146,7 +146,7 @@ def usable_targets(call: Call, targets: Sequence[Target]) -> list[Target]:
     """The targets with a connection the key may use, in order (the others are skipped, never
     tried). Raises the 403 when targets had connections but the key may use none of them;
     targets with no connection at all are left to the usual "no targets" answer."""
-    reg = call.svc.gw.registry
+    reg = call.svc.state.registry
     kept: list[Target] = []
     reason: Denial | None = None
     for t in targets:
@@ -164,15 +164,15 @@ def usable_targets(call: Call, targets: Sequence[Target]) -> list[Target]:
 async def order_targets(call: Call, combo: Combo, targets: Sequence[Target]) -> list[Target]:
     """The combo's strategy over this request's live views (quota, health, load, task)."""
     svc = call.svc
-    reg = svc.gw.registry
-    now = svc.gw.clock.now_ms()
+    reg = svc.state.registry
+    now = svc.state.clock.now_ms()
     buckets = {
         c.id: svc.signals.buckets.buckets(c.id)
         for t in targets
         if (c := reg.connections.get(t.connection_id or "")) is not None
     }
     quota = await quota_view(
-        svc.gw.engine,
+        svc.state.engine,
         reg,
         buckets,
         call.key.id,
@@ -188,13 +188,13 @@ async def order_targets(call: Call, combo: Combo, targets: Sequence[Target]) -> 
         request_tokens=call.prompt_estimate,
         output_tokens=call.output_reserved,
         metrics=svc.target_metrics,
-        health=health_view(svc.gw.resilience, reg, targets),
+        health=health_view(svc.state.resilience, reg, targets),
         quota=quota,
         inflight=svc.tracker.snapshot(targets),
         session_key=call.key.id,
         task=task_hints(call.body, call.prompt_estimate),
         options=combo.config.options,
-        soft_factor=svc.gw.quota_settings.soft_deprioritize_factor,
+        soft_factor=svc.state.quota_settings.soft_deprioritize_factor,
     )
     if combo.strategy == "auto":  # what each candidate scored, for the diagnostics
         call.route_scores = auto_breakdown(inp, svc.strategy_state)
@@ -202,7 +202,7 @@ async def order_targets(call: Call, combo: Combo, targets: Sequence[Target]) -> 
 
 
 async def route_combo(call: Call, combo: Combo) -> Response:
-    reg = call.svc.gw.registry
+    reg = call.svc.state.registry
     targets = expand_targets(combo.targets, reg.by_provider)
     mode = mode_of(combo.strategy)
     if mode != "fallback":
@@ -233,7 +233,7 @@ def _check_the_route_is_served(call: Call, combo: Combo, targets: Sequence[Targe
     """A 400 when the combo has connections but none speaks a wire that serves the route (an
     embeddings request to a combo of Anthropic and Codex accounts): the client's request is
     wrong for this combo, which no retry or failover changes."""
-    reg = call.svc.gw.registry
+    reg = call.svc.state.registry
     if call.route is Route.CHAT or any(target_connections(reg, t, call.route) for t in targets):
         return
     if any(target_connections(reg, t, Route.CHAT) for t in targets):  # every wire serves chat
@@ -343,9 +343,9 @@ async def _hedged(call: Call, combo: Combo, ordered: Sequence[Target]) -> Respon
     delay = _hedge_delay_ms(call, combo, ordered[0])
     if delay is None:
         return await _run(call, combo, ordered)
-    reg = svc.gw.registry
+    reg = svc.state.registry
     primary = asyncio.create_task(_run(call, combo, ordered, charge_if_cancelled=True))
-    timer = svc.gw.timer
+    timer = svc.state.timer
     late = asyncio.ensure_future(timer.sleep_until(timer.clock.now_ms() + delay))
     try:
         await asyncio.wait({primary, late}, return_when=asyncio.FIRST_COMPLETED)
@@ -436,7 +436,7 @@ async def _run(
     charge_if_cancelled: bool = False,
 ) -> Response:
     """Execute over the targets in order with the combo's config (timeout included)."""
-    reg = call.svc.gw.registry
+    reg = call.svc.state.registry
     cfg = combo.config
     cands = [c for t in ordered for c in target_candidates(reg, t, call)]
     diag = Diagnostics(pool_size=len(cands), combo=combo.name, strategy=combo.strategy)
@@ -469,7 +469,7 @@ async def _run(
     )
     if cfg.timeout_ms is None:
         return await executor.execute(call, cands, diag, opts)
-    opts.deadline_ms = call.svc.gw.clock.now_ms() + cfg.timeout_ms
+    opts.deadline_ms = call.svc.state.clock.now_ms() + cfg.timeout_ms
     try:
         async with asyncio.timeout(cfg.timeout_ms / 1000):
             return await executor.execute(call, cands, diag, opts)
@@ -488,7 +488,7 @@ def _after_answer(call: Call, combo: Combo, response: Response) -> None:
     conn_id = response.headers.get("x-fairgate-connection")
     for t in combo.targets:
         if t.connection_id in (conn_id, None, "*"):
-            conn = svc.gw.registry.connections.get(conn_id or "")
+            conn = svc.state.registry.connections.get(conn_id or "")
             if conn is not None and conn.provider == t.provider:
                 svc.strategy_state.note_success(combo.name, call.key.id, t)
                 break
@@ -512,7 +512,7 @@ async def _shadow(call: Call, combo: Combo, target: Target, timeout_ms: int) -> 
         async with asyncio.timeout(timeout_ms / 1000):
             resp = await executor.execute(
                 sub,
-                target_candidates(svc.gw.registry, target, call),
+                target_candidates(svc.state.registry, target, call),
                 Diagnostics(combo=combo.name),
                 ExecOptions(combo=combo.name),
             )
@@ -612,7 +612,7 @@ async def _pipeline(call: Call, combo: Combo, targets: Sequence[Target]) -> Resp
 def _synthetic_answer(call: Call, combo: Combo, answer: PanelAnswer) -> Response:
     """A panel answer given as the combo's answer (fusion with one survivor), in the shape the
     client asked for (a one-chunk stream when it streams)."""
-    created = call.svc.gw.clock.now_ms() // 1000
+    created = call.svc.state.clock.now_ms() // 1000
     msg = {"role": "assistant", "content": answer.content}
     headers = {"x-fairgate-combo": combo.name}
     if call.stream:

@@ -190,7 +190,7 @@ def _openai_to_openai(call: Call, upstream_model: str, bound: int | None) -> tup
 
 
 def _chat_to_anthropic(call: Call, upstream_model: str, bound: int | None) -> tuple[JSON, bool]:
-    default = call.svc.gw.config.server.default_max_tokens
+    default = call.svc.state.config.server.default_max_tokens
     payload = openai_to_anthropic_request(call.body, upstream_model, default_max_tokens=default)
     return payload, _stream_usage_asked(call.body)
 
@@ -242,7 +242,7 @@ def _responses_to_anthropic(
     call: Call, upstream_model: str, bound: int | None, billing: tuple[str, ...]
 ) -> tuple[bytes, bool]:
     chat = _responses_to_chat(call, upstream_model, bound)
-    default = call.svc.gw.config.server.default_max_tokens
+    default = call.svc.state.config.server.default_max_tokens
     payload = openai_to_anthropic_request(chat, upstream_model, default_max_tokens=default)
     _billing_policy(payload, billing)
     return orjson.dumps(payload), True
@@ -371,7 +371,7 @@ def _relay_anthropic(
 def _created(call: Call) -> int:
     """``created`` of a translated stream's chunks, in seconds, from the gateway's clock (the
     injected one in tests), as the upstream would stamp it."""
-    return call.svc.gw.clock.now_ms() // 1000
+    return call.svc.state.clock.now_ms() // 1000
 
 
 def _relay_anthropic_to_chat(

@@ -104,7 +104,7 @@ class _Execution:
     def __init__(self, call: Call, diag: Diagnostics, opts: ExecOptions) -> None:
         self.call, self.diag, self.opts = call, diag, opts
         self.svc = call.svc
-        self.timer = call.svc.gw.timer
+        self.timer = call.svc.state.timer
         #: every reservation taken, oldest first: each is ended on the way out, as an
         #: ``async with`` would (a list, not an exit stack: a twentieth of its cost per request)
         self.reservations: list[Reservation] = []
@@ -239,9 +239,9 @@ class _Execution:
         return await self._attempt(a)
 
     async def _admit(self, cand: Candidate, lease: Lease) -> _Admitted | None:
-        conn, mgr = cand.conn, self.svc.gw.resilience
-        now = self.svc.gw.clock.now_ms()
-        oauth = self.svc.gw.oauth
+        conn, mgr = cand.conn, self.svc.state.resilience
+        now = self.svc.state.clock.now_ms()
+        oauth = self.svc.state.oauth
         tokens = None if oauth is None else oauth.tokens
         cred = await credentials.gate(conn, cand.model, tokens, now)
         if not cred.usable:  # known unusable: never attempted, never counted against anything
@@ -255,7 +255,7 @@ class _Execution:
                 self.exclusions.append(excl)
                 self.diag.exclude(cand.label, excl.reason, excl.until_ms, now)
                 return None
-        pool = self.svc.gw.registry.pool_by_connection.get(conn.id)
+        pool = self.svc.state.registry.pool_by_connection.get(conn.id)
         if pool is not None and pool.id in self.blocked_pools:
             self.diag.exclude(cand.label, "quota:pool-blocked")
             return None  # counters are per pool: its other members would block this request too
@@ -269,7 +269,7 @@ class _Execution:
                 self.blocked_pools.add(pool.id)
             return None
         svc = self.svc
-        res = Reservation(svc.gw.engine, adm.ticket, svc.inflight, svc.spawn)
+        res = Reservation(svc.state.engine, adm.ticket, svc.inflight, svc.spawn)
         self.reservations.append(res)  # released on the way out unless settled
         return _Admitted(cand, pool, adm, res, lease)
 
@@ -335,7 +335,7 @@ class _Execution:
         if not adm.allowed:
             lease.release()
             return None
-        res = Reservation(self.svc.gw.engine, adm.ticket, self.svc.inflight, self.svc.spawn)
+        res = Reservation(self.svc.state.engine, adm.ticket, self.svc.inflight, self.svc.spawn)
         self.reservations.append(res)
         return _Admitted(a.cand, a.pool, adm, res, lease)
 
@@ -375,7 +375,7 @@ class _Execution:
         # only what clears by itself at a known time: a rate limit's cooldown or lockout (a
         # server error, a breaker or a blocked credential is no reason to hold the client)
         untils = [e.until_ms for e in self.exclusions if e.until_ms is not None and e.rate_limit]
-        mgr = self.svc.gw.resilience
+        mgr = self.svc.state.resilience
         if mgr is not None:
             for c in self.failed:  # what the failure just set (a cooldown, a lockout)
                 excl = await mgr.check(c.conn.provider, c.conn.id, c.model, c.conn.auth_type)
@@ -469,7 +469,7 @@ def _no_answer(
     was refused with a 429, the Retry-After is the soonest any of them stated (a Codex
     ``usage_limit_reached`` states its reset in the body: see ``attempt``). When the credential
     gate skipped every candidate, the error names what an admin must do (log in again)."""
-    now = call.svc.gw.clock.now_ms()
+    now = call.svc.state.clock.now_ms()
     if (
         unusable
         and not blocked
@@ -547,7 +547,7 @@ async def _admit(call: Call, conn: Connection, pool: Pool | None, upstream_model
         pool_id = None
     else:
         cost = request_cost(call, conn, upstream_model, pool.cost_units)
-        adm = await svc.gw.engine.admit(pool, call.key.id, cost, model=upstream_model)
+        adm = await svc.state.engine.admit(pool, call.key.id, cost, model=upstream_model)
         pool_id = pool.id
     svc.events.admission(
         AdmissionEvent(
@@ -556,7 +556,7 @@ async def _admit(call: Call, conn: Connection, pool: Pool | None, upstream_model
             conn.id,
             upstream_model,
             adm,
-            svc.gw.clock.now_ms(),
+            svc.state.clock.now_ms(),
             started,
             time.time_ns(),
         )
@@ -571,7 +571,7 @@ def _quota_blocked(blocked: list[Blocked], call: Call) -> ApiError:
     if adm.reason is Reason.GLOBAL_SATURATED and adm.retry_after_ms is None:
         # the pool's window never frees enough: this request alone is more than its whole
         # limit, so no wait helps (a 429 would have the client retry it for ever)
-        pool = call.svc.gw.registry.pool_by_connection.get(best.conn.id)
+        pool = call.svc.state.registry.pool_by_connection.get(best.conn.id)
         return ApiError(
             413,
             f"The request is too large for the pool{'' if pool is None else f' {pool.id!r}'}"

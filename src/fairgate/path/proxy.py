@@ -66,7 +66,7 @@ def _services(request: ClientRequest) -> Services:
 def now_s(request: ClientRequest) -> int:
     """The gateway's clock in seconds (the injected one in tests): what a translated answer is
     stamped with (``created``, ``created_at``), as the upstream would stamp its own."""
-    return _services(request).gw.clock.now_ms() // 1000
+    return _services(request).state.clock.now_ms() // 1000
 
 
 def _client_secret(request: ClientRequest) -> str | None:
@@ -94,7 +94,7 @@ def resolve_model(svc: Services, key: ClientKey, model: str) -> str:
     """The model a request is served with: its own name, or the target of the alias catching it
     (:meth:`Registry.alias_target`). A key with an allow-list may use an alias when it may use
     the requested name or the target (the admin who made the alias chose the target)."""
-    target = svc.gw.registry.alias_target(model)
+    target = svc.state.registry.alias_target(model)
     if target is None:
         check_model_allowed(key, model)
         return model
@@ -111,10 +111,10 @@ def authenticate(svc: Services, request: ClientRequest) -> ClientKey:
             "Missing API key: send 'Authorization: Bearer <key>' or 'x-api-key'",
             code="missing_api_key",
         )
-    key = svc.gw.registry.authenticate(secret)
+    key = svc.state.registry.authenticate(secret)
     if key is None:
         raise ApiError(401, "Invalid API key", code="invalid_api_key")
-    svc.gw.key_last_used[key.id] = svc.gw.clock.now_ms()
+    svc.state.key_last_used[key.id] = svc.state.clock.now_ms()
     return key
 
 
@@ -153,7 +153,7 @@ async def count_tokens(request: ClientRequest) -> Response:
     try:
         key = authenticate(svc, request)
         svc.check_rate(key)
-        raw = await read_body(request, svc.gw.config.server.max_body_bytes)
+        raw = await read_body(request, svc.state.config.server.max_body_bytes)
         body = await asyncio.to_thread(decode_json_object, raw)
         model = require_str(body, "model", max_len=MAX_MODEL_LEN)
         model = resolve_model(svc, key, model)
@@ -177,7 +177,7 @@ async def _count_upstream(
     """The first Anthropic-wire connection's count (the key may use it, the model is its), or
     None. A failure there falls back to the estimate and teaches resilience nothing: a free
     count is no evidence about the account."""
-    reg = svc.gw.registry
+    reg = svc.state.registry
     upstream_model, conns = reg.candidates(model)
     for conn in conns:
         if conn.protocol is not Protocol.ANTHROPIC or reg.denial(key, conn) is not None:
@@ -224,7 +224,7 @@ async def models(request: ClientRequest) -> Response:
         key = authenticate(svc, request)
     except ApiError as err:
         return error_response(err)
-    reg = svc.gw.registry
+    reg = svc.state.registry
     seen: dict[str, str] = {}
     for provider, conns in reg.by_provider.items():
         for conn in conns:
@@ -266,7 +266,7 @@ async def _handle(
     try:
         key = authenticate(svc, request)
         svc.check_rate(key)
-        raw = await read_body(request, svc.gw.config.server.max_body_bytes)
+        raw = await read_body(request, svc.state.config.server.max_body_bytes)
         if len(raw) < svc.limits.thread_parse_bytes:
             body = decode_json_object(raw)
             if prepare is not None:
@@ -287,7 +287,7 @@ async def _handle(
                 extra={"status": err.status, "code": err.code, "diagnostics": err.diagnostics},
             )
         resp = error_response(err, anthropic=route is Route.MESSAGES)
-    svc.metrics.observe_request(svc.gw.registry, key, body, resp, t0)
+    svc.metrics.observe_request(svc.state.registry, key, body, resp, t0)
     if route is Route.RESPONSES and resp.status_code in (429, 503):
         # a streaming Codex client sees only a refusal's reason in ``response.failed``
         return codex_failed_stream(resp, body, request.headers, now_s(request)) or resp
@@ -328,7 +328,7 @@ def _parse(
     limits = svc.limits
     check_message_limits(body, limits.max_messages, limits.max_message_bytes)
     check_depth(body)
-    default_out = svc.gw.config.server.default_max_tokens
+    default_out = svc.state.config.server.default_max_tokens
     if route is Route.EMBEDDINGS:
         inp = body.get("input")
         if isinstance(inp, str):
@@ -400,7 +400,7 @@ def _parse_responses(
     check_fields(body, RESPONSES_FIELDS)
     stream = optional_bool(body, "stream")
     max_out = optional_int(body, "max_output_tokens", minimum=1, maximum=MAX_OUTPUT_TOKENS)
-    default_out = svc.gw.config.server.default_max_tokens
+    default_out = svc.state.config.server.default_max_tokens
     return Call(
         svc,
         request,
@@ -420,7 +420,7 @@ def _parse_responses(
 
 
 async def _dispatch(call: Call) -> Response:
-    reg = call.svc.gw.registry
+    reg = call.svc.state.registry
     combo = reg.combos.get(call.model)
     if combo is not None:
         return await pipeline.route_combo(call, combo)

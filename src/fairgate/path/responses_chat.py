@@ -54,7 +54,7 @@ async def served_as_chat(call: Call, serve: Callable[[Call], Awaitable[Response]
     resp = await serve(dataclasses.replace(call, route=Route.CHAT, body=chat))
     if resp.status_code != 200:
         return resp  # an error: the OpenAI error body is the Responses API's too
-    created = call.svc.gw.clock.now_ms() // 1000
+    created = call.svc.state.clock.now_ms() // 1000
     if isinstance(resp, StreamingResponse):
         conv = ChatToResponsesStream(call.body, call.model, created=created)
         return StreamingResponse(

@@ -114,7 +114,7 @@ def create_app(
         )
         app.state.metrics = metrics
         services = Services(
-            gw=gw,
+            state=gw,
             upstream=upstream
             or UpstreamClient(
                 timeout_s=gw.config.server.upstream_timeout_s,
