@@ -18,7 +18,7 @@ import pytest_asyncio
 
 from fairgate.clock import ManualClock
 from fairgate.domain.units import Unit, Window
-from fairgate.path.attempt import quota_headers
+from fairgate.path.quota_headers import quota_headers
 from fairgate.quota.decision import Outcome
 from fairgate.quota.engine import ADMIT_ATTEMPTS, QuotaEngine
 from fairgate.quota.journal import Circuit

@@ -17,28 +17,25 @@ import logging
 import math
 import re
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 
 import orjson
-from starlette.responses import Response, StreamingResponse
 
 from fairgate.clock import Clock
 from fairgate.domain.connections import Connection
 from fairgate.domain.readings import RateLimitSnapshot
 from fairgate.domain.units import Unit
-from fairgate.formats.responses_tools import TOOLS_OMITTED_HEADER
 from fairgate.formats.translate import CannotCarry
 from fairgate.formats.usage import Usage
-from fairgate.formats.wire_loss import OMITTED_HEADER
 from fairgate.path import relay
 from fairgate.path.call import Call, Candidate, ExecOptions, Services
 from fairgate.path.diagnostics import Diagnostics
 from fairgate.path.exchange import EXCHANGES, Exchange, quality_problem, stream_error_event
+from fairgate.path.outcome import Outcome
 from fairgate.path.provider_signals import PercentCharge, Reading
 from fairgate.path.reservation import Reservation
 from fairgate.path.validation import validation_problem
 from fairgate.process import tracing
-from fairgate.process.client_http import Answer, Later, StreamAnswer
 from fairgate.process.errors import ApiError
 from fairgate.process.logs import MASK, REDACTOR, REQUEST_ID
 from fairgate.providers.transport import TRANSPORT_ERRORS, UpstreamResponse
@@ -80,8 +77,8 @@ async def attempt(
     *,
     diag: Diagnostics,
     opts: ExecOptions,
-) -> Response | ApiError:
-    """Response on success; ApiError (its ``step`` from the failover rule) otherwise.
+) -> Outcome | ApiError:
+    """The answer on success; ApiError (its ``step`` from the failover rule) otherwise.
 
     Every outcome is reported to the resilience manager (cooldowns, lockouts, breakers learn
     from it) and to the per-target metrics the strategies read; a failure also to the
@@ -151,7 +148,7 @@ async def _attempt_on(
     *,
     diag: Diagnostics,
     opts: ExecOptions,
-) -> Response | ApiError:
+) -> Outcome | ApiError:
     svc = call.svc
     conn, upstream_model = cand.conn, cand.model
     exchange = EXCHANGES[(call.route, conn.protocol)]
@@ -255,8 +252,7 @@ async def _attempt_on(
         err, raw_err = await _upstream_error(resp, conn)
         log.warning("upstream error", extra={"connection": conn.id, "status": resp.status})
         return await fail("upstream", err, status=resp.status, body=raw_err, headers=resp.headers)
-    headers = _answer_headers(call, conn, exchange, opts)
-    quota = quota_raw_headers(adm)  # encoded already, added to the answer's raw headers
+    omitted, tools = _left_out(call, exchange)
     if call.stream:
         tally = relay.StreamTally(prompt_estimate=call.prompt_estimate)
         source = exchange.relay(call, resp, wants_usage, tally)
@@ -275,26 +271,19 @@ async def _attempt_on(
                 settle_usage=tally.effective_usage(),
             )
         await _report_success(call, cand, snap, _ms_since(t_send))
-        overhead = (t_send - call.t0) * 1000
-        headers["x-fairgate-overhead-ms"] = f"{overhead:.3f}"
         res.keep()  # the stream settles it when it ends
-        streamed = _stream_response(
-            call,
-            conn,
-            res,
-            resp,
-            upstream_model,
-            headers,
-            tally,
-            source,
-            first,
-            lease,
-            overhead,
-            sent_ms,
-            reading,
+        return Outcome(
+            chunks=_stream_chunks(
+                call, conn, res, resp, upstream_model, tally, source, first, lease, sent_ms, reading
+            ),
+            sse=True,
+            served_by=conn.id,
+            combo=opts.combo,
+            overhead_ms=(t_send - call.t0) * 1000,
+            admission=adm,
+            omitted=omitted,
+            tools_omitted=tools,
         )
-        streamed.raw_headers.extend(quota)
-        return streamed
     try:
         raw = await resp.read()
     except TRANSPORT_ERRORS as exc:
@@ -328,36 +317,34 @@ async def _attempt_on(
     res.keep()  # settled by the answer's background task
     await _report_success(call, cand, snap, (t_body - t_send) * 1000, usage)
     overhead = (time.perf_counter() - call.t0 - (t_body - t_send)) * 1000
-    headers["x-fairgate-overhead-ms"] = f"{overhead:.3f}"
     # settle after the answer is on its way: the client need not wait for our bookkeeping
     # (the reservation holds the quota meanwhile, so nothing can overshoot)
     if res.open or tracing.active() or reading is not None:
-        settle: Later | None = Later(_settle, svc, res, conn, call, upstream_model, usage, reading)
+        settle: Callable[[], Awaitable[None]] | None = functools.partial(
+            _settle, svc, res, conn, call, upstream_model, usage, reading
+        )
     else:  # nothing reserved (no pool), no span to record: no task, only the tokens to count
         settle = None
         _count_tokens(svc, conn, call, usage, reading)
-    answer = Answer(
-        out, headers=headers, background=settle, served_by=conn.id, overhead_ms=overhead
+    return Outcome(
+        out,
+        served_by=conn.id,
+        combo=opts.combo,
+        overhead_ms=overhead,
+        usage=usage,
+        admission=adm,
+        omitted=omitted,
+        tools_omitted=tools,
+        pending=settle,
     )
-    answer.raw_headers.extend(quota)
-    return answer
 
 
-def _answer_headers(
-    call: Call, conn: Connection, exchange: Exchange, opts: ExecOptions
-) -> dict[str, str]:
-    """A new dict (this answer's own): who served, the combo, and what the translation left
-    out (never silently, issue 42)."""
-    headers = {"x-fairgate-connection": conn.id}
-    if opts.combo:
-        headers["x-fairgate-combo"] = opts.combo
+def _left_out(call: Call, exchange: Exchange) -> tuple[str | None, str | None]:
+    """What the translation left out (never silently, issue 42): the request's fields, and
+    its hosted tools, each as the list the edge shows (None: nothing)."""
     omitted = exchange.omitted(call)
-    if omitted:
-        headers[OMITTED_HEADER] = ", ".join(omitted)
     tools = exchange.tools_omitted(call)
-    if tools:
-        headers[TOOLS_OMITTED_HEADER] = ", ".join(tools)
-    return headers
+    return (", ".join(omitted) if omitted else None), (", ".join(tools) if tools else None)
 
 
 def _answer_problem(
@@ -698,21 +685,22 @@ async def _settle(
     )
 
 
-def _stream_response(
+def _stream_chunks(
     call: Call,
     conn: Connection,
     res: Reservation,
     resp: UpstreamResponse,
     upstream_model: str,
-    headers: dict[str, str],
     tally: relay.StreamTally,
     source: AsyncIterator[bytes],
     first: list[bytes],
     lease: Lease,
-    overhead_ms: float,
     sent_ms: int,
     reading: Reading | None = None,
-) -> StreamingResponse:
+) -> AsyncIterator[bytes]:
+    """The stream's events for the client: what was read to validate it, then the rest live;
+    when it ends, breaks or is closed, the upstream answer and the slot are given back and
+    the reservation settled with what was streamed."""
     svc = call.svc
     route = call.route
 
@@ -739,79 +727,4 @@ def _stream_response(
             else:  # nothing reserved (no pool), no span to record: no task
                 _count_tokens(svc, conn, call, usage)
 
-    return StreamAnswer(
-        body(),
-        {**headers, "cache-control": "no-cache"},
-        served_by=conn.id,
-        overhead_ms=overhead_ms,
-    )
-
-
-@functools.lru_cache(maxsize=4096)
-def _quota_header_names(key: str, unit: str) -> tuple[bytes, bytes, bytes, bytes, bytes]:
-    """The header names of one dimension, encoded once per dimension, not per request:
-    limit, reset and remaining by dimension, then limit and remaining by unit."""
-    suffix = key.replace("/", "-").replace(":", "-")
-    return (
-        f"x-ratelimit-limit-{suffix}".encode("latin-1"),
-        f"x-ratelimit-reset-{suffix}".encode("latin-1"),
-        f"x-ratelimit-remaining-{suffix}".encode("latin-1"),
-        f"x-ratelimit-limit-{unit}".encode("latin-1"),
-        f"x-ratelimit-remaining-{unit}".encode("latin-1"),
-    )
-
-
-def _count_text(value: float) -> bytes:
-    """A count as a rate-limit header value: a whole number in digits (``2000000``, as OpenAI
-    and Anthropic send them, which clients read with ``int()``), a fraction (a percent plan's
-    share, fractional token estimates) with up to 15 significant digits. ``%g`` would write
-    ``2e+06`` for a 2M-token limit and round a remaining ``1999872`` to ``2e+06``."""
-    if value % 1 == 0 and abs(value) < 1e18:  # not inf or nan; an int limit from config too
-        return b"%d" % value
-    return b"%.15g" % value
-
-
-@functools.lru_cache(maxsize=4096)
-def _limit_text(limit: float) -> bytes:
-    return _count_text(limit)
-
-
-_UNAVAILABLE = (b"x-fairgate-quota", b"unavailable")
-
-
-def quota_raw_headers(adm: Admission) -> list[tuple[bytes, bytes]]:
-    """``x-ratelimit-*`` per dimension (SPEC §4), as the (name, value) bytes an ASGI answer
-    sends: a governed answer carries ten of them, and the names and limits are encoded once
-    per dimension instead of per request. When the store could not be read (fail-open) the
-    limits and resets are still sent, the remaining counts are not, and
-    ``x-fairgate-quota: unavailable`` says why (README, "Quota headers"). The unsuffixed names
-    SDK users know come from the first dimension of each unit."""
-    out: list[tuple[bytes, bytes]] = []
-    by_unit: set[bytes] = set()
-    unavailable = False
-    for st in adm.status:
-        limit_h, reset_h, remaining_h, unit_limit_h, unit_remaining_h = _quota_header_names(
-            st.key, st.unit
-        )
-        limit = _limit_text(st.limit)
-        out.append((limit_h, limit))
-        out.append((reset_h, b"%ds" % -(-st.reset_ms // 1000)))  # whole seconds, rounded up
-        if unit_limit_h not in by_unit:
-            by_unit.add(unit_limit_h)
-            out.append((unit_limit_h, limit))
-        if st.remaining is None:
-            unavailable = True
-            continue
-        remaining = _count_text(st.remaining)
-        out.append((remaining_h, remaining))
-        if unit_remaining_h not in by_unit:
-            by_unit.add(unit_remaining_h)
-            out.append((unit_remaining_h, remaining))
-    if unavailable:
-        out.append(_UNAVAILABLE)
-    return out
-
-
-def quota_headers(adm: Admission) -> dict[str, str]:
-    """:func:`quota_raw_headers` as a dict of text (an error answer's headers)."""
-    return {k.decode("latin-1"): v.decode("latin-1") for k, v in quota_raw_headers(adm)}
+    return body()

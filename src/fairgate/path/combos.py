@@ -22,7 +22,6 @@ from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 import orjson
-from starlette.responses import Response
 
 from fairgate.domain.connections import Connection
 from fairgate.domain.keys import ClientKey, Denial
@@ -31,6 +30,7 @@ from fairgate.path import access, executor
 from fairgate.path.call import Call, Candidate, ExecOptions, Route
 from fairgate.path.diagnostics import Diagnostics, Terminal
 from fairgate.path.exchange import carried
+from fairgate.path.outcome import Outcome
 from fairgate.path.responses_chat import served_as_chat
 from fairgate.path.views import health_view, quota_view
 from fairgate.process.errors import ApiError
@@ -60,7 +60,7 @@ log = logging.getLogger("fairgate.routing")
 # -- plain models ---------------------------------------------------------------------------
 
 
-async def route_plain(call: Call, upstream_model: str, conns: Sequence[Connection]) -> Response:
+async def route_plain(call: Call, upstream_model: str, conns: Sequence[Connection]) -> Outcome:
     reg = call.svc.state.registry
     every = call.svc.plain_candidates.of(reg, upstream_model, conns)
     cands, why = access.permitted(reg, call.key, every, _conn_of)
@@ -93,7 +93,7 @@ async def _quota_share(
     model: str,
     cands: list[Candidate],
     diag: Diagnostics,
-) -> Response:
+) -> Outcome:
     svc = call.svc
     by_conn = {c.conn.id: c for c in cands}
     res = select_quota_share(
@@ -201,7 +201,7 @@ async def order_targets(call: Call, combo: Combo, targets: Sequence[Target]) -> 
     return get_strategy(combo.strategy)(inp, svc.strategy_state)
 
 
-async def route_combo(call: Call, combo: Combo) -> Response:
+async def route_combo(call: Call, combo: Combo) -> Outcome:
     reg = call.svc.state.registry
     targets = expand_targets(combo.targets, reg.by_provider)
     mode = mode_of(combo.strategy)
@@ -272,15 +272,15 @@ def _pin(call: Call, combo: Combo, ordered: list[Target]) -> list[Target]:
 
 async def _fan_out(
     call: Call, combo: Combo, racers: Sequence[Target], rest: Sequence[Target]
-) -> Response:
+) -> Outcome:
     """Chaos fan-out (option ``fanOut: n``): the first n targets race, the first good answer
     wins and the others are aborted (their reservations released; an answer that arrived
     anyway is settled, since the upstream did the work). All racers failing → the remaining
     targets in order."""
     tasks = [asyncio.create_task(_run(call, combo, [t])) for t in racers]
-    winner: Response | None = None
+    winner: Outcome | None = None
     last: ApiError | None = None
-    pending: set[asyncio.Task[Response]] = set(tasks)
+    pending: set[asyncio.Task[Outcome]] = set(tasks)
     while pending and winner is None:
         done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
         for task in done:
@@ -288,7 +288,7 @@ async def _fan_out(
             if exc is None and winner is None:
                 winner = task.result()
             elif exc is None:
-                await _settle_loser(task.result())
+                await task.result().discard()
             elif isinstance(exc, ApiError):
                 last = exc
             else:
@@ -297,27 +297,14 @@ async def _fan_out(
         task.cancel()
     for task in pending:
         with contextlib.suppress(asyncio.CancelledError, ApiError):
-            await _settle_loser(await task)
+            await (await task).discard()
     if winner is not None:
-        winner.headers["x-fairgate-fan-out"] = str(len(racers))
+        winner.fan_out = len(racers)
         return winner
     if rest:
         return await _run(call, combo, rest)
     assert last is not None
     raise last
-
-
-async def _settle_loser(resp: Response) -> None:
-    """An answer that arrived but is not sent: settled as if it had been (the upstream did the
-    work). A stream's body is started and closed at once: that ends its upstream response,
-    gives its slot back and settles what was produced."""
-    if resp.background is not None:
-        await resp.background()
-    body = getattr(resp, "body_iterator", None)
-    if body is not None:
-        with contextlib.suppress(StopAsyncIteration):
-            await body.__anext__()
-        await body.aclose()
 
 
 def _hedge_delay_ms(call: Call, combo: Combo, first: Target) -> int | None:
@@ -331,7 +318,7 @@ def _hedge_delay_ms(call: Call, combo: Combo, first: Target) -> int | None:
     return setting if isinstance(setting, int) else None
 
 
-async def _hedged(call: Call, combo: Combo, ordered: Sequence[Target]) -> Response:
+async def _hedged(call: Call, combo: Combo, ordered: Sequence[Target]) -> Outcome:
     """Hedged first token (issue 46): the combo runs over its targets as usual; when no first
     token came within the hedge delay, the next targets are started too (each attempt admitted
     and charged like any). The first answer wins and the other side is cancelled at once (an
@@ -372,30 +359,30 @@ async def _hedged(call: Call, combo: Combo, ordered: Sequence[Target]) -> Respon
             task.cancel()
     svc.metrics.observe_hedge(reg, name, outcome)
     if outcome == "won":
-        winner.headers["x-fairgate-hedged"] = "won"
+        winner.hedged = True
     return winner
 
 
-async def _reap(task: asyncio.Task[Response]) -> None:
+async def _reap(task: asyncio.Task[Outcome]) -> None:
     """A hedge race's loser, cancelled: wait for it to end (its attempt charged, its slot
     given back), and settle an answer it got anyway."""
     try:
         resp = await task
     except (asyncio.CancelledError, ApiError):
         return
-    await _settle_loser(resp)
+    await resp.discard()
 
 
 async def _race(
-    primary: asyncio.Task[Response],
-    hedge: asyncio.Task[Response],
+    primary: asyncio.Task[Outcome],
+    hedge: asyncio.Task[Outcome],
     spawn: Callable[[Coroutine[Any, Any, None]], None],
-) -> tuple[Response, str]:
+) -> tuple[Outcome, str]:
     """The first answer of the two and the hedge's outcome (``won``, ``lost``, ``cancelled``,
     ``failed``); the other side is cancelled at once, or settled if it answered too. Raises
     the primary's error when neither answers."""
-    pending: set[asyncio.Task[Response]] = {primary, hedge}
-    winner: asyncio.Task[Response] | None = None
+    pending: set[asyncio.Task[Outcome]] = {primary, hedge}
+    winner: asyncio.Task[Outcome] | None = None
     try:
         while pending and winner is None:
             done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
@@ -434,7 +421,7 @@ async def _run(
     *,
     stream: bool | None = None,
     charge_if_cancelled: bool = False,
-) -> Response:
+) -> Outcome:
     """Execute over the targets in order with the combo's config (timeout included)."""
     reg = call.svc.state.registry
     cfg = combo.config
@@ -482,10 +469,10 @@ async def _run(
         ) from None
 
 
-def _after_answer(call: Call, combo: Combo, response: Response) -> None:
+def _after_answer(call: Call, combo: Combo, response: Outcome) -> None:
     """Remember who served (lkgp, cache affinity) and send the sampled shadow copies."""
     svc = call.svc
-    conn_id = response.headers.get("x-fairgate-connection")
+    conn_id = response.served_by
     for t in combo.targets:
         if t.connection_id in (conn_id, None, "*"):
             conn = svc.state.registry.connections.get(conn_id or "")
@@ -516,8 +503,7 @@ async def _shadow(call: Call, combo: Combo, target: Target, timeout_ms: int) -> 
                 Diagnostics(combo=combo.name),
                 ExecOptions(combo=combo.name),
             )
-            if resp.background is not None:
-                await resp.background()
+            await resp.settle()
 
 
 # -- fusion and pipeline --------------------------------------------------------------------
@@ -536,16 +522,15 @@ async def _ask(
         resp = await _run(sub, combo, [target])
     except ApiError as err:
         return PanelAnswer(target, error=err.message)
-    if resp.background is not None:
-        await resp.background()  # settle the sub-request's usage now
+    await resp.settle()  # settle the sub-request's usage now
     try:
-        text = answer_text(orjson.loads(bytes(resp.body)))
+        text = answer_text(orjson.loads(resp.body))
     except orjson.JSONDecodeError:
         text = None
     return PanelAnswer(target, content=text) if text else PanelAnswer(target, error="empty")
 
 
-async def _fusion(call: Call, combo: Combo, targets: Sequence[Target]) -> Response:
+async def _fusion(call: Call, combo: Combo, targets: Sequence[Target]) -> Outcome:
     plan = FusionPlan.from_combo(combo, await order_targets(call, combo, targets))
     messages = list(call.body.get("messages") or [])
     answers = await asyncio.gather(*(_ask(call, combo, t, messages) for t in plan.panel))
@@ -579,7 +564,7 @@ async def _fusion(call: Call, combo: Combo, targets: Sequence[Target]) -> Respon
         return _synthetic_answer(call, combo, fallback)
 
 
-async def _pipeline(call: Call, combo: Combo, targets: Sequence[Target]) -> Response:
+async def _pipeline(call: Call, combo: Combo, targets: Sequence[Target]) -> Outcome:
     plan = PipelinePlan.from_combo(combo)
     for step in plan.steps:  # a step cannot be skipped: one the key may not use refuses it all
         usable_targets(call, [step.target])
@@ -609,12 +594,11 @@ async def _pipeline(call: Call, combo: Combo, targets: Sequence[Target]) -> Resp
     return await _run(final, combo, [last.target])
 
 
-def _synthetic_answer(call: Call, combo: Combo, answer: PanelAnswer) -> Response:
+def _synthetic_answer(call: Call, combo: Combo, answer: PanelAnswer) -> Outcome:
     """A panel answer given as the combo's answer (fusion with one survivor), in the shape the
     client asked for (a one-chunk stream when it streams)."""
     created = call.svc.state.clock.now_ms() // 1000
     msg = {"role": "assistant", "content": answer.content}
-    headers = {"x-fairgate-combo": combo.name}
     if call.stream:
         chunk = {
             "id": "chatcmpl-fusion",
@@ -624,7 +608,7 @@ def _synthetic_answer(call: Call, combo: Combo, answer: PanelAnswer) -> Response
             "choices": [{"index": 0, "delta": msg, "finish_reason": "stop"}],
         }
         body = b"data: " + orjson.dumps(chunk) + b"\n\ndata: [DONE]\n\n"
-        return Response(body, media_type="text/event-stream", headers=headers)
+        return Outcome(body, sse=True, combo=combo.name)
     out = {
         "id": "chatcmpl-fusion",
         "object": "chat.completion",
@@ -632,4 +616,4 @@ def _synthetic_answer(call: Call, combo: Combo, answer: PanelAnswer) -> Response
         "model": call.model,
         "choices": [{"index": 0, "message": msg, "finish_reason": "stop"}],
     }
-    return Response(orjson.dumps(out), media_type="application/json", headers=headers)
+    return Outcome(orjson.dumps(out), combo=combo.name)

@@ -19,15 +19,15 @@ from collections.abc import Collection, Coroutine
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from starlette.responses import Response
-
 from fairgate.domain.connections import Connection
 from fairgate.domain.units import Unit
 from fairgate.formats.usage import Usage, estimate_prompt_tokens
-from fairgate.path.attempt import attempt, quota_headers
+from fairgate.path.attempt import attempt
 from fairgate.path.call import Call, Candidate, ExecOptions
-from fairgate.path.context_fit import COMPRESSED_HEADER, compress_messages, window_of
+from fairgate.path.context_fit import compress_messages, window_of
 from fairgate.path.diagnostics import Diagnostics, Terminal
+from fairgate.path.outcome import Outcome
+from fairgate.path.quota_headers import quota_headers
 from fairgate.path.reservation import Reservation
 from fairgate.process import credentials
 from fairgate.process.client_http import ClientRequest
@@ -60,7 +60,7 @@ async def execute(
     cands: list[Candidate],
     diag: Diagnostics,
     opts: ExecOptions | None = None,
-) -> Response:
+) -> Outcome:
     """Try the candidates in order until one answers.
 
     A candidate is skipped when resilience excludes it (breaker open, cooling down, model locked,
@@ -149,7 +149,7 @@ class _Execution:
     def _capped(self) -> bool:
         return self.attempts >= self.opts.attempt_cap or self.total_attempts >= GLOBAL_MAX_ATTEMPTS
 
-    async def serve(self, cands: list[Candidate]) -> Response:
+    async def serve(self, cands: list[Candidate]) -> Outcome:
         while True:
             resp = await self._pass(cands)
             if resp is not None:
@@ -168,7 +168,7 @@ class _Execution:
             self.full, self.failed = [], []
             self.attempts = 0
 
-    async def _pass(self, cands: list[Candidate]) -> Response | None:
+    async def _pass(self, cands: list[Candidate]) -> Outcome | None:
         self.queue = list(cands)
         while self.queue:
             cand = self.queue.pop(0)
@@ -220,7 +220,7 @@ class _Execution:
         self.diag.exclude(cand.label, "context-window")
         return False
 
-    async def _consider(self, cand: Candidate, lease: Lease) -> Response | None:
+    async def _consider(self, cand: Candidate, lease: Lease) -> Outcome | None:
         """Resilience, then admission, then an attempt (or holding a soft admission)."""
         try:
             a = await self._admit(cand, lease)
@@ -283,7 +283,7 @@ class _Execution:
             return excl
         return dataclasses.replace(excl, until_ms=held)
 
-    async def _attempt(self, a: _Admitted) -> Response | None:
+    async def _attempt(self, a: _Admitted) -> Outcome | None:
         """Attempts on one target (retries per the failover rule); None when it failed and
         the request may move on. Raises when the failure ends the request."""
         opts = self.opts
@@ -291,7 +291,7 @@ class _Execution:
             self.svc.record_fallback(opts.combo, self.last_error.failure)
         if self.failed and opts.fallback_delay_ms > 0:
             await self._pause(opts.fallback_delay_ms)
-        result: Response | ApiError | None = None
+        result: Outcome | ApiError | None = None
         for n in range(1 + max(0, opts.max_retries)):
             if n > 0:
                 retry = await self._readmit(a)
@@ -306,9 +306,9 @@ class _Execution:
             result = await attempt(
                 call, a.cand, a.pool, a.adm, a.res, a.lease, diag=self.diag, opts=opts
             )
-            if isinstance(result, Response):
+            if isinstance(result, Outcome):
                 if call is not self.call:  # the answer says it saw a compressed conversation
-                    result.headers[COMPRESSED_HEADER] = f"dropped={self.fitted[a.cand.label][1]}"
+                    result.compressed_dropped = self.fitted[a.cand.label][1]
                 return result
             if result.step is not Step.RETRY or self._capped():
                 break
@@ -349,7 +349,7 @@ class _Execution:
         deadline = self.opts.deadline_ms
         return end if deadline is None else min(end, deadline)
 
-    async def _queue_for_slot(self) -> Response | None:
+    async def _queue_for_slot(self) -> Outcome | None:
         """Every candidate left is at its concurrency cap: wait (FIFO, bounded) for a slot
         on any of them, then try that one."""
         now = self.timer.clock.now_ms()

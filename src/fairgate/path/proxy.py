@@ -46,6 +46,8 @@ from fairgate.path.bodies import (
 from fairgate.path.call import Call, Route, Services
 from fairgate.path.codex_refusal import codex_failed_stream
 from fairgate.path.exchange import carried
+from fairgate.path.outcome import Outcome
+from fairgate.path.render import render
 from fairgate.process import tracing
 from fairgate.process.client_http import Answer, ClientRequest
 from fairgate.process.errors import ApiError, error_response
@@ -279,7 +281,7 @@ async def _handle(
                 _before_translation(svc, key, body)
                 body = await asyncio.to_thread(prepare, body)
             call = await asyncio.to_thread(_parse, svc, request, key, body, route, t0)
-        resp = await _dispatch(call)
+        resp = render(await _dispatch(call))
     except ApiError as err:
         if err.diagnostics is not None:  # the client sees reason codes; the admin, all of it
             log.info(
@@ -419,7 +421,7 @@ def _parse_responses(
 # -- admission over candidates -------------------------------------------------------------
 
 
-async def _dispatch(call: Call) -> Response:
+async def _dispatch(call: Call) -> Outcome:
     reg = call.svc.state.registry
     combo = reg.combos.get(call.model)
     if combo is not None:

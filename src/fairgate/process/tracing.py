@@ -328,8 +328,8 @@ def attempt_attrs(call: Any, cand: Any, pool: Any, _adm: Any, *_: Any, **kw: Any
 
 def attempt_result(result: Any) -> Attrs:
     failure = getattr(result, "failure", None)
-    if hasattr(result, "status_code") and failure is None:
-        return {"fairgate.outcome": "ok", "http.response.status_code": int(result.status_code)}
+    if failure is None and not hasattr(result, "status"):  # an answer (an error has a status)
+        return {"fairgate.outcome": "ok", "http.response.status_code": 200}
     return {
         "fairgate.outcome": str(failure or "error"),
         "http.response.status_code": int(getattr(result, "status", 0) or 0),
