@@ -4,7 +4,8 @@ pyproject.toml) are kept, and the check can fail.
 ``make test`` runs ``lint-imports`` before the suite; this test runs it too, so a plain
 ``pytest`` catches a broken floor, and it proves the check is live by planting a violation of
 each kind in a copy of the source: an arrow up the floors, a lazy import inside a function, a
-fairgate import on the ground floor, aiohttp outside the upstream adapter.
+fairgate import on the ground floor, aiohttp outside the upstream adapter, Starlette, an HTTP
+answer or the service container in the request path below its edge.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ import fairgate
 SRC = Path(fairgate.__file__).resolve().parent
 ROOT = SRC.parent.parent
 LINT = Path(sys.executable).parent / "lint-imports"
+#: the request path's edge contract, as its name reads
+EDGE = "request path imports no Starlette"
 
 
 def lint(project: Path, src: Path) -> subprocess.CompletedProcess[str]:
@@ -52,6 +55,22 @@ def test_the_contracts_hold() -> None:
         ("domain/units.py", "from fairgate.clock import Clock\n", "ground floor"),
         # aiohttp outside the upstream adapter and the mock
         ("path/relay.py", "import aiohttp\n", "aiohttp"),
+        # the request path below its edge rendering HTTP itself, or reaching the container
+        (
+            "path/attempt.py",
+            "from starlette.responses import Response\n",
+            "request path imports no",
+        ),
+        (
+            "path/combos.py",
+            "from fairgate.process.state import Gateway\n",
+            "request path imports no",
+        ),
+        (
+            "path/executor.py",
+            "from fairgate.process.client_http import Answer\n",
+            "request path imports no",
+        ),
     ],
 )
 def test_each_kind_of_violation_is_caught(

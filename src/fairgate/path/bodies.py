@@ -9,7 +9,7 @@ from typing import Any
 
 import orjson
 
-from fairgate.process.client_http import ClientRequest
+from fairgate.process.client_request import ClientRequest
 from fairgate.process.errors import ApiError
 
 log = logging.getLogger("fairgate.proxy")

@@ -22,7 +22,7 @@ from fairgate.formats.pricing import PriceTable
 from fairgate.path.deps import PathState
 from fairgate.path.provider_signals import ProviderSignals
 from fairgate.path.slots import Slots
-from fairgate.process.client_http import ClientRequest
+from fairgate.process.client_request import ClientRequest
 from fairgate.process.errors import ApiError
 from fairgate.process.events import EventSink
 from fairgate.process.guards import KeyRateGuard

@@ -30,7 +30,7 @@ from fairgate.path.outcome import Outcome
 from fairgate.path.quota_headers import quota_headers
 from fairgate.path.reservation import Reservation
 from fairgate.process import credentials
-from fairgate.process.client_http import ClientRequest
+from fairgate.process.client_request import ClientRequest
 from fairgate.process.errors import ApiError
 from fairgate.process.events import AdmissionEvent
 from fairgate.quota.decision import Reason

@@ -20,7 +20,7 @@ from __future__ import annotations
 from starlette.responses import Response
 
 from fairgate.path import proxy
-from fairgate.process.client_http import ClientRequest
+from fairgate.process.client_request import ClientRequest
 
 __all__ = ["responses"]
 

@@ -18,43 +18,19 @@ given headers (names lower-cased), then ``content-length`` and ``content-type`` 
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterable, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterable, Awaitable, Callable, Mapping
 from typing import Any
 
 from starlette.background import BackgroundTask
 from starlette.responses import Response, StreamingResponse
-from starlette.types import Receive, Scope
+
+from fairgate.process.client_request import ClientRequest, decode_headers
 
 __all__ = ["Answer", "ClientRequest", "Later", "StreamAnswer", "decode_headers"]
 
 _JSON = (b"content-type", b"application/json")
 #: what Starlette sends for ``media_type="text/event-stream"`` (a text type gets a charset)
 _SSE = (b"content-type", b"text/event-stream; charset=utf-8")
-
-
-def decode_headers(raw: Sequence[tuple[bytes, bytes]]) -> dict[str, str]:
-    """The ASGI header list (lower-case names) as a dict, latin-1 decoded as Starlette decodes
-    them. A header sent twice keeps its first value, as Starlette's ``headers.get`` answers."""
-    return {k.decode("latin-1"): v.decode("latin-1") for k, v in reversed(raw)}
-
-
-class ClientRequest:
-    """One client request: its ASGI scope and ``receive``, its headers decoded once (lower-case
-    names; the first value of a repeated header), and the application serving it (whose
-    ``state`` holds the long-lived services)."""
-
-    __slots__ = ("app", "headers", "receive", "scope")
-
-    def __init__(self, scope: Scope, receive: Receive, headers: dict[str, str], app: Any) -> None:
-        self.scope = scope
-        self.receive = receive
-        self.headers = headers
-        self.app = app
-
-    @classmethod
-    def of_scope(cls, scope: Scope, receive: Receive, app: Any) -> ClientRequest:
-        """A request straight from an ASGI scope (the router's way in: a HEAD for a GET route)."""
-        return cls(scope, receive, decode_headers(scope["headers"]), app)
 
 
 class Later(BackgroundTask):
