@@ -6,11 +6,13 @@ reads the body through an async generator over ``receive``. :class:`ClientReques
 the edge (:mod:`fairgate.process.edge`) from the one pass it makes over the headers anyway: a
 plain dict of the decoded headers, and the ASGI ``receive`` for the body and the disconnect.
 It has only what the request path reads; the admin API, the dashboard, ``/health`` and
-``/metrics`` keep Starlette's.
+``/metrics`` keep Starlette's. It lives in :mod:`fairgate.process.client_request` (re-exported
+here), which imports no Starlette: the request path below its edge takes requests from there.
 
-The answers are Starlette's ``Response`` and ``StreamingResponse`` (what the combos, the
-Responses API edge and Starlette's router handle), built without Starlette's per-answer header
-normalisation and background-task inspection, and carrying the two facts the request's metrics
+The answers are Starlette's ``Response`` and ``StreamingResponse`` (what the request path's
+edge renders an outcome as, :mod:`fairgate.path.render`, and Starlette's router handles),
+built without Starlette's per-answer header normalisation and background-task inspection,
+and carrying the two facts the request's metrics
 need (the serving connection, the gateway's own time) as attributes instead of headers to be
 parsed back. What goes on the wire is what Starlette would send for the same arguments: the
 given headers (names lower-cased), then ``content-length`` and ``content-type`` unless given.
