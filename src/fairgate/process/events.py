@@ -13,12 +13,12 @@ counted and put on the pool's log, and the span is only built while tracing is o
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 from typing import Protocol
 
 from fairgate.process import tracing
 from fairgate.process.metrics import Metrics
 from fairgate.quota.outcomes import Admission
+from fairgate.records import record
 from fairgate.store.admission_log import SharedPoolLog
 
 __all__ = [
@@ -32,12 +32,13 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True, slots=True)
+@record(eq=False)
 class AdmissionEvent:
     """One admission decision of the request path: who asked (``key_id``), where
-    (``connection_id``, ``model``, ``pool_id``: None for a connection no pool governs, which
-    is allowed without asking the quota engine), the decision, when (``ts_ms``, the injected
-    clock) and how long it took (``started_ns``/``ended_ns``, wall time, for the span)."""
+        (``connection_id``, ``model``, ``pool_id``: None for a connection no pool governs, which
+        is allowed without asking the quota engine), the decision, when (``ts_ms``, the injected
+        clock) and how long it took (``started_ns``/``ended_ns``, wall time, for the span). One is
+    built per admission: a cheap record (``fairgate.records``), not a frozen dataclass."""
 
     pool_id: str | None
     key_id: str
