@@ -29,7 +29,7 @@ from fairgate.path.diagnostics import Diagnostics, Terminal
 from fairgate.path.outcome import Outcome
 from fairgate.path.quota_headers import quota_headers
 from fairgate.path.reservation import Reservation
-from fairgate.process import credentials
+from fairgate.process import credentials, tracing
 from fairgate.process.client_request import ClientRequest
 from fairgate.process.errors import ApiError
 from fairgate.process.events import AdmissionEvent
@@ -543,6 +543,8 @@ async def _admit(call: Call, conn: Connection, pool: Pool | None, upstream_model
     svc = call.svc
     started = time.time_ns()
     if pool is None:
+        if not tracing.active():  # nothing but a trace reads an ungoverned admission
+            return ALLOW_UNGOVERNED
         adm = ALLOW_UNGOVERNED
         pool_id = None
     else:

@@ -61,10 +61,13 @@ def render(outcome: Outcome) -> Response:
     elif outcome.sse:  # a composed answer to a streaming request: one whole event stream
         resp = Response(outcome.body, media_type="text/event-stream", headers=headers)
     else:
+        # the settlement moves to the answer's background task (the outcome keeps none, so it
+        # still runs exactly once), called directly: no coroutine of the outcome's around it
+        pending, outcome.pending = outcome.pending, None
         resp = Answer(
             outcome.body,
             headers=headers,
-            background=Later(outcome.settle) if outcome.settles else None,
+            background=None if pending is None else Later(pending),
             served_by=outcome.served_by,
             overhead_ms=outcome.overhead_ms,
         )
