@@ -33,6 +33,7 @@ import orjson
 
 from fairgate.formats.sse import SSEParser
 from fairgate.formats.translate import (
+    ChatChunks,
     _dumps,
     _list,
     _map,
@@ -245,7 +246,7 @@ def chat_from_completed(resp: Mapping[str, Any], model: str, *, created: int) ->
     }
 
 
-class ResponsesToChatStream:
+class ResponsesToChatStream(ChatChunks):
     """Responses stream events → chat ``chat.completion.chunk`` dicts, one event at a time.
 
     ``feed(event, data)`` takes the SSE event name (may be None; ``data["type"]`` wins) and the
@@ -255,24 +256,12 @@ class ResponsesToChatStream:
     """
 
     def __init__(self, model: str, include_usage: bool, created: int, id: str) -> None:
-        self._base: JSON = {
-            "id": id,
-            "object": "chat.completion.chunk",
-            "created": created,
-            "model": model,
-        }
-        self._include_usage = include_usage
+        super().__init__(model, include_usage, created, id)
         self._calls: dict[str, int] = {}  # Responses item id → chat tool-call index
         self._started = False
         self.usage: Usage | None = None
         self.completed: JSON | None = None
         self.done = False
-
-    def _chunk(self, delta: JSON, finish: str | None = None) -> JSON:
-        return {
-            **self._base,
-            "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}],
-        }
 
     def _role(self) -> list[JSON]:
         if self._started:
@@ -298,8 +287,7 @@ class ResponsesToChatStream:
         finish = _finish_reason(resp, bool(self._calls))
         out = [*self._role(), self._chunk({}, finish)]
         if self._include_usage:
-            usage = _openai_usage(self.usage or Usage())
-            out.append({**self._base, "choices": [], "usage": usage})
+            out.append(self._usage_chunk(_openai_usage(self.usage or Usage())))
         return out
 
     def _error(self, message: object, kind: object) -> list[JSON]:
