@@ -19,8 +19,4 @@ if TYPE_CHECKING:
 else:  # mypy reads the imports; a run loads each name on first use
     __getattr__ = lazy_surface(__name__)
 
-__all__ = [
-    "create_admin_app",
-    "dashboard_mount",
-    "error_response",
-]
+__all__ = ["create_admin_app", "dashboard_mount", "error_response"]

@@ -17,11 +17,4 @@ if TYPE_CHECKING:
 else:  # mypy reads the imports; a run loads each name on first use
     __getattr__ = lazy_surface(__name__)
 
-__all__ = [
-    "AsyncClient",
-    "NoReply",
-    "async_client",
-    "call_within",
-    "prepare",
-    "probe_client",
-]
+__all__ = ["AsyncClient", "NoReply", "async_client", "call_within", "prepare", "probe_client"]

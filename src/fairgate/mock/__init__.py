@@ -18,8 +18,4 @@ if TYPE_CHECKING:
 else:  # mypy reads the imports; a run loads each name on first use
     __getattr__ = lazy_surface(__name__)
 
-__all__ = [
-    "MockConfig",
-    "MockUpstream",
-    "run_mock_upstream",
-]
+__all__ = ["MockConfig", "MockUpstream", "run_mock_upstream"]

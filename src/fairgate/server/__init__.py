@@ -14,9 +14,4 @@ if TYPE_CHECKING:
 else:  # mypy reads the imports; a run loads each name on first use
     __getattr__ = lazy_surface(__name__)
 
-__all__ = [
-    "MAX_WORKERS",
-    "config_secrets",
-    "create_app",
-    "run_workers",
-]
+__all__ = ["MAX_WORKERS", "config_secrets", "create_app", "run_workers"]

@@ -18,6 +18,4 @@ if TYPE_CHECKING:
 else:  # mypy reads the imports; a run loads each name on first use
     __getattr__ = lazy_surface(__name__)
 
-__all__ = [
-    "run_simulate",
-]
+__all__ = ["run_simulate"]
