@@ -6,10 +6,10 @@ with ``frozen_default``), and at run time a slots dataclass whose ``__init__`` a
 plainly. Equality and hashing are the frozen dataclass's (by fields; ``eq=False``: by identity).
 
 Why not ``frozen=True`` at run time: a frozen dataclass's ``__init__`` sets each field through
-``object.__setattr__`` (a global lookup and a call per field), about 0.1 µs a field, and an
-admission and its settle build fifteen such records (checks, counts, the verdict, the store's
-request and result, usage items, the standing, the ticket, the admission): 9.5 of the 36 µs an
-admit+settle took on the SQLite store (issue 15, measured with every hot record unfrozen).
+``object.__setattr__`` (a global lookup and a call per field), and an admission and its settle
+build fifteen such records (checks, counts, the verdict, the store's request and result, usage
+items, the standing, the ticket, the admission): together a large share of an admit+settle on the
+SQLite store (issue 15; the figures: docs/performance.md, "Figures behind the code").
 What run time loses is the ``FrozenInstanceError`` on an assignment, which the type checker
 already refuses in ``src`` (and nothing in the code assigns to a record).
 """
