@@ -9,14 +9,7 @@ from __future__ import annotations
 
 from fairgate.clock import SYSTEM_CLOCK, Clock
 from fairgate.db.base import Database, Row
-from fairgate.db.common import (
-    Conflict,
-    dumps,
-    found,
-    strings_from_json,
-    transaction,
-    upsert,
-)
+from fairgate.db.common import Conflict, dumps, found, strings_from_json, transaction, upsert
 from fairgate.db.engine import schema_version
 from fairgate.db.schema import BILLING_FIELDS_VERSION
 from fairgate.domain.connections import AuthType, Connection, protocol_for

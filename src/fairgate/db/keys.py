@@ -19,14 +19,7 @@ from typing import Literal
 
 from fairgate.clock import SYSTEM_CLOCK, Clock
 from fairgate.db.base import Database, Row
-from fairgate.db.common import (
-    Conflict,
-    dumps,
-    found,
-    strings_from_json,
-    transaction,
-    upsert,
-)
+from fairgate.db.common import Conflict, dumps, found, strings_from_json, transaction, upsert
 from fairgate.domain.keys import ClientKey, hash_key
 
 SECRET_PREFIX = "fg-"

@@ -40,6 +40,7 @@ from fairgate.formats.translate import (
     _openai_usage,
     _text_of,
     anthropic_to_openai_request,
+    chat_answer_message,
     openai_to_anthropic_response,
 )
 from fairgate.formats.usage import Usage, usage_from_openai
@@ -218,15 +219,7 @@ def chat_from_completed(resp: Mapping[str, Any], model: str, *, created: int) ->
                     },
                 }
             )
-    message: JSON = {
-        "role": "assistant",
-        "content": "".join(texts) if texts or not calls else None,
-        "refusal": None,
-    }
-    if calls:
-        message["tool_calls"] = calls
-    if any(reasoning):
-        message["reasoning_content"] = "".join(reasoning)
+    message = chat_answer_message(texts, calls, "".join(reasoning) if any(reasoning) else None)
     usage = usage_from_openai(resp) or Usage()
     rid = resp.get("id")
     return {

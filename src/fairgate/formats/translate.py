@@ -660,6 +660,22 @@ def _chat_format_of(body: Mapping[str, Any]) -> JSON | None:
 # -- answers --------------------------------------------------------------------------------------
 
 
+def chat_answer_message(texts: list[str], calls: list[JSON], reasoning: str | None) -> JSON:
+    """The assistant message of a chat completion translated from another wire: content
+    ``None`` when the answer is only tool calls (as OpenAI writes it), the calls and the
+    reasoning (``reasoning_content``, left out when ``None``) only when there are some."""
+    message: JSON = {
+        "role": "assistant",
+        "content": "".join(texts) if texts or not calls else None,
+        "refusal": None,
+    }
+    if calls:
+        message["tool_calls"] = calls
+    if reasoning is not None:
+        message["reasoning_content"] = reasoning
+    return message
+
+
 def anthropic_to_openai_response(resp: Mapping[str, Any], model: str, *, created: int) -> JSON:
     """An Anthropic message → an OpenAI ``chat.completion``. ``created`` (seconds) is the
     caller's: the gateway's clock, so that a test clock or a replayed trace stamps it too."""
@@ -676,15 +692,7 @@ def anthropic_to_openai_response(resp: Mapping[str, Any], model: str, *, created
             calls.append(_tool_call_of(block))
         elif kind == "thinking" and isinstance(block.get("thinking"), str):
             reasoning.append(block["thinking"])
-    message: JSON = {
-        "role": "assistant",
-        "content": "".join(texts) if texts or not calls else None,
-        "refusal": None,
-    }
-    if calls:
-        message["tool_calls"] = calls
-    if reasoning:
-        message["reasoning_content"] = "".join(reasoning)
+    message = chat_answer_message(texts, calls, "".join(reasoning) if reasoning else None)
     stop = resp.get("stop_reason")
     finish = STOP_TO_FINISH.get(stop, "stop") if isinstance(stop, str) else "stop"
     usage = usage_from_anthropic(resp) or Usage()
