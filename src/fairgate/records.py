@@ -17,10 +17,10 @@ already refuses in ``src`` (and nothing in the code assigns to a record).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import TypeVar, dataclass_transform, overload
+from dataclasses import dataclass, fields
+from typing import Any, TypeVar, dataclass_transform, overload
 
-__all__ = ["record"]
+__all__ = ["camel", "camel_json", "record"]
 
 T = TypeVar("T")
 
@@ -44,3 +44,16 @@ def record(
         return dataclass(slots=True, eq=eq, unsafe_hash=eq)(c)
 
     return wrap if cls is None else wrap(cls)
+
+
+def camel(name: str) -> str:
+    """``expires_at_ms`` → ``expiresAtMs``: a field's name as the JSON APIs spell it."""
+    head, *rest = name.split("_")
+    return head + "".join(p.capitalize() for p in rest)
+
+
+def camel_json(rec: Any) -> dict[str, object]:
+    """A flat dataclass record as a JSON object: every field, in order, under its camelCase
+    name. For the records the health and admin APIs show as they are (a record with a nested
+    or renamed part writes its own ``as_json``)."""
+    return {camel(f.name): getattr(rec, f.name) for f in fields(rec)}
