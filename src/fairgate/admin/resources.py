@@ -202,16 +202,10 @@ async def test_connection(connection_id: str, gw: GW) -> ConnectionTestOut:
         status=res.status,
         latency_ms=round(res.latency_ms, 1),
         models=res.models,
+        # the reading's request and token fields, read by their names
         rate_limit=None
         if snap is None
-        else RateLimitOut(
-            requests_limit=snap.requests_limit,
-            requests_remaining=snap.requests_remaining,
-            requests_reset_ms=snap.requests_reset_ms,
-            tokens_limit=snap.tokens_limit,
-            tokens_remaining=snap.tokens_remaining,
-            tokens_reset_ms=snap.tokens_reset_ms,
-        ),
+        else RateLimitOut.model_validate(snap, from_attributes=True),
         error=res.error,
     )
 
