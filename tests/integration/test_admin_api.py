@@ -7,7 +7,6 @@ exactly as it was.
 
 from __future__ import annotations
 
-import asyncio
 import sqlite3
 import uuid
 from collections.abc import AsyncIterator
@@ -18,7 +17,7 @@ from typing import Any
 import httpx
 import pytest
 import pytest_asyncio
-import uvicorn
+from http_support import serve
 
 from fairgate.admin.api import create_admin_app
 from fairgate.clock import ManualClock
@@ -91,27 +90,11 @@ class Api:
         return await self.client.request(method, url, **kw)
 
 
-async def serve(app: Any) -> tuple[uvicorn.Server, asyncio.Task[None], str]:
-    server = uvicorn.Server(
-        uvicorn.Config(
-            app, host="127.0.0.1", port=0, log_level="warning", lifespan="off", ws="none"
-        )
-    )
-    task = asyncio.create_task(server.serve())
-    for _ in range(500):
-        if server.started:
-            break
-        await asyncio.sleep(0.01)
-    assert server.started, "uvicorn did not start"
-    port = server.servers[0].sockets[0].getsockname()[1]
-    return server, task, f"http://127.0.0.1:{port}"
-
-
 @pytest_asyncio.fixture
 async def api(tmp_path: Path, clock: ManualClock) -> AsyncIterator[Api]:
     gw = Gateway(data_dir=tmp_path, config=make_config(), env=ENV, clock=clock, admin_key=ADMIN)
     await gw.start()
-    server, task, base = await serve(create_admin_app(gw))
+    server, task, base = await serve(create_admin_app(gw), lifespan="off", ws="none")
     client = httpx.AsyncClient(base_url=base, headers={"Authorization": f"Bearer {ADMIN}"})
     try:
         yield Api(gw, client, base, clock)
@@ -179,7 +162,7 @@ async def test_no_admin_key_configured(tmp_path: Path) -> None:
     gw = Gateway(data_dir=tmp_path, env={})
     await gw.start()
     assert gw.admin_key is None
-    server, task, base = await serve(create_admin_app(gw))
+    server, task, base = await serve(create_admin_app(gw), lifespan="off", ws="none")
     try:
         async with httpx.AsyncClient(base_url=base) as c:
             r = await c.get("/quota/pools", headers={"Authorization": "Bearer anything"})

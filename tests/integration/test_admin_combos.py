@@ -7,7 +7,6 @@ the DB nor the registry.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,7 +14,7 @@ from typing import Any
 
 import httpx
 import pytest_asyncio
-import uvicorn
+from http_support import serve
 
 from fairgate.admin.api import create_admin_app
 from fairgate.clock import ManualClock
@@ -81,28 +80,12 @@ class Api:
         return await self.client.request(method, url, **kw)
 
 
-async def serve(app: Any) -> tuple[uvicorn.Server, asyncio.Task[None], str]:
-    server = uvicorn.Server(
-        uvicorn.Config(
-            app, host="127.0.0.1", port=0, log_level="warning", lifespan="off", ws="none"
-        )
-    )
-    task = asyncio.create_task(server.serve())
-    for _ in range(500):
-        if server.started:
-            break
-        await asyncio.sleep(0.01)
-    assert server.started, "uvicorn did not start"
-    port = server.servers[0].sockets[0].getsockname()[1]
-    return server, task, f"http://127.0.0.1:{port}"
-
-
 @pytest_asyncio.fixture
 async def api(tmp_path: Path, clock: ManualClock) -> AsyncIterator[Api]:
     config = parse_config(CONFIG, {})
     gw = Gateway(data_dir=tmp_path, config=config, env={}, clock=clock, admin_key=ADMIN)
     await gw.start()
-    server, task, base = await serve(create_admin_app(gw))
+    server, task, base = await serve(create_admin_app(gw), lifespan="off", ws="none")
     client = httpx.AsyncClient(base_url=base, headers={"Authorization": f"Bearer {ADMIN}"})
     try:
         yield Api(gw, client, clock)

@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 import pytest
 import pytest_asyncio
-import uvicorn
+from http_support import serve
 from typer.testing import CliRunner
 
 from fairgate.admin_cli.credentials import login_fields
@@ -89,17 +89,7 @@ async def start(mock: MockUpstream, tmp_path: Path, clock: ManualClock) -> Async
             clock=clock,
             admin_key=ADMIN,
         )
-        server = uvicorn.Server(
-            uvicorn.Config(create_app(gw), host="127.0.0.1", port=0, log_level="warning")
-        )
-        task = asyncio.create_task(server.serve())
-        for _ in range(1000):
-            if server.started or task.done():
-                break
-            await asyncio.sleep(0.01)
-        assert server.started, "the gateway did not start"
-        port = server.servers[0].sockets[0].getsockname()[1]
-        url = f"http://127.0.0.1:{port}"
+        server, task, url = await serve(create_app(gw))
         client = httpx.AsyncClient(base_url=url, timeout=30)
 
         async def stop() -> None:

@@ -7,7 +7,6 @@ connection ``free-1``; dave lists the provider ``mock-anthropic``.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import secrets
@@ -21,7 +20,7 @@ from typing import Any
 import httpx
 import pytest
 import pytest_asyncio
-import uvicorn
+from http_support import serve
 
 from fairgate.clock import ManualClock
 from fairgate.config import load_config_text
@@ -105,17 +104,8 @@ async def start(tmp_path: Path, clock: ManualClock) -> AsyncIterator[Start]:
         data_dir = tmp_path / f"data{len(stops)}"
         cfg = load_config_text(config_yaml(mock.url, **options), env={})
         gw = Gateway(data_dir=data_dir, config=cfg, env={}, clock=clock, admin_key=ADMIN)
-        server = uvicorn.Server(
-            uvicorn.Config(create_app(gw), host="127.0.0.1", port=0, log_level="warning")
-        )
-        task = asyncio.create_task(server.serve())
-        for _ in range(1000):
-            if server.started or task.done():
-                break
-            await asyncio.sleep(0.01)
-        assert server.started, "the gateway did not start"
-        port = server.servers[0].sockets[0].getsockname()[1]
-        client = httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30)
+        server, task, url = await serve(create_app(gw))
+        client = httpx.AsyncClient(base_url=url, timeout=30)
 
         async def stop() -> None:
             await client.aclose()

@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 import pytest_asyncio
-import uvicorn
+from http_support import serve
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -67,17 +67,8 @@ async def gateway(tmp_path: Path) -> AsyncIterator[tuple[httpx.AsyncClient, Mock
     mock = MockUpstream(MockConfig(secret=UP))
     await mock.start()
     gw = Gateway(data_dir=tmp_path, config=load_config_text(config_yaml(mock.url), env={}), env={})
-    server = uvicorn.Server(
-        uvicorn.Config(create_app(gw), host="127.0.0.1", port=0, log_level="warning")
-    )
-    task = asyncio.create_task(server.serve())
-    for _ in range(1000):
-        if server.started or task.done():
-            break
-        await asyncio.sleep(0.01)
-    assert server.started
-    port = server.servers[0].sockets[0].getsockname()[1]
-    client = httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30)
+    server, task, url = await serve(create_app(gw))
+    client = httpx.AsyncClient(base_url=url, timeout=30)
     try:
         yield client, mock
     finally:
