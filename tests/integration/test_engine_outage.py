@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
+import quota_support
 from fairgate.clock import ManualClock
 from fairgate.domain.units import Unit, Window
 from fairgate.quota.decision import Outcome, Reason
@@ -33,16 +34,15 @@ TOK = Dimension(Unit.TOKENS, Window.HOURLY, 10_000)
 
 
 def make_pool(*dims: Dimension) -> Pool:
-    return Pool(
-        id="p1",
-        name="shared",
-        provider="kimi",
-        connections=("k1",),
-        dimensions=dims or (REQ,),
+    return quota_support.make_pool(
+        *(dims or (REQ,)),
         allocations=(
             Allocation("a", 50, policy=Policy.HARD),
             Allocation("b", 50, policy=Policy.HARD),
         ),
+        id="p1",
+        name="shared",
+        connections=("k1",),
     )
 
 

@@ -23,6 +23,7 @@ from fairgate.quota.outcomes import Ticket
 from fairgate.quota.ports import CounterRef
 from fairgate.quota.window import Count
 from fairgate.store.sqlite.store import SqliteQuotaStore
+from quota_support import make_pool
 
 T0 = 1_700_002_800_000
 HOUR = 3_600_000
@@ -47,16 +48,13 @@ def _pool(
         )
         for k, w, p in zip(KEYS, weights, policies, strict=True)
     )
-    return Pool(
+    return make_pool(
+        Dimension(Unit.TOKENS, Window.HOURLY, limit_tokens),
+        Dimension(Unit.REQUESTS, Window.HOURLY, 50),
+        allocations=allocs,
         id="prop",
-        name="prop",
         provider="mock",
         connections=("c1",),
-        dimensions=(
-            Dimension(Unit.TOKENS, Window.HOURLY, limit_tokens),
-            Dimension(Unit.REQUESTS, Window.HOURLY, 50),
-        ),
-        allocations=allocs,
         share_mode=mode,
     )
 
@@ -202,13 +200,12 @@ def test_active_mode_lone_key_reaches_99_percent(
             clock = ManualClock(T0)
             store = SqliteQuotaStore(Path(tmp) / "q.sqlite")
             engine = QuotaEngine(store, clock=clock)
-            pool = Pool(
+            pool = make_pool(
+                Dimension(Unit.REQUESTS, Window.HOURLY, limit),
+                allocations=tuple(Allocation(k, w) for k, w in zip(KEYS, weights, strict=True)),
                 id="act",
-                name="act",
                 provider="mock",
                 connections=("c1",),
-                dimensions=(Dimension(Unit.REQUESTS, Window.HOURLY, limit),),
-                allocations=tuple(Allocation(k, w) for k, w in zip(KEYS, weights, strict=True)),
                 share_mode=ShareMode.ACTIVE,
             )
             admitted = 0

@@ -22,20 +22,20 @@ from fairgate.path.attempt import quota_headers
 from fairgate.quota.decision import Outcome
 from fairgate.quota.engine import ADMIT_ATTEMPTS, QuotaEngine
 from fairgate.quota.journal import Circuit
-from fairgate.quota.model import Allocation, Dimension, Policy, Pool
+from fairgate.quota.model import Allocation, Dimension, Policy
 from fairgate.quota.ports import AdmitRequest, AdmitResult, CounterRef
 from fairgate.store.redis.store import MAX_CONNECTIONS, WARM_POOL_CONNECTIONS, RedisQuotaStore
 from fairgate.store.sqlite.store import SqliteQuotaStore
+from quota_support import make_pool
 
 HOUR = 3_600_000
 REQ = Dimension(Unit.REQUESTS, Window.HOURLY, 10)
-POOL = Pool(
+POOL = make_pool(
+    REQ,
+    allocations=(Allocation("a", 100, policy=Policy.BURST),),
     id="p1",
     name="shared",
-    provider="kimi",
     connections=("k1",),
-    dimensions=(REQ,),
-    allocations=(Allocation("a", 100, policy=Policy.BURST),),
 )
 
 

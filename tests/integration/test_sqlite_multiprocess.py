@@ -16,6 +16,7 @@ from fairgate.quota.model import Allocation, Dimension, Policy, Pool
 from fairgate.quota.ports import AdmitRequest, CounterRef
 from fairgate.quota.window import Count
 from fairgate.store.sqlite.store import SqliteQuotaStore
+from quota_support import make_pool
 
 #: Fixed instant handed to every worker (same as ``T0`` of tests/conftest.py): no clocks.
 NOW_MS = 1_700_002_800_000
@@ -23,16 +24,14 @@ PROCESSES = 4
 
 
 def _pool(limit: int) -> Pool:
-    return Pool(
-        id="shared",
-        name="shared",
-        provider="kimi",
-        connections=("conn-1",),
-        dimensions=(Dimension(Unit.REQUESTS, Window.HOURLY, limit),),
+    return make_pool(
+        Dimension(Unit.REQUESTS, Window.HOURLY, limit),
         allocations=tuple(
             Allocation(f"k{i}", weight=100 / PROCESSES, policy=Policy.BURST)
             for i in range(PROCESSES)
         ),
+        id="shared",
+        connections=("conn-1",),
     )
 
 
