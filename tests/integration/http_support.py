@@ -9,15 +9,23 @@ the network (``test_admin_api.py``, ``test_tenancy.py``, ``test_tracing.py`` ...
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
+import httpx
 import uvicorn
 
+from fairgate.admin.api import create_admin_app
+from fairgate.process.state import Gateway
+from fairgate.server.app import create_app
 
-async def serve(app: Any, **options: Any) -> tuple[uvicorn.Server, asyncio.Task[None], str]:
-    """Serve ``app`` with uvicorn on a free loopback port (``options`` go to ``uvicorn.Config``)
-    and wait until it listens: the server (set ``should_exit`` and await the task to stop it),
-    its task and its base URL. Fails the test when it does not start within ten seconds."""
+
+@asynccontextmanager
+async def served(app: Any, **options: Any) -> AsyncIterator[str]:
+    """``app`` served by uvicorn on a free loopback port (``options`` go to ``uvicorn.Config``)
+    once it listens: its base URL; the server stops when the block ends. Fails the test when it
+    does not start within ten seconds."""
     config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", **options)
     server = uvicorn.Server(config)
     task = asyncio.create_task(server.serve())
@@ -26,19 +34,30 @@ async def serve(app: Any, **options: Any) -> tuple[uvicorn.Server, asyncio.Task[
             break
         await asyncio.sleep(0.01)
     assert server.started, "uvicorn did not start"
-    port = server.servers[0].sockets[0].getsockname()[1]
-    return server, task, f"http://127.0.0.1:{port}"
+    try:
+        yield f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        await task
 
 
-async def read_request(reader: asyncio.StreamReader) -> tuple[list[str], bytes]:
-    """The next request on ``reader``: its head's lines (the request line first, without the
-    blank line that ends the head) and its body (by ``Content-Length``; none without one).
-    Raises ``asyncio.IncompleteReadError`` when the client closes first."""
-    head = await reader.readuntil(b"\r\n\r\n")
-    lines = head.decode("latin-1").split("\r\n")[:-2]
-    length = 0
-    for line in lines[1:]:
-        name, _, value = line.partition(":")
-        if name.lower() == "content-length":
-            length = int(value)
-    return lines, await reader.readexactly(length)
+@asynccontextmanager
+async def gateway_client(gw: Gateway) -> AsyncIterator[tuple[str, httpx.AsyncClient]]:
+    """The gateway's app (``gw`` starts with it) served on loopback: its URL and a client of it."""
+    async with served(create_app(gw)) as url, httpx.AsyncClient(base_url=url, timeout=30) as c:
+        yield url, c
+
+
+@asynccontextmanager
+async def admin_client(gw: Gateway, admin_key: str) -> AsyncIterator[tuple[str, httpx.AsyncClient]]:
+    """``gw`` started and its admin API alone served on loopback: its URL and a client that
+    sends ``admin_key``; the gateway stops when the block ends."""
+    await gw.start()
+    try:
+        async with (
+            served(create_admin_app(gw), lifespan="off", ws="none") as url,
+            httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {admin_key}"}) as c,
+        ):
+            yield url, c
+    finally:
+        await gw.stop()

@@ -17,9 +17,8 @@ from typing import Any
 import httpx
 import pytest
 import pytest_asyncio
-from http_support import serve
+from http_support import admin_client
 
-from fairgate.admin.api import create_admin_app
 from fairgate.clock import ManualClock
 from fairgate.config import Config, ConfigError, parse_config
 from fairgate.db.pools import PoolRepo
@@ -93,16 +92,8 @@ class Api:
 @pytest_asyncio.fixture
 async def api(tmp_path: Path, clock: ManualClock) -> AsyncIterator[Api]:
     gw = Gateway(data_dir=tmp_path, config=make_config(), env=ENV, clock=clock, admin_key=ADMIN)
-    await gw.start()
-    server, task, base = await serve(create_admin_app(gw), lifespan="off", ws="none")
-    client = httpx.AsyncClient(base_url=base, headers={"Authorization": f"Bearer {ADMIN}"})
-    try:
+    async with admin_client(gw, ADMIN) as (base, client):
         yield Api(gw, client, base, clock)
-    finally:
-        await client.aclose()
-        server.should_exit = True
-        await task
-        await gw.stop()
 
 
 def error_of(r: httpx.Response) -> dict[str, Any]:
@@ -160,18 +151,11 @@ async def test_auth_required_everywhere(api: Api) -> None:
 
 async def test_no_admin_key_configured(tmp_path: Path) -> None:
     gw = Gateway(data_dir=tmp_path, env={})
-    await gw.start()
-    assert gw.admin_key is None
-    server, task, base = await serve(create_admin_app(gw), lifespan="off", ws="none")
-    try:
-        async with httpx.AsyncClient(base_url=base) as c:
-            r = await c.get("/quota/pools", headers={"Authorization": "Bearer anything"})
-        assert r.status_code == 401
-        assert "FAIRGATE_ADMIN_KEY" in error_of(r)["message"]
-    finally:
-        server.should_exit = True
-        await task
-        await gw.stop()
+    async with admin_client(gw, "anything") as (_, c):
+        assert gw.admin_key is None
+        r = await c.get("/quota/pools")
+    assert r.status_code == 401
+    assert "FAIRGATE_ADMIN_KEY" in error_of(r)["message"]
 
 
 def test_admin_key_from_env(tmp_path: Path) -> None:

@@ -14,9 +14,8 @@ from typing import Any
 
 import httpx
 import pytest_asyncio
-from http_support import serve
+from http_support import admin_client
 
-from fairgate.admin.api import create_admin_app
 from fairgate.clock import ManualClock
 from fairgate.config import parse_config
 from fairgate.process.state import Gateway
@@ -84,16 +83,8 @@ class Api:
 async def api(tmp_path: Path, clock: ManualClock) -> AsyncIterator[Api]:
     config = parse_config(CONFIG, {})
     gw = Gateway(data_dir=tmp_path, config=config, env={}, clock=clock, admin_key=ADMIN)
-    await gw.start()
-    server, task, base = await serve(create_admin_app(gw), lifespan="off", ws="none")
-    client = httpx.AsyncClient(base_url=base, headers={"Authorization": f"Bearer {ADMIN}"})
-    try:
+    async with admin_client(gw, ADMIN) as (_, client):
         yield Api(gw, client, clock)
-    finally:
-        await client.aclose()
-        server.should_exit = True
-        await task
-        await gw.stop()
 
 
 def error_of(r: httpx.Response) -> dict[str, Any]:
