@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from browser_support import ARTIFACTS, assert_not_blank, browser
+from browser_support import ARTIFACTS, assert_not_blank, browser, collect_problems
 from e2e_support import (
     ADMIN_KEY,
     FAULTS,
@@ -60,18 +60,8 @@ def page(browser: Any, gateway: Proc) -> Iterator[Any]:
     violation or a script error shows up there). Failed requests the page expects (a wrong key's
     401, a missing optional endpoint's 404) are logged by Chromium as resource errors: ignored."""
     context = browser.new_context(viewport={"width": 1280, "height": 900})
-    pg = context.new_page()
     problems: list[str] = []
-    pg.on(
-        "console",
-        lambda m: (
-            problems.append(m.text)
-            if m.type == "error" and not m.text.startswith("Failed to load resource")
-            else None
-        ),
-    )
-    pg.on("pageerror", lambda e: problems.append(str(e)))
-    pg.set_default_timeout(10_000)
+    pg = collect_problems(context.new_page(), problems, 10_000)
     yield pg
     context.close()
     assert problems == []

@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from browser_support import assert_not_blank, browser
+from browser_support import assert_not_blank, browser, collect_problems
 from e2e_support import UPSTREAM_SECRET, Proc, launch_gateway, mock_upstream, new_secret
 from test_dashboard import admin, expect, shot, sign_in
 from test_observability import scrape, val
@@ -58,18 +58,7 @@ def open_page(browser: Any) -> Iterator[Any]:
             viewport={"width": width, "height": 844 if phone else 900}, is_mobile=phone
         )
         contexts.append(ctx)
-        pg = ctx.new_page()
-        pg.on(
-            "console",
-            lambda m: (
-                problems.append(m.text)
-                if m.type == "error" and not m.text.startswith("Failed to load resource")
-                else None
-            ),
-        )
-        pg.on("pageerror", lambda e: problems.append(str(e)))
-        pg.set_default_timeout(15_000)
-        return pg
+        return collect_problems(ctx.new_page(), problems, 15_000)
 
     yield factory
     for ctx in contexts:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import anthropic
 import httpx
@@ -22,32 +21,18 @@ from e2e_support import (
     UPSTREAM_SECRET,
     GatewayFactory,
     Proc,
-    free_port,
     new_secret,
-    spawn,
-    wait_ready,
+    start_mock,
 )
 
 ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
-
-
-def _mock(tmp_path: Path, name: str) -> Proc:
-    port = free_port()
-    log = tmp_path / f"{name}.log"
-    p = Proc(
-        spawn(["mock-upstream", "--port", str(port), "--secret", UPSTREAM_SECRET], log),
-        f"http://127.0.0.1:{port}",
-        log,
-    )
-    wait_ready(p, "/_mock/stats")
-    return p
 
 
 @pytest.fixture(scope="module")
 def module_mocks(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Proc, Proc]]:
     """Two mock providers for the whole module (starting them is most of a test's cost)."""
     logs = tmp_path_factory.mktemp("mocks")
-    a, b = _mock(logs, "mock-a"), _mock(logs, "mock-b")
+    a, b = start_mock(logs / "mock-a.log"), start_mock(logs / "mock-b.log")
     yield a, b
     a.stop()
     b.stop()
