@@ -70,6 +70,15 @@ def conn(
     }
 
 
+def combo(name: str, conns: list[str], model: str = "m", **config: Any) -> dict[str, Any]:
+    """A priority combo over the mock connections ``conns`` in that order, all serving
+    ``model``, with ``config`` (camelCase, as the admin API takes it) when any is given."""
+    targets = [{"provider": "mock", "model": model, "connection": c} for c in conns]
+    return {"name": name, "strategy": "priority", "targets": targets} | (
+        {"config": config} if config else {}
+    )
+
+
 def base_config(
     connections: list[dict[str, Any]],
     *,
