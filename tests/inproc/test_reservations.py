@@ -13,12 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from inproc_support import (
-    base_config,
-    combo,
-    conn,
-    gateway,
-)
+from inproc_support import base_config, combo, conn, gateway
 
 from fairgate.providers.inprocess import Reply, UpstreamRequest, openai_chat
 from fairgate.timers import ManualTimer

@@ -8,14 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from inproc_support import (
-    ALICE,
-    BOB,
-    base_config,
-    combo,
-    conn,
-    gateway,
-)
+from inproc_support import ALICE, BOB, base_config, combo, conn, gateway
 
 from fairgate.providers.inprocess import Reply, UpstreamRequest, openai_chat
 from fairgate.timers import ManualTimer, SystemTimer
