@@ -312,6 +312,14 @@ def launch_gateway(
     return p
 
 
+def module_gateway(workdir: Path, config_yaml: str) -> Iterator[Proc]:
+    """A module-scoped fixture's gateway on ``config_yaml`` (``yield from`` it): launched in
+    ``workdir``, stopped when the module's tests are done."""
+    p = launch_gateway(workdir, config_yaml, {})
+    yield p
+    p.stop()
+
+
 #: The FAIRGATE_SECRET_KEY of the test gateways that share a PostgreSQL metadata DB (a valid
 #: Fernet key; fixed so replicas started apart agree).
 SHARED_SECRET_KEY = "dGVzdC1vbmx5LWtleS1mb3ItZmFpcmdhdGUtc3ViMTI="

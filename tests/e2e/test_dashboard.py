@@ -23,6 +23,7 @@ from e2e_support import (
     Proc,
     launch_gateway,
     mock_upstream,
+    module_gateway,
     new_secret,
 )
 
@@ -49,9 +50,7 @@ def _config(mock_url: str) -> str:
 
 @pytest.fixture(scope="module")
 def gateway(mock_upstream: Proc, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Proc]:
-    gw = launch_gateway(tmp_path_factory.mktemp("dash"), _config(mock_upstream.url), {})
-    yield gw
-    gw.stop()
+    yield from module_gateway(tmp_path_factory.mktemp("dash"), _config(mock_upstream.url))
 
 
 @pytest.fixture

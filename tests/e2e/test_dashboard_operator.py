@@ -14,9 +14,11 @@ import httpx
 import openai
 import pytest
 from browser_support import assert_not_blank, browser, collect_problems
-from e2e_support import UPSTREAM_SECRET, Proc, launch_gateway, mock_upstream, new_secret
+from e2e_support import UPSTREAM_SECRET, Proc, mock_upstream, module_gateway, new_secret
 from test_dashboard import admin, expect, shot, sign_in
-from test_observability import scrape, val
+from test_observability import scrape
+
+from metrics_support import val
 
 __all__ = ["browser", "mock_upstream"]
 
@@ -40,9 +42,7 @@ def _config(mock_url: str) -> str:
 
 @pytest.fixture(scope="module")
 def gateway(mock_upstream: Proc, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Proc]:
-    gw = launch_gateway(tmp_path_factory.mktemp("dash-ops"), _config(mock_upstream.url), {})
-    yield gw
-    gw.stop()
+    yield from module_gateway(tmp_path_factory.mktemp("dash-ops"), _config(mock_upstream.url))
 
 
 @pytest.fixture

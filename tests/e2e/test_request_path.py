@@ -16,14 +16,7 @@ import anthropic
 import httpx
 import openai
 import pytest
-from e2e_support import (
-    ADMIN_KEY,
-    UPSTREAM_SECRET,
-    GatewayFactory,
-    Proc,
-    new_secret,
-    start_mock,
-)
+from e2e_support import ADMIN_KEY, UPSTREAM_SECRET, GatewayFactory, Proc, new_secret, start_mock
 
 ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
 

@@ -10,13 +10,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from e2e_support import (
-    UPSTREAM_SECRET,
-    GatewayFactory,
-    Proc,
-    new_secret,
-    start_mock,
-)
+from e2e_support import UPSTREAM_SECRET, GatewayFactory, Proc, new_secret, start_mock
 
 
 @pytest.fixture
