@@ -219,9 +219,21 @@ def start_fairgate(
 ) -> tuple[str, subprocess.Popen[bytes]]:
     """A fairgate process (``workers`` > 1: ``serve --workers N``, one port) on a free port in
     front of ``mock``; returns its URL and process."""
+    return serve_config(bench_config(mock, extra_keys, pool=pool), tmp, name, extra_env, workers)
+
+
+def serve_config(
+    config_yaml: str,
+    tmp: Path,
+    name: str = "fg",
+    extra_env: dict[str, str] | None = None,
+    workers: int = 1,
+) -> tuple[str, subprocess.Popen[bytes]]:
+    """A fairgate process on ``config_yaml`` (written to ``tmp/<name>.yaml``, its data dir
+    ``tmp/<name>-data``) on a free port, once it answers ``/health``: its URL and process."""
     port = free_port()
     cfg = tmp / f"{name}.yaml"
-    cfg.write_text(bench_config(mock, extra_keys, pool=pool))
+    cfg.write_text(config_yaml)
     # the per-key flood guard (1,000 requests/s by default) would cap the one bench key
     env = {**os.environ, "FAIRGATE_ADMIN_KEY": ADMIN, "FAIRGATE_KEY_RATE_PER_S": "0"}
     env.update(extra_env or {})
