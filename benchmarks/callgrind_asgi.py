@@ -49,7 +49,7 @@ from collections.abc import Callable, MutableMapping
 from pathlib import Path
 from typing import Any
 
-from callgrind_support import instruction_total, run_instrumented
+from callgrind_support import arg_parser, instruction_total, run_instrumented
 
 KEY = "fg-bench-asgi-key-0123456789"
 
@@ -312,10 +312,7 @@ VARIANTS = {"pool": (True,), "no-pool": (False,), "both": (True, False)}
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    ap.add_argument("--compare", action="append", default=[], metavar="NAME=SRC")
+    ap = arg_parser(__doc__, compare=True)
     ap.add_argument("--requests", type=int, default=200, metavar="N")
     ap.add_argument("--stream", action="store_true", help="streamed answers (SSE)")
     ap.add_argument("--variant", choices=tuple(VARIANTS), default="both")

@@ -29,7 +29,6 @@ Run: ``.venv/bin/python benchmarks/callgrind_servers.py [--targets wire,aiohttp]
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import os
 import shutil
@@ -41,7 +40,7 @@ from pathlib import Path
 
 import aiohttp
 
-from callgrind_support import instruction_total, instrument
+from callgrind_support import arg_parser, instruction_total, instrument
 from proxy_overhead import (
     ADMIN,
     CLIENT_KEY,
@@ -222,14 +221,11 @@ def main() -> None:
     if len(sys.argv) >= 2 and sys.argv[1] == "--serve":
         _serve(sys.argv[2], int(sys.argv[3]))
         return
-    ap = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    ap = arg_parser(__doc__, compare=True)
     ap.add_argument("--targets", default=",".join(ALL))
     ap.add_argument("--requests", type=int, default=300, metavar="N")
     ap.add_argument("--concurrency", type=int, default=8)
     ap.add_argument("--stream", action="store_true", help="streamed answers (fairgate, bare)")
-    ap.add_argument("--compare", action="append", default=[], metavar="NAME=SRC")
     args = ap.parse_args()
     if shutil.which("valgrind") is None:
         sys.exit("valgrind is not installed (apt-get install -y valgrind)")

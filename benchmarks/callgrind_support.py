@@ -4,10 +4,23 @@ valgrind and import this too."""
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
 import subprocess
 from pathlib import Path
+
+
+def arg_parser(doc: str | None, *, compare: bool = False) -> argparse.ArgumentParser:
+    """A benchmark's command line, its docstring as the help (as written: it holds the run
+    lines); ``compare`` adds ``--compare NAME=SRC`` (repeatable), another source tree measured
+    the same way."""
+    ap = argparse.ArgumentParser(
+        description=doc, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    if compare:
+        ap.add_argument("--compare", action="append", default=[], metavar="NAME=SRC")
+    return ap
 
 
 def instruction_total(out: Path, fields: str = "summary|totals") -> int:
