@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +24,7 @@ from fairgate.quota.decision import Outcome, Reason
 from fairgate.quota.engine import QuotaEngine
 from fairgate.quota.journal import Circuit, Journal
 from fairgate.quota.model import Allocation, Dimension, Policy, Pool
-from fairgate.quota.ports import AdmitRequest, AdmitResult, CounterRef, PoolCounts, UsageItem
+from fairgate.quota.ports import CounterRef
 from fairgate.quota.window import Count
 from fairgate.store.sqlite.store import SqliteQuotaStore
 
@@ -46,6 +46,16 @@ def make_pool(*dims: Dimension) -> Pool:
     )
 
 
+def _gated(op: str) -> Any:
+    """The store's ``op``, counted and refused while the power is off."""
+
+    async def call(self: FlakyStore, *args: Any, **kwargs: Any) -> Any:
+        self._gate(op)
+        return await getattr(SqliteQuotaStore, op)(self, *args, **kwargs)
+
+    return call
+
+
 class FlakyStore(SqliteQuotaStore):
     """A SQLite store with a power switch, counting the calls that reached it."""
 
@@ -60,46 +70,17 @@ class FlakyStore(SqliteQuotaStore):
         if self.down:
             raise ConnectionRefusedError(f"{op}: connection refused")
 
-    async def admit(self, req: AdmitRequest) -> AdmitResult:
-        self._gate("admit")
-        return await super().admit(req)
+    admit = _gated("admit")
+    release = _gated("release")
+    record = _gated("record")
+    pool_usage = _gated("pool_usage")
+    cumulative = _gated("cumulative")
 
-    async def settle(
-        self,
-        pool_id: str,
-        key_id: str,
-        reservation_id: str,
-        usage: Sequence[UsageItem],
-        now_ms: int,
-    ) -> None:
+    async def settle(self, pool_id: str, key_id: str, reservation_id: str, *rest: Any) -> None:
         self._gate("settle")
         if reservation_id in self.refuse:
             raise ValueError("refused")
-        await super().settle(pool_id, key_id, reservation_id, usage, now_ms)
-
-    async def release(self, pool_id: str, reservation_id: str, now_ms: int) -> bool:
-        self._gate("release")
-        return await super().release(pool_id, reservation_id, now_ms)
-
-    async def record(
-        self, pool_id: str, key_id: str, usage: Sequence[UsageItem], now_ms: int
-    ) -> None:
-        self._gate("record")
-        await super().record(pool_id, key_id, usage, now_ms)
-
-    async def pool_usage(
-        self,
-        pool_id: str,
-        key_ids: Sequence[str],
-        counters: Sequence[CounterRef],
-        now_ms: int,
-    ) -> PoolCounts:
-        self._gate("pool_usage")
-        return await super().pool_usage(pool_id, key_ids, counters, now_ms)
-
-    async def cumulative(self, pool_id: str, counter_keys: Sequence[str]) -> dict[str, float]:
-        self._gate("cumulative")
-        return await super().cumulative(pool_id, counter_keys)
+        await super().settle(pool_id, key_id, reservation_id, *rest)
 
     async def ping(self) -> bool:
         self.calls["ping"] += 1
