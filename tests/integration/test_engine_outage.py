@@ -90,10 +90,8 @@ class FlakyStore(SqliteQuotaStore):
 @pytest_asyncio.fixture
 async def store(tmp_path: Path) -> AsyncIterator[FlakyStore]:
     s = FlakyStore(tmp_path / "quota.sqlite")
-    try:
-        yield s
-    finally:
-        await s.close()
+    yield s  # pytest runs the rest after a failed test too
+    await s.close()
 
 
 def engine_for(store: FlakyStore, clock: ManualClock) -> QuotaEngine:

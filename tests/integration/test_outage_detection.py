@@ -77,10 +77,8 @@ class SwitchStore(SqliteQuotaStore):
 @pytest_asyncio.fixture
 async def store(tmp_path: Path) -> AsyncIterator[SwitchStore]:
     s = SwitchStore(tmp_path / "quota.sqlite")
-    try:
-        yield s
-    finally:
-        await s.close()
+    yield s  # pytest runs the rest after a failed test too
+    await s.close()
 
 
 def engine_for(store: SqliteQuotaStore, clock: ManualClock) -> QuotaEngine:
