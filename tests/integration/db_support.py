@@ -1,7 +1,10 @@
 """What the repository contract suite needs on both metadata engines besides the ``db`` fixture
-(tests/integration/conftest.py)."""
+(tests/integration/conftest.py), and the connection records the integration tests' configs
+hold."""
 
 from __future__ import annotations
+
+from typing import Any
 
 from fairgate.db.base import Database
 from fairgate.db.schema import REGISTRY_TABLES
@@ -29,3 +32,11 @@ def dump(db: Database) -> list[str]:
 
 #: The key the repository tests seal connection secrets with (a fresh one per test run).
 BOX = SecretBox([SecretBox.generate_key()])
+
+
+def connection(
+    cid: str, provider: str = "mock", base_url: str = "http://127.0.0.1:9/v1", **extra: Any
+) -> dict[str, Any]:
+    """A config file's connection ``cid`` serving any model (``models: ["*"]``), with ``extra``
+    fields (a ``secret``, ``enabled`` ...); the default URL is a closed loopback port."""
+    return {"id": cid, "provider": provider, "base_url": base_url, "models": ["*"], **extra}

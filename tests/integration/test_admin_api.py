@@ -17,6 +17,7 @@ from typing import Any
 import httpx
 import pytest
 import pytest_asyncio
+from db_support import connection
 from http_support import admin_client
 
 from fairgate.clock import ManualClock
@@ -32,15 +33,9 @@ UPSTREAM_SECRET = "upstream-very-secret-value"
 
 CONFIG: dict[str, Any] = {
     "connections": [
-        {
-            "id": "mock-1",
-            "provider": "mock",
-            "base_url": "http://127.0.0.1:9/v1",
-            "secret": "${UP}",
-            "models": ["*"],
-        },
-        {"id": "mock-2", "provider": "mock", "base_url": "http://127.0.0.1:9/v1", "models": ["*"]},
-        {"id": "kimi-1", "provider": "kimi", "base_url": "http://127.0.0.1:9/v1", "models": ["*"]},
+        connection("mock-1", secret="${UP}"),
+        connection("mock-2"),
+        connection("kimi-1", "kimi"),
     ],
     "keys": [
         {"id": "alice", "name": "Alice", "secret": "${ALICE}"},

@@ -14,6 +14,7 @@ from typing import Any
 
 import httpx
 import pytest_asyncio
+from db_support import connection
 from http_support import admin_client
 
 from fairgate.clock import ManualClock
@@ -40,7 +41,7 @@ CONFIG: dict[str, Any] = {
             "base_url": "http://127.0.0.1:9/v1",
             "models": ["gpt-y"],
         },
-        {"id": "kimi-1", "provider": "kimi", "base_url": "http://127.0.0.1:9/v1", "models": ["*"]},
+        connection("kimi-1", "kimi"),
     ],
     "pools": [{"id": "demo", "connections": ["mock-1"]}],
     "combos": [

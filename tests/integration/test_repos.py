@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from db_support import BOX, dump
+from db_support import BOX, connection, dump
 
 from fairgate.config import Config, parse_config
 from fairgate.db.base import Database
@@ -331,15 +331,9 @@ def test_transaction_rolls_back_nested_work(populated: Database) -> None:
 SEED = {
     "server": {"default_provider": "mock"},
     "connections": [
-        {
-            "id": "m1",
-            "provider": "mock",
-            "base_url": "http://up/v1",
-            "secret": "up-secret",
-            "models": ["*"],
-        },
-        {"id": "m2", "provider": "mock", "base_url": "http://up/v1", "models": ["*"]},
-        {"id": "k1", "provider": "kimi", "base_url": "http://kimi/v1", "models": ["*"]},
+        connection("m1", "mock", "http://up/v1", secret="up-secret"),
+        connection("m2", "mock", "http://up/v1"),
+        connection("k1", "kimi", "http://kimi/v1"),
         {
             "id": "a1",
             "provider": "anthropic",
