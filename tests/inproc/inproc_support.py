@@ -125,6 +125,18 @@ class Harness:
             headers={"authorization": f"Bearer {key}", **(headers or {})},
         )
 
+    async def messages(
+        self, model: str, max_tokens: int, *, text: str = "hi", **body: Any
+    ) -> httpx.Response:
+        """An Anthropic Messages request of ``text`` by alice, as the Anthropic SDK sends it."""
+        payload = {"model": model, "max_tokens": max_tokens, **body}
+        payload["messages"] = [{"role": "user", "content": text}]
+        return await self.client.post(
+            "/v1/messages",
+            json=payload,
+            headers={"x-api-key": ALICE, "anthropic-version": "2023-06-01"},
+        )
+
     async def open_reservations(self) -> int:
         """Reservations the quota store still holds (every pool), read from its SQLite file
         by a connection of our own, after the store committed what its memory mode (the
