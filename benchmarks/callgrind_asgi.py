@@ -49,7 +49,7 @@ from collections.abc import Callable, MutableMapping
 from pathlib import Path
 from typing import Any
 
-from callgrind_support import arg_parser, instruction_total, run_instrumented
+from callgrind_support import arg_parser, chat_body, instruction_total, run_instrumented
 
 KEY = "fg-bench-asgi-key-0123456789"
 
@@ -143,14 +143,7 @@ async def _serve(
     )
     gw = Gateway(data_dir=data_dir, config=parse_config(_config(pool), {}), env=env)
     app = create_app(gw, upstream=HandlerUpstream(handler))
-    body = orjson.dumps(
-        {
-            "model": "gpt-4o-mini",
-            "messages": [{"role": "user", "content": "count me"}],
-            "max_tokens": 8,
-            "stream": stream,
-        }
-    )
+    body = orjson.dumps(chat_body(stream))
     headers = [
         (b"host", b"127.0.0.1:8080"),
         (b"user-agent", b"bench"),

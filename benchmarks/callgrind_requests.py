@@ -40,7 +40,7 @@ from typing import cast
 
 import httpx
 
-from callgrind_support import arg_parser, drop_prefix, instruction_total, redis_url
+from callgrind_support import arg_parser, chat_body, drop_prefix, instruction_total, redis_url
 from proxy_overhead import ADMIN, CLIENT_KEY, bench_config, free_port, start_mock, stop
 
 CONCURRENCY = 8
@@ -89,12 +89,7 @@ signal.signal(signal.SIGTERM, _on_term)
 async def drive(url: str, n: int, stream: bool) -> None:
     """``n`` chat completions through the gateway, ``CONCURRENCY`` at a time; every one must
     succeed (a refused request would cost less and flatter the figure)."""
-    body = {
-        "model": "gpt-4o-mini",
-        "messages": [{"role": "user", "content": "count me"}],
-        "max_tokens": 8,
-        "stream": stream,
-    }
+    body = chat_body(stream)
     headers = {"Authorization": f"Bearer {CLIENT_KEY}"}
     todo = iter(range(n))
     async with httpx.AsyncClient(timeout=120) as client:

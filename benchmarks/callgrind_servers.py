@@ -40,7 +40,7 @@ from pathlib import Path
 
 import aiohttp
 
-from callgrind_support import arg_parser, instruction_total, instrument
+from callgrind_support import arg_parser, chat_body, instruction_total, instrument
 from proxy_overhead import (
     ADMIN,
     CLIENT_KEY,
@@ -130,12 +130,7 @@ async def drive(url: str, n: int, conc: int, stream: bool, key: str, session: ob
     """``n`` chat completions over ``session``'s keep-alive connections, ``conc`` at a time;
     every one must succeed."""
     assert isinstance(session, aiohttp.ClientSession)
-    body = {
-        "model": "gpt-4o-mini",
-        "messages": [{"role": "user", "content": "count me"}],
-        "max_tokens": 8,
-        "stream": stream,
-    }
+    body = chat_body(stream)
     headers = {"authorization": f"Bearer {key}"}
     todo = iter(range(n))
 

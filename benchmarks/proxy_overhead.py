@@ -32,6 +32,8 @@ from pathlib import Path
 import aiohttp
 from aiohttp import web
 
+from callgrind_support import chat_body
+
 SECRET = "bench-upstream-secret"
 CLIENT_KEY = "fg-bench-client-key-0001"
 ADMIN = "fg-bench-admin-0123456789abcdef01234567"
@@ -116,12 +118,7 @@ def run_bare(port: int, upstream: str) -> None:
 
 
 async def load(url: str, n: int, conc: int, stream: bool, key: str) -> tuple[float, list[float]]:
-    body = {
-        "model": "gpt-4o-mini",
-        "messages": [{"role": "user", "content": "benchmark"}],
-        "max_tokens": 16,
-        "stream": stream,
-    }
+    body = chat_body(stream, "benchmark", 16)
     headers = {"authorization": f"Bearer {key}"}
     lat: list[float] = []
     failures = 0
