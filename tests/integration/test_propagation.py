@@ -154,6 +154,13 @@ async def _replicas(
             await gw.stop()
 
 
+def _admin(gw: Gateway) -> httpx.AsyncClient:
+    """A client of ``gw``'s admin API in this process (no socket), with the admin key."""
+    transport = httpx.ASGITransport(app=create_admin_app(gw))
+    auth = {"Authorization": f"Bearer {ADMIN}"}
+    return httpx.AsyncClient(transport=transport, base_url="http://gw", headers=auth)
+
+
 async def test_a_notification_alone_propagates(
     postgres_url: str, tmp_path: Path, clock: ManualClock
 ) -> None:
@@ -196,11 +203,7 @@ async def test_metadata_down_serves_the_snapshot_refuses_writes_and_converges(
             assert "demo" in a.registry.pools  # still served
             assert "demo" in b.registry.pools
 
-            transport = httpx.ASGITransport(app=create_admin_app(a))
-            auth = {"Authorization": f"Bearer {ADMIN}"}
-            async with httpx.AsyncClient(
-                transport=transport, base_url="http://gw", headers=auth
-            ) as client:
+            async with _admin(a) as client:
                 resp = await client.delete("/quota/pools/demo")
             assert resp.status_code == 503
             assert "metadata database is unreachable" in resp.json()["error"]["message"]
@@ -239,11 +242,7 @@ async def test_a_hung_metadata_db_is_down_and_refuses_admin_writes_at_once(
             relay.freeze()
             safety.start()
             await eventually(lambda: a.watcher is not None and not a.watcher.healthy)
-            transport = httpx.ASGITransport(app=create_admin_app(a))
-            auth = {"Authorization": f"Bearer {ADMIN}"}
-            async with httpx.AsyncClient(
-                transport=transport, base_url="http://gw", headers=auth
-            ) as client:
+            async with _admin(a) as client:
                 resp = await client.delete("/quota/pools/demo")
                 assert resp.status_code == 503
                 assert "metadata database is unreachable" in resp.json()["error"]["message"]
