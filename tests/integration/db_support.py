@@ -4,9 +4,13 @@ hold."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
+import pytest
+
 from fairgate.db.base import Database
+from fairgate.db.repos import NotFound
 from fairgate.db.schema import REGISTRY_TABLES
 from fairgate.secretbox import SecretBox
 
@@ -40,3 +44,10 @@ def connection(
     """A config file's connection ``cid`` serving any model (``models: ["*"]``), with ``extra``
     fields (a ``secret``, ``enabled`` ...); the default URL is a closed loopback port."""
     return {"id": cid, "provider": provider, "base_url": base_url, "models": ["*"], **extra}
+
+
+def assert_not_found(*calls: Callable[[], object]) -> None:
+    """Each of ``calls`` (a repository call on a missing record) raises ``NotFound``."""
+    for call in calls:
+        with pytest.raises(NotFound):
+            call()
