@@ -9,7 +9,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from fairgate.clock import ManualClock
+from fairgate.quota.engine import QuotaEngine
+from fairgate.quota.journal import Circuit
 from fairgate.quota.model import Allocation, Dimension, Pool, ShareMode
+from fairgate.quota.ports import QuotaStore
 
 
 def make_pool(
@@ -25,3 +29,9 @@ def make_pool(
     return Pool(
         id, name or id, provider, tuple(connections), dimensions, tuple(allocations), share_mode
     )
+
+
+def engine_for(store: QuotaStore, clock: ManualClock) -> QuotaEngine:
+    """An engine on ``store`` whose circuit, once open, waits a second before it probes the
+    store again (the outage tests move the clock past it)."""
+    return QuotaEngine(store, clock=clock, circuit=Circuit(open_ms=1_000))

@@ -22,11 +22,12 @@ from fairgate.clock import ManualClock
 from fairgate.domain.units import Unit, Window
 from fairgate.quota.decision import Outcome, Reason
 from fairgate.quota.engine import QuotaEngine
-from fairgate.quota.journal import Circuit, Journal
+from fairgate.quota.journal import Journal
 from fairgate.quota.model import Allocation, Dimension, Policy, Pool
 from fairgate.quota.ports import CounterRef
 from fairgate.quota.window import Count
 from fairgate.store.sqlite.store import SqliteQuotaStore
+from quota_support import engine_for
 
 HOUR = 3_600_000
 REQ = Dimension(Unit.REQUESTS, Window.HOURLY, 10)
@@ -92,10 +93,6 @@ async def store(tmp_path: Path) -> AsyncIterator[FlakyStore]:
     s = FlakyStore(tmp_path / "quota.sqlite")
     yield s  # pytest runs the rest after a failed test too
     await s.close()
-
-
-def engine_for(store: FlakyStore, clock: ManualClock) -> QuotaEngine:
-    return QuotaEngine(store, clock=clock, circuit=Circuit(open_ms=1_000))
 
 
 async def counts(store: FlakyStore, key: str, dim: Dimension, now: int) -> tuple[Count, Count]:

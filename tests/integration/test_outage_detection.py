@@ -20,13 +20,12 @@ from fairgate.clock import ManualClock
 from fairgate.domain.units import Unit, Window
 from fairgate.path.attempt import quota_headers
 from fairgate.quota.decision import Outcome
-from fairgate.quota.engine import ADMIT_ATTEMPTS, QuotaEngine
-from fairgate.quota.journal import Circuit
+from fairgate.quota.engine import ADMIT_ATTEMPTS
 from fairgate.quota.model import Allocation, Dimension, Policy
 from fairgate.quota.ports import AdmitRequest, AdmitResult, CounterRef
 from fairgate.store.redis.store import MAX_CONNECTIONS, WARM_POOL_CONNECTIONS, RedisQuotaStore
 from fairgate.store.sqlite.store import SqliteQuotaStore
-from quota_support import make_pool
+from quota_support import engine_for, make_pool
 
 HOUR = 3_600_000
 REQ = Dimension(Unit.REQUESTS, Window.HOURLY, 10)
@@ -79,10 +78,6 @@ async def store(tmp_path: Path) -> AsyncIterator[SwitchStore]:
     s = SwitchStore(tmp_path / "quota.sqlite")
     yield s  # pytest runs the rest after a failed test too
     await s.close()
-
-
-def engine_for(store: SqliteQuotaStore, clock: ManualClock) -> QuotaEngine:
-    return QuotaEngine(store, clock=clock, circuit=Circuit(open_ms=1_000))
 
 
 async def used(store: SqliteQuotaStore, now: int) -> float:
