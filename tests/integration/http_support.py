@@ -11,12 +11,14 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
 import uvicorn
 
 from fairgate.admin.api import create_admin_app
+from fairgate.clock import ManualClock
 from fairgate.process.state import Gateway
 from fairgate.server.app import create_app
 
@@ -61,6 +63,28 @@ async def admin_client(gw: Gateway, admin_key: str) -> AsyncIterator[tuple[str, 
             yield url, c
     finally:
         await gw.stop()
+
+
+@dataclass
+class AdminApi:
+    """A started gateway whose admin API is served on loopback (``admin_client``), a client of
+    it that sends the admin key, and the test clock the gateway runs on."""
+
+    gw: Gateway
+    client: httpx.AsyncClient
+    base_url: str
+    clock: ManualClock
+
+    @property
+    def db(self) -> Any:
+        return self.gw.db
+
+    def dump(self) -> list[str]:
+        """Every row of the metadata DB, to show that a rejected request changed nothing."""
+        return list(self.gw.db.iterdump())
+
+    async def request(self, method: str, url: str, **kw: Any) -> httpx.Response:
+        return await self.client.request(method, url, **kw)
 
 
 async def read_request(reader: asyncio.StreamReader) -> tuple[list[str], bytes]:

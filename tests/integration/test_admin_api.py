@@ -10,7 +10,6 @@ from __future__ import annotations
 import sqlite3
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +17,7 @@ import httpx
 import pytest
 import pytest_asyncio
 from db_support import connection
+from http_support import AdminApi as Api
 from http_support import admin_client
 
 from fairgate.clock import ManualClock
@@ -64,24 +64,6 @@ ENV = {"UP": UPSTREAM_SECRET, "ALICE": ALICE_SECRET}
 
 def make_config() -> Config:
     return parse_config(CONFIG, ENV)
-
-
-@dataclass
-class Api:
-    gw: Gateway
-    client: httpx.AsyncClient
-    base_url: str
-    clock: ManualClock
-
-    @property
-    def db(self) -> sqlite3.Connection:
-        return self.gw.db
-
-    def dump(self) -> list[str]:
-        return list(self.gw.db.iterdump())
-
-    async def request(self, method: str, url: str, **kw: Any) -> httpx.Response:
-        return await self.client.request(method, url, **kw)
 
 
 @pytest_asyncio.fixture

@@ -8,13 +8,13 @@ the DB nor the registry.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest_asyncio
 from db_support import connection
+from http_support import AdminApi as Api
 from http_support import admin_client
 
 from fairgate.clock import ManualClock
@@ -67,25 +67,12 @@ NEW: dict[str, Any] = {
 }
 
 
-@dataclass
-class Api:
-    gw: Gateway
-    client: httpx.AsyncClient
-    clock: ManualClock
-
-    def dump(self) -> list[str]:
-        return list(self.gw.db.iterdump())
-
-    async def request(self, method: str, url: str, **kw: Any) -> httpx.Response:
-        return await self.client.request(method, url, **kw)
-
-
 @pytest_asyncio.fixture
 async def api(tmp_path: Path, clock: ManualClock) -> AsyncIterator[Api]:
     config = parse_config(CONFIG, {})
     gw = Gateway(data_dir=tmp_path, config=config, env={}, clock=clock, admin_key=ADMIN)
-    async with admin_client(gw, ADMIN) as (_, client):
-        yield Api(gw, client, clock)
+    async with admin_client(gw, ADMIN) as (url, client):
+        yield Api(gw, client, url, clock)
 
 
 def error_of(r: httpx.Response) -> dict[str, Any]:
