@@ -87,6 +87,13 @@ class AdminApi:
         return await self.client.request(method, url, **kw)
 
 
+@asynccontextmanager
+async def admin_api(gw: Gateway, admin_key: str, clock: ManualClock) -> AsyncIterator[AdminApi]:
+    """``admin_client`` as an :class:`AdminApi`."""
+    async with admin_client(gw, admin_key) as (url, client):
+        yield AdminApi(gw, client, url, clock)
+
+
 async def read_request(reader: asyncio.StreamReader) -> tuple[list[str], bytes]:
     """The next request on ``reader``: its head's lines (the request line first, without the
     blank line that ends the head) and its body (by ``Content-Length``; none without one).

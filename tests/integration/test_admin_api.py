@@ -18,7 +18,7 @@ import pytest
 import pytest_asyncio
 from db_support import connection
 from http_support import AdminApi as Api
-from http_support import admin_client
+from http_support import admin_api, admin_client
 
 from fairgate.clock import ManualClock
 from fairgate.config import Config, ConfigError, parse_config
@@ -69,8 +69,8 @@ def make_config() -> Config:
 @pytest_asyncio.fixture
 async def api(tmp_path: Path, clock: ManualClock) -> AsyncIterator[Api]:
     gw = Gateway(data_dir=tmp_path, config=make_config(), env=ENV, clock=clock, admin_key=ADMIN)
-    async with admin_client(gw, ADMIN) as (base, client):
-        yield Api(gw, client, base, clock)
+    async with admin_api(gw, ADMIN, clock) as api:
+        yield api
 
 
 def error_of(r: httpx.Response) -> dict[str, Any]:

@@ -15,7 +15,7 @@ import httpx
 import pytest_asyncio
 from db_support import connection
 from http_support import AdminApi as Api
-from http_support import admin_client
+from http_support import admin_api
 
 from fairgate.clock import ManualClock
 from fairgate.config import parse_config
@@ -71,8 +71,8 @@ NEW: dict[str, Any] = {
 async def api(tmp_path: Path, clock: ManualClock) -> AsyncIterator[Api]:
     config = parse_config(CONFIG, {})
     gw = Gateway(data_dir=tmp_path, config=config, env={}, clock=clock, admin_key=ADMIN)
-    async with admin_client(gw, ADMIN) as (url, client):
-        yield Api(gw, client, url, clock)
+    async with admin_api(gw, ADMIN, clock) as api:
+        yield api
 
 
 def error_of(r: httpx.Response) -> dict[str, Any]:
