@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import anthropic
 import httpx
@@ -80,6 +81,13 @@ def client(gw: Proc, secret: str) -> openai.OpenAI:
     return openai.OpenAI(base_url=gw.url + "/v1", api_key=secret, max_retries=0)
 
 
+def raw_chat(c: openai.OpenAI, model: str) -> Any:
+    """A 4-token chat of one user message ``x`` to ``model``, with the answer's headers."""
+    return c.chat.completions.with_raw_response.create(
+        model=model, messages=[{"role": "user", "content": "x"}], max_tokens=4
+    )
+
+
 def ask(gw: Proc, secret: str, model: str) -> httpx.Response:
     return httpx.post(
         gw.url + "/v1/chat/completions",
@@ -116,9 +124,7 @@ def test_quota_aware_strategies_route_a_capped_key_to_the_account_with_room(
             model="sub/gpt-4o-mini", messages=[{"role": "user", "content": "x"}], max_tokens=4
         )
         for strategy in STRATEGIES:
-            raw = c.chat.completions.with_raw_response.create(
-                model=strategy, messages=[{"role": "user", "content": "x"}], max_tokens=4
-            )
+            raw = raw_chat(c, strategy)
             assert raw.headers["x-fairgate-connection"] == "k1", strategy
     log = httpx.get(gw.url + "/api/quota/pools/ps1/log", headers=ADMIN).json()["events"]
     assert [e["outcome"] for e in log] == ["allow"]  # the capped s1 was never even tried
@@ -139,15 +145,11 @@ def test_billing_402_falls_through_to_the_second_account(
     )
     schedule(a, "quota:402")
     with client(gw, secret) as c:
-        raw = c.chat.completions.with_raw_response.create(
-            model="two", messages=[{"role": "user", "content": "x"}], max_tokens=4
-        )
+        raw = raw_chat(c, "two")
         assert raw.parse().choices[0].message.content
         assert raw.headers["x-fairgate-connection"] == "k1"
         # the account is blocked until an admin clears it: the next request goes to k1 at once
-        raw = c.chat.completions.with_raw_response.create(
-            model="two", messages=[{"role": "user", "content": "x"}], max_tokens=4
-        )
+        raw = raw_chat(c, "two")
         assert raw.headers["x-fairgate-connection"] == "k1"
     assert (requests_to(a), requests_to(b)) == (1, 2)
 
