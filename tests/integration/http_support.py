@@ -87,6 +87,20 @@ class AdminApi:
         return await self.client.request(method, url, **kw)
 
 
+def error_of(r: httpx.Response, *secrets: str) -> dict[str, Any]:
+    """The ``error`` object of an admin API error answer (its only member, with a message and a
+    type), after checking that the answer shows none of ``secrets``, no stack trace and no path
+    of the source tree."""
+    body = r.json()
+    assert set(body) == {"error"}, body
+    err: dict[str, Any] = body["error"]
+    assert isinstance(err["message"], str)
+    assert isinstance(err["type"], str)
+    for needle in (*secrets, "Traceback", "/work/", 'File "'):
+        assert needle not in r.text
+    return err
+
+
 @asynccontextmanager
 async def admin_api(gw: Gateway, admin_key: str, clock: ManualClock) -> AsyncIterator[AdminApi]:
     """``admin_client`` as an :class:`AdminApi`."""

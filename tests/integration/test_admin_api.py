@@ -18,7 +18,7 @@ import pytest
 import pytest_asyncio
 from db_support import connection
 from http_support import AdminApi as Api
-from http_support import admin_api, admin_client
+from http_support import admin_api, admin_client, error_of
 
 from fairgate.clock import ManualClock
 from fairgate.config import Config, ConfigError, parse_config
@@ -71,15 +71,6 @@ async def api(tmp_path: Path, clock: ManualClock) -> AsyncIterator[Api]:
     gw = Gateway(data_dir=tmp_path, config=make_config(), env=ENV, clock=clock, admin_key=ADMIN)
     async with admin_api(gw, ADMIN, clock) as api:
         yield api
-
-
-def error_of(r: httpx.Response) -> dict[str, Any]:
-    body = r.json()
-    assert set(body) == {"error"}, body
-    err: dict[str, Any] = body["error"]
-    assert isinstance(err["message"], str)
-    assert isinstance(err["type"], str)
-    return err
 
 
 def fields_of(r: httpx.Response) -> dict[str, str]:

@@ -16,6 +16,7 @@ import pytest_asyncio
 from db_support import connection
 from http_support import AdminApi as Api
 from http_support import admin_api
+from http_support import error_of as http_error_of
 
 from fairgate.clock import ManualClock
 from fairgate.config import parse_config
@@ -76,13 +77,7 @@ async def api(tmp_path: Path, clock: ManualClock) -> AsyncIterator[Api]:
 
 
 def error_of(r: httpx.Response) -> dict[str, Any]:
-    body = r.json()
-    assert set(body) == {"error"}, body
-    err: dict[str, Any] = body["error"]
-    assert isinstance(err["message"], str)
-    for needle in (UPSTREAM_SECRET, "Traceback", "/work/", 'File "'):
-        assert needle not in r.text
-    return err
+    return http_error_of(r, UPSTREAM_SECRET)
 
 
 def fields_of(r: httpx.Response) -> dict[str, str]:
