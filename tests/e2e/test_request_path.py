@@ -77,6 +77,13 @@ def combo(name: str, strategy: str, config: str = "{}", model: str = "gpt-4o-min
     )
 
 
+def _start(start_gateway: GatewayFactory, conns: str, rest: str = "") -> tuple[Proc, str]:
+    """A gateway on ``conns``, key ``k`` with a fresh secret, and ``rest`` (combos, pools): the
+    gateway and the key's secret."""
+    secret = new_secret()
+    return start_gateway(conns + key_line(secret) + rest), secret
+
+
 def client(gw: Proc, secret: str) -> openai.OpenAI:
     return openai.OpenAI(base_url=gw.url + "/v1", api_key=secret, max_retries=0)
 
@@ -139,10 +146,7 @@ def test_billing_402_falls_through_to_the_second_account(
     mocks: tuple[Proc, Proc], start_gateway: GatewayFactory
 ) -> None:
     a, b = mocks
-    secret = new_secret()
-    gw = start_gateway(
-        connections(a, b) + key_line(secret) + f"combos:\n{combo('two', 'priority')}"
-    )
+    gw, secret = _start(start_gateway, connections(a, b), f"combos:\n{combo('two', 'priority')}")
     schedule(a, "quota:402")
     with client(gw, secret) as c:
         raw = raw_chat(c, "two")
@@ -158,9 +162,8 @@ def test_anthropic_credit_balance_400_falls_through_to_the_second_account(
     mocks: tuple[Proc, Proc], start_gateway: GatewayFactory
 ) -> None:
     a, b = mocks
-    secret = new_secret()
-    gw = start_gateway(
-        connections(a, b, provider_a="anthropic", provider_b="anthropic") + key_line(secret)
+    gw, secret = _start(
+        start_gateway, connections(a, b, provider_a="anthropic", provider_b="anthropic")
     )
     schedule(a, "quota:400")
     with anthropic.Anthropic(base_url=gw.url, api_key=secret, max_retries=0) as c:
@@ -181,12 +184,8 @@ def test_fallback_delay_is_waited_between_fall_throughs(
     mocks: tuple[Proc, Proc], start_gateway: GatewayFactory
 ) -> None:
     a, b = mocks
-    secret = new_secret()
-    gw = start_gateway(
-        connections(a, b)
-        + key_line(secret)
-        + f"combos:\n{combo('slow', 'priority', '{maxRetries: 0, fallbackDelayMs: 600}')}"
-    )
+    slow = combo("slow", "priority", "{maxRetries: 0, fallbackDelayMs: 600}")
+    gw, secret = _start(start_gateway, connections(a, b), f"combos:\n{slow}")
     schedule(a, "500")
     t0 = time.monotonic()
     r = ask(gw, secret, "slow")
@@ -202,12 +201,8 @@ def test_a_short_cooldown_is_waited_for_and_answered(
     mocks: tuple[Proc, Proc], start_gateway: GatewayFactory
 ) -> None:
     a, _ = mocks
-    secret = new_secret()
-    gw = start_gateway(
-        connections(a, a)
-        + key_line(secret)
-        + f"combos:\n{combo('both', 'priority', '{maxRetries: 0, maxWaitMs: 5000}')}"
-    )
+    both = combo("both", "priority", "{maxRetries: 0, maxWaitMs: 5000}")
+    gw, secret = _start(start_gateway, connections(a, a), f"combos:\n{both}")
     schedule(a, "429:1", "429:1")  # both accounts rate limited for a second
     t0 = time.monotonic()
     r = ask(gw, secret, "both")
@@ -231,14 +226,13 @@ def test_concurrency_cap_queues_then_answers_503_concurrency_full(
     import threading
 
     a, _ = mocks
-    secret = new_secret()
-    gw = start_gateway(
+    gw, secret = _start(
+        start_gateway,
         f"connections:\n  - {{id: s1, provider: sub, base_url: '{a.url}/v1',"
-        f" secret: '{UPSTREAM_SECRET}', models: [gpt-4o-mini], max_concurrent: 1}}\n"
-        + key_line(secret)
-        + "combos:\n"
+        f" secret: '{UPSTREAM_SECRET}', models: [gpt-4o-mini], max_concurrent: 1}}\n",
+        "combos:\n"
         "  - {name: q, strategy: priority, config: {queueTimeoutMs: 300}, targets: [\n"
-        "      {provider: sub, model: gpt-4o-mini, connection: s1}]}\n"
+        "      {provider: sub, model: gpt-4o-mini, connection: s1}]}\n",
     )
     # the slot is held for 8 s: the second request must queue (300 ms) and give up while it
     # is, however long a busy host takes between the two (1.5 s was a margin of 1.2 s)
