@@ -31,10 +31,18 @@ def _rate_limited_once(cooling_ms: int) -> Any:
     return handler
 
 
+def _waiting(tmp_path: Path, timer: ManualTimer, max_wait_ms: int, cooling_ms: int) -> Any:
+    """A gateway whose combo ``w`` waits up to ``max_wait_ms`` for its one connection ``c1``
+    (no retries), which answers 429 cooling for ``cooling_ms`` the first time."""
+    w = combo("w", ["c1"], maxWaitMs=max_wait_ms, maxRetries=0)
+    return gateway(
+        tmp_path, base_config([conn("c1")], combos=[w]), timer, _rate_limited_once(cooling_ms)
+    )
+
+
 async def test_a_target_cooling_within_max_wait_is_waited_for(tmp_path: Path) -> None:
     timer = ManualTimer()
-    cfg = base_config([conn("c1")], combos=[combo("w", ["c1"], maxWaitMs=1000, maxRetries=0)])
-    async with gateway(tmp_path, cfg, timer, _rate_limited_once(800)) as h:
+    async with _waiting(tmp_path, timer, max_wait_ms=1000, cooling_ms=800) as h:
         task = asyncio.create_task(h.chat("w", max_tokens=5))
         await timer.until_sleeping(1)
         assert h.sent_to == ["c1"]
@@ -50,8 +58,7 @@ async def test_a_target_cooling_within_max_wait_is_waited_for(tmp_path: Path) ->
 
 async def test_a_target_cooling_past_max_wait_answers_at_once(tmp_path: Path) -> None:
     timer = ManualTimer()
-    cfg = base_config([conn("c1")], combos=[combo("w", ["c1"], maxWaitMs=1000, maxRetries=0)])
-    async with gateway(tmp_path, cfg, timer, _rate_limited_once(1500)) as h:
+    async with _waiting(tmp_path, timer, max_wait_ms=1000, cooling_ms=1500) as h:
         r = await h.chat("w", max_tokens=5)
         assert r.status_code == 429
         assert timer.sleeping == 0
@@ -64,8 +71,7 @@ async def test_a_target_cooling_past_max_wait_answers_at_once(tmp_path: Path) ->
 
 async def test_max_wait_zero_disables_the_wait(tmp_path: Path) -> None:
     timer = ManualTimer()
-    cfg = base_config([conn("c1")], combos=[combo("w", ["c1"], maxWaitMs=0, maxRetries=0)])
-    async with gateway(tmp_path, cfg, timer, _rate_limited_once(100)) as h:
+    async with _waiting(tmp_path, timer, max_wait_ms=0, cooling_ms=100) as h:
         r = await h.chat("w", max_tokens=5)
         assert r.status_code == 429
         assert timer.sleeping == 0
