@@ -23,6 +23,7 @@ from fairgate.quota.decision import (
 )
 from fairgate.quota.model import Allocation, Dimension, Pool, ShareMode
 from fairgate.quota.window import Count
+from quota_support import make_pool
 
 HOUR = 3_600_000
 T = 1_700_002_800_000  # hour-aligned
@@ -30,13 +31,10 @@ DIM = "requests/hourly"
 
 
 def _pool(*allocs: Allocation, limit: float = 300) -> Pool:
-    return Pool(
-        id="p",
-        name="p",
-        provider="mock",
-        connections=("c",),
-        dimensions=(Dimension(Unit.REQUESTS, Window.HOURLY, limit),),
+    return make_pool(
+        Dimension(Unit.REQUESTS, Window.HOURLY, limit),
         allocations=allocs,
+        provider="mock",
         share_mode=ShareMode.ACTIVE,
     )
 
