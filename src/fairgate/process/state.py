@@ -30,6 +30,7 @@ from fairgate.db.watch import READ_TIMEOUT_S, ChangeWatcher, MetadataProbe
 from fairgate.files import private_dir
 from fairgate.process.http_settings import ADMIN_KEY_MIN_LENGTH
 from fairgate.process.oauth_service import OAuthAccounts
+from fairgate.process.settings import Settings
 from fairgate.quota.engine import QuotaEngine
 from fairgate.quota.model import Pool, unenforced_pools
 from fairgate.quota.ports import SlotLeases, SlotLeaseSource
@@ -98,10 +99,14 @@ class Gateway:
         env: Mapping[str, str] | None = None,
         clock: Clock = SYSTEM_CLOCK,
         admin_key: str | None = None,
+        settings: Settings | None = None,
     ) -> None:
         self.data_dir = Path(data_dir)
         self.config = config if config is not None else Config.default()
         self.env: Mapping[str, str] = environment.snapshot() if env is None else env
+        #: the process settings the CLI resolved at start (else resolved here, leniently: an
+        #: embedding program keeps the gateway's old tolerance of a bad variable)
+        self.settings = settings or Settings.load(self.env, self.config, strict=False)
         self.clock = clock
         #: waits of the request path (fall-through pauses, cooldown waits, slot queues) on
         #: ``clock``; tests swap in a ManualTimer that shares their ManualClock
@@ -478,8 +483,7 @@ class Gateway:
             return choice
 
     def _settings_from(self, db_settings: Mapping[str, str]) -> QuotaSettings:
-        base = QuotaSettings.from_sources(self.env, db_settings)
-        return dataclasses.replace(base, default_max_tokens=self.config.server.default_max_tokens)
+        return self.settings.with_db(db_settings).quota()
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
