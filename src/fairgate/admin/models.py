@@ -52,11 +52,11 @@ from fairgate.db.pools import PoolRecord
 from fairgate.domain.connections import Connection
 from fairgate.domain.keys import ClientKey
 from fairgate.domain.units import Unit, Window, WindowAnchor
+from fairgate.process.settings import Fraction, RetentionDays
 from fairgate.quota.decision import Outcome, Reason
 from fairgate.quota.model import Allocation, Dimension, ModelCap, Policy, Pool, ShareMode
 from fairgate.quota.usage import PoolUsage
 
-Fraction = Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)]
 RedisUrl = Annotated[
     str,
     StringConstraints(
@@ -561,9 +561,7 @@ class QuotaStoreSettingsIn(ApiModel):
 class QuotaKnobsIn(ApiModel):
     saturation_threshold: Fraction | None = None
     soft_deprioritize_factor: Fraction | None = None
-    consumption_retention_days: (
-        Annotated[float, Field(ge=0, le=3650, allow_inf_nan=False)] | None
-    ) = None
+    consumption_retention_days: RetentionDays | None = None
 
 
 class AccessSettingsIn(ApiModel):

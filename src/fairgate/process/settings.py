@@ -31,11 +31,17 @@ from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from fairgate.config import Config
+from fairgate.process.http_settings import SettingsError
 from fairgate.quota.settings import QuotaSettings
 
 __all__ = ["From", "Settings", "SettingsError"]
 
 log = logging.getLogger(__name__)
+
+#: The ranges of the knobs the admin API also takes (``PUT /api/settings``): one definition.
+Fraction = Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)]
+RetentionDays = Annotated[float, Field(ge=0, le=3650, allow_inf_nan=False)]
+LeaseMs = Annotated[int, Field(ge=1_000, le=86_400_000)]
 
 Kind = Literal["db", "env", "file"]
 #: The sources from the highest precedence to the lowest (the default comes last).
@@ -53,10 +59,6 @@ class From:
 
     def name(self, kind: Kind) -> str | None:
         return {"db": self.db, "env": self.env, "file": self.file}[kind]
-
-
-class SettingsError(ValueError):
-    """A setting that does not validate; the message names where it came from."""
 
 
 def _origin(field: FieldInfo) -> From:
@@ -126,37 +128,20 @@ class Settings(BaseSettings):
         description="How long a stop lets requests and streams in flight finish, in seconds",
     )
     saturation_threshold: Annotated[
-        float, From(db="quota.saturationThreshold", env="QUOTA_SATURATION_THRESHOLD")
-    ] = Field(
-        default=0.5,
-        ge=0,
-        le=1,
-        allow_inf_nan=False,
-        description="Pool use from which fair shares are strict",
-    )
+        Fraction, From(db="quota.saturationThreshold", env="QUOTA_SATURATION_THRESHOLD")
+    ] = Field(default=0.5, description="Pool use from which fair shares are strict")
     soft_deprioritize_factor: Annotated[
-        float, From(db="quota.softDeprioritizeFactor", env="QUOTA_SOFT_DEPRIORITIZE_FACTOR")
-    ] = Field(
-        default=0.7,
-        ge=0,
-        le=1,
-        allow_inf_nan=False,
-        description="Score multiplier for soft-policy keys over their share",
-    )
+        Fraction, From(db="quota.softDeprioritizeFactor", env="QUOTA_SOFT_DEPRIORITIZE_FACTOR")
+    ] = Field(default=0.7, description="Score multiplier for soft-policy keys over their share")
     consumption_retention_days: Annotated[
-        float,
+        RetentionDays,
         From(db="quota.consumptionRetentionDays", env="QUOTA_CONSUMPTION_RETENTION_DAYS"),
     ] = Field(
         default=14.0,
-        ge=0,
-        le=3650,
-        allow_inf_nan=False,
         description="Age at which counter buckets and active-key entries are collected",
     )
-    lease_ms: Annotated[int, From(db="quota.leaseMs", env="QUOTA_LEASE_MS")] = Field(
+    lease_ms: Annotated[LeaseMs, From(db="quota.leaseMs", env="QUOTA_LEASE_MS")] = Field(
         default=10 * 60_000,
-        ge=1_000,
-        le=86_400_000,
         description="How long an unsettled reservation holds quota (a crashed replica's are "
         "reclaimed after it), in milliseconds",
     )
