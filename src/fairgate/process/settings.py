@@ -116,20 +116,24 @@ class Settings(BaseSettings):
     )
     data_dir: Annotated[Path, From(env="FAIRGATE_DATA_DIR")] = Field(
         default=Path("data"),
-        description="The data directory (metadata DB, quota counters, the sealing key)",
+        description="The data directory: metadata DB, quota counters, the sealing key "
+        "(`fairgate demo`: a temp dir unless set)",
     )
     config_path: Annotated[Path | None, From(env="FAIRGATE_CONFIG")] = Field(
-        default=None, description="The YAML config file (none: everything from the admin API)"
+        default=None,
+        description="The YAML config file (unset: everything comes from the admin API)",
     )
     shutdown_timeout_s: Annotated[int, From(env="FAIRGATE_SHUTDOWN_TIMEOUT_S")] = Field(
         default=30,
         ge=0,
         le=86_400,
-        description="How long a stop lets requests and streams in flight finish, in seconds",
+        description="How long a stop (SIGTERM) lets requests and streams in flight finish "
+        "before it cuts them, in seconds; a supervisor's stop timeout must be longer "
+        "([Deployment](../deploy.md))",
     )
     saturation_threshold: Annotated[
         Fraction, From(db="quota.saturationThreshold", env="QUOTA_SATURATION_THRESHOLD")
-    ] = Field(default=0.5, description="Pool use from which fair shares are strict")
+    ] = Field(default=0.5, description="Pool use (fraction) from which fair shares are strict")
     soft_deprioritize_factor: Annotated[
         Fraction, From(db="quota.softDeprioritizeFactor", env="QUOTA_SOFT_DEPRIORITIZE_FACTOR")
     ] = Field(default=0.7, description="Score multiplier for soft-policy keys over their share")
@@ -138,7 +142,8 @@ class Settings(BaseSettings):
         From(db="quota.consumptionRetentionDays", env="QUOTA_CONSUMPTION_RETENTION_DAYS"),
     ] = Field(
         default=14.0,
-        description="Age at which counter buckets and active-key entries are collected",
+        description="GC age in days of counter buckets (never inside 2 × window) and of "
+        "active-key entries; the GC runs within 30 s of start, then hourly (±10 %)",
     )
     lease_ms: Annotated[LeaseMs, From(db="quota.leaseMs", env="QUOTA_LEASE_MS")] = Field(
         default=10 * 60_000,
@@ -148,7 +153,8 @@ class Settings(BaseSettings):
     default_max_tokens: Annotated[int, From(file="server.default_max_tokens")] = Field(
         default=1024,
         ge=1,
-        description="Output tokens reserved for a request that sets no max_tokens",
+        description="Output tokens reserved for a request that sets no max_tokens (sent "
+        "upstream as its limit)",
     )
 
     _env: Mapping[str, str] = PrivateAttr(default_factory=dict)
