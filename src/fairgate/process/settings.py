@@ -131,6 +131,34 @@ class Settings(BaseSettings):
         "before it cuts them, in seconds; a supervisor's stop timeout must be longer "
         "([Deployment](../deploy.md))",
     )
+    admin_key: Annotated[str | None, From(env="FAIRGATE_ADMIN_KEY")] = Field(
+        default=None,
+        repr=False,
+        description="The admin API's key, at least 32 characters (shorter: `serve` and `demo` "
+        "exit 2); unset: the admin API refuses everything (a client key gets 403); `fairgate "
+        "demo` uses it when set, else prints a random one",
+    )
+    metadata_poll_ms: Annotated[int | None, From(env="FAIRGATE_METADATA_POLL_MS")] = Field(
+        default=None,
+        ge=0,
+        description="How often a process reads the metadata change counter, in milliseconds "
+        "(at least 10; unset: 250 on SQLite, 1000 on PostgreSQL, where NOTIFY comes first)",
+    )
+    admission_log_max_age_s: Annotated[int | None, From(env="FAIRGATE_ADMISSION_LOG_MAX_AGE_S")] = (
+        Field(
+            default=None,
+            ge=0,
+            description="How old an event of a Redis admission log may get before it is trimmed, "
+            "and how long the log of a pool nobody admits to lives, in seconds (at least 60; "
+            "unset: 7 days)",
+        )
+    )
+    redis_prefix: Annotated[str, From(env="QUOTA_STORE_REDIS_PREFIX")] = Field(
+        default="fairgate",
+        min_length=1,
+        description="Key prefix in Redis: several gateways or test runs can share one server "
+        "without touching each other's counters",
+    )
     saturation_threshold: Annotated[
         Fraction, From(db="quota.saturationThreshold", env="QUOTA_SATURATION_THRESHOLD")
     ] = Field(default=0.5, description="Pool use (fraction) from which fair shares are strict")
