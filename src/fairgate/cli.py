@@ -301,9 +301,9 @@ def serve(
     if not _port_free(bind, chosen):
         _fail(f"port {chosen} on {bind} is already in use (choose another with --port)")
     ddir = data_dir or settings.data_dir
-    from fairgate.process.logs import configure_from_env
+    from fairgate.process.logs import configure_from_settings
 
-    configure_from_env(env, _secrets_of(cfg, env.get("FAIRGATE_ADMIN_KEY", "")))
+    configure_from_settings(settings, _secrets_of(cfg, settings.admin_key or ""))
     gw = Gateway(data_dir=ddir, config=cfg, env=env, clock=_process_clock(env), settings=settings)
     # one JSON event, like every other line this process writes
     logging.getLogger("fairgate.cli").info(
@@ -433,10 +433,10 @@ def demo(
     async def start_mock() -> None:
         await mock.start(host, mock_port)
 
-    from fairgate.process.logs import configure_from_env
+    from fairgate.process.logs import configure_from_settings
 
     # the demo prints its keys for the user on stdout; the logs (stderr) never show them
-    configure_from_env(env, _secrets_of(cfg, admin_key, upstream_secret))
+    configure_from_settings(settings, _secrets_of(cfg, admin_key, upstream_secret))
     clock = _process_clock(env)
     mock = MockUpstream(
         MockConfig(secret=upstream_secret, latency_ms=20, completion_tokens=24), clock=clock

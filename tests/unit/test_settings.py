@@ -86,3 +86,21 @@ def test_every_setting_says_where_it_comes_from_and_what_it_does() -> None:
         assert (info.description or "").strip(), name
         origin = next(m for m in info.metadata if isinstance(m, From))
         assert origin.db or origin.env or origin.file, name
+
+
+def test_log_level_and_format_in_any_case_and_a_typo_named() -> None:
+    s = Settings.load({"FAIRGATE_LOG_LEVEL": "debug", "FAIRGATE_LOG_FORMAT": "TEXT"})
+    assert (s.log_level, s.log_format) == ("DEBUG", "text")
+    assert (Settings.load({}).log_level, Settings.load({}).log_format) == ("INFO", "json")
+    with pytest.raises(SettingsError, match=r"^FAIRGATE_LOG_LEVEL: not a log level"):
+        Settings.load({"FAIRGATE_LOG_LEVEL": "verbose"})
+    with pytest.raises(SettingsError, match=r"^FAIRGATE_LOG_FORMAT: "):
+        Settings.load({"FAIRGATE_LOG_FORMAT": "xml"})
+    # a worker's lenient read keeps the default, as the old reader did
+    assert Settings.load({"FAIRGATE_LOG_LEVEL": "verbose"}, strict=False).log_level == "INFO"
+
+
+def test_the_admin_key_never_shows_in_the_settings_repr() -> None:
+    s = Settings.load({"FAIRGATE_ADMIN_KEY": "k" * 40})
+    assert s.admin_key == "k" * 40
+    assert "k" * 40 not in repr(s)

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, PrivateAttr, ValidationError
+from pydantic import BeforeValidator, Field, PrivateAttr, ValidationError
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
@@ -42,6 +42,23 @@ log = logging.getLogger(__name__)
 Fraction = Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)]
 RetentionDays = Annotated[float, Field(ge=0, le=3650, allow_inf_nan=False)]
 LeaseMs = Annotated[int, Field(ge=1_000, le=86_400_000)]
+
+
+def _log_level(value: object) -> object:
+    """A level name as ``logging`` knows it, whatever its case (``debug``, ``WARNING``)."""
+    if not isinstance(value, str):
+        return value
+    name = value.upper()
+    if name not in logging.getLevelNamesMapping():
+        raise ValueError(f"not a log level (one of {', '.join(_LEVELS)})")
+    return name
+
+
+_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+LogLevel = Annotated[str, BeforeValidator(_log_level)]
+LogFormat = Annotated[
+    Literal["json", "text"], BeforeValidator(lambda v: v.lower() if isinstance(v, str) else v)
+]
 
 Kind = Literal["db", "env", "file"]
 #: The sources from the highest precedence to the lowest (the default comes last).
@@ -159,6 +176,12 @@ class Settings(BaseSettings):
         description="Key prefix in Redis: several gateways or test runs can share one server "
         "without touching each other's counters",
     )
+    log_level: Annotated[LogLevel, From(env="FAIRGATE_LOG_LEVEL")] = Field(
+        default="INFO", description="The log level (debug, info, warning, error, critical)"
+    )
+    log_format: Annotated[LogFormat, From(env="FAIRGATE_LOG_FORMAT")] = Field(
+        default="json", description="json: one JSON object a line; text: human-readable lines"
+    )
     saturation_threshold: Annotated[
         Fraction, From(db="quota.saturationThreshold", env="QUOTA_SATURATION_THRESHOLD")
     ] = Field(default=0.5, description="Pool use (fraction) from which fair shares are strict")
@@ -262,5 +285,5 @@ def _first_bad(exc: ValidationError, came_from: Mapping[str, Kind]) -> tuple[str
         loc = err["loc"]
         name = str(loc[0]) if loc else ""
         if name in came_from:
-            return name, came_from[name], str(err["msg"])
+            return name, came_from[name], str(err["msg"]).removeprefix("Value error, ")
     return None
