@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -269,14 +269,11 @@ class Settings(BaseSettings):
         return self.load(self._env, self._file, db, strict=False)
 
     def quota(self) -> QuotaSettings:
-        """The quota engine's knobs."""
-        return QuotaSettings(
-            saturation_threshold=self.saturation_threshold,
-            soft_deprioritize_factor=self.soft_deprioritize_factor,
-            retention_days=self.consumption_retention_days,
-            lease_ms=self.lease_ms,
-            default_max_tokens=self.default_max_tokens,
-        )
+        """The quota engine's knobs: the fields both name alike, and the retention (the
+        environment's ``…_RETENTION_DAYS`` is the engine's ``retention_days``)."""
+        ours = type(self).model_fields
+        shared = {f.name: getattr(self, f.name) for f in fields(QuotaSettings) if f.name in ours}
+        return QuotaSettings(**shared, retention_days=self.consumption_retention_days)
 
 
 def _first_bad(exc: ValidationError, came_from: Mapping[str, Kind]) -> tuple[str, Kind, str] | None:
