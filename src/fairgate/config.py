@@ -754,31 +754,18 @@ class ComboTargetSpec(CamelStrict):
         return {"provider": provider, "model": model}
 
     def to_target(self) -> Target:
-        return Target(
-            provider=self.provider,
-            model=self.model,
-            connection_id=self.connection,
-            weight=self.weight,
-            price_in=self.price_in,
-            price_out=self.price_out,
-            tier=self.tier,
-            context_window=self.context_window,
-            tags=frozenset(self.tags),
-        )
+        same = {name: getattr(self, name) for name in _TARGET_FIELDS}
+        return Target(**same, connection_id=self.connection, tags=frozenset(self.tags))
 
     @classmethod
     def of(cls, t: Target) -> ComboTargetSpec:
-        return cls(
-            provider=t.provider,
-            model=t.model,
-            connection=t.connection_id,
-            weight=t.weight,
-            price_in=t.price_in,
-            price_out=t.price_out,
-            tier=t.tier,
-            context_window=t.context_window,
-            tags=sorted(t.tags),
-        )
+        same = {name: getattr(t, name) for name in _TARGET_FIELDS}
+        return cls(**same, connection=t.connection_id, tags=sorted(t.tags))
+
+
+#: The fields a combo target spec and the routing layer's Target name alike (the connection and
+#: the tags differ in name or type and are converted by hand).
+_TARGET_FIELDS = ("provider", "model", "weight", "price_in", "price_out", "tier", "context_window")
 
 
 class ComboShadowSpec(CamelStrict):
