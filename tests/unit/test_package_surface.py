@@ -53,11 +53,11 @@ SURFACES: dict[str, str] = {
     "fairgate.mock": "MockConfig MockUpstream run_mock_upstream",
     "fairgate.path": "ProviderSignals Services",
     "fairgate.process": (
-        "AdminBackoff Answer ApiError CLIENT_SETTING ClientRequest FastRoute Gateway "
+        "AdminBackoff Answer ApiError CLIENT_SETTING ClientRequest FastRoute Fraction Gateway "
         "GatewayApp HttpSettings KeyRateGuard Later MASK METRICS_DIR_ENV Metrics OAuthClient "
-        "REDACTOR REQUEST_ID SendDeadline SettingsError StreamAnswer admin_key_problem "
-        "configure_from_env error_response internal_error metrics_endpoint protocol_for run "
-        "server_options start_oauth via_router"
+        "REDACTOR REQUEST_ID RetentionDays SendDeadline Settings SettingsError StreamAnswer "
+        "admin_key_problem configure_from_env configure_from_settings error_response "
+        "internal_error metrics_endpoint protocol_for run server_options start_oauth via_router"
     ),
     "fairgate.providers": (
         "AuthHealth HttpSender HttpTokenEndpoint OAuthTokens RefreshLock RefreshRejected "

@@ -39,8 +39,8 @@ from fairgate.admin.models import (
     PoolUsageOut,
     PreviewDimensionOut,
     PreviewOut,
-    unique_caps,
 )
+from fairgate.config import unique_caps
 from fairgate.db.common import Invalid, transaction
 from fairgate.db.keys import KeyRepo
 from fairgate.db.plans import PlanRepo

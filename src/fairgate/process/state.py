@@ -30,6 +30,7 @@ from fairgate.db.watch import READ_TIMEOUT_S, ChangeWatcher, MetadataProbe
 from fairgate.files import private_dir
 from fairgate.process.http_settings import ADMIN_KEY_MIN_LENGTH
 from fairgate.process.oauth_service import OAuthAccounts
+from fairgate.process.settings import Settings
 from fairgate.quota.engine import QuotaEngine
 from fairgate.quota.model import Pool, unenforced_pools
 from fairgate.quota.ports import SlotLeases, SlotLeaseSource
@@ -98,15 +99,19 @@ class Gateway:
         env: Mapping[str, str] | None = None,
         clock: Clock = SYSTEM_CLOCK,
         admin_key: str | None = None,
+        settings: Settings | None = None,
     ) -> None:
         self.data_dir = Path(data_dir)
         self.config = config if config is not None else Config.default()
         self.env: Mapping[str, str] = environment.snapshot() if env is None else env
+        #: the process settings the CLI resolved at start (else resolved here, as strictly:
+        #: a bad value raises SettingsError naming the variable)
+        self.settings = settings or Settings.load(self.env, self.config)
         self.clock = clock
         #: waits of the request path (fall-through pauses, cooldown waits, slot queues) on
         #: ``clock``; tests swap in a ManualTimer that shares their ManualClock
         self.timer: Timer = SystemTimer(clock)
-        self.admin_key: str | None = admin_key or self.env.get("FAIRGATE_ADMIN_KEY") or None
+        self.admin_key: str | None = admin_key or self.settings.admin_key
         #: key id → when this process last authenticated it (epoch ms), for the Keys page;
         #: one entry per key, so bounded by the key table, and never written on the hot path
         #: to the database
@@ -306,7 +311,7 @@ class Gateway:
     def redis_prefix(self) -> str:
         """Key prefix in Redis (``QUOTA_STORE_REDIS_PREFIX``): several gateways or test runs can
         share one server without touching each other's counters."""
-        return self.env.get("QUOTA_STORE_REDIS_PREFIX") or "fairgate"
+        return self.settings.redis_prefix
 
     def percent_estimate(self, pool: Pool, tokens: float) -> float:
         """The percent a request of ``tokens`` is expected to cost in ``pool``: the most any of
@@ -407,12 +412,8 @@ class Gateway:
         """``FAIRGATE_ADMISSION_LOG_MAX_AGE_S``: how old an event of a Redis admission log may
         get before it is trimmed, and how long the stream of a pool nobody admits to lives
         (default 7 days, at least 60 s)."""
-        raw = self.env.get("FAIRGATE_ADMISSION_LOG_MAX_AGE_S", "").strip()
-        if not raw:
-            return MAX_AGE_MS
-        if not raw.isdigit():
-            raise ValueError("FAIRGATE_ADMISSION_LOG_MAX_AGE_S must be a whole number of seconds")
-        return max(60, int(raw)) * 1000
+        age_s = self.settings.admission_log_max_age_s
+        return MAX_AGE_MS if age_s is None else max(60, age_s) * 1000
 
     def _read_snapshot(self) -> _Snapshot:
         """Another process (a replica, a worker, the CLI) wrote the metadata DB: read the new
@@ -458,10 +459,8 @@ class Gateway:
     def _metadata_poll_s(self) -> float | None:
         """``FAIRGATE_METADATA_POLL_MS``: how often the change counter is read (default 250 ms
         on SQLite; 1 s on PostgreSQL, where notifications arrive first)."""
-        raw = self.env.get("FAIRGATE_METADATA_POLL_MS", "").strip()
-        if raw and not raw.isdigit():
-            raise ValueError("FAIRGATE_METADATA_POLL_MS must be a whole number of milliseconds")
-        return max(10, int(raw)) / 1000 if raw else None
+        poll_ms = self.settings.metadata_poll_ms
+        return None if poll_ms is None else max(10, poll_ms) / 1000
 
     def refresh_settings(self) -> QuotaSettings:
         """Re-read the quota knobs (DB > env > default) into ``quota_settings`` and the engine."""
@@ -495,8 +494,7 @@ class Gateway:
             return choice
 
     def _settings_from(self, db_settings: Mapping[str, str]) -> QuotaSettings:
-        base = QuotaSettings.from_sources(self.env, db_settings)
-        return dataclasses.replace(base, default_max_tokens=self.config.server.default_max_tokens)
+        return self.settings.with_db(db_settings).quota()
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
