@@ -36,6 +36,12 @@ from fairgate import environment
 from fairgate.domain.connections import ANY_MODEL, BILLING_FIELDS
 from fairgate.domain.keys import hash_key
 from fairgate.domain.units import Unit, Window, WindowAnchor
+from fairgate.quota.hold import (
+    DEFAULT_MAX_WAIT_MS,
+    DEFAULT_QUEUE_PER_KEY,
+    DEFAULT_QUEUE_PER_POOL,
+    AdmissionMode,
+)
 from fairgate.quota.model import Policy, ShareMode
 from fairgate.routing.aliases import ModelAlias
 from fairgate.routing.combo import Combo
@@ -518,6 +524,36 @@ class PoolConfig(_Strict):
     )
     allocations: list[AllocationConfig] = Field(
         default_factory=list, description="Each client key's weight, policy and caps in this pool"
+    )
+    admission: AdmissionMode = Field(
+        default=AdmissionMode.REFUSE,
+        description=(
+            "A request that does not fit: refuse it at once (429 with Retry-After), or hold "
+            "it in its key's queue up to max_wait_ms; freed room goes to the waiting key with "
+            "the least use of the window per weight, oldest request first (429 when the "
+            "patience runs out)"
+        ),
+    )
+    max_wait_ms: int = Field(
+        default=DEFAULT_MAX_WAIT_MS,
+        ge=0,
+        le=600_000,
+        description=(
+            "admission: hold: how long a request waits for room at most (a client may shorten "
+            "it with the x-fairgate-max-wait-ms header; 0: never wait)"
+        ),
+    )
+    queue_per_key: int = Field(
+        default=DEFAULT_QUEUE_PER_KEY,
+        ge=1,
+        le=10_000,
+        description="admission: hold: requests of one key waiting at most (more are refused)",
+    )
+    queue_per_pool: int = Field(
+        default=DEFAULT_QUEUE_PER_POOL,
+        ge=1,
+        le=100_000,
+        description="admission: hold: requests waiting in the pool at most, all keys together",
     )
 
     @field_validator("connections")

@@ -48,6 +48,13 @@ from fairgate.domain.connections import Connection
 from fairgate.domain.keys import ClientKey
 from fairgate.domain.units import Unit, Window, WindowAnchor
 from fairgate.quota.decision import Outcome, Reason
+from fairgate.quota.hold import (
+    DEFAULT_MAX_WAIT_MS,
+    DEFAULT_QUEUE_PER_KEY,
+    DEFAULT_QUEUE_PER_POOL,
+    AdmissionMode,
+    HoldSettings,
+)
 from fairgate.quota.model import Allocation, Dimension, ModelCap, Policy, Pool, ShareMode
 from fairgate.quota.usage import PoolUsage
 
@@ -232,6 +239,15 @@ def _unique_allocs(allocs: list[AllocationIn]) -> list[AllocationIn]:
 
 
 ActiveWindowS = Annotated[float, Field(ge=1, le=30 * 86_400, allow_inf_nan=False)]
+MaxWaitMs = Annotated[
+    int, Field(ge=0, le=600_000, description="admission hold: a request's patience (ms)")
+]
+QueuePerKey = Annotated[
+    int, Field(ge=1, le=10_000, description="admission hold: requests of one key waiting")
+]
+QueuePerPool = Annotated[
+    int, Field(ge=1, le=100_000, description="admission hold: requests waiting in the pool")
+]
 
 
 class PoolIn(ApiModel):
@@ -247,6 +263,13 @@ class PoolIn(ApiModel):
         description="Empty: the resolved plan of the first member connection",
     )
     allocations: list[AllocationIn] = Field(default_factory=list)
+    admission: AdmissionMode = Field(
+        default=AdmissionMode.REFUSE,
+        description="refuse a request that does not fit at once, or hold it up to maxWaitMs",
+    )
+    max_wait_ms: MaxWaitMs = DEFAULT_MAX_WAIT_MS
+    queue_per_key: QueuePerKey = DEFAULT_QUEUE_PER_KEY
+    queue_per_pool: QueuePerPool = DEFAULT_QUEUE_PER_POOL
 
     @field_validator("connections")
     @classmethod
@@ -273,6 +296,9 @@ class PoolIn(ApiModel):
             allocations=tuple(a.to_domain() for a in self.allocations),
             share_mode=self.share_mode,
             active_window_ms=round(self.active_window_s * 1000),
+            hold=HoldSettings(
+                self.admission, self.max_wait_ms, self.queue_per_key, self.queue_per_pool
+            ),
         )
 
     @classmethod
@@ -283,6 +309,10 @@ class PoolIn(ApiModel):
             connections=list(rec.connections),
             share_mode=rec.share_mode,
             active_window_s=rec.active_window_ms / 1000,
+            admission=rec.hold.mode,
+            max_wait_ms=rec.hold.max_wait_ms,
+            queue_per_key=rec.hold.queue_per_key,
+            queue_per_pool=rec.hold.queue_per_pool,
             dimensions=[DimensionIn.of(d) for d in rec.dimensions],
             allocations=[AllocationIn.of(a) for a in rec.allocations],
         )
@@ -294,6 +324,10 @@ class PoolPatch(ApiModel):
     name: Name | None = None
     share_mode: ShareMode | None = None
     active_window_s: ActiveWindowS | None = None
+    admission: AdmissionMode | None = None
+    max_wait_ms: MaxWaitMs | None = None
+    queue_per_key: QueuePerKey | None = None
+    queue_per_pool: QueuePerPool | None = None
     dimensions: list[DimensionIn] | None = None
     connections: list[Id] | None = Field(default=None, min_length=1)
     allocations: list[AllocationIn] | None = None

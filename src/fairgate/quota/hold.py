@@ -29,7 +29,7 @@ nothing, so it never holds room back from the keys behind it.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -37,7 +37,9 @@ __all__ = [
     "DEFAULT_MAX_WAIT_MS",
     "DEFAULT_QUEUE_PER_KEY",
     "DEFAULT_QUEUE_PER_POOL",
+    "NO_HOLD",
     "AdmissionMode",
+    "HoldSettings",
     "HoldTicket",
     "QueueFull",
     "Waiter",
@@ -70,6 +72,50 @@ class QueueFull(StrEnum):
 
     KEY = "key"
     POOL = "pool"
+
+
+@dataclass(frozen=True, slots=True)
+class HoldSettings:
+    """A pool's admission setting: its mode, a held request's patience (ms) and the queue
+    limits. Stored as one JSON object beside the pool (:meth:`as_json`)."""
+
+    mode: AdmissionMode = AdmissionMode.REFUSE
+    max_wait_ms: int = DEFAULT_MAX_WAIT_MS
+    queue_per_key: int = DEFAULT_QUEUE_PER_KEY
+    queue_per_pool: int = DEFAULT_QUEUE_PER_POOL
+
+    @property
+    def holds(self) -> bool:
+        return self.mode is AdmissionMode.HOLD and self.max_wait_ms > 0
+
+    def as_json(self) -> dict[str, object]:
+        return {
+            "admission": self.mode.value,
+            "maxWaitMs": self.max_wait_ms,
+            "queuePerKey": self.queue_per_key,
+            "queuePerPool": self.queue_per_pool,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, object]) -> HoldSettings:
+        """The stored form back; a field missing or of the wrong type takes its default (a
+        row written before the setting existed is ``{}``: refuse, as before)."""
+
+        def num(name: str, default: int) -> int:
+            v = data.get(name)
+            return v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else default
+
+        mode = data.get("admission")
+        return cls(
+            mode=AdmissionMode(mode) if mode in ("hold", "refuse") else AdmissionMode.REFUSE,
+            max_wait_ms=num("maxWaitMs", DEFAULT_MAX_WAIT_MS),
+            queue_per_key=max(1, num("queuePerKey", DEFAULT_QUEUE_PER_KEY)),
+            queue_per_pool=max(1, num("queuePerPool", DEFAULT_QUEUE_PER_POOL)),
+        )
+
+
+#: A pool's setting unless it says otherwise: refuse at once (as before issue 45's hold).
+NO_HOLD = HoldSettings()
 
 
 @dataclass(frozen=True, slots=True)
