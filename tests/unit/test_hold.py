@@ -9,6 +9,7 @@ from fairgate.quota.hold import (
     QueueFull,
     Waiter,
     dominant_share,
+    hold_step,
     jumps_queue,
     live,
     next_waiter,
@@ -89,3 +90,42 @@ def test_queue_limits() -> None:
     # a waiter already queued counts itself out
     assert queue_full(ws, "a", _hold("a3", 3), NOW + 20) is None
     assert queue_full([*ws, _w("c1", "c", 0.1)], "b", _hold("b9", 20), NOW + 20) is QueueFull.POOL
+
+
+def test_hold_step_admits_the_first_and_queues_the_jumper() -> None:
+    ws = [_w("a1", "a", 0.1, 0)]
+    # the decision allows b (above a's share): refused as a jump, queued as owed
+    step = hold_step(
+        ws, "b", 0.3, _hold("b1", 5), NOW + 5, allowed=True, owed=False, holdable=False
+    )
+    assert step.blocked
+    assert step.jumped == ws[0]
+    assert step.join
+    assert step.owed
+    # a itself is admitted (and leaves the queue: not join)
+    step = hold_step(ws, "a", 0.1, _hold("a1", 0), NOW + 5, allowed=True, owed=False, holdable=True)
+    assert not step.blocked
+    assert not step.join
+
+
+def test_hold_step_of_a_refusal() -> None:
+    # the pool is full: held as owed
+    step = hold_step([], "a", 0.1, _hold("a1"), NOW, allowed=False, owed=True, holdable=True)
+    assert step.join
+    assert step.owed
+    # past its own share: held, owed nothing
+    step = hold_step([], "a", 0.9, _hold("a1"), NOW, allowed=False, owed=False, holdable=True)
+    assert step.join
+    assert not step.owed
+    # a cap: refused at once, out of the queue
+    step = hold_step([], "a", 0.1, _hold("a1"), NOW, allowed=False, owed=False, holdable=False)
+    assert not step.join
+    # out of patience
+    late = NOW + 60_000
+    step = hold_step([], "a", 0.1, _hold("a1"), late, allowed=False, owed=True, holdable=True)
+    assert not step.join
+    # the key's queue is full
+    ws = [_w(f"a{i}", "a", 0.1, i) for i in range(4)]
+    step = hold_step(ws, "a", 0.1, _hold("a9", 9), NOW, allowed=False, owed=True, holdable=True)
+    assert step.full is QueueFull.KEY
+    assert not step.join

@@ -40,10 +40,12 @@ __all__ = [
     "NO_HOLD",
     "AdmissionMode",
     "HoldSettings",
+    "HoldStep",
     "HoldTicket",
     "QueueFull",
     "Waiter",
     "dominant_share",
+    "hold_step",
     "jumps_queue",
     "live",
     "next_waiter",
@@ -206,3 +208,54 @@ def queue_full(
     if len(others) >= hold.per_pool:
         return QueueFull.POOL
     return None
+
+
+@dataclass(frozen=True, slots=True)
+class HoldStep:
+    """What the store does with the queue in the atomic step of one admission of a ``hold``
+    pool (:func:`hold_step`): ``blocked`` the admission (the decision's refusal, or a jump
+    refused: ``jumped``), ``join`` put or refresh this request's waiter (``owed`` or not), or
+    else take it out of the queue (admitted, out of patience, not holdable, or the queue is
+    ``full``)."""
+
+    blocked: bool
+    jumped: Waiter | None = None
+    join: bool = False
+    owed: bool = False
+    full: QueueFull | None = None
+
+    def waiter(self, key_id: str, share: float, hold: HoldTicket) -> Waiter:
+        """The waiter to store when :attr:`join`."""
+        return Waiter(hold.waiter_id, key_id, hold.enqueued_ms, hold.deadline_ms, share, self.owed)
+
+
+def hold_step(
+    waiters: Iterable[Waiter],
+    key_id: str,
+    share: float,
+    hold: HoldTicket,
+    now_ms: int,
+    *,
+    allowed: bool,
+    owed: bool,
+    holdable: bool,
+) -> HoldStep:
+    """The queue's part of one admission. ``allowed``: what the fair-share decision said;
+    ``owed``/``holdable``: for a refusal, whether it was for want of pool room (owed) or for
+    the key's own share (held, owed nothing); a cap's refusal is not ``holdable`` (refused at
+    once). An allowed admission that would overtake a waiter ranked before it
+    (:func:`jumps_queue`) is refused and waits as owed."""
+    ws = list(waiters)
+    if allowed:
+        ahead = jumps_queue(ws, key_id, share, hold, now_ms)
+        if ahead is None:
+            return HoldStep(blocked=False)
+        owed, holdable = True, True
+    else:
+        ahead = None
+    if not holdable or hold.deadline_ms <= now_ms:
+        return HoldStep(blocked=True, jumped=ahead)
+    full = queue_full(ws, key_id, hold, now_ms)
+    if full is not None:
+        return HoldStep(blocked=True, jumped=ahead, full=full)
+    return HoldStep(blocked=True, jumped=ahead, join=True, owed=owed)
