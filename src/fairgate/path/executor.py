@@ -33,6 +33,7 @@ from fairgate.process import credentials, tracing
 from fairgate.process.client_http import ClientRequest
 from fairgate.process.errors import ApiError
 from fairgate.quota.decision import Reason
+from fairgate.quota.hold import client_max_wait_ms
 from fairgate.quota.messages import block_message
 from fairgate.quota.model import Pool
 from fairgate.quota.outcomes import ALLOW_UNGOVERNED, Admission
@@ -550,7 +551,13 @@ async def _admit(call: Call, conn: Connection, pool: Pool | None, upstream_model
         return ALLOW_UNGOVERNED
     svc = call.svc
     cost = request_cost(call, conn, upstream_model, pool.cost_units)
-    adm = await svc.gw.engine.admit(pool, call.key.id, cost, model=upstream_model)
+    try:  # the client's patience, for a pool with admission: hold (issue 45)
+        wait = client_max_wait_ms(call.headers)
+    except ValueError as exc:
+        raise ApiError(
+            400, str(exc), code="invalid_header", type_="invalid_request_error"
+        ) from None
+    adm = await svc.gw.engine.admit(pool, call.key.id, cost, model=upstream_model, max_wait_ms=wait)
     svc.metrics.observe_admission(adm)
     if not adm.allowed:
         log.info(

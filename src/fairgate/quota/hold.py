@@ -37,6 +37,7 @@ __all__ = [
     "DEFAULT_MAX_WAIT_MS",
     "DEFAULT_QUEUE_PER_KEY",
     "DEFAULT_QUEUE_PER_POOL",
+    "MAX_WAIT_HEADER",
     "NO_HOLD",
     "AdmissionMode",
     "HoldSettings",
@@ -44,6 +45,7 @@ __all__ = [
     "HoldTicket",
     "QueueFull",
     "Waiter",
+    "client_max_wait_ms",
     "dominant_share",
     "hold_step",
     "jumps_queue",
@@ -53,6 +55,8 @@ __all__ = [
     "rank",
 ]
 
+#: The header in which a client shortens its patience (never lengthens it): ms, 0 = never wait.
+MAX_WAIT_HEADER = "x-fairgate-max-wait-ms"
 #: A held request's patience when the pool sets none (ms).
 DEFAULT_MAX_WAIT_MS = 30_000
 #: Requests of one key waiting in one pool at most (more are refused at once).
@@ -259,3 +263,18 @@ def hold_step(
     if full is not None:
         return HoldStep(blocked=True, jumped=ahead, full=full)
     return HoldStep(blocked=True, jumped=ahead, join=True, owed=owed)
+
+
+def client_max_wait_ms(headers: Mapping[str, str]) -> int | None:
+    """The patience the client asks for in :data:`MAX_WAIT_HEADER` (None: it asks none; the
+    pool's ``max_wait_ms`` caps it). A value that is not a whole number of ms from 0 to
+    600000 raises ValueError naming the header."""
+    raw = headers.get(MAX_WAIT_HEADER)
+    if raw is None:
+        return None
+    text = raw.strip()
+    if not text.isdigit() or int(text) > 600_000:
+        raise ValueError(
+            f"{MAX_WAIT_HEADER} must be a whole number of milliseconds from 0 to 600000"
+        )
+    return int(text)
