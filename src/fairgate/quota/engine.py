@@ -236,16 +236,18 @@ class QuotaEngine:
         *,
         model: str | None = None,
         max_wait_ms: int | None = None,
+        on_hold: Callable[[], None] | None = None,
     ) -> Admission:
         """Admit (reserve) or refuse now; in a pool with ``admission: hold``, a request that
         does not fit waits for room up to the pool's ``max_wait_ms`` (or the client's shorter
-        ``max_wait_ms``) first (:meth:`_held`)."""
+        ``max_wait_ms``) first (:meth:`_held`); ``on_hold`` runs once when it starts waiting
+        (the request path gives its concurrency slot back then: a waiter holds none)."""
         hold = pool.hold
         if hold.holds and (max_wait_ms is None or max_wait_ms > 0):
             patience = (
                 hold.max_wait_ms if max_wait_ms is None else min(max_wait_ms, hold.max_wait_ms)
             )
-            return await self._held(pool, key_id, cost, model, patience)
+            return await self._held(pool, key_id, cost, model, patience, on_hold)
         return await self._attempt(pool, key_id, cost, model)
 
     async def _held(
@@ -255,6 +257,7 @@ class QuotaEngine:
         cost: Mapping[Unit, float],
         model: str | None,
         patience_ms: int,
+        on_hold: Callable[[], None] | None = None,
     ) -> Admission:
         """Hold, don't refuse (issue 45, item 1; :mod:`fairgate.quota.hold`): ask the store
         with this request's waiter until it is admitted, refused for good (a cap, a full queue,
@@ -278,6 +281,9 @@ class QuotaEngine:
                 now = self.clock.now_ms()
                 if not adm.waiting or now >= hold.deadline_ms:
                     return replace(adm, waiting=False, waited_ms=now - start)
+                if on_hold is not None:
+                    on_hold()
+                    on_hold = None
                 wake = self._room.setdefault(pool.id, asyncio.Event())
                 hint = adm.retry_after_ms or HOLD_POLL_MS
                 until = now + max(HOLD_POLL_MIN_MS, min(hint, HOLD_POLL_MS))
