@@ -262,7 +262,11 @@ class _Execution:
         if pool is not None and pool.id in self.blocked_pools:
             self.diag.exclude(cand.label, "quota:pool-blocked")
             return None  # counters are per pool: its other members would block this request too
-        adm = await _admit(self._call_for(cand), conn, pool, cand.model, on_hold=lease.release)
+        admitting = _admit(self._call_for(cand), conn, pool, cand.model, on_hold=lease.release)
+        if pool is not None and pool.hold.holds:  # it may wait: the client may go away
+            adm = await self._watching_client(admitting)
+        else:
+            adm = await admitting
         if adm.allowed and lease.released:  # held (admission: hold) without its slot
             got = await self._slot_after_hold(cand, adm)
             if got is None:

@@ -21,8 +21,9 @@ import asyncio
 import itertools
 import logging
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from fairgate.clock import SYSTEM_CLOCK, Clock
 from fairgate.domain.units import Unit, Window
@@ -243,7 +244,7 @@ class QuotaEngine:
         ``max_wait_ms``) first (:meth:`_held`); ``on_hold`` runs once when it starts waiting
         (the request path gives its concurrency slot back then: a waiter holds none)."""
         hold = pool.hold
-        if hold.holds and (max_wait_ms is None or max_wait_ms > 0):
+        if hold.holds:
             patience = (
                 hold.max_wait_ms if max_wait_ms is None else min(max_wait_ms, hold.max_wait_ms)
             )
@@ -277,7 +278,7 @@ class QuotaEngine:
         )
         try:
             while True:
-                adm = await self._attempt(pool, key_id, cost, model, hold)
+                adm = await self._shielded(self._attempt(pool, key_id, cost, model, hold))
                 now = self.clock.now_ms()
                 if not adm.waiting or now >= hold.deadline_ms:
                     return replace(adm, waiting=False, waited_ms=now - start)
@@ -293,6 +294,26 @@ class QuotaEngine:
             # a task of its own, as a cancelled task must not wait on the store
             self._spawn_leave(pool.id, hold.waiter_id)
             raise
+
+    async def _shielded(self, attempt: Coroutine[Any, Any, Admission]) -> Admission:
+        """One ask of a held request, finished even if the request is cancelled meanwhile (its
+        client went away): an admission the store made then is released, never leaked until
+        its lease runs out."""
+        task = asyncio.ensure_future(attempt)
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            task.add_done_callback(self._release_orphan)
+            raise
+
+    def _release_orphan(self, task: asyncio.Future[Admission]) -> None:
+        if task.cancelled() or task.exception() is not None:
+            return
+        ticket = task.result().ticket
+        if ticket is not None:
+            done = asyncio.ensure_future(self.release(ticket))
+            self._leaving.add(done)
+            done.add_done_callback(self._leaving.discard)
 
     def _spawn_leave(self, pool_id: str, waiter_id: str) -> None:
         task = asyncio.ensure_future(self._leave(pool_id, waiter_id))

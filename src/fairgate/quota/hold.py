@@ -92,7 +92,10 @@ class HoldSettings:
 
     @property
     def holds(self) -> bool:
-        return self.mode is AdmissionMode.HOLD and self.max_wait_ms > 0
+        """Whether admissions to the pool go through its queue (a request with no patience
+        left, ``max_wait_ms`` 0 or the client's header 0, never waits but may still not
+        take room owed to a waiter)."""
+        return self.mode is AdmissionMode.HOLD
 
     def as_json(self) -> dict[str, object]:
         return {
