@@ -8,7 +8,7 @@
   active recently, bounded by their recent demand).
 - ``fixed``: a static per-key limit of ``weight × limit`` per window, never borrowing: the
   common alternative (a rate limit per API key).
-- ``active-hold``: the real engine in ``active`` share mode with the pool's ``admission:
+- ``hold``: the real engine in ``active`` share mode with the pool's ``admission:
   hold`` (issue 45, item 1): a request that does not fit waits in its key's queue instead of
   being refused, and freed room goes to the waiting key of the least dominant share per weight
   (:mod:`fairgate.quota.hold`), oldest first (:func:`fairgate.sim.runner.run_engine_held`).
@@ -42,7 +42,7 @@ from fairgate.sim.workload import Request
 #: they hold a request that does not fit in its key's queue instead of refusing it.
 REFERENCE_NAMES = ("las", "sfq", "vtc")
 #: The engine-backed policy whose clients are held (``admission: hold``), not refused.
-HELD_ENGINE = "active-hold"
+HELD_ENGINE = "hold"
 POLICY_NAMES = ("fcfs", "static", "active", HELD_ENGINE, "fixed", *REFERENCE_NAMES)
 ENGINE_POLICIES = ("static", "active", HELD_ENGINE)
 
