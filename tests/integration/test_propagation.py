@@ -298,3 +298,25 @@ async def test_fairgate_health_names_the_metadata_db_when_it_is_unreachable(
         assert [p.split(":", 1)[0] for p in degraded_parts(health)] == ["metadata DB unreachable"]
     finally:
         relay.close()
+
+
+async def test_a_snapshot_read_before_a_local_write_does_not_undo_it(
+    gateways: Callable[..., asyncio.Future[list[Gateway]]],
+) -> None:
+    """The watcher's thread may read a snapshot, then this process writes and reloads, then the
+    loop applies the older read: it must be dropped (it undid an admin PATCH until the next
+    change: ``test_pool_crud`` saw an allocation it had just removed), and read again."""
+    (a,) = await gateways(1, poll_ms=60_000)  # no poll of its own during the test
+    assert a.watcher is not None
+    stale = a._read_snapshot()  # read before the write, applied after it
+    repo = PoolRepo(a.db)
+    rec = repo.record("demo")
+    repo.update(replace(rec, allocations=tuple(x for x in rec.allocations if x.key_id != "bob")))
+    a.reload()
+    assert a._apply_snapshot(stale) is False
+    assert "bob" not in {x.key_id for x in a.registry.pools["demo"].allocations}  # type: ignore[union-attr]
+    # the watcher does not count the stale read as seen: its next check reads and applies anew
+    seen = a.watcher.seen
+    assert await a.watcher.check() is True
+    assert a.watcher.seen > seen
+    assert "bob" not in {x.key_id for x in a.registry.pools["demo"].allocations}  # type: ignore[union-attr]

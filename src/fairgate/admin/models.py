@@ -453,45 +453,10 @@ class PoolUsageOut(ApiModel):
 
     @classmethod
     def of(cls, u: PoolUsage) -> PoolUsageOut:
-        return cls(
-            pool_id=u.pool_id,
-            at_ms=u.at_ms,
-            dimensions=[
-                DimensionUsageOut(
-                    key=d.key,
-                    unit=d.unit,
-                    window=d.window,
-                    limit=d.limit,
-                    enforced=d.enforced,
-                    total=d.total,
-                    used_fraction=d.used_fraction,
-                    strict=d.strict,
-                    burn_rate_per_s=d.burn_rate_per_s,
-                    time_to_exhaustion_ms=d.time_to_exhaustion_ms,
-                    resets_at_ms=d.resets_at_ms,
-                    anchor_source=d.anchor_source,
-                    keys=[
-                        KeyUsageOut(
-                            key_id=k.key_id,
-                            weight=k.weight,
-                            policy=k.policy,
-                            consumed=k.consumed,
-                            fair_share=k.fair_share,
-                            surplus=k.surplus,
-                            borrowing=k.borrowing,
-                            cap=k.cap,
-                            allocated=k.allocated,
-                            dominant_share=k.dominant_share,
-                            dominant_dimension=k.dominant_dimension,
-                            window_consumed=k.window_consumed,
-                            backlogged=k.backlogged,
-                        )
-                        for k in d.keys
-                    ],
-                )
-                for d in u.dimensions
-            ],
-        )
+        """The engine's usage records as they are: these models name their fields as
+        :mod:`fairgate.quota.usage` does, so they are read by attribute (a field added there is
+        added here by name, not by one more line of copying)."""
+        return cls.model_validate(u, from_attributes=True)
 
 
 class PoolLogOut(ApiModel):

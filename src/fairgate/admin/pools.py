@@ -82,19 +82,8 @@ def _pool_out(rec: PoolRecord, overrides: Mapping[str, tuple[Dimension, ...]]) -
     if not rec.dimensions:
         first = rec.connections[0] if rec.connections else ""
         source = _plan_source(resolve_plan(rec.provider, overrides.get(first)).source)
-    base = PoolIn.of(rec)
     return PoolOut(
-        id=base.id,
-        name=base.name,
-        connections=base.connections,
-        share_mode=base.share_mode,
-        active_window_s=base.active_window_s,
-        admission=base.admission,
-        max_wait_ms=base.max_wait_ms,
-        queue_per_key=base.queue_per_key,
-        queue_per_pool=base.queue_per_pool,
-        dimensions=base.dimensions,
-        allocations=base.allocations,
+        **dict(PoolIn.of(rec)),  # the pool as written: every field of PoolIn, PoolOut's base
         provider=rec.provider,
         effective_dimensions=[EnforcedDimensionOut.of_pool(pool, d) for d in pool.dimensions],
         plan_source=source,

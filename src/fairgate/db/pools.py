@@ -22,7 +22,9 @@ from fairgate.db.common import (
     caps_to_json,
     dims_from_json,
     dims_to_json,
+    found,
     transaction,
+    upsert,
 )
 from fairgate.db.plans import PlanRepo
 from fairgate.domain.units import Unit
@@ -100,10 +102,7 @@ class PoolRepo:
         return self._record(row, self._members(pool_id), self._allocations(pool_id))
 
     def record(self, pool_id: str) -> PoolRecord:
-        found = self.find_record(pool_id)
-        if found is None:
-            raise NotFound(f"pool '{pool_id}' not found")
-        return found
+        return found(self.find_record(pool_id), f"pool '{pool_id}'")
 
     def all(self) -> list[Pool]:
         overrides = PlanRepo(self._conn).all()
@@ -165,15 +164,13 @@ class PoolRepo:
 
     def upsert(self, rec: PoolRecord) -> str:
         """``created``, ``updated`` or ``unchanged`` (nothing written)."""
-        with transaction(self._conn):
-            old = self.find_record(rec.id)
-            if old is None:
-                self.create(rec)
-                return "created"
-            if old == self._checked(rec):
-                return "unchanged"
-            self.update(rec)
-            return "updated"
+        return upsert(
+            self._conn,
+            lambda: self.find_record(rec.id),
+            lambda: self._checked(rec),
+            lambda: self.create(rec),
+            lambda: self.update(rec),
+        )
 
     def validate(self, rec: PoolRecord) -> PoolRecord:
         """Check a record against the DB without writing (see :meth:`_checked`)."""
@@ -326,25 +323,28 @@ class PoolRepo:
             "UPDATE pools SET updated_ms = ? WHERE id = ?", (self._clock.now_ms(), pool_id)
         )
 
+    def _pool_rows(self, select: str, pool_id: str | None, order: str) -> list[Row]:
+        """A child table's rows of one pool, or of every pool (``pool_id`` None), in ``order``."""
+        if pool_id is None:
+            return self._conn.execute(f"{select} ORDER BY {order}").fetchall()
+        return self._conn.execute(
+            f"{select} WHERE pool_id = ? ORDER BY {order}", (pool_id,)
+        ).fetchall()
+
     def _members(self, pool_id: str | None = None) -> dict[str, list[str]]:
-        sql = "SELECT pool_id, connection_id FROM pool_connections"
-        args: tuple[str, ...] = ()
-        if pool_id is not None:
-            sql, args = sql + " WHERE pool_id = ?", (pool_id,)
+        rows = self._pool_rows(
+            "SELECT pool_id, connection_id FROM pool_connections",
+            pool_id,
+            "pool_id, position, connection_id",
+        )
         out: dict[str, list[str]] = {}
-        for pid, cid in self._conn.execute(
-            sql + " ORDER BY pool_id, position, connection_id", args
-        ):
+        for pid, cid in rows:
             out.setdefault(str(pid), []).append(str(cid))
         return out
 
     def _allocations(self, pool_id: str | None = None) -> dict[str, list[Allocation]]:
-        sql = "SELECT * FROM allocations"
-        args: tuple[str, ...] = ()
-        if pool_id is not None:
-            sql, args = sql + " WHERE pool_id = ?", (pool_id,)
         out: dict[str, list[Allocation]] = {}
-        for r in self._conn.execute(sql + " ORDER BY pool_id, key_id", args):
+        for r in self._pool_rows("SELECT * FROM allocations", pool_id, "pool_id, key_id"):
             out.setdefault(str(r["pool_id"]), []).append(
                 Allocation(
                     key_id=r["key_id"],

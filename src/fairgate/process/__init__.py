@@ -8,3 +8,63 @@ settings (``http_settings``), the per-key rate guard and admin backoff (``guards
 metrics and tracing. The request path and the admin API stand on it; the process assembly
 (``fairgate.server``) stands on all three.
 """
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from fairgate.surface import lazy_surface
+
+if TYPE_CHECKING:
+    from fairgate.process.client_http import Answer, ClientRequest, Later, StreamAnswer
+    from fairgate.process.edge import (
+        FastRoute,
+        GatewayApp,
+        SendDeadline,
+        internal_error,
+        via_router,
+    )
+    from fairgate.process.errors import ApiError, error_response
+    from fairgate.process.guards import AdminBackoff, KeyRateGuard
+    from fairgate.process.http_protocol import protocol_for, run, server_options
+    from fairgate.process.http_settings import HttpSettings, SettingsError, admin_key_problem
+    from fairgate.process.logs import MASK, REDACTOR, REQUEST_ID, configure_from_env
+    from fairgate.process.metrics import METRICS_DIR_ENV, Metrics, metrics_endpoint
+    from fairgate.process.oauth_service import CLIENT_SETTING, OAuthClient
+    from fairgate.process.oauth_setup import start_oauth
+    from fairgate.process.state import Gateway
+else:  # mypy reads the imports; a run loads each name on first use
+    __getattr__ = lazy_surface(__name__)
+
+__all__ = [
+    "CLIENT_SETTING",
+    "MASK",
+    "METRICS_DIR_ENV",
+    "REDACTOR",
+    "REQUEST_ID",
+    "AdminBackoff",
+    "Answer",
+    "ApiError",
+    "ClientRequest",
+    "FastRoute",
+    "Gateway",
+    "GatewayApp",
+    "HttpSettings",
+    "KeyRateGuard",
+    "Later",
+    "Metrics",
+    "OAuthClient",
+    "SendDeadline",
+    "SettingsError",
+    "StreamAnswer",
+    "admin_key_problem",
+    "configure_from_env",
+    "error_response",
+    "internal_error",
+    "metrics_endpoint",
+    "protocol_for",
+    "run",
+    "server_options",
+    "start_oauth",
+    "via_router",
+]

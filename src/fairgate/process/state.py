@@ -136,6 +136,9 @@ class Gateway:
         self.watcher: ChangeWatcher[_Snapshot] | None = None
         #: the watcher thread's own connection to the metadata DB (opened there, on first use)
         self._reader: Database | None = None
+        #: bumped by each :meth:`reload` (this process's own writes): a snapshot the watcher's
+        #: thread began reading before it is older than the registry in use and is not applied
+        self._reload_generation = 0
         #: asks PostgreSQL whether it answers before an admin call uses the loop's connection
         self._probe: MetadataProbe | None = None
         self._db_url: str | None = None
@@ -347,6 +350,7 @@ class Gateway:
         """Rebuild the registry from the DB and swap it in (one assignment: readers see the old
         or the new snapshot, never a mix). This process's own admin writes call it, on the
         loop; another process's writes reach it through the watcher, off the loop."""
+        self._reload_generation += 1
         self.registry = self._load_registry(self.db)
         settings = SettingsRepo(self.db).all()
         differences = self._compare_config(self.db)
@@ -425,11 +429,23 @@ class Gateway:
             )
         if isinstance(db, PgDatabase):
             db.set_reachable(True)  # the watcher has just read from the server
-        return _Snapshot(self._load_registry(db), SettingsRepo(db).all(), self._compare_config(db))
+        generation = self._reload_generation
+        return _Snapshot(
+            self._load_registry(db),
+            SettingsRepo(db).all(),
+            self._compare_config(db),
+            generation=generation,
+        )
 
-    def _apply_snapshot(self, snap: _Snapshot) -> None:
+    def _apply_snapshot(self, snap: _Snapshot) -> bool:
         """Swap in what :meth:`_read_snapshot` read, as this process's own admin API does after
-        a write; on the loop, with no I/O."""
+        a write; on the loop, with no I/O.
+
+        A snapshot whose read began before this process's own last :meth:`reload` is dropped:
+        the write that reload followed may not be in it, and swapping it in would undo the
+        write here; the watcher reads again at its next check."""
+        if snap.generation != self._reload_generation:
+            return False
         self.registry = snap.registry
         if snap.differences is not None:
             self._config_differences = snap.differences
@@ -441,6 +457,7 @@ class Gateway:
             self.resilience.update_settings(
                 ResilienceSettings.from_sources(self.env, snap.settings)
             )
+        return True
 
     def _metadata_poll_s(self) -> float | None:
         """``FAIRGATE_METADATA_POLL_MS``: how often the change counter is read (default 250 ms
@@ -494,6 +511,8 @@ class _Snapshot:
     settings: Mapping[str, str]
     #: the config file compared with the database (None: the comparison failed)
     differences: list[dict[str, object]] | None = None
+    #: the gateway's reload generation when the read began (see ``Gateway._apply_snapshot``)
+    generation: int = 0
 
 
 def _slot_leases(store: object) -> SlotLeases | None:

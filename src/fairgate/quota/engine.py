@@ -86,7 +86,8 @@ SignalSource = Callable[[Pool], Mapping[str, float]]
 PRESSURE_HOLD_MS = 60_000
 
 #: Above this many active keys an active-mode pool skips the per-key demand bounds: one read of
-#: every key's counters would pause the event loop for too long (about 12 µs per key on SQLite).
+#: every key's counters would pause the event loop for too long (the cost per key on SQLite:
+#: docs/performance.md, "Figures behind the code").
 DEMAND_BOUND_MAX_KEYS = 1_000
 #: Counters are read for the demand estimates at most every (active keys × this) ms: 1 s for 200
 #: keys, 5 s for 1,000.
@@ -141,8 +142,9 @@ class _Pressure:
 
 def _demand_every(keys: set[str]) -> int:
     """How often (ms) an active-mode pool's counters are read for the demand estimates: every
-    refresh for a small pool, less often for a large one, so that the read (about 12 µs per key
-    on SQLite, a 12 ms pause at 1,000 keys) stays well under 1 % of the event loop. Demand
+    refresh for a small pool, less often for a large one, so that the read (a pause that grows
+    with the keys: docs/performance.md, "Figures behind the code") stays well under 1 % of the
+    event loop. Demand
     estimates move at the pace of the window (minutes to hours); pressure, which must act
     within a second, is applied at every refresh regardless."""
     return len(keys) * DEMAND_READ_MS_PER_KEY
@@ -929,9 +931,9 @@ class QuotaEngine:
         than they refresh (:func:`_demand_every`), and a refresh forced by a newcomer between
         two refreshes reuses the last estimates (the newcomer is unbounded).
 
-        Measured with ``fairgate simulate`` (docs/fairness.md): over the built-in scenarios
-        this takes active mode from a utilisation of 78-95 % of what demand allowed to
-        ≥ 99 %, and Jain's index against the max-min ideal from 0.955-0.9999 to ≥ 0.999.
+        Measured with ``fairgate simulate`` (docs/fairness.md) over the built-in scenarios:
+        the bounds raise active mode's utilisation and its Jain's index against the max-min
+        ideal (the figures: docs/performance.md, "Figures behind the code").
         """
         cached = self._active.get(pool.id)
         fresh = cached is not None and now - cached.at_ms < self.settings.active_refresh_ms

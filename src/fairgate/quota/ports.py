@@ -42,7 +42,7 @@ from fairgate.quota.decision import DimensionCheck, Scope, Verdict
 from fairgate.quota.hold import HoldTicket, QueueFull, Waiter
 from fairgate.quota.model import Policy
 from fairgate.quota.window import Anchor, Count
-from fairgate.records import record
+from fairgate.records import camel_json, record
 
 #: Reservations not settled within this lease are reclaimed (SPEC §4).
 DEFAULT_LEASE_MS = 10 * 60_000
@@ -124,12 +124,7 @@ class GcResult:
     skipped: bool = False
 
     def as_json(self) -> dict[str, object]:
-        return {
-            "buckets": self.buckets,
-            "activeKeys": self.active_keys,
-            "reservations": self.reservations,
-            "skipped": self.skipped,
-        }
+        return camel_json(self)
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,8 +26,9 @@ back to polling every flush interval, as before.
 Writers queue on a third lock, ``<file>.write``, held around every write transaction
 (:meth:`FileUse.writing`). SQLite's own wait for its write lock is a busy handler that sleeps
 1 ms, then 2, 5, 10..., on the event loop: with two processes committing a few thousand
-transactions a second between them, a fifth of the transactions found the lock taken and slept
-at least a millisecond for a transaction that takes tens of microseconds. A writer waiting on
+transactions a second between them, many transactions found the lock taken and slept at least
+a millisecond for a transaction that takes tens of microseconds (docs/performance.md, "Figures
+behind the code"). A writer waiting on
 ``.write`` instead tries it again every 50 µs (doubling up to a millisecond) and gets in as
 soon as the other commits; SQLite's lock is then almost always free at ``BEGIN IMMEDIATE``.
 Exactness does not depend on it (``BEGIN IMMEDIATE`` still serialises writers, and a process

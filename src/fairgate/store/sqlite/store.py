@@ -197,7 +197,8 @@ _INLINE_CHECKPOINT_S = 1.0
 
 #: The store's modes (``QUOTA_SQLITE_MODE``): see :class:`SqliteQuotaStore`.
 MODES = ("transactional", "memory")
-#: ``memory``: a process alone on its file counts in memory (admission + settle ~8× cheaper);
+#: ``memory``: a process alone on its file counts in memory (admission + settle far cheaper:
+#: docs/performance.md, "Figures behind the code");
 #: any second process on the file switches every process to ``transactional`` anyway.
 DEFAULT_MODE = "memory"
 #: The longest write-behind interval allowed: a crash may lose this much counting.
@@ -352,8 +353,8 @@ class SqliteQuotaStore:
         """``synchronous`` OFF (the default) never fsyncs on the event loop: committed counters
         are in the OS page cache, so they survive a crash or ``kill -9`` of the gateway, and
         only a power loss or kernel crash can lose the last moments of counting. NORMAL or FULL
-        add the fsync of every checkpoint (a stall of tens of milliseconds once a second under
-        load, measured) for durability against power loss too.
+        add the fsync of every checkpoint (a stall once a second under load: docs/performance.md,
+        "Figures behind the code") for durability against power loss too.
 
         ``mode`` ``memory`` (the default): while this process is the file's only user,
         counters are authoritative in memory and written behind every ``flush_ms`` (a
@@ -436,8 +437,8 @@ class SqliteQuotaStore:
             # which finds only the frames since the thread's last pass and lets the next write
             # reset the WAL. The thread runs once a second too, not ten times: a hot page is then
             # copied once a second however often it was committed, and each pass takes the GIL
-            # from the event loop once (0.4-4.5 % less CPU per governed request at c16 in three
-            # paired runs; docs/performance.md).
+            # from the event loop once (less CPU per governed request in paired runs:
+            # docs/performance.md, "Figures behind the code").
             self._conn.execute("PRAGMA wal_autocheckpoint = 0")
             self._checkpointer = threading.Thread(
                 target=self._checkpoint_loop,
