@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from inproc_support import ALICE, BOB, Harness, base_config, conn, gateway
+from inproc_support import ADMIN, ALICE, BOB, Harness, base_config, conn, gateway
 
 from fairgate.providers.inprocess import Reply, UpstreamRequest, openai_chat
 from fairgate.quota.hold import MAX_WAIT_HEADER
@@ -138,6 +138,9 @@ async def test_out_of_patience_is_a_429_with_the_retry_after_of_the_pool(
         timer.advance(1_000)  # the client's patience (2 s, shorter than the pool's 5 s) is out
         r = await b
         assert r.status_code == 429, r.text
+        log = (await h.client.get("/api/quota/pools/p/log", headers=ADMIN)).json()
+        # the admission log says how long the refused request waited first
+        assert log["events"][0].get("waitedMs") == 2_000  # newest first
         assert r.json()["error"]["reason"] == "global-saturated"
         # room for one frees when the hour's two requests, in the previous bucket from the top
         # of the hour on, have faded to one: half an hour after it (2 × (1 − e/W) + 1 ≤ 2)
