@@ -36,6 +36,12 @@ from fairgate import environment
 from fairgate.domain.connections import ANY_MODEL, BILLING_FIELDS
 from fairgate.domain.keys import hash_key
 from fairgate.domain.units import Unit, Window, WindowAnchor
+from fairgate.quota.hold import (
+    DEFAULT_MAX_WAIT_MS,
+    DEFAULT_QUEUE_PER_KEY,
+    DEFAULT_QUEUE_PER_POOL,
+    AdmissionMode,
+)
 from fairgate.quota.model import Policy, ShareMode
 from fairgate.routing.aliases import ModelAlias
 from fairgate.routing.combo import Combo
@@ -181,6 +187,10 @@ PoolMembers = Annotated[list[Id], Field(min_length=1), _unique("connection")]
 #: A display name for people.
 Name = Annotated[str, StringConstraints(max_length=200)]
 ActiveWindowS = Annotated[float, Field(ge=1, le=30 * 86_400, allow_inf_nan=False)]
+#: admission: hold's bounds (a request's patience in ms; requests waiting per key, per pool)
+MaxWaitMs = Annotated[int, Field(ge=0, le=600_000)]
+QueuePerKey = Annotated[int, Field(ge=1, le=10_000)]
+QueuePerPool = Annotated[int, Field(ge=1, le=100_000)]
 #: Ids a key lists (connections, providers).
 IdList = Annotated[list[Id], Field(max_length=1000)]
 
@@ -604,6 +614,30 @@ class PoolFields(_Strict, Generic[DimT, AllocT]):
     )
     allocations: Allocations[AllocT] = Field(
         default_factory=list, description="Each client key's weight, policy and caps in this pool"
+    )
+    admission: AdmissionMode = Field(
+        default=AdmissionMode.REFUSE,
+        description=(
+            "A request that does not fit: refuse it at once (429 with Retry-After), or hold "
+            "it in its key's queue up to max_wait_ms; freed room goes to the waiting key with "
+            "the least use of the window per weight, oldest request first (429 when the "
+            "patience runs out)"
+        ),
+    )
+    max_wait_ms: MaxWaitMs = Field(
+        default=DEFAULT_MAX_WAIT_MS,
+        description=(
+            "admission: hold: how long a request waits for room at most (a client may shorten "
+            "it with the x-fairgate-max-wait-ms header; 0: never wait)"
+        ),
+    )
+    queue_per_key: QueuePerKey = Field(
+        default=DEFAULT_QUEUE_PER_KEY,
+        description="admission: hold: requests of one key waiting at most (more are refused)",
+    )
+    queue_per_pool: QueuePerPool = Field(
+        default=DEFAULT_QUEUE_PER_POOL,
+        description="admission: hold: requests waiting in the pool at most, all keys together",
     )
 
 

@@ -978,3 +978,21 @@ async def test_every_delete_answers_204_with_no_body(api: Api) -> None:
     for path, responses in deletes.items():
         assert "204" in responses, path
         assert "200" not in responses, path
+
+
+async def test_a_pools_admission_setting_through_the_api(api: Api) -> None:
+    """Issue 45, item 1: ``admission: hold`` and its bounds are created, patched field by field
+    (the others kept), read back and reach the engine's pool; a bad value is a 422 naming it."""
+    r = await api.request("POST", "/quota/pools", json=NEW_POOL)
+    assert r.status_code == 201, r.text
+    assert r.json()["admission"] == "refuse"  # the default
+    r = await api.request("PATCH", "/quota/pools/p2", json={"admission": "hold", "maxWaitMs": 2000})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert (body["admission"], body["maxWaitMs"], body["queuePerKey"]) == ("hold", 2000, 32)
+    hold = api.gw.registry.pools["p2"].hold
+    assert (hold.mode.value, hold.max_wait_ms, hold.queue_per_pool) == ("hold", 2000, 256)
+    assert (await api.request("GET", "/quota/pools/p2")).json() == body
+    r = await api.request("PATCH", "/quota/pools/p2", json={"queuePerKey": 0})
+    assert r.status_code == 422
+    assert "queuePerKey" in r.text

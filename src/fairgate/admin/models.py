@@ -39,12 +39,15 @@ from fairgate.config import (
     Id,
     IdList,
     KeyFields,
+    MaxWaitMs,
     ModelCapConfig,
     ModelName,
     ModelsPatch,
     Name,
     PoolFields,
     PoolMembers,
+    QueuePerKey,
+    QueuePerPool,
     Weight,
     redact_url,
 )
@@ -54,6 +57,10 @@ from fairgate.domain.keys import ClientKey
 from fairgate.domain.units import Unit, Window, WindowAnchor
 from fairgate.process.settings import Fraction, RetentionDays
 from fairgate.quota.decision import Outcome, Reason
+from fairgate.quota.hold import (
+    AdmissionMode,
+    HoldSettings,
+)
 from fairgate.quota.model import Allocation, Dimension, ModelCap, Policy, Pool, ShareMode
 from fairgate.quota.usage import PoolUsage
 
@@ -188,6 +195,9 @@ class PoolIn(ApiModel, PoolFields[DimensionIn, AllocationIn]):
             allocations=tuple(a.to_domain() for a in self.allocations),
             share_mode=self.share_mode,
             active_window_ms=round(self.active_window_s * 1000),
+            hold=HoldSettings(
+                self.admission, self.max_wait_ms, self.queue_per_key, self.queue_per_pool
+            ),
         )
 
     @classmethod
@@ -198,6 +208,10 @@ class PoolIn(ApiModel, PoolFields[DimensionIn, AllocationIn]):
             connections=list(rec.connections),
             share_mode=rec.share_mode,
             active_window_s=rec.active_window_ms / 1000,
+            admission=rec.hold.mode,
+            max_wait_ms=rec.hold.max_wait_ms,
+            queue_per_key=rec.hold.queue_per_key,
+            queue_per_pool=rec.hold.queue_per_pool,
             dimensions=[DimensionIn.of(d) for d in rec.dimensions],
             allocations=[AllocationIn.of(a) for a in rec.allocations],
         )
@@ -209,6 +223,10 @@ class PoolPatch(ApiModel):
     name: Name | None = None
     share_mode: ShareMode | None = None
     active_window_s: ActiveWindowS | None = None
+    admission: AdmissionMode | None = None
+    max_wait_ms: MaxWaitMs | None = None
+    queue_per_key: QueuePerKey | None = None
+    queue_per_pool: QueuePerPool | None = None
     dimensions: Dimensions[DimensionIn] | None = None
     connections: PoolMembers | None = None
     allocations: Allocations[AllocationIn] | None = None

@@ -57,6 +57,7 @@ from fairgate.quota.decision import (
     evaluate,
     retry_after_ms,
 )
+from fairgate.quota.hold import HoldSettings
 from fairgate.quota.model import (
     Allocation,
     Dimension,
@@ -175,6 +176,7 @@ async def patch_pool(pool_id: str, body: PoolPatch, gw: GW) -> PoolOut:
             rec = replace(rec, share_mode=body.share_mode)
         if body.active_window_s is not None:
             rec = replace(rec, active_window_ms=round(body.active_window_s * 1000))
+        rec = replace(rec, hold=_patched_hold(rec.hold, body))
         if body.dimensions is not None:
             rec = replace(rec, dimensions=tuple(d.to_domain() for d in body.dimensions))
         if body.connections is not None:
@@ -184,6 +186,16 @@ async def patch_pool(pool_id: str, body: PoolPatch, gw: GW) -> PoolOut:
         rec = repo.update(rec)
     gw.reload()
     return _out(gw, rec)
+
+
+def _patched_hold(hold: HoldSettings, body: PoolPatch) -> HoldSettings:
+    """The pool's admission setting with the fields the patch gives."""
+    return HoldSettings(
+        hold.mode if body.admission is None else body.admission,
+        hold.max_wait_ms if body.max_wait_ms is None else body.max_wait_ms,
+        hold.queue_per_key if body.queue_per_key is None else body.queue_per_key,
+        hold.queue_per_pool if body.queue_per_pool is None else body.queue_per_pool,
+    )
 
 
 @router.delete("/quota/pools/{pool_id}", status_code=204, tags=["pools"])

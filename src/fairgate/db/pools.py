@@ -8,6 +8,7 @@ A pool's own ``dimensions`` are optional: empty means "the plan of the first mem
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
@@ -28,6 +29,7 @@ from fairgate.db.common import (
 from fairgate.db.plans import PlanRepo
 from fairgate.domain.units import Unit
 from fairgate.quota.catalog import resolve_plan
+from fairgate.quota.hold import NO_HOLD, HoldSettings
 from fairgate.quota.model import (
     Allocation,
     Dimension,
@@ -54,6 +56,7 @@ class PoolRecord:
     share_mode: ShareMode = ShareMode.STATIC
     active_window_ms: int = DEFAULT_ACTIVE_WINDOW_MS
     provider: str = ""
+    hold: HoldSettings = NO_HOLD
 
 
 def resolve_pool(rec: PoolRecord, overrides: Mapping[str, tuple[Dimension, ...]]) -> Pool:
@@ -75,6 +78,7 @@ def resolve_pool(rec: PoolRecord, overrides: Mapping[str, tuple[Dimension, ...]]
         share_mode=rec.share_mode,
         active_window_ms=rec.active_window_ms,
         per_connection=per_connection,
+        hold=rec.hold,
     )
 
 
@@ -117,7 +121,8 @@ class PoolRepo:
             now = self._clock.now_ms()
             self._conn.execute(
                 "INSERT INTO pools (id, name, provider, share_mode, active_window_ms, "
-                "dimensions, created_ms, updated_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                "dimensions, admission, created_ms, updated_ms) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     rec.id,
                     rec.name,
@@ -125,6 +130,7 @@ class PoolRepo:
                     rec.share_mode.value,
                     rec.active_window_ms,
                     dims_to_json(rec.dimensions),
+                    json.dumps(rec.hold.as_json()),
                     now,
                     now,
                 ),
@@ -139,13 +145,14 @@ class PoolRepo:
             rec = self._checked(rec)
             self._conn.execute(
                 "UPDATE pools SET name = ?, provider = ?, share_mode = ?, active_window_ms = ?, "
-                "dimensions = ?, updated_ms = ? WHERE id = ?",
+                "dimensions = ?, admission = ?, updated_ms = ? WHERE id = ?",
                 (
                     rec.name,
                     rec.provider,
                     rec.share_mode.value,
                     rec.active_window_ms,
                     dims_to_json(rec.dimensions),
+                    json.dumps(rec.hold.as_json()),
                     self._clock.now_ms(),
                     rec.id,
                 ),
@@ -366,4 +373,14 @@ class PoolRepo:
             share_mode=ShareMode(row["share_mode"]),
             active_window_ms=int(row["active_window_ms"]),
             provider=row["provider"],
+            hold=_hold_from_row(row),
         )
+
+
+def _hold_from_row(row: Row) -> HoldSettings:
+    """The pool's admission setting as stored (``{}`` before it existed: refuse)."""
+    try:
+        data = json.loads(row["admission"] or "{}")
+    except (KeyError, IndexError, ValueError):
+        return HoldSettings()
+    return HoldSettings.from_json(data) if isinstance(data, dict) else HoldSettings()

@@ -15,7 +15,7 @@ import contextlib
 import dataclasses
 import logging
 import math
-from collections.abc import Collection, Coroutine
+from collections.abc import Callable, Collection, Coroutine
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -33,6 +33,7 @@ from fairgate.process import credentials, tracing
 from fairgate.process.client_http import ClientRequest
 from fairgate.process.errors import ApiError
 from fairgate.quota.decision import Reason
+from fairgate.quota.hold import MAX_WAIT_HEADER, client_max_wait_ms
 from fairgate.quota.messages import block_message
 from fairgate.quota.model import Pool
 from fairgate.quota.outcomes import ALLOW_UNGOVERNED, Admission
@@ -261,7 +262,16 @@ class _Execution:
         if pool is not None and pool.id in self.blocked_pools:
             self.diag.exclude(cand.label, "quota:pool-blocked")
             return None  # counters are per pool: its other members would block this request too
-        adm = await _admit(self._call_for(cand), conn, pool, cand.model)
+        admitting = _admit(self._call_for(cand), conn, pool, cand.model, on_hold=lease.release)
+        if pool is not None and pool.hold.holds:  # it may wait: the client may go away
+            adm = await self._watching_client(admitting)
+        else:
+            adm = await admitting
+        if adm.allowed and lease.released:  # held (admission: hold) without its slot
+            got = await self._slot_after_hold(cand, adm)
+            if got is None:
+                return None
+            lease = got
         if not adm.allowed:
             self.blocked.append(Blocked(conn, adm))
             reason = adm.reason.value if adm.reason else "blocked"
@@ -274,6 +284,19 @@ class _Execution:
         res = Reservation(svc.gw.engine, adm.ticket, svc.inflight, svc.spawn)
         self.reservations.append(res)  # released on the way out unless settled
         return _Admitted(cand, pool, adm, res, lease)
+
+    async def _slot_after_hold(self, cand: Candidate, adm: Admission) -> Lease | None:
+        """A request held for quota room gave its concurrency slot back while it waited (a
+        waiting request holds no slot, issue 45): a slot again now, else its reservation goes
+        back and the candidate counts as full (the slot queue may still take it)."""
+        lease = await self.svc.slots.try_acquire(
+            cand.target, cand.conn.max_concurrent, self.call.key.id
+        )
+        if lease is None:
+            await self.svc.gw.engine.release(adm.ticket)
+            self.full.append(cand)
+            self.diag.exclude(cand.label, "concurrency-full")
+        return lease
 
     def _until_the_providers_reset(self, excl: Exclusion, cand: Candidate) -> Exclusion:
         """A cooldown is capped at an hour, but an account that refused with its usage limit
@@ -545,12 +568,31 @@ def request_cost(
     tracing.admission_result,
     call_of=tracing.call_of_admission,
 )
-async def _admit(call: Call, conn: Connection, pool: Pool | None, upstream_model: str) -> Admission:
+async def _admit(
+    call: Call,
+    conn: Connection,
+    pool: Pool | None,
+    upstream_model: str,
+    *,
+    on_hold: Callable[[], None] | None = None,
+) -> Admission:
     if pool is None:
         return ALLOW_UNGOVERNED
     svc = call.svc
     cost = request_cost(call, conn, upstream_model, pool.cost_units)
-    adm = await svc.gw.engine.admit(pool, call.key.id, cost, model=upstream_model)
+    try:  # the client's patience, for a pool with admission: hold (issue 45)
+        wait = client_max_wait_ms(call.headers)
+    except ValueError as exc:
+        raise ApiError(
+            400,
+            str(exc),
+            code="invalid_header",
+            param=MAX_WAIT_HEADER,
+            type_="invalid_request_error",
+        ) from None
+    adm = await svc.gw.engine.admit(
+        pool, call.key.id, cost, model=upstream_model, max_wait_ms=wait, on_hold=on_hold
+    )
     svc.metrics.observe_admission(adm)
     if not adm.allowed:
         log.info(
@@ -577,6 +619,8 @@ async def _admit(call: Call, conn: Connection, pool: Pool | None, upstream_model
             "dimension": adm.dimension,
             "retryAfterMs": adm.retry_after_ms,
             "failOpen": adm.fail_open,
+            # admission: hold: how long it waited in the pool's queue first
+            **({"waitedMs": adm.waited_ms} if adm.waited_ms else {}),
         },
     )
     return adm

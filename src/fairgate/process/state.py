@@ -217,7 +217,11 @@ class Gateway:
             raise
         self.slot_leases = _slot_leases(store)
         self.engine = QuotaEngine(
-            store, clock=self.clock, settings=self.quota_settings, signals=self.pool_signals
+            store,
+            clock=self.clock,
+            settings=self.quota_settings,
+            signals=self.pool_signals,
+            timer=self.timer,
         )
         self.resilience = await build_manager(
             settings=ResilienceSettings.from_sources(self.env, db_settings),

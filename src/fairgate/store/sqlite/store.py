@@ -44,7 +44,8 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any, Protocol, TypeVar
 
-from fairgate.quota.decision import Outcome, Scope, evaluate
+from fairgate.quota.decision import Outcome, Scope, Verdict, evaluate
+from fairgate.quota.hold import QueueFull, Waiter
 from fairgate.quota.ports import (
     RECLAIM_BATCH,
     TOTAL_KEY,
@@ -56,6 +57,7 @@ from fairgate.quota.ports import (
     ReservationExists,
     UsageItem,
 )
+from fairgate.quota.queue import queued_admission
 from fairgate.quota.window import Anchor, Count, bucket_index, fade, reanchor
 from fairgate.sqlite_journal import use_wal
 from fairgate.store.sqlite.batches import (
@@ -76,6 +78,8 @@ from fairgate.store.sqlite.owner import FileUse
 from fairgate.store.sqlite.parts import Expired, Part
 from fairgate.store.sqlite.parts import dump_parts as _dump_parts
 from fairgate.store.sqlite.parts import load_parts as _load_parts
+from fairgate.store.sqlite.waiters import SCHEMA as WAITER_SCHEMA
+from fairgate.store.sqlite.waiters import MemoryWaiters, SqlWaiters, WaiterQueue
 
 log = logging.getLogger("fairgate.store")
 T = TypeVar("T")
@@ -122,6 +126,7 @@ _SCHEMA = (
         PRIMARY KEY (pool_id, counter)
     ) WITHOUT ROWID""",
     FOLDED_SCHEMA,
+    *WAITER_SCHEMA,
 )
 
 _ADD = (
@@ -392,6 +397,8 @@ class SqliteQuotaStore:
         self._checkpointer: threading.Thread | None = None
         self._inline_checkpoint_at = time.monotonic()
         self._memory: MemoryCounters | None = None
+        #: the held requests while this process owns the file (memory mode; store/sqlite/waiters)
+        self._waiters = MemoryWaiters()
         self._behind: WriteBehind | None = None
         self._use: FileUse | None = None
         # the write-behind's journal (memory mode), folded by every opener of a file
@@ -625,13 +632,17 @@ class SqliteQuotaStore:
                 parts.append((check.key, w, curr, check.cost, _SCOPE_TEXT[check.scope]))
 
         verdict = evaluate(req.checks, values, req.policy, req.threshold)
+        waiting, full = False, None
+        if req.hold is not None:
+            queue = SqlWaiters(ops.c) if isinstance(ops, _SqlOps) else self._waiters
+            verdict, waiting, full = _queue_step(queue, req, values, verdict)
         if verdict.outcome is Outcome.BLOCK:
             # a retry of an admission whose reply was lost must learn that it reserved, however
             # full the pool is by now (what admit.lua says before deciding); asked here only, an
             # admission that reserves finds the id held at ``put``, at no extra read
             if ops.holds(req.reservation_id):
                 raise ReservationExists(req.reservation_id)
-            return AdmitResult(verdict, tuple(totals), tuple(mine), reserved=False)
+            return AdmitResult(verdict, tuple(totals), tuple(mine), False, waiting, full)
 
         # the reservation first: an id already held refuses before anything is added
         ops.put(req.reservation_id, pool, key, now + req.lease_ms, parts)
@@ -780,6 +791,23 @@ class SqliteQuotaStore:
             ops = _SqlOps(c)
             return {ref.key: _read_one(ops, pool_id, key_id, ref, now_ms) for ref in counters}
 
+    async def leave(self, pool_id: str, waiter_id: str) -> bool:
+        mem = self._memory
+        if mem is not None:
+            with mem.lock:
+                if self._memory is mem:
+                    return self._waiters.remove(pool_id, waiter_id)
+        return await self._grouped(lambda ops: SqlWaiters(ops.c).remove(pool_id, waiter_id))
+
+    async def waiters(self, pool_id: str, now_ms: int) -> list[Waiter]:
+        mem = self._memory
+        if mem is not None:
+            with mem.lock:
+                if self._memory is mem:
+                    return [w for w in self._waiters.list(pool_id) if w.deadline_ms > now_ms]
+        with self._read() as c:
+            return [w for w in SqlWaiters(c).list(pool_id) if w.deadline_ms > now_ms]
+
     async def pool_usage(
         self,
         pool_id: str,
@@ -840,8 +868,10 @@ class SqliteQuotaStore:
             with self._write() as c:
                 for stmt in _CLEAR:
                     c.execute(stmt, (pool_id,))
+                SqlWaiters(c).clear(pool_id)
             if mem is not None:
                 mem.forget_pool(pool_id)
+            self._waiters.clear(pool_id)
 
     async def gc(self, now_ms: int, retention_ms: int) -> GcResult:
         """Besides old buckets, undo expired reservations of every pool.
@@ -909,6 +939,34 @@ class SqliteQuotaStore:
             if not self._closed:
                 self._closed = True
                 self._conn.close()
+
+
+def _queue_step(
+    queue: WaiterQueue,
+    req: AdmitRequest,
+    values: Sequence[tuple[float, float, float]],
+    verdict: Verdict,
+) -> tuple[Verdict, bool, QueueFull | None]:
+    """The queue's part of an admission of a ``hold`` pool, in its atomic step
+    (:func:`fairgate.quota.queue.queued_admission`): the verdict, whether the request waits
+    now, and whether it was refused at once for a full queue."""
+    assert req.hold is not None
+    pool, hold = req.pool_id, req.hold
+    queue.purge(pool, req.now_ms)
+    verdict, step, share = queued_admission(
+        req.checks,
+        [v[1] for v in values],
+        verdict,
+        hold,
+        queue.list(pool),
+        req.key_id,
+        req.now_ms,
+    )
+    if step.join:
+        queue.put(pool, step.waiter(req.key_id, share, hold))
+    else:
+        queue.remove(pool, hold.waiter_id)
+    return verdict, step.join, step.full
 
 
 def _check_key(key_id: str) -> None:
