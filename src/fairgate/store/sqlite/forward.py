@@ -1,0 +1,394 @@
+"""Forwarding: the quota file's owner counts in memory for every process on the file.
+
+Why: the memory mode (:mod:`fairgate.store.sqlite.memory`) is exact only while one process
+changes the file, so a second process (``serve --workers 2``) used to make the owner hand over
+and every process count transactionally: a SQLite write transaction per loop turn in each,
+pages read again after the other's commits, waits on the writers' lock. CPU per request went
+up by half (docs/performance.md). Instead, a process that finds an owner sends it its calls
+(admit, settle, release, ...) over a local stream socket and the owner answers them from the
+same in-memory counters as its own: one place decides, so limits stay exact, and the file
+keeps one writer.
+
+The hop is kept cheap by pipelining in both directions: every call a forwarder makes in one
+turn of its event loop goes out as one frame (one ``write``), and the owner answers every
+call of a frame it can answer at once (all of them, in memory mode) in one frame. A frame is a
+4-byte length and a pickled list: ``[(id, method, args), ...]`` one way, ``[(id, ok, value),
+...]`` the other. Pickle because both ends are the same code and the values are the store
+port's records; it is only ever read from a peer running as the same user (``SO_PEERCRED``),
+which could write the quota file itself anyway.
+
+An owner that stops gracefully (a worker restarted, the group stopping) says goodbye on every
+connection before it closes it: everything it read before was answered before the goodbye,
+which names the calls it is still running (counting transactionally since a hand-over), so
+every other call a forwarder is waiting for was never read and is sent again to the next owner
+(:class:`Unsent`): a graceful restart loses no call. What a forwarder cannot know is whether a
+call in flight when the owner *died* was applied (a ``kill -9``, like one of a process alone
+in memory mode, loses its last few milliseconds of counting): such a call fails with the
+store's unavailable error (the engine fails open for an admission and journals a settle, as in
+any store outage) and is never re-sent (a settle sent twice would count twice). The next call
+finds a new owner first (:meth:`SqliteQuotaStore`'s rejoin: this process takes the file
+itself, or forwards to whoever did).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import pickle
+import socket
+import sqlite3
+import struct
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from fairgate.quota.ports import ReservationExists
+
+_LEN = struct.Struct("<I")
+#: A frame larger than this is a broken peer, not a batch (a batch of 10,000 calls is ~5 MB).
+MAX_FRAME = 64 * 1024 * 1024
+
+#: The store methods a forwarder may ask the owner to run, and nothing else.
+FORWARDED = frozenset(
+    {
+        "admit",
+        "settle",
+        "release",
+        "record",
+        "peek",
+        "pool_usage",
+        "active_keys",
+        "cumulative",
+        "anchors",
+        "set_anchor",
+        "clear",
+        "gc",
+        "flush",
+        "ping",
+    }
+)
+
+
+#: The call id of an owner's goodbye (real calls count from 1); its value: the ids still running.
+BYE = 0
+
+
+class Unsent(sqlite3.OperationalError):
+    """The owner stopped without reading this call: it can go to the next owner as it is."""
+
+
+def _went_away() -> sqlite3.OperationalError:
+    return sqlite3.OperationalError("the quota file's owner process went away")
+
+
+class Later:
+    """An answer the owner cannot give at once (it is counting transactionally): the awaitable
+    that gives it."""
+
+    __slots__ = ("aw",)
+
+    def __init__(self, aw: Awaitable[Any]) -> None:
+        self.aw = aw
+
+
+#: ``answer(method, args)``: the result, or :class:`Later`; raises what the call raises.
+Answer = Callable[[str, tuple[Any, ...]], Any]
+
+
+def _frame(payload: object) -> bytes:
+    raw = pickle.dumps(payload, protocol=pickle.HIGHEST_PROTOCOL)
+    return _LEN.pack(len(raw)) + raw
+
+
+class _Frames:
+    """Splits a byte stream into frames' payloads."""
+
+    __slots__ = ("_buf",)
+
+    def __init__(self) -> None:
+        self._buf = b""
+
+    def feed(self, data: bytes) -> list[bytes]:
+        buf = self._buf + data if self._buf else data
+        out: list[bytes] = []
+        at = 0
+        while len(buf) - at >= _LEN.size:
+            (n,) = _LEN.unpack_from(buf, at)
+            if n > MAX_FRAME:
+                raise ValueError("forwarded frame too large")
+            end = at + _LEN.size + n
+            if end > len(buf):
+                break
+            out.append(buf[at + _LEN.size : end])
+            at = end
+        self._buf = buf[at:]
+        return out
+
+
+def _error(exc: BaseException) -> tuple[str, str]:
+    """An exception as it crosses the socket: the kinds the engine tells apart."""
+    if isinstance(exc, ReservationExists):
+        return ("exists", str(exc.args[0]) if exc.args else "")
+    if isinstance(exc, sqlite3.OperationalError | OSError):
+        return ("unavailable", str(exc))
+    if isinstance(exc, ValueError):
+        return ("value", str(exc))
+    return ("error", f"{type(exc).__name__}: {exc}")
+
+
+def _raise(kind: str, text: str) -> BaseException:
+    if kind == "exists":  # with the owner's message (its constructor takes the id)
+        exists = ReservationExists.__new__(ReservationExists)
+        ValueError.__init__(exists, text)
+        return exists
+    if kind == "unavailable":
+        return sqlite3.OperationalError(text)
+    if kind == "value":
+        return ValueError(text)
+    return RuntimeError(text)
+
+
+def same_user(sock: socket.socket) -> bool:
+    """Is the peer of a Unix socket this process's user (``SO_PEERCRED``)?"""
+    try:
+        cred = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    except OSError:
+        return False
+    _, uid, _ = struct.unpack("3i", cred)
+    return bool(uid == os.getuid())
+
+
+class _Serving(asyncio.Protocol):
+    """The owner's end of one forwarder's connection."""
+
+    def __init__(self, answer: Answer, tasks: set[asyncio.Task[Any]]) -> None:
+        self._answer = answer
+        self._tasks = tasks
+        self._frames = _Frames()
+        self._transport: asyncio.Transport | None = None
+        self._running: set[int] = set()  # ids of calls answered :class:`Later`
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        sock = transport.get_extra_info("socket")
+        if sock is None or not same_user(sock):
+            transport.close()
+            return
+        self._transport = transport
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._transport = None
+
+    def data_received(self, data: bytes) -> None:
+        if self._transport is None:
+            return
+        try:
+            payloads = self._frames.feed(data)
+        except ValueError:
+            self._transport.close()
+            return
+        for payload in payloads:
+            out: list[tuple[int, bool, Any]] = []
+            for cid, name, args in pickle.loads(payload):
+                if name not in FORWARDED:
+                    out.append((cid, False, ("error", f"not forwarded: {name}")))
+                    continue
+                try:
+                    result = self._answer(name, args)
+                except Exception as exc:  # the caller's error, handed back to it
+                    out.append((cid, False, _error(exc)))
+                    continue
+                if isinstance(result, Later):
+                    self._later(cid, result.aw)
+                else:
+                    out.append((cid, True, result))
+            if out:
+                self._send(out)
+
+    def _later(self, cid: int, aw: Awaitable[Any]) -> None:
+        task = asyncio.ensure_future(aw)
+        self._tasks.add(task)
+        self._running.add(cid)
+
+        def done(t: asyncio.Task[Any]) -> None:
+            self._tasks.discard(t)
+            self._running.discard(cid)
+            if t.cancelled():
+                self._send([(cid, False, ("unavailable", "the owner is closing"))])
+            elif (exc := t.exception()) is not None:
+                self._send([(cid, False, _error(exc))])
+            else:
+                self._send([(cid, True, t.result())])
+
+        task.add_done_callback(done)
+
+    def _send(self, answers: list[tuple[int, bool, Any]]) -> None:
+        if self._transport is not None and not self._transport.is_closing():
+            self._transport.write(_frame(answers))
+
+    def goodbye(self) -> None:
+        """Say which calls are still running, then close (module docstring)."""
+        t = self._transport
+        if t is not None:
+            self._send([(BYE, True, sorted(self._running))])
+            t.close()
+
+
+class ForwardServer:
+    """The owner's listener: serves forwarded calls on the running loop with ``answer``."""
+
+    def __init__(self, sock: socket.socket, answer: Answer) -> None:
+        self._sock = sock
+        self._answer = answer
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._server: asyncio.AbstractServer | None = None
+        self._conns: list[_Serving] = []
+        loop = asyncio.get_running_loop()
+        self._starting: asyncio.Task[None] | None = loop.create_task(self._start())
+
+    def _protocol(self) -> _Serving:
+        p = _Serving(self._answer, self._tasks)
+        self._conns.append(p)
+        return p
+
+    async def _start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_unix_server(self._protocol, sock=self._sock)
+        self._starting = None
+
+    def close(self) -> None:
+        """Stop listening and drop every forwarder (each then finds a new owner)."""
+        if self._starting is not None:
+            self._starting.cancel()
+            self._starting = None
+        if self._server is not None:
+            self._server.close()
+            self._server = None
+        else:
+            self._sock.close()
+        for conn in self._conns:
+            conn.goodbye()
+        self._conns = []
+
+
+class ForwardClient(asyncio.Protocol):
+    """A forwarder's connection to the owner: :meth:`call` pipelines, one write per loop turn."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self._sock: socket.socket | None = sock
+        self._transport: asyncio.Transport | None = None
+        self._opening: asyncio.Future[None] | None = None
+        self._frames = _Frames()
+        self._pending: dict[int, asyncio.Future[Any]] = {}
+        self._out: list[tuple[int, str, tuple[Any, ...]]] = []
+        self._next = 0
+        #: the owner went away (or never answered): the store finds a new one before its
+        #: next call
+        self.lost = False
+        #: calls sent and frames written (how much the pipelining saved: tests, benchmarks)
+        self.calls = 0
+        self.writes = 0
+
+    async def _open(self) -> None:
+        if self._opening is None:
+            loop = asyncio.get_running_loop()
+            self._opening = loop.create_future()
+            try:
+                sock, self._sock = self._sock, None
+                assert sock is not None
+                sock.setblocking(False)
+                await loop.create_unix_connection(lambda: self, sock=sock)
+            except BaseException as exc:
+                self._opening.set_exception(exc)
+                self.lost = True
+                raise
+            finally:
+                if not self._opening.done():
+                    self._opening.set_result(None)
+        await asyncio.shield(self._opening)
+
+    async def call(self, name: str, args: tuple[Any, ...]) -> Any:
+        """Have the owner run store method ``name(*args)``; its result or its error (the
+        store's unavailable error when the owner goes away first)."""
+        if self._transport is None:
+            if self.lost:
+                raise Unsent("the quota file's owner process went away")
+            await self._open()
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
+        cid = self._next = self._next + 1
+        self._pending[cid] = fut
+        if not self._out:
+            loop.call_soon(self._flush)
+        self._out.append((cid, name, args))
+        self.calls += 1
+        return await fut
+
+    def _flush(self) -> None:
+        out, self._out = self._out, []
+        t = self._transport
+        if t is None or t.is_closing():
+            self._fail(out)
+            return
+        t.write(_frame(out))
+        self.writes += 1
+
+    def _fail(self, calls: list[tuple[int, str, tuple[Any, ...]]]) -> None:
+        """Calls never written: the next owner gets them."""
+        for cid, _, _ in calls:
+            fut = self._pending.pop(cid, None)
+            if fut is not None and not fut.done():
+                fut.set_exception(Unsent("the quota file's owner process went away"))
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self._transport = transport
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        """No goodbye (the owner died): whether a call waiting for its answer was applied
+        is unknown, so each fails (module docstring)."""
+        self.lost = True
+        self._transport = None
+        pending, self._pending = self._pending, {}
+        for fut in pending.values():
+            if not fut.done():
+                fut.set_exception(_went_away())
+
+    def _goodbye(self, running: list[int]) -> None:
+        """The owner stops: the calls it names may be applied, every other was not read."""
+        self.lost = True
+        pending, self._pending = self._pending, {}
+        still = set(running)
+        for cid, fut in pending.items():
+            if not fut.done():
+                fut.set_exception(_went_away() if cid in still else Unsent("owner stopped"))
+        if self._transport is not None:
+            self._transport.close()
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            payloads = self._frames.feed(data)
+        except ValueError:
+            if self._transport is not None:
+                self._transport.close()
+            return
+        pending = self._pending
+        for payload in payloads:
+            for cid, ok, value in pickle.loads(payload):
+                if cid == BYE:
+                    self._goodbye(value)
+                    return
+                fut = pending.pop(cid, None)
+                if fut is None or fut.done():  # its caller was cancelled
+                    continue
+                if ok:
+                    fut.set_result(value)
+                else:
+                    fut.set_exception(_raise(*value))
+
+    def close(self) -> None:
+        self.lost = True
+        if self._transport is not None:
+            self._transport.close()
+        elif self._sock is not None:
+            self._sock.close()
+            self._sock = None
