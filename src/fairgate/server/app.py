@@ -254,7 +254,12 @@ def create_app(
     )
 
 
-def _store_mode(store: object) -> dict[str, str]:
-    """``{"mode": ...}`` for a store that has modes (SQLite), else nothing."""
+def _store_mode(store: object) -> dict[str, object]:
+    """``{"mode": ...}`` for a store that has modes (SQLite), with the calls a forwarding
+    worker has sent to the owner so far; else nothing."""
     mode = getattr(store, "mode", None)
-    return {"mode": mode} if isinstance(mode, str) else {}
+    if not isinstance(mode, str):
+        return {}
+    if mode == "forwarding":
+        return {"mode": mode, "forwardedCalls": getattr(store, "forwarded", 0)}
+    return {"mode": mode}

@@ -39,7 +39,7 @@ import socket
 import sqlite3
 import struct
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, cast
 
 from fairgate.quota.ports import ReservationExists
 
@@ -168,12 +168,12 @@ class _Serving(asyncio.Protocol):
         self._running: set[int] = set()  # ids of calls answered :class:`Later`
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
+        # (uvloop's transports are not asyncio.Transport subclasses, only alike)
         sock = transport.get_extra_info("socket")
         if sock is None or not same_user(sock):
             transport.close()
             return
-        self._transport = transport
+        self._transport = cast(asyncio.Transport, transport)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._transport = None
@@ -340,8 +340,7 @@ class ForwardClient(asyncio.Protocol):
                 fut.set_exception(Unsent("the quota file's owner process went away"))
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self._transport = transport
+        self._transport = cast(asyncio.Transport, transport)
 
     def connection_lost(self, exc: Exception | None) -> None:
         """No goodbye (the owner died): whether a call waiting for its answer was applied

@@ -511,6 +511,8 @@ class SqliteQuotaStore:
                 pass
         if self._fwd is fwd:  # not found by a call that failed with this one
             self._rejoin()
+        if self._fwd is not None:  # once: a new owner that goes away at once is an error
+            return await self._fwd.call(name, args)
         return await getattr(self, name)(*args)
 
     def _answer(self, name: str, args: tuple[Any, ...]) -> Any:
@@ -539,6 +541,12 @@ class SqliteQuotaStore:
         if self._fwd is not None:
             return "forwarding"
         return "memory" if self._memory is not None else "transactional"
+
+    @property
+    def forwarded(self) -> int:
+        """Calls this process has sent to the file's owner (on its current connection)."""
+        fwd = self._fwd
+        return 0 if fwd is None else fwd.calls
 
     def durability(self, *, reset: bool = False) -> dict[str, float]:
         """What a ``kill -9`` now would lose, for tests and benchmarks: changes made and
