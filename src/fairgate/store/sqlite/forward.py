@@ -68,6 +68,9 @@ FORWARDED = frozenset(
 )
 
 
+#: How long a call nobody waits for on a request's path may wait for one that is (seconds).
+LATER_S = 0.002
+
 #: The call id of an owner's goodbye (real calls count from 1); its value: the ids still running.
 BYE = 0
 
@@ -280,6 +283,8 @@ class ForwardClient(asyncio.Protocol):
         self._frames = _Frames()
         self._pending: dict[int, asyncio.Future[Any]] = {}
         self._out: list[tuple[int, str, tuple[Any, ...]]] = []
+        self._soon = False  # a flush is due at the loop's next turn
+        self._timer: asyncio.TimerHandle | None = None  # a flush of later calls only
         self._next = 0
         #: the owner went away (or never answered): the store finds a new one before its
         #: next call
@@ -306,9 +311,12 @@ class ForwardClient(asyncio.Protocol):
                     self._opening.set_result(None)
         await asyncio.shield(self._opening)
 
-    async def call(self, name: str, args: tuple[Any, ...]) -> Any:
+    async def call(self, name: str, args: tuple[Any, ...], *, later: bool = False) -> Any:
         """Have the owner run store method ``name(*args)``; its result or its error (the
-        store's unavailable error when the owner goes away first)."""
+        store's unavailable error when the owner goes away first). ``later``: nobody waits
+        for it on a request's path (a settle, a release), so it may wait up to
+        :data:`LATER_S` for a call that is (the next admission) and go in the same frame: the
+        owner's wake-ups and the frames are then about one per admission, not per call."""
         if self._transport is None:
             if self.lost:
                 raise Unsent("the quota file's owner process went away")
@@ -317,14 +325,24 @@ class ForwardClient(asyncio.Protocol):
         fut = loop.create_future()
         cid = self._next = self._next + 1
         self._pending[cid] = fut
-        if not self._out:
-            loop.call_soon(self._flush)
         self._out.append((cid, name, args))
+        if not later:
+            if not self._soon:
+                self._soon = True
+                loop.call_soon(self._flush)
+        elif self._timer is None and not self._soon:
+            self._timer = loop.call_later(LATER_S, self._flush)
         self.calls += 1
         return await fut
 
     def _flush(self) -> None:
+        self._soon = False
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         out, self._out = self._out, []
+        if not out:
+            return
         t = self._transport
         if t is None or t.is_closing():
             self._fail(out)
@@ -384,7 +402,18 @@ class ForwardClient(asyncio.Protocol):
                 else:
                     fut.set_exception(_raise(*value))
 
+    async def drain(self) -> None:
+        """Send what waits and wait for every answer (a graceful stop loses no settle)."""
+        if self._out:
+            self._flush()
+        pending = list(self._pending.values())
+        if pending:
+            await asyncio.gather(*pending, return_exceptions=True)
+
     def close(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         self.lost = True
         if self._transport is not None:
             self._transport.close()

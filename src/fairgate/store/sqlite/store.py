@@ -500,19 +500,27 @@ class SqliteQuotaStore:
         log.info("quota store: the owner of %s went away; now %s", self._path, self.mode)
 
     async def _forwarded(self, name: str, *args: Any) -> Any:
+        return await self._forward_call(name, args, later=False)
+
+    async def _forwarded_later(self, name: str, *args: Any) -> Any:
+        """:meth:`_forwarded` for a call nobody waits for on a request's path (a settle, a
+        release, a record): it goes with the next admission's frame, within 2 ms."""
+        return await self._forward_call(name, args, later=True)
+
+    async def _forward_call(self, name: str, args: tuple[Any, ...], *, later: bool) -> Any:
         """(Forwarder) ``name(*args)`` run by the owner; first a new owner if it went away.
         A call in flight when it did fails (module docstring of
         :mod:`fairgate.store.sqlite.forward`): it is never sent twice."""
         fwd = self._fwd
         if fwd is not None and not fwd.lost:
             try:
-                return await fwd.call(name, args)
+                return await fwd.call(name, args, later=later)
             except Unsent:  # the owner stopped without reading it: the next owner's
                 pass
         if self._fwd is fwd:  # not found by a call that failed with this one
             self._rejoin()
         if self._fwd is not None:  # once: a new owner that goes away at once is an error
-            return await self._fwd.call(name, args)
+            return await self._fwd.call(name, args, later=later)
         return await getattr(self, name)(*args)
 
     def _answer(self, name: str, args: tuple[Any, ...]) -> Any:
@@ -754,7 +762,7 @@ class SqliteQuotaStore:
                     self._settle(mem, pool_id, key_id, reservation_id, usage, now_ms)
                     return
         if self._fwd is not None:
-            await self._forwarded("settle", pool_id, key_id, reservation_id, usage, now_ms)
+            await self._forwarded_later("settle", pool_id, key_id, reservation_id, usage, now_ms)
             return
         await self._grouped(
             lambda ops: self._settle(ops, pool_id, key_id, reservation_id, usage, now_ms)
@@ -855,7 +863,7 @@ class SqliteQuotaStore:
                 if self._memory is mem:
                     return _drop(mem, pool_id, reservation_id, now_ms)
         if self._fwd is not None:
-            return bool(await self._forwarded("release", pool_id, reservation_id, now_ms))
+            return bool(await self._forwarded_later("release", pool_id, reservation_id, now_ms))
         return await self._grouped(lambda ops: _drop(ops, pool_id, reservation_id, now_ms))
 
     async def record(
@@ -869,7 +877,7 @@ class SqliteQuotaStore:
                     _apply_usage(mem, pool_id, key_id, usage, now_ms)
                     return
         if self._fwd is not None:
-            await self._forwarded("record", pool_id, key_id, usage, now_ms)
+            await self._forwarded_later("record", pool_id, key_id, usage, now_ms)
             return
         await self._grouped(lambda ops: _apply_usage(ops, pool_id, key_id, usage, now_ms))
 
@@ -1024,6 +1032,7 @@ class SqliteQuotaStore:
     async def close(self) -> None:
         """Commits what memory mode holds first: a graceful stop loses nothing."""
         if self._fwd is not None:
+            await self._fwd.drain()
             self._fwd.close()
             self._fwd = None
         if self._server is not None:  # forwarders find the next owner
