@@ -33,6 +33,10 @@ itself, or forwards to whoever did).
 from __future__ import annotations
 
 import asyncio
+import copyreg
+import dataclasses
+import io
+import operator
 import os
 import pickle
 import socket
@@ -41,7 +45,17 @@ import struct
 from collections.abc import Awaitable, Callable
 from typing import Any, cast
 
-from fairgate.quota.ports import ReservationExists
+from fairgate.quota.decision import DimensionCheck, Verdict
+from fairgate.quota.ports import (
+    AdmitRequest,
+    AdmitResult,
+    CounterRef,
+    GcResult,
+    PoolCounts,
+    ReservationExists,
+    UsageItem,
+)
+from fairgate.quota.window import Anchor, Count
 
 _LEN = struct.Struct("<I")
 #: A frame larger than this is a broken peer, not a batch (a batch of 10,000 calls is ~5 MB).
@@ -97,9 +111,65 @@ class Later:
 Answer = Callable[[str, tuple[Any, ...]], Any]
 
 
-def _frame(payload: object) -> bytes:
-    raw = pickle.dumps(payload, protocol=pickle.HIGHEST_PROTOCOL)
-    return _LEN.pack(len(raw)) + raw
+#: The records that cross the socket, pickled as ``cls(*fields)``: pickle's own way for a
+#: slotted dataclass (a state dict per record, set field by field on load) took about 36 µs of
+#: CPU to write and read an admission's request and answer, this about 26 (process time).
+_RECORDS = (
+    AdmitRequest,
+    AdmitResult,
+    DimensionCheck,
+    Verdict,
+    Count,
+    Anchor,
+    UsageItem,
+    CounterRef,
+    PoolCounts,
+    GcResult,
+)
+
+
+def _fields(cls: type) -> Callable[[Any], tuple[Any, ...]]:
+    names = [f.name for f in dataclasses.fields(cls) if f.init]
+    get = operator.attrgetter(*names)
+    if len(names) == 1:
+        return lambda o: (get(o),)
+    return cast(Callable[[Any], tuple[Any, ...]], get)
+
+
+def _reducer(cls: type) -> Callable[[Any], tuple[type, tuple[Any, ...]]]:
+    get = _fields(cls)
+    return lambda o: (cls, get(o))
+
+
+_DISPATCH: dict[type, Any] = {
+    **copyreg.dispatch_table,
+    **{cls: _reducer(cls) for cls in _RECORDS},
+}
+
+
+class _Framer:
+    """Frames with :data:`_DISPATCH`, on one reused pickler (one per connection end: frames
+    are made on the event loop's thread only)."""
+
+    __slots__ = ("_buf", "_pickler")
+
+    def __init__(self) -> None:
+        self._buf = io.BytesIO()
+        self._pickler = pickle.Pickler(self._buf, pickle.HIGHEST_PROTOCOL)
+        self._pickler.dispatch_table = _DISPATCH
+
+    def frame(self, payload: object) -> bytes:
+        buf = self._buf
+        buf.seek(0)
+        buf.truncate()
+        buf.write(b"\0\0\0\0")
+        self._pickler.clear_memo()
+        self._pickler.dump(payload)
+        raw = buf.getbuffer()
+        _LEN.pack_into(raw, 0, len(raw) - _LEN.size)
+        out = bytes(raw)
+        del raw  # a BytesIO cannot be resized while a view of it lives
+        return out
 
 
 class _Frames:
@@ -168,6 +238,7 @@ class _Serving(asyncio.Protocol):
         self._tasks = tasks
         self._frames = _Frames()
         self._transport: asyncio.Transport | None = None
+        self._framer = _Framer()
         self._running: set[int] = set()  # ids of calls answered :class:`Later`
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -226,7 +297,7 @@ class _Serving(asyncio.Protocol):
 
     def _send(self, answers: list[tuple[int, bool, Any]]) -> None:
         if self._transport is not None and not self._transport.is_closing():
-            self._transport.write(_frame(answers))
+            self._transport.write(self._framer.frame(answers))
 
     def goodbye(self) -> None:
         """Say which calls are still running, then close (module docstring)."""
@@ -281,6 +352,7 @@ class ForwardClient(asyncio.Protocol):
         self._transport: asyncio.Transport | None = None
         self._opening: asyncio.Future[None] | None = None
         self._frames = _Frames()
+        self._framer = _Framer()
         self._pending: dict[int, asyncio.Future[Any]] = {}
         self._out: list[tuple[int, str, tuple[Any, ...]]] = []
         self._soon = False  # a flush is due at the loop's next turn
@@ -347,7 +419,7 @@ class ForwardClient(asyncio.Protocol):
         if t is None or t.is_closing():
             self._fail(out)
             return
-        t.write(_frame(out))
+        t.write(self._framer.frame(out))
         self.writes += 1
 
     def _fail(self, calls: list[tuple[int, str, tuple[Any, ...]]]) -> None:
