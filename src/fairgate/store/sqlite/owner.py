@@ -33,6 +33,13 @@ soon as the other commits; SQLite's lock is then almost always free at ``BEGIN I
 Exactness does not depend on it (``BEGIN IMMEDIATE`` still serialises writers, and a process
 that does not take ``.write`` only waits as before).
 
+A gateway process that finds an owner need not be a sharer at all: it *forwards*
+(:mod:`fairgate.store.sqlite.forward`). The owner listens on a stream socket named after the
+lock file as the doorbell is (:meth:`FileUse.forward_listener`), and a newcomer that connects
+(:meth:`FileUse.connect_owner`) holds no lock and never touches the file: the owner counts
+for it, in memory. When the owner goes away, a forwarder tries to own the file again like
+any newcomer.
+
 A tool or test that reads the file beside a running gateway uses :func:`shared_connection`: it
 joins as a sharer, so an owner commits and hands over first and what is read is current. (The
 file alone is not: an owner's last few milliseconds live in its memory.)

@@ -16,7 +16,9 @@ ones before it), and each caller is answered after that commit.
 In ``memory`` mode (the default) a process that has the file to itself answers the same
 operations from memory and commits them every few milliseconds
 (:mod:`fairgate.store.sqlite.memory`); the admission code below is written once against
-:class:`_Ops` and runs unchanged on both.
+:class:`_Ops` and runs unchanged on both. A gateway's second process on the file (``serve
+--workers N``) forwards its calls to that process instead of making it hand over
+(``forward``, :mod:`fairgate.store.sqlite.forward`).
 
 Layout (all primary-key addressed, so admission is O(checks) whatever the number of keys):
 
