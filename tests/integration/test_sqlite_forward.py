@@ -106,6 +106,33 @@ async def test_every_forwarded_call_answers_as_the_owner_would(tmp_path: Path) -
     assert _file_state(path) == (2.0, 50.0, 0)
 
 
+async def test_settles_ride_with_the_next_admission_and_a_close_sends_them(
+    tmp_path: Path,
+) -> None:
+    """A settle waits (up to 2 ms) for the next admission and goes in its frame; a forwarder
+    that closes sends the settles still waiting and waits for their answers first."""
+    path = tmp_path / "quota.sqlite"
+    owner, other = _pair(path)
+    try:
+        assert (await other.admit(_request("a", "r0", T0))).reserved
+        fwd = other._fwd
+        assert fwd is not None
+        writes = fwd.writes
+        settle = asyncio.ensure_future(other.settle(POOL.id, "a", "r0", _usage(40.0), T0 + 1))
+        await asyncio.sleep(0)  # queued behind the 2 ms
+        assert (await other.admit(_request("a", "r1", T0 + 2))).reserved
+        await settle
+        assert fwd.writes == writes + 1  # the admission and the settle: one frame
+        late = asyncio.ensure_future(other.settle(POOL.id, "a", "r1", _usage(40.0), T0 + 3))
+        await asyncio.sleep(0)
+        await other.close()  # before the 2 ms are up
+        await late
+        assert (await owner.peek(POOL.id, "a", REFS, T0 + 4))[TOK.key] == Count(0.0, 80.0)
+    finally:
+        await other.close()
+        await owner.close()
+
+
 async def test_when_the_owner_closes_the_forwarder_takes_the_file(tmp_path: Path) -> None:
     """The owner stops (a worker restarted) while the forwarder's calls are on their way: those
     it never read go to the next owner (none fails), and that is the forwarder itself, in
