@@ -505,12 +505,16 @@ def workers_vs_one(targets: list[Target], rows: dict[str, Row]) -> None:
 
     for name, n, one, many in pairs:
         cpu = ratio(one.cpu_ms, many.cpu_ms)
+        rounds = " ".join(
+            f"{(y / x - 1) * 100:+.0f}" for x, y in zip(one.cpu_ms, many.cpu_ms, strict=False)
+        )
         c16 = ratio([r.rps for r in one.c16], [r.rps for r in many.c16])
         c64 = ratio([r.rps for r in one.c64], [r.rps for r in many.c64])
         print(
             f"  {name:<24} {n} workers: CPU/req c16 {statistics.median(one.cpu_ms):.3f} → "
             f"{statistics.median(many.cpu_ms):.3f} ms ({(cpu - 1) * 100:+.1f} %)  "
             f"c16 req/s {(c16 - 1) * 100:+.1f} %  c64 req/s {(c64 - 1) * 100:+.1f} %"
+            f"  (CPU by round: {rounds} %)"
         )
 
 
