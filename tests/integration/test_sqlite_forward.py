@@ -17,6 +17,7 @@ import os
 import pickle
 import signal
 import socket
+import sqlite3
 import struct
 import subprocess
 import sys
@@ -317,3 +318,21 @@ def test_a_forwarder_refuses_nothing_but_a_peer_of_another_user(tmp_path: Path) 
     finally:
         a.close()
         b.close()
+
+
+async def test_an_owner_that_answers_nothing_fails_the_calls_after_the_timeout(
+    tmp_path: Path,
+) -> None:
+    """A stopped owner (its socket open, nothing read): the forwarder's calls fail with the
+    store's unavailable error after its busy timeout instead of waiting forever."""
+    from fairgate.store.sqlite.forward import ForwardClient
+
+    mute, peer = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    client = ForwardClient(peer, timeout_s=0.05)
+    try:
+        with pytest.raises(sqlite3.OperationalError, match="not answering"):
+            await client.call("ping", ())
+        assert client.lost
+    finally:
+        client.close()
+        mute.close()

@@ -42,6 +42,7 @@ import pickle
 import socket
 import sqlite3
 import struct
+from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any, cast
 
@@ -344,11 +345,23 @@ class ForwardServer:
         self._conns = []
 
 
+def _first(pending: dict[int, Any]) -> int:
+    """The oldest call id still waiting (ids grow; a dict keeps its insertion order)."""
+    return next(iter(pending), 1 << 62)
+
+
 class ForwardClient(asyncio.Protocol):
     """A forwarder's connection to the owner: :meth:`call` pipelines, one write per loop turn."""
 
-    def __init__(self, sock: socket.socket) -> None:
+    def __init__(self, sock: socket.socket, timeout_s: float) -> None:
+        """``timeout_s``: an owner that answers nothing for this long (stopped, not dead: a
+        dead one's socket closes) fails the calls waiting for it, as SQLite's busy timeout
+        fails a writer that waits for a stopped one's lock."""
         self._sock: socket.socket | None = sock
+        self._timeout_s = timeout_s
+        #: (loop time, the last call id) of each frame sent and not yet fully answered
+        self._sent: deque[tuple[float, int]] = deque()
+        self._watch: asyncio.TimerHandle | None = None
         self._transport: asyncio.Transport | None = None
         self._opening: asyncio.Future[None] | None = None
         self._frames = _Frames()
@@ -421,6 +434,35 @@ class ForwardClient(asyncio.Protocol):
             return
         t.write(self._framer.frame(out))
         self.writes += 1
+        loop = asyncio.get_running_loop()
+        self._sent.append((loop.time(), out[-1][0]))
+        if self._watch is None:
+            self._watch = loop.call_later(self._timeout_s, self._check)
+
+    def _check(self) -> None:
+        """The owner's answers are late: fail everything waiting once the oldest unanswered
+        call was sent ``timeout_s`` ago (the owner is stopped), else look again later."""
+        self._watch = None
+        pending, sent = self._pending, self._sent
+        oldest = _first(pending)
+        while sent and sent[0][1] < oldest:
+            sent.popleft()  # every call of that frame is answered
+        if not sent:
+            return
+        loop = asyncio.get_running_loop()
+        due = sent[0][0] + self._timeout_s
+        if loop.time() < due:
+            self._watch = loop.call_at(due, self._check)
+            return
+        self.lost = True
+        self._pending = {}
+        for fut in pending.values():
+            if not fut.done():
+                fut.set_exception(
+                    sqlite3.OperationalError("the quota file's owner is not answering")
+                )
+        if self._transport is not None:
+            self._transport.close()
 
     def _fail(self, calls: list[tuple[int, str, tuple[Any, ...]]]) -> None:
         """Calls never written: the next owner gets them."""
@@ -486,6 +528,9 @@ class ForwardClient(asyncio.Protocol):
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+        if self._watch is not None:
+            self._watch.cancel()
+            self._watch = None
         self.lost = True
         if self._transport is not None:
             self._transport.close()

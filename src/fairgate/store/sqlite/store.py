@@ -459,7 +459,7 @@ class SqliteQuotaStore:
             if self._forward:
                 sock = use.connect_owner(self._busy_timeout_ms // 5)
                 if sock is not None:
-                    return ForwardClient(sock)
+                    return ForwardClient(sock, self._busy_timeout_ms / 1000.0)
                 if use.try_own():  # the owner went away meanwhile
                     return None
         use.share(self._busy_timeout_ms)
