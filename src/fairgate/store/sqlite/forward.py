@@ -322,6 +322,7 @@ class ForwardServer:
 
     def _protocol(self) -> _Serving:
         p = _Serving(self._answer, self._tasks)
+        self._conns = [c for c in self._conns if c._transport is not None]  # forwarders gone
         self._conns.append(p)
         return p
 
