@@ -68,10 +68,10 @@ async def one_admission(url: str, prefix: str) -> tuple[list[bytes], list[bytes]
     seen: list[tuple[list[bytes], list[bytes]]] = []
     run = store._run
 
-    def spy(script: Any, keys: list[bytes], args: list[bytes]) -> Any:
+    def spy(script: Any, keys: list[bytes], args: list[bytes], *, later: bool = False) -> Any:
         if script is store._admit:
             seen.append((list(keys), list(args)))
-        return run(script, keys, args)
+        return run(script, keys, args, later=later)
 
     store._run = spy  # type: ignore[method-assign]
     checks = (

@@ -433,12 +433,14 @@ class RedisQuotaStore:
             pool_class=_Pool,
         )
 
-    def _run(self, script: _HotScript, keys: list[bytes], args: list[bytes]) -> Awaitable[Any]:
+    def _run(
+        self, script: _HotScript, keys: list[bytes], args: list[bytes], *, later: bool = False
+    ) -> Awaitable[Any]:
         """EVALSHA of a hot-path script: on the lane (pipelined with the loop turn's other
-        calls) when there is one, else through the client (a cluster routes it by the keys'
-        slot)."""
+        calls; ``later``: with the next admission's, :meth:`ScriptLane.evalsha`) when there is
+        one, else through the client (a cluster routes it by the keys' slot)."""
         if self._lane is not None:
-            return self._lane.evalsha(script.wire, keys, args)
+            return self._lane.evalsha(script.wire, keys, args, later=later)
         return script.client(keys=keys, args=args)
 
     def _hot(self, name: str) -> _HotScript:
@@ -687,7 +689,7 @@ class RedisQuotaStore:
         for call in calls:
             keys += call.keys
             args += call.args
-        reply = await self._call(self._run(self._settle, keys, args))
+        reply = await self._call(self._run(self._settle, keys, args, later=True))
         return [int(code) for code in cast(list[Any], reply)]
 
     # -- reads ----------------------------------------------------------------------------------

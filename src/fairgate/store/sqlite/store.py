@@ -16,7 +16,9 @@ ones before it), and each caller is answered after that commit.
 In ``memory`` mode (the default) a process that has the file to itself answers the same
 operations from memory and commits them every few milliseconds
 (:mod:`fairgate.store.sqlite.memory`); the admission code below is written once against
-:class:`_Ops` and runs unchanged on both.
+:class:`_Ops` and runs unchanged on both. A gateway's second process on the file (``serve
+--workers N``) forwards its calls to that process instead of making it hand over
+(``forward``, :mod:`fairgate.store.sqlite.forward`).
 
 Layout (all primary-key addressed, so admission is O(checks) whatever the number of keys):
 
@@ -68,6 +70,7 @@ from fairgate.store.sqlite.batches import (
     BatchJournal,
     replay,
 )
+from fairgate.store.sqlite.forward import ForwardClient, ForwardServer, Later, Unsent
 from fairgate.store.sqlite.memory import (
     DEFAULT_FLUSH_MS,
     DEFAULT_FOLD_MS,
@@ -349,6 +352,7 @@ class SqliteQuotaStore:
         mode: str = DEFAULT_MODE,
         flush_ms: int = DEFAULT_FLUSH_MS,
         fold_ms: int = DEFAULT_FOLD_MS,
+        forward: bool = False,
     ) -> None:
         """``synchronous`` OFF (the default) never fsyncs on the event loop: committed counters
         are in the OS page cache, so they survive a crash or ``kill -9`` of the gateway, and
@@ -365,7 +369,16 @@ class SqliteQuotaStore:
         ``fold_ms`` and whenever the tables must be whole (a read of them, a hand-over, a
         close); every process that opens the file folds what a dead owner left first
         (:mod:`fairgate.store.sqlite.batches`). ``transactional``: every admission and settle
-        is a transaction, nothing committed is ever lost."""
+        is a transaction, nothing committed is ever lost.
+
+        ``forward`` (memory mode; what ``serve`` uses): a process that finds the file owned
+        sends its calls to the owner over a local socket instead of making it hand over
+        (:mod:`fairgate.store.sqlite.forward`), so the counters stay in the owner's memory
+        with any number of workers; if the owner goes away, the next call finds a new one
+        (this process, or whichever took the file). Without it (the default for a store made
+        directly: tools, tests of the hand-over) a second process shares the file
+        transactionally as before. An owner serves forwarded calls either way, when it is
+        made on a running event loop."""
         if synchronous.upper() not in SYNCHRONOUS_MODES:
             raise ValueError(f"synchronous must be one of {', '.join(SYNCHRONOUS_MODES)}")
         if mode not in MODES:
@@ -401,27 +414,20 @@ class SqliteQuotaStore:
         self._waiters = MemoryWaiters()
         self._behind: WriteBehind | None = None
         self._use: FileUse | None = None
+        self._mode, self._forward = mode, forward
+        self._flush_ms, self._fold_ms = flush_ms, fold_ms
+        #: (forwarder) the connection to the owner that counts for this process
+        self._fwd: ForwardClient | None = None
+        #: (owner) where other processes' forwarded calls arrive
+        self._server: ForwardServer | None = None
         # the write-behind's journal (memory mode), folded by every opener of a file
         self._journal = BatchJournal(self._path, sync=self._synchronous == "FULL")
         try:
             if self._path != ":memory:":
                 self._use = FileUse(self._path)
-                if not (mode == "memory" and self._use.try_own()):
-                    self._use.share(busy_timeout_ms)
-            journal_seq = self._init(busy_timeout_ms)
-            if self._use is not None and self._use.owner:
-                self._memory = MemoryCounters(self._conn, self._lock)
-                self._behind = WriteBehind(
-                    self._memory,
-                    self._write,
-                    flush_ms=flush_ms,
-                    journal=self._journal,
-                    journal_seq=journal_seq,
-                    fold_ms=fold_ms,
-                    handover_wanted=self._use.sharer_waiting,
-                    handover=self._hand_over,
-                    doorbell=self._use.doorbell(),
-                )
+                self._fwd = self._join()
+            if self._fwd is None:
+                self._start_counting()
         except BaseException:
             self._conn.close()
             if self._use is not None:
@@ -448,6 +454,96 @@ class SqliteQuotaStore:
             )
             self._checkpointer.start()
 
+    def _join(self) -> ForwardClient | None:
+        """This process's part on the file: the owner (memory mode, if it can have the file
+        alone), a forwarder (the connection returned: ``forward`` and an owner that serves),
+        else a sharer (transactional; an owner hands over first). A forwarder touches nothing
+        in the file, its journal included: that is the owner's."""
+        use = self._use
+        assert use is not None
+        if self._mode == "memory":
+            if use.try_own():
+                return None
+            if self._forward:
+                sock = use.connect_owner(self._busy_timeout_ms // 5)
+                if sock is not None:
+                    return ForwardClient(sock, self._busy_timeout_ms / 1000.0)
+                if use.try_own():  # the owner went away meanwhile
+                    return None
+        use.share(self._busy_timeout_ms)
+        return None
+
+    def _start_counting(self) -> None:
+        """(Owner or sharer) Fold what the file's journal holds, then count: in memory, serving
+        forwarders, as the owner; transactionally as a sharer."""
+        journal_seq = self._init(self._busy_timeout_ms)
+        if self._use is None or not self._use.owner:
+            return
+        self._memory = MemoryCounters(self._conn, self._lock)
+        self._behind = WriteBehind(
+            self._memory,
+            self._write,
+            flush_ms=self._flush_ms,
+            journal=self._journal,
+            journal_seq=journal_seq,
+            fold_ms=self._fold_ms,
+            handover_wanted=self._use.sharer_waiting,
+            handover=self._hand_over,
+            doorbell=self._use.doorbell(),
+        )
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:  # no loop to serve on: a newcomer shares the file instead
+            return
+        sock = self._use.forward_listener()
+        if sock is not None:
+            self._server = ForwardServer(sock, self._answer)
+
+    def _rejoin(self) -> None:
+        """(Forwarder) The owner went away: find the file's next owner, or be it."""
+        fwd, self._fwd = self._fwd, None
+        if fwd is not None:
+            fwd.close()
+        self._fwd = self._join()
+        if self._fwd is None:
+            self._start_counting()
+        log.info("quota store: the owner of %s went away; now %s", self._path, self.mode)
+
+    async def _forwarded(self, name: str, *args: Any) -> Any:
+        return await self._forward_call(name, args, later=False)
+
+    async def _forwarded_later(self, name: str, *args: Any) -> Any:
+        """:meth:`_forwarded` for a call nobody waits for on a request's path (a settle, a
+        release, a record): it goes with the next admission's frame, within 2 ms."""
+        return await self._forward_call(name, args, later=True)
+
+    async def _forward_call(self, name: str, args: tuple[Any, ...], *, later: bool) -> Any:
+        """(Forwarder) ``name(*args)`` run by the owner; first a new owner if it went away.
+        A call in flight when it did fails (module docstring of
+        :mod:`fairgate.store.sqlite.forward`): it is never sent twice."""
+        fwd = self._fwd
+        if fwd is not None and not fwd.lost:
+            try:
+                return await fwd.call(name, args, later=later)
+            except Unsent:  # the owner stopped without reading it: the next owner's
+                pass
+        if self._fwd is fwd:  # not found by a call that failed with this one
+            self._rejoin()
+        if self._fwd is not None:  # once: a new owner that goes away at once is an error
+            return await self._fwd.call(name, args, later=later)
+        return await getattr(self, name)(*args)
+
+    def _answer(self, name: str, args: tuple[Any, ...]) -> Any:
+        """(Owner) A forwarded call: answered at once from memory, or :class:`Later` by the
+        method itself (counting transactionally since a hand-over, or a call with no memory
+        path)."""
+        mem = self._memory
+        if mem is not None and name in _AT_ONCE:
+            with mem.lock:
+                if self._memory is mem:
+                    return _AT_ONCE[name](self, mem, *args)
+        return Later(getattr(self, name)(*args))
+
     def _hand_over(self) -> None:
         """(The flusher, everything committed, the counters' lock held) Another process wants
         the file: from now on this one takes the transactional path too."""
@@ -458,9 +554,17 @@ class SqliteQuotaStore:
 
     @property
     def mode(self) -> str:
-        """``memory`` while this process owns the file and counts in memory, else
-        ``transactional`` (also after a hand-over)."""
+        """``memory`` while this process owns the file and counts in memory, ``forwarding``
+        while its owner counts for it, else ``transactional`` (also after a hand-over)."""
+        if self._fwd is not None:
+            return "forwarding"
         return "memory" if self._memory is not None else "transactional"
+
+    @property
+    def forwarded(self) -> int:
+        """Calls this process has sent to the file's owner (on its current connection)."""
+        fwd = self._fwd
+        return 0 if fwd is None else fwd.calls
 
     def durability(self, *, reset: bool = False) -> dict[str, float]:
         """What a ``kill -9`` now would lose, for tests and benchmarks: changes made and
@@ -490,7 +594,11 @@ class SqliteQuotaStore:
         }
 
     async def flush(self) -> None:
-        """Commit the in-memory changes now (memory mode; a no-op otherwise)."""
+        """Commit the in-memory changes now (memory mode, or the owner's when forwarding; a
+        no-op otherwise)."""
+        if self._fwd is not None:
+            await self._forwarded("flush")
+            return
         with self._quiet():
             pass
 
@@ -594,6 +702,8 @@ class SqliteQuotaStore:
             with mem.lock:
                 if self._memory is mem:  # not handed over meanwhile
                     return self._admit(mem, req)
+        if self._fwd is not None:
+            return await self._forwarded("admit", req)  # type: ignore[no-any-return]
         # an admission whose caller went away before the commit is not made: nobody would
         # settle or release what it reserved
         return await self._grouped(lambda ops: self._admit(ops, req), for_caller_only=True)
@@ -665,6 +775,9 @@ class SqliteQuotaStore:
                 if self._memory is mem:
                     self._settle(mem, pool_id, key_id, reservation_id, usage, now_ms)
                     return
+        if self._fwd is not None:
+            await self._forwarded_later("settle", pool_id, key_id, reservation_id, usage, now_ms)
+            return
         await self._grouped(
             lambda ops: self._settle(ops, pool_id, key_id, reservation_id, usage, now_ms)
         )
@@ -763,6 +876,8 @@ class SqliteQuotaStore:
             with mem.lock:
                 if self._memory is mem:
                     return _drop(mem, pool_id, reservation_id, now_ms)
+        if self._fwd is not None:
+            return bool(await self._forwarded_later("release", pool_id, reservation_id, now_ms))
         return await self._grouped(lambda ops: _drop(ops, pool_id, reservation_id, now_ms))
 
     async def record(
@@ -775,6 +890,9 @@ class SqliteQuotaStore:
                 if self._memory is mem:
                     _apply_usage(mem, pool_id, key_id, usage, now_ms)
                     return
+        if self._fwd is not None:
+            await self._forwarded_later("record", pool_id, key_id, usage, now_ms)
+            return
         await self._grouped(lambda ops: _apply_usage(ops, pool_id, key_id, usage, now_ms))
 
     # -- reads ------------------------------------------------------------------------------
@@ -787,6 +905,8 @@ class SqliteQuotaStore:
             with mem.lock:
                 if self._memory is mem:
                     return {r.key: _read_one(mem, pool_id, key_id, r, now_ms) for r in counters}
+        if self._fwd is not None:
+            return await self._forwarded("peek", pool_id, key_id, counters, now_ms)  # type: ignore[no-any-return]
         with self._read() as c:
             ops = _SqlOps(c)
             return {ref.key: _read_one(ops, pool_id, key_id, ref, now_ms) for ref in counters}
@@ -820,14 +940,20 @@ class SqliteQuotaStore:
             with mem.lock:
                 if self._memory is mem:
                     return _pool_counts(mem, pool_id, key_ids, counters, now_ms)
+        if self._fwd is not None:
+            return await self._forwarded("pool_usage", pool_id, key_ids, counters, now_ms)  # type: ignore[no-any-return]
         with self._read() as c:
             return _pool_counts(_SqlOps(c), pool_id, key_ids, counters, now_ms)
 
     async def active_keys(self, pool_id: str, since_ms: int) -> list[str]:
+        if self._fwd is not None:
+            return await self._forwarded("active_keys", pool_id, since_ms)  # type: ignore[no-any-return]
         with self._quiet(), self._lock:
             return [str(r[0]) for r in self._conn.execute(_ACTIVE, (pool_id, since_ms))]
 
     async def anchors(self, pool_id: str) -> dict[str, Anchor]:
+        if self._fwd is not None:
+            return await self._forwarded("anchors", pool_id)  # type: ignore[no-any-return]
         with self._lock:
             rows = self._conn.execute(_ANCHORS, (pool_id,)).fetchall()
         return {str(k): Anchor(int(r), int(b), str(s)) for k, r, b, s in rows}
@@ -841,6 +967,10 @@ class SqliteQuotaStore:
         now_ms: int,
         source: str,
     ) -> Anchor | None:
+        if self._fwd is not None:
+            return await self._forwarded(  # type: ignore[no-any-return]
+                "set_anchor", pool_id, counter, window_ms, reset_ms, now_ms, source
+            )
         with self._write() as c:
             row = c.execute(_ANCHOR_GET, (pool_id, counter)).fetchone()
             current = None if row is None else Anchor(int(row[0]), int(row[1]), str(row[2]))
@@ -854,6 +984,8 @@ class SqliteQuotaStore:
             return moved
 
     async def cumulative(self, pool_id: str, counter_keys: Sequence[str]) -> dict[str, float]:
+        if self._fwd is not None:
+            return await self._forwarded("cumulative", pool_id, counter_keys)  # type: ignore[no-any-return]
         out: dict[str, float] = {}
         with self._quiet(), self._read() as c:
             for k in counter_keys:
@@ -864,6 +996,9 @@ class SqliteQuotaStore:
     # -- maintenance ------------------------------------------------------------------------
 
     async def clear(self, pool_id: str) -> None:
+        if self._fwd is not None:
+            await self._forwarded("clear", pool_id)
+            return
         with self._quiet() as mem:
             with self._write() as c:
                 for stmt in _CLEAR:
@@ -880,6 +1015,8 @@ class SqliteQuotaStore:
         otherwise keep stale reservations (and their amounts) forever. Undoing them is exactly
         what the next admission would do, so it is safe at any time.
         """
+        if self._fwd is not None:
+            return await self._forwarded("gc", now_ms, retention_ms)  # type: ignore[no-any-return]
         with self._quiet() as mem:
             if mem is not None:  # the reservations are in memory, the rest is in the file
                 undone = 0
@@ -906,6 +1043,11 @@ class SqliteQuotaStore:
         return max(0, deleted), max(0, forgotten)
 
     async def ping(self) -> bool:
+        if self._fwd is not None:
+            try:
+                return bool(await self._forwarded("ping"))
+            except sqlite3.Error:
+                return False
         try:
             with self._lock:
                 row = self._conn.execute("SELECT 1").fetchone()
@@ -922,6 +1064,13 @@ class SqliteQuotaStore:
 
     async def close(self) -> None:
         """Commits what memory mode holds first: a graceful stop loses nothing."""
+        if self._fwd is not None:
+            await self._fwd.drain()
+            self._fwd.close()
+            self._fwd = None
+        if self._server is not None:  # forwarders find the next owner
+            self._server.close()
+            self._server = None
         self._commit_group()
         if self._behind is not None:
             self._behind.stop()
@@ -1068,3 +1217,38 @@ def _apply_usage(
         ops.add(pool_id, key_id, part)
         if item.scope == "pool":
             ops.cum_add(pool_id, item.key, float(item.amount))
+
+
+def _settle_now(
+    store: SqliteQuotaStore,
+    mem: MemoryCounters,
+    pool_id: str,
+    key_id: str,
+    reservation_id: str,
+    usage: Sequence[UsageItem],
+    now_ms: int,
+) -> None:
+    store._settle(mem, pool_id, key_id, reservation_id, usage, now_ms)
+
+
+def _peek_now(
+    _: SqliteQuotaStore,
+    mem: MemoryCounters,
+    pool_id: str,
+    key_id: str,
+    counters: Sequence[CounterRef],
+    now_ms: int,
+) -> dict[str, Count]:
+    return {r.key: _read_one(mem, pool_id, key_id, r, now_ms) for r in counters}
+
+
+#: (Owner) the forwarded calls answered at once from memory (under the counters' lock): each
+#: what the method's own memory path does
+_AT_ONCE: dict[str, Callable[..., Any]] = {
+    "admit": lambda store, mem, req: store._admit(mem, req),
+    "settle": _settle_now,
+    "release": lambda _, mem, pool_id, rid, now_ms: _drop(mem, pool_id, rid, now_ms),
+    "record": lambda _, mem, *args: _apply_usage(mem, *args),
+    "peek": _peek_now,
+    "pool_usage": lambda _, mem, *args: _pool_counts(mem, *args),
+}
