@@ -237,9 +237,8 @@ async def test_without_forward_a_second_store_shares_as_before(tmp_path: Path) -
 
 _OWNER = textwrap.dedent(
     """
-    import asyncio, json, sys
-    sys.path.insert(0, {tests!r})
-    from test_sqlite_memory import SqliteQuotaStore
+    import asyncio, json
+    from fairgate.store.sqlite.store import SqliteQuotaStore
 
     async def main():
         store = SqliteQuotaStore({path!r}, mode="memory", flush_ms=5)
@@ -264,7 +263,7 @@ def test_kill_9_of_the_owner_the_forwarder_takes_over_with_what_was_committed(
         [
             sys.executable,
             "-c",
-            _OWNER.format(tests=str(Path(__file__).parent), path=str(path)),
+            _OWNER.format(path=str(path)),
         ],
         stdout=subprocess.PIPE,
         env={**os.environ},
@@ -336,3 +335,27 @@ async def test_an_owner_that_answers_nothing_fails_the_calls_after_the_timeout(
     finally:
         client.close()
         mute.close()
+
+
+async def test_a_forwarders_held_request_waits_in_the_owners_queue(tmp_path: Path) -> None:
+    """``admission: hold`` with two workers: the queue lives in the owner's memory beside its
+    counters, so a forwarder's waiter is seen by both, and its ``leave`` (the client went
+    away) empties the owner's queue; read from the file's table, both would see nothing."""
+    from test_store_hold import POOL as HELD
+    from test_store_hold import T0 as H0
+    from test_store_hold import _admit, _fill, _hold
+
+    owner, other = _pair(tmp_path / "quota.sqlite")
+    try:
+        await _fill(owner, H0)
+        held = await _admit(other, "a", H0 + 1, _hold("a-1", H0 + 1))
+        assert held.waiting
+        assert not held.reserved
+        for store in (owner, other):
+            assert [w.waiter_id for w in await store.waiters(HELD.id, H0 + 2)] == ["a-1"]
+        assert await other.leave(HELD.id, "a-1")
+        assert await owner.waiters(HELD.id, H0 + 3) == []
+        assert not await owner.leave(HELD.id, "a-1")
+    finally:
+        await other.close()
+        await owner.close()

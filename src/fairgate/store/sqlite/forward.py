@@ -78,6 +78,8 @@ FORWARDED = frozenset(
         "clear",
         "gc",
         "flush",
+        "leave",
+        "waiters",
         "ping",
     }
 )

@@ -917,6 +917,8 @@ class SqliteQuotaStore:
             with mem.lock:
                 if self._memory is mem:
                     return self._waiters.remove(pool_id, waiter_id)
+        if self._fwd is not None:
+            return await self._forwarded("leave", pool_id, waiter_id)  # type: ignore[no-any-return]
         return await self._grouped(lambda ops: SqlWaiters(ops.c).remove(pool_id, waiter_id))
 
     async def waiters(self, pool_id: str, now_ms: int) -> list[Waiter]:
@@ -925,6 +927,8 @@ class SqliteQuotaStore:
             with mem.lock:
                 if self._memory is mem:
                     return [w for w in self._waiters.list(pool_id) if w.deadline_ms > now_ms]
+        if self._fwd is not None:
+            return await self._forwarded("waiters", pool_id, now_ms)  # type: ignore[no-any-return]
         with self._read() as c:
             return [w for w in SqlWaiters(c).list(pool_id) if w.deadline_ms > now_ms]
 
