@@ -89,6 +89,39 @@ def test_demand_rate_projects_a_young_key_over_the_window() -> None:
     assert math.isinf(demand_rate(Count(0, 1), T + 1000, HOUR, 0))
 
 
+def test_demand_rate_does_not_project_the_request_that_made_a_key_seen() -> None:
+    # one request a minute old says nothing about the rate (it is why the key is seen): it
+    # is bounded at what it used, not projected to 60 an hour; a second request 15 minutes
+    # in projects one gap: 4 an hour
+    assert demand_rate(Count(0, 1), T + 1000, HOUR, 60_000, first=1) == pytest.approx(1)
+    assert demand_rate(Count(0, 1), T + 1000, HOUR, 0, first=1) == pytest.approx(1)
+    assert demand_rate(Count(0, 2), T + 1000, HOUR, HOUR // 4, first=1) == pytest.approx(4)
+    # 31 requests in its first minute still project to a burst
+    assert demand_rate(Count(0, 31), T + 1000, HOUR, 60_000, first=1) == pytest.approx(1800)
+    # a key seen for a whole window: its sliding count, the first request included
+    assert demand_rate(Count(0, 5), T + 1000, HOUR, 2 * HOUR, first=1) == pytest.approx(5)
+
+
+def test_demand_bounds_leave_out_the_first_request_in_every_unit() -> None:
+    # a young key with one request of 800 tokens is bounded at what it used in both units
+    pool = Pool(
+        id="p",
+        name="p",
+        provider="mock",
+        connections=("c",),
+        dimensions=(
+            Dimension(Unit.REQUESTS, Window.HOURLY, 300),
+            Dimension(Unit.TOKENS, Window.HOURLY, 900_000),
+        ),
+        allocations=(Allocation("a", 1), Allocation("b", 1)),
+        share_mode=ShareMode.ACTIVE,
+    )
+    req, tok = (d.key for d in pool.dimensions)
+    used = {"a": {req: Count(0, 1), tok: Count(0, 800)}}
+    bounds = demand_bounds(pool, ["a", "b"], used, T, {"a": 60_000})
+    assert bounds == {"a": {req: pytest.approx(1), tok: pytest.approx(800)}}
+
+
 def test_demand_rate_follows_a_falling_rate_within_the_bucket() -> None:
     # half past: 300 in the previous hour, 90 since the hour began → 180 per hour, not 240
     assert demand_rate(Count(300, 90), T + HOUR // 2, HOUR, 5 * HOUR) == pytest.approx(180)
