@@ -384,7 +384,7 @@ def demand_rate(
     if age_ms >= window_ms:
         est = value
     elif age_ms <= 0:
-        return value if 0 < value <= first else math.inf
+        return math.inf
     else:
         est = max(value, (value - first) * window_ms / age_ms)
     elapsed = now_ms - bucket_index(now_ms, window_ms) * window_ms
@@ -1126,3 +1126,85 @@ def retry_after_ms(
         options = [t for t in (t_mine, t_mode) if t is not None]
         return min(options) if options else None
     return None
+
+
+@dataclass(frozen=True, slots=True)
+class Presence:
+    """In how many of a paced longer window's shorter windows a key was active (``active``
+    mode, :func:`week_levels`): counted from the first shorter window it was seen in within
+    that longer window (``first``, a bucket index), ``last`` the latest one counted."""
+
+    longer_end_ms: int
+    first: int
+    last: int
+    windows: int
+
+
+def note_presence(seen: Presence | None, longer_end_ms: int, short_index: int) -> Presence:
+    """``seen`` after the key was active in the shorter window ``short_index`` of the longer
+    window ending at ``longer_end_ms`` (a new longer window starts the count again)."""
+    if seen is None or seen.longer_end_ms != longer_end_ms:
+        return Presence(longer_end_ms, short_index, short_index, 1)
+    if short_index == seen.last:
+        return seen
+    return Presence(longer_end_ms, seen.first, short_index, seen.windows + 1)
+
+
+def week_levels(
+    pool: Pool,
+    pace: LongPace,
+    totals: Mapping[str, Count],
+    now_ms: int,
+    presence: Mapping[str, Mapping[str, Presence]],
+    demand: Mapping[str, Mapping[str, float]] | None = None,
+) -> dict[str, float]:
+    """The level a paced longer budget allows each shorter window it paces (``active`` mode,
+    issue 45): per shorter dimension, the most a key may hold per unit of weight in any one
+    shorter window, so that room a window does not need is kept for the windows that do.
+
+    Why: the pace (:func:`long_budget_pace`) spreads the week's room evenly over its 5-hour
+    windows, and each window is shared among the keys present. A batch key that asks once a
+    day then finds every window's room taken at the even pace: in the windows it is away a
+    steady key takes what a third key left (123 of a 5-hour window where its ideal is 74),
+    and in the batch's window the three share only the even pace (the batch got 0.57 of its
+    week in ``daily-batch``). The ideal across windows gives every key the same level ``L``
+    in every window (``min(demand, L × weight)``); this is its online estimate.
+
+    *Estimate*: the room the week has left, plus what the pool used in the current shorter
+    window, spread over the shorter windows left counting the current one, is the budget
+    ``B`` of one window. Each key seen in this longer window is expected in the same fraction
+    ``f`` of the windows to come as in those since it was first seen (``presence``: per paced
+    dimension, per key, :class:`Presence`), asking
+    its demand bound there if it is satisfied (:func:`demand_bounds`), more than its level
+    otherwise. ``L`` fills ``B`` over ``(f × weight, f × demand)`` (:func:`water_fill_level`).
+    Room saved in one window raises the budget of the next ones, so an estimate that is too low
+    corrects itself before the week ends; one that is too high is the even pace's split.
+    """
+    out: dict[str, float] = {}
+    for paced, shorter in pace.shorter.items():
+        total = totals.get(paced)
+        dim = next((d for d in pool.enforced_dimensions() if d.key == paced), None)
+        if total is None or dim is None:
+            continue
+        left = window_end_ms(now_ms, dim.window_ms, total.anchor) - now_ms
+        room = max(0.0, dim.limit - max(0.0, total.value(now_ms, dim.window_ms)))
+        for short in pool.enforced_dimensions():
+            s_total = totals.get(short.key)
+            if short.key not in shorter or s_total is None:
+                continue
+            ws = short.window_ms
+            end = window_end_ms(now_ms, ws, s_total.anchor)
+            index = bucket_index(now_ms, ws, s_total.anchor)
+            budget = (room + max(0.0, s_total.curr)) * ws / (left + ws - (end - now_ms))
+            members: list[tuple[float, float | None]] = []
+            week_end = window_end_ms(now_ms, dim.window_ms, total.anchor)
+            for key, seen in presence.get(paced, {}).items():
+                alloc = pool.allocation(key)
+                if alloc is None or seen.longer_end_ms != week_end:
+                    continue
+                f = seen.windows / max(1, index - seen.first + 1)
+                want = (demand or {}).get(key, {}).get(short.key)
+                bound = _demand_bound(alloc, short, {key: {short.key: want}} if want else None)
+                members.append((pool.weight_of(key) * f, None if bound is None else bound * f))
+            out[short.key] = water_fill_level(budget, members)
+    return out
