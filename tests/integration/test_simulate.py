@@ -58,14 +58,12 @@ async def test_simulation_is_deterministic_for_a_seed(tmp_path: Path) -> None:
 #: (3 hours, seed 1): many-keys' capped bursty key at 0.75 (its first window's burst, asked
 #: where the pool is paced) and another bursty key at 1.10; two-resource's research agent at
 #: 0.85 before the CI bot starts. Both need to know what is asked later in the window.
-#: Issue 45's built-in where active mode misses the absolute targets (seed 1; the gate against
-#: the online references, and its table over seeds 1-10, are in docs/fairness.md): policy-mix,
-#: Jain 0.9885, the on-off hard key coming back at 0.83 and the steady one at 0.87 of their
-#: ideal, the soft key at 1.12 (it passes the gate: the references are further off).
-#: daily-batch (the batch at 0.57 of its week before the week's level across windows) and
-#: tiny-keys (utilisation 95 % before a young key's first request stopped being projected)
-#: meet every target.
-TARGETS_NOT_YET = {"policy-mix"}
+#: Issue 45's built-ins meet every target in these smoke runs: policy-mix (Jain 0.9885, the
+#: on-off hard key coming back at 0.83, before a fresh window was paced with every key
+#: present), daily-batch (the batch at 0.57 of its week before the week's level across
+#: windows) and tiny-keys (utilisation 95 % before a young key's first request stopped being
+#: projected); the gate and its table over seeds 1-10 are in docs/fairness.md.
+TARGETS_NOT_YET: set[str] = set()
 RANGE_NOT_YET = {"many-keys", "two-resource", *TARGETS_NOT_YET}
 #: The subscription and daily-batch built-ins run their whole week (pacing the weekly budget
 #: and the ideal across windows must agree on when the week ends); active mode paces the week
@@ -112,8 +110,7 @@ async def test_builtin_scenario_meets_the_active_targets(name: str, tmp_path: Pa
     "name",
     _xfail_in(
         RANGE_NOT_YET,
-        "issues 17/18/45: a key outside 0.90-1.10 (many-keys 0.75, two-resource 0.85, "
-        "policy-mix 0.83; fairness.md)",
+        "issues 17/18: a key outside 0.90-1.10 (many-keys 0.75, two-resource 0.85; fairness.md)",
     ),
 )
 async def test_builtin_scenario_gives_every_key_its_ideal(name: str, tmp_path: Path) -> None:

@@ -210,11 +210,20 @@ def test_pace_after_a_quiet_window_while_a_key_is_away() -> None:
     assert unpaced > 55 * 60_000
 
 
-def test_no_pace_when_every_key_is_present_or_the_last_window_was_busy() -> None:
+def test_no_pace_for_a_lone_key_or_after_a_busy_window() -> None:
     now = T + 20 * 60_000
     used = {k: {DIM: Count(prev=0, curr=150)} for k in "abc"}
     quiet = {DIM: Count(prev=0, curr=450)}
-    assert pace_reserves(ABC, ["a", "b", "c"], used, quiet, now, 0.5, NO_RESERVES) == NO_RESERVES
+    # every key present is paced too (issue 45): a fresh pool is not handed to the fastest
+    paced = pace_reserves(ABC, ["a", "b", "c"], used, quiet, now, 0.5, NO_RESERVES)
+    assert paced.for_key("a")[DIM] == pytest.approx(300 * (1 - 1 / 3 - 1 / 12))
+    # what a key borrowed in the quiet window before is no claim on this one
+    borrowed = {"a": {DIM: Count(prev=140, curr=50)}, "b": {DIM: Count(prev=0, curr=50)}}
+    quiet_before = {DIM: Count(prev=140, curr=100)}
+    assert (
+        pace_reserves(ABC, ["a", "b"], borrowed, quiet_before, now, 0.5, NO_RESERVES).for_key("a")
+        == {}
+    )
     busy = {DIM: Count(prev=200, curr=150)}  # 200 ≥ 0.5 × 300: the window itself paces
     assert pace_reserves(ABC, ["a", "b"], used, busy, now, 0.5, NO_RESERVES).for_key("a") == {}
     # a lone key may use the whole pool (SPEC), whoever else holds an allocation
