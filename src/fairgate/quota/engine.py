@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import math
 import uuid
 from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, field, replace
@@ -35,6 +36,7 @@ from fairgate.quota.decision import (
     CheckPlan,
     DimensionCheck,
     Outcome,
+    Presence,
     Reason,
     Reserves,
     check_plan,
@@ -45,8 +47,10 @@ from fairgate.quota.decision import (
     evaluate,
     long_budget_pace,
     longer_budgets,
+    note_presence,
     pace_reserves,
     retry_after_ms,
+    week_levels,
     with_pace,
 )
 from fairgate.quota.hold import HoldTicket
@@ -74,7 +78,7 @@ from fairgate.quota.ports import (
 )
 from fairgate.quota.settings import QuotaSettings
 from fairgate.quota.usage import PoolUsage, build_usage
-from fairgate.quota.window import Anchor, Count, reanchor, window_end_ms
+from fairgate.quota.window import Anchor, Count, bucket_index, reanchor, window_end_ms
 from fairgate.timers import SystemTimer, Timer
 
 log = logging.getLogger("fairgate.quota")
@@ -199,6 +203,9 @@ class QuotaEngine:
         self._streaks: dict[str, dict[str, Streak]] = {}
         # per pool (active mode): when this process first saw each key active (demand estimate)
         self._joined: dict[str, dict[str, int]] = {}
+        # per pool (active mode), per longer budget: in how many of its shorter windows each
+        # key was active (decision.week_levels)
+        self._presence: dict[str, dict[str, dict[str, Presence]]] = {}
         self._burn: dict[tuple[str, str], BurnSeries] = {}
         # per pool: when its provider-anchored windows were last read, and them by counter
         self._anchors: dict[str, tuple[int, dict[str, Anchor]]] = {}
@@ -975,6 +982,10 @@ class QuotaEngine:
             bounds = {k: v for k, v in bounds.items() if k not in pressed}
         pace = NO_PACE if totals is None else long_budget_pace(pool, totals, now)
         levels = dominant_levels(pool, ordered, bounds, used, now, pace)
+        if totals is not None and longer_budgets(pool):
+            presence = self._note_presence(pool, keys, totals, now)
+            for d, cap in week_levels(pool, pace, totals, now, presence, bounds).items():
+                levels[d] = min(levels.get(d, math.inf), cap)
         behind = self._backlogged(pool, now)
         reserves = NO_RESERVES
         if used is not None and pressed:
@@ -991,6 +1002,34 @@ class QuotaEngine:
         )
         self._active[pool.id] = state
         return state
+
+    def _note_presence(
+        self, pool: Pool, keys: set[str], totals: Mapping[str, Count], now: int
+    ) -> dict[str, dict[str, Presence]]:
+        """Count the shorter window ``now`` is in for every active key, per longer budget of
+        the pool (:func:`~fairgate.quota.decision.week_levels` estimates from it how often each
+        key comes). Bounded: a longer window's counts go when it ends, and past
+        :data:`DEMAND_BOUND_MAX_KEYS` keys a budget starts over."""
+        dims = [d for d in pool.enforced_dimensions() if d.limit > 0]
+        shortest = min(dims, key=lambda d: d.window_ms)
+        short_total = totals.get(shortest.key)
+        index = bucket_index(
+            now, shortest.window_ms, None if short_total is None else short_total.anchor
+        )
+        out = self._presence.setdefault(pool.id, {})
+        for d in dims:
+            if d.key not in longer_budgets(pool):
+                continue
+            total = totals.get(d.key)
+            end = window_end_ms(now, d.window_ms, None if total is None else total.anchor)
+            seen = out.setdefault(d.key, {})
+            if len(seen) > DEMAND_BOUND_MAX_KEYS or any(
+                p.longer_end_ms != end for p in seen.values()
+            ):
+                seen.clear()
+            for k in keys:
+                seen[k] = note_presence(seen.get(k), end, index)
+        return out
 
     async def _recent_use(self, pool: Pool, keys: set[str], now: int) -> PoolCounts | None:
         """The pool totals and each key's counter buckets per enforced dimension, or None when
