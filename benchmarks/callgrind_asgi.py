@@ -49,7 +49,7 @@ from collections.abc import Callable, MutableMapping
 from pathlib import Path
 from typing import Any
 
-from callgrind_support import instruction_total, run_instrumented
+from callgrind_support import arg_parser, chat_body, instruction_total, run_instrumented
 
 KEY = "fg-bench-asgi-key-0123456789"
 
@@ -143,14 +143,7 @@ async def _serve(
     )
     gw = Gateway(data_dir=data_dir, config=parse_config(_config(pool), {}), env=env)
     app = create_app(gw, upstream=HandlerUpstream(handler))
-    body = orjson.dumps(
-        {
-            "model": "gpt-4o-mini",
-            "messages": [{"role": "user", "content": "count me"}],
-            "max_tokens": 8,
-            "stream": stream,
-        }
-    )
+    body = orjson.dumps(chat_body(stream))
     headers = [
         (b"host", b"127.0.0.1:8080"),
         (b"user-agent", b"bench"),
@@ -312,10 +305,7 @@ VARIANTS = {"pool": (True,), "no-pool": (False,), "both": (True, False)}
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    ap.add_argument("--compare", action="append", default=[], metavar="NAME=SRC")
+    ap = arg_parser(__doc__, compare=True)
     ap.add_argument("--requests", type=int, default=200, metavar="N")
     ap.add_argument("--stream", action="store_true", help="streamed answers (SSE)")
     ap.add_argument("--variant", choices=tuple(VARIANTS), default="both")

@@ -29,7 +29,7 @@ import time
 import uuid
 from pathlib import Path
 
-from callgrind_support import instruction_total
+from callgrind_support import arg_parser, instruction_total
 
 HOUR = 3_600_000
 T0 = 1_700_002_800_000
@@ -185,10 +185,7 @@ def measure(src: str | None, n: int, batches: list[int]) -> dict[str, float]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    ap.add_argument("--compare", action="append", default=[], metavar="NAME=SRC")
+    ap = arg_parser(__doc__, compare=True)
     ap.add_argument("--requests", type=int, default=400, help="admissions per phase")
     ap.add_argument("--batches", default="1,4,16", help="settle batch sizes, e.g. 1,4,16")
     ap.add_argument("--json", metavar="FILE", help="also write the figures here")

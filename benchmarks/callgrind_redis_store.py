@@ -28,7 +28,7 @@ import tempfile
 import uuid
 from pathlib import Path
 
-from callgrind_support import drop_prefix, instruction_total, redis_url
+from callgrind_support import arg_parser, drop_prefix, instruction_total, redis_url
 
 CONCURRENCY = 8
 HOUR = 3_600_000
@@ -89,10 +89,7 @@ def instructions(src: str | None, n: int, out: Path, url: str) -> int:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    ap.add_argument("--compare", action="append", default=[], metavar="NAME=SRC")
+    ap = arg_parser(__doc__, compare=True)
     ap.add_argument("--requests", nargs=2, type=int, default=(100, 400), metavar=("N1", "N2"))
     ap.add_argument("--keep", metavar="DIR", help="keep the callgrind files here")
     ap.add_argument("--child", type=int, help=argparse.SUPPRESS)

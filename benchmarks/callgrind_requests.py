@@ -25,7 +25,6 @@ Run: ``.venv/bin/python benchmarks/callgrind_requests.py [--compare before=/path
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import os
@@ -41,7 +40,7 @@ from typing import cast
 
 import httpx
 
-from callgrind_support import drop_prefix, instruction_total, redis_url
+from callgrind_support import arg_parser, chat_body, drop_prefix, instruction_total, redis_url
 from proxy_overhead import ADMIN, CLIENT_KEY, bench_config, free_port, start_mock, stop
 
 CONCURRENCY = 8
@@ -90,12 +89,7 @@ signal.signal(signal.SIGTERM, _on_term)
 async def drive(url: str, n: int, stream: bool) -> None:
     """``n`` chat completions through the gateway, ``CONCURRENCY`` at a time; every one must
     succeed (a refused request would cost less and flatter the figure)."""
-    body = {
-        "model": "gpt-4o-mini",
-        "messages": [{"role": "user", "content": "count me"}],
-        "max_tokens": 8,
-        "stream": stream,
-    }
+    body = chat_body(stream)
     headers = {"Authorization": f"Bearer {CLIENT_KEY}"}
     todo = iter(range(n))
     async with httpx.AsyncClient(timeout=120) as client:
@@ -177,10 +171,7 @@ def gateway(
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    ap.add_argument("--compare", action="append", default=[], metavar="NAME=SRC")
+    ap = arg_parser(__doc__, compare=True)
     ap.add_argument("--requests", nargs=2, type=int, default=(80, 240), metavar=("N1", "N2"))
     ap.add_argument("--stream", action="store_true", help="streamed answers (SSE)")
     ap.add_argument("--store", choices=("sqlite", "redis"), default="sqlite")

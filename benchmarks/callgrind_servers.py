@@ -29,7 +29,6 @@ Run: ``.venv/bin/python benchmarks/callgrind_servers.py [--targets wire,aiohttp]
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import os
 import shutil
@@ -41,7 +40,7 @@ from pathlib import Path
 
 import aiohttp
 
-from callgrind_support import instruction_total, instrument
+from callgrind_support import arg_parser, chat_body, instruction_total, instrument
 from proxy_overhead import (
     ADMIN,
     CLIENT_KEY,
@@ -131,12 +130,7 @@ async def drive(url: str, n: int, conc: int, stream: bool, key: str, session: ob
     """``n`` chat completions over ``session``'s keep-alive connections, ``conc`` at a time;
     every one must succeed."""
     assert isinstance(session, aiohttp.ClientSession)
-    body = {
-        "model": "gpt-4o-mini",
-        "messages": [{"role": "user", "content": "count me"}],
-        "max_tokens": 8,
-        "stream": stream,
-    }
+    body = chat_body(stream)
     headers = {"authorization": f"Bearer {key}"}
     todo = iter(range(n))
 
@@ -222,14 +216,11 @@ def main() -> None:
     if len(sys.argv) >= 2 and sys.argv[1] == "--serve":
         _serve(sys.argv[2], int(sys.argv[3]))
         return
-    ap = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    ap = arg_parser(__doc__, compare=True)
     ap.add_argument("--targets", default=",".join(ALL))
     ap.add_argument("--requests", type=int, default=300, metavar="N")
     ap.add_argument("--concurrency", type=int, default=8)
     ap.add_argument("--stream", action="store_true", help="streamed answers (fairgate, bare)")
-    ap.add_argument("--compare", action="append", default=[], metavar="NAME=SRC")
     args = ap.parse_args()
     if shutil.which("valgrind") is None:
         sys.exit("valgrind is not installed (apt-get install -y valgrind)")

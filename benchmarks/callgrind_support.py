@@ -1,13 +1,37 @@
-"""What the callgrind benchmarks share: the instruction total of a callgrind file, and the Redis
-a run uses and cleans up after. Kept free of heavy imports: the scripts' children run under
-valgrind and import this too."""
+"""What the callgrind benchmarks share: the instruction total of a callgrind file, the Redis a
+run uses and cleans up after, the command line and the request body the load generators send
+(``proxy_overhead`` too). Kept free of heavy imports: the scripts' children run under valgrind
+and import this too."""
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
 import subprocess
 from pathlib import Path
+
+
+def arg_parser(doc: str | None, *, compare: bool = False) -> argparse.ArgumentParser:
+    """A benchmark's command line, its docstring as the help (as written: it holds the run
+    lines); ``compare`` adds ``--compare NAME=SRC`` (repeatable), another source tree measured
+    the same way."""
+    ap = argparse.ArgumentParser(
+        description=doc, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    if compare:
+        ap.add_argument("--compare", action="append", default=[], metavar="NAME=SRC")
+    return ap
+
+
+def chat_body(stream: bool, text: str = "count me", max_tokens: int = 8) -> dict[str, object]:
+    """The Chat Completions request the load generators send, one user message of ``text``."""
+    return {
+        "model": "gpt-4o-mini",
+        "messages": [{"role": "user", "content": text}],
+        "max_tokens": max_tokens,
+        "stream": stream,
+    }
 
 
 def instruction_total(out: Path, fields: str = "summary|totals") -> int:

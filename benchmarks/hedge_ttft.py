@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import subprocess
 import sys
 import tempfile
@@ -31,15 +30,13 @@ import orjson
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from proxy_overhead import (
-    ADMIN,
     CLIENT_KEY,
     SECRET,
-    free_port,
     pct,
     post_json,
+    serve_config,
     start_mock,
     stop,
-    wait_http,
 )
 
 
@@ -62,23 +59,6 @@ def config(slow: str, fast: str, hedge_ms: int) -> str:
         f"  - {{name: hedged, strategy: priority, targets: {targets},"
         f" config: {{predictiveTtftMs: {hedge_ms}, maxHedgesInFlight: 64}}}}\n"
     )
-
-
-def start_gateway(cfg: str, tmp: Path) -> tuple[str, subprocess.Popen[bytes]]:
-    port = free_port()
-    path = tmp / "hedge.yaml"
-    path.write_text(cfg)
-    env = {**os.environ, "FAIRGATE_ADMIN_KEY": ADMIN, "FAIRGATE_KEY_RATE_PER_S": "0"}
-    cmd = [sys.executable, "-m", "fairgate", "serve", "--config", str(path)]
-    cmd += ["--port", str(port), "--data-dir", str(tmp / "data")]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, env=env)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_http(url + "/health", timeout=180)
-    except BaseException:
-        stop([proc])
-        raise
-    return url, proc
 
 
 def mock_requests(mock: str) -> int:
@@ -132,7 +112,7 @@ def run(args: argparse.Namespace) -> None:
         procs += [p1, p2]
         post_json(fast + "/_mock/config", {"latency_ms": args.fast_ms})
         with tempfile.TemporaryDirectory() as tmp:
-            url, gw = start_gateway(config(slow, fast, args.hedge_ms), Path(tmp))
+            url, gw = serve_config(config(slow, fast, args.hedge_ms), Path(tmp), "hedge")
             procs.append(gw)
             asyncio.run(ttfts(url, "plain", 20, 4))  # warm the connections
             rows = []

@@ -7,13 +7,16 @@ store (when Redis answers at ``--redis-url``), optionally fairgate from another 
 proxy when it is installed (``pip install 'fairgate[bench-peers]'``, or ``--litellm PATH`` to a
 ``litellm`` executable in a separate venv; its rows say "not installed" otherwise).
 ``--fairgate sqlite`` (or any comma-separated subset of sqlite, transactional, no-pool,
-workers, redis, redis-workers) runs only those fairgate rows: with ``--compare`` and more
-``--rounds``, a before/after of one row with many pairs in the time the whole table takes.
-``workers`` and ``redis-workers`` are ``serve --workers N`` (``--workers``, default 2) on the
-SQLite file and on Redis: set beside their one-process rows, their CPU per request is what a
-second worker costs (issue 48: within +10 % is the target), and ``--pin-load CPU`` runs wrk on
-that CPU alone (``taskset``), so the load generator's share of the two cores is the same for
-every row.
+no-pool-workers, workers, redis, redis-workers) runs only those fairgate rows: with
+``--compare`` and more ``--rounds``, a before/after of one row with many pairs in the time the
+whole table takes. ``workers`` and ``redis-workers`` are ``serve --workers N`` (``--workers``,
+default 2) on the SQLite file and on Redis: set beside their one-process rows, their CPU per
+request is what a second worker costs (issue 48: within +10 % is the target;
+``no-pool-workers`` beside ``no-pool`` is what N processes cost with no quota store at all),
+and ``--pin-load CPU`` runs wrk on that CPU alone (``taskset``), so the load generator's share
+of the two cores is the same for every row. Each N-workers row is also set against its
+one-process row, paired by round (CPU per request at c16 and req/s at c16 and c64, as ratios:
+the lines after the table).
 
 Method: rounds alternate the targets (``--rounds``, median round of each row), so a noisy
 moment of a shared host hits every target alike. Per target and round:
@@ -456,6 +459,7 @@ def report(targets: list[Target], rows: dict[str, Row], bench: Bench, rounds: in
                 "commands run by Redis, those inside the scripts included (every client of "
                 "that server counts)"
             )
+    workers_vs_one(targets, rows)
     bare = rows.get("bare aiohttp pass-through")
     if bare is None:
         return
@@ -478,8 +482,52 @@ def report(targets: list[Target], rows: dict[str, Row], bench: Bench, rounds: in
         )
 
 
+def workers_vs_one(targets: list[Target], rows: dict[str, Row]) -> None:
+    """Each ``serve --workers N`` row against its one-process row (issue 48, item 1: CPU per
+    request within +10 %, throughput not lower): per round, since the rounds alternate the
+    targets (a noisy moment hits both rows of a round alike), then the median of the rounds."""
+    pairs = []
+    for t in targets:
+        if t.missing or " workers" not in t.name:
+            continue
+        head, _, rest = t.name.partition(", ")
+        store, _, tail = rest.partition(", ")
+        count, _, label = tail.partition(" workers")
+        one = rows.get(f"{head}, {store}{label}")
+        if one is not None and t.name in rows:
+            pairs.append((f"{store}{label}", int(count), one, rows[t.name]))
+    if not pairs:
+        return
+    print("\nworkers N vs 1, paired by round (target: CPU/req c16 within +10 %, req/s not lower):")
+
+    def ratio(a: list[float], b: list[float]) -> float:
+        return statistics.median(y / x for x, y in zip(a, b, strict=False) if x > 0)
+
+    for name, n, one, many in pairs:
+        cpu = ratio(one.cpu_ms, many.cpu_ms)
+        rounds = " ".join(
+            f"{(y / x - 1) * 100:+.0f}" for x, y in zip(one.cpu_ms, many.cpu_ms, strict=False)
+        )
+        c16 = ratio([r.rps for r in one.c16], [r.rps for r in many.c16])
+        c64 = ratio([r.rps for r in one.c64], [r.rps for r in many.c64])
+        print(
+            f"  {name:<24} {n} workers: CPU/req c16 {statistics.median(one.cpu_ms):.3f} → "
+            f"{statistics.median(many.cpu_ms):.3f} ms ({(cpu - 1) * 100:+.1f} %)  "
+            f"c16 req/s {(c16 - 1) * 100:+.1f} %  c64 req/s {(c64 - 1) * 100:+.1f} %"
+            f"  (CPU by round: {rounds} %)"
+        )
+
+
 #: The fairgate rows, by the name ``--fairgate`` gives them.
-KINDS = ("sqlite", "transactional", "no-pool", "workers", "redis", "redis-workers")
+KINDS = (
+    "sqlite",
+    "transactional",
+    "no-pool",
+    "no-pool-workers",
+    "workers",
+    "redis",
+    "redis-workers",
+)
 
 
 def fairgate_targets(
@@ -509,6 +557,18 @@ def fairgate_targets(
             )
             procs.append(proc)
             out.append(Target(f"fairgate, no pool{label}", url, CLIENT_KEY, proc.pid))
+        if args.workers > 1 and "no-pool-workers" in kinds:  # what N processes cost, no store
+            url, proc = start_fairgate(
+                mock,
+                tmp,
+                name=f"fg-no-pool-workers-{i}",
+                extra_env=base,
+                pool=False,
+                workers=args.workers,
+            )
+            procs.append(proc)
+            name = f"fairgate, no pool, {args.workers} workers{label}"
+            out.append(Target(name, url, CLIENT_KEY, proc.pid))
         if args.workers > 1 and "workers" in kinds:  # N processes on one port, one SQLite file
             url, proc = start_fairgate(
                 mock, tmp, name=f"fg-workers-{i}", extra_env=base, workers=args.workers

@@ -32,6 +32,8 @@ from pathlib import Path
 import aiohttp
 from aiohttp import web
 
+from callgrind_support import chat_body
+
 SECRET = "bench-upstream-secret"
 CLIENT_KEY = "fg-bench-client-key-0001"
 ADMIN = "fg-bench-admin-0123456789abcdef01234567"
@@ -116,12 +118,7 @@ def run_bare(port: int, upstream: str) -> None:
 
 
 async def load(url: str, n: int, conc: int, stream: bool, key: str) -> tuple[float, list[float]]:
-    body = {
-        "model": "gpt-4o-mini",
-        "messages": [{"role": "user", "content": "benchmark"}],
-        "max_tokens": 16,
-        "stream": stream,
-    }
+    body = chat_body(stream, "benchmark", 16)
     headers = {"authorization": f"Bearer {key}"}
     lat: list[float] = []
     failures = 0
@@ -219,9 +216,21 @@ def start_fairgate(
 ) -> tuple[str, subprocess.Popen[bytes]]:
     """A fairgate process (``workers`` > 1: ``serve --workers N``, one port) on a free port in
     front of ``mock``; returns its URL and process."""
+    return serve_config(bench_config(mock, extra_keys, pool=pool), tmp, name, extra_env, workers)
+
+
+def serve_config(
+    config_yaml: str,
+    tmp: Path,
+    name: str = "fg",
+    extra_env: dict[str, str] | None = None,
+    workers: int = 1,
+) -> tuple[str, subprocess.Popen[bytes]]:
+    """A fairgate process on ``config_yaml`` (written to ``tmp/<name>.yaml``, its data dir
+    ``tmp/<name>-data``) on a free port, once it answers ``/health``: its URL and process."""
     port = free_port()
     cfg = tmp / f"{name}.yaml"
-    cfg.write_text(bench_config(mock, extra_keys, pool=pool))
+    cfg.write_text(config_yaml)
     # the per-key flood guard (1,000 requests/s by default) would cap the one bench key
     env = {**os.environ, "FAIRGATE_ADMIN_KEY": ADMIN, "FAIRGATE_KEY_RATE_PER_S": "0"}
     env.update(extra_env or {})

@@ -21,7 +21,6 @@ run and are deleted afterwards).
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import statistics
 import uuid
@@ -29,7 +28,7 @@ from typing import Any
 
 import redis
 
-from callgrind_support import drop_prefix, redis_url
+from callgrind_support import arg_parser, drop_prefix, redis_url
 from redis_scripts import HOUR, T0, evalsha_usec
 
 EARLY = "if true then return {0} end\n"
@@ -69,10 +68,10 @@ async def one_admission(url: str, prefix: str) -> tuple[list[bytes], list[bytes]
     seen: list[tuple[list[bytes], list[bytes]]] = []
     run = store._run
 
-    def spy(script: Any, keys: list[bytes], args: list[bytes]) -> Any:
+    def spy(script: Any, keys: list[bytes], args: list[bytes], *, later: bool = False) -> Any:
         if script is store._admit:
             seen.append((list(keys), list(args)))
-        return run(script, keys, args)
+        return run(script, keys, args, later=later)
 
     store._run = spy  # type: ignore[method-assign]
     checks = (
@@ -87,9 +86,7 @@ async def one_admission(url: str, prefix: str) -> tuple[list[bytes], list[bytes]
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    ap = arg_parser(__doc__)
     ap.add_argument("--calls", type=int, default=1500, help="per variant and round")
     ap.add_argument("--rounds", type=int, default=4)
     args = ap.parse_args()

@@ -19,7 +19,6 @@ Run: ``.venv/bin/python benchmarks/redis_scripts.py [--requests N] [--rounds R]`
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
 import uuid
@@ -28,7 +27,7 @@ from typing import Any
 import redis
 import uvloop
 
-from callgrind_support import drop_prefix, redis_url
+from callgrind_support import arg_parser, drop_prefix, redis_url
 
 HOUR = 3_600_000
 T0 = 1_700_002_800_000
@@ -101,9 +100,7 @@ async def one_round(url: str, n: int) -> dict[str, float]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    ap = arg_parser(__doc__)
     ap.add_argument("--requests", type=int, default=2000, help="per measurement and round")
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()

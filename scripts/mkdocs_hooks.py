@@ -3,6 +3,9 @@
 A page holding one of the markers below gets it replaced by Markdown generated from the running
 code, so nothing is kept by hand and nothing can drift:
 
+- ``<!-- fairgate:settings-reference -->``: every field of the one settings object
+  (``fairgate.process.settings.Settings``) with its environment variable, DB setting and config
+  path, default, limits and description;
 - ``<!-- fairgate:config-reference -->``: every section and field of the YAML config file, from
   the pydantic models in ``fairgate.config`` (types, defaults, limits, descriptions);
 - ``<!-- fairgate:admin-api-reference -->``: every admin API route, from the app's OpenAPI schema;
@@ -66,6 +69,8 @@ def _shown(value: Any) -> str:
     ``<Policy.HARD: 'hard'>``), None as ``null``, anything else as its repr."""
     if isinstance(value, enum.Enum):
         return f"`{value.value}`"
+    if isinstance(value, Path):
+        return f"`{value}`"
     return "`null`" if value is None else f"`{value!r}`"
 
 
@@ -123,6 +128,25 @@ def config_reference() -> str:
                     queue.append((child, sub))
         parts.append("")
     return "\n".join(parts)
+
+
+def settings_reference() -> str:
+    from fairgate.process.settings import From, Settings
+
+    def code(name: str | None) -> str:
+        return f"`{name}`" if name else ""
+
+    parts = [
+        "| setting | environment | DB setting | config file | default | limits | description |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for name, info in Settings.model_fields.items():
+        origin = next((m for m in info.metadata if isinstance(m, From)), From())
+        parts.append(
+            f"| `{name}` | {code(origin.env)} | {code(origin.db)} | {code(origin.file)} "
+            f"| {_default(info)} | {_cell(_limits(info))} | {_cell(info.description or '')} |"
+        )
+    return "\n".join(parts) + "\n"
 
 
 # -- admin API --------------------------------------------------------------------------------
@@ -260,6 +284,7 @@ def cli_reference() -> str:
 # -- the hook ---------------------------------------------------------------------------------
 
 MARKERS: dict[str, Callable[[], str]] = {
+    "<!-- fairgate:settings-reference -->": settings_reference,
     "<!-- fairgate:config-reference -->": config_reference,
     "<!-- fairgate:admin-api-reference -->": admin_api_reference,
     "<!-- fairgate:cli-reference -->": cli_reference,

@@ -45,6 +45,14 @@ def _redis_reachable(url: str) -> bool:
         return False
 
 
+def _unavailable(msg: str) -> None:
+    """A service the test needs is not there: under CI (which starts them all) the test fails,
+    locally it skips."""
+    if os.environ.get("CI"):
+        pytest.fail(msg)
+    pytest.skip(msg)
+
+
 def redis_test_url() -> str:
     return os.environ.get("FAIRGATE_TEST_REDIS_URL") or "redis://127.0.0.1:6379/0"
 
@@ -54,10 +62,9 @@ def redis_url() -> str:
     """A reachable Redis URL. Under CI an unreachable Redis fails the test; locally it skips."""
     url = redis_test_url()
     if not _redis_reachable(url):
-        msg = f"Redis is not reachable at {url} (set FAIRGATE_TEST_REDIS_URL or run `make test`)"
-        if os.environ.get("CI"):
-            pytest.fail(msg)
-        pytest.skip(msg)
+        _unavailable(
+            f"Redis is not reachable at {url} (set FAIRGATE_TEST_REDIS_URL or run `make test`)"
+        )
     return url
 
 
@@ -68,13 +75,10 @@ def redis_prefix(redis_url: str) -> Iterator[str]:
 
     prefix = f"fgtest:{uuid.uuid4().hex[:12]}"
     yield prefix
-    client = redis.Redis.from_url(redis_url)
-    try:
-        batch = list(client.scan_iter(match=f"{prefix}:*", count=1000))
-        for i in range(0, len(batch), 500):
-            client.delete(*batch[i : i + 500])
-    finally:
-        client.close()
+    with redis.Redis.from_url(redis_url) as client:  # closed on leaving
+        keys = list(client.scan_iter(match=f"{prefix}:*", count=1000))
+        for i in range(0, len(keys), 500):
+            client.delete(*keys[i : i + 500])
 
 
 # -- Redis Cluster ------------------------------------------------------------------------------
@@ -168,10 +172,7 @@ def redis_cluster_url() -> Iterator[str]:
         yield given
         return
     if not (shutil.which("redis-server") and shutil.which("redis-cli")):
-        msg = "redis-server/redis-cli are not installed: no Redis Cluster can be started"
-        if os.environ.get("CI"):
-            pytest.fail(msg)
-        pytest.skip(msg)
+        _unavailable("redis-server/redis-cli are not installed: no Redis Cluster can be started")
     with tempfile.TemporaryDirectory(prefix="fg-redis-cluster-") as tmp:
         procs: list[subprocess.Popen[bytes]] = []
         try:
@@ -236,10 +237,7 @@ def postgres_db_url() -> Iterator[str]:
 
     admin_url = postgres_test_url()
     if not _postgres_reachable(admin_url):
-        msg = f"PostgreSQL is not reachable at {admin_url} (set FAIRGATE_TEST_POSTGRES_URL)"
-        if os.environ.get("CI"):
-            pytest.fail(msg)
-        pytest.skip(msg)
+        _unavailable(f"PostgreSQL is not reachable at {admin_url} (set FAIRGATE_TEST_POSTGRES_URL)")
     name = f"fgtest_{uuid.uuid4().hex[:12]}"
     with psycopg.connect(admin_url, autocommit=True) as admin:
         admin.execute(f"CREATE DATABASE {name}")

@@ -17,8 +17,10 @@ from rich.table import Table
 from fairgate import __version__, environment
 from fairgate.admin_cli import register as register_admin_commands
 from fairgate.clock import Clock, ManualClock
+from fairgate.config import Config
 from fairgate.domain.units import Unit, Window
 from fairgate.process.http_settings import HttpSettings, SettingsError, admin_key_problem
+from fairgate.process.settings import Settings
 from fairgate.quota.catalog import CATALOG
 from fairgate.quota.engine import QuotaEngine
 from fairgate.quota.model import Allocation, Dimension, Policy, Pool
@@ -239,20 +241,14 @@ def _secrets_of(cfg: object, *more: str) -> list[str]:
     return config_secrets(cfg, *more)
 
 
-SHUTDOWN_ENV = "FAIRGATE_SHUTDOWN_TIMEOUT_S"
-
-
-def _drain_seconds(env: Mapping[str, str]) -> int:
-    """How long a stop (SIGTERM, Ctrl-C) lets requests and streams in flight finish before it
-    cuts them (default 30 s): a supervisor's stop timeout must be longer (docs/deploy.md)."""
-    raw = env.get(SHUTDOWN_ENV) or "30"
+def _settings(env: Mapping[str, str], cfg: Config | None = None) -> Settings:
+    """The process settings, resolved once at start (environment > config file > default; the
+    DB settings join when the gateway opens its database): exit 2 naming the variable on a
+    bad value, since a typo must not silently mean the default."""
     try:
-        value = int(raw)
-    except ValueError:
-        value = -1
-    if not 0 <= value <= 86_400:
-        _fail(f"{SHUTDOWN_ENV} must be whole seconds from 0 to 86400, not {raw!r}")
-    return value
+        return Settings.load(env, cfg)
+    except SettingsError as exc:
+        _fail(str(exc))
 
 
 def _limits(env: dict[str, str], bind: str) -> HttpSettings:
@@ -291,26 +287,24 @@ def serve(
     if not 1 <= workers <= MAX_WORKERS:
         _fail(f"--workers must be from 1 to {MAX_WORKERS}, not {workers}")
     env = dict(environment.snapshot())
-    path = config or (Path(env["FAIRGATE_CONFIG"]) if env.get("FAIRGATE_CONFIG") else None)
+    path = config or _settings(env).config_path
     try:
         cfg = load_config(path, env) if path is not None else Config.default()
     except ConfigError as exc:
         _fail(f"invalid config {path}:\n{exc}")
     except OSError as exc:
         _fail(f"cannot read config {path}: {exc.strerror}")
+    settings = _settings(env, cfg)
     bind = host or cfg.server.host
     limits = _limits(env, bind)
-    try:
-        chosen = port or int(env.get("FAIRGATE_PORT") or cfg.server.port)
-    except ValueError:
-        _fail("FAIRGATE_PORT must be a number")
+    chosen = port or settings.port
     if not _port_free(bind, chosen):
         _fail(f"port {chosen} on {bind} is already in use (choose another with --port)")
-    ddir = data_dir or Path(env.get("FAIRGATE_DATA_DIR") or "data")
-    from fairgate.process.logs import configure_from_env
+    ddir = data_dir or settings.data_dir
+    from fairgate.process.logs import configure_from_settings
 
-    configure_from_env(env, _secrets_of(cfg, env.get("FAIRGATE_ADMIN_KEY", "")))
-    gw = Gateway(data_dir=ddir, config=cfg, env=env, clock=_process_clock(env))
+    configure_from_settings(settings, _secrets_of(cfg, settings.admin_key or ""))
+    gw = Gateway(data_dir=ddir, config=cfg, env=env, clock=_process_clock(env), settings=settings)
     # one JSON event, like every other line this process writes
     logging.getLogger("fairgate.cli").info(
         "fairgate %s on http://%s:%s",
@@ -319,7 +313,7 @@ def serve(
         chosen,
         extra={"version": __version__, "url": f"http://{bind}:{chosen}", "data_dir": str(ddir)},
     )
-    drain_s = _drain_seconds(env)
+    drain_s = settings.shutdown_timeout_s
     if workers > 1:
         run_workers(
             workers, host=bind, port=chosen, config_path=path, data_dir=ddir, drain_s=drain_s
@@ -426,10 +420,8 @@ def demo(
 
     host = "127.0.0.1"
     env = environment.snapshot()
-    try:
-        chosen = port or int(env.get("FAIRGATE_PORT") or 20128)
-    except ValueError:
-        _fail("FAIRGATE_PORT must be a number")
+    settings = _settings(env)
+    chosen = port or settings.port
     if not _port_free(host, chosen):
         _fail(f"port {chosen} is already in use (try: fairgate demo --port 20129)")
     ddir, admin_key = demo_identity(env, data_dir)
@@ -441,15 +433,22 @@ def demo(
     async def start_mock() -> None:
         await mock.start(host, mock_port)
 
-    from fairgate.process.logs import configure_from_env
+    from fairgate.process.logs import configure_from_settings
 
     # the demo prints its keys for the user on stdout; the logs (stderr) never show them
-    configure_from_env(env, _secrets_of(cfg, admin_key, upstream_secret))
+    configure_from_settings(settings, _secrets_of(cfg, admin_key, upstream_secret))
     clock = _process_clock(env)
     mock = MockUpstream(
         MockConfig(secret=upstream_secret, latency_ms=20, completion_tokens=24), clock=clock
     )
-    gw = Gateway(data_dir=ddir, config=cfg, admin_key=admin_key, clock=clock, env=env)
+    gw = Gateway(
+        data_dir=ddir,
+        config=cfg,
+        admin_key=admin_key,
+        clock=clock,
+        env=env,
+        settings=_settings(env, cfg),
+    )
     limits = _limits({**env, "FAIRGATE_ADMIN_KEY": admin_key}, host)
     app_ = create_app(gw, on_startup=[start_mock], on_shutdown=[mock.stop], http=limits)
     base = f"http://{host}:{chosen}"
@@ -485,7 +484,7 @@ def demo(
         soft_wrap=True,
     )
     console.print("\nCtrl-C stops it.")
-    serve_http(app_, host, chosen, limits, _drain_seconds(env))
+    serve_http(app_, host, chosen, limits, settings.shutdown_timeout_s)
 
 
 @app.command()

@@ -17,7 +17,7 @@ import re
 from collections import Counter
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal, Self
+from typing import Annotated, Any, Generic, Literal, Self, TypeVar
 
 import yaml
 from pydantic import (
@@ -36,6 +36,12 @@ from fairgate import environment
 from fairgate.domain.connections import ANY_MODEL, BILLING_FIELDS
 from fairgate.domain.keys import hash_key
 from fairgate.domain.units import Unit, Window, WindowAnchor
+from fairgate.quota.hold import (
+    DEFAULT_MAX_WAIT_MS,
+    DEFAULT_QUEUE_PER_KEY,
+    DEFAULT_QUEUE_PER_POOL,
+    AdmissionMode,
+)
 from fairgate.quota.model import Policy, ShareMode
 from fairgate.routing.aliases import ModelAlias
 from fairgate.routing.combo import Combo
@@ -156,8 +162,62 @@ def checked_forward_headers(v: list[str]) -> list[str]:
     return names
 
 
+def _unique(what: str) -> AfterValidator:
+    """The rule of a list whose items must differ (``what`` names them in the message)."""
+
+    def check(v: list[str]) -> list[str]:
+        _no_duplicates(v, what)
+        return v
+
+    return AfterValidator(check)
+
+
+# Each rule rides on its type, so the file's models and the admin API's (which derive from them,
+# or patch them field by field) check a value in one place.
+#: A connection's models as the file and a create request give them (required).
+Models = Annotated[ModelList | None, AfterValidator(checked_models)]
+#: The same, where absent means "unchanged" (a patch).
+ModelsPatch = Annotated[ModelList, AfterValidator(checked_models)]
+ForwardHeaders = Annotated[
+    list[HeaderName], Field(max_length=50), AfterValidator(checked_forward_headers)
+]
+BillingFields = Annotated[list[BillingField], AfterValidator(checked_billing_fields)]
+#: A pool's member connections: at least one, each once.
+PoolMembers = Annotated[list[Id], Field(min_length=1), _unique("connection")]
+#: A display name for people.
+Name = Annotated[str, StringConstraints(max_length=200)]
+ActiveWindowS = Annotated[float, Field(ge=1, le=30 * 86_400, allow_inf_nan=False)]
+#: admission: hold's bounds (a request's patience in ms; requests waiting per key, per pool)
+MaxWaitMs = Annotated[int, Field(ge=0, le=600_000)]
+QueuePerKey = Annotated[int, Field(ge=1, le=10_000)]
+QueuePerPool = Annotated[int, Field(ge=1, le=100_000)]
+#: Ids a key lists (connections, providers).
+IdList = Annotated[list[Id], Field(max_length=1000)]
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+
+class CamelStrict(BaseModel):
+    """Strict like the rest of the file, camelCase like the admin API: the combos section's
+    models, and the admin API's models, which are the file's models spelled this way (a
+    subclass of a file model and this one). Snake_case names are accepted too, so a section
+    of the file can be sent to the admin API as it is."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        validate_by_name=True,
+        validate_by_alias=True,
+        serialize_by_alias=True,
+        extra="forbid",
+    )
+
+
+def spelled(model: BaseModel, name: str) -> str:
+    """Field ``name`` as ``model``'s input spells it (``cap_value`` in the file, ``capValue``
+    over the admin API), for messages of rules across fields."""
+    return type(model).model_fields[name].alias or name
 
 
 #: How a start treats the objects the file declares (``fairgate.db.reconcile``).
@@ -254,7 +314,9 @@ class OAuthConfig(_Strict):
     )
 
 
-class ConnectionConfig(_Strict):
+class ConnectionFields(_Strict):
+    """A connection as the file and the admin API's create request give it."""
+
     id: Id = Field(description="The connection's id, unique among connections")
     provider: Id = Field(
         description=(
@@ -270,6 +332,8 @@ class ConnectionConfig(_Strict):
     )
     secret: str = Field(
         default="",
+        max_length=10_000,
+        repr=False,
         description=(
             "API key, or the OAuth access token with auth_type oauth; sealed at rest "
             "and never echoed"
@@ -292,11 +356,12 @@ class ConnectionConfig(_Strict):
     max_concurrent: int | None = Field(
         default=None,
         ge=0,
+        le=1_000_000,
         description=(
             "Requests in flight at most on this connection; more queue (null or 0: no limit)"
         ),
     )
-    models: ModelList | None = Field(
+    models: Models = Field(
         default=None,
         validate_default=True,
         description="Model names this connection serves, or '*' for any model (required)",
@@ -307,22 +372,26 @@ class ConnectionConfig(_Strict):
     enabled: bool = Field(
         default=True, description="false: no request is routed to this connection"
     )
-    forward_headers: list[HeaderName] = Field(
+    forward_headers: ForwardHeaders = Field(
         default_factory=list,
-        max_length=50,
         description=(
             "Client request headers passed on upstream besides the wire's own (anthropic-beta "
             "and anthropic-version to Anthropic, openai-beta to Responses; lower-cased; never "
             "one the gateway sets itself)"
         ),
     )
-    billing_fields: list[BillingField] = Field(
+    billing_fields: BillingFields = Field(
         default_factory=list,
         description=(
             "Billing-relevant request body fields clients may set on this connection "
             "(service_tier, store); the others are removed before sending (none by default)"
         ),
     )
+
+
+class ConnectionConfig(ConnectionFields):
+    """A connection of the file: an OAuth one may carry its refresh settings."""
+
     oauth: OAuthConfig | None = Field(
         default=None, description="The OAuth refresh settings of an auth_type: oauth connection"
     )
@@ -332,21 +401,6 @@ class ConnectionConfig(_Strict):
         if self.oauth is not None and self.auth_type != "oauth":
             raise ValueError("'oauth' is for connections with auth_type: oauth")
         return self
-
-    @field_validator("models")
-    @classmethod
-    def _models(cls, v: list[str] | str | None) -> list[str]:
-        return checked_models(v)
-
-    @field_validator("forward_headers")
-    @classmethod
-    def _headers(cls, v: list[str]) -> list[str]:
-        return checked_forward_headers(v)
-
-    @field_validator("billing_fields")
-    @classmethod
-    def _billing(cls, v: list[str]) -> list[str]:
-        return checked_billing_fields(v)
 
 
 class ModelAliasConfig(_Strict):
@@ -376,16 +430,40 @@ class ModelAliasConfig(_Strict):
         return ModelAlias(self.pattern, self.target)
 
 
-class KeyConfig(_Strict):
+class KeyFields(_Strict):
+    """A client key as the file and the admin API's create request give it (its credential
+    apart: the file gives it, the admin API makes it; and its id, which the admin API can
+    make too)."""
+
+    name: Name = Field(default="", description="A display name for people (dashboard, CLI)")
+    allowed_models: list[ModelName] = Field(
+        default_factory=list, description="Models this key may use (empty: any)"
+    )
+    #: connections outside every pool this key may use (by id, or every one of a provider)
+    allowed_connections: IdList = Field(
+        default_factory=list,
+        description=(
+            "Connections outside every pool this key may use, by id (with require_allocation)"
+        ),
+    )
+    allowed_providers: IdList = Field(
+        default_factory=list,
+        description=(
+            "Providers whose connections outside every pool this key may use (with "
+            "require_allocation)"
+        ),
+    )
+    enabled: bool = Field(default=True, description="false: the key is refused (401)")
+
+
+class KeyConfig(KeyFields):
     """A client key given either by its secret (hashed on seeding) or by its SHA-256 hash."""
 
     id: Id = Field(description="The key's id, unique among keys")
-    name: str = Field(
-        default="", max_length=200, description="A display name for people (dashboard, CLI)"
-    )
     secret: str | None = Field(
         default=None,
         min_length=8,
+        repr=False,
         description=(
             "The client's bearer token (at least 8 characters; hashed when seeded, "
             "never stored). Give this or key_hash"
@@ -396,24 +474,6 @@ class KeyConfig(_Strict):
         pattern=r"^[0-9a-f]{64}$",
         description="SHA-256 of the client's bearer token, 64 hex digits, instead of 'secret'",
     )
-    allowed_models: list[ModelName] = Field(
-        default_factory=list, description="Models this key may use (empty: any)"
-    )
-    #: connections outside every pool this key may use (by id, or every one of a provider)
-    allowed_connections: list[Id] = Field(
-        default_factory=list,
-        description=(
-            "Connections outside every pool this key may use, by id (with require_allocation)"
-        ),
-    )
-    allowed_providers: list[Id] = Field(
-        default_factory=list,
-        description=(
-            "Providers whose connections outside every pool this key may use (with "
-            "require_allocation)"
-        ),
-    )
-    enabled: bool = Field(default=True, description="false: the key is refused (401)")
 
     @model_validator(mode="after")
     def _one_credential(self) -> Self:
@@ -442,15 +502,34 @@ class ModelCapConfig(_Strict):
     limit: Limit = Field(description="The key's most of this model per hour, in the cap's unit")
 
 
-class AllocationConfig(_Strict):
-    key: Id = Field(description="The client key this allocation is for")
-    weight: Weight = Field(
-        default=0.0,
-        description=(
-            "The key's fair share, in percent of each limit (not a relative part: "
-            "weights should sum to 100)"
-        ),
-    )
+# The sections that hold lists of sections (a pool's dimensions and allocations, an
+# allocation's model caps) are generic in their items: the file's models hold the file's items,
+# the admin API's the same items spelled in camelCase.
+DimT = TypeVar("DimT", bound=DimensionConfig)
+CapT = TypeVar("CapT", bound=ModelCapConfig)
+
+
+def unique_dimensions(dims: list[DimT]) -> list[DimT]:
+    """Two dimensions with the same unit and window would share one counter."""
+    _no_duplicates([f"{d.unit.value}/{d.window.value}" for d in dims], "dimension")
+    return dims
+
+
+def unique_caps(caps: list[CapT]) -> list[CapT]:
+    """Two caps of one model in one unit would contradict each other."""
+    _no_duplicates([f"{c.model} {c.unit.value}" for c in caps], "model cap")
+    return caps
+
+
+Dimensions = Annotated[list[DimT], AfterValidator(unique_dimensions)]
+ModelCaps = Annotated[list[CapT], AfterValidator(unique_caps)]
+
+
+class AllocationTerms(_Strict, Generic[CapT]):
+    """What an allocation says besides its key and weight, and the rules on it: one
+    definition for the file's allocation, the admin API's whole-pool form and its one-key
+    form (``PUT …/allocations/{key}``)."""
+
     policy: Policy = Field(
         default=Policy.HARD,
         description=(
@@ -468,7 +547,7 @@ class AllocationConfig(_Strict):
     cap_unit: Unit | None = Field(
         default=None, description="The unit of cap_value (requests, tokens, usd, percent)"
     )
-    model_caps: list[ModelCapConfig] = Field(
+    model_caps: ModelCaps[CapT] = Field(
         default_factory=list,
         description="Caps on the key's use of single models, each in its own unit",
     )
@@ -476,23 +555,43 @@ class AllocationConfig(_Strict):
     @model_validator(mode="after")
     def _cap_pair(self) -> Self:
         if (self.cap_value is None) != (self.cap_unit is None):
-            raise ValueError("cap_value and cap_unit must be given together")
+            value, unit = spelled(self, "cap_value"), spelled(self, "cap_unit")
+            raise ValueError(f"{value} and {unit} must be given together")
         return self
 
-    @field_validator("model_caps")
-    @classmethod
-    def _unique_caps(cls, v: list[ModelCapConfig]) -> list[ModelCapConfig]:
-        _no_duplicates([f"{c.model} {c.unit.value}" for c in v], "model cap")
-        return v
 
-
-class PoolConfig(_Strict):
-    id: Id = Field(description="The pool's id, unique among pools")
-    name: str = Field(
-        default="", max_length=200, description="A display name for people (dashboard, CLI)"
+class AllocationFields(AllocationTerms[CapT], Generic[CapT]):
+    key: Id = Field(description="The client key this allocation is for")
+    weight: Weight = Field(
+        default=0.0,
+        description=(
+            "The key's fair share, in percent of each limit (not a relative part: "
+            "weights should sum to 100)"
+        ),
     )
-    connections: list[Id] = Field(
-        min_length=1,
+
+
+class AllocationConfig(AllocationFields[ModelCapConfig]):
+    """A client key's share of a pool: its weight, policy and caps."""
+
+
+AllocT = TypeVar("AllocT", bound=AllocationFields[Any])
+
+
+def _unique_keys(allocs: list[AllocT]) -> list[AllocT]:
+    _no_duplicates([a.key for a in allocs], "allocation for key")
+    return allocs
+
+
+Allocations = Annotated[list[AllocT], AfterValidator(_unique_keys)]
+
+
+class PoolFields(_Strict, Generic[DimT, AllocT]):
+    """A pool, generic in its dimensions and allocations (see above)."""
+
+    id: Id = Field(description="The pool's id, unique among pools")
+    name: Name = Field(default="", description="A display name for people (dashboard, CLI)")
+    connections: PoolMembers = Field(
         description=(
             "Ids of the connections whose quota the pool shares (one provider; a "
             "connection in one pool at most)"
@@ -505,37 +604,45 @@ class PoolConfig(_Strict):
             " the keys active lately, bounded by demand"
         ),
     )
-    active_window_s: float = Field(
+    active_window_s: ActiveWindowS = Field(
         default=900.0,
-        ge=1,
-        le=30 * 86_400,
-        allow_inf_nan=False,
         description="Seconds without a request after which a key holds no share in active mode",
     )
-    dimensions: list[DimensionConfig] = Field(
+    dimensions: Dimensions[DimT] = Field(
         default_factory=list,
         description="The pool's limits (empty: the connections' catalogue plan)",
     )
-    allocations: list[AllocationConfig] = Field(
+    allocations: Allocations[AllocT] = Field(
         default_factory=list, description="Each client key's weight, policy and caps in this pool"
     )
+    admission: AdmissionMode = Field(
+        default=AdmissionMode.REFUSE,
+        description=(
+            "A request that does not fit: refuse it at once (429 with Retry-After), or hold "
+            "it in its key's queue up to max_wait_ms; freed room goes to the waiting key with "
+            "the least use of the window per weight, oldest request first (429 when the "
+            "patience runs out)"
+        ),
+    )
+    max_wait_ms: MaxWaitMs = Field(
+        default=DEFAULT_MAX_WAIT_MS,
+        description=(
+            "admission: hold: how long a request waits for room at most (a client may shorten "
+            "it with the x-fairgate-max-wait-ms header; 0: never wait)"
+        ),
+    )
+    queue_per_key: QueuePerKey = Field(
+        default=DEFAULT_QUEUE_PER_KEY,
+        description="admission: hold: requests of one key waiting at most (more are refused)",
+    )
+    queue_per_pool: QueuePerPool = Field(
+        default=DEFAULT_QUEUE_PER_POOL,
+        description="admission: hold: requests waiting in the pool at most, all keys together",
+    )
 
-    @field_validator("connections")
-    @classmethod
-    def _unique_connections(cls, v: list[str]) -> list[str]:
-        _no_duplicates(v, "connection")
-        return v
 
-    @field_validator("dimensions")
-    @classmethod
-    def _unique_dimensions(cls, v: list[DimensionConfig]) -> list[DimensionConfig]:
-        return unique_dimensions(v)
-
-    @field_validator("allocations")
-    @classmethod
-    def _unique_allocations(cls, v: list[AllocationConfig]) -> list[AllocationConfig]:
-        _no_duplicates([a.key for a in v], "allocation for key")
-        return v
+class PoolConfig(PoolFields[DimensionConfig, AllocationConfig]):
+    """Connections whose limits are shared among client keys by weight."""
 
 
 #: Below this sum of a pool's weights (percent) most of its limit is nobody's fair share; above
@@ -606,19 +713,6 @@ SampleRate = Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)]
 DelayMs = Annotated[int, Field(ge=0, le=600_000)]
 
 
-class _CamelStrict(BaseModel):
-    """Strict like the rest of the file, camelCase like the admin API (same settings as the
-    admin API's models, so these are used there as they are)."""
-
-    model_config = ConfigDict(
-        alias_generator=to_camel,
-        validate_by_name=True,
-        validate_by_alias=True,
-        serialize_by_alias=True,
-        extra="forbid",
-    )
-
-
 class InvalidCombo(ValueError):
     """A combo the routing layer refuses; ``problems`` are ``(field, message)`` pairs, the field
     relative to the combo (``strategy``, ``targets.1``, ``config.options``)."""
@@ -628,7 +722,7 @@ class InvalidCombo(ValueError):
         super().__init__("; ".join(f"{f}: {m}" if f else m for f, m in problems))
 
 
-class ComboTargetSpec(_CamelStrict):
+class ComboTargetSpec(CamelStrict):
     """One target of a combo. ``model: "*"`` means every model the provider's connections list
     (``provider/*``); ``connection: "*"`` every connection of the provider serving the model;
     no connection: the provider's connections as the gateway picks them. Prices are USD per
@@ -694,34 +788,21 @@ class ComboTargetSpec(_CamelStrict):
         return {"provider": provider, "model": model}
 
     def to_target(self) -> Target:
-        return Target(
-            provider=self.provider,
-            model=self.model,
-            connection_id=self.connection,
-            weight=self.weight,
-            price_in=self.price_in,
-            price_out=self.price_out,
-            tier=self.tier,
-            context_window=self.context_window,
-            tags=frozenset(self.tags),
-        )
+        same = {name: getattr(self, name) for name in _TARGET_FIELDS}
+        return Target(**same, connection_id=self.connection, tags=frozenset(self.tags))
 
     @classmethod
     def of(cls, t: Target) -> ComboTargetSpec:
-        return cls(
-            provider=t.provider,
-            model=t.model,
-            connection=t.connection_id,
-            weight=t.weight,
-            price_in=t.price_in,
-            price_out=t.price_out,
-            tier=t.tier,
-            context_window=t.context_window,
-            tags=sorted(t.tags),
-        )
+        same = {name: getattr(t, name) for name in _TARGET_FIELDS}
+        return cls(**same, connection=t.connection_id, tags=sorted(t.tags))
 
 
-class ComboShadowSpec(_CamelStrict):
+#: The fields a combo target spec and the routing layer's Target name alike (the connection and
+#: the tags differ in name or type and are converted by hand).
+_TARGET_FIELDS = ("provider", "model", "weight", "price_in", "price_out", "tier", "context_window")
+
+
+class ComboShadowSpec(CamelStrict):
     """Shadow routing: a sampled copy of each answered request goes to these targets."""
 
     targets: list[ComboTargetSpec] = Field(
@@ -739,7 +820,7 @@ class ComboShadowSpec(_CamelStrict):
     )
 
 
-class ReasoningBufferSpec(_CamelStrict):
+class ReasoningBufferSpec(CamelStrict):
     """Reasoning held back in streams until the first content token (off by default)."""
 
     enabled: bool = Field(default=True, description="Hold reasoning while the answer has none")
@@ -757,7 +838,7 @@ class ReasoningBufferSpec(_CamelStrict):
     )
 
 
-class ContextCompressionSpec(_CamelStrict):
+class ContextCompressionSpec(CamelStrict):
     """How a conversation larger than a target's context window is made to fit it."""
 
     strategy: Literal["drop-middle"] = Field(
@@ -769,33 +850,36 @@ class ContextCompressionSpec(_CamelStrict):
     )
 
 
-class ResponseValidationSpec(_CamelStrict):
+def _regexes(v: list[str]) -> list[str]:
+    for i, p in enumerate(v):
+        try:
+            re.compile(p)
+        except re.error as exc:
+            raise ValueError(f"disallowedPatterns.{i} is not a regex ({exc})") from None
+    return v
+
+
+Regexes = Annotated[
+    list[Annotated[str, StringConstraints(min_length=1, max_length=1000)]],
+    Field(max_length=50),
+    AfterValidator(_regexes),
+]
+
+
+class ResponseValidationSpec(CamelStrict):
     """Checks of an answer beyond the empty/truncated ones; a failed one fails over."""
 
-    disallowed_patterns: list[Annotated[str, StringConstraints(min_length=1, max_length=1000)]] = (
-        Field(
-            default_factory=list,
-            max_length=50,
-            description="Regexes (Python syntax) the answer's text must not match",
-        )
+    disallowed_patterns: Regexes = Field(
+        default_factory=list,
+        description="Regexes (Python syntax) the answer's text must not match",
     )
     json_schema: bool = Field(
         default=False,
         description="Check the answer against the JSON schema of response_format / text.format",
     )
 
-    @field_validator("disallowed_patterns")
-    @classmethod
-    def _regexes(cls, v: list[str]) -> list[str]:
-        for i, p in enumerate(v):
-            try:
-                re.compile(p)
-            except re.error as exc:
-                raise ValueError(f"disallowedPatterns.{i} is not a regex ({exc})") from None
-        return v
 
-
-class ComboSettingsSpec(_CamelStrict):
+class ComboSettingsSpec(CamelStrict):
     """A combo's own settings. A field left out (or null) is not set by the combo and inherits
     from the layers below it (built-in default → global settings → per provider), so storing
     only what the combo sets keeps the cascade alive."""
@@ -878,13 +962,21 @@ class ComboSettingsSpec(_CamelStrict):
         return self.model_dump(mode="json", exclude_none=True)
 
 
-class ComboBody(_CamelStrict):
+def _known_strategy(v: str) -> str:
+    """Unknown names are refused here, never silently routed as priority; stored in the
+    canonical spelling (an alias such as ``weighted-sticky`` stays an alias)."""
+    resolve_strategy(v)
+    return v.strip().lower().replace("_", "-")
+
+
+Strategy = Annotated[str, StringConstraints(max_length=64), AfterValidator(_known_strategy)]
+
+
+class ComboBody(CamelStrict):
     """A combo without its name: what ``PUT /combos/{name}`` replaces."""
 
-    strategy: str = Field(
-        default="priority",
-        max_length=64,
-        description="One of: " + ", ".join(PUBLIC_STRATEGIES),
+    strategy: Strategy = Field(
+        default="priority", description="One of: " + ", ".join(PUBLIC_STRATEGIES)
     )
     targets: list[ComboTargetSpec] = Field(
         min_length=1,
@@ -895,14 +987,6 @@ class ComboBody(_CamelStrict):
         default_factory=ComboSettingsSpec,
         description="The combo's settings; a field left out inherits from the routing defaults",
     )
-
-    @field_validator("strategy")
-    @classmethod
-    def _known_strategy(cls, v: str) -> str:
-        """Unknown names are refused here, never silently routed as priority; stored in the
-        canonical spelling (an alias such as ``weighted-sticky`` stays an alias)."""
-        resolve_strategy(v)
-        return v.strip().lower().replace("_", "-")
 
 
 class ComboSpec(ComboBody):
@@ -1064,12 +1148,6 @@ class Config(_Strict):
         for dims in v.values():
             unique_dimensions(dims)
         return v
-
-
-def unique_dimensions(dims: list[DimensionConfig]) -> list[DimensionConfig]:
-    """Two dimensions with the same unit and window would share one counter."""
-    _no_duplicates([f"{d.unit.value}/{d.window.value}" for d in dims], "dimension")
-    return dims
 
 
 def _no_duplicates(values: list[str], what: str) -> None:

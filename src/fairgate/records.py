@@ -6,10 +6,10 @@ with ``frozen_default``), and at run time a slots dataclass whose ``__init__`` a
 plainly. Equality and hashing are the frozen dataclass's (by fields; ``eq=False``: by identity).
 
 Why not ``frozen=True`` at run time: a frozen dataclass's ``__init__`` sets each field through
-``object.__setattr__`` (a global lookup and a call per field), about 0.1 µs a field, and an
-admission and its settle build fifteen such records (checks, counts, the verdict, the store's
-request and result, usage items, the standing, the ticket, the admission): 9.5 of the 36 µs an
-admit+settle took on the SQLite store (issue 15, measured with every hot record unfrozen).
+``object.__setattr__`` (a global lookup and a call per field), and an admission and its settle
+build fifteen such records (checks, counts, the verdict, the store's request and result, usage
+items, the standing, the ticket, the admission): together a large share of an admit+settle on the
+SQLite store (issue 15; the figures: docs/performance.md, "Figures behind the code").
 What run time loses is the ``FrozenInstanceError`` on an assignment, which the type checker
 already refuses in ``src`` (and nothing in the code assigns to a record).
 """
@@ -17,10 +17,10 @@ already refuses in ``src`` (and nothing in the code assigns to a record).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import TypeVar, dataclass_transform, overload
+from dataclasses import dataclass, fields
+from typing import Any, TypeVar, dataclass_transform, overload
 
-__all__ = ["record"]
+__all__ = ["camel", "camel_json", "record"]
 
 T = TypeVar("T")
 
@@ -44,3 +44,16 @@ def record(
         return dataclass(slots=True, eq=eq, unsafe_hash=eq)(c)
 
     return wrap if cls is None else wrap(cls)
+
+
+def camel(name: str) -> str:
+    """``expires_at_ms`` → ``expiresAtMs``: a field's name as the JSON APIs spell it."""
+    head, *rest = name.split("_")
+    return head + "".join(p.capitalize() for p in rest)
+
+
+def camel_json(rec: Any) -> dict[str, object]:
+    """A flat dataclass record as a JSON object: every field, in order, under its camelCase
+    name. For the records the health and admin APIs show as they are (a record with a nested
+    or renamed part writes its own ``as_json``)."""
+    return {camel(f.name): getattr(rec, f.name) for f in fields(rec)}

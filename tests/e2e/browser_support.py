@@ -58,6 +58,24 @@ def browser() -> Iterator[Any]:
             b.close()
 
 
+def collect_problems(page: Any, problems: list[str], timeout_ms: int) -> Any:
+    """``page`` with its console errors and uncaught script errors appended to ``problems`` (a
+    test asserts it empty at the end: a CSP violation or a script error shows up there) and its
+    default timeout set. Failed requests the page expects (a wrong key's 401, a missing optional
+    endpoint's 404) are logged by Chromium as resource errors: those are left out."""
+    page.on(
+        "console",
+        lambda m: (
+            problems.append(m.text)
+            if m.type == "error" and not m.text.startswith("Failed to load resource")
+            else None
+        ),
+    )
+    page.on("pageerror", lambda e: problems.append(str(e)))
+    page.set_default_timeout(timeout_ms)
+    return page
+
+
 # -- PNG ---------------------------------------------------------------------------------------
 
 

@@ -229,16 +229,22 @@ def spawn(args: list[str], log: Path, env: dict[str, str] | None = None) -> subp
         )
 
 
-@pytest.fixture(scope="module")
-def mock_upstream(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Proc]:
+def start_mock(log: Path) -> Proc:
+    """A mock provider process on a free port that takes ``UPSTREAM_SECRET``, logging to ``log``,
+    once it answers; the caller stops it."""
     port = free_port()
-    log = tmp_path_factory.mktemp("mock") / "mock.log"
     p = Proc(
         spawn(["mock-upstream", "--port", str(port), "--secret", UPSTREAM_SECRET], log),
         f"http://127.0.0.1:{port}",
         log,
     )
     wait_ready(p, "/_mock/stats")
+    return p
+
+
+@pytest.fixture(scope="module")
+def mock_upstream(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Proc]:
+    p = start_mock(tmp_path_factory.mktemp("mock") / "mock.log")
     yield p
     p.stop()
 
@@ -304,6 +310,14 @@ def launch_gateway(
     )
     wait_ready(p, "/health")
     return p
+
+
+def module_gateway(workdir: Path, config_yaml: str) -> Iterator[Proc]:
+    """A module-scoped fixture's gateway on ``config_yaml`` (``yield from`` it): launched in
+    ``workdir``, stopped when the module's tests are done."""
+    p = launch_gateway(workdir, config_yaml, {})
+    yield p
+    p.stop()
 
 
 #: The FAIRGATE_SECRET_KEY of the test gateways that share a PostgreSQL metadata DB (a valid

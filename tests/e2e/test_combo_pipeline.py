@@ -17,9 +17,9 @@ from e2e_support import (
     FAULTS,
     UPSTREAM_SECRET,
     Proc,
-    launch_gateway,
     logged_diagnostics,
     mock_upstream,
+    module_gateway,
     new_secret,
 )
 
@@ -75,9 +75,7 @@ def config(mock: str) -> str:
 
 @pytest.fixture(scope="module")
 def gw(mock_upstream: Proc, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Proc]:
-    p = launch_gateway(tmp_path_factory.mktemp("combo-pipeline"), config(mock_upstream.url), {})
-    yield p
-    p.stop()
+    yield from module_gateway(tmp_path_factory.mktemp("combo-pipeline"), config(mock_upstream.url))
 
 
 def chat(gw: Proc, model: str, fault: str | None = None, **body: Any) -> httpx.Response:

@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from browser_support import ARTIFACTS, assert_not_blank, browser
+from browser_support import ARTIFACTS, assert_not_blank, browser, collect_problems
 from e2e_support import (
     ADMIN_KEY,
     FAULTS,
@@ -23,6 +23,7 @@ from e2e_support import (
     Proc,
     launch_gateway,
     mock_upstream,
+    module_gateway,
     new_secret,
 )
 
@@ -49,9 +50,7 @@ def _config(mock_url: str) -> str:
 
 @pytest.fixture(scope="module")
 def gateway(mock_upstream: Proc, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Proc]:
-    gw = launch_gateway(tmp_path_factory.mktemp("dash"), _config(mock_upstream.url), {})
-    yield gw
-    gw.stop()
+    yield from module_gateway(tmp_path_factory.mktemp("dash"), _config(mock_upstream.url))
 
 
 @pytest.fixture
@@ -60,18 +59,8 @@ def page(browser: Any, gateway: Proc) -> Iterator[Any]:
     violation or a script error shows up there). Failed requests the page expects (a wrong key's
     401, a missing optional endpoint's 404) are logged by Chromium as resource errors: ignored."""
     context = browser.new_context(viewport={"width": 1280, "height": 900})
-    pg = context.new_page()
     problems: list[str] = []
-    pg.on(
-        "console",
-        lambda m: (
-            problems.append(m.text)
-            if m.type == "error" and not m.text.startswith("Failed to load resource")
-            else None
-        ),
-    )
-    pg.on("pageerror", lambda e: problems.append(str(e)))
-    pg.set_default_timeout(10_000)
+    pg = collect_problems(context.new_page(), problems, 10_000)
     yield pg
     context.close()
     assert problems == []

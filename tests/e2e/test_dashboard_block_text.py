@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 import pytest
 from browser_support import browser
-from e2e_support import ADMIN_KEY, UPSTREAM_SECRET, Proc, launch_gateway, new_secret
+from e2e_support import ADMIN_KEY, UPSTREAM_SECRET, Proc, module_gateway, new_secret
 
 __all__ = ["browser"]
 
@@ -64,9 +64,7 @@ def gateway(upstream: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator
         f" secret: '{UPSTREAM_SECRET}', models: [gpt-4o-mini]}}\n"
         f"keys:\n  - {{id: alice, secret: '{KEY}', allowed_providers: [openai]}}\n"
     )
-    gw = launch_gateway(tmp_path_factory.mktemp("blocktext"), config, {})
-    yield gw
-    gw.stop()
+    yield from module_gateway(tmp_path_factory.mktemp("blocktext"), config)
 
 
 def test_health_page_shows_the_cause_and_keeps_the_upstream_text_behind_a_click(

@@ -13,10 +13,12 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from browser_support import assert_not_blank, browser
-from e2e_support import UPSTREAM_SECRET, Proc, launch_gateway, mock_upstream, new_secret
+from browser_support import assert_not_blank, browser, collect_problems
+from e2e_support import UPSTREAM_SECRET, Proc, mock_upstream, module_gateway, new_secret
 from test_dashboard import admin, expect, shot, sign_in
-from test_observability import scrape, val
+from test_observability import scrape
+
+from metrics_support import val
 
 __all__ = ["browser", "mock_upstream"]
 
@@ -40,9 +42,7 @@ def _config(mock_url: str) -> str:
 
 @pytest.fixture(scope="module")
 def gateway(mock_upstream: Proc, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Proc]:
-    gw = launch_gateway(tmp_path_factory.mktemp("dash-ops"), _config(mock_upstream.url), {})
-    yield gw
-    gw.stop()
+    yield from module_gateway(tmp_path_factory.mktemp("dash-ops"), _config(mock_upstream.url))
 
 
 @pytest.fixture
@@ -58,18 +58,7 @@ def open_page(browser: Any) -> Iterator[Any]:
             viewport={"width": width, "height": 844 if phone else 900}, is_mobile=phone
         )
         contexts.append(ctx)
-        pg = ctx.new_page()
-        pg.on(
-            "console",
-            lambda m: (
-                problems.append(m.text)
-                if m.type == "error" and not m.text.startswith("Failed to load resource")
-                else None
-            ),
-        )
-        pg.on("pageerror", lambda e: problems.append(str(e)))
-        pg.set_default_timeout(15_000)
-        return pg
+        return collect_problems(ctx.new_page(), problems, 15_000)
 
     yield factory
     for ctx in contexts:

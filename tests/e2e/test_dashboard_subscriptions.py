@@ -14,10 +14,11 @@ from typing import Any
 
 import httpx
 import pytest
-from browser_support import browser
+from browser_support import browser, collect_problems
 from e2e_support import TEST_CLOCK, GatewayFactory, Proc, new_secret
 from test_dashboard import admin, expect, shot, sign_in
 from test_oauth_connections import TTL_S, chat, login, refreshes
+from test_oauth_connections import config as oauth_config
 
 __all__ = ["browser"]
 
@@ -26,15 +27,8 @@ TIME = r".*\d:\d\d(\s?[AP]M)?"
 
 
 def config(mock_url: str, tokens: dict[str, str], key: str, expires_at: int) -> str:
-    return (
-        "server: {default_provider: codex}\n"
-        "connections:\n"
-        f"  - {{id: codex-1, provider: codex, base_url: '{mock_url}/backend-api/codex',\n"
-        f"     auth_type: oauth, secret: '{tokens['access_token']}', models: ['*'],\n"
-        f"     oauth: {{refresh_token: '{tokens['refresh_token']}',\n"
-        f"             token_url: '{mock_url}/oauth/token', client_id: app_test,\n"
-        f"             expires_at: {expires_at}}}}}\n"
-        f"keys:\n  - {{id: k, name: k, secret: '{key}', allowed_providers: [codex]}}\n"
+    """The OAuth test's Codex connection and key, with a pool of a percent and a daily window."""
+    return oauth_config(mock_url, tokens, key, expires_at) + (
         "pools:\n"
         "  - {id: cx, name: Codex, connections: [codex-1],\n"
         "     dimensions: [{unit: percent, window: 5h, limit: 100},\n"
@@ -49,18 +43,8 @@ def page(browser: Any, mock_upstream: Proc) -> Iterator[Any]:
     httpx.post(mock_upstream.url + "/_mock/reset")
     httpx.post(mock_upstream.url + "/_mock/config", json={"oauth_access_ttl_s": TTL_S})
     context = browser.new_context(viewport={"width": 1280, "height": 900})
-    pg = context.new_page()
     problems: list[str] = []
-    pg.on(
-        "console",
-        lambda m: (
-            problems.append(m.text)
-            if m.type == "error" and not m.text.startswith("Failed to load resource")
-            else None
-        ),
-    )
-    pg.on("pageerror", lambda e: problems.append(str(e)))
-    pg.set_default_timeout(15_000)
+    pg = collect_problems(context.new_page(), problems, 15_000)
     yield pg
     context.close()
     httpx.post(mock_upstream.url + "/_mock/config", json={"oauth_access_ttl_s": 3600})

@@ -39,12 +39,10 @@ from e2e_support import (
     GatewayFactory,
     Proc,
     assert_window_count,
-    free_port,
     launch_gateway,
     logged_diagnostics,
     new_secret,
-    spawn,
-    wait_ready,
+    start_mock,
     window_count_range,
 )
 
@@ -64,14 +62,7 @@ LABEL_B = "mock/gpt-4o-mini@conn-b"
 @pytest.fixture(scope="module")
 def mock_b(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Proc]:
     """The second upstream (the module's ``mock_upstream`` is the first)."""
-    port = free_port()
-    log = tmp_path_factory.mktemp("mock-b") / "mock-b.log"
-    p = Proc(
-        spawn(["mock-upstream", "--port", str(port), "--secret", UPSTREAM_SECRET], log),
-        f"http://127.0.0.1:{port}",
-        log,
-    )
-    wait_ready(p, "/_mock/stats")
+    p = start_mock(tmp_path_factory.mktemp("mock-b") / "mock-b.log")
     yield p
     p.stop()
 

@@ -374,24 +374,23 @@ def test_at_the_connection_limit_a_client_closes_the_connection_silent_longest(
             s.close()
 
 
-def test_a_client_that_hangs_up_mid_body_is_no_error(gw: Proc, key: str) -> None:
-    log = log_since(gw)
+def _hang_up_mid_body(gw: Proc, path: bytes, secret: str, opening: bytes) -> None:
+    """POST to ``path`` a head announcing a 100,000-byte JSON body, then its ``opening`` bytes,
+    and hang up a moment later."""
     sock = _connect(gw)
     sock.sendall(
-        b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-        b"Authorization: Bearer " + key.encode() + b"\r\n"
-        b"Content-Type: application/json\r\nContent-Length: 100000\r\n\r\n" + b'{"model": "'
+        b"POST " + path + b" HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        b"Authorization: Bearer " + secret.encode() + b"\r\n"
+        b"Content-Type: application/json\r\nContent-Length: 100000\r\n\r\n" + opening
     )
     time.sleep(0.2)
     sock.close()
-    admin_sock = _connect(gw)
-    admin_sock.sendall(
-        b"POST /api/keys HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-        b"Authorization: Bearer " + ADMIN_KEY.encode() + b"\r\n"
-        b"Content-Type: application/json\r\nContent-Length: 100000\r\n\r\n" + b'{"name": "'
-    )
-    time.sleep(0.2)
-    admin_sock.close()
+
+
+def test_a_client_that_hangs_up_mid_body_is_no_error(gw: Proc, key: str) -> None:
+    log = log_since(gw)
+    _hang_up_mid_body(gw, b"/v1/chat/completions", key, b'{"model": "')
+    _hang_up_mid_body(gw, b"/api/keys", ADMIN_KEY, b'{"name": "')
     assert _health_ok(gw)
     time.sleep(0.3)
     lines = [json.loads(line) for line in log().splitlines() if line.startswith("{")]

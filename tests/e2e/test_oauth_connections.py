@@ -51,6 +51,17 @@ def oauth_health(gw: Proc) -> list[dict[str, object]]:
     return list(httpx.get(gw.url + "/health").json()["oauth"])
 
 
+def oauth_gateway(
+    mock: Proc, start_gateway: GatewayFactory, account: str
+) -> tuple[Proc, dict[str, str], str]:
+    """A gateway whose Codex connection is ``account``'s fresh login (its access token expiring
+    ``TTL_S`` from now on the test clock): the gateway, the login's tokens, a key's secret."""
+    tokens = login(mock, account)
+    key = new_secret()
+    gw = start_gateway(config(mock.url, tokens, key, (TEST_CLOCK.now_ms() // 1000) + TTL_S))
+    return gw, tokens, key
+
+
 @pytest.fixture
 def short_tokens(mock_upstream: Proc) -> Iterator[Proc]:
     httpx.post(mock_upstream.url + "/_mock/reset")
@@ -63,10 +74,7 @@ def test_refresh_ahead_of_expiry_without_a_failed_request(
     short_tokens: Proc, start_gateway: GatewayFactory
 ) -> None:
     mock = short_tokens
-    tokens = login(mock, "acct-oauth")
-    key = new_secret()
-    expires_at = (TEST_CLOCK.now_ms() // 1000) + TTL_S
-    gw = start_gateway(config(mock.url, tokens, key, expires_at))
+    gw, tokens, key = oauth_gateway(mock, start_gateway, "acct-oauth")
     base = refreshes(mock)
     statuses = [chat(gw, key).status_code]
     TEST_CLOCK.advance(TTL_S * 1000, gw, mock)  # the first access token has expired now
@@ -95,9 +103,7 @@ def test_revoked_refresh_token_blocks_instead_of_looping(
     short_tokens: Proc, start_gateway: GatewayFactory
 ) -> None:
     mock = short_tokens
-    tokens = login(mock, "acct-revoked")
-    key = new_secret()
-    gw = start_gateway(config(mock.url, tokens, key, (TEST_CLOCK.now_ms() // 1000) + TTL_S))
+    gw, _, key = oauth_gateway(mock, start_gateway, "acct-revoked")
     assert chat(gw, key).status_code == 200
     httpx.post(mock.url + "/_mock/oauth/revoke", json={"account_id": "acct-revoked"})
     base = refreshes(mock)

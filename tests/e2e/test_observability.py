@@ -21,28 +21,14 @@ from e2e_support import (
     new_secret,
     sockets_to,
 )
-from prometheus_client.parser import text_string_to_metric_families
 
-Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
+from metrics_support import Samples, samples_of
 
 
 def scrape(gw: Proc, headers: dict[str, str] | None = None) -> Samples:
     """The gateway's ``/metrics``, parsed with prometheus_client's own parser (also used by
     tests/e2e/test_dashboard_operator.py)."""
-    r = httpx.get(gw.url + "/metrics", headers=headers)
-    assert r.status_code == 200, r.text
-    assert r.headers["content-type"].startswith("text/plain")
-    out: Samples = {}
-    for family in text_string_to_metric_families(r.text):
-        for s in family.samples:
-            out[(s.name, frozenset(s.labels.items()))] = s.value
-    return out
-
-
-def val(samples: Samples, name: str, **labels: str) -> float:
-    """The sum of the samples of ``name`` whose labels include ``labels``."""
-    want = set(labels.items())
-    return sum(v for (n, ls), v in samples.items() if n == name and want <= ls)
+    return samples_of(httpx.get(gw.url + "/metrics", headers=headers))
 
 
 POOL = (

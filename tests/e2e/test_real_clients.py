@@ -21,7 +21,7 @@ from typing import Any
 
 import httpx
 import pytest
-from e2e_support import FAULTS, UPSTREAM_SECRET, Proc, launch_gateway
+from e2e_support import FAULTS, UPSTREAM_SECRET, Proc, module_gateway
 
 ROOT = Path(__file__).resolve().parents[2]
 CLIENTS = Path(os.environ.get("FAIRGATE_TEST_CLIENTS_DIR") or ROOT / ".cache" / "clients")
@@ -81,10 +81,7 @@ def _config(mock_url: str) -> str:
 
 @pytest.fixture(scope="module")
 def gateway(mock_upstream: Proc, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Proc]:
-    workdir = tmp_path_factory.mktemp("clients")
-    p = launch_gateway(workdir, _config(mock_upstream.url), {})
-    yield p
-    p.stop()
+    yield from module_gateway(tmp_path_factory.mktemp("clients"), _config(mock_upstream.url))
 
 
 def _home(tmp_path: Path) -> dict[str, str]:

@@ -11,43 +11,22 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from pathlib import Path
+from typing import Any
 
 import anthropic
 import httpx
 import openai
 import pytest
-from e2e_support import (
-    ADMIN_KEY,
-    UPSTREAM_SECRET,
-    GatewayFactory,
-    Proc,
-    free_port,
-    new_secret,
-    spawn,
-    wait_ready,
-)
+from e2e_support import ADMIN_KEY, UPSTREAM_SECRET, GatewayFactory, Proc, new_secret, start_mock
 
 ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
-
-
-def _mock(tmp_path: Path, name: str) -> Proc:
-    port = free_port()
-    log = tmp_path / f"{name}.log"
-    p = Proc(
-        spawn(["mock-upstream", "--port", str(port), "--secret", UPSTREAM_SECRET], log),
-        f"http://127.0.0.1:{port}",
-        log,
-    )
-    wait_ready(p, "/_mock/stats")
-    return p
 
 
 @pytest.fixture(scope="module")
 def module_mocks(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Proc, Proc]]:
     """Two mock providers for the whole module (starting them is most of a test's cost)."""
     logs = tmp_path_factory.mktemp("mocks")
-    a, b = _mock(logs, "mock-a"), _mock(logs, "mock-b")
+    a, b = start_mock(logs / "mock-a.log"), start_mock(logs / "mock-b.log")
     yield a, b
     a.stop()
     b.stop()
@@ -98,8 +77,22 @@ def combo(name: str, strategy: str, config: str = "{}", model: str = "gpt-4o-min
     )
 
 
+def _start(start_gateway: GatewayFactory, conns: str, rest: str = "") -> tuple[Proc, str]:
+    """A gateway on ``conns``, key ``k`` with a fresh secret, and ``rest`` (combos, pools): the
+    gateway and the key's secret."""
+    secret = new_secret()
+    return start_gateway(conns + key_line(secret) + rest), secret
+
+
 def client(gw: Proc, secret: str) -> openai.OpenAI:
     return openai.OpenAI(base_url=gw.url + "/v1", api_key=secret, max_retries=0)
+
+
+def raw_chat(c: openai.OpenAI, model: str) -> Any:
+    """A 4-token chat of one user message ``x`` to ``model``, with the answer's headers."""
+    return c.chat.completions.with_raw_response.create(
+        model=model, messages=[{"role": "user", "content": "x"}], max_tokens=4
+    )
 
 
 def ask(gw: Proc, secret: str, model: str) -> httpx.Response:
@@ -138,9 +131,7 @@ def test_quota_aware_strategies_route_a_capped_key_to_the_account_with_room(
             model="sub/gpt-4o-mini", messages=[{"role": "user", "content": "x"}], max_tokens=4
         )
         for strategy in STRATEGIES:
-            raw = c.chat.completions.with_raw_response.create(
-                model=strategy, messages=[{"role": "user", "content": "x"}], max_tokens=4
-            )
+            raw = raw_chat(c, strategy)
             assert raw.headers["x-fairgate-connection"] == "k1", strategy
     log = httpx.get(gw.url + "/api/quota/pools/ps1/log", headers=ADMIN).json()["events"]
     assert [e["outcome"] for e in log] == ["allow"]  # the capped s1 was never even tried
@@ -155,21 +146,14 @@ def test_billing_402_falls_through_to_the_second_account(
     mocks: tuple[Proc, Proc], start_gateway: GatewayFactory
 ) -> None:
     a, b = mocks
-    secret = new_secret()
-    gw = start_gateway(
-        connections(a, b) + key_line(secret) + f"combos:\n{combo('two', 'priority')}"
-    )
+    gw, secret = _start(start_gateway, connections(a, b), f"combos:\n{combo('two', 'priority')}")
     schedule(a, "quota:402")
     with client(gw, secret) as c:
-        raw = c.chat.completions.with_raw_response.create(
-            model="two", messages=[{"role": "user", "content": "x"}], max_tokens=4
-        )
+        raw = raw_chat(c, "two")
         assert raw.parse().choices[0].message.content
         assert raw.headers["x-fairgate-connection"] == "k1"
         # the account is blocked until an admin clears it: the next request goes to k1 at once
-        raw = c.chat.completions.with_raw_response.create(
-            model="two", messages=[{"role": "user", "content": "x"}], max_tokens=4
-        )
+        raw = raw_chat(c, "two")
         assert raw.headers["x-fairgate-connection"] == "k1"
     assert (requests_to(a), requests_to(b)) == (1, 2)
 
@@ -178,9 +162,8 @@ def test_anthropic_credit_balance_400_falls_through_to_the_second_account(
     mocks: tuple[Proc, Proc], start_gateway: GatewayFactory
 ) -> None:
     a, b = mocks
-    secret = new_secret()
-    gw = start_gateway(
-        connections(a, b, provider_a="anthropic", provider_b="anthropic") + key_line(secret)
+    gw, secret = _start(
+        start_gateway, connections(a, b, provider_a="anthropic", provider_b="anthropic")
     )
     schedule(a, "quota:400")
     with anthropic.Anthropic(base_url=gw.url, api_key=secret, max_retries=0) as c:
@@ -201,12 +184,8 @@ def test_fallback_delay_is_waited_between_fall_throughs(
     mocks: tuple[Proc, Proc], start_gateway: GatewayFactory
 ) -> None:
     a, b = mocks
-    secret = new_secret()
-    gw = start_gateway(
-        connections(a, b)
-        + key_line(secret)
-        + f"combos:\n{combo('slow', 'priority', '{maxRetries: 0, fallbackDelayMs: 600}')}"
-    )
+    slow = combo("slow", "priority", "{maxRetries: 0, fallbackDelayMs: 600}")
+    gw, secret = _start(start_gateway, connections(a, b), f"combos:\n{slow}")
     schedule(a, "500")
     t0 = time.monotonic()
     r = ask(gw, secret, "slow")
@@ -222,12 +201,8 @@ def test_a_short_cooldown_is_waited_for_and_answered(
     mocks: tuple[Proc, Proc], start_gateway: GatewayFactory
 ) -> None:
     a, _ = mocks
-    secret = new_secret()
-    gw = start_gateway(
-        connections(a, a)
-        + key_line(secret)
-        + f"combos:\n{combo('both', 'priority', '{maxRetries: 0, maxWaitMs: 5000}')}"
-    )
+    both = combo("both", "priority", "{maxRetries: 0, maxWaitMs: 5000}")
+    gw, secret = _start(start_gateway, connections(a, a), f"combos:\n{both}")
     schedule(a, "429:1", "429:1")  # both accounts rate limited for a second
     t0 = time.monotonic()
     r = ask(gw, secret, "both")
@@ -251,14 +226,13 @@ def test_concurrency_cap_queues_then_answers_503_concurrency_full(
     import threading
 
     a, _ = mocks
-    secret = new_secret()
-    gw = start_gateway(
+    gw, secret = _start(
+        start_gateway,
         f"connections:\n  - {{id: s1, provider: sub, base_url: '{a.url}/v1',"
-        f" secret: '{UPSTREAM_SECRET}', models: [gpt-4o-mini], max_concurrent: 1}}\n"
-        + key_line(secret)
-        + "combos:\n"
+        f" secret: '{UPSTREAM_SECRET}', models: [gpt-4o-mini], max_concurrent: 1}}\n",
+        "combos:\n"
         "  - {name: q, strategy: priority, config: {queueTimeoutMs: 300}, targets: [\n"
-        "      {provider: sub, model: gpt-4o-mini, connection: s1}]}\n"
+        "      {provider: sub, model: gpt-4o-mini, connection: s1}]}\n",
     )
     # the slot is held for 8 s: the second request must queue (300 ms) and give up while it
     # is, however long a busy host takes between the two (1.5 s was a margin of 1.2 s)

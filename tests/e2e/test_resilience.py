@@ -10,30 +10,13 @@ from pathlib import Path
 
 import httpx
 import pytest
-from e2e_support import (
-    UPSTREAM_SECRET,
-    GatewayFactory,
-    Proc,
-    free_port,
-    new_secret,
-    spawn,
-    wait_ready,
-)
+from e2e_support import UPSTREAM_SECRET, GatewayFactory, Proc, new_secret, start_mock
 
 
 @pytest.fixture
 def mock_b(tmp_path: Path) -> Iterator[Proc]:
     """A second, healthy upstream (the module's ``mock_upstream`` plays the faulty one)."""
-    port = free_port()
-    p = Proc(
-        spawn(
-            ["mock-upstream", "--port", str(port), "--secret", UPSTREAM_SECRET],
-            tmp_path / "mock-b.log",
-        ),
-        f"http://127.0.0.1:{port}",
-        tmp_path / "mock-b.log",
-    )
-    wait_ready(p, "/_mock/stats")
+    p = start_mock(tmp_path / "mock-b.log")
     yield p
     p.stop()
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-from e2e_support import ADMIN_KEY, Proc, gateway_config, launch_gateway
+from e2e_support import ADMIN_KEY, Proc, gateway_config, module_gateway
 
 SECRET = "fg-test-responses-key-00000000000001"
 WORDS = "count these words please"
@@ -32,9 +32,7 @@ def gateway(mock_upstream: Proc, tmp_path_factory: pytest.TempPathFactory) -> It
         "     allocations: [{key: rsp, weight: 100}],\n"
         "     dimensions: [{unit: tokens, window: hourly, limit: 1000000}]}\n"
     )
-    p = launch_gateway(workdir, gateway_config(mock_upstream.url, pools, {"rsp": SECRET}), {})
-    yield p
-    p.stop()
+    yield from module_gateway(workdir, gateway_config(mock_upstream.url, pools, {"rsp": SECRET}))
 
 
 def oai(gw: Proc) -> openai.OpenAI:

@@ -10,7 +10,7 @@ import anthropic
 import httpx
 import openai
 import pytest
-from e2e_support import ADMIN_KEY, Proc, gateway_config, launch_gateway
+from e2e_support import ADMIN_KEY, Proc, gateway_config, module_gateway
 
 SECRET = "fg-test-sdk-client-key-000000000001"
 
@@ -24,9 +24,7 @@ def gateway(mock_upstream: Proc, tmp_path_factory: pytest.TempPathFactory) -> It
         "     dimensions: [{unit: requests, window: hourly, limit: 1000},\n"
         "                  {unit: tokens, window: hourly, limit: 1000000}]}\n"
     )
-    p = launch_gateway(workdir, gateway_config(mock_upstream.url, pools, {"sdk": SECRET}), {})
-    yield p
-    p.stop()
+    yield from module_gateway(workdir, gateway_config(mock_upstream.url, pools, {"sdk": SECRET}))
 
 
 def oai(gw: Proc, key: str = SECRET) -> openai.OpenAI:

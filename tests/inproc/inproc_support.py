@@ -70,6 +70,15 @@ def conn(
     }
 
 
+def combo(name: str, conns: list[str], model: str = "m", **config: Any) -> dict[str, Any]:
+    """A priority combo over the mock connections ``conns`` in that order, all serving
+    ``model``, with ``config`` (camelCase, as the admin API takes it) when any is given."""
+    targets = [{"provider": "mock", "model": model, "connection": c} for c in conns]
+    return {"name": name, "strategy": "priority", "targets": targets} | (
+        {"config": config} if config else {}
+    )
+
+
 def base_config(
     connections: list[dict[str, Any]],
     *,
@@ -114,6 +123,18 @@ class Harness:
             "/v1/chat/completions",
             json=payload,
             headers={"authorization": f"Bearer {key}", **(headers or {})},
+        )
+
+    async def messages(
+        self, model: str, max_tokens: int, *, text: str = "hi", **body: Any
+    ) -> httpx.Response:
+        """An Anthropic Messages request of ``text`` by alice, as the Anthropic SDK sends it."""
+        payload = {"model": model, "max_tokens": max_tokens, **body}
+        payload["messages"] = [{"role": "user", "content": text}]
+        return await self.client.post(
+            "/v1/messages",
+            json=payload,
+            headers={"x-api-key": ALICE, "anthropic-version": "2023-06-01"},
         )
 
     async def open_reservations(self) -> int:

@@ -51,12 +51,21 @@ async def breaker(h: Any) -> dict[str, Any]:
     return dict(snap["breakers"]["mock"])
 
 
+def _witnessed(
+    tmp_path: Path, *, env: dict[str, str] | None = NO_COOLDOWN, quick_500: bool = False
+) -> Any:
+    """A gateway on a manual timer in front of the two connections, conn-a failing as
+    :class:`Upstream` says (``quick_500``: at once); ``env`` its settings."""
+    timer = ManualTimer()
+    up = Upstream(timer)
+    up.quick_500 = quick_500
+    return gateway(tmp_path, two_connections(), timer, up, env=env)
+
+
 async def test_one_keys_long_generations_do_not_open_the_breaker_for_another_pool(
     tmp_path: Path,
 ) -> None:
-    timer = ManualTimer()
-    up = Upstream(timer)
-    async with gateway(tmp_path, two_connections(), timer, up, env=NO_COOLDOWN) as h:
+    async with _witnessed(tmp_path) as h:
         for _ in range(6):
             r = await h.chat("ma", key=ALICE, max_tokens=4000)
             assert r.status_code >= 500  # Alice's own request fails
@@ -69,9 +78,7 @@ async def test_one_keys_long_generations_do_not_open_the_breaker_for_another_poo
 async def test_a_timeout_the_request_explains_cools_no_connection_down(tmp_path: Path) -> None:
     """The account is fine; the request was long: every one of Alice's requests reaches it
     (no cooldown), and the next key on that connection is not turned away."""
-    timer = ManualTimer()
-    up = Upstream(timer)
-    async with gateway(tmp_path, two_connections(), timer, up) as h:
+    async with _witnessed(tmp_path, env=None) as h:
         for _ in range(3):
             await h.chat("ma", key=ALICE, max_tokens=4000)
         assert [r.conn.id for r in h.upstream.requests] == ["conn-a"] * 3
@@ -79,9 +86,7 @@ async def test_a_timeout_the_request_explains_cools_no_connection_down(tmp_path:
 
 
 async def test_a_second_key_witnessing_opens_the_breaker(tmp_path: Path) -> None:
-    timer = ManualTimer()
-    up = Upstream(timer)
-    async with gateway(tmp_path, two_connections(), timer, up, env=NO_COOLDOWN) as h:
+    async with _witnessed(tmp_path) as h:
         for _ in range(5):
             await h.chat("ma", key=ALICE, max_tokens=4000)
         assert (await breaker(h))["state"] == "closed"
@@ -90,23 +95,18 @@ async def test_a_second_key_witnessing_opens_the_breaker(tmp_path: Path) -> None
 
 
 async def test_a_failure_no_request_explains_still_opens_it_on_one_key(tmp_path: Path) -> None:
-    timer = ManualTimer()
-    up = Upstream(timer)
-    up.quick_500 = True
-    async with gateway(tmp_path, two_connections(), timer, up, env=NO_COOLDOWN) as h:
+    async with _witnessed(tmp_path, quick_500=True) as h:
         for _ in range(5):
             r = await h.chat("ma", key=ALICE, max_tokens=20)
             assert r.status_code >= 500
-            timer.advance(200)
+            h.timer.advance(200)
         assert (await breaker(h))["state"] == "open"
 
 
 async def test_a_timeout_the_bound_cannot_explain_is_provider_evidence(tmp_path: Path) -> None:
     """``max_tokens: 20`` takes well under 3 s on any healthy provider: its timeout is the
     provider's, and opens the breaker on one key."""
-    timer = ManualTimer()
-    up = Upstream(timer)
-    async with gateway(tmp_path, two_connections(), timer, up, env=NO_COOLDOWN) as h:
+    async with _witnessed(tmp_path) as h:
         for _ in range(5):
             await h.chat("ma", key=ALICE, max_tokens=20)
         assert (await breaker(h))["state"] == "open"

@@ -49,15 +49,7 @@ async def _handler(req: UpstreamRequest) -> Reply:
 
 async def test_default_model_names_reach_the_alias_targets(tmp_path: Path) -> None:
     async with gateway(tmp_path, _config(), ManualTimer(), _handler) as h:
-        r = await h.client.post(
-            "/v1/messages",
-            json={
-                "model": "claude-opus-5-5",
-                "max_tokens": 5,
-                "messages": [{"role": "user", "content": "x"}],
-            },
-            headers=ANT,
-        )
+        r = await h.messages("claude-opus-5-5", 5, text="x")
         assert r.status_code == 200, r.text
         r = await h.chat("gpt-6.2-sol")
         assert r.status_code == 200, r.text

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from inproc_support import base_config, conn, gateway
+from inproc_support import base_config, combo, conn, gateway
 
 from fairgate.providers.inprocess import (
     Reply,
@@ -190,15 +190,8 @@ async def test_server_error_is_retried_on_the_same_target_first(tmp_path: Path) 
         calls["c1"] += 1
         return Reply(500, _err("boom")) if calls["c1"] == 1 else openai_chat("second try")
 
-    combo = {
-        "name": "retry",
-        "strategy": "priority",
-        "targets": [{"provider": "mock", "model": "m", "connection": "c1"}],
-        "config": {"maxRetries": 1},
-    }
-    async with gateway(
-        tmp_path, base_config([conn("c1")], combos=[combo]), ManualTimer(), handler
-    ) as h:
+    cfg = base_config([conn("c1")], combos=[combo("retry", ["c1"], maxRetries=1)])
+    async with gateway(tmp_path, cfg, ManualTimer(), handler) as h:
         r = await h.chat("retry", max_tokens=5)
         assert r.status_code == 200, r.text
         assert h.sent_to == ["c1", "c1"]
@@ -208,16 +201,7 @@ async def test_a_rate_limit_is_not_retried_on_the_same_target(tmp_path: Path) ->
     async def handler(req: UpstreamRequest) -> Reply:
         return Reply(429, _err("Rate limit reached")) if req.conn.id == "c1" else openai_chat("ok")
 
-    combo = {
-        "name": "rl",
-        "strategy": "priority",
-        "targets": [
-            {"provider": "mock", "model": "m", "connection": "c1"},
-            {"provider": "mock", "model": "m", "connection": "c2"},
-        ],
-        "config": {"maxRetries": 2},
-    }
-    cfg = base_config([conn("c1"), conn("c2")], combos=[combo])
+    cfg = base_config([conn("c1"), conn("c2")], combos=[combo("rl", ["c1", "c2"], maxRetries=2)])
     async with gateway(tmp_path, cfg, ManualTimer(), handler) as h:
         r = await h.chat("rl", max_tokens=5)
         assert r.status_code == 200
@@ -228,17 +212,9 @@ async def test_fallback_delay_is_honoured_between_fall_throughs(tmp_path: Path) 
     async def handler(req: UpstreamRequest) -> Reply:
         return Reply(500, _err("boom")) if req.conn.id == "c1" else openai_chat("ok")
 
-    combo = {
-        "name": "slow",
-        "strategy": "priority",
-        "targets": [
-            {"provider": "mock", "model": "m", "connection": "c1"},
-            {"provider": "mock", "model": "m", "connection": "c2"},
-        ],
-        "config": {"maxRetries": 0, "fallbackDelayMs": 300},
-    }
+    slow = combo("slow", ["c1", "c2"], maxRetries=0, fallbackDelayMs=300)
     timer = ManualTimer()
-    cfg = base_config([conn("c1"), conn("c2")], combos=[combo])
+    cfg = base_config([conn("c1"), conn("c2")], combos=[slow])
     async with gateway(tmp_path, cfg, timer, handler) as h:
         task = asyncio.create_task(h.chat("slow", max_tokens=5))
         await timer.until_sleeping(1)

@@ -14,12 +14,11 @@ from typing import Any
 
 import pytest
 from inproc_support import Harness, MockUpstream, conn, gateway
-from prometheus_client.parser import text_string_to_metric_families
 
 from fairgate.timers import ManualTimer
+from metrics_support import Samples, samples_of, val
 
 SECRET = "fg-test-" + uuid.uuid4().hex
-Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
 
 def config() -> dict[str, Any]:
@@ -43,20 +42,7 @@ def config() -> dict[str, Any]:
 
 
 async def scrape(h: Harness, headers: dict[str, str] | None = None) -> Samples:
-    r = await h.client.get("/metrics", headers=headers)
-    assert r.status_code == 200, r.text
-    assert r.headers["content-type"].startswith("text/plain")
-    out: Samples = {}
-    for family in text_string_to_metric_families(r.text):
-        for s in family.samples:
-            out[(s.name, frozenset(s.labels.items()))] = s.value
-    return out
-
-
-def val(samples: Samples, name: str, **labels: str) -> float:
-    """The sum of the samples of ``name`` whose labels include ``labels``."""
-    want = set(labels.items())
-    return sum(v for (n, ls), v in samples.items() if n == name and want <= ls)
+    return samples_of(await h.client.get("/metrics", headers=headers))
 
 
 async def chat(h: Harness, secret: str = SECRET, model: str = "mock/gpt-4o-mini") -> int:

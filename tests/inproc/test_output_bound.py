@@ -126,16 +126,7 @@ async def test_anthropic_stream_usage_counts_in_message_delta_are_charged(tmp_pa
     pool = {**_pool(100_000), "connections": ["a1"]}
     cfg = base_config([conn("a1", "anthropic")], pools=[pool])
     async with gateway(tmp_path, cfg, ManualTimer(), handler) as h:
-        r = await h.client.post(
-            "/v1/messages",
-            json={
-                "model": "m",
-                "max_tokens": 64,
-                "stream": True,
-                "messages": [{"role": "user", "content": "hi"}],
-            },
-            headers={"x-api-key": ALICE, "anthropic-version": "2023-06-01"},
-        )
+        r = await h.messages("m", 64, stream=True)
         assert r.status_code == 200, r.text
         await h.settle_background()
         assert (await _used(h))["total"] == 207

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from inproc_support import base_config, conn, gateway
+from inproc_support import base_config, combo, conn, gateway
 
 from fairgate.providers.inprocess import Reply, UpstreamRequest, openai_chat
 from fairgate.timers import ManualTimer
@@ -84,16 +84,8 @@ async def test_held_admission_is_released_when_cancelled_before_it_is_used(
         _pool("p1", "c1", {"weight": 0, "policy": "soft"}),
         _pool("p2", "c2", {"weight": 1, "policy": "hard"}),
     ]
-    combo = {
-        "name": "soft",
-        "strategy": "priority",
-        "targets": [
-            {"provider": "mock", "model": "m", "connection": "c1"},
-            {"provider": "mock", "model": "m", "connection": "c2"},
-            {"provider": "mock", "model": "m", "connection": "c3"},
-        ],
-    }
-    cfg = base_config([conn("c1"), conn("c2"), conn("c3")], pools=pools, combos=[combo])
+    soft = combo("soft", ["c1", "c2", "c3"])
+    cfg = base_config([conn("c1"), conn("c2"), conn("c3")], pools=pools, combos=[soft])
     async with gateway(tmp_path, cfg, ManualTimer(), handler) as h:
         task = asyncio.create_task(h.chat("soft", max_tokens=5))
         await _until(lambda: len(h.upstream.requests) == 1)
@@ -132,16 +124,8 @@ async def test_losing_fan_out_branch_leaves_no_reservation(tmp_path: Path) -> No
         _pool("p1", "c1", {"weight": 1, "policy": "hard"}),
         _pool("p2", "c2", {"weight": 1, "policy": "hard"}),
     ]
-    combo = {
-        "name": "race",
-        "strategy": "priority",
-        "targets": [
-            {"provider": "mock", "model": "m", "connection": "c1"},
-            {"provider": "mock", "model": "m", "connection": "c2"},
-        ],
-        "config": {"options": {"fanOut": 2}},
-    }
-    cfg = base_config([conn("c1"), conn("c2")], pools=pools, combos=[combo])
+    race = combo("race", ["c1", "c2"], options={"fanOut": 2})
+    cfg = base_config([conn("c1"), conn("c2")], pools=pools, combos=[race])
     async with gateway(tmp_path, cfg, ManualTimer(), handler) as h:
         r = await h.chat("race", max_tokens=5)
         assert r.status_code == 200

@@ -218,16 +218,11 @@ async def test_translated_to_chat_or_anthropic_what_is_left_out_is_named(tmp_pat
         r = await h.chat("m", seed=7)
         assert "x-fairgate-omitted" not in r.headers
         # an Anthropic client's thinking and effort on the way to an OpenAI chat upstream
-        r = await h.client.post(
-            "/v1/messages",
-            json={
-                "model": "m",
-                "max_tokens": 2048,
-                "messages": [{"role": "user", "content": "hi"}],
-                "thinking": {"type": "enabled", "budget_tokens": 1024},
-                "output_config": {"effort": "high"},
-            },
-            headers={"x-api-key": ALICE, "anthropic-version": "2023-06-01"},
+        r = await h.messages(
+            "m",
+            2048,
+            thinking={"type": "enabled", "budget_tokens": 1024},
+            output_config={"effort": "high"},
         )
         assert r.status_code == 200, r.text
         assert r.headers["x-fairgate-omitted"] == "thinking, output_config.effort"
@@ -303,15 +298,7 @@ async def test_reasoning_maps_both_ways_where_the_wires_allow(tmp_path: Path) ->
         assert [i["type"] for i in final["output"]] == ["reasoning", "message"]
         assert final["output"][0]["summary"][0]["text"] == "Thinking."
         # a Responses upstream's summary to an Anthropic client: a thinking block
-        r = await h.client.post(
-            "/v1/messages",
-            json={
-                "model": "gpt-5-codex",
-                "max_tokens": 100,
-                "messages": [{"role": "user", "content": "q"}],
-            },
-            headers={"x-api-key": ALICE, "anthropic-version": "2023-06-01"},
-        )
+        r = await h.messages("gpt-5-codex", 100, text="q")
         assert r.status_code == 200, r.text
         blocks = r.json()["content"]
         assert blocks[0]["type"] == "thinking"

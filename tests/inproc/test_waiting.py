@@ -8,19 +8,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from inproc_support import ALICE, BOB, base_config, conn, gateway
+from inproc_support import ALICE, BOB, base_config, combo, conn, gateway
 
 from fairgate.providers.inprocess import Reply, UpstreamRequest, openai_chat
 from fairgate.timers import ManualTimer, SystemTimer
-
-
-def _combo(name: str, conns: list[str], **config: Any) -> dict[str, Any]:
-    return {
-        "name": name,
-        "strategy": "priority",
-        "targets": [{"provider": "mock", "model": "m", "connection": c} for c in conns],
-        "config": config,
-    }
 
 
 def _rate_limited_once(cooling_ms: int) -> Any:
@@ -40,10 +31,18 @@ def _rate_limited_once(cooling_ms: int) -> Any:
     return handler
 
 
+def _waiting(tmp_path: Path, timer: ManualTimer, max_wait_ms: int, cooling_ms: int) -> Any:
+    """A gateway whose combo ``w`` waits up to ``max_wait_ms`` for its one connection ``c1``
+    (no retries), which answers 429 cooling for ``cooling_ms`` the first time."""
+    w = combo("w", ["c1"], maxWaitMs=max_wait_ms, maxRetries=0)
+    return gateway(
+        tmp_path, base_config([conn("c1")], combos=[w]), timer, _rate_limited_once(cooling_ms)
+    )
+
+
 async def test_a_target_cooling_within_max_wait_is_waited_for(tmp_path: Path) -> None:
     timer = ManualTimer()
-    cfg = base_config([conn("c1")], combos=[_combo("w", ["c1"], maxWaitMs=1000, maxRetries=0)])
-    async with gateway(tmp_path, cfg, timer, _rate_limited_once(800)) as h:
+    async with _waiting(tmp_path, timer, max_wait_ms=1000, cooling_ms=800) as h:
         task = asyncio.create_task(h.chat("w", max_tokens=5))
         await timer.until_sleeping(1)
         assert h.sent_to == ["c1"]
@@ -59,8 +58,7 @@ async def test_a_target_cooling_within_max_wait_is_waited_for(tmp_path: Path) ->
 
 async def test_a_target_cooling_past_max_wait_answers_at_once(tmp_path: Path) -> None:
     timer = ManualTimer()
-    cfg = base_config([conn("c1")], combos=[_combo("w", ["c1"], maxWaitMs=1000, maxRetries=0)])
-    async with gateway(tmp_path, cfg, timer, _rate_limited_once(1500)) as h:
+    async with _waiting(tmp_path, timer, max_wait_ms=1000, cooling_ms=1500) as h:
         r = await h.chat("w", max_tokens=5)
         assert r.status_code == 429
         assert timer.sleeping == 0
@@ -73,8 +71,7 @@ async def test_a_target_cooling_past_max_wait_answers_at_once(tmp_path: Path) ->
 
 async def test_max_wait_zero_disables_the_wait(tmp_path: Path) -> None:
     timer = ManualTimer()
-    cfg = base_config([conn("c1")], combos=[_combo("w", ["c1"], maxWaitMs=0, maxRetries=0)])
-    async with gateway(tmp_path, cfg, timer, _rate_limited_once(100)) as h:
+    async with _waiting(tmp_path, timer, max_wait_ms=0, cooling_ms=100) as h:
         r = await h.chat("w", max_tokens=5)
         assert r.status_code == 429
         assert timer.sleeping == 0
@@ -117,7 +114,7 @@ async def test_a_client_that_leaves_while_waiting_costs_nothing(tmp_path: Path) 
         }
     ]
     cfg = base_config(
-        [conn("c1")], combos=[_combo("w", ["c1"], maxWaitMs=5000, maxRetries=0)], pools=pools
+        [conn("c1")], combos=[combo("w", ["c1"], maxWaitMs=5000, maxRetries=0)], pools=pools
     )
     async with gateway(tmp_path, cfg, timer, _rate_limited_once(3000)) as h:
         task = asyncio.create_task(h.chat("w", max_tokens=5))
@@ -234,7 +231,7 @@ async def test_a_request_that_queues_too_long_gets_503_concurrency_full(tmp_path
     timer, gate = ManualTimer(), Gate()
     cfg = base_config(
         [conn("c1", max_concurrent=1)],
-        combos=[_combo("q", ["c1"], queueTimeoutMs=2000)],
+        combos=[combo("q", ["c1"], queueTimeoutMs=2000)],
     )
     async with gateway(tmp_path, cfg, timer, gate.handler) as h:
         first = _ask(h, "A", "q")
@@ -313,7 +310,7 @@ async def test_the_wait_budget_ends_even_on_a_clock_that_does_not_move(tmp_path:
     timer: every wait is real but the target never stops cooling on the clock. The budget
     counts the waits asked for, so the request still ends (here after 4 × 50 ms)."""
     timer = ManualTimer()  # only its clock is used: the gateway keeps its SystemTimer
-    cfg = base_config([conn("c1")], combos=[_combo("w", ["c1"], maxWaitMs=200, maxRetries=0)])
+    cfg = base_config([conn("c1")], combos=[combo("w", ["c1"], maxWaitMs=200, maxRetries=0)])
     async with gateway(tmp_path, cfg, timer, _rate_limited_once(50)) as h:
         h.gw.timer = SystemTimer(timer.clock)
         r = await asyncio.wait_for(h.chat("w", max_tokens=5), timeout=30)

@@ -1,9 +1,16 @@
 """What the repository contract suite needs on both metadata engines besides the ``db`` fixture
-(tests/integration/conftest.py)."""
+(tests/integration/conftest.py), and the connection records the integration tests' configs
+hold."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
 from fairgate.db.base import Database
+from fairgate.db.repos import NotFound
 from fairgate.db.schema import REGISTRY_TABLES
 from fairgate.secretbox import SecretBox
 
@@ -29,3 +36,18 @@ def dump(db: Database) -> list[str]:
 
 #: The key the repository tests seal connection secrets with (a fresh one per test run).
 BOX = SecretBox([SecretBox.generate_key()])
+
+
+def connection(
+    cid: str, provider: str = "mock", base_url: str = "http://127.0.0.1:9/v1", **extra: Any
+) -> dict[str, Any]:
+    """A config file's connection ``cid`` serving any model (``models: ["*"]``), with ``extra``
+    fields (a ``secret``, ``enabled`` ...); the default URL is a closed loopback port."""
+    return {"id": cid, "provider": provider, "base_url": base_url, "models": ["*"], **extra}
+
+
+def assert_not_found(*calls: Callable[[], object]) -> None:
+    """Each of ``calls`` (a repository call on a missing record) raises ``NotFound``."""
+    for call in calls:
+        with pytest.raises(NotFound):
+            call()

@@ -1,10 +1,111 @@
-"""Reading what an HTTP client sent, for the raw loopback servers of the upstream client's
-tests (``test_upstream_wire.py``, ``test_http1.py``): they record requests byte for byte, so
-they parse the request themselves instead of running a real HTTP server."""
+"""HTTP on loopback for the integration tests.
+
+Reading what an HTTP client sent, for the raw loopback servers of the upstream client's tests
+(``test_upstream_wire.py``, ``test_http1.py``): they record requests byte for byte, so they parse
+the request themselves instead of running a real HTTP server. And serving an ASGI app for real
+(uvicorn on a free loopback port), for the tests that drive the gateway or its admin API over
+the network (``test_admin_api.py``, ``test_tenancy.py``, ``test_tracing.py`` ...)."""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import uvicorn
+
+from fairgate.admin.api import create_admin_app
+from fairgate.clock import ManualClock
+from fairgate.process.state import Gateway
+from fairgate.server.app import create_app
+
+
+@asynccontextmanager
+async def served(app: Any, **options: Any) -> AsyncIterator[str]:
+    """``app`` served by uvicorn on a free loopback port (``options`` go to ``uvicorn.Config``)
+    once it listens: its base URL; the server stops when the block ends. Fails the test when it
+    does not start within ten seconds."""
+    config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", **options)
+    server = uvicorn.Server(config)
+    task = asyncio.create_task(server.serve())
+    for _ in range(1000):
+        if server.started or task.done():
+            break
+        await asyncio.sleep(0.01)
+    assert server.started, "uvicorn did not start"
+    try:
+        yield f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        await task
+
+
+@asynccontextmanager
+async def gateway_client(gw: Gateway) -> AsyncIterator[tuple[str, httpx.AsyncClient]]:
+    """The gateway's app (``gw`` starts with it) served on loopback: its URL and a client of it."""
+    async with served(create_app(gw)) as url, httpx.AsyncClient(base_url=url, timeout=30) as c:
+        yield url, c
+
+
+@asynccontextmanager
+async def admin_client(gw: Gateway, admin_key: str) -> AsyncIterator[tuple[str, httpx.AsyncClient]]:
+    """``gw`` started and its admin API alone served on loopback: its URL and a client that
+    sends ``admin_key``; the gateway stops when the block ends."""
+    await gw.start()
+    try:
+        async with (
+            served(create_admin_app(gw), lifespan="off", ws="none") as url,
+            httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {admin_key}"}) as c,
+        ):
+            yield url, c
+    finally:
+        await gw.stop()
+
+
+@dataclass
+class AdminApi:
+    """A started gateway whose admin API is served on loopback (``admin_client``), a client of
+    it that sends the admin key, and the test clock the gateway runs on."""
+
+    gw: Gateway
+    client: httpx.AsyncClient
+    base_url: str
+    clock: ManualClock
+
+    @property
+    def db(self) -> Any:
+        return self.gw.db
+
+    def dump(self) -> list[str]:
+        """Every row of the metadata DB, to show that a rejected request changed nothing."""
+        return list(self.gw.db.iterdump())
+
+    async def request(self, method: str, url: str, **kw: Any) -> httpx.Response:
+        return await self.client.request(method, url, **kw)
+
+
+def error_of(r: httpx.Response, *secrets: str) -> dict[str, Any]:
+    """The ``error`` object of an admin API error answer (its only member, with a message and a
+    type), after checking that the answer shows none of ``secrets``, no stack trace and no path
+    of the source tree."""
+    body = r.json()
+    assert set(body) == {"error"}, body
+    err: dict[str, Any] = body["error"]
+    assert isinstance(err["message"], str)
+    assert isinstance(err["type"], str)
+    for needle in (*secrets, "Traceback", "/work/", 'File "'):
+        assert needle not in r.text
+    return err
+
+
+@asynccontextmanager
+async def admin_api(gw: Gateway, admin_key: str, clock: ManualClock) -> AsyncIterator[AdminApi]:
+    """``admin_client`` as an :class:`AdminApi`."""
+    async with admin_client(gw, admin_key) as (url, client):
+        yield AdminApi(gw, client, url, clock)
 
 
 async def read_request(reader: asyncio.StreamReader) -> tuple[list[str], bytes]:

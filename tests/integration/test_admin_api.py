@@ -7,20 +7,19 @@ exactly as it was.
 
 from __future__ import annotations
 
-import asyncio
 import sqlite3
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 import pytest_asyncio
-import uvicorn
+from db_support import connection
+from http_support import AdminApi as Api
+from http_support import admin_api, admin_client, error_of
 
-from fairgate.admin.api import create_admin_app
 from fairgate.clock import ManualClock
 from fairgate.config import Config, ConfigError, parse_config
 from fairgate.db.pools import PoolRepo
@@ -34,15 +33,9 @@ UPSTREAM_SECRET = "upstream-very-secret-value"
 
 CONFIG: dict[str, Any] = {
     "connections": [
-        {
-            "id": "mock-1",
-            "provider": "mock",
-            "base_url": "http://127.0.0.1:9/v1",
-            "secret": "${UP}",
-            "models": ["*"],
-        },
-        {"id": "mock-2", "provider": "mock", "base_url": "http://127.0.0.1:9/v1", "models": ["*"]},
-        {"id": "kimi-1", "provider": "kimi", "base_url": "http://127.0.0.1:9/v1", "models": ["*"]},
+        connection("mock-1", secret="${UP}"),
+        connection("mock-2"),
+        connection("kimi-1", "kimi"),
     ],
     "keys": [
         {"id": "alice", "name": "Alice", "secret": "${ALICE}"},
@@ -73,62 +66,11 @@ def make_config() -> Config:
     return parse_config(CONFIG, ENV)
 
 
-@dataclass
-class Api:
-    gw: Gateway
-    client: httpx.AsyncClient
-    base_url: str
-    clock: ManualClock
-
-    @property
-    def db(self) -> sqlite3.Connection:
-        return self.gw.db
-
-    def dump(self) -> list[str]:
-        return list(self.gw.db.iterdump())
-
-    async def request(self, method: str, url: str, **kw: Any) -> httpx.Response:
-        return await self.client.request(method, url, **kw)
-
-
-async def serve(app: Any) -> tuple[uvicorn.Server, asyncio.Task[None], str]:
-    server = uvicorn.Server(
-        uvicorn.Config(
-            app, host="127.0.0.1", port=0, log_level="warning", lifespan="off", ws="none"
-        )
-    )
-    task = asyncio.create_task(server.serve())
-    for _ in range(500):
-        if server.started:
-            break
-        await asyncio.sleep(0.01)
-    assert server.started, "uvicorn did not start"
-    port = server.servers[0].sockets[0].getsockname()[1]
-    return server, task, f"http://127.0.0.1:{port}"
-
-
 @pytest_asyncio.fixture
 async def api(tmp_path: Path, clock: ManualClock) -> AsyncIterator[Api]:
     gw = Gateway(data_dir=tmp_path, config=make_config(), env=ENV, clock=clock, admin_key=ADMIN)
-    await gw.start()
-    server, task, base = await serve(create_admin_app(gw))
-    client = httpx.AsyncClient(base_url=base, headers={"Authorization": f"Bearer {ADMIN}"})
-    try:
-        yield Api(gw, client, base, clock)
-    finally:
-        await client.aclose()
-        server.should_exit = True
-        await task
-        await gw.stop()
-
-
-def error_of(r: httpx.Response) -> dict[str, Any]:
-    body = r.json()
-    assert set(body) == {"error"}, body
-    err: dict[str, Any] = body["error"]
-    assert isinstance(err["message"], str)
-    assert isinstance(err["type"], str)
-    return err
+    async with admin_api(gw, ADMIN, clock) as api:
+        yield api
 
 
 def fields_of(r: httpx.Response) -> dict[str, str]:
@@ -177,18 +119,11 @@ async def test_auth_required_everywhere(api: Api) -> None:
 
 async def test_no_admin_key_configured(tmp_path: Path) -> None:
     gw = Gateway(data_dir=tmp_path, env={})
-    await gw.start()
-    assert gw.admin_key is None
-    server, task, base = await serve(create_admin_app(gw))
-    try:
-        async with httpx.AsyncClient(base_url=base) as c:
-            r = await c.get("/quota/pools", headers={"Authorization": "Bearer anything"})
-        assert r.status_code == 401
-        assert "FAIRGATE_ADMIN_KEY" in error_of(r)["message"]
-    finally:
-        server.should_exit = True
-        await task
-        await gw.stop()
+    async with admin_client(gw, "anything") as (_, c):
+        assert gw.admin_key is None
+        r = await c.get("/quota/pools")
+    assert r.status_code == 401
+    assert "FAIRGATE_ADMIN_KEY" in error_of(r)["message"]
 
 
 def test_admin_key_from_env(tmp_path: Path) -> None:
@@ -1043,3 +978,21 @@ async def test_every_delete_answers_204_with_no_body(api: Api) -> None:
     for path, responses in deletes.items():
         assert "204" in responses, path
         assert "200" not in responses, path
+
+
+async def test_a_pools_admission_setting_through_the_api(api: Api) -> None:
+    """Issue 45, item 1: ``admission: hold`` and its bounds are created, patched field by field
+    (the others kept), read back and reach the engine's pool; a bad value is a 422 naming it."""
+    r = await api.request("POST", "/quota/pools", json=NEW_POOL)
+    assert r.status_code == 201, r.text
+    assert r.json()["admission"] == "refuse"  # the default
+    r = await api.request("PATCH", "/quota/pools/p2", json={"admission": "hold", "maxWaitMs": 2000})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert (body["admission"], body["maxWaitMs"], body["queuePerKey"]) == ("hold", 2000, 32)
+    hold = api.gw.registry.pools["p2"].hold
+    assert (hold.mode.value, hold.max_wait_ms, hold.queue_per_pool) == ("hold", 2000, 256)
+    assert (await api.request("GET", "/quota/pools/p2")).json() == body
+    r = await api.request("PATCH", "/quota/pools/p2", json={"queuePerKey": 0})
+    assert r.status_code == 422
+    assert "queuePerKey" in r.text

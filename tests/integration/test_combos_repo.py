@@ -8,7 +8,7 @@ from typing import Any
 
 import orjson
 import pytest
-from db_support import BOX, dump
+from db_support import BOX, assert_not_found, dump
 
 from fairgate.clock import ManualClock
 from fairgate.config import ComboSpec, parse_config
@@ -18,7 +18,6 @@ from fairgate.db.repos import (
     Conflict,
     ConnectionRepo,
     Invalid,
-    NotFound,
     PoolRecord,
     PoolRepo,
     load_registry,
@@ -88,12 +87,11 @@ def test_crud(populated: Database, clock: ManualClock) -> None:
     assert [r.name for r in repo.all()] == ["alpha", "fast"]  # by name
     repo.delete("fast")
     assert repo.find("fast") is None
-    with pytest.raises(NotFound):
-        repo.get("fast")
-    with pytest.raises(NotFound):
-        repo.delete("fast")
-    with pytest.raises(NotFound):
-        repo.replace(spec("fast"))
+    assert_not_found(
+        lambda: repo.get("fast"),
+        lambda: repo.delete("fast"),
+        lambda: repo.replace(spec("fast")),
+    )
 
 
 def test_storage_keeps_only_what_the_combo_sets(populated: Database) -> None:

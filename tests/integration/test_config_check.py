@@ -173,6 +173,7 @@ async def test_config_check_of_a_database_of_the_previous_version(
             "DROP TABLE config_applied",
             "DROP TABLE retired_key_hashes",
             "ALTER TABLE connections DROP COLUMN billing_fields",  # migration 9's
+            "ALTER TABLE pools DROP COLUMN admission",  # migration 10's
             f"DELETE FROM schema_version WHERE version >= {PROVENANCE_VERSION}",
         ):
             gw.db.execute(stmt)

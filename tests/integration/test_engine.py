@@ -14,6 +14,7 @@ from fairgate.quota.engine import QuotaEngine
 from fairgate.quota.model import Allocation, Dimension, Policy, Pool, ShareMode
 from fairgate.quota.ports import QuotaStore
 from fairgate.store.sqlite.store import SqliteQuotaStore
+from quota_support import make_pool
 
 HOUR = 3_600_000
 #: the shared test clock's start (tests/conftest.py), on an hour
@@ -21,17 +22,16 @@ T0_ACTIVE = 1_700_002_800_000
 
 
 def pool_3() -> Pool:
-    return Pool(
-        id="p1",
-        name="shared",
-        provider="kimi",
-        connections=("k1",),
-        dimensions=(Dimension(Unit.REQUESTS, Window.HOURLY, 100),),
+    return make_pool(
+        Dimension(Unit.REQUESTS, Window.HOURLY, 100),
         allocations=(
             Allocation("a", 50, policy=Policy.HARD),
             Allocation("b", 30, policy=Policy.SOFT),
             Allocation("c", 20, policy=Policy.BURST),
         ),
+        id="p1",
+        name="shared",
+        connections=("k1",),
     )
 
 
@@ -208,16 +208,14 @@ def _subscription(
     mode: ShareMode = ShareMode.STATIC,
 ) -> Pool:
     """A subscription-shaped pool: a 5-hour and a weekly budget of one unit."""
-    return Pool(
+    return make_pool(
+        Dimension(unit, Window.FIVE_HOURS, five_hours),
+        Dimension(unit, Window.WEEKLY, weekly),
+        allocations=allocations,
         id="sub",
         name="codex",
         provider="codex",
         connections=("c1",),
-        dimensions=(
-            Dimension(unit, Window.FIVE_HOURS, five_hours),
-            Dimension(unit, Window.WEEKLY, weekly),
-        ),
-        allocations=allocations,
         share_mode=mode,
     )
 
@@ -247,13 +245,12 @@ async def test_a_replaced_pool_is_judged_by_its_new_configuration_at_once(
     assert [(s.key, s.limit) for s in first.status] == [("requests/hourly", 50)]  # a's share
     again = await engine.admit(old, "a", {Unit.REQUESTS: 1})
     assert again.status[0].limit == 50
-    new = Pool(
+    new = make_pool(
+        Dimension(Unit.REQUESTS, Window.HOURLY, 10),
+        allocations=(Allocation("a", 20, cap_value=1, cap_unit=Unit.REQUESTS),),
         id="p1",
         name="shared",
-        provider="kimi",
         connections=("k1",),
-        dimensions=(Dimension(Unit.REQUESTS, Window.HOURLY, 10),),
-        allocations=(Allocation("a", 20, cap_value=1, cap_unit=Unit.REQUESTS),),
     )
     blocked = await engine.admit(new, "a", {Unit.REQUESTS: 1})
     assert blocked.reason is Reason.CAP_ABSOLUTE  # its new cap of 1, already used twice
@@ -263,13 +260,13 @@ async def test_a_replaced_pool_is_judged_by_its_new_configuration_at_once(
 
 
 def _active(*allocs: Allocation, limit: float = 100, unit: Unit = Unit.REQUESTS) -> Pool:
-    return Pool(
+    return make_pool(
+        Dimension(unit, Window.HOURLY, limit),
+        allocations=allocs,
         id="act",
         name="active",
         provider="mock",
         connections=("c1",),
-        dimensions=(Dimension(unit, Window.HOURLY, limit),),
-        allocations=allocs,
         share_mode=ShareMode.ACTIVE,
     )
 
@@ -305,8 +302,11 @@ async def test_active_a_backlogged_key_keeps_its_sliding_count(
     pool = _active(Allocation("hog", 50), Allocation("other", 50))
     clock.set(T0_ACTIVE + 40 * 60_000)
     for _ in range(44):  # the hog asks for more than it gets, every 30 s, into the next hour
-        await _send(engine, pool, "hog", 60)
+        # (the other key asks first: a key seen with one request a while ago and none since is
+        # bounded at that one (decision.demand_rate), and a hog asking 60 at once in that
+        # instant would take the rest)
         await _send(engine, pool, "other", 1)
+        await _send(engine, pool, "hog", 60)
         clock.advance(30_000)
     assert clock.now_ms() > T0_ACTIVE + HOUR
     hog = await engine.admit(pool, "hog", {Unit.REQUESTS: 1})

@@ -18,6 +18,7 @@ from fairgate.quota.ports import QuotaStore
 from fairgate.quota.settings import QuotaSettings
 from fairgate.quota.window import Anchor
 from fairgate.store.sqlite.store import SqliteQuotaStore
+from quota_support import make_pool
 
 MIN = 60_000
 W = Window.FIVE_HOURS.ms
@@ -29,13 +30,15 @@ REQ = Dimension(Unit.REQUESTS, Window.FIVE_HOURS, 1_000)
 
 
 def codex_pool() -> Pool:
-    return Pool(
+    return make_pool(
+        P5H,
+        PWEEK,
+        REQ,
+        allocations=(Allocation("a", 50, policy=Policy.HARD), Allocation("b", 50)),
         id="cx",
         name="codex",
         provider="codex",
         connections=("codex-1",),
-        dimensions=(P5H, PWEEK, REQ),
-        allocations=(Allocation("a", 50, policy=Policy.HARD), Allocation("b", 50)),
     )
 
 
@@ -110,13 +113,10 @@ async def test_pools_without_percent_windows_never_read_anchors(
     store = Counting(tmp_path / "quota.sqlite")
     try:
         engine = QuotaEngine(store, clock=clock)
-        pool = Pool(
-            id="p",
-            name="p",
-            provider="kimi",
-            connections=("k1",),
-            dimensions=(Dimension(unit, Window.HOURLY, 100),),
+        pool = make_pool(
+            Dimension(unit, Window.HOURLY, 100),
             allocations=(Allocation("a", 100),),
+            connections=("k1",),
         )
         for _ in range(3):
             assert (await engine.admit(pool, "a", {unit: 1.0})).allowed

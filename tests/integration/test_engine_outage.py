@@ -10,22 +10,24 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import pytest_asyncio
 
+import quota_support
 from fairgate.clock import ManualClock
 from fairgate.domain.units import Unit, Window
 from fairgate.quota.decision import Outcome, Reason
 from fairgate.quota.engine import QuotaEngine
-from fairgate.quota.journal import Circuit, Journal
+from fairgate.quota.journal import Journal
 from fairgate.quota.model import Allocation, Dimension, Policy, Pool
-from fairgate.quota.ports import AdmitRequest, AdmitResult, CounterRef, PoolCounts, UsageItem
+from fairgate.quota.ports import CounterRef
 from fairgate.quota.window import Count
 from fairgate.store.sqlite.store import SqliteQuotaStore
+from quota_support import engine_for
 
 HOUR = 3_600_000
 REQ = Dimension(Unit.REQUESTS, Window.HOURLY, 10)
@@ -33,17 +35,26 @@ TOK = Dimension(Unit.TOKENS, Window.HOURLY, 10_000)
 
 
 def make_pool(*dims: Dimension) -> Pool:
-    return Pool(
-        id="p1",
-        name="shared",
-        provider="kimi",
-        connections=("k1",),
-        dimensions=dims or (REQ,),
+    return quota_support.make_pool(
+        *(dims or (REQ,)),
         allocations=(
             Allocation("a", 50, policy=Policy.HARD),
             Allocation("b", 50, policy=Policy.HARD),
         ),
+        id="p1",
+        name="shared",
+        connections=("k1",),
     )
+
+
+def _gated(op: str) -> Any:
+    """The store's ``op``, counted and refused while the power is off."""
+
+    async def call(self: FlakyStore, *args: Any, **kwargs: Any) -> Any:
+        self._gate(op)
+        return await getattr(SqliteQuotaStore, op)(self, *args, **kwargs)
+
+    return call
 
 
 class FlakyStore(SqliteQuotaStore):
@@ -60,46 +71,17 @@ class FlakyStore(SqliteQuotaStore):
         if self.down:
             raise ConnectionRefusedError(f"{op}: connection refused")
 
-    async def admit(self, req: AdmitRequest) -> AdmitResult:
-        self._gate("admit")
-        return await super().admit(req)
+    admit = _gated("admit")
+    release = _gated("release")
+    record = _gated("record")
+    pool_usage = _gated("pool_usage")
+    cumulative = _gated("cumulative")
 
-    async def settle(
-        self,
-        pool_id: str,
-        key_id: str,
-        reservation_id: str,
-        usage: Sequence[UsageItem],
-        now_ms: int,
-    ) -> None:
+    async def settle(self, pool_id: str, key_id: str, reservation_id: str, *rest: Any) -> None:
         self._gate("settle")
         if reservation_id in self.refuse:
             raise ValueError("refused")
-        await super().settle(pool_id, key_id, reservation_id, usage, now_ms)
-
-    async def release(self, pool_id: str, reservation_id: str, now_ms: int) -> bool:
-        self._gate("release")
-        return await super().release(pool_id, reservation_id, now_ms)
-
-    async def record(
-        self, pool_id: str, key_id: str, usage: Sequence[UsageItem], now_ms: int
-    ) -> None:
-        self._gate("record")
-        await super().record(pool_id, key_id, usage, now_ms)
-
-    async def pool_usage(
-        self,
-        pool_id: str,
-        key_ids: Sequence[str],
-        counters: Sequence[CounterRef],
-        now_ms: int,
-    ) -> PoolCounts:
-        self._gate("pool_usage")
-        return await super().pool_usage(pool_id, key_ids, counters, now_ms)
-
-    async def cumulative(self, pool_id: str, counter_keys: Sequence[str]) -> dict[str, float]:
-        self._gate("cumulative")
-        return await super().cumulative(pool_id, counter_keys)
+        await super().settle(pool_id, key_id, reservation_id, *rest)
 
     async def ping(self) -> bool:
         self.calls["ping"] += 1
@@ -109,14 +91,8 @@ class FlakyStore(SqliteQuotaStore):
 @pytest_asyncio.fixture
 async def store(tmp_path: Path) -> AsyncIterator[FlakyStore]:
     s = FlakyStore(tmp_path / "quota.sqlite")
-    try:
-        yield s
-    finally:
-        await s.close()
-
-
-def engine_for(store: FlakyStore, clock: ManualClock) -> QuotaEngine:
-    return QuotaEngine(store, clock=clock, circuit=Circuit(open_ms=1_000))
+    yield s  # pytest runs the rest after a failed test too
+    await s.close()
 
 
 async def counts(store: FlakyStore, key: str, dim: Dimension, now: int) -> tuple[Count, Count]:

@@ -192,6 +192,7 @@ def test_a_database_of_the_previous_version_keeps_what_the_api_changed(
             "DROP TABLE config_applied",
             "DROP TABLE retired_key_hashes",
             "ALTER TABLE connections DROP COLUMN billing_fields",  # migration 9's
+            "ALTER TABLE pools DROP COLUMN admission",  # migration 10's
             f"DELETE FROM schema_version WHERE version >= {PROVENANCE_VERSION}",
             "UPDATE allocations SET weight = 90 WHERE key_id = 'alice'",
         ):

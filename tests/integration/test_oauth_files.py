@@ -52,11 +52,13 @@ async def test_seed_replaces_only_on_a_new_login(tmp_path: Path) -> None:
 
 
 class Endpoint:
+    """The mock authority's token endpoint, as the token manager calls it."""
+
     def __init__(self, issuer: MockTokenIssuer, clock: ManualClock) -> None:
         self.issuer, self.clock = issuer, clock
 
-    async def refresh(self, refresh_token: str) -> TokenSet:
-        await asyncio.sleep(0.01)  # hold the lock a while: the other replica must wait
+    def exchange(self, refresh_token: str) -> TokenSet:
+        """The issuer's answer to ``refresh_token``: a token set good for a minute."""
         status, body = self.issuer.token(
             {"grant_type": "refresh_token", "refresh_token": refresh_token}
         )
@@ -64,6 +66,10 @@ class Endpoint:
             raise RefreshRejected(str(body.get("error")))
         now = self.clock.now_ms()
         return TokenSet(body["access_token"], body["refresh_token"], now + 60_000, None, now)
+
+    async def refresh(self, refresh_token: str) -> TokenSet:
+        await asyncio.sleep(0.01)  # hold the lock a while: the other replica must wait
+        return self.exchange(refresh_token)
 
 
 async def test_two_replicas_on_one_data_dir_refresh_once(

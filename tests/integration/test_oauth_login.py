@@ -11,6 +11,7 @@ import json
 import logging
 import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ from typing import Any
 import httpx
 import pytest
 import pytest_asyncio
-import uvicorn
+from http_support import gateway_client
 from typer.testing import CliRunner
 
 from fairgate.admin_cli.credentials import login_fields
@@ -29,7 +30,6 @@ from fairgate.mock.server import MockUpstream
 from fairgate.process.oauth_setup import start_oauth
 from fairgate.process.state import Gateway
 from fairgate.providers.upstream import UpstreamClient
-from fairgate.server.app import create_app
 
 ADMIN = "adm-oauth-login-test-key-000000000"
 KEY = "fg-" + secrets.token_urlsafe(24)
@@ -76,43 +76,21 @@ async def mock() -> AsyncIterator[MockUpstream]:
 @pytest_asyncio.fixture
 async def start(mock: MockUpstream, tmp_path: Path, clock: ManualClock) -> AsyncIterator[Start]:
     """A gateway on ``tmp_path/data`` (each call: a restart on the same data dir)."""
-    stops: list[Callable[[], Awaitable[None]]] = []
+    async with AsyncExitStack() as stack:
 
-    async def go() -> Env:
-        for stop in reversed(stops):  # one gateway at a time
-            await stop()
-        stops.clear()
-        gw = Gateway(
-            data_dir=tmp_path / "data",
-            config=load_config_text(CONFIG, env={}),
-            env={},
-            clock=clock,
-            admin_key=ADMIN,
-        )
-        server = uvicorn.Server(
-            uvicorn.Config(create_app(gw), host="127.0.0.1", port=0, log_level="warning")
-        )
-        task = asyncio.create_task(server.serve())
-        for _ in range(1000):
-            if server.started or task.done():
-                break
-            await asyncio.sleep(0.01)
-        assert server.started, "the gateway did not start"
-        port = server.servers[0].sockets[0].getsockname()[1]
-        url = f"http://127.0.0.1:{port}"
-        client = httpx.AsyncClient(base_url=url, timeout=30)
+        async def go() -> Env:
+            await stack.aclose()  # one gateway at a time
+            gw = Gateway(
+                data_dir=tmp_path / "data",
+                config=load_config_text(CONFIG, env={}),
+                env={},
+                clock=clock,
+                admin_key=ADMIN,
+            )
+            url, client = await stack.enter_async_context(gateway_client(gw))
+            return Env(gw, mock, client, url)
 
-        async def stop() -> None:
-            await client.aclose()
-            server.should_exit = True
-            await task
-
-        stops.append(stop)
-        return Env(gw, mock, client, url)
-
-    yield go
-    for stop in reversed(stops):
-        await stop()
+        yield go
 
 
 async def _codex_connection(env: Env, cid: str = "codex-1", auth: str = "oauth") -> None:

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 import redis.asyncio
+from test_oauth_files import Endpoint
 
 from fairgate.backends.redis_client import AsyncClient, async_client
 from fairgate.clock import ManualClock
@@ -20,7 +21,7 @@ from fairgate.domain.tokens import TokenSet
 from fairgate.mock.oauth import MockTokenIssuer
 from fairgate.process.oauth_setup import start_oauth
 from fairgate.process.state import Gateway
-from fairgate.providers.oauth import OAuthTokens, RefreshRejected
+from fairgate.providers.oauth import OAuthTokens
 from fairgate.providers.upstream import UpstreamClient
 from fairgate.secretbox import ENV_VAR, SecretBox
 
@@ -61,25 +62,19 @@ def _host(
     )
 
 
-class GatedEndpoint:
+class GatedEndpoint(Endpoint):
     """The mock authority's token endpoint, held open until the test lets it answer, so the
     other replica is known to be waiting on the lock while the refresh is in flight."""
 
     def __init__(self, issuer: MockTokenIssuer, clock: ManualClock) -> None:
-        self.issuer, self.clock = issuer, clock
+        super().__init__(issuer, clock)
         self.entered = asyncio.Event()
         self.gate = asyncio.Event()
 
     async def refresh(self, refresh_token: str) -> TokenSet:
         self.entered.set()
         await self.gate.wait()
-        status, body = self.issuer.token(
-            {"grant_type": "refresh_token", "refresh_token": refresh_token}
-        )
-        if status != 200:
-            raise RefreshRejected(str(body.get("error")))
-        now = self.clock.now_ms()
-        return TokenSet(body["access_token"], body["refresh_token"], now + 60_000, None, now)
+        return self.exchange(refresh_token)
 
 
 async def test_two_hosts_refresh_once_and_the_other_rereads(

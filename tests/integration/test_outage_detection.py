@@ -20,22 +20,21 @@ from fairgate.clock import ManualClock
 from fairgate.domain.units import Unit, Window
 from fairgate.path.quota_headers import quota_headers
 from fairgate.quota.decision import Outcome
-from fairgate.quota.engine import ADMIT_ATTEMPTS, QuotaEngine
-from fairgate.quota.journal import Circuit
-from fairgate.quota.model import Allocation, Dimension, Policy, Pool
+from fairgate.quota.engine import ADMIT_ATTEMPTS
+from fairgate.quota.model import Allocation, Dimension, Policy
 from fairgate.quota.ports import AdmitRequest, AdmitResult, CounterRef
 from fairgate.store.redis.store import MAX_CONNECTIONS, WARM_POOL_CONNECTIONS, RedisQuotaStore
 from fairgate.store.sqlite.store import SqliteQuotaStore
+from quota_support import engine_for, make_pool
 
 HOUR = 3_600_000
 REQ = Dimension(Unit.REQUESTS, Window.HOURLY, 10)
-POOL = Pool(
+POOL = make_pool(
+    REQ,
+    allocations=(Allocation("a", 100, policy=Policy.BURST),),
     id="p1",
     name="shared",
-    provider="kimi",
     connections=("k1",),
-    dimensions=(REQ,),
-    allocations=(Allocation("a", 100, policy=Policy.BURST),),
 )
 
 
@@ -77,14 +76,8 @@ class SwitchStore(SqliteQuotaStore):
 @pytest_asyncio.fixture
 async def store(tmp_path: Path) -> AsyncIterator[SwitchStore]:
     s = SwitchStore(tmp_path / "quota.sqlite")
-    try:
-        yield s
-    finally:
-        await s.close()
-
-
-def engine_for(store: SqliteQuotaStore, clock: ManualClock) -> QuotaEngine:
-    return QuotaEngine(store, clock=clock, circuit=Circuit(open_ms=1_000))
+    yield s  # pytest runs the rest after a failed test too
+    await s.close()
 
 
 async def used(store: SqliteQuotaStore, now: int) -> float:

@@ -9,6 +9,7 @@ import asyncio
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from dataclasses import replace
 from pathlib import Path
 
@@ -125,7 +126,11 @@ async def test_settings_written_elsewhere_are_applied(
 # -- PostgreSQL: each mechanism on its own ------------------------------------------------------
 
 
-async def _replicas(url: str, tmp_path: Path, clock: ManualClock, poll_ms: int) -> list[Gateway]:
+@asynccontextmanager
+async def _replicas(
+    url: str, tmp_path: Path, clock: ManualClock, poll_ms: int
+) -> AsyncIterator[list[Gateway]]:
+    """Two started replicas on the metadata DB at ``url``, stopped when the block ends."""
     env = {
         "FAIRGATE_DATABASE_URL": url,
         "FAIRGATE_METADATA_POLL_MS": str(poll_ms),
@@ -142,21 +147,28 @@ async def _replicas(url: str, tmp_path: Path, clock: ManualClock, poll_ms: int) 
         )
         await gw.start()
         out.append(gw)
-    return out
+    try:
+        yield out
+    finally:
+        for gw in out:
+            await gw.stop()
+
+
+def _admin(gw: Gateway) -> httpx.AsyncClient:
+    """A client of ``gw``'s admin API in this process (no socket), with the admin key."""
+    transport = httpx.ASGITransport(app=create_admin_app(gw))
+    auth = {"Authorization": f"Bearer {ADMIN}"}
+    return httpx.AsyncClient(transport=transport, base_url="http://gw", headers=auth)
 
 
 async def test_a_notification_alone_propagates(
     postgres_url: str, tmp_path: Path, clock: ManualClock
 ) -> None:
     """The poll is an hour apart: only LISTEN/NOTIFY can carry the change."""
-    a, b = await _replicas(postgres_url, tmp_path, clock, poll_ms=3_600_000)
-    try:
+    async with _replicas(postgres_url, tmp_path, clock, poll_ms=3_600_000) as (a, b):
         await eventually(lambda: b.watcher is not None and b.watcher.listening)
         PoolRepo(a.db).delete("demo")
         await eventually(lambda: "demo" not in b.registry.pools)
-    finally:
-        await a.stop()
-        await b.stop()
 
 
 async def test_a_lost_notification_is_caught_by_the_poll(
@@ -164,16 +176,12 @@ async def test_a_lost_notification_is_caught_by_the_poll(
 ) -> None:
     """A write whose triggers did not fire (so no NOTIFY), followed by a bare counter bump: only
     the poll sees it."""
-    a, b = await _replicas(postgres_url, tmp_path, clock, poll_ms=50)
-    try:
+    async with _replicas(postgres_url, tmp_path, clock, poll_ms=50) as (a, b):
         with psycopg.connect(postgres_url, autocommit=True) as raw, raw.transaction():
             raw.execute("SET LOCAL session_replication_role = replica")  # no triggers
             raw.execute("DELETE FROM pools WHERE id = 'demo'")
             raw.execute("UPDATE meta_version SET version = version + 1")
         await eventually(lambda: all("demo" not in g.registry.pools for g in (a, b)))
-    finally:
-        await a.stop()
-        await b.stop()
 
 
 # -- the metadata DB goes away ------------------------------------------------------------------
@@ -187,40 +195,34 @@ async def test_metadata_down_serves_the_snapshot_refuses_writes_and_converges(
     changes nothing; a write made meanwhile by a replica that still reaches the DB is applied
     once the path is back."""
     relay = TcpCut.for_url(postgres_url, 5432)
-    a, b = await _replicas(relay.url, tmp_path, clock, poll_ms=50)
-    try:
-        await eventually(lambda: b.watcher is not None and b.watcher.listening)
-        relay.cut()
-        await eventually(lambda: a.watcher is not None and not a.watcher.healthy)
-        assert "demo" in a.registry.pools  # still served
-        assert "demo" in b.registry.pools
+    async with _replicas(relay.url, tmp_path, clock, poll_ms=50) as (a, b):
+        try:
+            await eventually(lambda: b.watcher is not None and b.watcher.listening)
+            relay.cut()
+            await eventually(lambda: a.watcher is not None and not a.watcher.healthy)
+            assert "demo" in a.registry.pools  # still served
+            assert "demo" in b.registry.pools
 
-        transport = httpx.ASGITransport(app=create_admin_app(a))
-        auth = {"Authorization": f"Bearer {ADMIN}"}
-        async with httpx.AsyncClient(
-            transport=transport, base_url="http://gw", headers=auth
-        ) as client:
-            resp = await client.delete("/quota/pools/demo")
-        assert resp.status_code == 503
-        assert "metadata database is unreachable" in resp.json()["error"]["message"]
-        assert "demo" in a.registry.pools
-        with psycopg.connect(postgres_url) as direct:  # the pool is still stored
-            assert direct.execute("SELECT 1 FROM pools WHERE id = 'demo'").fetchone()
-            direct.execute("DELETE FROM allocations WHERE key_id = 'bob'")  # another replica
+            async with _admin(a) as client:
+                resp = await client.delete("/quota/pools/demo")
+            assert resp.status_code == 503
+            assert "metadata database is unreachable" in resp.json()["error"]["message"]
+            assert "demo" in a.registry.pools
+            with psycopg.connect(postgres_url) as direct:  # the pool is still stored
+                assert direct.execute("SELECT 1 FROM pools WHERE id = 'demo'").fetchone()
+                direct.execute("DELETE FROM allocations WHERE key_id = 'bob'")  # another replica
 
-        relay.restore()
-        await eventually(
-            lambda: all(
-                g.watcher is not None
-                and g.watcher.healthy
-                and len(g.registry.pools["demo"].allocations) == 1
-                for g in (a, b)
+            relay.restore()
+            await eventually(
+                lambda: all(
+                    g.watcher is not None
+                    and g.watcher.healthy
+                    and len(g.registry.pools["demo"].allocations) == 1
+                    for g in (a, b)
+                )
             )
-        )
-    finally:
-        relay.close()
-        await a.stop()
-        await b.stop()
+        finally:
+            relay.close()
 
 
 async def test_a_hung_metadata_db_is_down_and_refuses_admin_writes_at_once(
@@ -233,33 +235,27 @@ async def test_a_hung_metadata_db_is_down_and_refuses_admin_writes_at_once(
     (the test's too) until the server came back. A regression hangs here until the safety
     timer thaws the relay, then fails."""
     relay = TcpCut.for_url(postgres_url, 5432)
-    a, b = await _replicas(relay.url, tmp_path, clock, poll_ms=50)
     safety = threading.Timer(60, relay.thaw)
-    try:
-        await eventually(lambda: a.watcher is not None and a.watcher.listening)
-        relay.freeze()
-        safety.start()
-        await eventually(lambda: a.watcher is not None and not a.watcher.healthy)
-        transport = httpx.ASGITransport(app=create_admin_app(a))
-        auth = {"Authorization": f"Bearer {ADMIN}"}
-        async with httpx.AsyncClient(
-            transport=transport, base_url="http://gw", headers=auth
-        ) as client:
-            resp = await client.delete("/quota/pools/demo")
-            assert resp.status_code == 503
-            assert "metadata database is unreachable" in resp.json()["error"]["message"]
-            assert relay_was_frozen(safety)  # answered while the path still hung
+    async with _replicas(relay.url, tmp_path, clock, poll_ms=50) as (a, _):
+        try:
+            await eventually(lambda: a.watcher is not None and a.watcher.listening)
+            relay.freeze()
+            safety.start()
+            await eventually(lambda: a.watcher is not None and not a.watcher.healthy)
+            async with _admin(a) as client:
+                resp = await client.delete("/quota/pools/demo")
+                assert resp.status_code == 503
+                assert "metadata database is unreachable" in resp.json()["error"]["message"]
+                assert relay_was_frozen(safety)  # answered while the path still hung
 
-            relay.thaw()
-            await eventually(lambda: a.watcher is not None and a.watcher.healthy)
-            resp = await client.delete("/quota/pools/demo")  # reconnects, then writes
-            assert resp.status_code == 204, resp.text
-        await eventually(lambda: "demo" not in a.registry.pools)
-    finally:
-        safety.cancel()
-        relay.close()
-        await a.stop()
-        await b.stop()
+                relay.thaw()
+                await eventually(lambda: a.watcher is not None and a.watcher.healthy)
+                resp = await client.delete("/quota/pools/demo")  # reconnects, then writes
+                assert resp.status_code == 204, resp.text
+            await eventually(lambda: "demo" not in a.registry.pools)
+        finally:
+            safety.cancel()
+            relay.close()
 
 
 def relay_was_frozen(safety: threading.Timer) -> bool:
@@ -298,3 +294,25 @@ async def test_fairgate_health_names_the_metadata_db_when_it_is_unreachable(
         assert [p.split(":", 1)[0] for p in degraded_parts(health)] == ["metadata DB unreachable"]
     finally:
         relay.close()
+
+
+async def test_a_snapshot_read_before_a_local_write_does_not_undo_it(
+    gateways: Callable[..., asyncio.Future[list[Gateway]]],
+) -> None:
+    """The watcher's thread may read a snapshot, then this process writes and reloads, then the
+    loop applies the older read: it must be dropped (it undid an admin PATCH until the next
+    change: ``test_pool_crud`` saw an allocation it had just removed), and read again."""
+    (a,) = await gateways(1, poll_ms=60_000)  # no poll of its own during the test
+    assert a.watcher is not None
+    stale = a._read_snapshot()  # read before the write, applied after it
+    repo = PoolRepo(a.db)
+    rec = repo.record("demo")
+    repo.update(replace(rec, allocations=tuple(x for x in rec.allocations if x.key_id != "bob")))
+    a.reload()
+    assert a._apply_snapshot(stale) is False
+    assert "bob" not in {x.key_id for x in a.registry.pools["demo"].allocations}  # type: ignore[union-attr]
+    # the watcher does not count the stale read as seen: its next check reads and applies anew
+    seen = a.watcher.seen
+    assert await a.watcher.check() is True
+    assert a.watcher.seen > seen
+    assert "bob" not in {x.key_id for x in a.registry.pools["demo"].allocations}  # type: ignore[union-attr]

@@ -127,6 +127,7 @@ def test_every_key_a_script_touches_is_declared_or_built_from_a_declared_one() -
         "unpack(KEYS",  # admit.lua: MGET of a range of its declared keys
         "c.kkey",  # admit.lua: KEYS[k + 3] (checked below)
         "c.tkey",  # admit.lua: KEYS[k + 1]
+        "wkey",  # admit.lua: the pool's hold queue, KEYS[1] .. ':w' (checked below)
     }
     # PUBLISH's first argument is a channel, not a key (the resilience scripts announce their
     # version there): channels are not hashed to slots
@@ -146,6 +147,7 @@ def test_every_key_a_script_touches_is_declared_or_built_from_a_declared_one() -
     admit = sources["fairgate.store/admit.lua"]
     assert "tkey = KEYS[k + 1]," in admit
     assert "kkey = KEYS[k + 3]," in admit
+    assert "local wkey = KEYS[1] .. ':w'" in admit
 
 
 def test_one_pool_one_slot() -> None:

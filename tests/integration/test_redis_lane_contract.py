@@ -105,3 +105,29 @@ async def test_the_lane_replies_as_redis_py_does(redis_url: str, decode: bool) -
     assert {"ResponseError", "NoneType", "list", "int"} <= kinds
     assert ("str" if decode else "bytes") in kinds
     assert opened == 1
+
+
+async def test_a_later_call_goes_with_the_next_call_or_on_its_own(redis_url: str) -> None:
+    """A ``later`` call (a settle batch) waits for the next call made without it (an
+    admission) and goes in that call's write, in the order they were made; alone, it goes on
+    its own (up to 2 ms later). Replies are the same either way."""
+    pool = redis.asyncio.ConnectionPool.from_url(redis_url)
+    lane = ScriptLane(pool)
+    script = LaneScript("return ARGV[1]")
+    try:
+        assert await asyncio.wait_for(lane.evalsha(script, [], [b"warm"]), SAFETY_S) == b"warm"
+        writes = lane.counts.writes
+        settle = asyncio.ensure_future(lane.evalsha(script, [], [b"settle"], later=True))
+        await asyncio.sleep(0)  # queued, waiting for company
+        admit = lane.evalsha(script, [], [b"admit"])
+        assert await asyncio.wait_for(asyncio.gather(settle, admit), SAFETY_S) == [
+            b"settle",
+            b"admit",
+        ]
+        assert lane.counts.writes == writes + 1
+        alone = lane.evalsha(script, [], [b"alone"], later=True)
+        assert await asyncio.wait_for(alone, SAFETY_S) == b"alone"
+        assert lane.counts.writes == writes + 2
+    finally:
+        await lane.close()
+        await pool.disconnect()

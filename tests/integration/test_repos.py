@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from db_support import BOX, dump
+from db_support import BOX, assert_not_found, connection, dump
 
 from fairgate.config import Config, parse_config
 from fairgate.db.base import Database
@@ -75,12 +75,11 @@ def test_connection_crud(db: Database) -> None:
     assert repo.upsert(conn_("m9")) == "created"
     assert [x.id for x in repo.all()] == ["m1", "m9"]
     repo.delete("m9")
-    with pytest.raises(NotFound):
-        repo.get("m9")
-    with pytest.raises(NotFound):
-        repo.delete("m9")
-    with pytest.raises(NotFound):
-        repo.update(conn_("nope"))
+    assert_not_found(
+        lambda: repo.get("m9"),
+        lambda: repo.delete("m9"),
+        lambda: repo.update(conn_("nope")),
+    )
 
 
 def test_anthropic_protocol_by_provider(db: Database) -> None:
@@ -142,10 +141,10 @@ def test_key_conflicts_and_not_found(db: Database) -> None:
     repo.insert(key_("bob"))
     with pytest.raises(Conflict, match="already used"):
         repo.insert(replace(key_("bob"), id="bob2"))
-    with pytest.raises(NotFound):
-        repo.get("zed")
-    with pytest.raises(NotFound):
-        repo.delete("zed")
+    assert_not_found(
+        lambda: repo.get("zed"),
+        lambda: repo.delete("zed"),
+    )
     repo.update(replace(repo.get("bob"), enabled=False, name="Robert"))
     assert repo.get("bob").name == "Robert"
     assert repo.by_hash(hash_key("fg-bob")) == repo.get("bob")
@@ -277,10 +276,10 @@ def test_model_caps(populated: Database) -> None:
     alloc = repo.set_model_caps("p", "alice", caps)
     assert alloc.model_caps == tuple(caps)
     assert repo.get("p").allocation("alice") == alloc
-    with pytest.raises(NotFound):
-        repo.set_model_caps("p", "bob", caps)
-    with pytest.raises(NotFound):
-        repo.set_model_caps("zz", "alice", caps)
+    assert_not_found(
+        lambda: repo.set_model_caps("p", "bob", caps),
+        lambda: repo.set_model_caps("zz", "alice", caps),
+    )
 
 
 def test_deleting_a_key_drops_its_allocations(populated: Database) -> None:
@@ -331,15 +330,9 @@ def test_transaction_rolls_back_nested_work(populated: Database) -> None:
 SEED = {
     "server": {"default_provider": "mock"},
     "connections": [
-        {
-            "id": "m1",
-            "provider": "mock",
-            "base_url": "http://up/v1",
-            "secret": "up-secret",
-            "models": ["*"],
-        },
-        {"id": "m2", "provider": "mock", "base_url": "http://up/v1", "models": ["*"]},
-        {"id": "k1", "provider": "kimi", "base_url": "http://kimi/v1", "models": ["*"]},
+        connection("m1", "mock", "http://up/v1", secret="up-secret"),
+        connection("m2", "mock", "http://up/v1"),
+        connection("k1", "kimi", "http://kimi/v1"),
         {
             "id": "a1",
             "provider": "anthropic",

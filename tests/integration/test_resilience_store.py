@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 import pytest_asyncio
+import redis.asyncio
 
 from fairgate.clock import ManualClock
 from fairgate.db.base import Database
@@ -32,6 +33,7 @@ from fairgate.resilience.state import (
     connection_scope,
     model_scope,
 )
+from fairgate.resilience.state_redis import RedisResilienceStore
 from fairgate.resilience.writer import PersistenceWriter
 
 S = 1_000
@@ -62,8 +64,6 @@ async def rstore(
         cluster = request.param.startswith("redis-cluster")
         url: str = request.getfixturevalue("redis_cluster_url" if cluster else "redis_url")
         prefix: str = request.getfixturevalue("redis_cluster_prefix" if cluster else "redis_prefix")
-        from fairgate.resilience.state_redis import RedisResilienceStore
-
         s = RedisResilienceStore(url, prefix=prefix, clock=clock, socket_timeout_s=TEST_TIMEOUT_S)
         assert await s.ping()  # as the factory does: the cluster is discovered before traffic
         if request.param.endswith("-watched"):
@@ -277,8 +277,6 @@ async def test_ping(rstore: ResilienceStore) -> None:
 def redis_pair(
     redis_url: str, redis_prefix: str, clock: ManualClock
 ) -> Callable[[], ResilienceStore]:
-    from fairgate.resilience.state_redis import RedisResilienceStore
-
     def make() -> ResilienceStore:
         return RedisResilienceStore(
             redis_url, prefix=redis_prefix, clock=clock, socket_timeout_s=TEST_TIMEOUT_S
@@ -349,8 +347,6 @@ async def watched(
     """Started stores on one prefix, of one server or of the test cluster (the watcher then
     subscribes on a client of its own); ``poll_s`` large means only pub/sub can deliver a
     change."""
-    from fairgate.resilience.state_redis import RedisResilienceStore
-
     cluster = request.param == "redis-cluster"
     url: str = request.getfixturevalue("redis_cluster_url" if cluster else "redis_url")
     prefix: str = request.getfixturevalue("redis_cluster_prefix" if cluster else "redis_prefix")
@@ -485,8 +481,6 @@ async def test_checks_that_find_the_watcher_overdue_share_one_version_read(
 async def test_a_watcher_that_cannot_subscribe_leaves_checks_reading_redis(
     redis_url: str, redis_prefix: str, clock: ManualClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from fairgate.resilience.state_redis import RedisResilienceStore
-
     store = RedisResilienceStore(redis_url, prefix=redis_prefix, clock=clock)
 
     def no_pubsub() -> None:
@@ -570,10 +564,6 @@ async def test_monotonic_in_lua_under_concurrent_writers_on_two_clients(
 async def test_keys_carry_ttl_of_remaining_time_plus_memory(
     redis_url: str, redis_prefix: str, clock: ManualClock
 ) -> None:
-    import redis.asyncio
-
-    from fairgate.resilience.state_redis import RedisResilienceStore
-
     store = RedisResilienceStore(redis_url, prefix=redis_prefix, clock=clock, level_memory_ms=0)
     client = redis.asyncio.Redis.from_url(redis_url)
     try:
@@ -594,10 +584,6 @@ async def test_keys_carry_ttl_of_remaining_time_plus_memory(
 async def test_shared_client_with_decoded_responses(
     redis_url: str, redis_prefix: str, clock: ManualClock
 ) -> None:
-    import redis.asyncio
-
-    from fairgate.resilience.state_redis import RedisResilienceStore
-
     client = redis.asyncio.Redis.from_url(redis_url, decode_responses=True)
     store = RedisResilienceStore(prefix=redis_prefix, client=client, clock=clock)
     try:
@@ -627,8 +613,6 @@ async def test_ids_that_would_alias_keys_are_refused(
 
 
 def test_redis_store_needs_url_or_client() -> None:
-    from fairgate.resilience.state_redis import RedisResilienceStore
-
     with pytest.raises(ValueError, match="url or a client"):
         RedisResilienceStore()
     with pytest.raises(ValueError, match="prefix"):

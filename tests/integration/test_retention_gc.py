@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from db_support import connection
 
 from fairgate.clock import ManualClock
 from fairgate.config import parse_config
@@ -21,14 +22,7 @@ HOUR = 3_600_000
 DAY = 24 * HOUR
 KEYS = ("alice", "bob", "carol")
 CONFIG: dict[str, Any] = {
-    "connections": [
-        {
-            "id": "mock-1",
-            "provider": "mock",
-            "base_url": "http://127.0.0.1:9/v1",
-            "models": ["*"],
-        }
-    ],
+    "connections": [connection("mock-1")],
     "keys": [{"id": k, "name": k, "secret": f"fg-{k}-secret-0123456789"} for k in KEYS],
     "pools": [
         {

@@ -12,6 +12,7 @@ from typing import Any
 import httpx
 import pytest
 import pytest_asyncio
+from db_support import connection
 
 from fairgate.cli import demo_identity
 from fairgate.clock import ManualClock
@@ -27,18 +28,8 @@ ADMIN = "adm-rough-edges"
 ALICE = "fg-alice-secret-0123456789"
 CONFIG: dict[str, Any] = {
     "connections": [
-        {
-            "id": "mock-1",
-            "provider": "mock",
-            "base_url": "http://127.0.0.1:9/v1",
-            "models": ["*"],
-        },
-        {
-            "id": "kimi-1",
-            "provider": "kimi",
-            "base_url": "http://127.0.0.1:9/v1",
-            "models": ["*"],
-        },
+        connection("mock-1"),
+        connection("kimi-1", "kimi"),
     ],
     "keys": [{"id": "alice", "name": "Alice", "secret": ALICE}],
     "pools": [

@@ -21,7 +21,7 @@ import pytest
 
 from fairgate.domain.units import Unit, Window
 from fairgate.quota.decision import compile_checks
-from fairgate.quota.model import Allocation, Dimension, Policy, Pool
+from fairgate.quota.model import Allocation, Dimension, Policy
 from fairgate.quota.ports import AdmitRequest, CounterRef, UsageItem
 from fairgate.store.sqlite import memory as sqlite_memory
 from fairgate.store.sqlite.batches import (
@@ -35,17 +35,11 @@ from fairgate.store.sqlite.batches import (
 )
 from fairgate.store.sqlite.owner import shared_connection
 from fairgate.store.sqlite.store import SqliteQuotaStore
+from quota_support import make_pool
 
 T0 = 1_700_002_800_000
 REQ = Dimension(Unit.REQUESTS, Window.HOURLY, 1_000_000)
-POOL = Pool(
-    id="p",
-    name="p",
-    provider="kimi",
-    connections=("c",),
-    dimensions=(REQ,),
-    allocations=(Allocation("a", 50, policy=Policy.SOFT), Allocation("b", 50)),
-)
+POOL = make_pool(REQ, allocations=(Allocation("a", 50, policy=Policy.SOFT), Allocation("b", 50)))
 REFS = [CounterRef(REQ.key, REQ.window_ms)]
 
 

@@ -30,17 +30,13 @@ from fairgate.quota.window import Count
 from fairgate.store.factory import create_store
 from fairgate.store.sqlite.owner import FileUse, shared_connection
 from fairgate.store.sqlite.store import SqliteQuotaStore
+from quota_support import make_pool
 
 T0 = 1_700_002_800_000
 REQ = Dimension(Unit.REQUESTS, Window.HOURLY, 1_000_000)
 TOK = Dimension(Unit.TOKENS, Window.FIVE_HOURS, 1e12)
-POOL = Pool(
-    id="p",
-    name="p",
-    provider="kimi",
-    connections=("c",),
-    dimensions=(REQ, TOK),
-    allocations=(Allocation("a", 50, policy=Policy.SOFT), Allocation("b", 50)),
+POOL = make_pool(
+    REQ, TOK, allocations=(Allocation("a", 50, policy=Policy.SOFT), Allocation("b", 50))
 )
 REFS = [CounterRef(REQ.key, REQ.window_ms), CounterRef(TOK.key, TOK.window_ms)]
 
@@ -194,12 +190,8 @@ async def test_a_second_store_on_the_file_takes_over_transactionally(tmp_path: P
     """In one process as across processes: the owner commits, hands over, and from then on
     both count in the file, exactly."""
     path = tmp_path / "quota.sqlite"
-    pool = Pool(
-        id="p",
-        name="p",
-        provider="kimi",
-        connections=("c",),
-        dimensions=(Dimension(Unit.REQUESTS, Window.HOURLY, 10),),
+    pool = make_pool(
+        Dimension(Unit.REQUESTS, Window.HOURLY, 10),
         allocations=(Allocation("a", 50, policy=Policy.BURST), Allocation("b", 50)),
     )
 
@@ -232,7 +224,7 @@ async def test_a_second_store_on_the_file_takes_over_transactionally(tmp_path: P
 _CHILD = textwrap.dedent(
     """
     import asyncio, json, sys
-    sys.path.insert(0, {tests!r})
+    sys.path[:0] = {tests!r}
     from test_sqlite_memory import SqliteQuotaStore, _serve
 
     async def main():
@@ -257,7 +249,7 @@ def _run_and_kill(
     path: Path, *, settled: int, more: int, flush_ms: int, wait: bool, fold_ms: int = 1000
 ) -> dict:
     code = _CHILD.format(
-        tests=str(Path(__file__).parent),
+        tests=[str(Path(__file__).parent), str(Path(__file__).parents[1])],
         path=str(path),
         flush_ms=flush_ms,
         fold_ms=fold_ms,
@@ -526,13 +518,10 @@ async def test_transactional_admissions_of_one_loop_turn_share_one_commit_exactl
     """Admissions are group-committed too: twelve asked in one loop turn against a limit of 5
     are one transaction, decided in the order asked (each sees what the ones before it
     reserved), so exactly 5 are reserved; an id already held is refused alone."""
-    small = Pool(
-        id="s",
-        name="s",
-        provider="kimi",
-        connections=("c",),
-        dimensions=(Dimension(Unit.REQUESTS, Window.HOURLY, 5),),
+    small = make_pool(
+        Dimension(Unit.REQUESTS, Window.HOURLY, 5),
         allocations=(Allocation("a", 50), Allocation("b", 50)),
+        id="s",
     )
     store = SqliteQuotaStore(tmp_path / "quota.sqlite", mode="transactional")
     try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import multiprocessing
 import sqlite3
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ from fairgate.quota.model import Allocation, Dimension, Policy, Pool
 from fairgate.quota.ports import AdmitRequest, CounterRef
 from fairgate.quota.window import Count
 from fairgate.store.sqlite.store import SqliteQuotaStore
+from quota_support import make_pool
 
 #: Fixed instant handed to every worker (same as ``T0`` of tests/conftest.py): no clocks.
 NOW_MS = 1_700_002_800_000
@@ -23,16 +25,14 @@ PROCESSES = 4
 
 
 def _pool(limit: int) -> Pool:
-    return Pool(
-        id="shared",
-        name="shared",
-        provider="kimi",
-        connections=("conn-1",),
-        dimensions=(Dimension(Unit.REQUESTS, Window.HOURLY, limit),),
+    return make_pool(
+        Dimension(Unit.REQUESTS, Window.HOURLY, limit),
         allocations=tuple(
             Allocation(f"k{i}", weight=100 / PROCESSES, policy=Policy.BURST)
             for i in range(PROCESSES)
         ),
+        id="shared",
+        connections=("conn-1",),
     )
 
 
@@ -71,6 +71,31 @@ def _worker(path: str, limit: int, admits: int, worker: int, start: Any, out: An
         out.put((worker, 0, repr(exc)))
 
 
+def _run_racers(
+    worker: Callable[..., None], path: str, limit: int, admits: int
+) -> tuple[list[tuple[int, int, str | None]], list[int | None]]:
+    """``worker(path, limit, admits, i, start, out)`` in ``PROCESSES`` spawned processes that
+    start together at a barrier: the report each put on ``out`` and their exit codes."""
+    ctx = multiprocessing.get_context("spawn")
+    start = ctx.Barrier(PROCESSES, timeout=60)
+    out = ctx.Queue()
+    procs = [
+        ctx.Process(target=worker, args=(path, limit, admits, i, start, out), daemon=True)
+        for i in range(PROCESSES)
+    ]
+    for p in procs:
+        p.start()
+    try:
+        reports = [out.get(timeout=120) for _ in procs]
+    finally:
+        for p in procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.kill()
+                p.join()
+    return reports, [p.exitcode for p in procs]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("limit", "admits_per_process"),
@@ -87,29 +112,10 @@ async def test_sqlite_processes_racing_admit_exactly_the_limit(
     path = str(tmp_path / "quota.sqlite")
     pool = _pool(limit)
     dim = pool.dimensions[0]
-    ctx = multiprocessing.get_context("spawn")
-    start = ctx.Barrier(PROCESSES, timeout=60)
-    out = ctx.Queue()
-    procs = [
-        ctx.Process(
-            target=_worker, args=(path, limit, admits_per_process, i, start, out), daemon=True
-        )
-        for i in range(PROCESSES)
-    ]
-    for p in procs:
-        p.start()
-    try:
-        reports = [out.get(timeout=120) for _ in procs]
-    finally:
-        for p in procs:
-            p.join(timeout=30)
-            if p.is_alive():
-                p.kill()
-                p.join()
-
+    reports, exitcodes = _run_racers(_worker, path, limit, admits_per_process)
     assert [err for _, _, err in reports] == [None] * PROCESSES
     assert sum(won for _, won, _ in reports) == limit
-    assert all(p.exitcode == 0 for p in procs)
+    assert exitcodes == [0] * PROCESSES
 
     store = SqliteQuotaStore(path)
     try:
@@ -207,23 +213,7 @@ async def test_processes_joining_a_memory_mode_owner_still_admit_exactly_the_lim
     hands over, and the 100+ attempts of all four win exactly the limit of 40."""
     path = str(tmp_path / "quota.sqlite")
     limit = 40
-    ctx = multiprocessing.get_context("spawn")
-    start = ctx.Barrier(PROCESSES, timeout=60)
-    out = ctx.Queue()
-    procs = [
-        ctx.Process(target=_join_worker, args=(path, limit, 20, i, start, out), daemon=True)
-        for i in range(PROCESSES)
-    ]
-    for p in procs:
-        p.start()
-    try:
-        reports = [out.get(timeout=120) for _ in procs]
-    finally:
-        for p in procs:
-            p.join(timeout=30)
-            if p.is_alive():
-                p.kill()
-                p.join()
+    reports, _ = _run_racers(_join_worker, path, limit, 20)
     assert [err for _, _, err in reports] == [None] * PROCESSES
     assert {w: won for w, won, _ in reports}[0] >= 20  # its 20 in memory all won
     assert sum(won for _, won, _ in reports) == limit

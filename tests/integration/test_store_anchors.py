@@ -21,6 +21,7 @@ from fairgate.quota.model import Allocation, Dimension, Policy, Pool
 from fairgate.quota.ports import AdmitRequest, CounterRef, QuotaStore, UsageItem
 from fairgate.quota.window import Anchor, bucket_index, natural_index
 from fairgate.store.sqlite.store import SqliteQuotaStore
+from quota_support import make_pool
 
 MIN = 60_000
 W = Window.FIVE_HOURS.ms
@@ -31,16 +32,16 @@ REQ = Dimension(Unit.REQUESTS, Window.HOURLY, 1_000)
 
 
 def pool(pool_id: str = "codex-pool") -> Pool:
-    return Pool(
-        id=pool_id,
-        name=pool_id,
-        provider="codex",
-        connections=("codex-1",),
-        dimensions=(P5H, REQ),
+    return make_pool(
+        P5H,
+        REQ,
         allocations=(
             Allocation("a", 50, policy=Policy.HARD),
             Allocation("b", 50, policy=Policy.HARD),
         ),
+        id=pool_id,
+        provider="codex",
+        connections=("codex-1",),
     )
 
 

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+import quota_support
 from fairgate.clock import ManualClock
 from fairgate.domain.units import Unit, Window
 from fairgate.quota.decision import (
@@ -53,13 +54,8 @@ def make_pool(
     pool_id: str = "pool-1",
     connections: Sequence[str] = ("conn-1",),
 ) -> Pool:
-    return Pool(
-        id=pool_id,
-        name=pool_id,
-        provider="kimi",
-        connections=tuple(connections),
-        dimensions=tuple(dims),
-        allocations=allocations,
+    return quota_support.make_pool(
+        *dims, allocations=allocations, id=pool_id, connections=connections
     )
 
 

@@ -7,13 +7,13 @@ connection ``free-1``; dave lists the provider ``mock-anthropic``.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import secrets
 import sqlite3
 import stat
 from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AsyncExitStack
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -21,7 +21,7 @@ from typing import Any
 import httpx
 import pytest
 import pytest_asyncio
-import uvicorn
+from http_support import gateway_client
 
 from fairgate.clock import ManualClock
 from fairgate.config import load_config_text
@@ -30,7 +30,6 @@ from fairgate.db.schema import MIGRATIONS
 from fairgate.db.settings import SettingsRepo, access_policy
 from fairgate.mock.server import MockConfig, MockUpstream
 from fairgate.process.state import Gateway
-from fairgate.server.app import create_app
 
 UP = "sk-upstream-tenancy-0123456789"
 ADMIN = "adm-tenancy-test-key"
@@ -96,38 +95,21 @@ Start = Callable[..., Awaitable[Env]]
 @pytest_asyncio.fixture
 async def start(tmp_path: Path, clock: ManualClock) -> AsyncIterator[Start]:
     """Start the mock and a gateway (``config_yaml`` options); everything stops at the end."""
-    stops: list[Callable[[], Awaitable[None]]] = []
+    started: list[Env] = []
+    async with AsyncExitStack() as stack:
 
-    async def go(**options: Any) -> Env:
-        mock = MockUpstream(MockConfig(secret=UP))
-        await mock.start()
-        stops.append(mock.stop)
-        data_dir = tmp_path / f"data{len(stops)}"
-        cfg = load_config_text(config_yaml(mock.url, **options), env={})
-        gw = Gateway(data_dir=data_dir, config=cfg, env={}, clock=clock, admin_key=ADMIN)
-        server = uvicorn.Server(
-            uvicorn.Config(create_app(gw), host="127.0.0.1", port=0, log_level="warning")
-        )
-        task = asyncio.create_task(server.serve())
-        for _ in range(1000):
-            if server.started or task.done():
-                break
-            await asyncio.sleep(0.01)
-        assert server.started, "the gateway did not start"
-        port = server.servers[0].sockets[0].getsockname()[1]
-        client = httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30)
+        async def go(**options: Any) -> Env:
+            mock = MockUpstream(MockConfig(secret=UP))
+            await mock.start()
+            stack.push_async_callback(mock.stop)
+            data_dir = tmp_path / f"data{len(started) + 1}"
+            cfg = load_config_text(config_yaml(mock.url, **options), env={})
+            gw = Gateway(data_dir=data_dir, config=cfg, env={}, clock=clock, admin_key=ADMIN)
+            _, client = await stack.enter_async_context(gateway_client(gw))
+            started.append(Env(gw, mock, client, data_dir))
+            return started[-1]
 
-        async def stop() -> None:
-            await client.aclose()
-            server.should_exit = True
-            await task
-
-        stops.append(stop)
-        return Env(gw, mock, client, data_dir)
-
-    yield go
-    for stop in reversed(stops):
-        await stop()
+        yield go
 
 
 def assert_no_ids(r: httpx.Response) -> None:

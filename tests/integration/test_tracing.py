@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 import pytest_asyncio
-import uvicorn
+from http_support import gateway_client
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -25,7 +25,6 @@ from fairgate.config import load_config_text
 from fairgate.mock.server import MockConfig, MockUpstream
 from fairgate.process import tracing
 from fairgate.process.state import Gateway
-from fairgate.server.app import create_app
 
 UP = "sk-upstream-tracing-0123456789"
 ALICE = "fg-alice-tracing-secret-0123456789"
@@ -67,23 +66,10 @@ async def gateway(tmp_path: Path) -> AsyncIterator[tuple[httpx.AsyncClient, Mock
     mock = MockUpstream(MockConfig(secret=UP))
     await mock.start()
     gw = Gateway(data_dir=tmp_path, config=load_config_text(config_yaml(mock.url), env={}), env={})
-    server = uvicorn.Server(
-        uvicorn.Config(create_app(gw), host="127.0.0.1", port=0, log_level="warning")
-    )
-    task = asyncio.create_task(server.serve())
-    for _ in range(1000):
-        if server.started or task.done():
-            break
-        await asyncio.sleep(0.01)
-    assert server.started
-    port = server.servers[0].sockets[0].getsockname()[1]
-    client = httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30)
     try:
-        yield client, mock
+        async with gateway_client(gw) as (_, client):
+            yield client, mock
     finally:
-        await client.aclose()
-        server.should_exit = True
-        await task
         await mock.stop()
 
 

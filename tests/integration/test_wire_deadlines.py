@@ -208,15 +208,21 @@ class Lab:
         conn.proto.connection_lost(None)
 
 
-@pytest.fixture
-def lab() -> Iterator[Lab]:
+def _lab(limits: HttpSettings = LIMITS) -> Iterator[Lab]:
+    """A lab on a fresh loopback listener (``yield from`` it); its client sockets are closed
+    after the test."""
     with socket.create_server(("127.0.0.1", 0)) as listener:
-        the_lab = Lab(listener)
+        the_lab = Lab(listener, limits)
         try:
             yield the_lab
         finally:
             for sock in the_lab.sockets:
                 sock.close()
+
+
+@pytest.fixture
+def lab() -> Iterator[Lab]:
+    yield from _lab()
 
 
 @pytest.fixture
@@ -398,24 +404,12 @@ HEAD_BEGUN = b"POST /v1/chat/completions HTTP/1.1\r\n"
 
 @pytest.fixture
 def cap_lab() -> Iterator[Lab]:
-    with socket.create_server(("127.0.0.1", 0)) as listener:
-        the_lab = Lab(listener, PER_ADDRESS)
-        try:
-            yield the_lab
-        finally:
-            for sock in the_lab.sockets:
-                sock.close()
+    yield from _lab(PER_ADDRESS)
 
 
 @pytest.fixture
 def proxy_lab() -> Iterator[Lab]:
-    with socket.create_server(("127.0.0.1", 0)) as listener:
-        the_lab = Lab(listener, BEHIND_PROXY)
-        try:
-            yield the_lab
-        finally:
-            for sock in the_lab.sockets:
-                sock.close()
+    yield from _lab(BEHIND_PROXY)
 
 
 def test_unfinished_heads_from_one_address_cannot_fill_the_cap(cap_lab: Lab) -> None:

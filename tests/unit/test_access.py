@@ -7,19 +7,15 @@ from fairgate.domain.connections import Connection
 from fairgate.domain.keys import ClientKey, Denial
 from fairgate.domain.units import Unit, Window
 from fairgate.path.diagnostics import Diagnostics, Terminal, public_label, public_reason
-from fairgate.quota.model import Allocation, Dimension, Pool
+from fairgate.quota.model import Allocation, Dimension
 from fairgate.quota.usage import UNALLOCATED, build_usage
 from fairgate.quota.window import Count
 from fairgate.snapshot import Registry
+from quota_support import make_pool
 
 DIM = Dimension(Unit.REQUESTS, Window.HOURLY, 100)
-POOL = Pool(
-    id="shared",
-    name="shared",
-    provider="mock",
-    connections=("p-1",),
-    dimensions=(DIM,),
-    allocations=(Allocation("alice", 100),),
+POOL = make_pool(
+    DIM, allocations=(Allocation("alice", 100),), id="shared", provider="mock", connections=("p-1",)
 )
 CONNS = [
     Connection("p-1", "mock", "http://x/v1", "s", models=("m",)),

@@ -9,6 +9,7 @@ import pytest
 from fairgate.domain.units import Unit, Window
 from fairgate.quota.decision import (
     NO_RESERVES,
+    Presence,
     Reason,
     active_fair_share,
     active_levels,
@@ -16,27 +17,31 @@ from fairgate.quota.decision import (
     compile_checks,
     demand_bounds,
     demand_rate,
+    long_budget_pace,
+    note_presence,
     pace_reserves,
     reserve_fade,
     retry_after_ms,
     waiting_reserves,
+    week_levels,
 )
 from fairgate.quota.model import Allocation, Dimension, Pool, ShareMode
-from fairgate.quota.window import Count
+from fairgate.quota.window import Count, bucket_index
+from quota_support import make_pool
 
 HOUR = 3_600_000
 T = 1_700_002_800_000  # hour-aligned
 DIM = "requests/hourly"
 
 
-def _pool(*allocs: Allocation, limit: float = 300) -> Pool:
-    return Pool(
-        id="p",
-        name="p",
-        provider="mock",
-        connections=("c",),
-        dimensions=(Dimension(Unit.REQUESTS, Window.HOURLY, limit),),
+def _pool(
+    *allocs: Allocation, limit: float = 300, dims: tuple[Dimension, ...] | None = None
+) -> Pool:
+    """An active pool of ``allocs``: ``limit`` requests an hour, or the dimensions ``dims``."""
+    return make_pool(
+        *(dims or (Dimension(Unit.REQUESTS, Window.HOURLY, limit),)),
         allocations=allocs,
+        provider="mock",
         share_mode=ShareMode.ACTIVE,
     )
 
@@ -87,6 +92,35 @@ def test_demand_rate_projects_a_young_key_over_the_window() -> None:
     # 10 requests in its first 10 minutes: 60 per hour, not 10
     assert demand_rate(Count(0, 10), T + HOUR // 6, HOUR, HOUR // 6) == pytest.approx(60)
     assert math.isinf(demand_rate(Count(0, 1), T + 1000, HOUR, 0))
+
+
+def test_demand_rate_does_not_project_the_request_that_made_a_key_seen() -> None:
+    # one request a minute old says nothing about the rate (it is why the key is seen): it
+    # is bounded at what it used, not projected to 60 an hour; a second request 15 minutes
+    # in projects one gap: 4 an hour
+    assert demand_rate(Count(0, 1), T + 1000, HOUR, 60_000, first=1) == pytest.approx(1)
+    assert math.isinf(demand_rate(Count(0, 1), T + 1000, HOUR, 0, first=1))  # seen for no time
+    assert demand_rate(Count(0, 2), T + 1000, HOUR, HOUR // 4, first=1) == pytest.approx(4)
+    # 31 requests in its first minute still project to a burst
+    assert demand_rate(Count(0, 31), T + 1000, HOUR, 60_000, first=1) == pytest.approx(1800)
+    # a key seen for a whole window: its sliding count, the first request included
+    assert demand_rate(Count(0, 5), T + 1000, HOUR, 2 * HOUR, first=1) == pytest.approx(5)
+
+
+def test_demand_bounds_leave_out_the_first_request_in_every_unit() -> None:
+    # a young key with one request of 800 tokens is bounded at what it used in both units
+    pool = _pool(
+        Allocation("a", 1),
+        Allocation("b", 1),
+        dims=(
+            Dimension(Unit.REQUESTS, Window.HOURLY, 300),
+            Dimension(Unit.TOKENS, Window.HOURLY, 900_000),
+        ),
+    )
+    req, tok = (d.key for d in pool.dimensions)
+    used = {"a": {req: Count(0, 1), tok: Count(0, 800)}}
+    bounds = demand_bounds(pool, ["a", "b"], used, T, {"a": 60_000})
+    assert bounds == {"a": {req: pytest.approx(1), tok: pytest.approx(800)}}
 
 
 def test_demand_rate_follows_a_falling_rate_within_the_bucket() -> None:
@@ -174,11 +208,20 @@ def test_pace_after_a_quiet_window_while_a_key_is_away() -> None:
     assert unpaced > 55 * 60_000
 
 
-def test_no_pace_when_every_key_is_present_or_the_last_window_was_busy() -> None:
+def test_no_pace_for_a_lone_key_or_after_a_busy_window() -> None:
     now = T + 20 * 60_000
     used = {k: {DIM: Count(prev=0, curr=150)} for k in "abc"}
     quiet = {DIM: Count(prev=0, curr=450)}
-    assert pace_reserves(ABC, ["a", "b", "c"], used, quiet, now, 0.5, NO_RESERVES) == NO_RESERVES
+    # every key present is paced too (issue 45): a fresh pool is not handed to the fastest
+    paced = pace_reserves(ABC, ["a", "b", "c"], used, quiet, now, 0.5, NO_RESERVES)
+    assert paced.for_key("a")[DIM] == pytest.approx(300 * (1 - 1 / 3 - 1 / 12))
+    # what a key borrowed in the quiet window before is no claim on this one
+    borrowed = {"a": {DIM: Count(prev=140, curr=50)}, "b": {DIM: Count(prev=0, curr=50)}}
+    quiet_before = {DIM: Count(prev=140, curr=100)}
+    assert (
+        pace_reserves(ABC, ["a", "b"], borrowed, quiet_before, now, 0.5, NO_RESERVES).for_key("a")
+        == {}
+    )
     busy = {DIM: Count(prev=200, curr=150)}  # 200 ≥ 0.5 × 300: the window itself paces
     assert pace_reserves(ABC, ["a", "b"], used, busy, now, 0.5, NO_RESERVES).for_key("a") == {}
     # a lone key may use the whole pool (SPEC), whoever else holds an allocation
@@ -233,3 +276,53 @@ def test_catch_up_with_lumps_is_flat_then_rising_then_full() -> None:
     # a lump at least what is owed holds what is owed from the start; no lump is the plain rule
     assert catch_up_reserves(owed, xs, [50.0])["just-ahead"] == pytest.approx(10)
     assert catch_up_reserves(owed, xs, [0.0]) == catch_up_reserves(owed, xs)
+
+
+# -- a paced week's level across its 5-hour windows (issue 45) ---------------------------------
+
+H = 3_600_000
+WEEK_T0 = 840 * H * 2_000  # a week and a 5-hour window begin together
+
+
+def test_note_presence_counts_each_shorter_window_once_and_starts_over_each_week() -> None:
+    end = WEEK_T0 + 168 * H
+    p = note_presence(None, end, 10)
+    assert note_presence(p, end, 10) == p
+    assert note_presence(note_presence(p, end, 11), end, 13) == Presence(end, 10, 13, 3)
+    assert note_presence(p, end + 168 * H, 50) == Presence(end + 168 * H, 50, 50, 1)
+
+
+def test_week_levels_keep_room_for_a_key_that_comes_once_a_day() -> None:
+    # 25 hours into the week (window 5 of 5-hour windows just begun), 750 used: 4,250 left over
+    # the 143 hours to come, 148.6 a window. The batch key was seen in 1 window of 6: it is
+    # expected in a sixth of the windows to come, so the steady keys are held at the level
+    # that leaves it its share of those, not at the even pace's split of the window's 148.6
+    pool = _pool(
+        Allocation("a", 35),
+        Allocation("b", 35),
+        Allocation("batch", 30),
+        dims=(
+            Dimension(Unit.REQUESTS, Window.FIVE_HOURS, 250),
+            Dimension(Unit.REQUESTS, Window.WEEKLY, 5000),
+        ),
+    )
+    short, week = (d.key for d in pool.dimensions)
+    now = WEEK_T0 + 25 * H
+    totals = {short: Count(150, 0), week: Count(0, 750)}
+    pace = long_budget_pace(pool, totals, now)
+    assert pace.shorter == {week: (short,)}
+    end = WEEK_T0 + 168 * H
+    first = bucket_index(WEEK_T0, 5 * H)
+    seen = {
+        "a": Presence(end, first, first + 5, 6),
+        "b": Presence(end, first, first + 5, 6),
+        "batch": Presence(end, first, first, 1),
+    }
+    budget = 4250 * 5 / 143
+    level = week_levels(pool, pace, totals, now, {week: seen})
+    assert level[short] == pytest.approx(budget / (35 + 35 + 30 / 6))
+    # a steady key bounded by its demand leaves the rest to the others
+    bounded = week_levels(pool, pace, totals, now, {week: seen}, {"b": {short: 20.0}})
+    assert bounded[short] == pytest.approx((budget - 20) / (35 + 30 / 6))
+    # nobody seen this week (a new week began): no level
+    assert week_levels(pool, pace, totals, now, {week: {}}) == {short: math.inf}

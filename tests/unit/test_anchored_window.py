@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from fairgate.domain.units import Unit, Window, WindowAnchor
 from fairgate.quota.decision import compile_checks
-from fairgate.quota.model import Allocation, Dimension, Pool
+from fairgate.quota.model import Allocation, Dimension
 from fairgate.quota.window import (
     ANCHOR_TOLERANCE_MS,
     Anchor,
@@ -19,6 +19,7 @@ from fairgate.quota.window import (
     reanchor,
     window_end_ms,
 )
+from quota_support import make_pool
 
 MIN = 60_000
 W = 300 * MIN  # the 5-hour window
@@ -154,17 +155,13 @@ def test_the_index_in_use_never_goes_back(steps: list[tuple[int, int, str]]) -> 
 def test_checks_carry_an_anchor_only_for_provider_anchored_dimensions() -> None:
     """``compile_checks`` is the one place a dimension gets its anchor: a percent window with
     the default ``window_anchor``, never an epoch one, another unit or a model cap."""
-    pool = Pool(
-        id="p",
-        name="p",
+    pool = make_pool(
+        Dimension(Unit.PERCENT, Window.FIVE_HOURS, 100),
+        Dimension(Unit.PERCENT, Window.WEEKLY, 100, WindowAnchor.EPOCH),
+        Dimension(Unit.REQUESTS, Window.FIVE_HOURS, 100),
+        allocations=(Allocation("a", 100),),
         provider="codex",
         connections=("codex-1",),
-        dimensions=(
-            Dimension(Unit.PERCENT, Window.FIVE_HOURS, 100),
-            Dimension(Unit.PERCENT, Window.WEEKLY, 100, WindowAnchor.EPOCH),
-            Dimension(Unit.REQUESTS, Window.FIVE_HOURS, 100),
-        ),
-        allocations=(Allocation("a", 100),),
     )
     anchors = {"percent/5h": A, "percent/weekly": A, "requests/5h": A}
     alloc = pool.allocation("a")

@@ -41,32 +41,21 @@ def _j(obj: object) -> bytes:
     return orjson.dumps(obj)
 
 
+def openai_invalid(message: str, param: str | None = None, code: str | None = None) -> bytes:
+    """An OpenAI ``invalid_request_error`` body."""
+    error = {"message": message, "type": "invalid_request_error", "param": param, "code": code}
+    return _j({"error": error})
+
+
 def openai_echo(word: str) -> bytes:
     """OpenAI's real answer to an unknown body field."""
-    return _j(
-        {
-            "error": {
-                "message": f"Unrecognized request argument supplied: {word}",
-                "type": "invalid_request_error",
-                "param": None,
-                "code": None,
-            }
-        }
-    )
+    return openai_invalid(f"Unrecognized request argument supplied: {word}")
 
 
 def openai_param_echo(word: str) -> bytes:
     """An invalid value: OpenAI names the field in ``param`` and quotes the value."""
-    return _j(
-        {
-            "error": {
-                "message": f"Invalid type for '{word}': expected an object, but got a boolean.",
-                "type": "invalid_request_error",
-                "param": word,
-                "code": "invalid_type",
-            }
-        }
-    )
+    message = f"Invalid type for '{word}': expected an object, but got a boolean."
+    return openai_invalid(message, word, "invalid_type")
 
 
 def anthropic_echo(word: str) -> bytes:

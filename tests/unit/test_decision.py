@@ -42,6 +42,7 @@ from fairgate.quota.model import (
     pool_limits,
 )
 from fairgate.quota.window import Anchor, Count, ms_until_at_most
+from quota_support import make_pool
 
 H, S, B = Policy.HARD, Policy.SOFT, Policy.BURST
 ALLOW, PEN, BLOCK = Outcome.ALLOW, Outcome.PENALIZE, Outcome.BLOCK
@@ -155,13 +156,10 @@ def _pool(
     members: int = 1,
     mode: ShareMode = ShareMode.STATIC,
 ) -> Pool:
-    return Pool(
-        id="p",
-        name="p",
-        provider="kimi",
-        connections=tuple(f"c{i}" for i in range(members)),
-        dimensions=dims or (Dimension(Unit.REQUESTS, Window.HOURLY, 100),),
+    return make_pool(
+        *(dims or (Dimension(Unit.REQUESTS, Window.HOURLY, 100),)),
         allocations=allocs,
+        connections=tuple(f"c{i}" for i in range(members)),
         share_mode=mode,
     )
 
@@ -630,13 +628,10 @@ def test_standing_is_the_window_unless_backlogged() -> None:
 
 
 def test_active_checks_judge_on_the_window_but_where_the_key_is_backlogged() -> None:
-    pool = Pool(
-        id="p",
-        name="p",
-        provider="mock",
-        connections=("c",),
-        dimensions=_RPM_TPM,
+    pool = make_pool(
+        *_RPM_TPM,
         allocations=(Allocation("a", 50), Allocation("b", 50)),
+        provider="mock",
         share_mode=ShareMode.ACTIVE,
     )
     cost = {Unit.REQUESTS: 1.0, Unit.TOKENS: 500.0}
@@ -654,13 +649,10 @@ def test_active_checks_judge_on_the_window_but_where_the_key_is_backlogged() -> 
 def test_the_catch_up_compares_window_use_but_for_backlogged_keys() -> None:
     """A key that used 90 last hour and nothing yet in this one is not ahead of a waiting key
     (it leaves it nothing); backlogged, its sliding count puts it ahead (it leaves room)."""
-    pool = Pool(
-        id="p",
-        name="p",
-        provider="mock",
-        connections=("c",),
-        dimensions=(Dimension(Unit.REQUESTS, Window.HOURLY, 300),),
+    pool = make_pool(
+        Dimension(Unit.REQUESTS, Window.HOURLY, 300),
         allocations=(Allocation("a", 1), Allocation("b", 1)),
+        provider="mock",
         share_mode=ShareMode.ACTIVE,
     )
     dim = pool.dimensions[0].key

@@ -105,3 +105,19 @@ def test_the_markers_are_replaced() -> None:
     out = hooks.on_page_markdown(page, page=None, config=None, files=None)
     assert "<!--" not in out
     assert "fairgate keys rotate" in out
+
+
+def test_every_setting_is_in_the_settings_reference_with_its_sources() -> None:
+    from fairgate.process.settings import From, Settings
+
+    text = _hooks().settings_reference()
+    for name, info in Settings.model_fields.items():
+        row = next(line for line in text.splitlines() if line.startswith(f"| `{name}` |"))
+        origin = next(m for m in info.metadata if isinstance(m, From))
+        for source in (origin.env, origin.db, origin.file):
+            if source:
+                assert f"`{source}`" in row, (name, source)
+        assert (info.description or "").strip(), name
+        assert _hooks()._cell(info.description or "") in row
+    page = (HOOKS.parents[1] / "docs" / "reference" / "configuration.md").read_text()
+    assert "<!-- fairgate:settings-reference -->" in page

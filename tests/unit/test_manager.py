@@ -40,6 +40,14 @@ def mgr(clock: ManualClock) -> RateLimitManager:
     return RateLimitManager(clock=clock)
 
 
+async def excluded_for(mgr: RateLimitManager, clock: ManualClock) -> int:
+    """How long from now the target P/C/M stays excluded (it must be)."""
+    excl = await mgr.check(P, C, M)
+    assert excl is not None
+    assert excl.until_ms is not None
+    return excl.until_ms - clock.now_ms()
+
+
 async def fail(
     mgr: RateLimitManager,
     clock: ManualClock,
@@ -82,25 +90,18 @@ async def test_storm_grows_the_backoff_and_success_resets_it(
     seen = []
     for _ in range(5):
         await fail(mgr, clock, 429, "Too Many Requests")
-        excl = await mgr.check(P, C, M)
-        assert excl is not None
-        assert excl.until_ms is not None
-        seen.append(excl.until_ms - clock.now_ms())
-        clock.advance(excl.until_ms - clock.now_ms())
+        seen.append(await excluded_for(mgr, clock))
+        clock.advance(seen[-1])
         assert await mgr.check(P, C, M) is None
     assert seen == [3 * S, 6 * S, 12 * S, 24 * S, 48 * S]
     await mgr.on_success(P, C, M)
     await fail(mgr, clock, 429, "Too Many Requests")
-    excl = await mgr.check(P, C, M)
-    assert excl is not None
-    assert excl.until_ms == clock.now_ms() + 3 * S
+    assert await excluded_for(mgr, clock) == 3 * S
 
 
 async def test_oauth_backoff_starts_at_5s(mgr: RateLimitManager, clock: ManualClock) -> None:
     await fail(mgr, clock, 429, None, auth="oauth")
-    excl = await mgr.check(P, C, M)
-    assert excl is not None
-    assert excl.until_ms == clock.now_ms() + 5 * S
+    assert await excluded_for(mgr, clock) == 5 * S
 
 
 async def test_in_flight_failures_during_a_cooldown_do_not_climb(
@@ -117,9 +118,7 @@ async def test_hint_never_shortens_a_running_cooldown(
 ) -> None:
     await fail(mgr, clock, 429, None, {"retry-after": "60"})
     await fail(mgr, clock, 429, None, {"retry-after": "1"})
-    excl = await mgr.check(P, C, M)
-    assert excl is not None
-    assert excl.until_ms == clock.now_ms() + 60 * S
+    assert await excluded_for(mgr, clock) == 60 * S
 
 
 async def test_success_during_a_cooldown_does_not_cut_it_short(

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter
+from wire_support import tool_call
 
 from fairgate.formats.responses import (
     ChatToResponsesStream,
@@ -115,16 +116,8 @@ def test_items_with_a_tool_round_trip() -> None:
             "role": "assistant",
             "content": None,
             "tool_calls": [
-                {
-                    "id": "call_1",
-                    "type": "function",
-                    "function": {"name": "get_weather", "arguments": '{"city":"Paris"}'},
-                },
-                {
-                    "id": "call_2",
-                    "type": "function",
-                    "function": {"name": "get_weather", "arguments": '{"city":"Lyon"}'},
-                },
+                tool_call("call_1", '{"city":"Paris"}'),
+                tool_call("call_2", '{"city":"Lyon"}'),
             ],
         },
         {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
@@ -200,13 +193,7 @@ def test_unservable_requests_name_the_field(body: dict[str, Any], field: str) ->
 
 def test_answer_is_a_valid_sdk_response() -> None:
     request = {"model": "alias", "input": "hi", "tools": [TOOL], "instructions": "Be brief"}
-    calls = [
-        {
-            "id": "call_9",
-            "type": "function",
-            "function": {"name": "get_weather", "arguments": '{"city":"Oslo"}'},
-        }
-    ]
+    calls = [tool_call("call_9", '{"city":"Oslo"}')]
     out = chat_to_responses_response(
         chat_answer("Checking.", calls, "tool_calls"),
         request,
@@ -351,13 +338,7 @@ def test_chat_request_for_a_codex_upstream() -> None:
             {
                 "role": "assistant",
                 "content": None,
-                "tool_calls": [
-                    {
-                        "id": "call_1",
-                        "type": "function",
-                        "function": {"name": "get_weather", "arguments": "{}"},
-                    }
-                ],
+                "tool_calls": [tool_call("call_1", "{}")],
             },
             {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
         ],

@@ -1,35 +1,106 @@
-"""Settings precedence: DB > env > default; bad values are ignored, not fatal."""
+"""The one settings object (fairgate.process.settings): DB > env > config file > default, field
+by field; strict at start (a bad value names its variable), lenient when the DB settings are
+re-read (a bad value is skipped and the next source wins)."""
 
 from __future__ import annotations
 
-from fairgate.quota.settings import QuotaSettings
+import pytest
+
+from fairgate.config import load_config_text
+from fairgate.process.settings import Settings, SettingsError
+
+FILE = load_config_text("server:\n  port: 3000\n  default_max_tokens: 77\n", env={})
 
 
 def test_defaults() -> None:
-    s = QuotaSettings.from_sources({})
+    s = Settings.load({}).quota()
     assert (s.saturation_threshold, s.soft_deprioritize_factor, s.retention_days) == (0.5, 0.7, 14)
     assert s.retention_ms == 14 * 86_400_000
+    assert (s.lease_ms, s.default_max_tokens) == (600_000, 1024)
+    assert Settings.load({}).port == 20128
 
 
-def test_env_then_db() -> None:
+def test_db_over_env_over_file_over_default() -> None:
+    assert Settings.load({}, FILE).port == 3000
+    assert Settings.load({"FAIRGATE_PORT": "4000"}, FILE).port == 4000
     env = {"QUOTA_SATURATION_THRESHOLD": "0.8", "QUOTA_SOFT_DEPRIORITIZE_FACTOR": "0.5"}
-    assert QuotaSettings.from_sources(env).saturation_threshold == 0.8
-    s = QuotaSettings.from_sources(env, {"quota.saturationThreshold": "0.6"})
+    assert Settings.load(env).saturation_threshold == 0.8
+    s = Settings.load(env, FILE, {"quota.saturationThreshold": "0.6"})
     assert (s.saturation_threshold, s.soft_deprioritize_factor) == (0.6, 0.5)
+    assert s.quota().default_max_tokens == 77
+    # the DB settings on top of what the CLI resolved at start, and off again
+    start = Settings.load(env, FILE)
+    assert start.with_db({"quota.saturationThreshold": "0.3"}).saturation_threshold == 0.3
+    assert start.with_db({}).saturation_threshold == 0.8
 
 
-def test_bad_values_fall_through() -> None:
+def test_an_empty_value_is_unset() -> None:
+    assert Settings.load({"FAIRGATE_PORT": " "}, FILE).port == 3000
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"FAIRGATE_PORT": "http"}, "FAIRGATE_PORT: Input should be a valid integer"),
+        ({"FAIRGATE_PORT": "70000"}, "FAIRGATE_PORT: Input should be less than or equal to 65535"),
+        ({"QUOTA_SATURATION_THRESHOLD": "1.5"}, "QUOTA_SATURATION_THRESHOLD: Input should be"),
+        ({"QUOTA_CONSUMPTION_RETENTION_DAYS": "nan"}, "QUOTA_CONSUMPTION_RETENTION_DAYS: "),
+        ({"QUOTA_LEASE_MS": "999"}, "QUOTA_LEASE_MS: Input should be greater than or equal"),
+        ({"FAIRGATE_SHUTDOWN_TIMEOUT_S": "-1"}, "FAIRGATE_SHUTDOWN_TIMEOUT_S: "),
+    ],
+)
+def test_a_bad_value_at_start_names_its_variable(env: dict[str, str], message: str) -> None:
+    with pytest.raises(SettingsError, match="^" + message.replace("(", r"\(")):
+        Settings.load(env)
+
+
+def test_bad_values_fall_through_when_lenient() -> None:
     env = {"QUOTA_SATURATION_THRESHOLD": "1.5", "QUOTA_CONSUMPTION_RETENTION_DAYS": "nan"}
-    s = QuotaSettings.from_sources(env, {"quota.saturationThreshold": "abc"})
+    s = Settings.load(env, db={"quota.saturationThreshold": "abc"}, strict=False)
     assert s.saturation_threshold == 0.5
-    assert s.retention_days == 14
+    assert s.consumption_retention_days == 14
+    good = Settings.load({"QUOTA_SATURATION_THRESHOLD": "0.9"})
+    assert good.with_db({"quota.saturationThreshold": "abc"}).saturation_threshold == 0.9
 
 
 def test_lease_knob_env_db_and_range() -> None:
-    assert QuotaSettings.from_sources({}).lease_ms == 600_000
-    assert QuotaSettings.from_sources({"QUOTA_LEASE_MS": "2500"}).lease_ms == 2_500
-    both = QuotaSettings.from_sources({"QUOTA_LEASE_MS": "2500"}, {"quota.leaseMs": "90000"})
+    assert Settings.load({"QUOTA_LEASE_MS": "2500"}).lease_ms == 2_500
+    both = Settings.load({"QUOTA_LEASE_MS": "2500"}, db={"quota.leaseMs": "90000"})
     assert both.lease_ms == 90_000
     # below a second, above a day or not a number: ignored, the next source wins
     for bad in ("999", "86400001", "soon", "inf"):
-        assert QuotaSettings.from_sources({"QUOTA_LEASE_MS": bad}).lease_ms == 600_000
+        assert Settings.load({"QUOTA_LEASE_MS": bad}, strict=False).lease_ms == 600_000
+
+
+def test_the_process_environment_is_never_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    # pydantic-settings' own sources (os.environ, .env) are off: only the mappings given count
+    monkeypatch.setenv("FAIRGATE_PORT", "4321")
+    monkeypatch.setenv("PORT", "4321")
+    assert Settings.load({}).port == 20128
+
+
+def test_every_setting_says_where_it_comes_from_and_what_it_does() -> None:
+    from fairgate.process.settings import From
+
+    for name, info in Settings.model_fields.items():
+        assert (info.description or "").strip(), name
+        origin = next(m for m in info.metadata if isinstance(m, From))
+        assert origin.db or origin.env or origin.file, name
+
+
+def test_log_level_and_format_in_any_case_and_a_typo_named() -> None:
+    s = Settings.load({"FAIRGATE_LOG_LEVEL": "debug", "FAIRGATE_LOG_FORMAT": "TEXT"})
+    assert (s.log_level, s.log_format) == ("DEBUG", "text")
+    assert (Settings.load({}).log_level, Settings.load({}).log_format) == ("INFO", "json")
+    with pytest.raises(SettingsError, match=r"^FAIRGATE_LOG_LEVEL: not a log level"):
+        Settings.load({"FAIRGATE_LOG_LEVEL": "verbose"})
+    with pytest.raises(SettingsError, match=r"^FAIRGATE_LOG_FORMAT: "):
+        Settings.load({"FAIRGATE_LOG_FORMAT": "xml"})
+    # a worker's lenient read keeps the default, as the old reader did
+    assert Settings.load({"FAIRGATE_LOG_LEVEL": "verbose"}, strict=False).log_level == "INFO"
+
+
+def test_the_admin_key_never_shows_in_the_settings_repr() -> None:
+    s = Settings.load({"FAIRGATE_ADMIN_KEY": "k" * 40})
+    assert s.admin_key == "k" * 40
+    assert "k" * 40 not in repr(s)

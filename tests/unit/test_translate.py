@@ -20,6 +20,7 @@ from openai.types.chat.completion_create_params import (
     CompletionCreateParamsStreaming,
 )
 from pydantic import TypeAdapter
+from wire_support import tool_call
 
 from fairgate.formats.responses_upstream import chat_to_responses_request
 from fairgate.formats.sse import SSEParser, encode_event
@@ -102,16 +103,8 @@ OPENAI_CONVERSATION: list[dict[str, Any]] = [
         "role": "assistant",
         "content": "Let me check.",
         "tool_calls": [
-            {
-                "id": "call_1",
-                "type": "function",
-                "function": {"name": "get_weather", "arguments": '{"city":"Paris"}'},
-            },
-            {
-                "id": "call_2",
-                "type": "function",
-                "function": {"name": "get_weather", "arguments": '{"city":"Lyon"}'},
-            },
+            tool_call("call_1", '{"city":"Paris"}'),
+            tool_call("call_2", '{"city":"Lyon"}'),
         ],
     },
     {"role": "tool", "tool_call_id": "call_1", "content": "18C sunny"},
@@ -399,13 +392,7 @@ def test_anthropic_to_openai_request_full() -> None:
         {
             "role": "assistant",
             "content": "Checking.",
-            "tool_calls": [
-                {
-                    "id": "toolu_1",
-                    "type": "function",
-                    "function": {"name": "get_weather", "arguments": '{"city":"Paris"}'},
-                }
-            ],
+            "tool_calls": [tool_call("toolu_1", '{"city":"Paris"}')],
         },
         {"role": "tool", "tool_call_id": "toolu_1", "content": "18C"},
         {"role": "user", "content": "And tomorrow?"},
@@ -570,13 +557,7 @@ OPENAI_COMPLETION: dict[str, Any] = {
                 "role": "assistant",
                 "content": "Sure.",
                 "refusal": None,
-                "tool_calls": [
-                    {
-                        "id": "call_a",
-                        "type": "function",
-                        "function": {"name": "get_weather", "arguments": '{"city":"Rome"}'},
-                    }
-                ],
+                "tool_calls": [tool_call("call_a", '{"city":"Rome"}')],
             },
             "finish_reason": "tool_calls",
             "logprobs": None,

@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 
 from fairgate.domain.units import Unit, Window
-from fairgate.quota.model import Allocation, Dimension, Pool, ShareMode
+from fairgate.quota.model import Allocation, Dimension, ShareMode
 from fairgate.quota.usage import build_usage
 from fairgate.quota.window import Count
+from quota_support import make_pool
 
 REQ = Dimension(Unit.REQUESTS, Window.HOURLY, 100)
 TOK = Dimension(Unit.TOKENS, Window.HOURLY, 100_000)
@@ -15,13 +16,12 @@ WEEK = Dimension(Unit.TOKENS, Window.WEEKLY, 0)  # unknown limit: not enforced
 
 
 def test_dominant_share_is_the_largest_share_of_an_enforced_dimension() -> None:
-    pool = Pool(
-        id="p",
-        name="p",
-        provider="openai",
-        connections=("c",),
-        dimensions=(REQ, TOK, WEEK),
+    pool = make_pool(
+        REQ,
+        TOK,
+        WEEK,
         allocations=(Allocation("chat", 50), Allocation("agent", 50), Allocation("idle", 0)),
+        provider="openai",
         share_mode=ShareMode.ACTIVE,
     )
     per_key = {

@@ -11,48 +11,59 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
-from typing import Annotated, Any, Literal, Self
+from typing import Annotated, Any, Literal
 
 from pydantic import (
-    BaseModel,
-    ConfigDict,
     Field,
     StringConstraints,
     field_validator,
-    model_validator,
 )
-from pydantic.alias_generators import to_camel
 
 from fairgate.config import (
-    BillingField,
-    CapValue,
+    ActiveWindowS,
+    AllocationFields,
+    Allocations,
+    AllocationTerms,
+    BillingFields,
+    CamelStrict,
     ComboBody,
     ComboName,
     ComboSettingsSpec,
     ComboSpec,
     ComboTargetSpec,
-    HeaderName,
+    ConnectionFields,
+    DimensionConfig,
+    Dimensions,
+    ForwardHeaders,
     HttpUrl,
     Id,
-    Limit,
-    ModelList,
+    IdList,
+    KeyFields,
+    MaxWaitMs,
+    ModelCapConfig,
     ModelName,
+    ModelsPatch,
+    Name,
+    PoolFields,
+    PoolMembers,
+    QueuePerKey,
+    QueuePerPool,
     Weight,
-    checked_billing_fields,
-    checked_forward_headers,
-    checked_models,
     redact_url,
 )
 from fairgate.db.pools import PoolRecord
 from fairgate.domain.connections import Connection
 from fairgate.domain.keys import ClientKey
 from fairgate.domain.units import Unit, Window, WindowAnchor
+from fairgate.process.settings import Fraction, RetentionDays
 from fairgate.quota.decision import Outcome, Reason
+from fairgate.quota.hold import (
+    AdmissionMode,
+    HoldSettings,
+)
 from fairgate.quota.model import Allocation, Dimension, ModelCap, Policy, Pool, ShareMode
 from fairgate.quota.usage import PoolUsage
 
-Name = Annotated[str, StringConstraints(max_length=200)]
-Fraction = Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)]
 RedisUrl = Annotated[
     str,
     StringConstraints(
@@ -60,15 +71,9 @@ RedisUrl = Annotated[
     ),
 ]
 
-
-class ApiModel(BaseModel):
-    model_config = ConfigDict(
-        alias_generator=to_camel,
-        validate_by_name=True,
-        validate_by_alias=True,
-        serialize_by_alias=True,
-        extra="forbid",
-    )
+#: The admin API's JSON is camelCase (the dashboard's convention); its bodies are the config
+#: file's models where the file has one (a subclass of both), so a rule is written once.
+ApiModel = CamelStrict
 
 
 def _no_duplicates(values: Sequence[str], what: str) -> None:
@@ -80,28 +85,13 @@ def _no_duplicates(values: Sequence[str], what: str) -> None:
 # -- quota building blocks --------------------------------------------------------------------
 
 
-class DimensionIn(ApiModel):
-    unit: Unit
-    window: Window
-    limit: Limit
-    window_anchor: WindowAnchor = Field(
-        default=WindowAnchor.PROVIDER,
-        description="provider: a percent window follows the reset the provider states; "
-        "epoch: the epoch-aligned sliding window",
-    )
-
+class DimensionIn(ApiModel, DimensionConfig):
     def to_domain(self) -> Dimension:
         return Dimension(self.unit, self.window, self.limit, self.window_anchor)
 
     @classmethod
     def of(cls, d: Dimension) -> DimensionIn:
         return cls(unit=d.unit, window=d.window, limit=d.limit, window_anchor=d.anchor)
-
-
-def _unique_dims(dims: list[DimensionIn]) -> list[DimensionIn]:
-    """Two dimensions with the same unit and window would share one counter."""
-    _no_duplicates([f"{d.unit.value}/{d.window.value}" for d in dims], "dimension")
-    return dims
 
 
 class DimensionOut(ApiModel):
@@ -146,11 +136,7 @@ class EnforcedDimensionOut(DimensionOut):
         )
 
 
-class ModelCapIn(ApiModel):
-    model: ModelName
-    unit: Unit
-    limit: Limit
-
+class ModelCapIn(ApiModel, ModelCapConfig):
     def to_domain(self) -> ModelCap:
         return ModelCap(self.model, self.unit, self.limit)
 
@@ -159,49 +145,20 @@ class ModelCapIn(ApiModel):
         return cls(model=c.model, unit=c.unit, limit=c.limit)
 
 
-def unique_caps(caps: Sequence[ModelCapIn]) -> None:
-    _no_duplicates([f"{c.model} {c.unit.value}" for c in caps], "model cap")
+def _allocation(terms: AllocationTerms[ModelCapIn], key_id: str, weight: float) -> Allocation:
+    return Allocation(
+        key_id=key_id,
+        weight=weight,
+        cap_value=terms.cap_value,
+        cap_unit=terms.cap_unit,
+        policy=terms.policy,
+        model_caps=tuple(c.to_domain() for c in terms.model_caps),
+    )
 
 
-class _AllocationTerms(ApiModel):
-    """What an allocation says besides its key and weight, and the rules on it: one
-    definition for the whole-pool form (:class:`AllocationIn`) and the one-key form
-    (:class:`AllocationBody`)."""
-
-    policy: Policy = Policy.HARD
-    cap_value: CapValue | None = None
-    cap_unit: Unit | None = None
-    model_caps: list[ModelCapIn] = Field(default_factory=list)
-
-    @model_validator(mode="after")
-    def _cap_pair(self) -> Self:
-        if (self.cap_value is None) != (self.cap_unit is None):
-            raise ValueError("capValue and capUnit must be given together")
-        return self
-
-    @field_validator("model_caps")
-    @classmethod
-    def _caps(cls, v: list[ModelCapIn]) -> list[ModelCapIn]:
-        unique_caps(v)
-        return v
-
-    def _allocation(self, key_id: str, weight: float) -> Allocation:
-        return Allocation(
-            key_id=key_id,
-            weight=weight,
-            cap_value=self.cap_value,
-            cap_unit=self.cap_unit,
-            policy=self.policy,
-            model_caps=tuple(c.to_domain() for c in self.model_caps),
-        )
-
-
-class AllocationIn(_AllocationTerms):
-    key: Id
-    weight: Weight = 0.0
-
+class AllocationIn(ApiModel, AllocationFields[ModelCapIn]):
     def to_domain(self) -> Allocation:
-        return self._allocation(self.key, self.weight)
+        return _allocation(self, self.key, self.weight)
 
     @classmethod
     def of(cls, a: Allocation) -> AllocationIn:
@@ -215,54 +172,19 @@ class AllocationIn(_AllocationTerms):
         )
 
 
-class AllocationBody(_AllocationTerms):
+class AllocationBody(ApiModel, AllocationTerms[ModelCapIn]):
     """One key's allocation, the key named by the path (``PUT …/allocations/{key}``): all of
     it, as :class:`AllocationIn` without the key. The weight has no default here: an
     allocation added without one would silently be a zero share."""
 
-    weight: Weight
+    weight: Weight = Field(description="The key's fair share, in percent of each limit")
 
     def to_domain(self, key_id: str) -> Allocation:
-        return self._allocation(key_id, self.weight)
+        return _allocation(self, key_id, self.weight)
 
 
-def _unique_allocs(allocs: list[AllocationIn]) -> list[AllocationIn]:
-    _no_duplicates([a.key for a in allocs], "allocation for key")
-    return allocs
-
-
-ActiveWindowS = Annotated[float, Field(ge=1, le=30 * 86_400, allow_inf_nan=False)]
-
-
-class PoolIn(ApiModel):
+class PoolIn(ApiModel, PoolFields[DimensionIn, AllocationIn]):
     """A pool as created, exported and imported (the config file's pool, camelCase)."""
-
-    id: Id
-    name: Name = ""
-    connections: list[Id] = Field(min_length=1)
-    share_mode: ShareMode = ShareMode.STATIC
-    active_window_s: ActiveWindowS = 900.0
-    dimensions: list[DimensionIn] = Field(
-        default_factory=list,
-        description="Empty: the resolved plan of the first member connection",
-    )
-    allocations: list[AllocationIn] = Field(default_factory=list)
-
-    @field_validator("connections")
-    @classmethod
-    def _members(cls, v: list[str]) -> list[str]:
-        _no_duplicates(v, "connection")
-        return v
-
-    @field_validator("dimensions")
-    @classmethod
-    def _dims(cls, v: list[DimensionIn]) -> list[DimensionIn]:
-        return _unique_dims(v)
-
-    @field_validator("allocations")
-    @classmethod
-    def _allocs(cls, v: list[AllocationIn]) -> list[AllocationIn]:
-        return _unique_allocs(v)
 
     def to_record(self) -> PoolRecord:
         return PoolRecord(
@@ -273,6 +195,9 @@ class PoolIn(ApiModel):
             allocations=tuple(a.to_domain() for a in self.allocations),
             share_mode=self.share_mode,
             active_window_ms=round(self.active_window_s * 1000),
+            hold=HoldSettings(
+                self.admission, self.max_wait_ms, self.queue_per_key, self.queue_per_pool
+            ),
         )
 
     @classmethod
@@ -283,6 +208,10 @@ class PoolIn(ApiModel):
             connections=list(rec.connections),
             share_mode=rec.share_mode,
             active_window_s=rec.active_window_ms / 1000,
+            admission=rec.hold.mode,
+            max_wait_ms=rec.hold.max_wait_ms,
+            queue_per_key=rec.hold.queue_per_key,
+            queue_per_pool=rec.hold.queue_per_pool,
             dimensions=[DimensionIn.of(d) for d in rec.dimensions],
             allocations=[AllocationIn.of(a) for a in rec.allocations],
         )
@@ -294,25 +223,13 @@ class PoolPatch(ApiModel):
     name: Name | None = None
     share_mode: ShareMode | None = None
     active_window_s: ActiveWindowS | None = None
-    dimensions: list[DimensionIn] | None = None
-    connections: list[Id] | None = Field(default=None, min_length=1)
-    allocations: list[AllocationIn] | None = None
-
-    @field_validator("connections")
-    @classmethod
-    def _members(cls, v: list[str] | None) -> list[str] | None:
-        _no_duplicates(v or [], "connection")
-        return v
-
-    @field_validator("dimensions")
-    @classmethod
-    def _dims(cls, v: list[DimensionIn] | None) -> list[DimensionIn] | None:
-        return None if v is None else _unique_dims(v)
-
-    @field_validator("allocations")
-    @classmethod
-    def _allocs(cls, v: list[AllocationIn] | None) -> list[AllocationIn] | None:
-        return None if v is None else _unique_allocs(v)
+    admission: AdmissionMode | None = None
+    max_wait_ms: MaxWaitMs | None = None
+    queue_per_key: QueuePerKey | None = None
+    queue_per_pool: QueuePerPool | None = None
+    dimensions: Dimensions[DimensionIn] | None = None
+    connections: PoolMembers | None = None
+    allocations: Allocations[AllocationIn] | None = None
 
 
 class PoolOut(PoolIn):
@@ -419,45 +336,10 @@ class PoolUsageOut(ApiModel):
 
     @classmethod
     def of(cls, u: PoolUsage) -> PoolUsageOut:
-        return cls(
-            pool_id=u.pool_id,
-            at_ms=u.at_ms,
-            dimensions=[
-                DimensionUsageOut(
-                    key=d.key,
-                    unit=d.unit,
-                    window=d.window,
-                    limit=d.limit,
-                    enforced=d.enforced,
-                    total=d.total,
-                    used_fraction=d.used_fraction,
-                    strict=d.strict,
-                    burn_rate_per_s=d.burn_rate_per_s,
-                    time_to_exhaustion_ms=d.time_to_exhaustion_ms,
-                    resets_at_ms=d.resets_at_ms,
-                    anchor_source=d.anchor_source,
-                    keys=[
-                        KeyUsageOut(
-                            key_id=k.key_id,
-                            weight=k.weight,
-                            policy=k.policy,
-                            consumed=k.consumed,
-                            fair_share=k.fair_share,
-                            surplus=k.surplus,
-                            borrowing=k.borrowing,
-                            cap=k.cap,
-                            allocated=k.allocated,
-                            dominant_share=k.dominant_share,
-                            dominant_dimension=k.dominant_dimension,
-                            window_consumed=k.window_consumed,
-                            backlogged=k.backlogged,
-                        )
-                        for k in d.keys
-                    ],
-                )
-                for d in u.dimensions
-            ],
-        )
+        """The engine's usage records as they are: these models name their fields as
+        :mod:`fairgate.quota.usage` does, so they are read by attribute (a field added there is
+        added here by name, not by one more line of copying)."""
+        return cls.model_validate(u, from_attributes=True)
 
 
 class PoolLogOut(ApiModel):
@@ -497,12 +379,7 @@ class PreviewOut(ApiModel):
 
 
 class PlanIn(ApiModel):
-    dimensions: list[DimensionIn] = Field(min_length=1)
-
-    @field_validator("dimensions")
-    @classmethod
-    def _dims(cls, v: list[DimensionIn]) -> list[DimensionIn]:
-        return _unique_dims(v)
+    dimensions: Dimensions[DimensionIn] = Field(min_length=1)
 
 
 class PlanOut(ApiModel):
@@ -519,47 +396,13 @@ class PlanOut(ApiModel):
 # -- connections and keys ---------------------------------------------------------------------
 
 
-class ConnectionIn(ApiModel):
-    id: Id
-    provider: Id
-    base_url: HttpUrl
-    secret: str = Field(default="", max_length=10_000, repr=False, description="Write-only")
-    auth_type: Literal["apikey", "oauth"] = "apikey"
-    weight: Weight = 1.0
-    max_concurrent: int | None = Field(default=None, ge=0, le=1_000_000)
-    models: ModelList | None = Field(
-        default=None,
-        validate_default=True,
-        description='The models it serves, or "*" for any (required: an empty list serves none)',
-    )
-    protocol: Literal["openai", "anthropic"] | None = None
-    enabled: bool = True
-    forward_headers: list[HeaderName] = Field(
-        default_factory=list,
-        max_length=50,
-        description="Client headers passed upstream (none by default)",
-    )
-    billing_fields: list[BillingField] = Field(
-        default_factory=list,
-        description=(
-            "Billing-relevant body fields clients may set (service_tier, store; none by default)"
-        ),
-    )
+class ConnectionIn(ApiModel, ConnectionFields):
+    """A connection as created: the file's, camelCase, without its OAuth section (an OAuth
+    connection is made by the login flow) and not on the Responses wire."""
 
-    @field_validator("models")
-    @classmethod
-    def _models(cls, v: list[str] | str | None) -> list[str]:
-        return checked_models(v)
-
-    @field_validator("forward_headers")
-    @classmethod
-    def _headers(cls, v: list[str]) -> list[str]:
-        return checked_forward_headers(v)
-
-    @field_validator("billing_fields")
-    @classmethod
-    def _billing(cls, v: list[str]) -> list[str]:
-        return checked_billing_fields(v)
+    protocol: Literal["openai", "anthropic"] | None = Field(
+        default=None, description="Upstream wire protocol (null: the provider's usual one)"
+    )
 
 
 class ConnectionPatch(ApiModel):
@@ -569,26 +412,11 @@ class ConnectionPatch(ApiModel):
     auth_type: Literal["apikey", "oauth"] | None = None
     weight: Weight | None = None
     max_concurrent: int | None = Field(default=None, ge=0, le=1_000_000)
-    models: ModelList | None = None
+    models: ModelsPatch | None = None
     protocol: Literal["openai", "anthropic"] | None = None
     enabled: bool | None = None
-    forward_headers: list[HeaderName] | None = Field(default=None, max_length=50)
-    billing_fields: list[BillingField] | None = None
-
-    @field_validator("models")
-    @classmethod
-    def _models(cls, v: list[str] | str | None) -> list[str] | None:
-        return None if v is None else checked_models(v)
-
-    @field_validator("forward_headers")
-    @classmethod
-    def _headers(cls, v: list[str] | None) -> list[str] | None:
-        return None if v is None else checked_forward_headers(v)
-
-    @field_validator("billing_fields")
-    @classmethod
-    def _billing(cls, v: list[str] | None) -> list[str] | None:
-        return None if v is None else checked_billing_fields(v)
+    forward_headers: ForwardHeaders | None = None
+    billing_fields: BillingFields | None = None
 
 
 class ConnectionOut(ApiModel):
@@ -630,31 +458,20 @@ class ConnectionOut(ApiModel):
         )
 
 
-_ALLOWED_CONNECTIONS = "Connections outside every pool this key may use (server.require_allocation)"
-_ALLOWED_PROVIDERS = "Providers whose connections outside every pool this key may use"
+class KeyIn(ApiModel, KeyFields):
+    """A key as created: the file's without its credential (the gateway makes the secret)."""
 
-
-class KeyIn(ApiModel):
     id: Id | None = Field(default=None, description="Generated (key-xxxxxxxx) when omitted")
-    name: Name = ""
-    allowed_models: list[ModelName] = Field(default_factory=list)
-    allowed_connections: list[Id] = Field(
-        default_factory=list, max_length=1000, description=_ALLOWED_CONNECTIONS
-    )
-    allowed_providers: list[Id] = Field(
-        default_factory=list, max_length=1000, description=_ALLOWED_PROVIDERS
-    )
-    enabled: bool = True
 
 
 class KeyPatch(ApiModel):
     name: Name | None = None
     allowed_models: list[ModelName] | None = None
-    allowed_connections: list[Id] | None = Field(
-        default=None, max_length=1000, description=_ALLOWED_CONNECTIONS
+    allowed_connections: IdList | None = Field(
+        default=None, description=KeyFields.model_fields["allowed_connections"].description
     )
-    allowed_providers: list[Id] | None = Field(
-        default=None, max_length=1000, description=_ALLOWED_PROVIDERS
+    allowed_providers: IdList | None = Field(
+        default=None, description=KeyFields.model_fields["allowed_providers"].description
     )
     enabled: bool | None = None
 
@@ -727,9 +544,7 @@ class QuotaStoreSettingsIn(ApiModel):
 class QuotaKnobsIn(ApiModel):
     saturation_threshold: Fraction | None = None
     soft_deprioritize_factor: Fraction | None = None
-    consumption_retention_days: (
-        Annotated[float, Field(ge=0, le=3650, allow_inf_nan=False)] | None
-    ) = None
+    consumption_retention_days: RetentionDays | None = None
 
 
 class AccessSettingsIn(ApiModel):

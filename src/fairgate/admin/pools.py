@@ -39,8 +39,8 @@ from fairgate.admin.models import (
     PoolUsageOut,
     PreviewDimensionOut,
     PreviewOut,
-    unique_caps,
 )
+from fairgate.config import unique_caps
 from fairgate.db.common import Invalid, transaction
 from fairgate.db.keys import KeyRepo
 from fairgate.db.plans import PlanRepo
@@ -57,6 +57,7 @@ from fairgate.quota.decision import (
     evaluate,
     retry_after_ms,
 )
+from fairgate.quota.hold import HoldSettings
 from fairgate.quota.model import (
     Allocation,
     Dimension,
@@ -81,15 +82,8 @@ def _pool_out(rec: PoolRecord, overrides: Mapping[str, tuple[Dimension, ...]]) -
     if not rec.dimensions:
         first = rec.connections[0] if rec.connections else ""
         source = _plan_source(resolve_plan(rec.provider, overrides.get(first)).source)
-    base = PoolIn.of(rec)
     return PoolOut(
-        id=base.id,
-        name=base.name,
-        connections=base.connections,
-        share_mode=base.share_mode,
-        active_window_s=base.active_window_s,
-        dimensions=base.dimensions,
-        allocations=base.allocations,
+        **dict(PoolIn.of(rec)),  # the pool as written: every field of PoolIn, PoolOut's base
         provider=rec.provider,
         effective_dimensions=[EnforcedDimensionOut.of_pool(pool, d) for d in pool.dimensions],
         plan_source=source,
@@ -182,6 +176,7 @@ async def patch_pool(pool_id: str, body: PoolPatch, gw: GW) -> PoolOut:
             rec = replace(rec, share_mode=body.share_mode)
         if body.active_window_s is not None:
             rec = replace(rec, active_window_ms=round(body.active_window_s * 1000))
+        rec = replace(rec, hold=_patched_hold(rec.hold, body))
         if body.dimensions is not None:
             rec = replace(rec, dimensions=tuple(d.to_domain() for d in body.dimensions))
         if body.connections is not None:
@@ -191,6 +186,16 @@ async def patch_pool(pool_id: str, body: PoolPatch, gw: GW) -> PoolOut:
         rec = repo.update(rec)
     gw.reload()
     return _out(gw, rec)
+
+
+def _patched_hold(hold: HoldSettings, body: PoolPatch) -> HoldSettings:
+    """The pool's admission setting with the fields the patch gives."""
+    return HoldSettings(
+        hold.mode if body.admission is None else body.admission,
+        hold.max_wait_ms if body.max_wait_ms is None else body.max_wait_ms,
+        hold.queue_per_key if body.queue_per_key is None else body.queue_per_key,
+        hold.queue_per_pool if body.queue_per_pool is None else body.queue_per_pool,
+    )
 
 
 @router.delete("/quota/pools/{pool_id}", status_code=204, tags=["pools"])

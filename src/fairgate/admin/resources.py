@@ -7,8 +7,9 @@ stored; the Redis URL (it may hold a password) is reported as ``redisUrlConfigur
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
-from typing import Literal
+from typing import Any, Literal, TypeVar, overload
 from urllib.parse import urlsplit
 
 from fastapi import APIRouter, Response
@@ -56,6 +57,23 @@ def _no_nulls(body: ConnectionPatch | KeyPatch, nullable: frozenset[str] = froze
     nulls = [n for n in body.model_fields_set if getattr(body, n) is None and n not in nullable]
     if nulls:
         raise invalid([(fields[n].alias or n, "may not be null") for n in nulls])
+
+
+T = TypeVar("T")
+V = TypeVar("V")
+
+
+@overload
+def _patched(stored: T, given: T | None) -> T: ...
+@overload
+def _patched(stored: T, given: V | None, convert: Callable[[V], T]) -> T: ...
+def _patched(stored: Any, given: Any, convert: Callable[[Any], Any] | None = None) -> Any:
+    """PATCH: a field left out (``None``: :func:`_no_nulls` refused an explicit ``null``)
+    keeps the stored value; a given one replaces it, through ``convert`` into the record's
+    type."""
+    if given is None:
+        return stored
+    return given if convert is None else convert(given)
 
 
 # -- connections ------------------------------------------------------------------------------
@@ -154,19 +172,15 @@ async def patch_connection(connection_id: str, body: ConnectionPatch, gw: GW) ->
             c,
             provider=provider,
             base_url=body.base_url or c.base_url,
-            secret=c.secret if body.secret is None else body.secret,
-            auth_type=c.auth_type if body.auth_type is None else AuthType(body.auth_type),
-            weight=c.weight if body.weight is None else body.weight,
+            secret=_patched(c.secret, body.secret),
+            auth_type=_patched(c.auth_type, body.auth_type, AuthType),
+            weight=_patched(c.weight, body.weight),
             max_concurrent=body.max_concurrent if "max_concurrent" in given else c.max_concurrent,
-            models=c.models if body.models is None else tuple(body.models),
-            enabled=c.enabled if body.enabled is None else body.enabled,
+            models=_patched(c.models, body.models, tuple),
+            enabled=_patched(c.enabled, body.enabled),
             protocol=protocol,
-            forward_headers=c.forward_headers
-            if body.forward_headers is None
-            else tuple(body.forward_headers),
-            billing_fields=c.billing_fields
-            if body.billing_fields is None
-            else tuple(body.billing_fields),
+            forward_headers=_patched(c.forward_headers, body.forward_headers, tuple),
+            billing_fields=_patched(c.billing_fields, body.billing_fields, tuple),
         )
         repo.update(c)
     gw.reload()
@@ -188,16 +202,10 @@ async def test_connection(connection_id: str, gw: GW) -> ConnectionTestOut:
         status=res.status,
         latency_ms=round(res.latency_ms, 1),
         models=res.models,
+        # the reading's request and token fields, read by their names
         rate_limit=None
         if snap is None
-        else RateLimitOut(
-            requests_limit=snap.requests_limit,
-            requests_remaining=snap.requests_remaining,
-            requests_reset_ms=snap.requests_reset_ms,
-            tokens_limit=snap.tokens_limit,
-            tokens_remaining=snap.tokens_remaining,
-            tokens_reset_ms=snap.tokens_reset_ms,
-        ),
+        else RateLimitOut.model_validate(snap, from_attributes=True),
         error=res.error,
     )
 
@@ -278,16 +286,12 @@ async def patch_key(key_id: str, body: KeyPatch, gw: GW) -> KeyOut:
         k = replace(
             k,
             name=k.name if body.name is None else (body.name or k.id),
-            allowed_models=k.allowed_models
-            if body.allowed_models is None
-            else tuple(body.allowed_models),
-            allowed_connections=k.allowed_connections
-            if body.allowed_connections is None
-            else frozenset(body.allowed_connections),
-            allowed_providers=k.allowed_providers
-            if body.allowed_providers is None
-            else frozenset(body.allowed_providers),
-            enabled=k.enabled if body.enabled is None else body.enabled,
+            allowed_models=_patched(k.allowed_models, body.allowed_models, tuple),
+            allowed_connections=_patched(
+                k.allowed_connections, body.allowed_connections, frozenset
+            ),
+            allowed_providers=_patched(k.allowed_providers, body.allowed_providers, frozenset),
+            enabled=_patched(k.enabled, body.enabled),
         )
         repo.update(k)
     gw.reload()

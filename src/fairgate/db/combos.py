@@ -29,7 +29,7 @@ from pydantic import ValidationError
 from fairgate.clock import SYSTEM_CLOCK, Clock
 from fairgate.config import ComboSpec, InvalidCombo
 from fairgate.db.base import Database, Row
-from fairgate.db.common import Conflict, Invalid, NotFound, dumps, transaction
+from fairgate.db.common import Conflict, Invalid, NotFound, dumps, found, transaction, upsert
 from fairgate.routing.combo import Combo
 
 __all__ = ["ComboRecord", "ComboRepo", "combo_fields"]
@@ -85,10 +85,7 @@ class ComboRepo:
         return None if row is None else self._record(row)
 
     def get(self, name: str) -> ComboRecord:
-        found = self.find(name)
-        if found is None:
-            raise NotFound(f"combo '{name}' not found")
-        return found
+        return found(self.find(name), f"combo '{name}'")
 
     def combos(
         self,
@@ -162,17 +159,20 @@ class ComboRepo:
 
     def upsert(self, spec: ComboSpec) -> str:
         """``created``, ``updated`` or ``unchanged`` (nothing written): seeding is idempotent."""
-        with transaction(self._conn):
+
+        def stored() -> tuple[str, str, str] | None:
             row = self._conn.execute(
                 "SELECT strategy, targets, config FROM combos WHERE name = ?", (spec.name,)
             ).fetchone()
-            if row is None:
-                self.create(spec)
-                return "created"
-            if self._stored(row) == _columns(spec):
-                return "unchanged"
-            self.replace(spec)
-            return "updated"
+            return None if row is None else self._stored(row)
+
+        return upsert(
+            self._conn,
+            stored,
+            lambda: _columns(spec),
+            lambda: self.create(spec),
+            lambda: self.replace(spec),
+        )
 
     def delete(self, name: str) -> None:
         with transaction(self._conn):

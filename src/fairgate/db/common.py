@@ -7,10 +7,10 @@ rejected write never leaves half a change behind (:func:`transaction` rolls back
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from itertools import count
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 
@@ -48,6 +48,8 @@ class Invalid(RepoError):
         super().__init__("; ".join(f"{f}: {m}" if f else m for f, m in self.problems))
 
 
+T = TypeVar("T")
+
 _savepoints = count()
 
 
@@ -74,6 +76,36 @@ def transaction(conn: Database) -> Iterator[Database]:
         conn.execute("ROLLBACK")
         raise
     conn.execute("COMMIT")
+
+
+def found(value: T | None, what: str) -> T:
+    """``value``, or :class:`NotFound` naming ``what`` (``key 'k1'``) when the lookup found
+    nothing: the one message every repository's ``get`` gives."""
+    if value is None:
+        raise NotFound(f"{what} not found")
+    return value
+
+
+def upsert(
+    conn: Database,
+    find: Callable[[], object | None],
+    wanted: Callable[[], object],
+    create: Callable[[], object],
+    update: Callable[[], object],
+) -> str:
+    """``created``, ``updated`` or ``unchanged`` (nothing written), in one transaction: what
+    every repository's ``upsert`` does (seeding and import are idempotent). ``find`` reads the
+    stored form (None: absent) and ``wanted`` the form it must equal to count as unchanged;
+    ``wanted`` runs only when there is a stored one (a pool's checks read the DB)."""
+    with transaction(conn):
+        old = find()
+        if old is None:
+            create()
+            return "created"
+        if old == wanted():
+            return "unchanged"
+        update()
+        return "updated"
 
 
 def dumps(value: Any) -> str:

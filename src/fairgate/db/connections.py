@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from fairgate.clock import SYSTEM_CLOCK, Clock
 from fairgate.db.base import Database, Row
-from fairgate.db.common import Conflict, NotFound, dumps, strings_from_json, transaction
+from fairgate.db.common import Conflict, dumps, found, strings_from_json, transaction, upsert
 from fairgate.db.engine import schema_version
 from fairgate.db.schema import BILLING_FIELDS_VERSION
 from fairgate.domain.connections import AuthType, Connection, protocol_for
@@ -83,10 +83,7 @@ class ConnectionRepo:
         return None if row is None else _row_to_connection(row, self._box, billing)
 
     def get(self, connection_id: str) -> Connection:
-        found = self.find(connection_id)
-        if found is None:
-            raise NotFound(f"connection '{connection_id}' not found")
-        return found
+        return found(self.find(connection_id), f"connection '{connection_id}'")
 
     def pool_of(self, connection_id: str) -> str | None:
         row = self._conn.execute(
@@ -125,16 +122,15 @@ class ConnectionRepo:
         return c
 
     def upsert(self, c: Connection) -> str:
-        """``created``, ``updated`` or ``unchanged`` (nothing written)."""
-        with transaction(self._conn):
-            old = self.find(c.id)
-            if old is None:
-                self.create(c)
-                return "created"
-            if old == c:  # the secret is compared too (it is a dataclass field)
-                return "unchanged"
-            self.update(c)
-            return "updated"
+        """``created``, ``updated`` or ``unchanged`` (nothing written); the secret is compared
+        too (it is a dataclass field)."""
+        return upsert(
+            self._conn,
+            lambda: self.find(c.id),
+            lambda: c,
+            lambda: self.create(c),
+            lambda: self.update(c),
+        )
 
     def delete(self, connection_id: str) -> None:
         """Refused while the connection is a pool member (the pool would silently lose

@@ -19,7 +19,7 @@ from typing import Literal
 
 from fairgate.clock import SYSTEM_CLOCK, Clock
 from fairgate.db.base import Database, Row
-from fairgate.db.common import Conflict, NotFound, dumps, strings_from_json, transaction
+from fairgate.db.common import Conflict, dumps, found, strings_from_json, transaction, upsert
 from fairgate.domain.keys import ClientKey, hash_key
 
 SECRET_PREFIX = "fg-"
@@ -71,10 +71,7 @@ class KeyRepo:
         return None if row is None else _row_to_key(row)
 
     def get(self, key_id: str) -> ClientKey:
-        found = self.find(key_id)
-        if found is None:
-            raise NotFound(f"key '{key_id}' not found")
-        return found
+        return found(self.find(key_id), f"key '{key_id}'")
 
     def by_hash(self, key_hash: str) -> ClientKey | None:
         row = self._conn.execute(
@@ -148,15 +145,13 @@ class KeyRepo:
 
     def upsert(self, key: ClientKey) -> str:
         """``created``, ``updated`` or ``unchanged`` (nothing written)."""
-        with transaction(self._conn):
-            old = self.find(key.id)
-            if old is None:
-                self.insert(key)
-                return "created"
-            if old == key:
-                return "unchanged"
-            self.update(key)
-            return "updated"
+        return upsert(
+            self._conn,
+            lambda: self.find(key.id),
+            lambda: key,
+            lambda: self.insert(key),
+            lambda: self.update(key),
+        )
 
     def delete(self, key_id: str) -> None:
         """Its allocations go with it (ON DELETE CASCADE): a deleted key holds no share."""

@@ -8,6 +8,7 @@ A pool's own ``dimensions`` are optional: empty means "the plan of the first mem
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
@@ -21,11 +22,14 @@ from fairgate.db.common import (
     caps_to_json,
     dims_from_json,
     dims_to_json,
+    found,
     transaction,
+    upsert,
 )
 from fairgate.db.plans import PlanRepo
 from fairgate.domain.units import Unit
 from fairgate.quota.catalog import resolve_plan
+from fairgate.quota.hold import NO_HOLD, HoldSettings
 from fairgate.quota.model import (
     Allocation,
     Dimension,
@@ -52,6 +56,7 @@ class PoolRecord:
     share_mode: ShareMode = ShareMode.STATIC
     active_window_ms: int = DEFAULT_ACTIVE_WINDOW_MS
     provider: str = ""
+    hold: HoldSettings = NO_HOLD
 
 
 def resolve_pool(rec: PoolRecord, overrides: Mapping[str, tuple[Dimension, ...]]) -> Pool:
@@ -73,6 +78,7 @@ def resolve_pool(rec: PoolRecord, overrides: Mapping[str, tuple[Dimension, ...]]
         share_mode=rec.share_mode,
         active_window_ms=rec.active_window_ms,
         per_connection=per_connection,
+        hold=rec.hold,
     )
 
 
@@ -96,10 +102,7 @@ class PoolRepo:
         return self._record(row, self._members(pool_id), self._allocations(pool_id))
 
     def record(self, pool_id: str) -> PoolRecord:
-        found = self.find_record(pool_id)
-        if found is None:
-            raise NotFound(f"pool '{pool_id}' not found")
-        return found
+        return found(self.find_record(pool_id), f"pool '{pool_id}'")
 
     def all(self) -> list[Pool]:
         overrides = PlanRepo(self._conn).all()
@@ -118,7 +121,8 @@ class PoolRepo:
             now = self._clock.now_ms()
             self._conn.execute(
                 "INSERT INTO pools (id, name, provider, share_mode, active_window_ms, "
-                "dimensions, created_ms, updated_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                "dimensions, admission, created_ms, updated_ms) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     rec.id,
                     rec.name,
@@ -126,6 +130,7 @@ class PoolRepo:
                     rec.share_mode.value,
                     rec.active_window_ms,
                     dims_to_json(rec.dimensions),
+                    json.dumps(rec.hold.as_json()),
                     now,
                     now,
                 ),
@@ -140,13 +145,14 @@ class PoolRepo:
             rec = self._checked(rec)
             self._conn.execute(
                 "UPDATE pools SET name = ?, provider = ?, share_mode = ?, active_window_ms = ?, "
-                "dimensions = ?, updated_ms = ? WHERE id = ?",
+                "dimensions = ?, admission = ?, updated_ms = ? WHERE id = ?",
                 (
                     rec.name,
                     rec.provider,
                     rec.share_mode.value,
                     rec.active_window_ms,
                     dims_to_json(rec.dimensions),
+                    json.dumps(rec.hold.as_json()),
                     self._clock.now_ms(),
                     rec.id,
                 ),
@@ -158,15 +164,13 @@ class PoolRepo:
 
     def upsert(self, rec: PoolRecord) -> str:
         """``created``, ``updated`` or ``unchanged`` (nothing written)."""
-        with transaction(self._conn):
-            old = self.find_record(rec.id)
-            if old is None:
-                self.create(rec)
-                return "created"
-            if old == self._checked(rec):
-                return "unchanged"
-            self.update(rec)
-            return "updated"
+        return upsert(
+            self._conn,
+            lambda: self.find_record(rec.id),
+            lambda: self._checked(rec),
+            lambda: self.create(rec),
+            lambda: self.update(rec),
+        )
 
     def validate(self, rec: PoolRecord) -> PoolRecord:
         """Check a record against the DB without writing (see :meth:`_checked`)."""
@@ -319,25 +323,28 @@ class PoolRepo:
             "UPDATE pools SET updated_ms = ? WHERE id = ?", (self._clock.now_ms(), pool_id)
         )
 
+    def _pool_rows(self, select: str, pool_id: str | None, order: str) -> list[Row]:
+        """A child table's rows of one pool, or of every pool (``pool_id`` None), in ``order``."""
+        if pool_id is None:
+            return self._conn.execute(f"{select} ORDER BY {order}").fetchall()
+        return self._conn.execute(
+            f"{select} WHERE pool_id = ? ORDER BY {order}", (pool_id,)
+        ).fetchall()
+
     def _members(self, pool_id: str | None = None) -> dict[str, list[str]]:
-        sql = "SELECT pool_id, connection_id FROM pool_connections"
-        args: tuple[str, ...] = ()
-        if pool_id is not None:
-            sql, args = sql + " WHERE pool_id = ?", (pool_id,)
+        rows = self._pool_rows(
+            "SELECT pool_id, connection_id FROM pool_connections",
+            pool_id,
+            "pool_id, position, connection_id",
+        )
         out: dict[str, list[str]] = {}
-        for pid, cid in self._conn.execute(
-            sql + " ORDER BY pool_id, position, connection_id", args
-        ):
+        for pid, cid in rows:
             out.setdefault(str(pid), []).append(str(cid))
         return out
 
     def _allocations(self, pool_id: str | None = None) -> dict[str, list[Allocation]]:
-        sql = "SELECT * FROM allocations"
-        args: tuple[str, ...] = ()
-        if pool_id is not None:
-            sql, args = sql + " WHERE pool_id = ?", (pool_id,)
         out: dict[str, list[Allocation]] = {}
-        for r in self._conn.execute(sql + " ORDER BY pool_id, key_id", args):
+        for r in self._pool_rows("SELECT * FROM allocations", pool_id, "pool_id, key_id"):
             out.setdefault(str(r["pool_id"]), []).append(
                 Allocation(
                     key_id=r["key_id"],
@@ -366,4 +373,14 @@ class PoolRepo:
             share_mode=ShareMode(row["share_mode"]),
             active_window_ms=int(row["active_window_ms"]),
             provider=row["provider"],
+            hold=_hold_from_row(row),
         )
+
+
+def _hold_from_row(row: Row) -> HoldSettings:
+    """The pool's admission setting as stored (``{}`` before it existed: refuse)."""
+    try:
+        data = json.loads(row["admission"] or "{}")
+    except (KeyError, IndexError, ValueError):
+        return HoldSettings()
+    return HoldSettings.from_json(data) if isinstance(data, dict) else HoldSettings()

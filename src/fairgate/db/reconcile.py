@@ -42,6 +42,7 @@ from fairgate.db.combos import combo_fields
 from fairgate.db.pools import PoolRecord
 from fairgate.domain.connections import Connection
 from fairgate.domain.keys import ClientKey
+from fairgate.quota.hold import NO_HOLD
 from fairgate.quota.model import Allocation, Dimension
 
 __all__ = [
@@ -154,15 +155,23 @@ def plan_form(dims: Iterable[Dimension]) -> Form:
 
 def pool_form(r: PoolRecord) -> Form:
     """The pool without its allocations (those are an object of their own)."""
-    return form(
-        {
-            "name": r.name,
-            "connections": list(r.connections),
-            "dimensions": _dims(r.dimensions),
-            "share_mode": r.share_mode.value,
-            "active_window_s": r.active_window_ms / 1000,
-        }
-    )
+    fields: dict[str, object] = {
+        "name": r.name,
+        "connections": list(r.connections),
+        "dimensions": _dims(r.dimensions),
+        "share_mode": r.share_mode.value,
+        "active_window_s": r.active_window_ms / 1000,
+    }
+    if r.hold != NO_HOLD:
+        # only when set: the form a database applied before the setting existed still equals
+        # the pool's (so the file keeps updating it)
+        fields.update(
+            admission=r.hold.mode.value,
+            max_wait_ms=r.hold.max_wait_ms,
+            queue_per_key=r.hold.queue_per_key,
+            queue_per_pool=r.hold.queue_per_pool,
+        )
+    return form(fields)
 
 
 def allocations_form(allocations: Iterable[Allocation]) -> Form:

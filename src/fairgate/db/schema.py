@@ -240,6 +240,12 @@ MIGRATIONS: tuple[str | PerEngine, ...] = (
     """
     ALTER TABLE connections ADD COLUMN billing_fields TEXT NOT NULL DEFAULT '[]'
     """,
+    # 10: a pool's admission setting (issue 45, item 1; quota/hold.py): refuse or hold a
+    # request that does not fit, its patience and the queue limits, as one JSON object.
+    # Existing pools get '{}': refuse, as before.
+    """
+    ALTER TABLE pools ADD COLUMN admission TEXT NOT NULL DEFAULT '{}'
+    """,
 )
 
 #: The schema version that added ``config_applied`` and ``retired_key_hashes`` (a reader of an

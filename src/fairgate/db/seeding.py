@@ -30,6 +30,7 @@ from fairgate.db.pools import PoolRecord, PoolRepo, resolve_pool
 from fairgate.db.reconcile import Mode, Objects, Reconciliation, Stored, reconcile
 from fairgate.domain.connections import AuthType, Connection, protocol_for
 from fairgate.domain.keys import ClientKey, hash_key
+from fairgate.quota.hold import HoldSettings
 from fairgate.quota.model import Allocation, Dimension, ModelCap, Pool
 from fairgate.secretbox import SecretBox
 
@@ -105,6 +106,7 @@ def pool_record_from_config(p: PoolConfig) -> PoolRecord:
         allocations=tuple(allocation_from_config(a) for a in p.allocations),
         share_mode=p.share_mode,
         active_window_ms=round(p.active_window_s * 1000),
+        hold=HoldSettings(p.admission, p.max_wait_ms, p.queue_per_key, p.queue_per_pool),
     )
 
 

@@ -176,7 +176,8 @@ def read_version(db: Database) -> int:
 class ChangeWatcher(Generic[S]):
     """Rebuilds the snapshot whenever the counter moved: ``rebuild()`` reads it from the
     database on the watcher's thread (it opens its own connection there), ``apply(snapshot)``
-    swaps it in on the event loop.
+    swaps it in on the event loop and says whether it did (False: the snapshot was stale, and
+    the next check reads again).
 
     ``seen`` is the counter the current snapshot reflects; set it just before building the first
     snapshot so a write in between is caught by the first poll. ``url`` is the PostgreSQL URL to
@@ -187,7 +188,7 @@ class ChangeWatcher(Generic[S]):
         self,
         db: Database,
         rebuild: Callable[[], S],
-        apply: Callable[[S], None],
+        apply: Callable[[S], bool],
         *,
         url: str | None = None,
         poll_s: float | None = None,
@@ -236,10 +237,11 @@ class ChangeWatcher(Generic[S]):
         except (MetadataUnavailable, psycopg.Error, NoReply) as exc:
             self._down(exc)
             return False
-        self._apply(snapshot)
+        self._up()
+        if not self._apply(snapshot):
+            return False  # stale: left unseen, so the next check reads it again
         self.seen = current
         self.reloads += 1
-        self._up()
         return True
 
     async def _rebuilt(self) -> S:

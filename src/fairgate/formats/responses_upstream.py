@@ -33,12 +33,14 @@ import orjson
 
 from fairgate.formats.sse import SSEParser
 from fairgate.formats.translate import (
+    ChatChunks,
     _dumps,
     _list,
     _map,
     _openai_usage,
     _text_of,
     anthropic_to_openai_request,
+    chat_answer_message,
     openai_to_anthropic_response,
 )
 from fairgate.formats.usage import Usage, usage_from_openai
@@ -217,15 +219,7 @@ def chat_from_completed(resp: Mapping[str, Any], model: str, *, created: int) ->
                     },
                 }
             )
-    message: JSON = {
-        "role": "assistant",
-        "content": "".join(texts) if texts or not calls else None,
-        "refusal": None,
-    }
-    if calls:
-        message["tool_calls"] = calls
-    if any(reasoning):
-        message["reasoning_content"] = "".join(reasoning)
+    message = chat_answer_message(texts, calls, "".join(reasoning) if any(reasoning) else None)
     usage = usage_from_openai(resp) or Usage()
     rid = resp.get("id")
     return {
@@ -245,7 +239,7 @@ def chat_from_completed(resp: Mapping[str, Any], model: str, *, created: int) ->
     }
 
 
-class ResponsesToChatStream:
+class ResponsesToChatStream(ChatChunks):
     """Responses stream events → chat ``chat.completion.chunk`` dicts, one event at a time.
 
     ``feed(event, data)`` takes the SSE event name (may be None; ``data["type"]`` wins) and the
@@ -255,24 +249,12 @@ class ResponsesToChatStream:
     """
 
     def __init__(self, model: str, include_usage: bool, created: int, id: str) -> None:
-        self._base: JSON = {
-            "id": id,
-            "object": "chat.completion.chunk",
-            "created": created,
-            "model": model,
-        }
-        self._include_usage = include_usage
+        super().__init__(model, include_usage, created, id)
         self._calls: dict[str, int] = {}  # Responses item id → chat tool-call index
         self._started = False
         self.usage: Usage | None = None
         self.completed: JSON | None = None
         self.done = False
-
-    def _chunk(self, delta: JSON, finish: str | None = None) -> JSON:
-        return {
-            **self._base,
-            "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}],
-        }
 
     def _role(self) -> list[JSON]:
         if self._started:
@@ -298,8 +280,7 @@ class ResponsesToChatStream:
         finish = _finish_reason(resp, bool(self._calls))
         out = [*self._role(), self._chunk({}, finish)]
         if self._include_usage:
-            usage = _openai_usage(self.usage or Usage())
-            out.append({**self._base, "choices": [], "usage": usage})
+            out.append(self._usage_chunk(_openai_usage(self.usage or Usage())))
         return out
 
     def _error(self, message: object, kind: object) -> list[JSON]:

@@ -509,6 +509,19 @@ def _an_part(block: Mapping[str, Any]) -> JSON | None:
     return None
 
 
+def _tool_call_of(block: Mapping[str, Any]) -> JSON:
+    """An Anthropic ``tool_use`` block → an OpenAI ``tool_calls`` entry: one mapping for the
+    request's history and the answer alike, so the two never drift apart."""
+    return {
+        "id": str(block.get("id") or ""),
+        "type": "function",
+        "function": {
+            "name": str(block.get("name") or ""),
+            "arguments": _dumps(block.get("input") or {}),
+        },
+    }
+
+
 def _openai_messages(raw: object) -> list[JSON]:
     out: list[JSON] = []
     for msg in _list(raw):
@@ -530,16 +543,7 @@ def _openai_messages(raw: object) -> list[JSON]:
                 if kind == "text" and isinstance(b.get("text"), str):
                     texts.append(b["text"])
                 elif kind == "tool_use":
-                    calls.append(
-                        {
-                            "id": str(b.get("id") or ""),
-                            "type": "function",
-                            "function": {
-                                "name": str(b.get("name") or ""),
-                                "arguments": _dumps(b.get("input") or {}),
-                            },
-                        }
-                    )
+                    calls.append(_tool_call_of(b))
             message: JSON = {
                 "role": "assistant",
                 "content": "".join(texts) if texts or not calls else None,
@@ -656,6 +660,22 @@ def _chat_format_of(body: Mapping[str, Any]) -> JSON | None:
 # -- answers --------------------------------------------------------------------------------------
 
 
+def chat_answer_message(texts: list[str], calls: list[JSON], reasoning: str | None) -> JSON:
+    """The assistant message of a chat completion translated from another wire: content
+    ``None`` when the answer is only tool calls (as OpenAI writes it), the calls and the
+    reasoning (``reasoning_content``, left out when ``None``) only when there are some."""
+    message: JSON = {
+        "role": "assistant",
+        "content": "".join(texts) if texts or not calls else None,
+        "refusal": None,
+    }
+    if calls:
+        message["tool_calls"] = calls
+    if reasoning is not None:
+        message["reasoning_content"] = reasoning
+    return message
+
+
 def anthropic_to_openai_response(resp: Mapping[str, Any], model: str, *, created: int) -> JSON:
     """An Anthropic message → an OpenAI ``chat.completion``. ``created`` (seconds) is the
     caller's: the gateway's clock, so that a test clock or a replayed trace stamps it too."""
@@ -669,27 +689,10 @@ def anthropic_to_openai_response(resp: Mapping[str, Any], model: str, *, created
         if kind == "text" and isinstance(block.get("text"), str):
             texts.append(block["text"])
         elif kind == "tool_use":
-            calls.append(
-                {
-                    "id": str(block.get("id") or ""),
-                    "type": "function",
-                    "function": {
-                        "name": str(block.get("name") or ""),
-                        "arguments": _dumps(block.get("input") or {}),
-                    },
-                }
-            )
+            calls.append(_tool_call_of(block))
         elif kind == "thinking" and isinstance(block.get("thinking"), str):
             reasoning.append(block["thinking"])
-    message: JSON = {
-        "role": "assistant",
-        "content": "".join(texts) if texts or not calls else None,
-        "refusal": None,
-    }
-    if calls:
-        message["tool_calls"] = calls
-    if reasoning:
-        message["reasoning_content"] = "".join(reasoning)
+    message = chat_answer_message(texts, calls, "".join(reasoning) if reasoning else None)
     stop = resp.get("stop_reason")
     finish = STOP_TO_FINISH.get(stop, "stop") if isinstance(stop, str) else "stop"
     usage = usage_from_anthropic(resp) or Usage()
@@ -739,7 +742,34 @@ def openai_to_anthropic_response(resp: Mapping[str, Any], model: str) -> JSON:
 # -- streams --------------------------------------------------------------------------------------
 
 
-class AnthropicToOpenAIStream:
+class ChatChunks:
+    """The ``chat.completion.chunk`` envelope every stream that speaks OpenAI chat writes: one
+    place for its fixed fields, shared by the Anthropic and the Responses stream translators.
+    A subclass calls ``super().__init__`` and adds its own state."""
+
+    __slots__ = ("_base", "_include_usage")
+
+    def __init__(self, model: str, include_usage: bool, created: int, id: str) -> None:
+        self._base: JSON = {
+            "id": id,
+            "object": "chat.completion.chunk",
+            "created": created,
+            "model": model,
+        }
+        self._include_usage = include_usage
+
+    def _chunk(self, delta: JSON, finish: str | None = None) -> JSON:
+        return {
+            **self._base,
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}],
+        }
+
+    def _usage_chunk(self, usage: JSON) -> JSON:
+        """The usage chunk (``choices: []``) sent last when the client asked for usage."""
+        return {**self._base, "choices": [], "usage": usage}
+
+
+class AnthropicToOpenAIStream(ChatChunks):
     """Anthropic stream events → OpenAI ``chat.completion.chunk`` dicts, one event at a time.
 
     ``feed(event, data)`` takes the SSE event name (may be None; ``data["type"]`` is used) and
@@ -751,23 +781,10 @@ class AnthropicToOpenAIStream:
     ``done`` turns True at ``message_stop`` or ``error``; the caller then sends ``[DONE]``.
     """
 
-    __slots__ = (
-        "_base",
-        "_finished",
-        "_include_usage",
-        "_seen",
-        "_tools",
-        "done",
-    )
+    __slots__ = ("_finished", "_seen", "_tools", "done")
 
     def __init__(self, model: str, include_usage: bool, created: int, id: str) -> None:
-        self._base: JSON = {
-            "id": id,
-            "object": "chat.completion.chunk",
-            "created": created,
-            "model": model,
-        }
-        self._include_usage = include_usage
+        super().__init__(model, include_usage, created, id)
         self._tools: dict[Any, int] = {}  # Anthropic block index → OpenAI tool_calls index
         self._seen: dict[str, Any] = {}  # the usage fields so far, the latest of each
         self._finished = False
@@ -776,12 +793,6 @@ class AnthropicToOpenAIStream:
     @property
     def usage(self) -> Usage:
         return usage_from_anthropic({"usage": self._seen}) or Usage()
-
-    def _chunk(self, delta: JSON, finish: str | None = None) -> JSON:
-        return {
-            **self._base,
-            "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}],
-        }
 
     def _take_usage(self, usage: object) -> None:
         """Anthropic usage fields are cumulative: the latest value of each one wins (the one
@@ -793,7 +804,7 @@ class AnthropicToOpenAIStream:
         finish = STOP_TO_FINISH.get(stop_reason, "stop") if isinstance(stop_reason, str) else "stop"
         out = [self._chunk({}, finish)]
         if self._include_usage:
-            out.append({**self._base, "choices": [], "usage": _openai_usage(self.usage)})
+            out.append(self._usage_chunk(_openai_usage(self.usage)))
         return out
 
     def _delta(self, data: Mapping[str, Any]) -> list[JSON]:

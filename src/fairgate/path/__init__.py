@@ -7,3 +7,17 @@
 each reservation exactly once (``reservation``). The process (``fairgate.process``) gives it the
 gateway's state; nothing here imports the admin API or the process assembly.
 """
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from fairgate.surface import lazy_surface
+
+if TYPE_CHECKING:
+    from fairgate.path.call import Services
+    from fairgate.path.provider_signals import ProviderSignals
+else:  # mypy reads the imports; a run loads each name on first use
+    __getattr__ = lazy_surface(__name__)
+
+__all__ = ["ProviderSignals", "Services"]

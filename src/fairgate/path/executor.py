@@ -15,7 +15,7 @@ import contextlib
 import dataclasses
 import math
 import time
-from collections.abc import Collection, Coroutine
+from collections.abc import Callable, Collection, Coroutine
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -34,6 +34,7 @@ from fairgate.process.client_request import ClientRequest
 from fairgate.process.errors import ApiError
 from fairgate.process.events import AdmissionEvent
 from fairgate.quota.decision import Reason
+from fairgate.quota.hold import MAX_WAIT_HEADER, client_max_wait_ms
 from fairgate.quota.messages import block_message
 from fairgate.quota.model import Pool
 from fairgate.quota.outcomes import ALLOW_UNGOVERNED, Admission
@@ -259,7 +260,16 @@ class _Execution:
         if pool is not None and pool.id in self.blocked_pools:
             self.diag.exclude(cand.label, "quota:pool-blocked")
             return None  # counters are per pool: its other members would block this request too
-        adm = await _admit(self._call_for(cand), conn, pool, cand.model)
+        admitting = _admit(self._call_for(cand), conn, pool, cand.model, on_hold=lease.release)
+        if pool is not None and pool.hold.holds:  # it may wait: the client may go away
+            adm = await self._watching_client(admitting)
+        else:
+            adm = await admitting
+        if adm.allowed and lease.released:  # held (admission: hold) without its slot
+            got = await self._slot_after_hold(cand, adm)
+            if got is None:
+                return None
+            lease = got
         if not adm.allowed:
             self.blocked.append(Blocked(conn, adm))
             reason = adm.reason.value if adm.reason else "blocked"
@@ -272,6 +282,19 @@ class _Execution:
         res = Reservation(svc.state.engine, adm.ticket, svc.inflight, svc.spawn)
         self.reservations.append(res)  # released on the way out unless settled
         return _Admitted(cand, pool, adm, res, lease)
+
+    async def _slot_after_hold(self, cand: Candidate, adm: Admission) -> Lease | None:
+        """A request held for quota room gave its concurrency slot back while it waited (a
+        waiting request holds no slot, issue 45): a slot again now, else its reservation goes
+        back and the candidate counts as full (the slot queue may still take it)."""
+        lease = await self.svc.slots.try_acquire(
+            cand.target, cand.conn.max_concurrent, self.call.key.id
+        )
+        if lease is None:
+            await self.svc.state.engine.release(adm.ticket)
+            self.full.append(cand)
+            self.diag.exclude(cand.label, "concurrency-full")
+        return lease
 
     def _until_the_providers_reset(self, excl: Exclusion, cand: Candidate) -> Exclusion:
         """A cooldown is capped at an hour, but an account that refused with its usage limit
@@ -537,9 +560,17 @@ def request_cost(
     return cost
 
 
-async def _admit(call: Call, conn: Connection, pool: Pool | None, upstream_model: str) -> Admission:
+async def _admit(
+    call: Call,
+    conn: Connection,
+    pool: Pool | None,
+    upstream_model: str,
+    *,
+    on_hold: Callable[[], None] | None = None,
+) -> Admission:
     """The admission of ``call`` on ``conn`` (allowed without asking when no pool governs
-    it), reported once to the event hook (log, pool log, metrics, trace)."""
+    it; a pool with ``admission: hold`` may hold it up to the client's patience, issue 45),
+    reported once to the event hook (log, pool log, metrics, trace)."""
     svc = call.svc
     started = time.time_ns()
     if pool is None:
@@ -549,7 +580,19 @@ async def _admit(call: Call, conn: Connection, pool: Pool | None, upstream_model
         pool_id = None
     else:
         cost = request_cost(call, conn, upstream_model, pool.cost_units)
-        adm = await svc.state.engine.admit(pool, call.key.id, cost, model=upstream_model)
+        try:  # the client's patience, for a pool with admission: hold (issue 45)
+            wait = client_max_wait_ms(call.headers)
+        except ValueError as exc:
+            raise ApiError(
+                400,
+                str(exc),
+                code="invalid_header",
+                param=MAX_WAIT_HEADER,
+                type_="invalid_request_error",
+            ) from None
+        adm = await svc.state.engine.admit(
+            pool, call.key.id, cost, model=upstream_model, max_wait_ms=wait, on_hold=on_hold
+        )
         pool_id = pool.id
     svc.events.admission(
         AdmissionEvent(

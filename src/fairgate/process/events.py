@@ -96,6 +96,8 @@ class LogEvents:
                 "dimension": adm.dimension,
                 "retryAfterMs": adm.retry_after_ms,
                 "failOpen": adm.fail_open,
+                # admission: hold: how long it waited in the pool's queue first
+                **({"waitedMs": adm.waited_ms} if adm.waited_ms else {}),
             },
         )
 

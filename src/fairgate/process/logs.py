@@ -28,6 +28,7 @@ from typing import Any
 import orjson
 
 from fairgate import environment
+from fairgate.process.settings import Settings
 
 #: The id of the request being handled (None outside a request).
 REQUEST_ID: ContextVar[str | None] = ContextVar("fairgate_request_id", default=None)
@@ -255,14 +256,16 @@ def configure_logging(
     return handler
 
 
+def configure_from_settings(settings: Settings, secrets: Iterable[str] = ()) -> None:
+    """The handler as the settings say (``FAIRGATE_LOG_LEVEL``, ``FAIRGATE_LOG_FORMAT``)."""
+    configure_logging(settings.log_level, json=settings.log_format == "json", secrets=secrets)
+
+
 def configure_from_env(env: Mapping[str, str] | None = None, secrets: Iterable[str] = ()) -> None:
-    """``FAIRGATE_LOG_LEVEL`` (info) and ``FAIRGATE_LOG_FORMAT`` (json | text)."""
+    """The same from an environment snapshot (a ``serve --workers`` worker, whose supervisor
+    checked it strictly): a bad value is skipped with a warning, the default applies."""
     env = environment.snapshot() if env is None else env
-    level = (env.get("FAIRGATE_LOG_LEVEL") or "INFO").strip().upper()
-    if level not in logging.getLevelNamesMapping():
-        level = "INFO"
-    fmt = (env.get("FAIRGATE_LOG_FORMAT") or "json").strip().lower()
-    configure_logging(level, json=fmt != "text", secrets=secrets)
+    configure_from_settings(Settings.load(env, strict=False), secrets)
 
 
 # -- request ids ---------------------------------------------------------------------------

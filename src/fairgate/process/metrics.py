@@ -138,6 +138,33 @@ class _DimensionGauge:
     consumed: Mapping[str, float]
 
 
+#: The per-dimension pool gauges: name, help and the field each reads, one row each, so a gauge
+#: is added in one place (the per-key ``fairgate_pool_key_consumed`` has a third label).
+_POOL_GAUGES: tuple[tuple[str, str, Callable[[_DimensionGauge], float]], ...] = (
+    (
+        "fairgate_pool_usage",
+        "Used fraction of the pool limit per dimension (1 = exhausted)",
+        lambda d: d.used_fraction,
+    ),
+    (
+        "fairgate_pool_total",
+        "Consumption in the current window per pool dimension, in the dimension's unit",
+        lambda d: d.total,
+    ),
+    (
+        "fairgate_pool_limit",
+        "Pool limit per dimension as enforced (a plan's or a percent limit × connections; "
+        "0 = unknown)",
+        lambda d: d.limit,
+    ),
+    (
+        "fairgate_pool_burn_rate_per_second",
+        "Consumption per second over the dimension's window (its horizon), in its unit",
+        lambda d: d.burn_rate_per_s,
+    ),
+)
+
+
 @dataclass(frozen=True, slots=True)
 class _Snapshot:
     dimensions: tuple[_DimensionGauge, ...] = ()
@@ -155,27 +182,10 @@ class _StateCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         snap = self._metrics.snapshot
-        usage = GaugeMetricFamily(
-            "fairgate_pool_usage",
-            "Used fraction of the pool limit per dimension (1 = exhausted)",
-            labels=["pool", "dimension"],
-        )
-        total = GaugeMetricFamily(
-            "fairgate_pool_total",
-            "Consumption in the current window per pool dimension, in the dimension's unit",
-            labels=["pool", "dimension"],
-        )
-        limit = GaugeMetricFamily(
-            "fairgate_pool_limit",
-            "Pool limit per dimension as enforced (a plan's or a percent limit × connections; "
-            "0 = unknown)",
-            labels=["pool", "dimension"],
-        )
-        burn = GaugeMetricFamily(
-            "fairgate_pool_burn_rate_per_second",
-            "Consumption per second over the dimension's window (its horizon), in its unit",
-            labels=["pool", "dimension"],
-        )
+        gauges = [
+            (GaugeMetricFamily(name, text, labels=["pool", "dimension"]), value)
+            for name, text, value in _POOL_GAUGES
+        ]
         consumed = GaugeMetricFamily(
             "fairgate_pool_key_consumed",
             "Consumption in the current window per allocated key",
@@ -183,13 +193,12 @@ class _StateCollector(Collector):
         )
         for d in snap.dimensions:
             labels = [d.pool, d.dimension]
-            usage.add_metric(labels, d.used_fraction)
-            total.add_metric(labels, d.total)
-            limit.add_metric(labels, d.limit)
-            burn.add_metric(labels, d.burn_rate_per_s)
-            for key_id, value in d.consumed.items():
-                consumed.add_metric([d.pool, d.dimension, key_id], value)
-        yield from (usage, total, limit, burn, consumed)
+            for gauge, value in gauges:
+                gauge.add_metric(labels, value(d))
+            for key_id, amount in d.consumed.items():
+                consumed.add_metric([d.pool, d.dimension, key_id], amount)
+        yield from (gauge for gauge, _ in gauges)
+        yield consumed
         if snap.store_up is not None:
             up = GaugeMetricFamily(
                 "fairgate_quota_store_up",

@@ -30,6 +30,7 @@ from fairgate.db.watch import READ_TIMEOUT_S, ChangeWatcher, MetadataProbe
 from fairgate.files import private_dir
 from fairgate.process.http_settings import ADMIN_KEY_MIN_LENGTH
 from fairgate.process.oauth_service import OAuthAccounts
+from fairgate.process.settings import Settings
 from fairgate.quota.engine import QuotaEngine
 from fairgate.quota.model import Pool, unenforced_pools
 from fairgate.quota.ports import SlotLeases, SlotLeaseSource
@@ -98,15 +99,19 @@ class Gateway:
         env: Mapping[str, str] | None = None,
         clock: Clock = SYSTEM_CLOCK,
         admin_key: str | None = None,
+        settings: Settings | None = None,
     ) -> None:
         self.data_dir = Path(data_dir)
         self.config = config if config is not None else Config.default()
         self.env: Mapping[str, str] = environment.snapshot() if env is None else env
+        #: the process settings the CLI resolved at start (else resolved here, as strictly:
+        #: a bad value raises SettingsError naming the variable)
+        self.settings = settings or Settings.load(self.env, self.config)
         self.clock = clock
         #: waits of the request path (fall-through pauses, cooldown waits, slot queues) on
         #: ``clock``; tests swap in a ManualTimer that shares their ManualClock
         self.timer: Timer = SystemTimer(clock)
-        self.admin_key: str | None = admin_key or self.env.get("FAIRGATE_ADMIN_KEY") or None
+        self.admin_key: str | None = admin_key or self.settings.admin_key
         #: key id → when this process last authenticated it (epoch ms), for the Keys page;
         #: one entry per key, so bounded by the key table, and never written on the hot path
         #: to the database
@@ -136,6 +141,9 @@ class Gateway:
         self.watcher: ChangeWatcher[_Snapshot] | None = None
         #: the watcher thread's own connection to the metadata DB (opened there, on first use)
         self._reader: Database | None = None
+        #: bumped by each :meth:`reload` (this process's own writes): a snapshot the watcher's
+        #: thread began reading before it is older than the registry in use and is not applied
+        self._reload_generation = 0
         #: asks PostgreSQL whether it answers before an admin call uses the loop's connection
         self._probe: MetadataProbe | None = None
         self._db_url: str | None = None
@@ -209,7 +217,11 @@ class Gateway:
             raise
         self.slot_leases = _slot_leases(store)
         self.engine = QuotaEngine(
-            store, clock=self.clock, settings=self.quota_settings, signals=self.pool_signals
+            store,
+            clock=self.clock,
+            settings=self.quota_settings,
+            signals=self.pool_signals,
+            timer=self.timer,
         )
         self.resilience = await build_manager(
             settings=ResilienceSettings.from_sources(self.env, db_settings),
@@ -303,7 +315,7 @@ class Gateway:
     def redis_prefix(self) -> str:
         """Key prefix in Redis (``QUOTA_STORE_REDIS_PREFIX``): several gateways or test runs can
         share one server without touching each other's counters."""
-        return self.env.get("QUOTA_STORE_REDIS_PREFIX") or "fairgate"
+        return self.settings.redis_prefix
 
     def percent_estimate(self, pool: Pool, tokens: float) -> float:
         """The percent a request of ``tokens`` is expected to cost in ``pool``: the most any of
@@ -343,6 +355,7 @@ class Gateway:
         """Rebuild the registry from the DB and swap it in (one assignment: readers see the old
         or the new snapshot, never a mix). This process's own admin writes call it, on the
         loop; another process's writes reach it through the watcher, off the loop."""
+        self._reload_generation += 1
         self.registry = self._load_registry(self.db)
         settings = SettingsRepo(self.db).all()
         differences = self._compare_config(self.db)
@@ -403,12 +416,8 @@ class Gateway:
         """``FAIRGATE_ADMISSION_LOG_MAX_AGE_S``: how old an event of a Redis admission log may
         get before it is trimmed, and how long the stream of a pool nobody admits to lives
         (default 7 days, at least 60 s)."""
-        raw = self.env.get("FAIRGATE_ADMISSION_LOG_MAX_AGE_S", "").strip()
-        if not raw:
-            return MAX_AGE_MS
-        if not raw.isdigit():
-            raise ValueError("FAIRGATE_ADMISSION_LOG_MAX_AGE_S must be a whole number of seconds")
-        return max(60, int(raw)) * 1000
+        age_s = self.settings.admission_log_max_age_s
+        return MAX_AGE_MS if age_s is None else max(60, age_s) * 1000
 
     def _read_snapshot(self) -> _Snapshot:
         """Another process (a replica, a worker, the CLI) wrote the metadata DB: read the new
@@ -421,11 +430,23 @@ class Gateway:
             )
         if isinstance(db, PgDatabase):
             db.set_reachable(True)  # the watcher has just read from the server
-        return _Snapshot(self._load_registry(db), SettingsRepo(db).all(), self._compare_config(db))
+        generation = self._reload_generation
+        return _Snapshot(
+            self._load_registry(db),
+            SettingsRepo(db).all(),
+            self._compare_config(db),
+            generation=generation,
+        )
 
-    def _apply_snapshot(self, snap: _Snapshot) -> None:
+    def _apply_snapshot(self, snap: _Snapshot) -> bool:
         """Swap in what :meth:`_read_snapshot` read, as this process's own admin API does after
-        a write; on the loop, with no I/O."""
+        a write; on the loop, with no I/O.
+
+        A snapshot whose read began before this process's own last :meth:`reload` is dropped:
+        the write that reload followed may not be in it, and swapping it in would undo the
+        write here; the watcher reads again at its next check."""
+        if snap.generation != self._reload_generation:
+            return False
         self.registry = snap.registry
         if snap.differences is not None:
             self._config_differences = snap.differences
@@ -437,14 +458,13 @@ class Gateway:
             self.resilience.update_settings(
                 ResilienceSettings.from_sources(self.env, snap.settings)
             )
+        return True
 
     def _metadata_poll_s(self) -> float | None:
         """``FAIRGATE_METADATA_POLL_MS``: how often the change counter is read (default 250 ms
         on SQLite; 1 s on PostgreSQL, where notifications arrive first)."""
-        raw = self.env.get("FAIRGATE_METADATA_POLL_MS", "").strip()
-        if raw and not raw.isdigit():
-            raise ValueError("FAIRGATE_METADATA_POLL_MS must be a whole number of milliseconds")
-        return max(10, int(raw)) / 1000 if raw else None
+        poll_ms = self.settings.metadata_poll_ms
+        return None if poll_ms is None else max(10, poll_ms) / 1000
 
     def refresh_settings(self) -> QuotaSettings:
         """Re-read the quota knobs (DB > env > default) into ``quota_settings`` and the engine."""
@@ -478,8 +498,7 @@ class Gateway:
             return choice
 
     def _settings_from(self, db_settings: Mapping[str, str]) -> QuotaSettings:
-        base = QuotaSettings.from_sources(self.env, db_settings)
-        return dataclasses.replace(base, default_max_tokens=self.config.server.default_max_tokens)
+        return self.settings.with_db(db_settings).quota()
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -490,6 +509,8 @@ class _Snapshot:
     settings: Mapping[str, str]
     #: the config file compared with the database (None: the comparison failed)
     differences: list[dict[str, object]] | None = None
+    #: the gateway's reload generation when the read began (see ``Gateway._apply_snapshot``)
+    generation: int = 0
 
 
 def _slot_leases(store: object) -> SlotLeases | None:

@@ -4,10 +4,11 @@ connection, httptools' response parser, a pool of idle connections per origin.
 Why not aiohttp's client here: a relayed request is one ``POST`` with a body we hold whole, to
 a handful of origins, answered by one response that is read whole or relayed as it arrives.
 aiohttp's client builds a ``ClientRequest``, a ``ClientResponse``, a timer context, a task that
-writes the body and a connector lease per request: about 350 k instructions, more than the
-rest of a request to a model without a quota pool. What a relayed request needs costs about a
-fifth of that: the head and body written in one call, the answer parsed by the same C parser
-(llhttp) aiohttp and uvicorn use, and the connection handed back. Everything else the gateway
+writes the body and a connector lease per request: more instructions than the rest of a
+request to a model without a quota pool. What a relayed request needs costs a fraction of that
+(docs/performance.md, "Figures behind the code"): the head and body written in one call, the
+answer parsed by the same C parser (llhttp) aiohttp and uvicorn use, and the connection handed
+back. Everything else the gateway
 sends (OAuth token endpoints, connection tests: rare, general) stays on aiohttp.
 
 What it does, as an experienced user of an HTTP client expects:

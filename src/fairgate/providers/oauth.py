@@ -42,6 +42,7 @@ import orjson
 from fairgate.clock import Clock
 from fairgate.domain.tokens import TokenSet
 from fairgate.quota.signals import SingleFlight
+from fairgate.records import camel_json
 
 __all__ = [
     "AuthHealth",
@@ -176,14 +177,7 @@ class AuthHealth:
     since_ms: int
 
     def as_json(self) -> dict[str, object]:
-        return {
-            "connectionId": self.connection_id,
-            "state": self.state,
-            "reason": self.reason,
-            "expiresAtMs": self.expires_at_ms,
-            "refreshes": self.refreshes,
-            "sinceMs": self.since_ms,
-        }
+        return camel_json(self)
 
 
 @dataclass

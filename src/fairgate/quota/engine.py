@@ -20,9 +20,11 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import math
 import uuid
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Coroutine, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 from fairgate.clock import SYSTEM_CLOCK, Clock
 from fairgate.domain.units import Unit, Window
@@ -34,6 +36,7 @@ from fairgate.quota.decision import (
     CheckPlan,
     DimensionCheck,
     Outcome,
+    Presence,
     Reason,
     Reserves,
     check_plan,
@@ -44,10 +47,13 @@ from fairgate.quota.decision import (
     evaluate,
     long_budget_pace,
     longer_budgets,
+    note_presence,
     pace_reserves,
     retry_after_ms,
+    week_levels,
     with_pace,
 )
+from fairgate.quota.hold import HoldTicket
 from fairgate.quota.journal import Circuit, Journal, JournalEntry
 from fairgate.quota.model import Allocation, Policy, Pool, ShareMode
 from fairgate.quota.outcomes import (
@@ -72,7 +78,8 @@ from fairgate.quota.ports import (
 )
 from fairgate.quota.settings import QuotaSettings
 from fairgate.quota.usage import PoolUsage, build_usage
-from fairgate.quota.window import Anchor, Count, reanchor, window_end_ms
+from fairgate.quota.window import Anchor, Count, bucket_index, reanchor, window_end_ms
+from fairgate.timers import SystemTimer, Timer
 
 log = logging.getLogger("fairgate.quota")
 
@@ -83,7 +90,8 @@ SignalSource = Callable[[Pool], Mapping[str, float]]
 PRESSURE_HOLD_MS = 60_000
 
 #: Above this many active keys an active-mode pool skips the per-key demand bounds: one read of
-#: every key's counters would pause the event loop for too long (about 12 µs per key on SQLite).
+#: every key's counters would pause the event loop for too long (the cost per key on SQLite:
+#: docs/performance.md, "Figures behind the code").
 DEMAND_BOUND_MAX_KEYS = 1_000
 #: Counters are read for the demand estimates at most every (active keys × this) ms: 1 s for 200
 #: keys, 5 s for 1,000.
@@ -100,6 +108,11 @@ REPLAY_INTERVAL_S = 0.5
 #: reservation id, before it fails open.
 ADMIT_ATTEMPTS = 6
 
+#: A held request asks again at least this often (ms): room freed by another replica, or by
+#: the window sliding, wakes no event here (admission: hold)
+HOLD_POLL_MS = 1_000
+#: ... and at most this often, however soon its refusal says room frees
+HOLD_POLL_MIN_MS = 50
 #: At most this many cached check plans (one per pool, key and model in use) before the cache
 #: starts over: a guard against unbounded growth, far above what a deployment uses.
 _PLAN_CACHE_MAX = 200_000
@@ -133,8 +146,9 @@ class _Pressure:
 
 def _demand_every(keys: set[str]) -> int:
     """How often (ms) an active-mode pool's counters are read for the demand estimates: every
-    refresh for a small pool, less often for a large one, so that the read (about 12 µs per key
-    on SQLite, a 12 ms pause at 1,000 keys) stays well under 1 % of the event loop. Demand
+    refresh for a small pool, less often for a large one, so that the read (a pause that grows
+    with the keys: docs/performance.md, "Figures behind the code") stays well under 1 % of the
+    event loop. Demand
     estimates move at the pace of the window (minutes to hours); pressure, which must act
     within a second, is applied at every refresh regardless."""
     return len(keys) * DEMAND_READ_MS_PER_KEY
@@ -168,6 +182,7 @@ class QuotaEngine:
         new_id: Callable[[], str] | None = None,
         journal: Journal | None = None,
         circuit: Circuit | None = None,
+        timer: Timer | None = None,
     ) -> None:
         self.journal = journal if journal is not None else Journal()
         self.circuit = circuit if circuit is not None else Circuit()
@@ -188,6 +203,9 @@ class QuotaEngine:
         self._streaks: dict[str, dict[str, Streak]] = {}
         # per pool (active mode): when this process first saw each key active (demand estimate)
         self._joined: dict[str, dict[str, int]] = {}
+        # per pool (active mode), per longer budget: in how many of its shorter windows each
+        # key was active (decision.week_levels)
+        self._presence: dict[str, dict[str, dict[str, Presence]]] = {}
         self._burn: dict[tuple[str, str], BurnSeries] = {}
         # per pool: when its provider-anchored windows were last read, and them by counter
         self._anchors: dict[str, tuple[int, dict[str, Anchor]]] = {}
@@ -199,6 +217,12 @@ class QuotaEngine:
         self.slow_timeouts = 0
         self.last_error: str | None = None
         self._confirming: asyncio.Future[bool] | None = None
+        self.timer: Timer = timer if timer is not None else SystemTimer(clock)
+        # per pool: set (and dropped) when a reservation of it ends here: wakes the held
+        # requests of this process (admission: hold)
+        self._room: dict[str, asyncio.Event] = {}
+        # waiters leaving their queue after a cancellation (strong references until done)
+        self._leaving: set[asyncio.Future[None]] = set()
 
     @property
     def store(self) -> QuotaStore:
@@ -221,6 +245,109 @@ class QuotaEngine:
         cost: Mapping[Unit, float],
         *,
         model: str | None = None,
+        max_wait_ms: int | None = None,
+        on_hold: Callable[[], None] | None = None,
+    ) -> Admission:
+        """Admit (reserve) or refuse now; in a pool with ``admission: hold``, a request that
+        does not fit waits for room up to the pool's ``max_wait_ms`` (or the client's shorter
+        ``max_wait_ms``) first (:meth:`_held`); ``on_hold`` runs once when it starts waiting
+        (the request path gives its concurrency slot back then: a waiter holds none)."""
+        hold = pool.hold
+        if hold.holds:
+            patience = (
+                hold.max_wait_ms if max_wait_ms is None else min(max_wait_ms, hold.max_wait_ms)
+            )
+            return await self._held(pool, key_id, cost, model, patience, on_hold)
+        return await self._attempt(pool, key_id, cost, model)
+
+    async def _held(
+        self,
+        pool: Pool,
+        key_id: str,
+        cost: Mapping[Unit, float],
+        model: str | None,
+        patience_ms: int,
+        on_hold: Callable[[], None] | None = None,
+    ) -> Admission:
+        """Hold, don't refuse (issue 45, item 1; :mod:`fairgate.quota.hold`): ask the store
+        with this request's waiter until it is admitted, refused for good (a cap, a full queue,
+        its patience out: then with the refusal's ``Retry-After``) or cancelled (its client
+        went away: the waiter leaves the queue). Between two asks it sleeps on the injected
+        timer until room frees in this process (a settle or release of the pool), or
+        :data:`HOLD_POLL_MS` passes (room freed by another replica or the window sliding), or
+        its patience runs out. Nothing is reserved and no slot is taken while it waits."""
+        start = self.clock.now_ms()
+        hold = HoldTicket(
+            self._new_id(),
+            start,
+            start + patience_ms,
+            pool.weight_of(key_id),
+            pool.hold.queue_per_key,
+            pool.hold.queue_per_pool,
+        )
+        try:
+            while True:
+                adm = await self._shielded(self._attempt(pool, key_id, cost, model, hold))
+                now = self.clock.now_ms()
+                if not adm.waiting or now >= hold.deadline_ms:
+                    return replace(adm, waiting=False, waited_ms=now - start)
+                if on_hold is not None:
+                    on_hold()
+                    on_hold = None
+                wake = self._room.setdefault(pool.id, asyncio.Event())
+                hint = adm.retry_after_ms or HOLD_POLL_MS
+                until = now + max(HOLD_POLL_MIN_MS, min(hint, HOLD_POLL_MS))
+                await self.timer.sleep_until(min(hold.deadline_ms, until), wake)
+        except BaseException:
+            # cancelled (the client went away) or broken: the waiter must not keep its place;
+            # a task of its own, as a cancelled task must not wait on the store
+            self._spawn_leave(pool.id, hold.waiter_id)
+            raise
+
+    async def _shielded(self, attempt: Coroutine[Any, Any, Admission]) -> Admission:
+        """One ask of a held request, finished even if the request is cancelled meanwhile (its
+        client went away): an admission the store made then is released, never leaked until
+        its lease runs out."""
+        task = asyncio.ensure_future(attempt)
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            task.add_done_callback(self._release_orphan)
+            raise
+
+    def _release_orphan(self, task: asyncio.Future[Admission]) -> None:
+        if task.cancelled() or task.exception() is not None:
+            return
+        ticket = task.result().ticket
+        if ticket is not None:
+            done = asyncio.ensure_future(self.release(ticket))
+            self._leaving.add(done)
+            done.add_done_callback(self._leaving.discard)
+
+    def _spawn_leave(self, pool_id: str, waiter_id: str) -> None:
+        task = asyncio.ensure_future(self._leave(pool_id, waiter_id))
+        self._leaving.add(task)
+        task.add_done_callback(self._leaving.discard)
+
+    async def _leave(self, pool_id: str, waiter_id: str) -> None:
+        try:
+            await self._store.leave(pool_id, waiter_id)
+        except Exception as exc:  # its deadline takes it out of the queue anyway
+            self._store_error("leave", exc)
+
+    def _room_freed(self, pool_id: str) -> None:
+        """A reservation of the pool ended here: wake this process's held requests of it."""
+        wake = self._room.pop(pool_id, None)
+        if wake is not None:
+            wake.set()
+
+    async def _attempt(
+        self,
+        pool: Pool,
+        key_id: str,
+        cost: Mapping[Unit, float],
+        model: str | None,
+        hold: HoldTicket | None = None,
     ) -> Admission:
         if self.circuit.down and (
             self._background_probe or not self.circuit.allow(self.clock.now_ms())
@@ -231,7 +358,7 @@ class QuotaEngine:
         try:
             for attempt in range(1, ADMIT_ATTEMPTS + 1):
                 try:
-                    return await self._admit(pool, key_id, cost, model, rid, attempt > 1)
+                    return await self._admit(pool, key_id, cost, model, rid, attempt > 1, hold)
                 except Exception as exc:  # fail-open is the contract, whatever broke
                     self.last_error = type(exc).__name__
                     down = await self._store_failed(exc)
@@ -379,6 +506,7 @@ class QuotaEngine:
         model: str | None,
         reservation_id: str,
         retry: bool = False,
+        hold: HoldTicket | None = None,
     ) -> Admission:
         """One admission attempt. ``retry``: an earlier attempt under the same reservation id
         timed out, so the store may hold its reservation already (then it was admitted)."""
@@ -397,6 +525,7 @@ class QuotaEngine:
             reservation_id=reservation_id,
             now_ms=now,
             lease_ms=self.settings.lease_ms,
+            hold=hold,
         )
         try:
             res = await self.store.admit(req)
@@ -425,7 +554,16 @@ class QuotaEngine:
             fall = None if active is None else active.reserves.falls_for(key_id).get(check.key)
             if fall is not None:  # a pacing line's room falls with time: come back then
                 wait = retry_after_ms(check, v.reason, total, mine, now, threshold, fall)
-            adm = Admission(v.outcome, v.reason, check.key, wait, None, status)
+            adm = Admission(
+                v.outcome,
+                v.reason,
+                check.key,
+                wait,
+                None,
+                status,
+                waiting=res.waiting,
+                queue_full=res.queue_full,
+            )
         else:
             ticket = Ticket(pool.id, key_id, req.reservation_id, checks)
             adm = Admission(v.outcome, ticket=ticket, status=status)
@@ -462,6 +600,8 @@ class QuotaEngine:
         except Exception as exc:
             await self._write_failed(self._settle_entry(ticket, usage, now), exc)
             return
+        finally:
+            self._room_freed(pool_id)
         if now < self._next_sample.get(pool_id, now):
             return  # no burn-rate series of the pool is due
         try:  # burn-rate samples: a view, never a reason to journal the settle again
@@ -488,7 +628,10 @@ class QuotaEngine:
         entry = JournalEntry(
             "release", ticket.pool_id, ticket.key_id, ticket.reservation_id, (), now
         )
-        await self._write(entry)
+        try:
+            await self._write(entry)
+        finally:
+            self._room_freed(ticket.pool_id)
 
     async def record(self, pool: Pool, key_id: str, amounts: Mapping[str, float]) -> None:
         """Charge use that had no reservation (percent attribution after a provider reading).
@@ -795,9 +938,9 @@ class QuotaEngine:
         than they refresh (:func:`_demand_every`), and a refresh forced by a newcomer between
         two refreshes reuses the last estimates (the newcomer is unbounded).
 
-        Measured with ``fairgate simulate`` (docs/fairness.md): over the built-in scenarios
-        this takes active mode from a utilisation of 78-95 % of what demand allowed to
-        ≥ 99 %, and Jain's index against the max-min ideal from 0.955-0.9999 to ≥ 0.999.
+        Measured with ``fairgate simulate`` (docs/fairness.md) over the built-in scenarios:
+        the bounds raise active mode's utilisation and its Jain's index against the max-min
+        ideal (the figures: docs/performance.md, "Figures behind the code").
         """
         cached = self._active.get(pool.id)
         fresh = cached is not None and now - cached.at_ms < self.settings.active_refresh_ms
@@ -839,6 +982,10 @@ class QuotaEngine:
             bounds = {k: v for k, v in bounds.items() if k not in pressed}
         pace = NO_PACE if totals is None else long_budget_pace(pool, totals, now)
         levels = dominant_levels(pool, ordered, bounds, used, now, pace)
+        if totals is not None and longer_budgets(pool):
+            presence = self._note_presence(pool, keys, totals, now)
+            for d, cap in week_levels(pool, pace, totals, now, presence, bounds).items():
+                levels[d] = min(levels.get(d, math.inf), cap)
         behind = self._backlogged(pool, now)
         reserves = NO_RESERVES
         if used is not None and pressed:
@@ -855,6 +1002,34 @@ class QuotaEngine:
         )
         self._active[pool.id] = state
         return state
+
+    def _note_presence(
+        self, pool: Pool, keys: set[str], totals: Mapping[str, Count], now: int
+    ) -> dict[str, dict[str, Presence]]:
+        """Count the shorter window ``now`` is in for every active key, per longer budget of
+        the pool (:func:`~fairgate.quota.decision.week_levels` estimates from it how often each
+        key comes). Bounded: a longer window's counts go when it ends, and past
+        :data:`DEMAND_BOUND_MAX_KEYS` keys a budget starts over."""
+        dims = [d for d in pool.enforced_dimensions() if d.limit > 0]
+        shortest = min(dims, key=lambda d: d.window_ms)
+        short_total = totals.get(shortest.key)
+        index = bucket_index(
+            now, shortest.window_ms, None if short_total is None else short_total.anchor
+        )
+        out = self._presence.setdefault(pool.id, {})
+        for d in dims:
+            if d.key not in longer_budgets(pool):
+                continue
+            total = totals.get(d.key)
+            end = window_end_ms(now, d.window_ms, None if total is None else total.anchor)
+            seen = out.setdefault(d.key, {})
+            if len(seen) > DEMAND_BOUND_MAX_KEYS or any(
+                p.longer_end_ms != end for p in seen.values()
+            ):
+                seen.clear()
+            for k in keys:
+                seen[k] = note_presence(seen.get(k), end, index)
+        return out
 
     async def _recent_use(self, pool: Pool, keys: set[str], now: int) -> PoolCounts | None:
         """The pool totals and each key's counter buckets per enforced dimension, or None when

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from fairgate.domain.units import UNKNOWN_LIMIT, Unit, Window, WindowAnchor
+from fairgate.quota.hold import NO_HOLD, HoldSettings
 
 
 class Policy(StrEnum):
@@ -183,6 +184,8 @@ class Pool:
     #: keys of the dimensions written per connection (:class:`LimitBasis`): their ``limit``
     #: above is already the pool's (× members, :func:`pool_limits`); kept to say so
     per_connection: frozenset[str] = frozenset()
+    #: what a request that does not fit gets: refused at once, or held (quota/hold.py)
+    hold: HoldSettings = NO_HOLD
     _by_key: Mapping[str, Allocation] = field(default_factory=dict, compare=False, repr=False)
     _equal_weight: float | None = field(default=None, compare=False, repr=False)
     _enforced: tuple[Dimension, ...] = field(default=(), compare=False, repr=False)

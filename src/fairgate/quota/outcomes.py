@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from fairgate.domain.units import Unit
 from fairgate.quota.decision import DimensionCheck, Outcome, Reason
+from fairgate.quota.hold import QueueFull
 from fairgate.quota.window import Count, window_end_ms
 from fairgate.records import record
 
@@ -66,6 +67,13 @@ class Admission:
     ticket: Ticket | None = None
     status: tuple[DimensionStatus, ...] = ()
     fail_open: bool = False
+    #: (``admission: hold``) the store holds this request in its pool's queue: refused for now,
+    #: the engine waits and asks again
+    waiting: bool = False
+    #: (``admission: hold``) refused at once because the key's or the pool's queue is full
+    queue_full: QueueFull | None = None
+    #: (``admission: hold``) how long the request waited before this outcome (ms)
+    waited_ms: int = 0
 
     @property
     def allowed(self) -> bool:

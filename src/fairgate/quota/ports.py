@@ -39,9 +39,10 @@ from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 from fairgate.quota.decision import DimensionCheck, Scope, Verdict
+from fairgate.quota.hold import HoldTicket, QueueFull, Waiter
 from fairgate.quota.model import Policy
 from fairgate.quota.window import Anchor, Count
-from fairgate.records import record
+from fairgate.records import camel_json, record
 
 #: Reservations not settled within this lease are reclaimed (SPEC §4).
 DEFAULT_LEASE_MS = 10 * 60_000
@@ -84,6 +85,8 @@ class AdmitRequest:
     reservation_id: str
     now_ms: int
     lease_ms: int = DEFAULT_LEASE_MS
+    #: the pool holds requests that do not fit (``admission: hold``): this request's waiter
+    hold: HoldTicket | None = None
 
 
 @record
@@ -92,6 +95,10 @@ class AdmitResult:
     totals: tuple[Count, ...]  # per check: the pool total's buckets as read, before reserving
     mine: tuple[Count, ...]  # per check: this key's buckets as read, before reserving
     reserved: bool
+    #: (``hold``) the request waits in the pool's queue now (refused for now, held)
+    waiting: bool = False
+    #: (``hold``) refused at once because the key's or the pool's queue is full
+    queue_full: QueueFull | None = None
 
 
 @record
@@ -117,12 +124,7 @@ class GcResult:
     skipped: bool = False
 
     def as_json(self) -> dict[str, object]:
-        return {
-            "buckets": self.buckets,
-            "activeKeys": self.active_keys,
-            "reservations": self.reservations,
-            "skipped": self.skipped,
-        }
+        return camel_json(self)
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,6 +170,16 @@ class QuotaStore(Protocol):
     async def peek(
         self, pool_id: str, key_id: str, counters: Sequence[CounterRef], now_ms: int
     ) -> dict[str, Count]: ...
+
+    async def leave(self, pool_id: str, waiter_id: str) -> bool:
+        """Take a held request out of the pool's queue (its client went away, its patience ran
+        out); True if it was there. Nothing else is held for a waiter: no reservation, no
+        slot."""
+        ...
+
+    async def waiters(self, pool_id: str, now_ms: int) -> list[Waiter]:
+        """The pool's held requests whose patience has not run out (views and tests)."""
+        ...
 
     async def pool_usage(
         self,

@@ -1,9 +1,11 @@
-"""Quota engine settings and where they come from: DB setting > environment > default."""
+"""The quota engine's knobs, as plain values.
+
+Where they come from (DB setting > environment > config file > default) is resolved in one
+place for every setting, :mod:`fairgate.process.settings`, which hands the engine this object.
+"""
 
 from __future__ import annotations
 
-import math
-from collections.abc import Mapping
 from dataclasses import dataclass
 
 
@@ -19,45 +21,3 @@ class QuotaSettings:
     @property
     def retention_ms(self) -> int:
         return int(self.retention_days * 86_400_000)
-
-    @classmethod
-    def from_sources(
-        cls, env: Mapping[str, str], db: Mapping[str, str] | None = None
-    ) -> QuotaSettings:
-        """Read each knob from the DB settings, else the environment, else the default.
-
-        A value that does not parse or lies outside its range is ignored (the next source
-        wins) rather than crashing the gateway at start.
-        """
-        db = db or {}
-
-        def pick(db_key: str, env_key: str, default: float, lo: float, hi: float) -> float:
-            for raw in (db.get(db_key), env.get(env_key)):
-                if raw is None or str(raw).strip() == "":
-                    continue
-                try:
-                    v = float(raw)
-                except ValueError:
-                    continue
-                if math.isfinite(v) and lo <= v <= hi:
-                    return v
-            return default
-
-        return cls(
-            saturation_threshold=pick(
-                "quota.saturationThreshold", "QUOTA_SATURATION_THRESHOLD", 0.5, 0.0, 1.0
-            ),
-            soft_deprioritize_factor=pick(
-                "quota.softDeprioritizeFactor", "QUOTA_SOFT_DEPRIORITIZE_FACTOR", 0.7, 0.0, 1.0
-            ),
-            retention_days=pick(
-                "quota.consumptionRetentionDays",
-                "QUOTA_CONSUMPTION_RETENTION_DAYS",
-                14.0,
-                0.0,
-                3650.0,
-            ),
-            # how long an admission's reservation lives unsettled (a crashed replica's are
-            # reclaimed after it); at least a second, at most a day
-            lease_ms=int(pick("quota.leaseMs", "QUOTA_LEASE_MS", 10 * 60_000, 1_000, 86_400_000)),
-        )

@@ -44,7 +44,7 @@ applies another replica's record when it is newer than this breaker's last trans
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from fairgate.clock import Clock
@@ -84,12 +84,8 @@ class BreakerRecord:
     updated_ms: int
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "state": self.state,
-            "until_ms": self.until_ms,
-            "cooldown_ms": self.cooldown_ms,
-            "updated_ms": self.updated_ms,
-        }
+        """Every field by its name (plain values: nothing nested to convert)."""
+        return asdict(self)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> BreakerRecord:

@@ -67,7 +67,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Awaitable, Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any, Final, Literal, TypeVar
 
 from fairgate.clock import SYSTEM_CLOCK, Clock
@@ -221,12 +221,8 @@ class BlockCause:
     at_ms: int
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "key_id": self.key_id,
-            "request_id": self.request_id,
-            "signal": self.signal,
-            "at_ms": self.at_ms,
-        }
+        """Every field by its name (plain values: nothing nested to convert)."""
+        return asdict(self)
 
 
 def _lock_key(provider: str, conn_id: str, model: str) -> tuple[str, ...]:

@@ -41,6 +41,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from fairgate.records import camel
 from fairgate.resilience.breaker import BreakerConfig
 
 __all__ = ["ResilienceSettings"]
@@ -67,11 +68,6 @@ _RANGES: dict[str, tuple[float, float]] = {
 _BOOLS = frozenset({"breaker_counts_rate_limits"})
 _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"0", "false", "no", "off"})
-
-
-def _camel(name: str) -> str:
-    head, *rest = name.split("_")
-    return head + "".join(p.capitalize() for p in rest)
 
 
 def _snake(name: str) -> str:
@@ -157,7 +153,7 @@ class ResilienceSettings:
         values: dict[str, Any] = {}
         for name in (*_RANGES, *_BOOLS):
             for raw in (
-                db.get(f"resilience.{_camel(name)}"),
+                db.get(f"resilience.{camel(name)}"),
                 env.get(f"RESILIENCE_{name.upper()}"),
             ):
                 if raw is None or str(raw).strip() == "":
@@ -205,7 +201,7 @@ def _valid(overrides: Mapping[str, Any]) -> dict[str, Any]:
 
 def knob_names() -> tuple[str, ...]:
     """The camelCase names the admin API and DB settings use (``resilience.<name>``)."""
-    return tuple(_camel(n) for n in (*_RANGES, *_BOOLS))
+    return tuple(camel(n) for n in (*_RANGES, *_BOOLS))
 
 
 def parse_knob(camel_name: str, raw: object) -> float | bool | None:

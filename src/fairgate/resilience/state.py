@@ -374,16 +374,23 @@ def _permanent_reason(stored: str) -> dict[str, str]:
     return {"reason": "unclassified", "detail": stored}
 
 
+def _cooldown_view(cd: Cooldown, now_ms: int) -> dict[str, Any]:
+    """The fields a cooldown and a lockout show alike (a lockout is a cooldown of one model)."""
+    return {
+        "until_ms": cd.until_ms,
+        "remaining_ms": cd.remaining_ms(now_ms),
+        "level": cd.level,
+        "reason": cd.reason,
+    }
+
+
 def describe(snapshot: StoreSnapshot, now_ms: int) -> dict[str, Any]:
     """The JSON-ready view of a snapshot: active cooldowns and lockouts with remaining time."""
     return {
         "cooldowns": [
             {
                 "connection_id": conn_id,
-                "until_ms": cd.until_ms,
-                "remaining_ms": cd.remaining_ms(now_ms),
-                "level": cd.level,
-                "reason": cd.reason,
+                **_cooldown_view(cd, now_ms),
             }
             for conn_id, cd in sorted(snapshot.cooldowns.items())
             if cd.active(now_ms)
@@ -393,10 +400,7 @@ def describe(snapshot: StoreSnapshot, now_ms: int) -> dict[str, Any]:
                 "provider": key.provider,
                 "connection_id": key.connection_id,
                 "model": key.model,
-                "until_ms": cd.until_ms,
-                "remaining_ms": cd.remaining_ms(now_ms),
-                "level": cd.level,
-                "reason": cd.reason,
+                **_cooldown_view(cd, now_ms),
             }
             for key, cd in sorted(snapshot.lockouts.items())
             if cd.active(now_ms)

@@ -108,6 +108,16 @@ def _as_mapping(name: str, value: object) -> Mapping[str, object]:
     return value
 
 
+def _known_fields(name: str, value: object, fields: set[str]) -> dict[str, object]:
+    """A mapping's entries with snake_case keys, refusing any key outside ``fields``: the one
+    rule every option object of a combo follows (a typo must not be silently ignored)."""
+    raw = {normalize_key(k): v for k, v in _as_mapping(name, value).items()}
+    unknown = set(raw) - fields
+    if unknown:
+        raise ValueError(f"unknown {name} field(s) {sorted(unknown)}")
+    return raw
+
+
 # -- targets ------------------------------------------------------------------------------------
 
 
@@ -306,10 +316,7 @@ class ShadowConfig:
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, object]) -> ShadowConfig:
-        raw = {normalize_key(k): v for k, v in _as_mapping("shadow", data).items()}
-        unknown = set(raw) - {"targets", "sample_rate", "timeout_ms"}
-        if unknown:
-            raise ValueError(f"unknown shadow field(s) {sorted(unknown)}")
+        raw = _known_fields("shadow", data, {"targets", "sample_rate", "timeout_ms"})
         targets_raw = raw.get("targets", ())
         if isinstance(targets_raw, str | Mapping) or not isinstance(targets_raw, Iterable):
             raise ValueError("shadow targets must be a list")
@@ -345,10 +352,7 @@ class ReasoningBuffer:
             return value
         if isinstance(value, bool):
             return cls(enabled=value)
-        raw = {normalize_key(k): v for k, v in _as_mapping("reasoningBuffer", value).items()}
-        unknown = set(raw) - {"enabled", "max_bytes", "max_ms"}
-        if unknown:
-            raise ValueError(f"unknown reasoningBuffer field(s) {sorted(unknown)}")
+        raw = _known_fields("reasoningBuffer", value, {"enabled", "max_bytes", "max_ms"})
         return cls(
             enabled=_as_bool("reasoningBuffer.enabled", raw.get("enabled", True)),
             max_bytes=_as_int("reasoningBuffer.maxBytes", raw.get("max_bytes", 262_144), minimum=1),
@@ -368,10 +372,7 @@ class ContextCompression:
     def from_value(cls, value: object) -> ContextCompression:
         if isinstance(value, ContextCompression):
             return value
-        raw = {normalize_key(k): v for k, v in _as_mapping("contextCompression", value).items()}
-        unknown = set(raw) - {"keep_last_turns", "strategy"}
-        if unknown:
-            raise ValueError(f"unknown contextCompression field(s) {sorted(unknown)}")
+        raw = _known_fields("contextCompression", value, {"keep_last_turns", "strategy"})
         if raw.get("strategy", "drop-middle") != "drop-middle":
             raise ValueError("contextCompression.strategy must be 'drop-middle'")
         return cls(
@@ -399,10 +400,7 @@ class ResponseValidation:
     def from_value(cls, value: object) -> ResponseValidation:
         if isinstance(value, ResponseValidation):
             return value
-        raw = {normalize_key(k): v for k, v in _as_mapping("responseValidation", value).items()}
-        unknown = set(raw) - {"disallowed_patterns", "json_schema"}
-        if unknown:
-            raise ValueError(f"unknown responseValidation field(s) {sorted(unknown)}")
+        raw = _known_fields("responseValidation", value, {"disallowed_patterns", "json_schema"})
         pats = raw.get("disallowed_patterns", ())
         if isinstance(pats, str) or not isinstance(pats, Iterable):
             raise ValueError("responseValidation.disallowedPatterns must be a list of regexes")

@@ -183,6 +183,9 @@ def create_app(
             "metadataVersion": gw.watcher.seen if gw.watcher is not None else 0,
             "store": {
                 "driver": gw.store_choice.driver,
+                # SQLite: memory (this worker counts for the file), forwarding (another does,
+                # for this one too) or transactional
+                **_store_mode(gw.engine.store),
                 "reachable": ok,
                 "outage": outage.as_json(),
             },
@@ -251,3 +254,14 @@ def create_app(
         lifespan=lifespan,
         exception_handlers={404: not_found, 405: method_not_allowed, Exception: crashed},
     )
+
+
+def _store_mode(store: object) -> dict[str, object]:
+    """``{"mode": ...}`` for a store that has modes (SQLite), with the calls a forwarding
+    worker has sent to the owner so far; else nothing."""
+    mode = getattr(store, "mode", None)
+    if not isinstance(mode, str):
+        return {}
+    if mode == "forwarding":
+        return {"mode": mode, "forwardedCalls": getattr(store, "forwarded", 0)}
+    return {"mode": mode}

@@ -148,11 +148,12 @@ def distance_to_goal(metrics: Metrics) -> dict[str, float]:
     }
 
 
-def run_verdict(result: ScenarioResult) -> Verdict | None:
-    """The gate of one scenario's run: its ``active`` run against the references run beside
-    it (None when either is missing, e.g. ``--policies active``)."""
+def run_verdict(result: ScenarioResult, policy: str = "active") -> Verdict | None:
+    """The gate of one scenario's run: its ``active`` run (or ``policy``'s, e.g.
+    ``hold``) against the references run beside it (None when either is missing, e.g.
+    ``--policies active``)."""
     refs = {n: r.metrics for n, r in result.runs.items() if n in REFERENCE_NAMES}
-    active = result.runs.get("active")
+    active = result.runs.get(policy)
     if active is None or not refs:
         return None
     hard = [k.id for k in result.scenario.keys if k.policy is Policy.HARD]

@@ -8,6 +8,10 @@
   active recently, bounded by their recent demand).
 - ``fixed``: a static per-key limit of ``weight × limit`` per window, never borrowing: the
   common alternative (a rate limit per API key).
+- ``hold``: the real engine in ``active`` share mode with the pool's ``admission:
+  hold`` (issue 45, item 1): a request that does not fit waits in its key's queue instead of
+  being refused, and freed room goes to the waiting key of the least dominant share per weight
+  (:mod:`fairgate.quota.hold`), oldest first (:func:`fairgate.sim.runner.run_engine_held`).
 - ``las``, ``sfq``, ``vtc``: the online references of issue 45, which hold a request that does
   not fit instead of refusing it (:mod:`fairgate.sim.reference`).
 
@@ -27,6 +31,7 @@ from fairgate.clock import ManualClock
 from fairgate.domain.units import Unit
 from fairgate.quota.engine import QuotaEngine
 from fairgate.quota.model import ShareMode
+from fairgate.quota.outcomes import Admission
 from fairgate.quota.ports import QuotaStore
 from fairgate.quota.settings import QuotaSettings
 from fairgate.quota.window import bucket_index, sliding_value
@@ -36,8 +41,10 @@ from fairgate.sim.workload import Request
 #: The online reference schedulers fairgate is gated against (:mod:`fairgate.sim.reference`):
 #: they hold a request that does not fit in its key's queue instead of refusing it.
 REFERENCE_NAMES = ("las", "sfq", "vtc")
-POLICY_NAMES = ("fcfs", "static", "active", "fixed", *REFERENCE_NAMES)
-ENGINE_POLICIES = ("static", "active")
+#: The engine-backed policy whose clients are held (``admission: hold``), not refused.
+HELD_ENGINE = "hold"
+POLICY_NAMES = ("fcfs", "static", "active", HELD_ENGINE, "fixed", *REFERENCE_NAMES)
+ENGINE_POLICIES = ("static", "active", HELD_ENGINE)
 
 
 def parse_policies(text: str) -> tuple[str, ...]:
@@ -172,7 +179,7 @@ class EnginePolicy:
         clock: ManualClock,
         settings: QuotaSettings | None = None,
     ) -> None:
-        mode = ShareMode.ACTIVE if name == "active" else ShareMode.STATIC
+        mode = ShareMode.ACTIVE if name in ("active", HELD_ENGINE) else ShareMode.STATIC
         self.name = name
         self.clock = clock
         self.store = store
@@ -180,11 +187,15 @@ class EnginePolicy:
         self.engine = QuotaEngine(store, clock=clock, settings=settings)
 
     async def attempt(self, req: Request, now_ms: int) -> bool:
+        return (await self.admit(req, now_ms)).allowed
+
+    async def admit(self, req: Request, now_ms: int) -> Admission:
+        """One admission at ``now_ms``, settled at once with the actual use when allowed."""
         self.clock.set(now_ms)
         adm = await self.engine.admit(self.pool, req.key, req.estimate())
         if adm.allowed:
             await self.engine.settle(adm.ticket, req.actual())
-        return adm.allowed
+        return adm
 
     @property
     def faults(self) -> int:

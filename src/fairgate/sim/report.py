@@ -22,6 +22,7 @@ from rich.console import Console
 from rich.table import Table
 
 from fairgate.sim.gate import describe_verdict, run_verdict
+from fairgate.sim.policies import HELD_ENGINE
 from fairgate.sim.runner import ScenarioResult
 from fairgate.sim.spread import Spread
 from fairgate.sim.targets import (
@@ -171,9 +172,10 @@ def print_results(results: Sequence[ScenarioResult], console: Console) -> None:
             t = meets(result.runs["active"].metrics)
             marks = ", ".join(f"{k.replace('_', ' ')} {'✓' if ok else '✗'}" for k, ok in t.items())
             console.print(f"  active targets ({describe()}): {marks}")
-            verdict = run_verdict(result)
-            if verdict is not None:
-                console.print("  " + describe_verdict(verdict))
+            for policy in ("active", HELD_ENGINE):
+                verdict = run_verdict(result, policy)
+                if verdict is not None:
+                    console.print(f"  {policy}: " + describe_verdict(verdict))
             console.print()
     console.print(
         "[dim]Ideal: weighted dominant-resource-fair over the pool's dimensions of the first "
@@ -307,16 +309,17 @@ def result_dict(result: ScenarioResult) -> dict[str, Any]:
     }
     if "active" in result.runs:
         out["active_targets"] = meets(result.runs["active"].metrics)
-    verdict = run_verdict(result)
-    if verdict is not None:
-        out["gate"] = {
-            "passed": verdict.passed,
-            "checks": verdict.checks,
-            "bar": asdict(verdict.bar),
-            "low_keys": verdict.low_keys,
-            "high_keys": verdict.high_keys,
-            "distance_to_goal": verdict.distance,
-        }
+    for field_name, policy in (("gate", "active"), ("gate_hold", HELD_ENGINE)):
+        verdict = run_verdict(result, policy)
+        if verdict is not None:
+            out[field_name] = {
+                "passed": verdict.passed,
+                "checks": verdict.checks,
+                "bar": asdict(verdict.bar),
+                "low_keys": verdict.low_keys,
+                "high_keys": verdict.high_keys,
+                "distance_to_goal": verdict.distance,
+            }
     return _clean(out)  # type: ignore[no-any-return]
 
 

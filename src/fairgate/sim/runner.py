@@ -30,6 +30,8 @@ from rich.progress import Progress
 
 from fairgate.clock import ManualClock
 from fairgate.domain.units import Unit
+from fairgate.quota.decision import Reason
+from fairgate.quota.hold import Waiter, dominant_share, next_waiter
 from fairgate.quota.ports import QuotaStore
 from fairgate.quota.window import bucket_index
 from fairgate.sim.fairness import (
@@ -42,6 +44,7 @@ from fairgate.sim.fairness import (
 )
 from fairgate.sim.policies import (
     ENGINE_POLICIES,
+    HELD_ENGINE,
     POLICY_NAMES,
     POOL,
     REFERENCE_NAMES,
@@ -224,7 +227,11 @@ async def run_scenario(
                         ManualClock(start_ms(scenario)),
                     )
                 try:
-                    run = await run_policy(policy, workload, result, advance)
+                    if name == HELD_ENGINE:
+                        assert isinstance(policy, EnginePolicy)
+                        run = await run_engine_held(policy, workload, result, advance)
+                    else:
+                        run = await run_policy(policy, workload, result, advance)
                 finally:
                     await policy.close()
                 if isinstance(policy, EnginePolicy) and policy.faults:
@@ -536,3 +543,59 @@ def run_held(
         if on_tick is not None:
             on_tick()
     return rec.finish(scheduler.name)
+
+
+async def run_engine_held(
+    policy: EnginePolicy,
+    workload: Workload,
+    result: ScenarioResult,
+    on_tick: Callable[[], None] | None = None,
+) -> PolicyRun:
+    """fairgate with ``admission: hold``: the clients are held as under :func:`run_held`
+    (the same queues, patience, backlog and :data:`HELD_STEPS` instants a tick), and at each
+    instant the room goes to the waiter :func:`fairgate.quota.hold.next_waiter` puts first
+    (the least dominant share of the current window per weight, oldest first), through the
+    real engine and store. A waiter refused because the pool is full holds the room for itself
+    (nothing behind it is admitted at that instant: the store would refuse the jump); one
+    refused for its own share or a cap is owed nothing and the next waiter is tried."""
+    rec = _Recorder(workload, result)
+    sc, ledger = rec.sc, rec.ledger
+    dims = [(w, name, rec.limits[name]) for _u, w, name in ledger.dimensions]
+    weights = {k.id: sc.weight_of(k.id) for k in sc.keys}
+    steps = max(1, min(HELD_STEPS, sc.tick // 1000))
+    for i in range(sc.ticks):
+        t0 = rec.tick_start(i)
+        for s in range(steps):
+            now = t0 + (s * sc.tick) // steps
+            passed: set[str] = set()
+            while True:
+                waiters = [
+                    Waiter(
+                        k,
+                        k,
+                        rec.queues[k][0][0],
+                        now + 1,
+                        dominant_share(
+                            ((ledger.value(k, name, w, now), lim) for w, name, lim in dims),
+                            weights[k],
+                        ),
+                    )
+                    for k in rec.keys
+                    if rec.queues[k] and k not in passed
+                ]
+                head = next_waiter(waiters, now)
+                if head is None:
+                    break
+                k = head.key_id
+                rec.admissions += 1
+                adm = await policy.admit(rec.queues[k][0][1], now)
+                if adm.allowed:
+                    rec.admitted(k, now)
+                    continue
+                if adm.reason is Reason.GLOBAL_SATURATED:
+                    break  # the pool is full: the room that frees is held for this key
+                passed.add(k)  # refused for its own share: owed nothing this instant
+        rec.tick_end(i, t0)
+        if on_tick is not None:
+            on_tick()
+    return rec.finish(policy.name)

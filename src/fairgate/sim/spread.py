@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from fairgate.sim.gate import run_verdict
+from fairgate.sim.policies import HELD_ENGINE
 from fairgate.sim.runner import ScenarioResult
 from fairgate.sim.targets import meets
 
@@ -64,6 +65,10 @@ class Spread:
     gate: int | None = None
 
 
+#: the rows gated against the references: fairgate's active mode, refusing and holding
+GATED = ("active", HELD_ENGINE)
+
+
 def spreads(results: Sequence[ScenarioResult]) -> list[Spread]:
     """Group the results by scenario (in order of appearance) and policy."""
     groups: dict[tuple[str, str], list[ScenarioResult]] = {}
@@ -89,13 +94,14 @@ def spreads(results: Sequence[ScenarioResult]) -> list[Spread]:
                 ratio_max=max(ratios, default=1.0),
                 overshoot_max=max((v for m in ms for v in m.overshoot.values()), default=0.0),
                 meeting=sum(all(meets(m).values()) for m in ms),
-                gate=_gate_count(rs) if policy == "active" else None,
+                gate=_gate_count(rs, policy) if policy in GATED else None,
             )
         )
     return out
 
 
-def _gate_count(results: Sequence[ScenarioResult]) -> int | None:
-    """How many runs pass the gate; None when none had references run beside them."""
-    verdicts = [v for r in results if (v := run_verdict(r)) is not None]
+def _gate_count(results: Sequence[ScenarioResult], policy: str) -> int | None:
+    """How many runs of ``policy`` pass the gate; None when none had references run beside
+    them."""
+    verdicts = [v for r in results if (v := run_verdict(r, policy)) is not None]
     return sum(v.passed for v in verdicts) if verdicts else None

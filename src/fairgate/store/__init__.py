@@ -2,13 +2,48 @@
 
 from __future__ import annotations
 
-from fairgate.quota.ports import (
-    AdmitRequest,
-    AdmitResult,
-    CounterRef,
-    PoolCounts,
-    QuotaStore,
-    UsageItem,
-)
+from typing import TYPE_CHECKING
 
-__all__ = ["AdmitRequest", "AdmitResult", "CounterRef", "PoolCounts", "QuotaStore", "UsageItem"]
+from fairgate.surface import lazy_surface
+
+if TYPE_CHECKING:
+    from fairgate.quota.ports import (
+        AdmitRequest,
+        AdmitResult,
+        CounterRef,
+        PoolCounts,
+        QuotaStore,
+        UsageItem,
+    )
+    from fairgate.store.admission_log import (
+        MAX_AGE_MS,
+        LogBackend,
+        RedisLogBackend,
+        SharedPoolLog,
+        SqliteLogBackend,
+    )
+    from fairgate.store.factory import DRIVERS, StoreChoice, create_store, redis_url
+    from fairgate.store.redis.store import RedisQuotaStore
+    from fairgate.store.sqlite.store import SqliteQuotaStore
+else:  # mypy reads the imports; a run loads each name on first use
+    __getattr__ = lazy_surface(__name__)
+
+__all__ = [
+    "DRIVERS",
+    "MAX_AGE_MS",
+    "AdmitRequest",
+    "AdmitResult",
+    "CounterRef",
+    "LogBackend",
+    "PoolCounts",
+    "QuotaStore",
+    "RedisLogBackend",
+    "RedisQuotaStore",
+    "SharedPoolLog",
+    "SqliteLogBackend",
+    "SqliteQuotaStore",
+    "StoreChoice",
+    "UsageItem",
+    "create_store",
+    "redis_url",
+]

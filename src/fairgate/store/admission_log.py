@@ -90,14 +90,14 @@ class SqliteLogBackend:
     """The log in a SQLite file shared by the workers of one machine (see module doc).
 
     A flush writes each pool's events as ONE row, a JSON array of them (a chunk), and one
-    trimming delete: at c16 a flush holds hundreds of events. A row per event cost
-    1.9-3.5 µs of CPU per event (an insert and a delete in the table and in its index each,
-    measured in docs/performance.md), on the event loop, for every governed request; a chunk
+    trimming delete: at c16 a flush holds hundreds of events. A row per event cost an insert
+    and a delete in the table and in its index each, on the event loop, for every governed
+    request (docs/performance.md, "Figures behind the code"); a chunk
     costs that once per pool and flush. Only the newest ``per_pool`` events of a flush are
     written (older ones would be trimmed at once). A read takes chunks newest first until it
     has ``limit`` events. Written on a worker thread instead, the flush was no faster end to
-    end (paired runs within ±5 %, both signs), so it stays on the event loop with no lock or
-    thread to manage."""
+    end (paired runs, same page), so it stays on the event loop with no lock or thread to
+    manage."""
 
     def __init__(self, path: Path, per_pool: int = PER_POOL) -> None:
         self.per_pool = per_pool
@@ -164,8 +164,8 @@ class RedisLogBackend:
 
     A flush writes each pool's events with one script call (``lua/log_append.lua``), not one
     ``XADD`` per event: redis-py builds, packs and parses each command of a pipeline in Python,
-    about 45 µs of this process's CPU per event, i.e. per governed request; the script's one
-    call costs that once per pool and flush (every 100 ms).
+    a cost per event, i.e. per governed request (docs/performance.md, "Figures behind the
+    code"); the script's one call costs that once per pool and flush (every 100 ms).
 
     Each stream is bounded by length (``per_pool``, approximate trimming) and by age
     (``max_age_ms``: entries older are trimmed at each append and by :meth:`gc`, and the

@@ -155,7 +155,8 @@ def sqlite_mode(env: Mapping[str, str]) -> dict[str, Any]:
                 MAX_FLUSH_MS,
                 DEFAULT_FLUSH_MS,
             )
-    return {"mode": mode, "flush_ms": flush_ms}
+    # a second process on the file (serve --workers N) forwards to the owner: memory mode stays
+    return {"mode": mode, "flush_ms": flush_ms, "forward": True}
 
 
 async def _try_redis(

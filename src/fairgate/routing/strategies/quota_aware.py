@@ -15,6 +15,19 @@ from fairgate.routing.state import StrategyState
 __all__ = ["fill_first", "headroom", "reset_aware", "reset_window"]
 
 
+def _room_first(inp: RouteInput, scores: list[float]) -> list[Target]:
+    """Highest score first among the targets with room for this request, then the ones
+    without; a penalised target's score × the soft factor. The order headroom and
+    reset-aware share: they differ only in the score."""
+    return sort_by_score(
+        inp.targets,
+        scores,
+        inp.penalized,
+        inp.soft_factor,
+        group=lambda t: 0 if inp.quota.of(t).has_room else 1,
+    )
+
+
 def fill_first(inp: RouteInput, state: StrategyState) -> list[Target]:
     """Use the first target until its quota is exhausted, then the next: configured order
     among targets with room for this request, then the exhausted ones (configured order).
@@ -36,13 +49,7 @@ def headroom(inp: RouteInput, state: StrategyState) -> list[Target]:
     """Most remaining quota fraction first (unknown = full); targets without room for this
     request last. Score × soft factor when penalised."""
     scores = [inp.quota.of(t).remaining_or_full for t in inp.targets]
-    return sort_by_score(
-        inp.targets,
-        scores,
-        inp.penalized,
-        inp.soft_factor,
-        group=lambda t: 0 if inp.quota.of(t).has_room else 1,
-    )
+    return _room_first(inp, scores)
 
 
 def reset_aware(inp: RouteInput, state: StrategyState) -> list[Target]:
@@ -60,13 +67,7 @@ def reset_aware(inp: RouteInput, state: StrategyState) -> list[Target]:
     for t in inp.targets:
         q = inp.quota.of(t)
         scores.append((1 - u) * q.remaining_or_full + u * q.reset_urgency)
-    return sort_by_score(
-        inp.targets,
-        scores,
-        inp.penalized,
-        inp.soft_factor,
-        group=lambda t: 0 if inp.quota.of(t).has_room else 1,
-    )
+    return _room_first(inp, scores)
 
 
 def reset_window(inp: RouteInput, state: StrategyState) -> list[Target]:

@@ -17,9 +17,11 @@
 --         window_share (1: the fair share is judged on the key's current bucket,
 --         DimensionCheck.window_share); then what each admission computes: fair_share, cost,
 --         signal, reserve
+-- ARGV[10 + 10*n ..] the hold of a pool that holds requests (section 2b), '' = none
 -- Returns {outcome (0 allow, 1 penalize, 2 block), reason code (REASON_CODES index),
 --          blocking index (0-based, -1 none), then per check the raw strings of
---          total prev, total curr, key prev, key curr} -- strings, so floats survive the reply
+--          total prev, total curr, key prev, key curr, then waiting (1: held in the queue
+--          now) and full (1: the key's queue, 2: the pool's)} -- strings, so floats survive the reply
 --          (Redis would truncate a Lua number to an integer). {-1} if the id is already held
 --          (whatever the verdict would be): nothing is written then but the reclaim.
 
@@ -159,6 +161,120 @@ end
 
 local outcome, reason, index = evaluate()
 
+-- 2b. The queue of a pool that holds requests (admission: hold; fairgate.quota.queue and
+-- quota.hold mirrored line for line). ARGV after the checks: waiter id ('' = the pool does not
+-- hold), enqueued ms, deadline ms, the key's weight, the queue limits per key and per pool.
+-- The waiters are a HASH KEYS[1] .. ':w' (same hash tag): id -> "key\tenqueued\tdeadline\t
+-- share\towed". Every replica admits through this script, so every one sees every waiter.
+local waiting, full = 0, 0
+local h = 10 + 10 * n
+local wid = ARGV[h] or ''
+if wid ~= '' then
+  local wkey = KEYS[1] .. ':w'
+  local enq = tonumber(ARGV[h + 1])
+  local deadline = tonumber(ARGV[h + 2])
+  local weight = tonumber(ARGV[h + 3])
+  -- quota.hold.dominant_share: the largest use / limit over the pool checks, per weight
+  local share = 0.0
+  for _, c in ipairs(checks) do
+    if c.pool and c.limit > 0 then
+      local s = c.mine / c.limit
+      if s > share then
+        share = s
+      end
+    end
+  end
+  if weight <= 0 then
+    share = math.huge
+  else
+    share = share / weight
+  end
+  -- the live waiters; those out of patience are forgotten
+  local flat = redis.call('HGETALL', wkey)
+  local live = {}
+  for j = 1, #flat, 2 do
+    local k, e, d, s, o = string.match(flat[j + 1], '^(.-)\t(%d+)\t(%d+)\t([^\t]+)\t(%d)$')
+    if d == nil or tonumber(d) <= now then
+      redis.call('HDEL', wkey, flat[j])
+    else
+      local ws = tonumber(s)
+      if s == 'inf' then
+        ws = math.huge
+      end
+      live[#live + 1] = { id = flat[j], key = k, enq = tonumber(e), share = ws, owed = o == '1' }
+    end
+  end
+  -- quota.hold.rank: the least share first, then the oldest, then the id
+  local function before(s1, e1, i1, s2, e2, i2)
+    if s1 ~= s2 then
+      return s1 < s2
+    end
+    if e1 ~= e2 then
+      return e1 < e2
+    end
+    return i1 < i2
+  end
+  local owed = reason == GLOBAL_SATURATED
+  local holdable = owed or reason == FAIR_SHARE
+  local blocked = outcome == 2
+  if not blocked then
+    -- quota.hold.jumps_queue: an owed waiter ranked before this admission keeps the room
+    for _, w in ipairs(live) do
+      if w.id ~= wid and w.owed then
+        local ws = w.share
+        if w.key == key_id then
+          ws = share
+        end
+        if before(ws, w.enq, w.id, share, enq, wid) then
+          blocked, owed, holdable = true, true, true
+          break
+        end
+      end
+    end
+    if blocked then
+      outcome, reason, index = 2, GLOBAL_SATURATED, 0
+      for i, c in ipairs(checks) do
+        if c.pool then
+          index = i - 1
+          break
+        end
+      end
+    end
+  end
+  local join = false
+  if blocked and holdable and deadline > now then
+    -- quota.hold.queue_full
+    local of_key, of_pool = 0, 0
+    for _, w in ipairs(live) do
+      if w.id ~= wid then
+        of_pool = of_pool + 1
+        if w.key == key_id then
+          of_key = of_key + 1
+        end
+      end
+    end
+    if of_key >= tonumber(ARGV[h + 4]) then
+      full = 1
+    elseif of_pool >= tonumber(ARGV[h + 5]) then
+      full = 2
+    else
+      join = true
+    end
+  end
+  if join then
+    local o = '0'
+    if owed then
+      o = '1'
+    end
+    redis.call('HSET', wkey, wid, key_id .. '\t' .. ARGV[h + 1] .. '\t' .. ARGV[h + 2] .. '\t'
+      .. string.format('%.17g', share) .. '\t' .. o)
+    keep_for(wkey, deadline - now + 1000)
+    waiting = 1
+  else
+    redis.call('HDEL', wkey, wid)
+  end
+end
+
 -- 3. The key was active now, even if it is blocked (GT: a late clock never moves it back).
 redis.call('ZADD', KEYS[3], 'GT', ARGV[1], key_id)
 keep_for(KEYS[3], res_ttl)
@@ -191,4 +307,6 @@ local out = { outcome, reason, index }
 for _, v in ipairs(raw) do
   out[#out + 1] = v
 end
+out[#out + 1] = waiting
+out[#out + 1] = full
 return out

@@ -56,6 +56,8 @@ from redis.exceptions import InvalidResponse, NoScriptError
 __all__ = ["LaneCounts", "LaneScript", "ScriptLane", "command"]
 
 _EVALSHA: Final = b"$7\r\nEVALSHA\r\n"
+#: How long a call nobody waits for on a request's path may wait for one that is (seconds).
+LATER_S: Final = 0.002
 _LOAD: Final = b"*3\r\n$6\r\nSCRIPT\r\n$4\r\nLOAD\r\n"
 
 
@@ -78,7 +80,8 @@ def command(sha: bytes, keys: list[bytes], args: list[bytes]) -> bytes:
     """``EVALSHA sha numkeys *keys *args`` in RESP, from the keys' and arguments' bytes.
 
     Packed with one table lookup and one concatenation per value and one join (an admission
-    has about 40 values: this is a third of the cost of formatting each one)."""
+    has about 40 values: far cheaper than formatting each one, docs/performance.md, "Figures
+    behind the code")."""
     values = keys + args
     numkeys = b"%d" % len(keys)
     head = b"*%d\r\n%b$40\r\n%b\r\n$%d\r\n%b\r\n" % (
@@ -129,6 +132,8 @@ class _Pipe(asyncio.Protocol):
         self._reader = hiredis.Reader(**kwargs)
         self._waiting: deque[asyncio.Future[Any]] = deque()
         self._out: list[bytes] = []
+        self._soon = False  # a flush is due at the loop's next turn
+        self._timer: asyncio.TimerHandle | None = None  # a flush of later calls only
         self._counts = counts
         self.closed = False
         self.retired = False
@@ -138,18 +143,28 @@ class _Pipe(asyncio.Protocol):
         """Takes new calls: open and not retired."""
         return not (self.closed or self.retired)
 
-    def call(self, packed: bytes) -> asyncio.Future[Any]:
-        """Queue ``packed`` for this turn's write; the future is its reply (or its error)."""
+    def call(self, packed: bytes, *, later: bool = False) -> asyncio.Future[Any]:
+        """Queue ``packed`` for this turn's write; the future is its reply (or its error).
+        ``later``: up to :data:`LATER_S` later, with the next call that is not (see
+        :meth:`ScriptLane.evalsha`)."""
         if self.closed:
             raise RedisConnectionError("the script connection is closed")
         fut = self._loop.create_future()
         self._waiting.append(fut)
-        if not self._out:
-            self._loop.call_soon(self._flush)
         self._out.append(packed)
+        if not later:
+            if not self._soon:
+                self._soon = True
+                self._loop.call_soon(self._flush)
+        elif self._timer is None and not self._soon:
+            self._timer = self._loop.call_later(LATER_S, self._flush)
         return fut
 
     def _flush(self) -> None:
+        self._soon = False
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         if self._out and not self.closed:
             self._transport.write(b"".join(self._out))
             self._counts.writes += 1
@@ -182,6 +197,9 @@ class _Pipe(asyncio.Protocol):
     def _lose(self, error: RedisConnectionError) -> None:
         self.closed = True
         self._out.clear()
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         while self._waiting:
             fut = self._waiting.popleft()
             if not fut.done():
@@ -243,16 +261,22 @@ class ScriptLane:
         self._pipes: list[_Pipe] = []  # every connection not yet closed, for close()
         self.counts = LaneCounts()
 
-    async def evalsha(self, script: LaneScript, keys: list[bytes], args: list[bytes]) -> Any:
+    async def evalsha(
+        self, script: LaneScript, keys: list[bytes], args: list[bytes], *, later: bool = False
+    ) -> Any:
         """``EVALSHA`` of ``script`` with ``keys`` and ``args``; its reply. The script is loaded
-        when the server does not know it."""
+        when the server does not know it. ``later``: nobody waits for it on a request's path (a
+        settle batch), so it waits up to :data:`LATER_S` for the next call that is (an
+        admission) and goes in its write: with ``serve --workers N`` each process's loop turns
+        carry fewer calls, and a settle alone in its turn cost a write here, a read and a
+        write in redis-server, and a read here again."""
         packed = command(script.sha, keys, args)
         pipe = self._pipe
         if pipe is None or not pipe.usable:
             pipe = await self._connection()
         try:
             try:
-                return await self._await(pipe, pipe.call(packed))
+                return await self._await(pipe, pipe.call(packed, later=later))
             except RedisConnectionError:
                 # the connection broke under the call; the retry reconnects: a Redis restart
                 # costs no failed command

@@ -46,6 +46,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from fairgate.backends.deadline import NoReply, call_within
 from fairgate.backends.redis_client import AsyncClient, async_client, prepare, probe_client
 from fairgate.quota.decision import POLICY_CODES, REASON_CODES, DimensionCheck, Outcome, Verdict
+from fairgate.quota.hold import QueueFull, Waiter
 from fairgate.quota.ports import (
     RECLAIM_BATCH,
     TOTAL_KEY,
@@ -68,6 +69,8 @@ T = TypeVar("T")
 
 #: Outcome codes returned by admit.lua.
 _OUTCOMES: Final = (Outcome.ALLOW, Outcome.PENALIZE, Outcome.BLOCK)
+#: admit.lua's ``full`` code: none, the key's queue, the pool's
+_QUEUE_FULL: Final = (None, QueueFull.KEY, QueueFull.POOL)
 #: each policy's code (``POLICY_CODES``) as the admit script's argument
 _POLICY_ARGS: Final = {policy: b"%d" % code for policy, code in POLICY_CODES.items()}
 #: Beyond the lease, a reservation's key lives this long so a late reclaim still finds its parts.
@@ -430,12 +433,14 @@ class RedisQuotaStore:
             pool_class=_Pool,
         )
 
-    def _run(self, script: _HotScript, keys: list[bytes], args: list[bytes]) -> Awaitable[Any]:
+    def _run(
+        self, script: _HotScript, keys: list[bytes], args: list[bytes], *, later: bool = False
+    ) -> Awaitable[Any]:
         """EVALSHA of a hot-path script: on the lane (pipelined with the loop turn's other
-        calls) when there is one, else through the client (a cluster routes it by the keys'
-        slot)."""
+        calls; ``later``: with the next admission's, :meth:`ScriptLane.evalsha`) when there is
+        one, else through the client (a cluster routes it by the keys' slot)."""
         if self._lane is not None:
-            return self._lane.evalsha(script.wire, keys, args)
+            return self._lane.evalsha(script.wire, keys, args, later=later)
         return script.client(keys=keys, args=args)
 
     def _hot(self, name: str) -> _HotScript:
@@ -557,6 +562,16 @@ class RedisQuotaStore:
                 _numb(check.signal),
                 _numb(check.reserve),
             )
+        hold = req.hold
+        if hold is not None:  # admit.lua's section 2b
+            args += (
+                hold.waiter_id.encode(),
+                _int(hold.enqueued_ms),
+                _int(hold.deadline_ms),
+                _numb(hold.weight),
+                _int(hold.per_key),
+                _int(hold.per_pool),
+            )
         reply = cast(list[Any], await self._call(self._run(self._admit, keys, args)))
         if int(reply[0]) < 0:  # nothing was reserved (as the SQLite driver's rollback)
             raise ReservationExists(req.reservation_id)
@@ -577,8 +592,32 @@ class RedisQuotaStore:
             mine.append(Count(float(reply[i + 2]), float(reply[i + 3]), check.anchor))
             i += 4
         return AdmitResult(
-            verdict, tuple(totals), tuple(mine), reserved=outcome is not Outcome.BLOCK
+            verdict,
+            tuple(totals),
+            tuple(mine),
+            reserved=outcome is not Outcome.BLOCK,
+            waiting=int(reply[i]) == 1,
+            queue_full=_QUEUE_FULL[int(reply[i + 1])],
         )
+
+    def _waiters_key(self, pool_id: str) -> str:
+        """The pool's queue of held requests (admit.lua's section 2b)."""
+        return f"{self._base(pool_id)}:w"
+
+    async def leave(self, pool_id: str, waiter_id: str) -> bool:
+        removed = await self._call(self._client.hdel(self._waiters_key(pool_id), waiter_id))
+        return int(removed) > 0
+
+    async def waiters(self, pool_id: str, now_ms: int) -> list[Waiter]:
+        raw = await self._call(self._client.hgetall(self._waiters_key(pool_id)))
+        out: list[Waiter] = []
+        for wid, value in cast(dict[Any, Any], raw).items():
+            key, enq, deadline, share, owed = _text(value).split("\t")
+            if int(deadline) > now_ms:
+                out.append(
+                    Waiter(_text(wid), key, int(enq), int(deadline), float(share), owed == "1")
+                )
+        return out
 
     @staticmethod
     def _reservation_ttl(req: AdmitRequest) -> int:
@@ -650,7 +689,7 @@ class RedisQuotaStore:
         for call in calls:
             keys += call.keys
             args += call.args
-        reply = await self._call(self._run(self._settle, keys, args))
+        reply = await self._call(self._run(self._settle, keys, args, later=True))
         return [int(code) for code in cast(list[Any], reply)]
 
     # -- reads ----------------------------------------------------------------------------------

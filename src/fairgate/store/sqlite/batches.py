@@ -69,14 +69,15 @@ def write_batch(c: sqlite3.Connection, b: Batch) -> None:
 
 # -- the journal ------------------------------------------------------------------------------
 #
-# A write-behind commit that wrote every changed row into the quota tables cost 100-140 µs of
-# CPU on the event loop, 200 times a second under load (docs/performance.md): a SQLite
-# transaction (its locks, its WAL frames, four tables' B-trees), cold between requests. One in
-# which the batch was a single row of a journal table cost about the same: the transaction is
-# the cost, not the rows. So the write-behind appends each batch to a file beside the database
-# instead (one ``write``: in the OS page cache at once, so it survives a ``kill -9`` as a
-# committed transaction with ``synchronous = OFF`` does), and folds what it appended into the
-# tables at most once a second, where a counter written 200 times is written once.
+# A write-behind commit that wrote every changed row into the quota tables cost a SQLite
+# transaction (its locks, its WAL frames, four tables' B-trees), cold between requests, on the
+# event loop, many times a second under load. One in which the batch was a single row of a
+# journal table cost about the same: the transaction is the cost, not the rows (the figures:
+# docs/performance.md, "Figures behind the code"). So the write-behind appends each batch to a
+# file beside the database instead (one ``write``: in the OS page cache at once, so it survives
+# a ``kill -9`` as a committed transaction with ``synchronous = OFF`` does), and folds what it
+# appended into the tables at most once a second, where a counter written at every commit is
+# written once.
 #
 # The tables say which batches they hold: a fold records the last batch's sequence number in
 # the same transaction as its rows, and only then empties the file. A crash between the two

@@ -60,7 +60,7 @@ DEFAULT_FLUSH_MS = 5
 #: Default milliseconds between two folds of the journal into the quota tables under traffic...
 DEFAULT_FOLD_MS = 1000
 #: ...or as soon as a fold would write this many rows (the fold runs on the event loop: a
-#: bound on its pause, about 5 µs a row)
+#: bound on its pause; its cost a row: docs/performance.md, "Figures behind the code")
 FOLD_ROWS = 256
 #: How long the watcher sleeps when nothing is pending and a doorbell wakes it for a sharer
 #: (seconds): its only other duties then are ones that ring it too (a change made outside a
@@ -110,7 +110,7 @@ class MemoryCounters:
         # owner. Every row written since is this process's and in memory, so a bucket above
         # it is not in the file: no query. A key's first use, and every key's first use of a
         # new window, asked the file for rows it could not hold (two queries an admission at
-        # 100,000 keys, most of that benchmark's cost over 10 keys).
+        # 100,000 keys: docs/performance.md, "Figures behind the code").
         self._file_newest: dict[tuple[str, str], int] = {
             (str(p), str(c)): int(b) for p, c, b in newest
         }
@@ -347,8 +347,8 @@ class WriteBehind:
     The commit runs on the event loop that made the change (a timer set at the first change
     after a commit): a commit per ``flush_ms`` at most, whatever the request rate. A thread
     would keep it off the loop but not off the GIL: with the loop busy, each of the commit's
-    statements waited up to a switch interval (5 ms) for the GIL to come back, and a 5 ms
-    flush interval became commits 100-150 ms apart (measured). The thread kept here only
+    statements waited up to a switch interval for the GIL to come back, and the commits came
+    far apart (docs/performance.md, "Figures behind the code"). The thread kept here only
     watches: every ``flush_ms`` it asks ``handover_wanted``, and when yes (another process wants
     to share the file) it commits everything while holding the counters' lock and calls
     ``handover`` before letting go, so no admission happens between the last in-memory one and
@@ -377,7 +377,7 @@ class WriteBehind:
         """``write`` is the store's write transaction (its connection, pragmas, lock and
         periodic checkpoint): a connection of our own would need every pragma repeated, and
         one missed (``synchronous``, ``wal_autocheckpoint``) made each commit fsync or
-        checkpoint: 4.5 ms per commit at 100,000 keys, measured."""
+        checkpoint (docs/performance.md, "Figures behind the code")."""
         self.memory = memory
         self._flush_s = flush_ms / 1000.0
         self._fold_s = fold_ms / 1000.0

@@ -26,12 +26,20 @@ back to polling every flush interval, as before.
 Writers queue on a third lock, ``<file>.write``, held around every write transaction
 (:meth:`FileUse.writing`). SQLite's own wait for its write lock is a busy handler that sleeps
 1 ms, then 2, 5, 10..., on the event loop: with two processes committing a few thousand
-transactions a second between them, a fifth of the transactions found the lock taken and slept
-at least a millisecond for a transaction that takes tens of microseconds. A writer waiting on
+transactions a second between them, many transactions found the lock taken and slept at least
+a millisecond for a transaction that takes tens of microseconds (docs/performance.md, "Figures
+behind the code"). A writer waiting on
 ``.write`` instead tries it again every 50 µs (doubling up to a millisecond) and gets in as
 soon as the other commits; SQLite's lock is then almost always free at ``BEGIN IMMEDIATE``.
 Exactness does not depend on it (``BEGIN IMMEDIATE`` still serialises writers, and a process
 that does not take ``.write`` only waits as before).
+
+A gateway process that finds an owner need not be a sharer at all: it *forwards*
+(:mod:`fairgate.store.sqlite.forward`). The owner listens on a stream socket named after the
+lock file as the doorbell is (:meth:`FileUse.forward_listener`), and a newcomer that connects
+(:meth:`FileUse.connect_owner`) holds no lock and never touches the file: the owner counts
+for it, in memory. When the owner goes away, a forwarder tries to own the file again like
+any newcomer.
 
 A tool or test that reads the file beside a running gateway uses :func:`shared_connection`: it
 joins as a sharer, so an owner commits and hands over first and what is read is current. (The
@@ -100,6 +108,14 @@ def _doorbell_name(lock_fd: int) -> bytes | None:
     return b"\0fairgate-quota-" + digest.encode()
 
 
+def _forward_name(lock_fd: int) -> bytes | None:
+    """The abstract socket name an owner serves forwarded calls on
+    (:mod:`fairgate.store.sqlite.forward`), by the lock file's identity as
+    :func:`_doorbell_name`; None where abstract sockets do not exist."""
+    bell = _doorbell_name(lock_fd)
+    return None if bell is None else bell.replace(b"-quota-", b"-quota-fwd-", 1)
+
+
 def _open(path: str) -> int:
     return os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
 
@@ -166,6 +182,56 @@ class FileUse:
             return None
         s.setblocking(False)
         return s
+
+    def forward_listener(self) -> socket.socket | None:
+        """(Owner) A listening, non-blocking stream socket other processes on this file
+        connect to and send their calls over (:mod:`fairgate.store.sqlite.forward`), or None
+        where there is none (not Linux, or a former owner's socket not yet closed: they
+        then share the file transactionally, as before)."""
+        name = _forward_name(self._owner_fd)
+        if name is None:
+            return None
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            s.bind(name)
+            s.listen(64)
+        except OSError:
+            s.close()
+            return None
+        s.setblocking(False)
+        return s
+
+    def connect_owner(self, timeout_ms: int) -> socket.socket | None:
+        """(Would-be forwarder) A socket connected to the owner's forward listener, or None
+        when there is no owner to forward to: none holds the file (this process can own it:
+        :meth:`try_own`), or the file is shared transactionally (:meth:`share`), or the owner
+        does not listen within ``timeout_ms`` (one that never serves: then sharing makes it
+        hand over). An owner binds its listener right after taking its lock, so the wait is
+        that moment at most."""
+        name = _forward_name(self._owner_fd)
+        if name is None:
+            return None
+        deadline = time.monotonic() + timeout_ms / 1000.0
+        while True:
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                s.connect(name)
+            except OSError:
+                s.close()
+            else:
+                return s
+            if not self._owned_elsewhere() or time.monotonic() >= deadline:
+                return None
+            time.sleep(SHARE_POLL_S)
+
+    def _owned_elsewhere(self) -> bool:
+        """Does another process hold the file as its owner (exclusively) right now?"""
+        try:
+            fcntl.flock(self._owner_fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        fcntl.flock(self._owner_fd, fcntl.LOCK_UN)
+        return False
 
     def sharer_waiting(self) -> bool:
         """(Owner) Has another process announced that it wants to use the file?"""

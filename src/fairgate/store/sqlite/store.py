@@ -16,7 +16,9 @@ ones before it), and each caller is answered after that commit.
 In ``memory`` mode (the default) a process that has the file to itself answers the same
 operations from memory and commits them every few milliseconds
 (:mod:`fairgate.store.sqlite.memory`); the admission code below is written once against
-:class:`_Ops` and runs unchanged on both.
+:class:`_Ops` and runs unchanged on both. A gateway's second process on the file (``serve
+--workers N``) forwards its calls to that process instead of making it hand over
+(``forward``, :mod:`fairgate.store.sqlite.forward`).
 
 Layout (all primary-key addressed, so admission is O(checks) whatever the number of keys):
 
@@ -44,7 +46,8 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any, Protocol, TypeVar
 
-from fairgate.quota.decision import Outcome, Scope, evaluate
+from fairgate.quota.decision import Outcome, Scope, Verdict, evaluate
+from fairgate.quota.hold import QueueFull, Waiter
 from fairgate.quota.ports import (
     RECLAIM_BATCH,
     TOTAL_KEY,
@@ -56,6 +59,7 @@ from fairgate.quota.ports import (
     ReservationExists,
     UsageItem,
 )
+from fairgate.quota.queue import queued_admission
 from fairgate.quota.window import Anchor, Count, bucket_index, fade, reanchor
 from fairgate.sqlite_journal import use_wal
 from fairgate.store.sqlite.batches import (
@@ -66,6 +70,7 @@ from fairgate.store.sqlite.batches import (
     BatchJournal,
     replay,
 )
+from fairgate.store.sqlite.forward import ForwardClient, ForwardServer, Later, Unsent
 from fairgate.store.sqlite.memory import (
     DEFAULT_FLUSH_MS,
     DEFAULT_FOLD_MS,
@@ -76,6 +81,8 @@ from fairgate.store.sqlite.owner import FileUse
 from fairgate.store.sqlite.parts import Expired, Part
 from fairgate.store.sqlite.parts import dump_parts as _dump_parts
 from fairgate.store.sqlite.parts import load_parts as _load_parts
+from fairgate.store.sqlite.waiters import SCHEMA as WAITER_SCHEMA
+from fairgate.store.sqlite.waiters import MemoryWaiters, SqlWaiters, WaiterQueue
 
 log = logging.getLogger("fairgate.store")
 T = TypeVar("T")
@@ -122,6 +129,7 @@ _SCHEMA = (
         PRIMARY KEY (pool_id, counter)
     ) WITHOUT ROWID""",
     FOLDED_SCHEMA,
+    *WAITER_SCHEMA,
 )
 
 _ADD = (
@@ -192,7 +200,8 @@ _INLINE_CHECKPOINT_S = 1.0
 
 #: The store's modes (``QUOTA_SQLITE_MODE``): see :class:`SqliteQuotaStore`.
 MODES = ("transactional", "memory")
-#: ``memory``: a process alone on its file counts in memory (admission + settle ~8× cheaper);
+#: ``memory``: a process alone on its file counts in memory (admission + settle far cheaper:
+#: docs/performance.md, "Figures behind the code");
 #: any second process on the file switches every process to ``transactional`` anyway.
 DEFAULT_MODE = "memory"
 #: The longest write-behind interval allowed: a crash may lose this much counting.
@@ -343,12 +352,13 @@ class SqliteQuotaStore:
         mode: str = DEFAULT_MODE,
         flush_ms: int = DEFAULT_FLUSH_MS,
         fold_ms: int = DEFAULT_FOLD_MS,
+        forward: bool = False,
     ) -> None:
         """``synchronous`` OFF (the default) never fsyncs on the event loop: committed counters
         are in the OS page cache, so they survive a crash or ``kill -9`` of the gateway, and
         only a power loss or kernel crash can lose the last moments of counting. NORMAL or FULL
-        add the fsync of every checkpoint (a stall of tens of milliseconds once a second under
-        load, measured) for durability against power loss too.
+        add the fsync of every checkpoint (a stall once a second under load: docs/performance.md,
+        "Figures behind the code") for durability against power loss too.
 
         ``mode`` ``memory`` (the default): while this process is the file's only user,
         counters are authoritative in memory and written behind every ``flush_ms`` (a
@@ -359,7 +369,16 @@ class SqliteQuotaStore:
         ``fold_ms`` and whenever the tables must be whole (a read of them, a hand-over, a
         close); every process that opens the file folds what a dead owner left first
         (:mod:`fairgate.store.sqlite.batches`). ``transactional``: every admission and settle
-        is a transaction, nothing committed is ever lost."""
+        is a transaction, nothing committed is ever lost.
+
+        ``forward`` (memory mode; what ``serve`` uses): a process that finds the file owned
+        sends its calls to the owner over a local socket instead of making it hand over
+        (:mod:`fairgate.store.sqlite.forward`), so the counters stay in the owner's memory
+        with any number of workers; if the owner goes away, the next call finds a new one
+        (this process, or whichever took the file). Without it (the default for a store made
+        directly: tools, tests of the hand-over) a second process shares the file
+        transactionally as before. An owner serves forwarded calls either way, when it is
+        made on a running event loop."""
         if synchronous.upper() not in SYNCHRONOUS_MODES:
             raise ValueError(f"synchronous must be one of {', '.join(SYNCHRONOUS_MODES)}")
         if mode not in MODES:
@@ -391,29 +410,24 @@ class SqliteQuotaStore:
         self._checkpointer: threading.Thread | None = None
         self._inline_checkpoint_at = time.monotonic()
         self._memory: MemoryCounters | None = None
+        #: the held requests while this process owns the file (memory mode; store/sqlite/waiters)
+        self._waiters = MemoryWaiters()
         self._behind: WriteBehind | None = None
         self._use: FileUse | None = None
+        self._mode, self._forward = mode, forward
+        self._flush_ms, self._fold_ms = flush_ms, fold_ms
+        #: (forwarder) the connection to the owner that counts for this process
+        self._fwd: ForwardClient | None = None
+        #: (owner) where other processes' forwarded calls arrive
+        self._server: ForwardServer | None = None
         # the write-behind's journal (memory mode), folded by every opener of a file
         self._journal = BatchJournal(self._path, sync=self._synchronous == "FULL")
         try:
             if self._path != ":memory:":
                 self._use = FileUse(self._path)
-                if not (mode == "memory" and self._use.try_own()):
-                    self._use.share(busy_timeout_ms)
-            journal_seq = self._init(busy_timeout_ms)
-            if self._use is not None and self._use.owner:
-                self._memory = MemoryCounters(self._conn, self._lock)
-                self._behind = WriteBehind(
-                    self._memory,
-                    self._write,
-                    flush_ms=flush_ms,
-                    journal=self._journal,
-                    journal_seq=journal_seq,
-                    fold_ms=fold_ms,
-                    handover_wanted=self._use.sharer_waiting,
-                    handover=self._hand_over,
-                    doorbell=self._use.doorbell(),
-                )
+                self._fwd = self._join()
+            if self._fwd is None:
+                self._start_counting()
         except BaseException:
             self._conn.close()
             if self._use is not None:
@@ -429,8 +443,8 @@ class SqliteQuotaStore:
             # which finds only the frames since the thread's last pass and lets the next write
             # reset the WAL. The thread runs once a second too, not ten times: a hot page is then
             # copied once a second however often it was committed, and each pass takes the GIL
-            # from the event loop once (0.4-4.5 % less CPU per governed request at c16 in three
-            # paired runs; docs/performance.md).
+            # from the event loop once (less CPU per governed request in paired runs:
+            # docs/performance.md, "Figures behind the code").
             self._conn.execute("PRAGMA wal_autocheckpoint = 0")
             self._checkpointer = threading.Thread(
                 target=self._checkpoint_loop,
@@ -439,6 +453,96 @@ class SqliteQuotaStore:
                 daemon=True,
             )
             self._checkpointer.start()
+
+    def _join(self) -> ForwardClient | None:
+        """This process's part on the file: the owner (memory mode, if it can have the file
+        alone), a forwarder (the connection returned: ``forward`` and an owner that serves),
+        else a sharer (transactional; an owner hands over first). A forwarder touches nothing
+        in the file, its journal included: that is the owner's."""
+        use = self._use
+        assert use is not None
+        if self._mode == "memory":
+            if use.try_own():
+                return None
+            if self._forward:
+                sock = use.connect_owner(self._busy_timeout_ms // 5)
+                if sock is not None:
+                    return ForwardClient(sock, self._busy_timeout_ms / 1000.0)
+                if use.try_own():  # the owner went away meanwhile
+                    return None
+        use.share(self._busy_timeout_ms)
+        return None
+
+    def _start_counting(self) -> None:
+        """(Owner or sharer) Fold what the file's journal holds, then count: in memory, serving
+        forwarders, as the owner; transactionally as a sharer."""
+        journal_seq = self._init(self._busy_timeout_ms)
+        if self._use is None or not self._use.owner:
+            return
+        self._memory = MemoryCounters(self._conn, self._lock)
+        self._behind = WriteBehind(
+            self._memory,
+            self._write,
+            flush_ms=self._flush_ms,
+            journal=self._journal,
+            journal_seq=journal_seq,
+            fold_ms=self._fold_ms,
+            handover_wanted=self._use.sharer_waiting,
+            handover=self._hand_over,
+            doorbell=self._use.doorbell(),
+        )
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:  # no loop to serve on: a newcomer shares the file instead
+            return
+        sock = self._use.forward_listener()
+        if sock is not None:
+            self._server = ForwardServer(sock, self._answer)
+
+    def _rejoin(self) -> None:
+        """(Forwarder) The owner went away: find the file's next owner, or be it."""
+        fwd, self._fwd = self._fwd, None
+        if fwd is not None:
+            fwd.close()
+        self._fwd = self._join()
+        if self._fwd is None:
+            self._start_counting()
+        log.info("quota store: the owner of %s went away; now %s", self._path, self.mode)
+
+    async def _forwarded(self, name: str, *args: Any) -> Any:
+        return await self._forward_call(name, args, later=False)
+
+    async def _forwarded_later(self, name: str, *args: Any) -> Any:
+        """:meth:`_forwarded` for a call nobody waits for on a request's path (a settle, a
+        release, a record): it goes with the next admission's frame, within 2 ms."""
+        return await self._forward_call(name, args, later=True)
+
+    async def _forward_call(self, name: str, args: tuple[Any, ...], *, later: bool) -> Any:
+        """(Forwarder) ``name(*args)`` run by the owner; first a new owner if it went away.
+        A call in flight when it did fails (module docstring of
+        :mod:`fairgate.store.sqlite.forward`): it is never sent twice."""
+        fwd = self._fwd
+        if fwd is not None and not fwd.lost:
+            try:
+                return await fwd.call(name, args, later=later)
+            except Unsent:  # the owner stopped without reading it: the next owner's
+                pass
+        if self._fwd is fwd:  # not found by a call that failed with this one
+            self._rejoin()
+        if self._fwd is not None:  # once: a new owner that goes away at once is an error
+            return await self._fwd.call(name, args, later=later)
+        return await getattr(self, name)(*args)
+
+    def _answer(self, name: str, args: tuple[Any, ...]) -> Any:
+        """(Owner) A forwarded call: answered at once from memory, or :class:`Later` by the
+        method itself (counting transactionally since a hand-over, or a call with no memory
+        path)."""
+        mem = self._memory
+        if mem is not None and name in _AT_ONCE:
+            with mem.lock:
+                if self._memory is mem:
+                    return _AT_ONCE[name](self, mem, *args)
+        return Later(getattr(self, name)(*args))
 
     def _hand_over(self) -> None:
         """(The flusher, everything committed, the counters' lock held) Another process wants
@@ -450,9 +554,17 @@ class SqliteQuotaStore:
 
     @property
     def mode(self) -> str:
-        """``memory`` while this process owns the file and counts in memory, else
-        ``transactional`` (also after a hand-over)."""
+        """``memory`` while this process owns the file and counts in memory, ``forwarding``
+        while its owner counts for it, else ``transactional`` (also after a hand-over)."""
+        if self._fwd is not None:
+            return "forwarding"
         return "memory" if self._memory is not None else "transactional"
+
+    @property
+    def forwarded(self) -> int:
+        """Calls this process has sent to the file's owner (on its current connection)."""
+        fwd = self._fwd
+        return 0 if fwd is None else fwd.calls
 
     def durability(self, *, reset: bool = False) -> dict[str, float]:
         """What a ``kill -9`` now would lose, for tests and benchmarks: changes made and
@@ -482,7 +594,11 @@ class SqliteQuotaStore:
         }
 
     async def flush(self) -> None:
-        """Commit the in-memory changes now (memory mode; a no-op otherwise)."""
+        """Commit the in-memory changes now (memory mode, or the owner's when forwarding; a
+        no-op otherwise)."""
+        if self._fwd is not None:
+            await self._forwarded("flush")
+            return
         with self._quiet():
             pass
 
@@ -586,6 +702,8 @@ class SqliteQuotaStore:
             with mem.lock:
                 if self._memory is mem:  # not handed over meanwhile
                     return self._admit(mem, req)
+        if self._fwd is not None:
+            return await self._forwarded("admit", req)  # type: ignore[no-any-return]
         # an admission whose caller went away before the commit is not made: nobody would
         # settle or release what it reserved
         return await self._grouped(lambda ops: self._admit(ops, req), for_caller_only=True)
@@ -624,13 +742,17 @@ class SqliteQuotaStore:
                 parts.append((check.key, w, curr, check.cost, _SCOPE_TEXT[check.scope]))
 
         verdict = evaluate(req.checks, values, req.policy, req.threshold)
+        waiting, full = False, None
+        if req.hold is not None:
+            queue = SqlWaiters(ops.c) if isinstance(ops, _SqlOps) else self._waiters
+            verdict, waiting, full = _queue_step(queue, req, values, verdict)
         if verdict.outcome is Outcome.BLOCK:
             # a retry of an admission whose reply was lost must learn that it reserved, however
             # full the pool is by now (what admit.lua says before deciding); asked here only, an
             # admission that reserves finds the id held at ``put``, at no extra read
             if ops.holds(req.reservation_id):
                 raise ReservationExists(req.reservation_id)
-            return AdmitResult(verdict, tuple(totals), tuple(mine), reserved=False)
+            return AdmitResult(verdict, tuple(totals), tuple(mine), False, waiting, full)
 
         # the reservation first: an id already held refuses before anything is added
         ops.put(req.reservation_id, pool, key, now + req.lease_ms, parts)
@@ -653,6 +775,9 @@ class SqliteQuotaStore:
                 if self._memory is mem:
                     self._settle(mem, pool_id, key_id, reservation_id, usage, now_ms)
                     return
+        if self._fwd is not None:
+            await self._forwarded_later("settle", pool_id, key_id, reservation_id, usage, now_ms)
+            return
         await self._grouped(
             lambda ops: self._settle(ops, pool_id, key_id, reservation_id, usage, now_ms)
         )
@@ -751,6 +876,8 @@ class SqliteQuotaStore:
             with mem.lock:
                 if self._memory is mem:
                     return _drop(mem, pool_id, reservation_id, now_ms)
+        if self._fwd is not None:
+            return bool(await self._forwarded_later("release", pool_id, reservation_id, now_ms))
         return await self._grouped(lambda ops: _drop(ops, pool_id, reservation_id, now_ms))
 
     async def record(
@@ -763,6 +890,9 @@ class SqliteQuotaStore:
                 if self._memory is mem:
                     _apply_usage(mem, pool_id, key_id, usage, now_ms)
                     return
+        if self._fwd is not None:
+            await self._forwarded_later("record", pool_id, key_id, usage, now_ms)
+            return
         await self._grouped(lambda ops: _apply_usage(ops, pool_id, key_id, usage, now_ms))
 
     # -- reads ------------------------------------------------------------------------------
@@ -775,9 +905,32 @@ class SqliteQuotaStore:
             with mem.lock:
                 if self._memory is mem:
                     return {r.key: _read_one(mem, pool_id, key_id, r, now_ms) for r in counters}
+        if self._fwd is not None:
+            return await self._forwarded("peek", pool_id, key_id, counters, now_ms)  # type: ignore[no-any-return]
         with self._read() as c:
             ops = _SqlOps(c)
             return {ref.key: _read_one(ops, pool_id, key_id, ref, now_ms) for ref in counters}
+
+    async def leave(self, pool_id: str, waiter_id: str) -> bool:
+        mem = self._memory
+        if mem is not None:
+            with mem.lock:
+                if self._memory is mem:
+                    return self._waiters.remove(pool_id, waiter_id)
+        if self._fwd is not None:
+            return await self._forwarded("leave", pool_id, waiter_id)  # type: ignore[no-any-return]
+        return await self._grouped(lambda ops: SqlWaiters(ops.c).remove(pool_id, waiter_id))
+
+    async def waiters(self, pool_id: str, now_ms: int) -> list[Waiter]:
+        mem = self._memory
+        if mem is not None:
+            with mem.lock:
+                if self._memory is mem:
+                    return [w for w in self._waiters.list(pool_id) if w.deadline_ms > now_ms]
+        if self._fwd is not None:
+            return await self._forwarded("waiters", pool_id, now_ms)  # type: ignore[no-any-return]
+        with self._read() as c:
+            return [w for w in SqlWaiters(c).list(pool_id) if w.deadline_ms > now_ms]
 
     async def pool_usage(
         self,
@@ -791,14 +944,20 @@ class SqliteQuotaStore:
             with mem.lock:
                 if self._memory is mem:
                     return _pool_counts(mem, pool_id, key_ids, counters, now_ms)
+        if self._fwd is not None:
+            return await self._forwarded("pool_usage", pool_id, key_ids, counters, now_ms)  # type: ignore[no-any-return]
         with self._read() as c:
             return _pool_counts(_SqlOps(c), pool_id, key_ids, counters, now_ms)
 
     async def active_keys(self, pool_id: str, since_ms: int) -> list[str]:
+        if self._fwd is not None:
+            return await self._forwarded("active_keys", pool_id, since_ms)  # type: ignore[no-any-return]
         with self._quiet(), self._lock:
             return [str(r[0]) for r in self._conn.execute(_ACTIVE, (pool_id, since_ms))]
 
     async def anchors(self, pool_id: str) -> dict[str, Anchor]:
+        if self._fwd is not None:
+            return await self._forwarded("anchors", pool_id)  # type: ignore[no-any-return]
         with self._lock:
             rows = self._conn.execute(_ANCHORS, (pool_id,)).fetchall()
         return {str(k): Anchor(int(r), int(b), str(s)) for k, r, b, s in rows}
@@ -812,6 +971,10 @@ class SqliteQuotaStore:
         now_ms: int,
         source: str,
     ) -> Anchor | None:
+        if self._fwd is not None:
+            return await self._forwarded(  # type: ignore[no-any-return]
+                "set_anchor", pool_id, counter, window_ms, reset_ms, now_ms, source
+            )
         with self._write() as c:
             row = c.execute(_ANCHOR_GET, (pool_id, counter)).fetchone()
             current = None if row is None else Anchor(int(row[0]), int(row[1]), str(row[2]))
@@ -825,6 +988,8 @@ class SqliteQuotaStore:
             return moved
 
     async def cumulative(self, pool_id: str, counter_keys: Sequence[str]) -> dict[str, float]:
+        if self._fwd is not None:
+            return await self._forwarded("cumulative", pool_id, counter_keys)  # type: ignore[no-any-return]
         out: dict[str, float] = {}
         with self._quiet(), self._read() as c:
             for k in counter_keys:
@@ -835,12 +1000,17 @@ class SqliteQuotaStore:
     # -- maintenance ------------------------------------------------------------------------
 
     async def clear(self, pool_id: str) -> None:
+        if self._fwd is not None:
+            await self._forwarded("clear", pool_id)
+            return
         with self._quiet() as mem:
             with self._write() as c:
                 for stmt in _CLEAR:
                     c.execute(stmt, (pool_id,))
+                SqlWaiters(c).clear(pool_id)
             if mem is not None:
                 mem.forget_pool(pool_id)
+            self._waiters.clear(pool_id)
 
     async def gc(self, now_ms: int, retention_ms: int) -> GcResult:
         """Besides old buckets, undo expired reservations of every pool.
@@ -849,6 +1019,8 @@ class SqliteQuotaStore:
         otherwise keep stale reservations (and their amounts) forever. Undoing them is exactly
         what the next admission would do, so it is safe at any time.
         """
+        if self._fwd is not None:
+            return await self._forwarded("gc", now_ms, retention_ms)  # type: ignore[no-any-return]
         with self._quiet() as mem:
             if mem is not None:  # the reservations are in memory, the rest is in the file
                 undone = 0
@@ -875,6 +1047,11 @@ class SqliteQuotaStore:
         return max(0, deleted), max(0, forgotten)
 
     async def ping(self) -> bool:
+        if self._fwd is not None:
+            try:
+                return bool(await self._forwarded("ping"))
+            except sqlite3.Error:
+                return False
         try:
             with self._lock:
                 row = self._conn.execute("SELECT 1").fetchone()
@@ -891,6 +1068,13 @@ class SqliteQuotaStore:
 
     async def close(self) -> None:
         """Commits what memory mode holds first: a graceful stop loses nothing."""
+        if self._fwd is not None:
+            await self._fwd.drain()
+            self._fwd.close()
+            self._fwd = None
+        if self._server is not None:  # forwarders find the next owner
+            self._server.close()
+            self._server = None
         self._commit_group()
         if self._behind is not None:
             self._behind.stop()
@@ -908,6 +1092,34 @@ class SqliteQuotaStore:
             if not self._closed:
                 self._closed = True
                 self._conn.close()
+
+
+def _queue_step(
+    queue: WaiterQueue,
+    req: AdmitRequest,
+    values: Sequence[tuple[float, float, float]],
+    verdict: Verdict,
+) -> tuple[Verdict, bool, QueueFull | None]:
+    """The queue's part of an admission of a ``hold`` pool, in its atomic step
+    (:func:`fairgate.quota.queue.queued_admission`): the verdict, whether the request waits
+    now, and whether it was refused at once for a full queue."""
+    assert req.hold is not None
+    pool, hold = req.pool_id, req.hold
+    queue.purge(pool, req.now_ms)
+    verdict, step, share = queued_admission(
+        req.checks,
+        [v[1] for v in values],
+        verdict,
+        hold,
+        queue.list(pool),
+        req.key_id,
+        req.now_ms,
+    )
+    if step.join:
+        queue.put(pool, step.waiter(req.key_id, share, hold))
+    else:
+        queue.remove(pool, hold.waiter_id)
+    return verdict, step.join, step.full
 
 
 def _check_key(key_id: str) -> None:
@@ -1009,3 +1221,38 @@ def _apply_usage(
         ops.add(pool_id, key_id, part)
         if item.scope == "pool":
             ops.cum_add(pool_id, item.key, float(item.amount))
+
+
+def _settle_now(
+    store: SqliteQuotaStore,
+    mem: MemoryCounters,
+    pool_id: str,
+    key_id: str,
+    reservation_id: str,
+    usage: Sequence[UsageItem],
+    now_ms: int,
+) -> None:
+    store._settle(mem, pool_id, key_id, reservation_id, usage, now_ms)
+
+
+def _peek_now(
+    _: SqliteQuotaStore,
+    mem: MemoryCounters,
+    pool_id: str,
+    key_id: str,
+    counters: Sequence[CounterRef],
+    now_ms: int,
+) -> dict[str, Count]:
+    return {r.key: _read_one(mem, pool_id, key_id, r, now_ms) for r in counters}
+
+
+#: (Owner) the forwarded calls answered at once from memory (under the counters' lock): each
+#: what the method's own memory path does
+_AT_ONCE: dict[str, Callable[..., Any]] = {
+    "admit": lambda store, mem, req: store._admit(mem, req),
+    "settle": _settle_now,
+    "release": lambda _, mem, pool_id, rid, now_ms: _drop(mem, pool_id, rid, now_ms),
+    "record": lambda _, mem, *args: _apply_usage(mem, *args),
+    "peek": _peek_now,
+    "pool_usage": lambda _, mem, *args: _pool_counts(mem, *args),
+}
