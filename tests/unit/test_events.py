@@ -83,3 +83,11 @@ def test_every_sink_gets_each_event_in_order() -> None:
     Events(a, b).admission(e)
     assert a.seen == [e]
     assert b.seen == [e]
+
+
+def test_a_held_admission_says_how_long_it_waited_on_the_pools_log() -> None:
+    pool_log = FakePoolLog()
+    sink = LogEvents(pool_log, logging.getLogger("fairgate.proxy"))  # type: ignore[arg-type]
+    sink.admission(event("shared", Admission(Outcome.ALLOW, waited_ms=1_500)))
+    sink.admission(event("shared", Admission(Outcome.ALLOW)))
+    assert [e.get("waitedMs") for _, e in pool_log.events] == [1_500, None]
