@@ -13,7 +13,7 @@ from fairgate.process.http_settings import (
     admin_key_problem,
     host_allowed,
 )
-from fairgate.process.metrics import metrics_access_problem
+from fairgate.process.metrics_http import metrics_access_problem
 
 
 def test_defaults_are_bounded() -> None:

@@ -15,6 +15,7 @@ from starlette.responses import Response
 
 from fairgate.domain.connections import Connection
 from fairgate.domain.keys import ClientKey
+from fairgate.process.client_http import answered
 from fairgate.process.metrics import (
     FastCounter,
     FastHistogram,
@@ -69,8 +70,10 @@ def test_request_counter_and_histograms_from_the_response() -> None:
     m = Metrics()
     ok = Response(b"{}", headers={"x-fairgate-connection": "c1", "x-fairgate-overhead-ms": "0.5"})
     t0 = time.perf_counter() - 0.02
-    m.observe_request(REG, KEY, {"model": "gpt-4o-mini"}, ok, t0)
-    m.observe_request(REG, None, None, Response(b"", status_code=401), time.perf_counter())
+    m.observe_request(REG, KEY, {"model": "gpt-4o-mini"}, answered(ok), t0)
+    m.observe_request(
+        REG, None, None, answered(Response(b"", status_code=401)), time.perf_counter()
+    )
     m.observe_admission(Admission(Outcome.BLOCK, Reason.FAIR_SHARE))
     m.observe_admission(Admission(Outcome.ALLOW, fail_open=True))
     got = samples(m)
@@ -224,7 +227,9 @@ async def test_workers_of_one_group_each_answer_for_all_of_them(tmp_path: Any) -
     for i, resp in enumerate(answers):
         for m in (a if i % 3 else b, alone):
             resp.headers["x-fairgate-overhead-ms"] = "0.4"
-            m.observe_request(REG, KEY, {"model": "gpt-4o-mini"}, resp, time.perf_counter())
+            m.observe_request(
+                REG, KEY, {"model": "gpt-4o-mini"}, answered(resp), time.perf_counter()
+            )
             m.observe_admission(Admission(Outcome.ALLOW))
             m.observe_attempt(REG, "mock", "c1", "gpt-4o-mini", "ok", 12.0 * i)
     await a.refresh(fake_gateway(), inflight=2)

@@ -49,8 +49,8 @@ from fairgate.path.exchange import carried
 from fairgate.path.outcome import Outcome
 from fairgate.path.render import render
 from fairgate.process import tracing
-from fairgate.process.client_http import Answer, ClientRequest
-from fairgate.process.errors import ApiError, error_response
+from fairgate.process.client_http import Answer, ClientRequest, answered, error_response
+from fairgate.process.errors import ApiError
 from fairgate.providers.transport import TRANSPORT_ERRORS
 from fairgate.snapshot import Registry
 
@@ -289,7 +289,7 @@ async def _handle(
                 extra={"status": err.status, "code": err.code, "diagnostics": err.diagnostics},
             )
         resp = error_response(err, anthropic=route is Route.MESSAGES)
-    svc.metrics.observe_request(svc.state.registry, key, body, resp, t0)
+    svc.metrics.observe_request(svc.state.registry, key, body, answered(resp), t0)
     if route is Route.RESPONSES and resp.status_code in (429, 503):
         # a streaming Codex client sees only a refusal's reason in ``response.failed``
         return codex_failed_stream(resp, body, request.headers, now_s(request)) or resp

@@ -16,7 +16,13 @@ from typing import TYPE_CHECKING
 from fairgate.surface import lazy_surface
 
 if TYPE_CHECKING:
-    from fairgate.process.client_http import Answer, ClientRequest, Later, StreamAnswer
+    from fairgate.process.client_http import (
+        Answer,
+        ClientRequest,
+        Later,
+        StreamAnswer,
+        error_response,
+    )
     from fairgate.process.edge import (
         FastRoute,
         GatewayApp,
@@ -24,7 +30,7 @@ if TYPE_CHECKING:
         internal_error,
         via_router,
     )
-    from fairgate.process.errors import ApiError, error_response
+    from fairgate.process.errors import ApiError
     from fairgate.process.guards import AdminBackoff, KeyRateGuard
     from fairgate.process.http_protocol import protocol_for, run, server_options
     from fairgate.process.http_settings import HttpSettings, SettingsError, admin_key_problem
@@ -35,7 +41,8 @@ if TYPE_CHECKING:
         configure_from_env,
         configure_from_settings,
     )
-    from fairgate.process.metrics import METRICS_DIR_ENV, Metrics, metrics_endpoint
+    from fairgate.process.metrics import METRICS_DIR_ENV, Metrics
+    from fairgate.process.metrics_http import metrics_endpoint
     from fairgate.process.oauth_service import CLIENT_SETTING, OAuthClient
     from fairgate.process.oauth_setup import start_oauth
     from fairgate.process.settings import Fraction, RetentionDays, Settings

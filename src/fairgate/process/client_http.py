@@ -23,10 +23,12 @@ from __future__ import annotations
 from collections.abc import AsyncIterable, Awaitable, Callable, Mapping
 from typing import Any
 
+import orjson
 from starlette.background import BackgroundTask
 from starlette.responses import Response, StreamingResponse
 
 from fairgate.process.client_request import ClientRequest, decode_headers
+from fairgate.process.errors import ApiError, anthropic_error_body, openai_error_body
 
 __all__ = ["Answer", "ClientRequest", "Later", "StreamAnswer", "decode_headers"]
 
@@ -115,3 +117,34 @@ class StreamAnswer(StreamingResponse):
         self.raw_headers = _raw(headers, None, _SSE)
         self.served_by = served_by
         self.overhead_ms = overhead_ms
+
+
+def error_response(
+    err: ApiError, *, anthropic: bool = False, headers: Mapping[str, str] | None = None
+) -> Answer:
+    """``err`` as the JSON answer its client's SDK understands (OpenAI's shape, or Anthropic's
+    on ``/v1/messages``)."""
+    body = anthropic_error_body(err) if anthropic else openai_error_body(err)
+    if err.client_diagnostics is not None:
+        body["diagnostics"] = err.client_diagnostics
+    merged = {**err.headers, **headers} if headers else err.headers
+    return Answer(orjson.dumps(body), err.status, merged)
+
+
+#: The proxy's own answers, which carry the serving connection and the overhead.
+_OURS = (Answer, StreamAnswer)
+
+
+def answered(resp: Response) -> tuple[int, str | None, float | None]:
+    """What the metrics count of an answer: its status, the connection that served it and the
+    time the gateway added, from the attributes of the proxy's own answers, else from the
+    ``x-fairgate-connection`` and ``x-fairgate-overhead-ms`` headers."""
+    if isinstance(resp, _OURS):  # a tuple: a union would be built on every call
+        return resp.status_code, resp.served_by, resp.overhead_ms
+    headers = resp.headers
+    raw = headers.get("x-fairgate-overhead-ms")
+    try:
+        overhead_ms = None if raw is None else float(raw)
+    except ValueError:
+        overhead_ms = None
+    return resp.status_code, headers.get("x-fairgate-connection"), overhead_ms

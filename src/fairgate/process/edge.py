@@ -32,8 +32,8 @@ from starlette.responses import Response, StreamingResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
-from fairgate.process.client_http import ClientRequest, decode_headers
-from fairgate.process.errors import ApiError, error_response
+from fairgate.process.client_http import ClientRequest, decode_headers, error_response
+from fairgate.process.errors import ApiError
 from fairgate.process.http_settings import host_allowed
 from fairgate.process.logs import HEADER, REQUEST_ID, REQUEST_ID_HEADER, request_id_of
 from fairgate.timers import Timer

@@ -8,10 +8,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-import orjson
-from starlette.responses import Response
-
-from fairgate.process.client_http import Answer
 from fairgate.resilience.failover import Step
 
 _TYPES = {
@@ -29,7 +25,9 @@ _TYPES = {
 
 
 class ApiError(Exception):
-    """Raised anywhere in request handling; rendered by :func:`error_response`."""
+    """Raised anywhere in request handling; rendered at the edge by
+    :func:`fairgate.process.client_http.error_response` (this module is plain data: the request
+    path below its edge raises it without importing an HTTP framework)."""
 
     def __init__(
         self,
@@ -90,13 +88,3 @@ def anthropic_error_body(err: ApiError) -> dict[str, Any]:
         inner["code"] = err.code
     inner.update(err.extra)
     return {"type": "error", "error": inner}
-
-
-def error_response(
-    err: ApiError, *, anthropic: bool = False, headers: Mapping[str, str] | None = None
-) -> Response:
-    body = anthropic_error_body(err) if anthropic else openai_error_body(err)
-    if err.client_diagnostics is not None:
-        body["diagnostics"] = err.client_diagnostics
-    merged = {**err.headers, **headers} if headers else err.headers
-    return Answer(orjson.dumps(body), err.status, merged)

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import inspect
 import logging
 import math
@@ -41,7 +40,7 @@ from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Se
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry
+from prometheus_client import CollectorRegistry
 from prometheus_client import metrics as prometheus_metrics
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.exposition import generate_latest
@@ -49,22 +48,15 @@ from prometheus_client.mmap_dict import MmapedDict, mmap_key
 from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
-from starlette.requests import Request
-from starlette.responses import Response
-
-from fairgate.process.client_http import Answer, StreamAnswer
-from fairgate.process.http_settings import HttpSettings, is_loopback
 
 if TYPE_CHECKING:
     from fairgate.domain.keys import ClientKey
-    from fairgate.process.state import Gateway
+    from fairgate.quota.engine import QuotaEngine
     from fairgate.quota.outcomes import Admission
     from fairgate.snapshot import Registry
+    from fairgate.store.factory import StoreChoice
 
 log = logging.getLogger("fairgate.metrics")
-
-#: The proxy's own answers, which carry the serving connection and the overhead.
-_OURS = (Answer, StreamAnswer)
 
 #: Label value when there is nothing to name (no key authenticated, no connection chosen).
 NONE = "none"
@@ -484,6 +476,18 @@ class FastHistogram(Collector):
         return [metric]
 
 
+class Scraped(Protocol):
+    """What a scrape reads of the process (the Gateway is one): the pools, the engine that
+    counts them, the store in use. A protocol, so metrics stand below the process state."""
+
+    @property
+    def registry(self) -> Registry: ...
+    @property
+    def engine(self) -> QuotaEngine: ...
+    @property
+    def store_choice(self) -> StoreChoice: ...
+
+
 class Metrics:
     """The gateway's metrics. One per app; the hot path calls the ``observe_*`` methods.
     ``shared``: this worker's files of a ``serve --workers N`` group (module doc)."""
@@ -634,28 +638,18 @@ class Metrics:
         reg: Registry,
         key: ClientKey | None,
         body: Mapping[str, Any] | None,
-        resp: Response,
+        answered: tuple[int, str | None, float | None],
         t0: float,
     ) -> None:
         """Count one finished ``/v1`` request (for a stream: once its headers are decided).
 
-        The serving connection and the overhead are what the proxy computed: the attributes of
-        its own answers, else the ``x-fairgate-connection`` and ``x-fairgate-overhead-ms``
-        headers; the upstream time is what remains of the elapsed time, so the proxy needs no
-        extra clock.
+        ``answered``: its status, the serving connection and the overhead the proxy computed
+        (:func:`fairgate.process.client_http.answered`: the edge reads them off its answer, so
+        this module knows no HTTP framework); the upstream time is what remains of the elapsed
+        time, so the proxy needs no extra clock.
         """
-        if isinstance(resp, _OURS):  # a tuple: a union would be built on every call
-            connection, overhead_ms = resp.served_by, resp.overhead_ms
-        else:
-            headers = resp.headers
-            connection = headers.get("x-fairgate-connection")
-            raw = headers.get("x-fairgate-overhead-ms")
-            try:
-                overhead_ms = None if raw is None else float(raw)
-            except ValueError:
-                overhead_ms = None
+        status, connection, overhead_ms = answered
         model = self.model_label(reg, body.get("model") if body is not None else None)
-        status = resp.status_code
         self.requests.add(
             (key.id if key is not None else NONE, model, connection or NONE, str(status))
         )
@@ -696,7 +690,7 @@ class Metrics:
 
     # -- scrape ---------------------------------------------------------------------------
 
-    async def refresh(self, gw: Gateway, inflight: int | None = None) -> None:
+    async def refresh(self, gw: Scraped, inflight: int | None = None) -> None:
         """Re-read pool usage and store health into the snapshot the collector serves.
 
         A pool whose usage cannot be read is left out (and the store is reported down): the
@@ -739,7 +733,7 @@ class Metrics:
                 shared.publish_inflight(inflight)
             shared.forget_dead()
 
-    async def _read_health(self, gw: Gateway) -> ResilienceGauges | None:
+    async def _read_health(self, gw: Scraped) -> ResilienceGauges | None:
         """The resilience gauges, or None (no source, or it failed: the scrape still answers)."""
         source = self.health_source
         try:
@@ -759,46 +753,3 @@ class Metrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
-
-
-def metrics_access_problem(limits: HttpSettings, request: Request) -> tuple[int, str] | None:
-    """Who may read ``/metrics`` (it names every key, connection and model): with
-    ``FAIRGATE_METRICS_KEY`` set, whoever sends it as a Bearer token; unset, loopback clients
-    only (a scraper on the same host), unless ``FAIRGATE_METRICS_PUBLIC`` opens it."""
-    wanted = limits.metrics_key or ""
-    if wanted:
-        scheme, _, token = request.headers.get("authorization", "").partition(" ")
-        presented = token.strip() if scheme.lower() == "bearer" else ""
-        if presented and hmac.compare_digest(presented.encode(), wanted.encode()):
-            return None
-        return 401, "Send 'Authorization: Bearer <FAIRGATE_METRICS_KEY>' to read the metrics"
-    client = request.client.host if request.client is not None else ""
-    if limits.metrics_public or is_loopback(client):
-        return None
-    return 403, (
-        "/metrics answers loopback clients only; set FAIRGATE_METRICS_KEY to scrape it "
-        "from elsewhere"
-    )
-
-
-def metrics_endpoint(
-    gw: Gateway, metrics: Metrics, limits: HttpSettings
-) -> Callable[[Request], Any]:
-    """The ``GET /metrics`` handler over ``gw`` and ``metrics``."""
-
-    async def handler(request: Request) -> Response:
-        problem = metrics_access_problem(limits, request)
-        if problem is not None:
-            status, message = problem
-            return Response(
-                message + "\n",
-                status_code=status,
-                media_type="text/plain",
-                headers={"WWW-Authenticate": "Bearer"} if status == 401 else None,
-            )
-        svc = getattr(request.app.state, "services", None)
-        inflight = len(svc.inflight) if svc is not None else None
-        await metrics.refresh(gw, inflight)
-        return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
-
-    return handler

@@ -27,12 +27,14 @@ from fairgate.path import proxy, responses_edge
 from fairgate.path.call import Services
 from fairgate.path.provider_signals import ProviderSignals
 from fairgate.process import credentials, tracing
+from fairgate.process.client_http import error_response
 from fairgate.process.edge import FastRoute, GatewayApp, SendDeadline, internal_error, via_router
-from fairgate.process.errors import ApiError, error_response
+from fairgate.process.errors import ApiError
 from fairgate.process.events import standard_events
 from fairgate.process.http_settings import HttpSettings
 from fairgate.process.logs import REDACTOR
-from fairgate.process.metrics import Metrics, metrics_endpoint
+from fairgate.process.metrics import Metrics
+from fairgate.process.metrics_http import metrics_endpoint
 from fairgate.process.oauth_setup import start_oauth
 from fairgate.process.state import Gateway
 from fairgate.providers.oauth import AuthHealth, OAuthTokens
