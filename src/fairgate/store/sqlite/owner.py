@@ -70,6 +70,17 @@ WRITE_POLL_S = 0.00005
 WRITE_POLL_MAX_S = 0.001
 
 
+def _held_against(fd: int, how: int) -> bool:
+    """Would the ``flock`` ``how`` on ``fd`` have to wait (another process holds a lock that
+    conflicts)? Asked without blocking and without keeping the lock: taken and dropped at once."""
+    try:
+        fcntl.flock(fd, how | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    fcntl.flock(fd, fcntl.LOCK_UN)
+    return False
+
+
 def _flock_within(
     fd: int,
     how: int,
@@ -226,21 +237,11 @@ class FileUse:
 
     def _owned_elsewhere(self) -> bool:
         """Does another process hold the file as its owner (exclusively) right now?"""
-        try:
-            fcntl.flock(self._owner_fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return True
-        fcntl.flock(self._owner_fd, fcntl.LOCK_UN)
-        return False
+        return _held_against(self._owner_fd, fcntl.LOCK_SH)
 
     def sharer_waiting(self) -> bool:
         """(Owner) Has another process announced that it wants to use the file?"""
-        try:
-            fcntl.flock(self._share_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return True
-        fcntl.flock(self._share_fd, fcntl.LOCK_UN)
-        return False
+        return _held_against(self._share_fd, fcntl.LOCK_EX)
 
     def hand_over(self) -> None:
         """(Owner, state committed) Become a sharer: the waiting process gets in."""
