@@ -62,7 +62,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Protocol
+from typing import Protocol, Self
 
 from fairgate.routing.combo import Combo
 from fairgate.routing.model import QTSD_PREFIX, ComboConfig, Target
@@ -171,7 +171,28 @@ def saturation_gate(buckets: BucketReader, model: str) -> Callable[[Target], boo
 # -- in-flight ----------------------------------------------------------------------------------
 
 
-class Lease:
+class _EndsWithBlock:
+    """A hold that a ``with`` block gives back on every path, streams and failures included:
+    ``__exit__`` runs the subclass's idempotent :meth:`_end` (one place for the protocol)."""
+
+    __slots__ = ()
+
+    def _end(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._end()
+
+
+class Lease(_EndsWithBlock):
     """One request's slot on a connection. ``release()`` is idempotent; use it as a context
     manager (or in ``finally``) so it runs on every path, streams and failures included."""
 
@@ -195,15 +216,7 @@ class Lease:
             self._released = True
             self._tracker._release(self._key)
 
-    def __enter__(self) -> Lease:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def _end(self) -> None:
         self.release()
 
 
@@ -273,7 +286,7 @@ class _ComboDrr:
                 self.held.pop(hold[0], None)
 
 
-class DrrTicket:
+class DrrTicket(_EndsWithBlock):
     """The charge of one quota-share selection. The executor calls :meth:`dispatch` with each
     target it actually sends the request to and :meth:`close` when the request is over (or
     uses the ticket as a context manager): the *last* dispatched target — the one that served,
@@ -315,15 +328,7 @@ class DrrTicket:
         if self._dispatched is not None:
             self._drr.charge(self._combo, self._dispatched)
 
-    def __enter__(self) -> DrrTicket:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def _end(self) -> None:
         self.close()
 
 
