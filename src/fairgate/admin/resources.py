@@ -39,6 +39,7 @@ from fairgate.admin.models import (
 )
 from fairgate.db.common import transaction
 from fairgate.db.keys import KeyRepo
+from fairgate.db.seeding import connection_from_config
 from fairgate.db.settings import REQUIRE_ALLOCATION, SettingsRepo, access_policy
 from fairgate.domain.connections import AuthType, Connection, protocol_for
 from fairgate.domain.keys import ClientKey
@@ -127,20 +128,7 @@ async def list_connections(gw: GW) -> list[ConnectionOut]:
 
 @router.post("/connections", status_code=201, tags=["connections"])
 async def create_connection(body: ConnectionIn, gw: GW) -> ConnectionOut:
-    conn = Connection(
-        id=body.id,
-        provider=body.provider,
-        base_url=body.base_url,
-        secret=body.secret,
-        protocol=protocol_for(body.provider, body.protocol),
-        auth_type=AuthType(body.auth_type),
-        weight=body.weight,
-        max_concurrent=body.max_concurrent,
-        models=tuple(body.models or ()),
-        enabled=body.enabled,
-        forward_headers=tuple(body.forward_headers),
-        billing_fields=tuple(body.billing_fields),
-    )
+    conn = connection_from_config(body)
     gw.connections().create(conn)
     gw.reload()
     return _conn_out(gw, conn)

@@ -14,7 +14,7 @@ from fairgate.clock import SYSTEM_CLOCK, Clock
 from fairgate.config import (
     AllocationConfig,
     Config,
-    ConnectionConfig,
+    ConnectionFields,
     DimensionConfig,
     KeyConfig,
     PoolConfig,
@@ -55,7 +55,9 @@ def dimension_from_config(d: DimensionConfig) -> Dimension:
     return Dimension(d.unit, d.window, d.limit, d.window_anchor)
 
 
-def connection_from_config(c: ConnectionConfig) -> Connection:
+def connection_from_config(c: ConnectionFields) -> Connection:
+    """The domain connection of a declared one: the file's or the admin API's (both declare
+    the same fields, so they become a connection in this one place)."""
     return Connection(
         id=c.id,
         provider=c.provider,
