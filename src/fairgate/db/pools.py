@@ -82,6 +82,19 @@ def resolve_pool(rec: PoolRecord, overrides: Mapping[str, tuple[Dimension, ...]]
     )
 
 
+def _columns(rec: PoolRecord) -> tuple[str, str, str, int, str, str]:
+    """The pool row's own columns, in the order both the INSERT and the UPDATE name them
+    (name, provider, share_mode, active_window_ms, dimensions, admission)."""
+    return (
+        rec.name,
+        rec.provider,
+        rec.share_mode.value,
+        rec.active_window_ms,
+        dims_to_json(rec.dimensions),
+        json.dumps(rec.hold.as_json()),
+    )
+
+
 class PoolRepo:
     def __init__(self, conn: Database, clock: Clock = SYSTEM_CLOCK) -> None:
         self._conn = conn
@@ -123,17 +136,7 @@ class PoolRepo:
                 "INSERT INTO pools (id, name, provider, share_mode, active_window_ms, "
                 "dimensions, admission, created_ms, updated_ms) "
                 "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (
-                    rec.id,
-                    rec.name,
-                    rec.provider,
-                    rec.share_mode.value,
-                    rec.active_window_ms,
-                    dims_to_json(rec.dimensions),
-                    json.dumps(rec.hold.as_json()),
-                    now,
-                    now,
-                ),
+                (rec.id, *_columns(rec), now, now),
             )
             self._write_children(rec)
         return rec
@@ -146,16 +149,7 @@ class PoolRepo:
             self._conn.execute(
                 "UPDATE pools SET name = ?, provider = ?, share_mode = ?, active_window_ms = ?, "
                 "dimensions = ?, admission = ?, updated_ms = ? WHERE id = ?",
-                (
-                    rec.name,
-                    rec.provider,
-                    rec.share_mode.value,
-                    rec.active_window_ms,
-                    dims_to_json(rec.dimensions),
-                    json.dumps(rec.hold.as_json()),
-                    self._clock.now_ms(),
-                    rec.id,
-                ),
+                (*_columns(rec), self._clock.now_ms(), rec.id),
             )
             self._conn.execute("DELETE FROM pool_connections WHERE pool_id = ?", (rec.id,))
             self._conn.execute("DELETE FROM allocations WHERE pool_id = ?", (rec.id,))
