@@ -31,9 +31,9 @@ records to decisions; ``fairgate.db.seeding`` reads the DB and applies them.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal, get_args
+from typing import Any, Literal, TypeVar, get_args
 
 import orjson
 
@@ -44,6 +44,8 @@ from fairgate.domain.connections import Connection
 from fairgate.domain.keys import ClientKey
 from fairgate.quota.hold import NO_HOLD
 from fairgate.quota.model import Allocation, Dimension
+
+_T = TypeVar("_T")
 
 __all__ = [
     "Action",
@@ -196,6 +198,12 @@ def combo_form(spec: ComboSpec) -> Form:
     return form(combo_fields(spec))
 
 
+def _form_of(objects: Mapping[str, _T], i: str, to_form: Callable[[_T], Form]) -> Form | None:
+    """The form of ``objects[i]`` (None: there is no such object)."""
+    found = objects.get(i)
+    return None if found is None else to_form(found)
+
+
 @dataclass(frozen=True, slots=True)
 class Objects:
     """The objects the config file seeds, by id: as the file declares them, as the DB holds
@@ -221,21 +229,16 @@ class Objects:
         more objects (keys, above all) than the file declares, and only those are compared."""
         kind, i = ref
         if kind == "connection":
-            c = self.connections.get(i)
-            return None if c is None else connection_form(c)
+            return _form_of(self.connections, i, connection_form)
         if kind == "key":
-            k = self.keys.get(i)
-            return None if k is None else key_form(k)
+            return _form_of(self.keys, i, key_form)
         if kind == "plan":
-            d = self.plans.get(i)
-            return None if d is None else plan_form(d)
+            return _form_of(self.plans, i, plan_form)
         if kind == "combo":
-            spec = self.combos.get(i)
-            return None if spec is None else combo_form(spec)
-        r = self.pools.get(i)
-        if r is None:
-            return None
-        return pool_form(r) if kind == "pool" else allocations_form(r.allocations)
+            return _form_of(self.combos, i, combo_form)
+        if kind == "pool":
+            return _form_of(self.pools, i, pool_form)
+        return _form_of(self.pools, i, lambda r: allocations_form(r.allocations))
 
     def forms(self) -> dict[Ref, Form]:
         return {ref: form for ref in self.refs() if (form := self.form(ref)) is not None}
