@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sqlite3
 
+from fairgate.db.common import transaction
 from fairgate.db.schema import MIGRATIONS, statements
 from fairgate.files import private_sqlite
 from fairgate.sqlite_journal import use_wal
@@ -33,19 +34,13 @@ def migrate(conn: sqlite3.Connection) -> int:
     for version, migration in enumerate(MIGRATIONS, start=1):
         if version <= current:
             continue
-        conn.execute("BEGIN IMMEDIATE")
-        try:
+        with transaction(conn):  # BEGIN IMMEDIATE: the write lock, COMMIT or ROLLBACK
             # re-check under the write lock: another process may have migrated meanwhile
             row = conn.execute("SELECT MAX(version) FROM schema_version").fetchone()
             if int(row[0] or 0) >= version:
-                conn.execute("COMMIT")
                 continue
             for stmt in statements(migration, "sqlite"):
                 conn.execute(stmt)
             conn.execute("INSERT INTO schema_version(version) VALUES (?)", (version,))
-            conn.execute("COMMIT")
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
         current = version
     return current
