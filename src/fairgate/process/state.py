@@ -31,7 +31,7 @@ from fairgate.files import private_dir
 from fairgate.process.http_settings import ADMIN_KEY_MIN_LENGTH
 from fairgate.process.oauth_service import OAuthAccounts
 from fairgate.process.settings import Settings
-from fairgate.quota.engine import QuotaEngine
+from fairgate.quota.engine import QuotaEngine, SignalSource
 from fairgate.quota.model import Pool, unenforced_pools
 from fairgate.quota.ports import SlotLeases, SlotLeaseSource
 from fairgate.quota.retention import RetentionGc
@@ -54,8 +54,6 @@ from fairgate.store.factory import StoreChoice, create_store, redis_url
 from fairgate.timers import SystemTimer, Timer
 
 log = logging.getLogger("fairgate.server")
-
-SignalsSource = Callable[[Pool], Mapping[str, float]]
 
 #: How long a stop waits for each background task it cancelled. A task that outlives it (a
 #: library that swallowed the cancel, a read stuck on a hung server) is logged and left to the
@@ -116,7 +114,7 @@ class Gateway:
         #: one entry per key, so bounded by the key table, and never written on the hot path
         #: to the database
         self.key_last_used: dict[str, int] = {}
-        self.signals_source: SignalsSource | None = None
+        self.signals_source: SignalSource | None = None
         #: the percent a request of so many tokens is expected to cost on a connection (the
         #: provider signals' robust ratio): admission and the preview price it alike
         self.percent_estimator: Callable[[str, float], float] | None = None
