@@ -97,16 +97,20 @@ def _parse(name: str, raw: object) -> float | bool | None:
     return value
 
 
+_BREAKER = BreakerConfig()
+
+
 @dataclass(frozen=True, slots=True)
 class ResilienceSettings:
     """Every resilience knob; ``providers`` holds per-provider overrides (field -> value)."""
 
-    breaker_threshold: float = 0.5
-    breaker_min_requests: int = 5
-    breaker_window_ms: int = 60_000
-    breaker_cooldown_ms: int = 30_000
-    breaker_max_cooldown_ms: int = 300_000
-    breaker_probe_lease_ms: int = 120_000
+    # the breaker's defaults are BreakerConfig's: one place for them
+    breaker_threshold: float = _BREAKER.threshold
+    breaker_min_requests: int = _BREAKER.min_requests
+    breaker_window_ms: int = _BREAKER.window_ms
+    breaker_cooldown_ms: int = _BREAKER.cooldown_ms
+    breaker_max_cooldown_ms: int = _BREAKER.max_cooldown_ms
+    breaker_probe_lease_ms: int = _BREAKER.probe_lease_ms
     #: A 429 is one account's limit, handled by that connection's cooldown; counting it in the
     #: provider breaker would let one exhausted account black out its healthy siblings.
     breaker_counts_rate_limits: bool = False
