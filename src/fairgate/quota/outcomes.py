@@ -9,13 +9,13 @@ without the engine's store, journal and caches.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from fairgate.domain.units import Unit
 from fairgate.quota.decision import DimensionCheck, Outcome, Reason
 from fairgate.quota.hold import QueueFull
 from fairgate.quota.window import Count, window_end_ms
-from fairgate.records import record
+from fairgate.records import camel, record
 
 __all__ = [
     "ALLOW_UNGOVERNED",
@@ -106,6 +106,7 @@ class StoreHealth:
     down: bool
     down_since_ms: int | None
     outages: int
+    #: timeouts the out-of-loop probe showed to be a busy event loop, not an outage
     slow_timeouts: int
     last_outage_ms: int | None
     fail_open: int
@@ -118,24 +119,14 @@ class StoreHealth:
     journal_compactions: int
 
     def as_json(self) -> dict[str, object]:
-        return {
-            "down": self.down,
-            "downSinceMs": self.down_since_ms,
-            "outages": self.outages,
-            # timeouts the out-of-loop probe showed to be a busy event loop, not an outage
-            "slowTimeouts": self.slow_timeouts,
-            "lastOutageMs": self.last_outage_ms,
-            "failOpen": self.fail_open,
-            "storeErrors": self.store_errors,
-            "lastError": self.last_error,
-            "journal": {
-                "pending": self.journal_pending,
-                "appended": self.journal_appended,
-                "replayed": self.journal_replayed,
-                "dropped": self.journal_dropped,
-                "compactions": self.journal_compactions,
-            },
-        }
+        """Every field under its camelCase name, the ``journal_*`` ones nested as ``journal``."""
+        out: dict[str, object] = {}
+        journal: dict[str, object] = {}
+        for f in fields(self):
+            short = f.name.removeprefix("journal_")
+            (out if short == f.name else journal)[camel(short)] = getattr(self, f.name)
+        out["journal"] = journal
+        return out
 
 
 #: A unit's text (``Unit.value`` is an enum property: a dictionary lookup is a third of it).
