@@ -67,7 +67,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Awaitable, Callable, Iterable, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import Any, Final, Literal, TypeVar
 
 from fairgate.clock import SYSTEM_CLOCK, Clock
@@ -178,15 +178,8 @@ class RateLimitWarning:
     expires_ms: int
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "provider": self.provider,
-            "connection_id": self.connection_id,
-            "model": self.model,
-            "dimension": self.dimension,
-            "remaining": self.remaining,
-            "limit": self.limit,
-            "reset_ms": self.reset_ms,
-        }
+        """Every field but ``expires_ms`` (when the warning is dropped: not news to a reader)."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "expires_ms"}
 
 
 def earliest_free(exclusions: Iterable[Exclusion | None]) -> int | None:
