@@ -127,6 +127,24 @@ def _forward_name(lock_fd: int) -> bytes | None:
     return None if bell is None else bell.replace(b"-quota-", b"-quota-fwd-", 1)
 
 
+def _bound(name: bytes | None, kind: int, *, backlog: int | None = None) -> socket.socket | None:
+    """A non-blocking Unix socket of ``kind`` bound to ``name`` (listening, with ``backlog``),
+    or None: no name (no abstract sockets here) or the name is still taken (a former owner's
+    socket not yet closed)."""
+    if name is None:
+        return None
+    s = socket.socket(socket.AF_UNIX, kind)
+    try:
+        s.bind(name)
+        if backlog is not None:
+            s.listen(backlog)
+    except OSError:
+        s.close()
+        return None
+    s.setblocking(False)
+    return s
+
+
 def _open(path: str) -> int:
     return os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
 
@@ -182,35 +200,15 @@ class FileUse:
     def doorbell(self) -> socket.socket | None:
         """(Owner) A non-blocking socket that a waiting sharer rings, or None where there
         is none (then the owner must poll :meth:`sharer_waiting`)."""
-        name = _doorbell_name(self._owner_fd)
-        if name is None:
-            return None
-        s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        try:
-            s.bind(name)
-        except OSError:  # a former owner's socket not yet closed: poll instead
-            s.close()
-            return None
-        s.setblocking(False)
-        return s
+        # None also when a former owner's socket is not yet closed: poll instead
+        return _bound(_doorbell_name(self._owner_fd), socket.SOCK_DGRAM)
 
     def forward_listener(self) -> socket.socket | None:
         """(Owner) A listening, non-blocking stream socket other processes on this file
         connect to and send their calls over (:mod:`fairgate.store.sqlite.forward`), or None
         where there is none (not Linux, or a former owner's socket not yet closed: they
         then share the file transactionally, as before)."""
-        name = _forward_name(self._owner_fd)
-        if name is None:
-            return None
-        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            s.bind(name)
-            s.listen(64)
-        except OSError:
-            s.close()
-            return None
-        s.setblocking(False)
-        return s
+        return _bound(_forward_name(self._owner_fd), socket.SOCK_STREAM, backlog=64)
 
     def connect_owner(self, timeout_ms: int) -> socket.socket | None:
         """(Would-be forwarder) A socket connected to the owner's forward listener, or None
