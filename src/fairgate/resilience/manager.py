@@ -615,28 +615,38 @@ class RateLimitManager:
         if cls in (FailureClass.RATE_LIMIT, FailureClass.QUOTA_TEMPORARY):
             hint = c.retry_after_ms
             if self._model_scoped(c, model):
-                await self._lockout(provider, conn_id, model, auth_type, hint, cls, s, cause)
+                await self._back_off(provider, conn_id, model, auth_type, hint, cls, s, cause)
             else:
-                await self._cooldown(conn_id, auth_type, hint, cls, s, cause)
+                await self._back_off(provider, conn_id, None, auth_type, hint, cls, s, cause)
             if s.breaker_counts_rate_limits:
                 await self._breaker_failure(provider, cause, explained=False)
             else:
                 await self._release_probe(provider)
         elif cls is FailureClass.AUTH:
-            await self._cooldown(
-                conn_id, auth_type, c.retry_after_ms, cls, s, cause, floor_ms=s.auth_cooldown_ms
+            await self._back_off(
+                provider,
+                conn_id,
+                None,
+                auth_type,
+                c.retry_after_ms,
+                cls,
+                s,
+                cause,
+                floor_ms=s.auth_cooldown_ms,
             )
             await self._release_probe(provider)
         elif cls is FailureClass.MODEL_NOT_FOUND:
             floor = s.model_not_found_lockout_ms
-            await self._lockout(
+            await self._back_off(
                 provider, conn_id, model, auth_type, None, cls, s, cause, floor_ms=floor
             )
             await self._release_probe(provider)
         elif cls in (FailureClass.SERVER_ERROR, FailureClass.TIMEOUT) and c.provider_failure:
             await self._breaker_failure(provider, cause, explained=request_explained)
             if not request_explained:  # else the request's own failure: the account is fine
-                await self._cooldown(conn_id, auth_type, c.retry_after_ms, cls, s, cause)
+                await self._back_off(
+                    provider, conn_id, None, auth_type, c.retry_after_ms, cls, s, cause
+                )
         else:  # client disconnect, bad request, context overflow, our own bug: nothing
             await self._release_probe(provider)
 
@@ -765,9 +775,11 @@ class RateLimitManager:
         )
         return level, max(duration, floor_ms)
 
-    async def _cooldown(
+    async def _back_off(
         self,
+        provider: str,
         conn_id: str,
+        model: str | None,
         auth_type: str,
         hint_ms: int | None,
         cls: FailureClass,
@@ -776,12 +788,31 @@ class RateLimitManager:
         *,
         floor_ms: int = 0,
     ) -> None:
+        """Cool the connection down (``model`` None) or lock ``model`` out on it, for the
+        next level of the block it has (:meth:`_duration`): one rule for both."""
         now = self._clock.now_ms()
-        existing = await self._safe("get_cooldown", lambda: self._store.get_cooldown(conn_id), None)
+        if model is None:
+            existing = await self._safe(
+                "get_cooldown", lambda: self._store.get_cooldown(conn_id), None
+            )
+        else:
+            locked = model
+            existing = await self._safe(
+                "get_lockout", lambda: self._store.get_lockout(provider, conn_id, locked), None
+            )
         level, duration = self._duration(existing, now, auth_type, hint_ms, s, floor_ms)
+        until = now + duration
+        if model is None:
+            await self._set_cooldown(conn_id, until, level, cls.value, cause)
+        else:
+            await self._set_lockout(provider, conn_id, model, until, level, cls.value, cause)
+
+    async def _set_cooldown(
+        self, conn_id: str, until_ms: int, level: int, reason: str, cause: BlockCause
+    ) -> None:
         merged = await self._safe(
             "set_cooldown",
-            lambda: self._store.set_cooldown(conn_id, now + duration, level, cls.value),
+            lambda: self._store.set_cooldown(conn_id, until_ms, level, reason),
             None,
         )
         if merged is not None:
@@ -789,28 +820,8 @@ class RateLimitManager:
             self._persist(
                 _cd_key(conn_id), "save_cooldown", lambda p: p.save_cooldown(conn_id, merged)
             )
-        self._remember(_cd_key(conn_id), cause, merged, now + duration)
-        self._log_block("cooldown", conn_id, now + duration, cause, cls.value)
-
-    async def _lockout(
-        self,
-        provider: str,
-        conn_id: str,
-        model: str,
-        auth_type: str,
-        hint_ms: int | None,
-        cls: FailureClass,
-        s: ResilienceSettings,
-        cause: BlockCause,
-        *,
-        floor_ms: int = 0,
-    ) -> None:
-        now = self._clock.now_ms()
-        existing = await self._safe(
-            "get_lockout", lambda: self._store.get_lockout(provider, conn_id, model), None
-        )
-        level, duration = self._duration(existing, now, auth_type, hint_ms, s, floor_ms)
-        await self._set_lockout(provider, conn_id, model, now + duration, level, cls.value, cause)
+        self._remember(_cd_key(conn_id), cause, merged, until_ms)
+        self._log_block("cooldown", conn_id, until_ms, cause, reason)
 
     async def _set_lockout(
         self,
