@@ -38,7 +38,7 @@ import time
 from bisect import bisect_left
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 
 from prometheus_client import CollectorRegistry
 from prometheus_client import metrics as prometheus_metrics
@@ -53,6 +53,7 @@ if TYPE_CHECKING:
     from fairgate.domain.keys import ClientKey
     from fairgate.quota.engine import QuotaEngine
     from fairgate.quota.outcomes import Admission
+    from fairgate.quota.usage import DimensionUsage
     from fairgate.snapshot import Registry
     from fairgate.store.factory import StoreChoice
 
@@ -119,20 +120,13 @@ def gauges_from_snapshot(snap: Mapping[str, Any]) -> ResilienceGauges:
     return ResilienceGauges(breakers, cooldowns, lockouts)
 
 
-@dataclass(frozen=True, slots=True)
-class _DimensionGauge:
-    pool: str
-    dimension: str
-    used_fraction: float
-    total: float
-    limit: float
-    burn_rate_per_s: float
-    consumed: Mapping[str, float]
+#: A pool's dimension as its usage view shows it (the gauges read its figures, not a copy).
+_PoolDimension: TypeAlias = "tuple[str, DimensionUsage]"
 
 
 #: The per-dimension pool gauges: name, help and the field each reads, one row each, so a gauge
 #: is added in one place (the per-key ``fairgate_pool_key_consumed`` has a third label).
-_POOL_GAUGES: tuple[tuple[str, str, Callable[[_DimensionGauge], float]], ...] = (
+_POOL_GAUGES: tuple[tuple[str, str, Callable[[DimensionUsage], float]], ...] = (
     (
         "fairgate_pool_usage",
         "Used fraction of the pool limit per dimension (1 = exhausted)",
@@ -159,7 +153,7 @@ _POOL_GAUGES: tuple[tuple[str, str, Callable[[_DimensionGauge], float]], ...] = 
 
 @dataclass(frozen=True, slots=True)
 class _Snapshot:
-    dimensions: tuple[_DimensionGauge, ...] = ()
+    dimensions: tuple[_PoolDimension, ...] = ()
     store_driver: str = ""
     store_up: bool | None = None
     inflight: int | None = None
@@ -183,12 +177,12 @@ class _StateCollector(Collector):
             "Consumption in the current window per allocated key",
             labels=["pool", "dimension", "key"],
         )
-        for d in snap.dimensions:
-            labels = [d.pool, d.dimension]
+        for pool, d in snap.dimensions:
+            labels = [pool, d.key]
             for gauge, value in gauges:
                 gauge.add_metric(labels, value(d))
-            for key_id, amount in d.consumed.items():
-                consumed.add_metric([d.pool, d.dimension, key_id], amount)
+            for k in d.keys:
+                consumed.add_metric([pool, d.key, k.key_id], k.consumed)
         yield from (gauge for gauge, _ in gauges)
         yield consumed
         if snap.store_up is not None:
@@ -696,7 +690,7 @@ class Metrics:
         A pool whose usage cannot be read is left out (and the store is reported down): the
         scrape still answers, so an outage of the store is visible instead of a failed scrape.
         """
-        dims: list[_DimensionGauge] = []
+        dims: list[_PoolDimension] = []
         store_up = True
         for pool in list(gw.registry.pools.values()):
             try:
@@ -708,18 +702,7 @@ class Metrics:
                     extra={"pool": pool.id, "error": type(exc).__name__},
                 )
                 continue
-            for d in usage.dimensions:
-                dims.append(
-                    _DimensionGauge(
-                        pool=pool.id,
-                        dimension=d.key,
-                        used_fraction=d.used_fraction,
-                        total=d.total,
-                        limit=d.limit,
-                        burn_rate_per_s=d.burn_rate_per_s,
-                        consumed={k.key_id: k.consumed for k in d.keys},
-                    )
-                )
+            dims.extend((pool.id, d) for d in usage.dimensions)
         try:
             store_up = store_up and await gw.engine.store.ping()
         except Exception:
