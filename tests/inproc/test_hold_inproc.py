@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import math
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -125,11 +127,7 @@ async def test_a_request_that_does_not_fit_waits_and_is_served_when_room_frees(
 async def test_out_of_patience_is_a_429_with_the_retry_after_of_the_pool(
     tmp_path: Path,
 ) -> None:
-    timer = ManualTimer()
-    timer.set(T)
-    async with gateway(tmp_path, _config(), timer, _answer) as h:
-        for _ in range(2):
-            assert (await h.chat("m", max_tokens=5)).status_code == 200
+    async with _hour_used_up(tmp_path, _config()) as (h, timer):
         b = _ask(h, "b1", key=BOB, headers={MAX_WAIT_HEADER: "2000"})
         await timer.until_sleeping(1)
         timer.advance(1_000)  # a poll: still no room
@@ -158,14 +156,23 @@ async def _answer(req: UpstreamRequest) -> Reply:
     return openai_chat("ok")
 
 
+@asynccontextmanager
+async def _hour_used_up(
+    tmp_path: Path, cfg: dict[str, Any]
+) -> AsyncIterator[tuple[Harness, ManualTimer]]:
+    """A gateway whose pool has served the hour's two requests, so the next one must wait."""
+    timer = ManualTimer()
+    timer.set(T)
+    async with gateway(tmp_path, cfg, timer, _answer) as h:
+        for _ in range(2):
+            assert (await h.chat("m", max_tokens=5)).status_code == 200
+        yield h, timer
+
+
 async def test_a_client_that_goes_away_leaves_the_queue_and_nothing_is_held(
     tmp_path: Path,
 ) -> None:
-    timer = ManualTimer()
-    timer.set(T)
-    async with gateway(tmp_path, _config(), timer, _answer) as h:
-        for _ in range(2):
-            assert (await h.chat("m", max_tokens=5)).status_code == 200
+    async with _hour_used_up(tmp_path, _config()) as (h, timer):
         b = _ask(h, "b1", key=BOB)
         await timer.until_sleeping(1)
         assert await _waiters(h) == ["bob"]
@@ -183,12 +190,7 @@ async def test_a_client_that_goes_away_leaves_the_queue_and_nothing_is_held(
 
 
 async def test_queue_limits_refuse_at_once(tmp_path: Path) -> None:
-    timer = ManualTimer()
-    timer.set(T)
-    cfg = _config(queue_per_key=1, queue_per_pool=2)
-    async with gateway(tmp_path, cfg, timer, _answer) as h:
-        for _ in range(2):
-            assert (await h.chat("m", max_tokens=5)).status_code == 200
+    async with _hour_used_up(tmp_path, _config(queue_per_key=1, queue_per_pool=2)) as (h, timer):
         b1 = _ask(h, "b1", key=BOB)
         await timer.until_sleeping(1)
         b2 = await h.chat("m", key=BOB, max_tokens=5)  # bob's queue holds one
