@@ -36,6 +36,28 @@ async def turns(n: int = 3) -> None:
         await asyncio.sleep(0)
 
 
+async def fail_in_flight_then_the_next_goes(
+    send: Sender,
+    in_flight: list[asyncio.Future[int]],
+    waiting: asyncio.Future[int],
+    item: int,
+    error: Exception,
+) -> None:
+    """Fail the batch in flight with ``error``: each of its callers gets that error, and the call
+    that waited behind it (``waiting``, for ``item``) still goes, in a batch of its own, and gets
+    its own answer."""
+    send.fail = error
+    send.release()
+    for call in in_flight:
+        with pytest.raises(type(error), match=str(error)):
+            await call
+    send.fail = None
+    await turns()
+    assert send.batches[-1] == ("p1", [item])
+    send.release()
+    assert await waiting == item * 10
+
+
 async def test_a_call_to_an_idle_group_goes_at_once_and_the_next_ones_go_together() -> None:
     send = Sender()
     c = Coalescer(send, max_batch=64)
@@ -121,16 +143,7 @@ async def test_a_failed_batch_fails_each_of_its_calls_and_the_next_batch_still_g
     assert send.batches[-1] == ("p1", [1, 2])
     later = asyncio.ensure_future(c.submit("p1", 3))
     await turns()
-    send.fail = ConnectionError("gone")
-    send.release()
-    for call in failing:
-        with pytest.raises(ConnectionError, match="gone"):
-            await call
-    send.fail = None
-    await turns()
-    assert send.batches[-1] == ("p1", [3])
-    send.release()
-    assert await later == 30
+    await fail_in_flight_then_the_next_goes(send, failing, later, 3, ConnectionError("gone"))
 
 
 async def test_a_failed_lone_call_raises_to_its_caller_and_what_waited_still_goes() -> None:
@@ -140,15 +153,7 @@ async def test_a_failed_lone_call_raises_to_its_caller_and_what_waited_still_goe
     await turns()
     waiting = asyncio.ensure_future(c.submit("p1", 2))
     await turns()
-    send.fail = TimeoutError("slow")
-    send.release()
-    with pytest.raises(TimeoutError, match="slow"):
-        await lone
-    send.fail = None
-    await turns()
-    assert send.batches[-1] == ("p1", [2])
-    send.release()
-    assert await waiting == 20
+    await fail_in_flight_then_the_next_goes(send, [lone], waiting, 2, TimeoutError("slow"))
 
 
 async def test_a_cancelled_caller_leaves_its_call_in_the_batch() -> None:
