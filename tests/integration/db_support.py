@@ -11,7 +11,7 @@ import pytest
 
 from fairgate.db.base import Database
 from fairgate.db.repos import NotFound
-from fairgate.db.schema import REGISTRY_TABLES
+from fairgate.db.schema import PROVENANCE_VERSION, REGISTRY_TABLES
 from fairgate.secretbox import SecretBox
 
 #: Every table a repository writes, so "nothing changed" covers all of them.
@@ -21,6 +21,16 @@ TABLES = (
     "meta_version",
     "config_applied",
     "retired_key_hashes",
+)
+
+#: What turns a database of this version back into one the version before config provenance
+#: left: no record of what was applied or retired, and the columns and migrations since.
+BEFORE_PROVENANCE = (
+    "DROP TABLE config_applied",
+    "DROP TABLE retired_key_hashes",
+    "ALTER TABLE connections DROP COLUMN billing_fields",  # migration 9's
+    "ALTER TABLE pools DROP COLUMN admission",  # migration 10's
+    f"DELETE FROM schema_version WHERE version >= {PROVENANCE_VERSION}",
 )
 
 

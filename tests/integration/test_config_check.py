@@ -11,6 +11,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from db_support import BEFORE_PROVENANCE
 from typer.testing import CliRunner, Result
 
 from fairgate.cli import app
@@ -169,13 +170,7 @@ async def test_config_check_of_a_database_of_the_previous_version(
     await gw.start()
     try:
         gw.db.execute("UPDATE pools SET name = 'Renamed by the API' WHERE id = 'shared'")
-        for stmt in (
-            "DROP TABLE config_applied",
-            "DROP TABLE retired_key_hashes",
-            "ALTER TABLE connections DROP COLUMN billing_fields",  # migration 9's
-            "ALTER TABLE pools DROP COLUMN admission",  # migration 10's
-            f"DELETE FROM schema_version WHERE version >= {PROVENANCE_VERSION}",
-        ):
+        for stmt in BEFORE_PROVENANCE:
             gw.db.execute(stmt)
     finally:
         await gw.stop()
