@@ -26,6 +26,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from child_support import reap
 from test_sqlite_memory import POOL, REFS, REQ, T0, TOK, _file_state, _request, _usage
 
 from fairgate.quota.ports import ReservationExists
@@ -297,11 +298,7 @@ def test_kill_9_of_the_owner_the_forwarder_takes_over_with_what_was_committed(
         assert json.loads(proc.stdout.readline()) == {"pid": 0}
         total, mode = asyncio.run(run())
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        if proc.stdout is not None:
-            proc.stdout.close()
+        reap(proc)
     assert mode == "memory"
     assert total == Count(0.0, 12.0)
     assert _file_state(path) == (12.0, 12 * 40.0, 0)
