@@ -35,6 +35,19 @@ def ant(gw: Proc, key: str = SECRET) -> anthropic.Anthropic:
     return anthropic.Anthropic(base_url=gw.url, api_key=key, max_retries=0)
 
 
+def streamed(
+    client: anthropic.Anthropic, model: str, max_tokens: int, content: str
+) -> tuple[str, int]:
+    """One user message streamed through the SDK's ``messages.stream``: the text it read and the
+    output tokens its final message reports."""
+    with client.messages.stream(
+        model=model, max_tokens=max_tokens, messages=[{"role": "user", "content": content}]
+    ) as stream:
+        text = "".join(stream.text_stream)
+        final = stream.get_final_message()
+    return text, final.usage.output_tokens
+
+
 def test_openai_chat_to_openai_connection(gateway: Proc) -> None:
     with oai(gateway) as client:
         raw = client.chat.completions.with_raw_response.create(
@@ -120,13 +133,9 @@ def test_anthropic_messages_to_anthropic_connection(gateway: Proc) -> None:
         )
         assert msg.content[0].type == "text"
         assert msg.usage.output_tokens == 5
-        with client.messages.stream(
-            model="claude-sonnet-4", max_tokens=7, messages=[{"role": "user", "content": "hey"}]
-        ) as stream:
-            text = "".join(stream.text_stream)
-            final = stream.get_final_message()
+        text, output_tokens = streamed(client, "claude-sonnet-4", 7, "hey")
     assert text
-    assert final.usage.output_tokens == 7
+    assert output_tokens == 7
 
 
 def test_anthropic_count_tokens_through_the_gateway(gateway: Proc) -> None:
@@ -156,13 +165,9 @@ def test_anthropic_client_to_openai_connection(gateway: Proc) -> None:
         )
         assert msg.content[0].type == "text"
         assert msg.usage.output_tokens == 4
-        with client.messages.stream(
-            model="mock/gpt-4o-mini", max_tokens=9, messages=[{"role": "user", "content": "x"}]
-        ) as stream:
-            text = "".join(stream.text_stream)
-            final = stream.get_final_message()
+        text, output_tokens = streamed(client, "mock/gpt-4o-mini", 9, "x")
     assert text
-    assert final.usage.output_tokens == 9
+    assert output_tokens == 9
 
 
 def test_missing_and_wrong_keys_are_401_and_never_reach_upstream(
