@@ -134,38 +134,20 @@ connections:
     assert conn.models == ["${LITERAL}", "gpt-x"]
 
 
+def _one_connection(conn_id: str, provider: str, secret: str, models: object) -> dict[str, Any]:
+    """A configuration of one connection whose secret is written ``secret`` (an env reference,
+    the point of the tests that use it)."""
+    conn = {"id": conn_id, "provider": provider, "base_url": "http://x", "secret": secret}
+    return {"connections": [{**conn, "models": models}]}
+
+
 def test_missing_env_var_names_the_field() -> None:
-    problems = _problems(
-        {
-            "connections": [
-                {
-                    "id": "c1",
-                    "provider": "mock",
-                    "base_url": "http://x",
-                    "secret": "${NOPE}",
-                    "models": ["*"],
-                }
-            ]
-        }
-    )
+    problems = _problems(_one_connection("c1", "mock", "${NOPE}", ["*"]))
     assert problems == [("connections.0.secret", "environment variable NOPE is not set")]
 
 
 def test_set_but_empty_variable_is_not_missing() -> None:
-    cfg = parse_config(
-        {
-            "connections": [
-                {
-                    "id": "c",
-                    "provider": "m",
-                    "base_url": "http://x",
-                    "secret": "${E}",
-                    "models": "*",
-                }
-            ]
-        },
-        {"E": ""},
-    )
+    cfg = parse_config(_one_connection("c", "m", "${E}", "*"), {"E": ""})
     assert cfg.connections[0].secret == ""
 
 
