@@ -20,7 +20,7 @@ from openai.types.chat.completion_create_params import (
     CompletionCreateParamsStreaming,
 )
 from pydantic import TypeAdapter
-from wire_support import tool_call
+from wire_support import chat_usage, tool_call
 
 from fairgate.formats.responses_upstream import chat_to_responses_request
 from fairgate.formats.sse import SSEParser, encode_event
@@ -563,13 +563,7 @@ OPENAI_COMPLETION: dict[str, Any] = {
             "logprobs": None,
         }
     ],
-    "usage": {
-        "prompt_tokens": 120,
-        "completion_tokens": 30,
-        "total_tokens": 150,
-        "prompt_tokens_details": {"cached_tokens": 100},
-        "completion_tokens_details": {"reasoning_tokens": 0},
-    },
+    "usage": chat_usage(120, 30, cached=100, reasoning=0),
 }
 
 
