@@ -39,6 +39,16 @@ from fairgate.store.sqlite.store import SqliteQuotaStore
 
 
 @asynccontextmanager
+async def _owning(path: Path) -> AsyncIterator[SqliteQuotaStore]:
+    """The first store on ``path``, owning it (forwarding on), closed afterwards."""
+    owner = SqliteQuotaStore(path, forward=True)
+    try:
+        yield owner
+    finally:
+        await owner.close()
+
+
+@asynccontextmanager
 async def _paired(path: Path) -> AsyncIterator[tuple[SqliteQuotaStore, SqliteQuotaStore]]:
     """The first store on ``path`` owns it in memory, the second forwards to it; both are
     closed afterwards (the forwarder first), whatever the test did."""
@@ -184,8 +194,7 @@ async def test_a_transactional_sharer_still_makes_the_owner_hand_over(tmp_path: 
 async def test_the_owner_runs_only_the_store_methods_it_forwards(tmp_path: Path) -> None:
     """A forwarded frame naming anything else (``close``, a private method) is refused."""
     path = tmp_path / "quota.sqlite"
-    owner = SqliteQuotaStore(path, forward=True)
-    try:
+    async with _owning(path) as owner:
         await asyncio.sleep(0)  # the listener is up
         assert "close" not in FORWARDED
         use = FileUse(str(path))
@@ -207,22 +216,17 @@ async def test_the_owner_runs_only_the_store_methods_it_forwards(tmp_path: Path)
         ]
         assert owner.mode == "memory"
         assert await owner.ping()
-    finally:
-        await owner.close()
 
 
 async def test_without_forward_a_second_store_shares_as_before(tmp_path: Path) -> None:
     """A store made directly (``forward`` off) is a transactional sharer next to an owner."""
     path = tmp_path / "quota.sqlite"
-    owner = SqliteQuotaStore(path, forward=True)
-    try:
+    async with _owning(path) as owner:
         other = await asyncio.to_thread(SqliteQuotaStore, path)
         try:
             assert (owner.mode, other.mode) == ("transactional", "transactional")
         finally:
             await other.close()
-    finally:
-        await owner.close()
 
 
 _OWNER = textwrap.dedent(
