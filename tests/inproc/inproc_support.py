@@ -245,6 +245,40 @@ def openai_stream(text: str, *, model: str = "m", finish: str | None = "stop") -
     ]
 
 
+class Gate:
+    """An upstream whose answers wait until the test lets each one through (the hold and
+    concurrency-queue tests); a request whose message is ``fail…`` is answered 400 (its
+    reservation goes back: room frees)."""
+
+    def __init__(self) -> None:
+        self.waiting: list[tuple[str, asyncio.Event]] = []
+
+    async def handler(self, req: UpstreamRequest) -> Reply:
+        tag = req.json()["messages"][0]["content"]
+        ev = asyncio.Event()
+        self.waiting.append((tag, ev))
+        await ev.wait()
+        if tag.startswith("fail"):
+            return Reply(400, {"error": {"message": "bad", "type": "invalid_request_error"}})
+        return openai_chat(f"done {tag}")
+
+    @property
+    def seen(self) -> list[str]:
+        return [t for t, _ in self.waiting]
+
+    async def until(self, n: int) -> None:
+        for _ in range(10_000):
+            if len(self.waiting) >= n:
+                return
+            await asyncio.sleep(0)
+        raise AssertionError(f"expected {n} upstream requests, have {self.seen}")
+
+    def let_through(self, tag: str) -> None:
+        for t, ev in self.waiting:
+            if t == tag:
+                ev.set()
+
+
 @dataclass
 class MockUpstream:
     """A handler that answers like the mock provider (``fairgate mock-upstream``), for tests

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from inproc_support import ADMIN, ALICE, BOB, Harness, base_config, conn, gateway
+from inproc_support import ADMIN, ALICE, BOB, Gate, Harness, base_config, conn, gateway
 
 from fairgate.providers.inprocess import Reply, UpstreamRequest, openai_chat
 from fairgate.quota.hold import MAX_WAIT_HEADER
@@ -48,39 +48,6 @@ def _config(limit: int = 2, **hold: Any) -> dict[str, Any]:
         {"id": "carol", "name": "Carol", "secret": CAROL, "allowed_providers": ["mock"]}
     )
     return cfg
-
-
-class Gate:
-    """An upstream whose answers wait until the test lets each one through; a request whose
-    message is ``fail…`` is answered 400 (its reservation goes back: room frees)."""
-
-    def __init__(self) -> None:
-        self.waiting: list[tuple[str, asyncio.Event]] = []
-
-    async def handler(self, req: UpstreamRequest) -> Reply:
-        tag = req.json()["messages"][0]["content"]
-        ev = asyncio.Event()
-        self.waiting.append((tag, ev))
-        await ev.wait()
-        if tag.startswith("fail"):
-            return Reply(400, {"error": {"message": "bad", "type": "invalid_request_error"}})
-        return openai_chat(f"done {tag}")
-
-    @property
-    def seen(self) -> list[str]:
-        return [t for t, _ in self.waiting]
-
-    async def until(self, n: int) -> None:
-        for _ in range(10_000):
-            if len(self.waiting) >= n:
-                return
-            await asyncio.sleep(0)
-        raise AssertionError(f"expected {n} upstream requests, have {self.seen}")
-
-    def let_through(self, tag: str) -> None:
-        for t, ev in self.waiting:
-            if t == tag:
-                ev.set()
 
 
 def _ask(h: Harness, tag: str, key: str = ALICE, headers: dict[str, str] | None = None) -> Any:

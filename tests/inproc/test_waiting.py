@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from inproc_support import ALICE, BOB, Harness, base_config, combo, conn, gateway
+from inproc_support import ALICE, BOB, Gate, Harness, base_config, combo, conn, gateway
 
 from fairgate.providers.inprocess import Reply, UpstreamRequest, openai_chat
 from fairgate.timers import ManualTimer, SystemTimer
@@ -131,32 +131,6 @@ async def test_a_client_that_leaves_while_waiting_costs_nothing(tmp_path: Path) 
 
 
 # -- concurrency queue ---------------------------------------------------------------------
-
-
-class Gate:
-    """An upstream whose answers wait until the test lets each one through."""
-
-    def __init__(self) -> None:
-        self.waiting: list[tuple[str, asyncio.Event]] = []
-
-    async def handler(self, req: UpstreamRequest) -> Reply:
-        ev = asyncio.Event()
-        tag = req.json()["messages"][0]["content"]
-        self.waiting.append((tag, ev))
-        await ev.wait()
-        return openai_chat(f"done {tag}")
-
-    async def until(self, n: int) -> None:
-        for _ in range(10_000):
-            if len(self.waiting) >= n:
-                return
-            await asyncio.sleep(0)
-        raise AssertionError(f"expected {n} upstream requests, have {len(self.waiting)}")
-
-    def let_through(self, tag: str) -> None:
-        for t, ev in self.waiting:
-            if t == tag:
-                ev.set()
 
 
 def _ask(h: Any, tag: str, model: str = "m", key: str = ALICE) -> Any:
