@@ -99,6 +99,23 @@ def base_config(
     }
 
 
+def two_mock_members(keys: dict[str, str], pool: dict[str, Any]) -> dict[str, Any]:
+    """A configuration whose default provider ``mock`` has two members (mock-1, and mock-2 at
+    half weight) and one ``pool``; each of ``keys`` (id → secret) may use the provider."""
+    return {
+        "server": {"default_provider": "mock"},
+        "connections": [
+            conn("mock-1", models=("gpt-4o-mini",)),
+            conn("mock-2", models=("gpt-4o-mini",), weight=0.5),
+        ],
+        "keys": [
+            {"id": k, "name": k, "secret": s, "allowed_providers": ["mock"]}
+            for k, s in keys.items()
+        ],
+        "pools": [pool],
+    }
+
+
 @dataclass
 class Harness:
     gw: Gateway
