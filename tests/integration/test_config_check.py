@@ -11,7 +11,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from db_support import BEFORE_PROVENANCE
+from db_support import BEFORE_PROVENANCE, migrate_sqlite_to
 from typer.testing import CliRunner, Result
 
 from fairgate.cli import app
@@ -19,7 +19,7 @@ from fairgate.clock import ManualClock
 from fairgate.config import load_config_text
 from fairgate.db.keys import KeyRepo
 from fairgate.db.pools import PoolRepo
-from fairgate.db.schema import MIGRATIONS, PROVENANCE_VERSION
+from fairgate.db.schema import PROVENANCE_VERSION
 from fairgate.process.state import Gateway
 from fairgate.secretbox import ENV_VAR, KEY_FILE, SecretBox
 
@@ -145,12 +145,7 @@ async def test_config_check_reads_only(tmp_path: Path, clock: ManualClock) -> No
     old.mkdir()
     conn = sqlite3.connect(old / "fairgate.sqlite")
     conn.execute("PRAGMA journal_mode=WAL")  # as fairgate leaves its files
-    conn.execute("CREATE TABLE schema_version (version INTEGER NOT NULL)")
-    for version, sql in enumerate(MIGRATIONS[: PROVENANCE_VERSION - 3], start=1):
-        for stmt in (sql if isinstance(sql, str) else sql.sqlite).split(";\n"):
-            if stmt.strip():
-                conn.execute(stmt)
-        conn.execute("INSERT INTO schema_version VALUES (?)", (version,))
+    migrate_sqlite_to(conn, PROVENANCE_VERSION - 3)
     conn.commit()
     conn.close()
     (old / KEY_FILE).write_text(SecretBox.generate_key().decode())
