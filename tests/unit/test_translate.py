@@ -90,23 +90,26 @@ def valid_openai_request(body: dict[str, Any]) -> dict[str, Any]:
 
 # -- requests -------------------------------------------------------------------------------------
 
+
+def user_text_and_png(text: str) -> dict[str, Any]:
+    """A Chat Completions user message of ``text`` and the one-pixel PNG as a data URL."""
+    image = {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{PNG}"}}
+    return {"role": "user", "content": [{"type": "text", "text": text}, image]}
+
+
+def assistant_calling(text: str, *calls: dict[str, Any]) -> dict[str, Any]:
+    """A Chat Completions assistant message of ``text`` that calls tools."""
+    return {"role": "assistant", "content": text, "tool_calls": list(calls)}
+
+
 OPENAI_CONVERSATION: list[dict[str, Any]] = [
     {"role": "system", "content": "You are terse."},
-    {
-        "role": "user",
-        "content": [
-            {"type": "text", "text": "What is in this image, and the weather in Paris?"},
-            {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{PNG}"}},
-        ],
-    },
-    {
-        "role": "assistant",
-        "content": "Let me check.",
-        "tool_calls": [
-            tool_call("call_1", '{"city":"Paris"}'),
-            tool_call("call_2", '{"city":"Lyon"}'),
-        ],
-    },
+    user_text_and_png("What is in this image, and the weather in Paris?"),
+    assistant_calling(
+        "Let me check.",
+        tool_call("call_1", '{"city":"Paris"}'),
+        tool_call("call_2", '{"city":"Lyon"}'),
+    ),
     {"role": "tool", "tool_call_id": "call_1", "content": "18C sunny"},
     {"role": "tool", "tool_call_id": "call_2", "content": "20C cloudy"},
     {"role": "assistant", "content": "A pixel. Paris: 18C, Lyon: 20C."},
@@ -382,18 +385,8 @@ def test_anthropic_to_openai_request_full() -> None:
     assert [t["function"]["name"] for t in out["tools"]] == ["get_weather"]  # server tool dropped
     assert out["messages"] == [
         {"role": "system", "content": "Be brief.\n\nBe kind."},
-        {
-            "role": "user",
-            "content": [
-                {"type": "text", "text": "Weather in Paris? And this:"},
-                {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{PNG}"}},
-            ],
-        },
-        {
-            "role": "assistant",
-            "content": "Checking.",
-            "tool_calls": [tool_call("toolu_1", '{"city":"Paris"}')],
-        },
+        user_text_and_png("Weather in Paris? And this:"),
+        assistant_calling("Checking.", tool_call("toolu_1", '{"city":"Paris"}')),
         {"role": "tool", "tool_call_id": "toolu_1", "content": "18C"},
         {"role": "user", "content": "And tomorrow?"},
     ]
