@@ -92,7 +92,7 @@ def valid_openai_request(body: dict[str, Any]) -> dict[str, Any]:
 
 
 def user_text_and_png(text: str) -> dict[str, Any]:
-    """A Chat Completions user message of ``text`` and the one-pixel PNG as a data URL."""
+    """A Chat Completions user message of ``text`` and the test image (``PNG``) as a data URL."""
     image = {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{PNG}"}}
     return {"role": "user", "content": [{"type": "text", "text": text}, image]}
 
