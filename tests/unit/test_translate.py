@@ -622,6 +622,25 @@ TEXT_PIECES = ["Hel", "lo, ", "wor", "ld! ", "✓"]
 ARG_PIECES = ['{"ci', 'ty": ', '"Par', 'is"}']
 
 
+def block_start(index: int, block: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """An Anthropic stream's ``content_block_start`` event (name and data) for ``block``."""
+    return "content_block_start", {
+        "type": "content_block_start",
+        "index": index,
+        "content_block": block,
+    }
+
+
+def block_delta(index: int, delta: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """An Anthropic stream's ``content_block_delta`` event (name and data) for ``delta``."""
+    return "content_block_delta", {"type": "content_block_delta", "index": index, "delta": delta}
+
+
+def block_stop(index: int) -> tuple[str, dict[str, Any]]:
+    """An Anthropic stream's ``content_block_stop`` event (name and data)."""
+    return "content_block_stop", {"type": "content_block_stop", "index": index}
+
+
 def anthropic_events(stop_reason: str = "tool_use") -> list[tuple[str, dict[str, Any]]]:
     events: list[tuple[str, dict[str, Any]]] = [
         (
@@ -646,84 +665,19 @@ def anthropic_events(stop_reason: str = "tool_use") -> list[tuple[str, dict[str,
             },
         ),
         ("ping", {"type": "ping"}),
-        (
-            "content_block_start",
-            {
-                "type": "content_block_start",
-                "index": 0,
-                "content_block": {"type": "thinking", "thinking": "", "signature": ""},
-            },
-        ),
-        (
-            "content_block_delta",
-            {
-                "type": "content_block_delta",
-                "index": 0,
-                "delta": {"type": "thinking_delta", "thinking": "Let me think."},
-            },
-        ),
-        (
-            "content_block_delta",
-            {
-                "type": "content_block_delta",
-                "index": 0,
-                "delta": {"type": "signature_delta", "signature": "abc"},
-            },
-        ),
-        ("content_block_stop", {"type": "content_block_stop", "index": 0}),
-        (
-            "content_block_start",
-            {
-                "type": "content_block_start",
-                "index": 1,
-                "content_block": {"type": "text", "text": ""},
-            },
-        ),
+        block_start(0, {"type": "thinking", "thinking": "", "signature": ""}),
+        block_delta(0, {"type": "thinking_delta", "thinking": "Let me think."}),
+        block_delta(0, {"type": "signature_delta", "signature": "abc"}),
+        block_stop(0),
+        block_start(1, {"type": "text", "text": ""}),
+        *(block_delta(1, {"type": "text_delta", "text": t}) for t in TEXT_PIECES),
+        block_stop(1),
+        block_start(2, {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {}}),
+        block_delta(2, {"type": "input_json_delta", "partial_json": ""}),
+        *(block_delta(2, {"type": "input_json_delta", "partial_json": p}) for p in ARG_PIECES),
     ]
     events += [
-        (
-            "content_block_delta",
-            {"type": "content_block_delta", "index": 1, "delta": {"type": "text_delta", "text": t}},
-        )
-        for t in TEXT_PIECES
-    ]
-    events += [
-        ("content_block_stop", {"type": "content_block_stop", "index": 1}),
-        (
-            "content_block_start",
-            {
-                "type": "content_block_start",
-                "index": 2,
-                "content_block": {
-                    "type": "tool_use",
-                    "id": "toolu_1",
-                    "name": "get_weather",
-                    "input": {},
-                },
-            },
-        ),
-        (
-            "content_block_delta",
-            {
-                "type": "content_block_delta",
-                "index": 2,
-                "delta": {"type": "input_json_delta", "partial_json": ""},
-            },
-        ),
-    ]
-    events += [
-        (
-            "content_block_delta",
-            {
-                "type": "content_block_delta",
-                "index": 2,
-                "delta": {"type": "input_json_delta", "partial_json": p},
-            },
-        )
-        for p in ARG_PIECES
-    ]
-    events += [
-        ("content_block_stop", {"type": "content_block_stop", "index": 2}),
+        block_stop(2),
         (
             "message_delta",
             {
