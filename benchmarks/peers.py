@@ -75,9 +75,8 @@ from proxy_overhead import (
     free_port,
     load,
     pct,
-    start_bare,
     start_fairgate,
-    start_mock,
+    start_mock_and_bare,
     stop,
     wait_http,
 )
@@ -650,10 +649,7 @@ def main() -> None:
     procs: list[subprocess.Popen[bytes]] = []
     tmp = Path(tempfile.mkdtemp(prefix="fairgate-peers-"))
     try:
-        mock, mproc = start_mock()
-        procs.append(mproc)
-        bare, bproc = start_bare(mock)
-        procs.append(bproc)
+        mock, mproc, bare, bproc = start_mock_and_bare(procs)
         targets = [
             Target("direct to the mock", mock, SECRET, mproc.pid),
             Target("bare aiohttp pass-through", bare, SECRET, bproc.pid),

@@ -297,16 +297,26 @@ def start_bare(mock: str) -> tuple[str, subprocess.Popen[bytes]]:
     return url, proc
 
 
+def start_mock_and_bare(
+    procs: list[subprocess.Popen[bytes]],
+) -> tuple[str, subprocess.Popen[bytes], str, subprocess.Popen[bytes]]:
+    """The mock upstream and the bare pass-through in front of it (URL and process of each),
+    each added to ``procs`` as soon as it runs, so that the caller's ``stop`` ends both even
+    when what starts next fails."""
+    mock, mproc = start_mock()
+    procs.append(mproc)
+    bare, bproc = start_bare(mock)
+    procs.append(bproc)
+    return mock, mproc, bare, bproc
+
+
 @contextmanager
 def servers() -> Iterator[Servers]:
     """Start the mock upstream, the bare pass-through and fairgate; stop them afterwards."""
     procs: list[subprocess.Popen[bytes]] = []
     tmp = Path(tempfile.mkdtemp(prefix="fairgate-bench-"))
     try:
-        mock, proc = start_mock()
-        procs.append(proc)
-        bare, proc = start_bare(mock)
-        procs.append(proc)
+        mock, _, bare, _ = start_mock_and_bare(procs)
         url, proc = start_fairgate(mock, tmp)
         procs.append(proc)
         yield Servers(mock, bare, url, proc.pid, tmp, procs)

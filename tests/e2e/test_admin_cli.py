@@ -86,11 +86,12 @@ def chat(gw: Proc, secret: str, model: str = "gpt-4o-mini") -> str:
     return r.choices[0].message.content or ""
 
 
-def status_of(gw: Proc, secret: str) -> int:
+def status_of(gw: Proc, secret: str, model: str = "free-model") -> int:
+    """The status of one chat request with ``secret``: the free model needs no pool."""
     r = httpx.post(
         gw.url + "/v1/chat/completions",
         headers={"authorization": f"Bearer {secret}"},
-        json={"model": "free-model", "messages": [{"role": "user", "content": "hi"}]},
+        json={"model": model, "messages": [{"role": "user", "content": "hi"}]},
     )
     return r.status_code
 
@@ -227,7 +228,7 @@ def test_pools_allow_and_disallow(gw: tuple[Proc, str]) -> None:
     takes it out again."""
     proc, alice = gw
     dana = as_json(cli(proc, "keys", "create", "--name", "Dana", "--id", "dana", "--json"))
-    assert status_of_pooled(proc, dana["secret"]) == 403  # no allocation yet
+    assert status_of(proc, dana["secret"], "gpt-4o-mini") == 403  # no allocation yet
 
     added = cli(proc, "pools", "allow", "team", "dana", "--weight", "20")
     assert added.exit_code == 0, added.output
@@ -255,7 +256,7 @@ def test_pools_allow_and_disallow(gw: tuple[Proc, str]) -> None:
     removed = cli(proc, "pools", "disallow", "team", "dana")
     assert removed.exit_code == 0, removed.output
     assert "no allocation in pool team" in removed.stdout
-    assert status_of_pooled(proc, dana["secret"]) == 403
+    assert status_of(proc, dana["secret"], "gpt-4o-mini") == 403
     assert [a["key"] for a in as_json(cli(proc, "pools", "list", "--json"))[0]["allocations"]] == [
         "alice"
     ]
@@ -281,15 +282,6 @@ def test_pools_allow_and_disallow_refuse_bad_input(gw: tuple[Proc, str]) -> None
     assert "no allocation" in failed(cli(proc, "pools", "disallow", "team", "erin"))
     pools = as_json(cli(proc, "pools", "list", "--json"))
     assert [a["key"] for a in pools[0]["allocations"]] == ["alice"]  # nothing was written
-
-
-def status_of_pooled(gw: Proc, secret: str) -> int:
-    r = httpx.post(
-        gw.url + "/v1/chat/completions",
-        headers={"authorization": f"Bearer {secret}"},
-        json={"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}]},
-    )
-    return r.status_code
 
 
 def test_connections_list_and_test(gw: tuple[Proc, str]) -> None:

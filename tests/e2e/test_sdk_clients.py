@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import anthropic
 import httpx
@@ -31,8 +32,40 @@ def oai(gw: Proc, key: str = SECRET) -> openai.OpenAI:
     return openai.OpenAI(base_url=gw.url + "/v1", api_key=key, max_retries=0)
 
 
+def streamed_chunks(
+    client: openai.OpenAI, model: str, content: str, *, include_usage: bool = False
+) -> list[Any]:
+    """Every chunk of one streamed Chat Completions request of one user message; with
+    ``include_usage`` the client asks for the usage chunk (``stream_options``), else it does
+    not send ``stream_options`` at all."""
+    messages: list[Any] = [{"role": "user", "content": content}]
+    if include_usage:
+        return list(
+            client.chat.completions.create(
+                model=model,
+                messages=messages,
+                stream=True,
+                stream_options={"include_usage": True},
+            )
+        )
+    return list(client.chat.completions.create(model=model, messages=messages, stream=True))
+
+
 def ant(gw: Proc, key: str = SECRET) -> anthropic.Anthropic:
     return anthropic.Anthropic(base_url=gw.url, api_key=key, max_retries=0)
+
+
+def streamed(
+    client: anthropic.Anthropic, model: str, max_tokens: int, content: str
+) -> tuple[str, int]:
+    """One user message streamed through the SDK's ``messages.stream``: the text it read and the
+    output tokens its final message reports."""
+    with client.messages.stream(
+        model=model, max_tokens=max_tokens, messages=[{"role": "user", "content": content}]
+    ) as stream:
+        text = "".join(stream.text_stream)
+        final = stream.get_final_message()
+    return text, final.usage.output_tokens
 
 
 def test_openai_chat_to_openai_connection(gateway: Proc) -> None:
@@ -53,25 +86,12 @@ def test_openai_chat_to_openai_connection(gateway: Proc) -> None:
 
 def test_openai_stream_without_and_with_usage(gateway: Proc) -> None:
     with oai(gateway) as client:
-        chunks = list(
-            client.chat.completions.create(
-                model="gpt-4o-mini",
-                messages=[{"role": "user", "content": "stream please"}],
-                stream=True,
-            )
-        )
+        chunks = streamed_chunks(client, "gpt-4o-mini", "stream please")
         text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
         assert text
         # the gateway asked upstream for usage; the client did not, so it must not see it
         assert all(c.usage is None for c in chunks)
-        chunks = list(
-            client.chat.completions.create(
-                model="gpt-4o-mini",
-                messages=[{"role": "user", "content": "stream please"}],
-                stream=True,
-                stream_options={"include_usage": True},
-            )
-        )
+        chunks = streamed_chunks(client, "gpt-4o-mini", "stream please", include_usage=True)
         usage = [c.usage for c in chunks if c.usage is not None]
         assert len(usage) == 1
         assert usage[0].completion_tokens > 0
@@ -101,14 +121,7 @@ def test_openai_client_to_anthropic_connection(gateway: Proc) -> None:
         assert resp.choices[0].finish_reason in ("stop", "length")
         assert resp.usage is not None
         assert resp.usage.completion_tokens == 6
-        chunks = list(
-            client.chat.completions.create(
-                model="anthropic/claude-sonnet-4",
-                messages=[{"role": "user", "content": "hi"}],
-                stream=True,
-                stream_options={"include_usage": True},
-            )
-        )
+        chunks = streamed_chunks(client, "anthropic/claude-sonnet-4", "hi", include_usage=True)
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert any(c.usage is not None and c.usage.completion_tokens > 0 for c in chunks)
 
@@ -120,13 +133,9 @@ def test_anthropic_messages_to_anthropic_connection(gateway: Proc) -> None:
         )
         assert msg.content[0].type == "text"
         assert msg.usage.output_tokens == 5
-        with client.messages.stream(
-            model="claude-sonnet-4", max_tokens=7, messages=[{"role": "user", "content": "hey"}]
-        ) as stream:
-            text = "".join(stream.text_stream)
-            final = stream.get_final_message()
+        text, output_tokens = streamed(client, "claude-sonnet-4", 7, "hey")
     assert text
-    assert final.usage.output_tokens == 7
+    assert output_tokens == 7
 
 
 def test_anthropic_count_tokens_through_the_gateway(gateway: Proc) -> None:
@@ -156,13 +165,9 @@ def test_anthropic_client_to_openai_connection(gateway: Proc) -> None:
         )
         assert msg.content[0].type == "text"
         assert msg.usage.output_tokens == 4
-        with client.messages.stream(
-            model="mock/gpt-4o-mini", max_tokens=9, messages=[{"role": "user", "content": "x"}]
-        ) as stream:
-            text = "".join(stream.text_stream)
-            final = stream.get_final_message()
+        text, output_tokens = streamed(client, "mock/gpt-4o-mini", 9, "x")
     assert text
-    assert final.usage.output_tokens == 9
+    assert output_tokens == 9
 
 
 def test_missing_and_wrong_keys_are_401_and_never_reach_upstream(

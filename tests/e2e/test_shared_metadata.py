@@ -41,6 +41,18 @@ async def healths(url: str, n: int = 24) -> list[dict[str, object]]:
     return out
 
 
+async def both_workers_up(url: str) -> None:
+    """Wait until both workers of a ``--workers 2`` gateway answer ``/health``."""
+
+    async def up() -> bool:
+        try:
+            return len({h["pid"] for h in await healths(url)}) == 2
+        except httpx.TransportError:  # a worker still starting may reset a connection it took
+            return False
+
+    await eventually(up)
+
+
 async def chat(url: str, secret: str) -> int:
     async with httpx.AsyncClient(base_url=url, timeout=30) as c:
         r = await c.post(
@@ -139,13 +151,7 @@ async def two_workers(mock: Proc, start_gateway: GatewayFactory) -> tuple[Proc, 
         gateway_config(mock.url, _one_pool(keys), keys), extra_args=("--workers", "2")
     )
 
-    async def both_workers_up() -> bool:
-        try:
-            return len({h["pid"] for h in await healths(gw.url)}) == 2
-        except httpx.TransportError:  # a worker still starting may reset a connection it took
-            return False
-
-    await eventually(both_workers_up)
+    await both_workers_up(gw.url)
     return gw, keys
 
 

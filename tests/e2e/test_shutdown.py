@@ -26,6 +26,17 @@ from e2e_support import (
 )
 
 
+def sigterm_once_it_holds_a_request(gw: Proc, within_s: float) -> None:
+    """Send SIGTERM only once the gateway holds the request (a fixed sleep lost this race under
+    load: the SIGTERM closed the listener before the client had connected); the test fails if
+    the request has not reached it within ``within_s``."""
+    deadline = time.monotonic() + within_s
+    while httpx.get(gw.url + "/health").json()["inflight"] == 0:
+        assert time.monotonic() < deadline, "the request never reached the gateway"
+        time.sleep(0.05)
+    gw.proc.send_signal(signal.SIGTERM)
+
+
 def test_sigterm_lets_in_flight_requests_finish(
     mock_upstream: Proc, start_gateway: GatewayFactory
 ) -> None:
@@ -55,13 +66,7 @@ def test_sigterm_lets_in_flight_requests_finish(
 
     t = threading.Thread(target=slow_request)
     t.start()
-    # signal only once the gateway holds the request (a fixed sleep lost this race under load:
-    # the SIGTERM closed the listener before the client had connected)
-    deadline = time.monotonic() + 30
-    while httpx.get(gw.url + "/health").json()["inflight"] == 0:
-        assert time.monotonic() < deadline, "the request never reached the gateway"
-        time.sleep(0.05)
-    gw.proc.send_signal(signal.SIGTERM)
+    sigterm_once_it_holds_a_request(gw, within_s=30)
     t.join(30)
     assert result["r"].status_code == 200
     assert result["r"].json()["usage"]["completion_tokens"] == 5
@@ -115,11 +120,7 @@ def test_a_stop_cuts_what_outlasts_the_drain_and_holds_nothing(
 
     t = threading.Thread(target=held_request)
     t.start()
-    deadline = time.monotonic() + 10
-    while httpx.get(gw.url + "/health").json()["inflight"] == 0:
-        assert time.monotonic() < deadline, "the request never reached the gateway"
-        time.sleep(0.05)
-    gw.proc.send_signal(signal.SIGTERM)
+    sigterm_once_it_holds_a_request(gw, within_s=10)
     # gone long before the upstream's minute: the drain gave up after its second
     assert gw.proc.wait(30) in (0, -signal.SIGTERM)
     t.join(30)

@@ -8,7 +8,7 @@ import httpx
 import pytest
 from e2e_support import GatewayFactory, Proc, gateway_config, new_secret
 from prometheus_client.parser import text_string_to_metric_families
-from test_shared_metadata import BODY, eventually, healths
+from test_shared_metadata import BODY, both_workers_up, healths
 
 N = 200
 SCRAPES = 30
@@ -20,16 +20,6 @@ def _fresh(url: str) -> httpx.AsyncClient:
     return httpx.AsyncClient(
         base_url=url, timeout=30, limits=httpx.Limits(max_keepalive_connections=0)
     )
-
-
-async def _both_workers_up(gw: Proc) -> None:
-    async def up() -> bool:
-        try:
-            return len({h["pid"] for h in await healths(gw.url)}) == 2
-        except httpx.TransportError:  # a worker still starting may reset a connection it took
-            return False
-
-    await eventually(up)
 
 
 def _requests_total(exposition: str) -> float:
@@ -49,7 +39,7 @@ async def test_every_scrape_of_two_workers_counts_every_request(
     gw = start_gateway(
         gateway_config(mock_upstream.url, keys={"k1": secret}), extra_args=("--workers", "2")
     )
-    await _both_workers_up(gw)
+    await both_workers_up(gw.url)
     auth = {"Authorization": f"Bearer {secret}"}
     async with _fresh(gw.url) as c:
         statuses = [
@@ -77,7 +67,7 @@ async def test_the_key_rate_guard_counts_in_each_worker_as_documented(
         extra_args=("--workers", "2"),
         extra_env={"FAIRGATE_KEY_RATE_PER_S": "0.0001", "FAIRGATE_KEY_RATE_BURST": "3"},
     )
-    await _both_workers_up(gw)
+    await both_workers_up(gw.url)
     auth = {"Authorization": f"Bearer {secret}"}
     async with _fresh(gw.url) as c:
         answers = [await c.post("/v1/chat/completions", json=BODY, headers=auth) for _ in range(60)]

@@ -99,6 +99,23 @@ def base_config(
     }
 
 
+def two_mock_members(keys: dict[str, str], pool: dict[str, Any]) -> dict[str, Any]:
+    """A configuration whose default provider ``mock`` has two members (mock-1, and mock-2 at
+    half weight) and one ``pool``; each of ``keys`` (id → secret) may use the provider."""
+    return {
+        "server": {"default_provider": "mock"},
+        "connections": [
+            conn("mock-1", models=("gpt-4o-mini",)),
+            conn("mock-2", models=("gpt-4o-mini",), weight=0.5),
+        ],
+        "keys": [
+            {"id": k, "name": k, "secret": s, "allowed_providers": ["mock"]}
+            for k, s in keys.items()
+        ],
+        "pools": [pool],
+    }
+
+
 @dataclass
 class Harness:
     gw: Gateway
@@ -243,6 +260,40 @@ def openai_stream(text: str, *, model: str = "m", finish: str | None = "stop") -
         *(chunk({"content": p}, None) for p in pieces),
         *end,
     ]
+
+
+class Gate:
+    """An upstream whose answers wait until the test lets each one through (the hold and
+    concurrency-queue tests); a request whose message is ``fail…`` is answered 400 (its
+    reservation goes back: room frees)."""
+
+    def __init__(self) -> None:
+        self.waiting: list[tuple[str, asyncio.Event]] = []
+
+    async def handler(self, req: UpstreamRequest) -> Reply:
+        tag = req.json()["messages"][0]["content"]
+        ev = asyncio.Event()
+        self.waiting.append((tag, ev))
+        await ev.wait()
+        if tag.startswith("fail"):
+            return Reply(400, {"error": {"message": "bad", "type": "invalid_request_error"}})
+        return openai_chat(f"done {tag}")
+
+    @property
+    def seen(self) -> list[str]:
+        return [t for t, _ in self.waiting]
+
+    async def until(self, n: int) -> None:
+        for _ in range(10_000):
+            if len(self.waiting) >= n:
+                return
+            await asyncio.sleep(0)
+        raise AssertionError(f"expected {n} upstream requests, have {self.seen}")
+
+    def let_through(self, tag: str) -> None:
+        for t, ev in self.waiting:
+            if t == tag:
+                ev.set()
 
 
 @dataclass

@@ -77,14 +77,21 @@ def stream_text(r: httpx.Response) -> str:
     return "".join(out)
 
 
+async def answered_by_oa2(h: Harness, mock: MockUpstream, model: str, first: str) -> httpx.Response:
+    """Ask ``model`` (a combo of oa-1 then oa-2) once while oa-1's next answer is ``first`` (a
+    mock schedule): the combo falls through and the answer, with content, is oa-2's."""
+    mock.schedule(first)
+    r = await h.chat(model, max_tokens=3)
+    assert content(r)
+    assert r.headers["x-fairgate-connection"] == "oa-2"
+    return r
+
+
 async def test_combo_falls_through_on_429_and_is_listed(tmp_path: Path) -> None:
     mock = MockUpstream()
     cfg = config([combo("fast", [target("oa-1"), target("oa-2")])])
     async with gateway(tmp_path, cfg, ManualTimer(), mock) as h:
-        mock.schedule("429:1")
-        r = await h.chat("fast", max_tokens=3)
-        assert content(r)
-        assert r.headers["x-fairgate-connection"] == "oa-2"
+        r = await answered_by_oa2(h, mock, "fast", "429:1")
         assert r.headers["x-fairgate-combo"] == "fast"
         assert h.sent_to == ["oa-1", "oa-2"]
         models = await h.client.get("/v1/models", headers={"authorization": f"Bearer {ALICE}"})
@@ -168,10 +175,7 @@ async def test_empty_200_is_a_failure_that_falls_through(tmp_path: Path) -> None
     mock = MockUpstream()
     cfg = config([combo("q", [target("oa-1"), target("oa-2")])])
     async with gateway(tmp_path, cfg, ManualTimer(), mock) as h:
-        mock.schedule("empty")
-        r = await h.chat("q", max_tokens=3)
-        assert content(r)
-        assert r.headers["x-fairgate-connection"] == "oa-2"
+        await answered_by_oa2(h, mock, "q", "empty")
         # streams are validated on their first content chunk, then passed through live
         mock.schedule("error-200")
         r = await h.chat("q", stream=True)

@@ -30,30 +30,28 @@ def _err(message: str, type_: str = "error", code: str | None = None) -> dict[st
     return {"error": {"message": message, "type": type_, "code": code}}
 
 
+def _error(case_id: str, status: int, message: str, *type_and_code: str) -> Any:
+    """A parametrize case: the upstream answers ``status`` with an OpenAI-shaped error."""
+    return pytest.param(Reply(status, _err(message, *type_and_code)), id=case_id)
+
+
 FAILOVER = [
-    pytest.param(Reply(429, _err("Rate limit reached", "rate_limit_error")), id="rate-limit"),
-    pytest.param(
-        Reply(429, _err("You exceeded your current quota", "insufficient_quota")),
-        id="quota-permanent-429",
-    ),
-    pytest.param(
-        Reply(402, _err("Payment required: check your plan and billing details")),
-        id="billing-402",
-    ),
-    pytest.param(Reply(500, _err("internal error", "server_error")), id="server-error"),
-    pytest.param(Reply(503, _err("overloaded", "overloaded_error")), id="overloaded"),
-    pytest.param(Reply(504, _err("gateway timeout")), id="timeout-504"),
-    pytest.param(Reply(401, _err("Incorrect API key provided")), id="our-credentials"),
+    _error("rate-limit", 429, "Rate limit reached", "rate_limit_error"),
+    _error("quota-permanent-429", 429, "You exceeded your current quota", "insufficient_quota"),
+    _error("billing-402", 402, "Payment required: check your plan and billing details"),
+    _error("server-error", 500, "internal error", "server_error"),
+    _error("overloaded", 503, "overloaded", "overloaded_error"),
+    _error("timeout-504", 504, "gateway timeout"),
+    _error("our-credentials", 401, "Incorrect API key provided"),
     # a 403/404 is the account's only in the provider's documented structure: a bare one is
     # the request's (issue 43, N6), see test_classification_attack_inproc.py
-    pytest.param(
-        Reply(403, _err("This account is not allowed", "permission_error")), id="forbidden"
-    ),
-    pytest.param(
-        Reply(
-            404, _err("The model `m` does not exist", "invalid_request_error", "model_not_found")
-        ),
-        id="model-not-found",
+    _error("forbidden", 403, "This account is not allowed", "permission_error"),
+    _error(
+        "model-not-found",
+        404,
+        "The model `m` does not exist",
+        "invalid_request_error",
+        "model_not_found",
     ),
     pytest.param(ConnectionRefusedError("refused"), id="connect-error"),
     pytest.param(TimeoutError(), id="timeout"),
@@ -130,14 +128,8 @@ async def test_anthropic_credit_balance_400_falls_through(tmp_path: Path) -> Non
 @pytest.mark.parametrize(
     "reply",
     [
-        pytest.param(
-            Reply(400, _err("Invalid value for 'temperature'", "invalid_request_error")),
-            id="bad-request",
-        ),
-        pytest.param(
-            Reply(400, _err("Your request was rejected by our content policy")),
-            id="content-policy",
-        ),
+        _error("bad-request", 400, "Invalid value for 'temperature'", "invalid_request_error"),
+        _error("content-policy", 400, "Your request was rejected by our content policy"),
     ],
 )
 async def test_the_clients_own_error_ends_the_request(tmp_path: Path, reply: Reply) -> None:

@@ -14,7 +14,15 @@ from pathlib import Path
 
 import httpx
 import pytest
-from inproc_support import ADMIN, Harness, MockUpstream, base_config, conn, gateway
+from inproc_support import (
+    ADMIN,
+    Harness,
+    MockUpstream,
+    base_config,
+    conn,
+    gateway,
+    two_mock_members,
+)
 
 from fairgate.timers import ManualTimer
 
@@ -22,30 +30,18 @@ KEYS = {k: f"fg-test-{k}-{i}e3b0c44298fc1c149afbf4c8996fb924" for i, k in enumer
 
 
 def config() -> dict[str, object]:
-    return {
-        "server": {"default_provider": "mock"},
-        "connections": [
-            conn("mock-1", models=("gpt-4o-mini",)),
-            conn("mock-2", models=("gpt-4o-mini",), weight=0.5),
-        ],
-        "keys": [
-            {"id": k, "name": k, "secret": s, "allowed_providers": ["mock"]}
-            for k, s in KEYS.items()
-        ],
-        "pools": [
-            {
-                "id": "shared",
-                "name": "Shared",
-                "connections": ["mock-1", "mock-2"],  # the pool's own limit: 100 in all
-                "dimensions": [{"unit": "requests", "window": "hourly", "limit": 100}],
-                "allocations": [
-                    {"key": "a", "weight": 50, "policy": "hard"},
-                    {"key": "b", "weight": 30, "policy": "hard"},
-                    {"key": "c", "weight": 20, "policy": "hard"},
-                ],
-            }
+    pool = {
+        "id": "shared",
+        "name": "Shared",
+        "connections": ["mock-1", "mock-2"],  # the pool's own limit: 100 in all
+        "dimensions": [{"unit": "requests", "window": "hourly", "limit": 100}],
+        "allocations": [
+            {"key": "a", "weight": 50, "policy": "hard"},
+            {"key": "b", "weight": 30, "policy": "hard"},
+            {"key": "c", "weight": 20, "policy": "hard"},
         ],
     }
+    return two_mock_members(KEYS, pool)
 
 
 async def send(h: Harness, key: str, n: int) -> tuple[int, list[httpx.Response]]:

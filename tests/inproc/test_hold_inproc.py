@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import math
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
-from inproc_support import ADMIN, ALICE, BOB, Harness, base_config, conn, gateway
+from inproc_support import ADMIN, ALICE, BOB, Gate, Harness, base_config, conn, gateway
 
 from fairgate.providers.inprocess import Reply, UpstreamRequest, openai_chat
 from fairgate.quota.hold import MAX_WAIT_HEADER
@@ -46,39 +48,6 @@ def _config(limit: int = 2, **hold: Any) -> dict[str, Any]:
         {"id": "carol", "name": "Carol", "secret": CAROL, "allowed_providers": ["mock"]}
     )
     return cfg
-
-
-class Gate:
-    """An upstream whose answers wait until the test lets each one through; a request whose
-    message is ``fail…`` is answered 400 (its reservation goes back: room frees)."""
-
-    def __init__(self) -> None:
-        self.waiting: list[tuple[str, asyncio.Event]] = []
-
-    async def handler(self, req: UpstreamRequest) -> Reply:
-        tag = req.json()["messages"][0]["content"]
-        ev = asyncio.Event()
-        self.waiting.append((tag, ev))
-        await ev.wait()
-        if tag.startswith("fail"):
-            return Reply(400, {"error": {"message": "bad", "type": "invalid_request_error"}})
-        return openai_chat(f"done {tag}")
-
-    @property
-    def seen(self) -> list[str]:
-        return [t for t, _ in self.waiting]
-
-    async def until(self, n: int) -> None:
-        for _ in range(10_000):
-            if len(self.waiting) >= n:
-                return
-            await asyncio.sleep(0)
-        raise AssertionError(f"expected {n} upstream requests, have {self.seen}")
-
-    def let_through(self, tag: str) -> None:
-        for t, ev in self.waiting:
-            if t == tag:
-                ev.set()
 
 
 def _ask(h: Harness, tag: str, key: str = ALICE, headers: dict[str, str] | None = None) -> Any:
@@ -125,11 +94,7 @@ async def test_a_request_that_does_not_fit_waits_and_is_served_when_room_frees(
 async def test_out_of_patience_is_a_429_with_the_retry_after_of_the_pool(
     tmp_path: Path,
 ) -> None:
-    timer = ManualTimer()
-    timer.set(T)
-    async with gateway(tmp_path, _config(), timer, _answer) as h:
-        for _ in range(2):
-            assert (await h.chat("m", max_tokens=5)).status_code == 200
+    async with _hour_used_up(tmp_path, _config()) as (h, timer):
         b = _ask(h, "b1", key=BOB, headers={MAX_WAIT_HEADER: "2000"})
         await timer.until_sleeping(1)
         timer.advance(1_000)  # a poll: still no room
@@ -158,14 +123,23 @@ async def _answer(req: UpstreamRequest) -> Reply:
     return openai_chat("ok")
 
 
+@asynccontextmanager
+async def _hour_used_up(
+    tmp_path: Path, cfg: dict[str, Any]
+) -> AsyncIterator[tuple[Harness, ManualTimer]]:
+    """A gateway whose pool has served the hour's two requests, so the next one must wait."""
+    timer = ManualTimer()
+    timer.set(T)
+    async with gateway(tmp_path, cfg, timer, _answer) as h:
+        for _ in range(2):
+            assert (await h.chat("m", max_tokens=5)).status_code == 200
+        yield h, timer
+
+
 async def test_a_client_that_goes_away_leaves_the_queue_and_nothing_is_held(
     tmp_path: Path,
 ) -> None:
-    timer = ManualTimer()
-    timer.set(T)
-    async with gateway(tmp_path, _config(), timer, _answer) as h:
-        for _ in range(2):
-            assert (await h.chat("m", max_tokens=5)).status_code == 200
+    async with _hour_used_up(tmp_path, _config()) as (h, timer):
         b = _ask(h, "b1", key=BOB)
         await timer.until_sleeping(1)
         assert await _waiters(h) == ["bob"]
@@ -183,12 +157,7 @@ async def test_a_client_that_goes_away_leaves_the_queue_and_nothing_is_held(
 
 
 async def test_queue_limits_refuse_at_once(tmp_path: Path) -> None:
-    timer = ManualTimer()
-    timer.set(T)
-    cfg = _config(queue_per_key=1, queue_per_pool=2)
-    async with gateway(tmp_path, cfg, timer, _answer) as h:
-        for _ in range(2):
-            assert (await h.chat("m", max_tokens=5)).status_code == 200
+    async with _hour_used_up(tmp_path, _config(queue_per_key=1, queue_per_pool=2)) as (h, timer):
         b1 = _ask(h, "b1", key=BOB)
         await timer.until_sleeping(1)
         b2 = await h.chat("m", key=BOB, max_tokens=5)  # bob's queue holds one

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from inproc_support import Harness, MockUpstream, conn, gateway
+from inproc_support import Harness, MockUpstream, gateway, two_mock_members
 
 from fairgate.timers import ManualTimer
 from metrics_support import Samples, samples_of, val
@@ -22,23 +22,14 @@ SECRET = "fg-test-" + uuid.uuid4().hex
 
 
 def config() -> dict[str, Any]:
-    return {
-        "server": {"default_provider": "mock"},
-        "connections": [
-            conn("mock-1", models=("gpt-4o-mini",)),
-            conn("mock-2", models=("gpt-4o-mini",), weight=0.5),
-        ],
-        "keys": [{"id": "a", "name": "a", "secret": SECRET, "allowed_providers": ["mock"]}],
-        "pools": [
-            {
-                "id": "p",
-                "connections": ["mock-1", "mock-2"],
-                # the pool's own limit: 4 in all, whatever its members
-                "dimensions": [{"unit": "requests", "window": "hourly", "limit": 4}],
-                "allocations": [{"key": "a", "weight": 100, "policy": "hard"}],
-            }
-        ],
+    pool = {
+        "id": "p",
+        "connections": ["mock-1", "mock-2"],
+        # the pool's own limit: 4 in all, whatever its members
+        "dimensions": [{"unit": "requests", "window": "hourly", "limit": 4}],
+        "allocations": [{"key": "a", "weight": 100, "policy": "hard"}],
     }
+    return two_mock_members({"a": SECRET}, pool)
 
 
 async def scrape(h: Harness, headers: dict[str, str] | None = None) -> Samples:

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from inproc_support import ALICE, BOB, base_config, combo, conn, gateway
+from inproc_support import ALICE, BOB, Gate, Harness, base_config, combo, conn, gateway
 
 from fairgate.providers.inprocess import Reply, UpstreamRequest, openai_chat
 from fairgate.timers import ManualTimer, SystemTimer
@@ -56,12 +56,17 @@ async def test_a_target_cooling_within_max_wait_is_waited_for(tmp_path: Path) ->
         assert h.sent_to == ["c1", "c1"]
 
 
+async def _refused_without_waiting(h: Harness, timer: ManualTimer) -> None:
+    """Ask the combo ``w`` once: its one connection's 429 is answered at once, nothing sleeps."""
+    r = await h.chat("w", max_tokens=5)
+    assert r.status_code == 429
+    assert timer.sleeping == 0
+
+
 async def test_a_target_cooling_past_max_wait_answers_at_once(tmp_path: Path) -> None:
     timer = ManualTimer()
     async with _waiting(tmp_path, timer, max_wait_ms=1000, cooling_ms=1500) as h:
-        r = await h.chat("w", max_tokens=5)
-        assert r.status_code == 429
-        assert timer.sleeping == 0
+        await _refused_without_waiting(h, timer)
         r2 = await h.chat("w", max_tokens=5)  # still cooling: at once, with when to retry
         assert r2.status_code == 429
         assert r2.headers["retry-after"] == "2"
@@ -72,9 +77,7 @@ async def test_a_target_cooling_past_max_wait_answers_at_once(tmp_path: Path) ->
 async def test_max_wait_zero_disables_the_wait(tmp_path: Path) -> None:
     timer = ManualTimer()
     async with _waiting(tmp_path, timer, max_wait_ms=0, cooling_ms=100) as h:
-        r = await h.chat("w", max_tokens=5)
-        assert r.status_code == 429
-        assert timer.sleeping == 0
+        await _refused_without_waiting(h, timer)
 
 
 async def test_the_global_routing_default_applies_to_plain_models(tmp_path: Path) -> None:
@@ -128,32 +131,6 @@ async def test_a_client_that_leaves_while_waiting_costs_nothing(tmp_path: Path) 
 
 
 # -- concurrency queue ---------------------------------------------------------------------
-
-
-class Gate:
-    """An upstream whose answers wait until the test lets each one through."""
-
-    def __init__(self) -> None:
-        self.waiting: list[tuple[str, asyncio.Event]] = []
-
-    async def handler(self, req: UpstreamRequest) -> Reply:
-        ev = asyncio.Event()
-        tag = req.json()["messages"][0]["content"]
-        self.waiting.append((tag, ev))
-        await ev.wait()
-        return openai_chat(f"done {tag}")
-
-    async def until(self, n: int) -> None:
-        for _ in range(10_000):
-            if len(self.waiting) >= n:
-                return
-            await asyncio.sleep(0)
-        raise AssertionError(f"expected {n} upstream requests, have {len(self.waiting)}")
-
-    def let_through(self, tag: str) -> None:
-        for t, ev in self.waiting:
-            if t == tag:
-                ev.set()
 
 
 def _ask(h: Any, tag: str, model: str = "m", key: str = ALICE) -> Any:

@@ -4,6 +4,7 @@ hold."""
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import Callable
 from typing import Any
 
@@ -11,7 +12,7 @@ import pytest
 
 from fairgate.db.base import Database
 from fairgate.db.repos import NotFound
-from fairgate.db.schema import REGISTRY_TABLES
+from fairgate.db.schema import MIGRATIONS, PROVENANCE_VERSION, REGISTRY_TABLES
 from fairgate.secretbox import SecretBox
 
 #: Every table a repository writes, so "nothing changed" covers all of them.
@@ -22,6 +23,27 @@ TABLES = (
     "config_applied",
     "retired_key_hashes",
 )
+
+#: What turns a database of this version back into one the version before config provenance
+#: left: no record of what was applied or retired, and the columns and migrations since.
+BEFORE_PROVENANCE = (
+    "DROP TABLE config_applied",
+    "DROP TABLE retired_key_hashes",
+    "ALTER TABLE connections DROP COLUMN billing_fields",  # migration 9's
+    "ALTER TABLE pools DROP COLUMN admission",  # migration 10's
+    f"DELETE FROM schema_version WHERE version >= {PROVENANCE_VERSION}",
+)
+
+
+def migrate_sqlite_to(db: sqlite3.Connection, version: int) -> None:
+    """Give a fresh SQLite file the schema an older fairgate left: the first ``version``
+    migrations and their rows in ``schema_version`` (the upgrade tests start from it)."""
+    db.execute("CREATE TABLE schema_version (version INTEGER NOT NULL)")
+    for n, sql in enumerate(MIGRATIONS[:version], start=1):
+        for stmt in (sql if isinstance(sql, str) else sql.sqlite).split(";\n"):
+            if stmt.strip():
+                db.execute(stmt)
+        db.execute("INSERT INTO schema_version VALUES (?)", (n,))
 
 
 def dump(db: Database) -> list[str]:

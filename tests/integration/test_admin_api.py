@@ -77,6 +77,20 @@ def fields_of(r: httpx.Response) -> dict[str, str]:
     return {f["field"]: f["message"] for f in error_of(r).get("fields", [])}
 
 
+async def refused_writing_nothing(
+    api: Api, cases: list[tuple[str, str, dict[str, Any], int, str | None]]
+) -> None:
+    """Each ``(method, url, request kwargs, status, field)`` is answered ``status``, naming
+    ``field`` when one is given, and leaves every table as it was."""
+    before = api.dump()
+    for method, url, kw, status, field in cases:
+        r = await api.request(method, url, **kw)
+        assert r.status_code == status, (method, url, r.text)
+        if field:
+            assert field in fields_of(r), r.text
+        assert api.dump() == before
+
+
 def no_leak(r: httpx.Response) -> None:
     for secret in (UPSTREAM_SECRET, ALICE_SECRET, BOB_SECRET, "Traceback", "/work/", 'File "'):
         assert secret not in r.text
@@ -579,25 +593,22 @@ async def test_plans(api: Api) -> None:
     assert r.content == b""
     assert (await api.request("GET", "/quota/plans/mock-2")).json()["source"] == "empty"
     assert api.gw.registry.pools["np"].dimensions == ()
-    before = api.dump()
-    for method, url, kw, status, field in [
-        ("PUT", "/quota/plans/mock-2", {"json": {"dimensions": []}}, 422, "dimensions"),
-        (
-            "PUT",
-            "/quota/plans/mock-2",
-            {"json": {"dimensions": [{"unit": "x"}]}},
-            422,
-            "dimensions.0.unit",
-        ),
-        ("PUT", "/quota/plans/ghost", {"json": dims}, 404, None),
-        ("GET", "/quota/plans/ghost", {}, 404, None),
-        ("DELETE", "/quota/plans/ghost", {}, 404, None),
-    ]:
-        r = await api.request(method, url, **kw)
-        assert r.status_code == status, (url, r.text)
-        if field:
-            assert field in fields_of(r)
-        assert api.dump() == before
+    await refused_writing_nothing(
+        api,
+        [
+            ("PUT", "/quota/plans/mock-2", {"json": {"dimensions": []}}, 422, "dimensions"),
+            (
+                "PUT",
+                "/quota/plans/mock-2",
+                {"json": {"dimensions": [{"unit": "x"}]}},
+                422,
+                "dimensions.0.unit",
+            ),
+            ("PUT", "/quota/plans/ghost", {"json": dims}, 404, None),
+            ("GET", "/quota/plans/ghost", {}, 404, None),
+            ("DELETE", "/quota/plans/ghost", {}, 404, None),
+        ],
+    )
 
 
 # -- connections ------------------------------------------------------------------------------
@@ -641,49 +652,58 @@ async def test_connection_crud_and_rejections(api: Api) -> None:
     r = await api.request("PATCH", "/connections/c9", json={"maxConcurrent": None, "weight": 5})
     assert r.status_code == 200
     assert r.json()["weight"] == 5
-    before = api.dump()
-    for method, url, kw, status, field in [
-        ("POST", "/connections", {"json": body}, 409, None),
-        (
-            "POST",
-            "/connections",
-            {"json": {**body, "id": "c10", "baseUrl": "nope"}},
-            422,
-            "baseUrl",
-        ),
-        ("POST", "/connections", {"json": {**body, "id": "c10", "weight": "x"}}, 422, "weight"),
-        ("POST", "/connections", {"json": {**body, "id": "c10", "authType": "x"}}, 422, "authType"),
-        ("POST", "/connections", {"json": {"id": "c10"}}, 422, "provider"),
-        ("POST", "/connections", {"json": {**body, "id": "c10", "models": []}}, 422, "models"),
-        ("POST", "/connections", {"json": {**body, "id": "c10", "models": None}}, 422, "models"),
-        ("PATCH", "/connections/c9", {"json": {"models": []}}, 422, "models"),
-        (
-            "POST",
-            "/connections",
-            {"json": {**body, "id": "c10", "baseUrl": "https://u:hunter2@h/v1"}},
-            422,
-            "baseUrl",
-        ),
-        ("PATCH", "/connections/c9", {"json": {"baseUrl": "http://a:b@h/v1"}}, 422, "baseUrl"),
-        (
-            "POST",
-            "/connections",
-            {"json": {**body, "id": "c10", "forwardHeaders": ["Authorization"]}},
-            422,
-            "forwardHeaders",
-        ),
-        ("PATCH", "/connections/c9", {"json": {"weight": None}}, 422, "weight"),
-        ("PATCH", "/connections/ghost", {"json": {"weight": 1}}, 404, None),
-        ("PATCH", "/connections/mock-1", {"json": {"provider": "kimi"}}, 409, None),
-        ("GET", "/connections/ghost", {}, 404, None),
-        ("DELETE", "/connections/ghost", {}, 404, None),
-        ("DELETE", "/connections/mock-1", {}, 409, None),
-    ]:
-        r = await api.request(method, url, **kw)
-        assert r.status_code == status, (method, url, r.text)
-        if field:
-            assert field in fields_of(r), r.text
-        assert api.dump() == before
+    await refused_writing_nothing(
+        api,
+        [
+            ("POST", "/connections", {"json": body}, 409, None),
+            (
+                "POST",
+                "/connections",
+                {"json": {**body, "id": "c10", "baseUrl": "nope"}},
+                422,
+                "baseUrl",
+            ),
+            ("POST", "/connections", {"json": {**body, "id": "c10", "weight": "x"}}, 422, "weight"),
+            (
+                "POST",
+                "/connections",
+                {"json": {**body, "id": "c10", "authType": "x"}},
+                422,
+                "authType",
+            ),
+            ("POST", "/connections", {"json": {"id": "c10"}}, 422, "provider"),
+            ("POST", "/connections", {"json": {**body, "id": "c10", "models": []}}, 422, "models"),
+            (
+                "POST",
+                "/connections",
+                {"json": {**body, "id": "c10", "models": None}},
+                422,
+                "models",
+            ),
+            ("PATCH", "/connections/c9", {"json": {"models": []}}, 422, "models"),
+            (
+                "POST",
+                "/connections",
+                {"json": {**body, "id": "c10", "baseUrl": "https://u:hunter2@h/v1"}},
+                422,
+                "baseUrl",
+            ),
+            ("PATCH", "/connections/c9", {"json": {"baseUrl": "http://a:b@h/v1"}}, 422, "baseUrl"),
+            (
+                "POST",
+                "/connections",
+                {"json": {**body, "id": "c10", "forwardHeaders": ["Authorization"]}},
+                422,
+                "forwardHeaders",
+            ),
+            ("PATCH", "/connections/c9", {"json": {"weight": None}}, 422, "weight"),
+            ("PATCH", "/connections/ghost", {"json": {"weight": 1}}, 404, None),
+            ("PATCH", "/connections/mock-1", {"json": {"provider": "kimi"}}, 409, None),
+            ("GET", "/connections/ghost", {}, 404, None),
+            ("DELETE", "/connections/ghost", {}, 404, None),
+            ("DELETE", "/connections/mock-1", {}, 409, None),
+        ],
+    )
     assert (await api.request("DELETE", "/connections/c9")).status_code == 204
     assert "c9" not in api.gw.registry.connections
 
@@ -789,23 +809,20 @@ async def test_key_crud_and_rejections(api: Api) -> None:
     assert r.status_code == 200
     assert r.json()["enabled"] is False
     assert api.gw.registry.authenticate(BOB_SECRET) is None  # disabled at once
-    before = api.dump()
-    for method, url, kw, status, field in [
-        ("POST", "/keys", {"json": {"id": "alice"}}, 409, None),
-        ("POST", "/keys", {"json": {"id": "bad id"}}, 422, "id"),
-        ("POST", "/keys", {"json": {"name": 5}}, 422, "name"),
-        ("POST", "/keys", {"json": {"allowedModels": "gpt-x"}}, 422, "allowedModels"),
-        ("POST", "/keys", {"json": {"secret": "mine"}}, 422, "secret"),
-        ("PATCH", "/keys/ghost", {"json": {"name": "x"}}, 404, None),
-        ("PATCH", "/keys/bob", {"json": {"enabled": None}}, 422, "enabled"),
-        ("GET", "/keys/ghost", {}, 404, None),
-        ("DELETE", "/keys/ghost", {}, 404, None),
-    ]:
-        r = await api.request(method, url, **kw)
-        assert r.status_code == status, (method, url, r.text)
-        if field:
-            assert field in fields_of(r), r.text
-        assert api.dump() == before
+    await refused_writing_nothing(
+        api,
+        [
+            ("POST", "/keys", {"json": {"id": "alice"}}, 409, None),
+            ("POST", "/keys", {"json": {"id": "bad id"}}, 422, "id"),
+            ("POST", "/keys", {"json": {"name": 5}}, 422, "name"),
+            ("POST", "/keys", {"json": {"allowedModels": "gpt-x"}}, 422, "allowedModels"),
+            ("POST", "/keys", {"json": {"secret": "mine"}}, 422, "secret"),
+            ("PATCH", "/keys/ghost", {"json": {"name": "x"}}, 404, None),
+            ("PATCH", "/keys/bob", {"json": {"enabled": None}}, 422, "enabled"),
+            ("GET", "/keys/ghost", {}, 404, None),
+            ("DELETE", "/keys/ghost", {}, 404, None),
+        ],
+    )
     assert (await api.request("DELETE", "/keys/alice")).status_code == 204
     assert api.gw.registry.authenticate(ALICE_SECRET) is None
     assert api.gw.registry.pools["demo"].allocation("alice") is None

@@ -11,6 +11,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from db_support import BEFORE_PROVENANCE, migrate_sqlite_to
 from typer.testing import CliRunner, Result
 
 from fairgate.cli import app
@@ -18,7 +19,7 @@ from fairgate.clock import ManualClock
 from fairgate.config import load_config_text
 from fairgate.db.keys import KeyRepo
 from fairgate.db.pools import PoolRepo
-from fairgate.db.schema import MIGRATIONS, PROVENANCE_VERSION
+from fairgate.db.schema import PROVENANCE_VERSION
 from fairgate.process.state import Gateway
 from fairgate.secretbox import ENV_VAR, KEY_FILE, SecretBox
 
@@ -144,12 +145,7 @@ async def test_config_check_reads_only(tmp_path: Path, clock: ManualClock) -> No
     old.mkdir()
     conn = sqlite3.connect(old / "fairgate.sqlite")
     conn.execute("PRAGMA journal_mode=WAL")  # as fairgate leaves its files
-    conn.execute("CREATE TABLE schema_version (version INTEGER NOT NULL)")
-    for version, sql in enumerate(MIGRATIONS[: PROVENANCE_VERSION - 3], start=1):
-        for stmt in (sql if isinstance(sql, str) else sql.sqlite).split(";\n"):
-            if stmt.strip():
-                conn.execute(stmt)
-        conn.execute("INSERT INTO schema_version VALUES (?)", (version,))
+    migrate_sqlite_to(conn, PROVENANCE_VERSION - 3)
     conn.commit()
     conn.close()
     (old / KEY_FILE).write_text(SecretBox.generate_key().decode())
@@ -169,13 +165,7 @@ async def test_config_check_of_a_database_of_the_previous_version(
     await gw.start()
     try:
         gw.db.execute("UPDATE pools SET name = 'Renamed by the API' WHERE id = 'shared'")
-        for stmt in (
-            "DROP TABLE config_applied",
-            "DROP TABLE retired_key_hashes",
-            "ALTER TABLE connections DROP COLUMN billing_fields",  # migration 9's
-            "ALTER TABLE pools DROP COLUMN admission",  # migration 10's
-            f"DELETE FROM schema_version WHERE version >= {PROVENANCE_VERSION}",
-        ):
+        for stmt in BEFORE_PROVENANCE:
             gw.db.execute(stmt)
     finally:
         await gw.stop()

@@ -45,10 +45,13 @@ async def _send(engine: QuotaEngine, pool: Pool, key: str, n: int) -> list[Outco
     return out
 
 
-async def test_borrow_then_strict_share_then_others_still_served(
-    store: QuotaStore, clock: ManualClock
-) -> None:
-    engine = QuotaEngine(store, clock=clock)
+@pytest.fixture
+def engine(store: QuotaStore, clock: ManualClock) -> QuotaEngine:
+    """An engine on the ``store`` fixture's backend and the injected clock."""
+    return QuotaEngine(store, clock=clock)
+
+
+async def test_borrow_then_strict_share_then_others_still_served(engine: QuotaEngine) -> None:
     pool = pool_3()
     # a borrows freely while the pool is generous, up to its share once strict (50 %)
     outcomes = await _send(engine, pool, "a", 70)
@@ -78,8 +81,7 @@ async def test_borrow_then_strict_share_then_others_still_served(
     assert by_key["c"].surplus == pytest.approx(20 - 15)
 
 
-async def test_status_reports_remaining_share(store: QuotaStore, clock: ManualClock) -> None:
-    engine = QuotaEngine(store, clock=clock)
+async def test_status_reports_remaining_share(engine: QuotaEngine) -> None:
     pool = pool_3()
     adm = await engine.admit(pool, "a", {Unit.REQUESTS: 1})
     (st,) = adm.status
@@ -95,8 +97,7 @@ async def test_status_reports_remaining_share(store: QuotaStore, clock: ManualCl
     assert adm.status[0].remaining == pytest.approx(38)
 
 
-async def test_release_frees_the_reservation(store: QuotaStore, clock: ManualClock) -> None:
-    engine = QuotaEngine(store, clock=clock)
+async def test_release_frees_the_reservation(engine: QuotaEngine) -> None:
     pool = pool_3()
     adm = await engine.admit(pool, "a", {Unit.REQUESTS: 1})
     await engine.release(adm.ticket)
@@ -104,17 +105,13 @@ async def test_release_frees_the_reservation(store: QuotaStore, clock: ManualClo
     assert usage.dimensions[0].total == 0
 
 
-async def test_unallocated_key_borrows_only_while_generous(
-    store: QuotaStore, clock: ManualClock
-) -> None:
-    engine = QuotaEngine(store, clock=clock)
+async def test_unallocated_key_borrows_only_while_generous(engine: QuotaEngine) -> None:
     pool = pool_3()
     outs = await _send(engine, pool, "guest", 60)
     assert outs.count(Outcome.ALLOW) == 50  # strict from 50 on: a guest's share is 0
 
 
-async def test_empty_plan_is_ungoverned(store: QuotaStore, clock: ManualClock) -> None:
-    engine = QuotaEngine(store, clock=clock)
+async def test_empty_plan_is_ungoverned(engine: QuotaEngine) -> None:
     pool = Pool("e", "e", "openai", ("o1",), (Dimension(Unit.TOKENS, Window.DAILY, 0),))
     adm = await engine.admit(pool, "x", {Unit.TOKENS: 10})
     assert adm.allowed
@@ -220,9 +217,8 @@ def _subscription(
     )
 
 
-async def test_record_charges_only_the_named_window(store: QuotaStore, clock: ManualClock) -> None:
+async def test_record_charges_only_the_named_window(engine: QuotaEngine) -> None:
     """A provider reading is a reading of one window: a weekly rise must not land on 5h."""
-    engine = QuotaEngine(store, clock=clock)
     pool = _subscription(Unit.PERCENT, 100, 100, (Allocation("a", 1), Allocation("b", 1)))
     await engine.record(pool, "a", {"percent/weekly": 3.0})
     await engine.record(pool, "b", {"percent/5h": 2.0, "percent/monthly": 9.0})
@@ -234,12 +230,11 @@ async def test_record_charges_only_the_named_window(store: QuotaStore, clock: Ma
 
 
 async def test_a_replaced_pool_is_judged_by_its_new_configuration_at_once(
-    store: QuotaStore, clock: ManualClock
+    engine: QuotaEngine,
 ) -> None:
     """The engine keeps each (pool, key, model)'s configuration-only checks; a pool replaced
     with other limits or weights (a config change builds new Pool objects) must not be judged
     by the old ones, not even for one admission."""
-    engine = QuotaEngine(store, clock=clock)
     old = pool_3()
     first = await engine.admit(old, "a", {Unit.REQUESTS: 1})
     assert [(s.key, s.limit) for s in first.status] == [("requests/hourly", 50)]  # a's share

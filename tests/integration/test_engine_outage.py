@@ -47,6 +47,14 @@ def make_pool(*dims: Dimension) -> Pool:
     )
 
 
+def store_gone_down(store: FlakyStore, clock: ManualClock) -> tuple[QuotaEngine, Pool]:
+    """An engine on ``store`` and the shared pool, the store just gone down: where most outage
+    tests start."""
+    engine = engine_for(store, clock)
+    store.down = True
+    return engine, make_pool()
+
+
 def _gated(op: str) -> Any:
     """The store's ``op``, counted and refused while the power is off."""
 
@@ -195,9 +203,7 @@ async def test_journaled_usage_lands_in_the_bucket_it_was_used_in(
 async def test_admission_probes_once_per_wait_when_no_background_task(
     store: FlakyStore, clock: ManualClock
 ) -> None:
-    engine = engine_for(store, clock)
-    pool = make_pool()
-    store.down = True
+    engine, pool = store_gone_down(store, clock)
     await engine.admit(pool, "a", {Unit.REQUESTS: 1})
     clock.advance(1_000)
     await engine.admit(pool, "a", {Unit.REQUESTS: 1})  # the probe: reaches the store, fails
@@ -246,9 +252,7 @@ async def test_background_task_probes_and_replays_and_admissions_never_wait(
 async def test_replay_stops_when_the_store_fails_again_and_keeps_the_rest(
     store: FlakyStore, clock: ManualClock
 ) -> None:
-    engine = engine_for(store, clock)
-    pool = make_pool()
-    store.down = True
+    engine, pool = store_gone_down(store, clock)
     for _ in range(5):
         adm = await engine.admit(pool, "a", {Unit.REQUESTS: 1})
         await engine.settle(adm.ticket, {Unit.REQUESTS: 1})
@@ -280,9 +284,7 @@ async def test_replay_stops_when_the_store_fails_again_and_keeps_the_rest(
 async def test_a_write_the_store_refuses_is_dropped_not_retried_forever(
     store: FlakyStore, clock: ManualClock
 ) -> None:
-    engine = engine_for(store, clock)
-    pool = make_pool()
-    store.down = True
+    engine, pool = store_gone_down(store, clock)
     tickets = []
     for _ in range(3):
         adm = await engine.admit(pool, "a", {Unit.REQUESTS: 1})
@@ -374,9 +376,7 @@ async def test_a_long_outage_compacts_the_journal_and_loses_nothing(
 
 
 async def test_forgetting_a_pool_drops_its_journal(store: FlakyStore, clock: ManualClock) -> None:
-    engine = engine_for(store, clock)
-    pool = make_pool()
-    store.down = True
+    engine, pool = store_gone_down(store, clock)
     adm = await engine.admit(pool, "a", {Unit.REQUESTS: 1})
     await engine.settle(adm.ticket, {Unit.REQUESTS: 1})
     store.down = False
@@ -387,9 +387,7 @@ async def test_forgetting_a_pool_drops_its_journal(store: FlakyStore, clock: Man
 async def test_swapping_the_store_closes_the_circuit_and_replays_into_the_new_one(
     store: FlakyStore, clock: ManualClock, tmp_path: Path
 ) -> None:
-    engine = engine_for(store, clock)
-    pool = make_pool()
-    store.down = True
+    engine, pool = store_gone_down(store, clock)
     adm = await engine.admit(pool, "a", {Unit.REQUESTS: 1})
     await engine.settle(adm.ticket, {Unit.REQUESTS: 1})
     assert engine.circuit.down

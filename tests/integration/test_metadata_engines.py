@@ -8,7 +8,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from db_support import BOX
+from db_support import BEFORE_PROVENANCE, BOX
 
 from fairgate.config import parse_config
 from fairgate.db.base import Database
@@ -19,7 +19,7 @@ from fairgate.db.keys import KeyRepo
 from fairgate.db.pools import PoolRepo
 from fairgate.db.postgres import translate_ddl, translate_sql
 from fairgate.db.repos import seed_from_config
-from fairgate.db.schema import MIGRATIONS, PROVENANCE_VERSION
+from fairgate.db.schema import MIGRATIONS
 from fairgate.db.settings import SettingsRepo
 from fairgate.domain.connections import Connection
 from fairgate.domain.keys import hash_key
@@ -189,11 +189,7 @@ def test_a_database_of_the_previous_version_keeps_what_the_api_changed(
         seed_from_config(db, parse_config(cfg, {}), box=BOX)
         # as the previous version left it: no records, and changes through its admin API
         for stmt in (
-            "DROP TABLE config_applied",
-            "DROP TABLE retired_key_hashes",
-            "ALTER TABLE connections DROP COLUMN billing_fields",  # migration 9's
-            "ALTER TABLE pools DROP COLUMN admission",  # migration 10's
-            f"DELETE FROM schema_version WHERE version >= {PROVENANCE_VERSION}",
+            *BEFORE_PROVENANCE,
             "UPDATE allocations SET weight = 90 WHERE key_id = 'alice'",
         ):
             db.execute(stmt)

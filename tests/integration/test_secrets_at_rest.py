@@ -9,14 +9,13 @@ import stat
 from pathlib import Path
 
 import pytest
-from db_support import BOX
+from db_support import BOX, migrate_sqlite_to
 
 from fairgate.clock import ManualClock
 from fairgate.config import ConfigError, load_config_text
 from fairgate.db.base import Database
 from fairgate.db.connections import ConnectionRepo
 from fairgate.db.repos import load_registry
-from fairgate.db.schema import MIGRATIONS
 from fairgate.db.sealing import prepare_secrets
 from fairgate.domain.connections import Connection
 from fairgate.process.state import Gateway
@@ -79,13 +78,7 @@ def _old_sqlite_db(path: Path) -> None:
     """A data dir as the version before sealing left it: schema 6, a secret in clear."""
     path.parent.mkdir(parents=True, exist_ok=True)
     db = sqlite3.connect(path)
-    db.execute("CREATE TABLE schema_version (version INTEGER NOT NULL)")
-    for version, sql in enumerate(MIGRATIONS[:6], start=1):
-        text = sql if isinstance(sql, str) else sql.sqlite
-        for stmt in text.split(";\n"):
-            if stmt.strip():
-                db.execute(stmt)
-        db.execute("INSERT INTO schema_version VALUES (?)", (version,))
+    migrate_sqlite_to(db, 6)
     db.execute(
         "INSERT INTO connections (id, provider, base_url, secret, models) "
         "VALUES ('old-1', 'mock', 'http://x/v1', ?, '[\"*\"]')",

@@ -22,10 +22,13 @@ import struct
 import subprocess
 import sys
 import textwrap
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from child_support import reap
 from test_sqlite_memory import POOL, REFS, REQ, T0, TOK, _file_state, _request, _usage
 
 from fairgate.quota.ports import ReservationExists
@@ -35,11 +38,28 @@ from fairgate.store.sqlite.owner import FileUse
 from fairgate.store.sqlite.store import SqliteQuotaStore
 
 
-def _pair(path: Path) -> tuple[SqliteQuotaStore, SqliteQuotaStore]:
+@asynccontextmanager
+async def _owning(path: Path) -> AsyncIterator[SqliteQuotaStore]:
+    """The first store on ``path``, owning it (forwarding on), closed afterwards."""
+    owner = SqliteQuotaStore(path, forward=True)
+    try:
+        yield owner
+    finally:
+        await owner.close()
+
+
+@asynccontextmanager
+async def _paired(path: Path) -> AsyncIterator[tuple[SqliteQuotaStore, SqliteQuotaStore]]:
+    """The first store on ``path`` owns it in memory, the second forwards to it; both are
+    closed afterwards (the forwarder first), whatever the test did."""
     owner = SqliteQuotaStore(path, forward=True)
     other = SqliteQuotaStore(path, forward=True)
-    assert (owner.mode, other.mode) == ("memory", "forwarding")
-    return owner, other
+    try:
+        assert (owner.mode, other.mode) == ("memory", "forwarding")
+        yield owner, other
+    finally:
+        await other.close()
+        await owner.close()
 
 
 async def test_a_forwarder_counts_in_the_owners_memory_exactly(tmp_path: Path) -> None:
@@ -48,8 +68,7 @@ async def test_a_forwarder_counts_in_the_owners_memory_exactly(tmp_path: Path) -
     out in one write."""
     path = tmp_path / "quota.sqlite"
     small = replace(POOL, dimensions=(replace(REQ, limit=10), TOK))
-    owner, other = _pair(path)
-    try:
+    async with _paired(path) as (owner, other):
         assert await other.ping()  # the connection is open (its first call opens it)
         fwd = other._fwd
         assert fwd is not None
@@ -66,9 +85,6 @@ async def test_a_forwarder_counts_in_the_owners_memory_exactly(tmp_path: Path) -
         usage = await other.pool_usage(POOL.id, ["a", "b"], REFS, T0 + 50)
         assert usage == await owner.pool_usage(POOL.id, ["a", "b"], REFS, T0 + 50)
         assert usage.totals[REQ.key] == Count(0.0, 10.0)
-    finally:
-        await other.close()
-        await owner.close()
     assert _file_state(path)[0] == 10.0  # the owner's close committed everything
 
 
@@ -77,8 +93,7 @@ async def test_every_forwarded_call_answers_as_the_owner_would(tmp_path: Path) -
     to the owner and come back with its answers; a duplicate reservation id is refused with
     the engine's own exception."""
     path = tmp_path / "quota.sqlite"
-    owner, other = _pair(path)
-    try:
+    async with _paired(path) as (owner, other):
         assert (await other.admit(_request("a", "r1", T0))).reserved
         with pytest.raises(ReservationExists):
             await other.admit(_request("a", "r1", T0))
@@ -101,9 +116,6 @@ async def test_every_forwarded_call_answers_as_the_owner_would(tmp_path: Path) -
         assert owner.mode == "memory"
         with pytest.raises(ValueError, match="reserved"):
             await other.record(POOL.id, "*", _usage(1.0), T0)  # checked before it leaves
-    finally:
-        await other.close()
-        await owner.close()
     assert _file_state(path) == (2.0, 50.0, 0)
 
 
@@ -113,8 +125,7 @@ async def test_settles_ride_with_the_next_admission_and_a_close_sends_them(
     """A settle waits (up to 2 ms) for the next admission and goes in its frame; a forwarder
     that closes sends the settles still waiting and waits for their answers first."""
     path = tmp_path / "quota.sqlite"
-    owner, other = _pair(path)
-    try:
+    async with _paired(path) as (owner, other):
         assert (await other.admit(_request("a", "r0", T0))).reserved
         fwd = other._fwd
         assert fwd is not None
@@ -129,9 +140,6 @@ async def test_settles_ride_with_the_next_admission_and_a_close_sends_them(
         await other.close()  # before the 2 ms are up
         await late
         assert (await owner.peek(POOL.id, "a", REFS, T0 + 4))[TOK.key] == Count(0.0, 80.0)
-    finally:
-        await other.close()
-        await owner.close()
 
 
 async def test_when_the_owner_closes_the_forwarder_takes_the_file(tmp_path: Path) -> None:
@@ -139,8 +147,7 @@ async def test_when_the_owner_closes_the_forwarder_takes_the_file(tmp_path: Path
     it never read go to the next owner (none fails), and that is the forwarder itself, in
     memory mode, counting on from everything the owner had counted."""
     path = tmp_path / "quota.sqlite"
-    owner, other = _pair(path)
-    try:
+    async with _paired(path) as (owner, other):
         for i in range(6):
             assert (await other.admit(_request("a", f"r{i}", T0 + i))).reserved
         moving = [
@@ -159,9 +166,6 @@ async def test_when_the_owner_closes_the_forwarder_takes_the_file(tmp_path: Path
             assert (await third.peek(POOL.id, "a", REFS, T0 + 12))[REQ.key] == Count(0.0, 11.0)
         finally:
             await third.close()
-    finally:
-        await other.close()
-        await owner.close()
 
 
 async def test_a_transactional_sharer_still_makes_the_owner_hand_over(tmp_path: Path) -> None:
@@ -169,8 +173,7 @@ async def test_a_transactional_sharer_still_makes_the_owner_hand_over(tmp_path: 
     directly) joins: the owner hands over as before, and goes on answering its forwarders
     transactionally, so all three stay exact together."""
     path = tmp_path / "quota.sqlite"
-    owner, other = _pair(path)
-    try:
+    async with _paired(path) as (owner, other):
         for i in range(4):
             assert (await other.admit(_request("a", f"r{i}", T0 + i))).reserved
         sharer = await asyncio.to_thread(SqliteQuotaStore, path, mode="memory")
@@ -186,16 +189,12 @@ async def test_a_transactional_sharer_still_makes_the_owner_hand_over(tmp_path: 
             assert usage.totals[REQ.key] == Count(0.0, 10.0)
         finally:
             await sharer.close()
-    finally:
-        await other.close()
-        await owner.close()
 
 
 async def test_the_owner_runs_only_the_store_methods_it_forwards(tmp_path: Path) -> None:
     """A forwarded frame naming anything else (``close``, a private method) is refused."""
     path = tmp_path / "quota.sqlite"
-    owner = SqliteQuotaStore(path, forward=True)
-    try:
+    async with _owning(path) as owner:
         await asyncio.sleep(0)  # the listener is up
         assert "close" not in FORWARDED
         use = FileUse(str(path))
@@ -217,22 +216,17 @@ async def test_the_owner_runs_only_the_store_methods_it_forwards(tmp_path: Path)
         ]
         assert owner.mode == "memory"
         assert await owner.ping()
-    finally:
-        await owner.close()
 
 
 async def test_without_forward_a_second_store_shares_as_before(tmp_path: Path) -> None:
     """A store made directly (``forward`` off) is a transactional sharer next to an owner."""
     path = tmp_path / "quota.sqlite"
-    owner = SqliteQuotaStore(path, forward=True)
-    try:
+    async with _owning(path) as owner:
         other = await asyncio.to_thread(SqliteQuotaStore, path)
         try:
             assert (owner.mode, other.mode) == ("transactional", "transactional")
         finally:
             await other.close()
-    finally:
-        await owner.close()
 
 
 _OWNER = textwrap.dedent(
@@ -297,11 +291,7 @@ def test_kill_9_of_the_owner_the_forwarder_takes_over_with_what_was_committed(
         assert json.loads(proc.stdout.readline()) == {"pid": 0}
         total, mode = asyncio.run(run())
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        if proc.stdout is not None:
-            proc.stdout.close()
+        reap(proc)
     assert mode == "memory"
     assert total == Count(0.0, 12.0)
     assert _file_state(path) == (12.0, 12 * 40.0, 0)
@@ -345,8 +335,7 @@ async def test_a_forwarders_held_request_waits_in_the_owners_queue(tmp_path: Pat
     from test_store_hold import T0 as H0
     from test_store_hold import _admit, _fill, _hold
 
-    owner, other = _pair(tmp_path / "quota.sqlite")
-    try:
+    async with _paired(tmp_path / "quota.sqlite") as (owner, other):
         await _fill(owner, H0)
         held = await _admit(other, "a", H0 + 1, _hold("a-1", H0 + 1))
         assert held.waiting
@@ -356,6 +345,3 @@ async def test_a_forwarders_held_request_waits_in_the_owners_queue(tmp_path: Pat
         assert await other.leave(HELD.id, "a-1")
         assert await owner.waiters(HELD.id, H0 + 3) == []
         assert not await owner.leave(HELD.id, "a-1")
-    finally:
-        await other.close()
-        await owner.close()

@@ -21,6 +21,7 @@ import threading
 from pathlib import Path
 
 import pytest
+from child_support import reap
 
 from fairgate.domain.units import Unit, Window
 from fairgate.quota.decision import compile_checks
@@ -268,11 +269,7 @@ def _run_and_kill(
         proc.send_signal(signal.SIGKILL)  # kill -9: no close, no final commit
         proc.wait(timeout=30)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        if proc.stdout is not None:
-            proc.stdout.close()
+        reap(proc)
     assert proc.returncode == -signal.SIGKILL
     return report
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import multiprocessing
 import sqlite3
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -64,11 +64,16 @@ async def _race(path: str, limit: int, admits: int, worker: int, start: Any) -> 
         await store.close()
 
 
-def _worker(path: str, limit: int, admits: int, worker: int, start: Any, out: Any) -> None:
+def _report(worker: int, race: Coroutine[Any, Any, int], out: Any) -> None:
+    """Run one process's race and put what it won (or what went wrong) on ``out``."""
     try:
-        out.put((worker, asyncio.run(_race(path, limit, admits, worker, start)), None))
+        out.put((worker, asyncio.run(race), None))
     except BaseException as exc:  # report, never hang the parent
         out.put((worker, 0, repr(exc)))
+
+
+def _worker(path: str, limit: int, admits: int, worker: int, start: Any, out: Any) -> None:
+    _report(worker, _race(path, limit, admits, worker, start), out)
 
 
 def _run_racers(
@@ -199,10 +204,7 @@ async def _join_race(path: str, limit: int, admits: int, worker: int, start: Any
 
 
 def _join_worker(path: str, limit: int, admits: int, worker: int, start: Any, out: Any) -> None:
-    try:
-        out.put((worker, asyncio.run(_join_race(path, limit, admits, worker, start)), None))
-    except BaseException as exc:  # report, never hang the parent
-        out.put((worker, 0, repr(exc)))
+    _report(worker, _join_race(path, limit, admits, worker, start), out)
 
 
 @pytest.mark.slow

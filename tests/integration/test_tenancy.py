@@ -21,12 +21,12 @@ from typing import Any
 import httpx
 import pytest
 import pytest_asyncio
+from db_support import migrate_sqlite_to
 from http_support import gateway_client
 
 from fairgate.clock import ManualClock
 from fairgate.config import load_config_text
 from fairgate.db.connection import open_db
-from fairgate.db.schema import MIGRATIONS
 from fairgate.db.settings import SettingsRepo, access_policy
 from fairgate.mock.server import MockConfig, MockUpstream
 from fairgate.process.state import Gateway
@@ -247,12 +247,7 @@ def _old_db(path: Path) -> None:
     """A metadata DB as main left it (schema 4): a connection with no model list, a key with
     its 7-character display prefix."""
     db = sqlite3.connect(path)
-    db.execute("CREATE TABLE schema_version (version INTEGER NOT NULL)")
-    for version, sql in enumerate(MIGRATIONS[:4], start=1):
-        for stmt in sql.split(";\n"):
-            if stmt.strip():
-                db.execute(stmt)
-        db.execute("INSERT INTO schema_version VALUES (?)", (version,))
+    migrate_sqlite_to(db, 4)
     db.execute(
         "INSERT INTO connections (id, provider, base_url, models) "
         "VALUES ('old-1', 'mock', 'http://x/v1', '[]')"

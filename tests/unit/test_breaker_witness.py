@@ -24,6 +24,14 @@ async def fail(
     await mgr.on_failure(P, C, M, "apikey", c, key_id=key, request_explained=explained)
 
 
+async def five_rounds(mgr: RateLimitManager, *keys: str) -> None:
+    """Five rounds of one explained timeout from each of ``keys``, in order: the failures the
+    breaker needs (five), from whichever keys witness them."""
+    for _ in range(5):
+        for key in keys:
+            await fail(mgr, key)
+
+
 @pytest.mark.parametrize(
     ("verdict", "answered", "bound", "prompt", "elapsed", "explained"),
     [
@@ -67,8 +75,7 @@ async def test_one_keys_explained_failures_never_open_the_breaker(clock: ManualC
 
 async def test_a_second_key_within_the_window_opens_it(clock: ManualClock) -> None:
     mgr = RateLimitManager(clock=clock)
-    for _ in range(5):
-        await fail(mgr, "alice")
+    await five_rounds(mgr, "alice")
     await fail(mgr, "bob")
     assert mgr.breaker_state(P) is BreakerState.OPEN
 
@@ -77,9 +84,7 @@ async def test_a_shadow_copy_is_no_second_witness_for_the_breaker(clock: ManualC
     """One key plus its shadow combo's copy (``alice~shadow``) is still one key: the same rule
     as the permanent-block quorum (issue 43, N9)."""
     mgr = RateLimitManager(clock=clock)
-    for _ in range(5):
-        await fail(mgr, "alice")
-        await fail(mgr, "alice~shadow")
+    await five_rounds(mgr, "alice", "alice~shadow")
     assert mgr.breaker_state(P) is BreakerState.CLOSED
 
 
@@ -87,8 +92,7 @@ async def test_a_witness_outside_the_window_does_not_count(clock: ManualClock) -
     mgr = RateLimitManager(clock=clock)
     await fail(mgr, "bob")
     clock.advance(mgr.breaker(P).config.window_ms)
-    for _ in range(5):
-        await fail(mgr, "alice")
+    await five_rounds(mgr, "alice")
     assert mgr.breaker_state(P) is BreakerState.CLOSED
 
 

@@ -36,9 +36,43 @@ async def turns(n: int = 3) -> None:
         await asyncio.sleep(0)
 
 
-async def test_a_call_to_an_idle_group_goes_at_once_and_the_next_ones_go_together() -> None:
+def coalescer(max_batch: int = 64) -> tuple[Sender, Coalescer[str, int, int]]:
+    """A coalescer over a fresh :class:`Sender` (batches released by hand)."""
     send = Sender()
-    c = Coalescer(send, max_batch=64)
+    return send, Coalescer(send, max_batch=max_batch)
+
+
+async def submitted(c: Coalescer[str, int, int], group: str, item: int) -> asyncio.Future[int]:
+    """Submit one call and let the loop turn, so it is in a batch (or queued) before the next."""
+    call = asyncio.ensure_future(c.submit(group, item))
+    await turns()
+    return call
+
+
+async def fail_in_flight_then_the_next_goes(
+    send: Sender,
+    in_flight: list[asyncio.Future[int]],
+    waiting: asyncio.Future[int],
+    item: int,
+    error: Exception,
+) -> None:
+    """Fail the batch in flight with ``error``: each of its callers gets that error, and the call
+    that waited behind it (``waiting``, for ``item``) still goes, in a batch of its own, and gets
+    its own answer."""
+    send.fail = error
+    send.release()
+    for call in in_flight:
+        with pytest.raises(type(error), match=str(error)):
+            await call
+    send.fail = None
+    await turns()
+    assert send.batches[-1] == ("p1", [item])
+    send.release()
+    assert await waiting == item * 10
+
+
+async def test_a_call_to_an_idle_group_goes_at_once_and_the_next_ones_go_together() -> None:
+    send, c = coalescer()
     calls = [asyncio.ensure_future(c.submit("p1", i)) for i in range(5)]
     await turns()
     assert send.batches == [("p1", [0])]  # the first found the group idle: it went alone
@@ -66,10 +100,8 @@ async def test_a_call_to_an_idle_group_is_sent_on_its_own_loop_turn() -> None:
 
 
 async def test_calls_made_while_a_batch_is_in_flight_wait_and_go_together() -> None:
-    send = Sender()
-    c = Coalescer(send, max_batch=64)
-    first = asyncio.ensure_future(c.submit("p1", 1))
-    await turns()
+    send, c = coalescer()
+    first = await submitted(c, "p1", 1)
     later = [asyncio.ensure_future(c.submit("p1", i)) for i in (2, 3, 4)]
     await turns()
     assert send.batches == [("p1", [1])]  # nothing more goes out while the first is in flight
@@ -82,12 +114,9 @@ async def test_calls_made_while_a_batch_is_in_flight_wait_and_go_together() -> N
 
 
 async def test_groups_do_not_wait_for_each_other() -> None:
-    send = Sender()
-    c = Coalescer(send, max_batch=64)
-    a = asyncio.ensure_future(c.submit("p1", 1))
-    await turns()
-    b = asyncio.ensure_future(c.submit("p2", 2))
-    await turns()
+    send, c = coalescer()
+    a = await submitted(c, "p1", 1)
+    b = await submitted(c, "p2", 2)
     assert send.batches == [("p1", [1]), ("p2", [2])]
     send.release(1)
     assert await b == 20
@@ -109,55 +138,29 @@ async def test_a_batch_is_at_most_max_batch_calls() -> None:
 
 
 async def test_a_failed_batch_fails_each_of_its_calls_and_the_next_batch_still_goes() -> None:
-    send = Sender()
-    c = Coalescer(send, max_batch=64)
-    first = asyncio.ensure_future(c.submit("p1", 0))
-    await turns()
+    send, c = coalescer()
+    first = await submitted(c, "p1", 0)
     failing = [asyncio.ensure_future(c.submit("p1", i)) for i in (1, 2)]
     await turns()
     send.release()
     assert await first == 0
     await turns()
     assert send.batches[-1] == ("p1", [1, 2])
-    later = asyncio.ensure_future(c.submit("p1", 3))
-    await turns()
-    send.fail = ConnectionError("gone")
-    send.release()
-    for call in failing:
-        with pytest.raises(ConnectionError, match="gone"):
-            await call
-    send.fail = None
-    await turns()
-    assert send.batches[-1] == ("p1", [3])
-    send.release()
-    assert await later == 30
+    later = await submitted(c, "p1", 3)
+    await fail_in_flight_then_the_next_goes(send, failing, later, 3, ConnectionError("gone"))
 
 
 async def test_a_failed_lone_call_raises_to_its_caller_and_what_waited_still_goes() -> None:
-    send = Sender()
-    c = Coalescer(send, max_batch=64)
-    lone = asyncio.ensure_future(c.submit("p1", 1))
-    await turns()
-    waiting = asyncio.ensure_future(c.submit("p1", 2))
-    await turns()
-    send.fail = TimeoutError("slow")
-    send.release()
-    with pytest.raises(TimeoutError, match="slow"):
-        await lone
-    send.fail = None
-    await turns()
-    assert send.batches[-1] == ("p1", [2])
-    send.release()
-    assert await waiting == 20
+    send, c = coalescer()
+    lone = await submitted(c, "p1", 1)
+    waiting = await submitted(c, "p1", 2)
+    await fail_in_flight_then_the_next_goes(send, [lone], waiting, 2, TimeoutError("slow"))
 
 
 async def test_a_cancelled_caller_leaves_its_call_in_the_batch() -> None:
-    send = Sender()
-    c = Coalescer(send, max_batch=64)
-    a = asyncio.ensure_future(c.submit("p1", 1))
-    await turns()
-    b = asyncio.ensure_future(c.submit("p1", 2))
-    await turns()
+    send, c = coalescer()
+    a = await submitted(c, "p1", 1)
+    b = await submitted(c, "p1", 2)
     b.cancel()  # its caller gives up while it waits behind the batch in flight
     await turns()
     send.release()
@@ -170,8 +173,7 @@ async def test_a_cancelled_caller_leaves_its_call_in_the_batch() -> None:
 
 
 async def test_drain_waits_for_every_call_handed_in() -> None:
-    send = Sender()
-    c = Coalescer(send, max_batch=64)
+    send, c = coalescer()
     calls = [asyncio.ensure_future(c.submit("p1", 1))]
     await turns()
     calls.append(asyncio.ensure_future(c.submit("p1", 2)))

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from config_support import set_at
 
 from fairgate.config import (
     ID_PATTERN,
@@ -133,38 +134,20 @@ connections:
     assert conn.models == ["${LITERAL}", "gpt-x"]
 
 
+def _one_connection(conn_id: str, provider: str, secret: str, models: object) -> dict[str, Any]:
+    """A configuration of one connection whose secret is written ``secret`` (an env reference,
+    the point of the tests that use it)."""
+    conn = {"id": conn_id, "provider": provider, "base_url": "http://x", "secret": secret}
+    return {"connections": [{**conn, "models": models}]}
+
+
 def test_missing_env_var_names_the_field() -> None:
-    problems = _problems(
-        {
-            "connections": [
-                {
-                    "id": "c1",
-                    "provider": "mock",
-                    "base_url": "http://x",
-                    "secret": "${NOPE}",
-                    "models": ["*"],
-                }
-            ]
-        }
-    )
+    problems = _problems(_one_connection("c1", "mock", "${NOPE}", ["*"]))
     assert problems == [("connections.0.secret", "environment variable NOPE is not set")]
 
 
 def test_set_but_empty_variable_is_not_missing() -> None:
-    cfg = parse_config(
-        {
-            "connections": [
-                {
-                    "id": "c",
-                    "provider": "m",
-                    "base_url": "http://x",
-                    "secret": "${E}",
-                    "models": "*",
-                }
-            ]
-        },
-        {"E": ""},
-    )
+    cfg = parse_config(_one_connection("c", "m", "${E}", "*"), {"E": ""})
     assert cfg.connections[0].secret == ""
 
 
@@ -173,115 +156,105 @@ def test_env_expansion_never_touches_mapping_keys() -> None:
     assert [p for p, _ in problems] == ["plans.${X}"]
 
 
-def _set(path: str, value: object) -> Callable[[dict[str, Any]], None]:
-    def mutate(data: dict[str, Any]) -> None:
-        *parents, last = path.split(".")
-        node: Any = data
-        for p in parents:
-            node = node[int(p)] if isinstance(node, list) else node[p]
-        if isinstance(node, list):
-            node[int(last)] = value
-        else:
-            node[last] = value
-
-    return mutate
-
-
 ALLOC = "pools.0.allocations.0"
 
 CASES: list[tuple[str, Callable[[dict[str, Any]], None], str]] = [
-    ("bad unit", _set("plans.c1.0.unit", "bytes"), "plans.c1.0.unit"),
-    ("bad window", _set("plans.c1.0.window", "yearly"), "plans.c1.0.window"),
-    ("negative limit", _set("plans.c1.0.limit", -1), "plans.c1.0.limit"),
-    ("bad policy", _set(f"{ALLOC}.policy", "lenient"), f"{ALLOC}.policy"),
-    ("weight over 100", _set(f"{ALLOC}.weight", 101), f"{ALLOC}.weight"),
-    ("negative weight", _set(f"{ALLOC}.weight", -1), f"{ALLOC}.weight"),
-    ("weight not a number", _set(f"{ALLOC}.weight", "half"), f"{ALLOC}.weight"),
-    ("cap_value zero", _set(f"{ALLOC}.cap_value", 0), f"{ALLOC}.cap_value"),
-    ("cap_value without unit", _set(f"{ALLOC}.cap_value", 10), ALLOC),
-    ("cap_unit without value", _set(f"{ALLOC}.cap_unit", "tokens"), ALLOC),
-    ("bad cap unit", _set(f"{ALLOC}.cap_unit", "bytes"), f"{ALLOC}.cap_unit"),
+    ("bad unit", set_at("plans.c1.0.unit", "bytes"), "plans.c1.0.unit"),
+    ("bad window", set_at("plans.c1.0.window", "yearly"), "plans.c1.0.window"),
+    ("negative limit", set_at("plans.c1.0.limit", -1), "plans.c1.0.limit"),
+    ("bad policy", set_at(f"{ALLOC}.policy", "lenient"), f"{ALLOC}.policy"),
+    ("weight over 100", set_at(f"{ALLOC}.weight", 101), f"{ALLOC}.weight"),
+    ("negative weight", set_at(f"{ALLOC}.weight", -1), f"{ALLOC}.weight"),
+    ("weight not a number", set_at(f"{ALLOC}.weight", "half"), f"{ALLOC}.weight"),
+    ("cap_value zero", set_at(f"{ALLOC}.cap_value", 0), f"{ALLOC}.cap_value"),
+    ("cap_value without unit", set_at(f"{ALLOC}.cap_value", 10), ALLOC),
+    ("cap_unit without value", set_at(f"{ALLOC}.cap_unit", "tokens"), ALLOC),
+    ("bad cap unit", set_at(f"{ALLOC}.cap_unit", "bytes"), f"{ALLOC}.cap_unit"),
     (
         "bad model cap",
-        _set(f"{ALLOC}.model_caps", [{"model": "m", "unit": "requests", "limit": -5}]),
+        set_at(f"{ALLOC}.model_caps", [{"model": "m", "unit": "requests", "limit": -5}]),
         f"{ALLOC}.model_caps.0.limit",
     ),
-    ("unknown key", _set(f"{ALLOC}.key", "carol"), f"{ALLOC}.key"),
-    ("unknown pool connection", _set("pools.0.connections", ["c1", "zz"]), "pools.0.connections.1"),
-    ("mixed providers", _set("pools.0.connections", ["c1", "k1"]), "pools.0.connections"),
-    ("no pool connection", _set("pools.0.connections", []), "pools.0.connections"),
-    ("duplicate member", _set("pools.0.connections", ["c1", "c1"]), "pools.0.connections"),
-    ("bad share mode", _set("pools.0.share_mode", "greedy"), "pools.0.share_mode"),
-    ("zero active window", _set("pools.0.active_window_s", 0), "pools.0.active_window_s"),
+    ("unknown key", set_at(f"{ALLOC}.key", "carol"), f"{ALLOC}.key"),
+    (
+        "unknown pool connection",
+        set_at("pools.0.connections", ["c1", "zz"]),
+        "pools.0.connections.1",
+    ),
+    ("mixed providers", set_at("pools.0.connections", ["c1", "k1"]), "pools.0.connections"),
+    ("no pool connection", set_at("pools.0.connections", []), "pools.0.connections"),
+    ("duplicate member", set_at("pools.0.connections", ["c1", "c1"]), "pools.0.connections"),
+    ("bad share mode", set_at("pools.0.share_mode", "greedy"), "pools.0.share_mode"),
+    ("zero active window", set_at("pools.0.active_window_s", 0), "pools.0.active_window_s"),
     (
         "duplicate allocation",
-        _set("pools.0.allocations", [{"key": "alice"}, {"key": "alice"}]),
+        set_at("pools.0.allocations", [{"key": "alice"}, {"key": "alice"}]),
         "pools.0.allocations",
     ),
     (
         "duplicate dimension",
-        _set(
+        set_at(
             "pools.0.dimensions",
             [{"unit": "requests", "window": "hourly", "limit": 1}] * 2,
         ),
         "pools.0.dimensions",
     ),
-    ("duplicate connection id", _set("connections.1.id", "c1"), "connections.1.id"),
-    ("duplicate key id", _set("keys.1.id", "alice"), "keys.1.id"),
-    ("bad base url", _set("connections.0.base_url", "ftp://x"), "connections.0.base_url"),
+    ("duplicate connection id", set_at("connections.1.id", "c1"), "connections.1.id"),
+    ("duplicate key id", set_at("keys.1.id", "alice"), "keys.1.id"),
+    ("bad base url", set_at("connections.0.base_url", "ftp://x"), "connections.0.base_url"),
     (
         "password in base url",
-        _set("connections.0.base_url", "https://user:hunter2@api.example/v1"),
+        set_at("connections.0.base_url", "https://user:hunter2@api.example/v1"),
         "connections.0.base_url",
     ),
-    ("no models", _set("connections.0.models", None), "connections.0.models"),
-    ("empty models", _set("connections.0.models", []), "connections.0.models"),
-    ("duplicate model", _set("connections.0.models", ["a", "a"]), "connections.0.models"),
+    ("no models", set_at("connections.0.models", None), "connections.0.models"),
+    ("empty models", set_at("connections.0.models", []), "connections.0.models"),
+    ("duplicate model", set_at("connections.0.models", ["a", "a"]), "connections.0.models"),
     (
         "credential header forwarded",
-        _set("connections.0.forward_headers", ["openai-organization", "Authorization"]),
+        set_at("connections.0.forward_headers", ["openai-organization", "Authorization"]),
         "connections.0.forward_headers",
     ),
     (
         "bad header name",
-        _set("connections.0.forward_headers", ["a b"]),
+        set_at("connections.0.forward_headers", ["a b"]),
         "connections.0.forward_headers.0",
     ),
     (
         "unknown allowed connection",
-        _set("keys.0.allowed_connections", ["c1", "zz"]),
+        set_at("keys.0.allowed_connections", ["c1", "zz"]),
         "keys.0.allowed_connections.1",
     ),
     (
         "bad require_allocation",
-        _set("server", {"require_allocation": "maybe"}),
+        set_at("server", {"require_allocation": "maybe"}),
         "server.require_allocation",
     ),
-    ("bad config mode", _set("server", {"config_mode": "gitops"}), "server.config_mode"),
-    ("bad auth type", _set("connections.0.auth_type", "basic"), "connections.0.auth_type"),
-    ("bad protocol", _set("connections.0.protocol", "grpc"), "connections.0.protocol"),
-    ("connection weight", _set("connections.0.weight", 500), "connections.0.weight"),
+    ("bad config mode", set_at("server", {"config_mode": "gitops"}), "server.config_mode"),
+    ("bad auth type", set_at("connections.0.auth_type", "basic"), "connections.0.auth_type"),
+    ("bad protocol", set_at("connections.0.protocol", "grpc"), "connections.0.protocol"),
+    ("connection weight", set_at("connections.0.weight", 500), "connections.0.weight"),
     (
         "negative max_concurrent",
-        _set("connections.0.max_concurrent", -1),
+        set_at("connections.0.max_concurrent", -1),
         "connections.0.max_concurrent",
     ),
-    ("unknown field", _set("connections.0.secrte", "x"), "connections.0.secrte"),
-    ("bad key id", _set("keys.0.id", "al ice"), "keys.0.id"),
-    ("bad key hash", _set("keys.1", {"id": "bob", "key_hash": "xyz"}), "keys.1.key_hash"),
+    ("unknown field", set_at("connections.0.secrte", "x"), "connections.0.secrte"),
+    ("bad key id", set_at("keys.0.id", "al ice"), "keys.0.id"),
+    ("bad key hash", set_at("keys.1", {"id": "bob", "key_hash": "xyz"}), "keys.1.key_hash"),
     (
         "key with both",
-        _set("keys.1", {"id": "bob", "secret": "s" * 9, "key_hash": "a" * 64}),
+        set_at("keys.1", {"id": "bob", "secret": "s" * 9, "key_hash": "a" * 64}),
         "keys.1",
     ),
-    ("key with neither", _set("keys.1", {"id": "bob"}), "keys.1"),
-    ("short key secret", _set("keys.1", {"id": "bob", "secret": "abc"}), "keys.1.secret"),
-    ("same secret twice", _set("keys.1.secret", "fg-alice-secret"), "keys.1"),
-    ("unknown plan connection", _set("plans.zz", []), "plans.zz"),
-    ("bad server port", _set("server", {"port": 0}), "server.port"),
-    ("unknown section", _set("extras", {}), "extras"),
-    ("negative price", _set("prices", {"m": {"input": -1}}), "prices.m.input"),
-    ("combos not a list", _set("combos", {"a": 1}), "combos"),
+    ("key with neither", set_at("keys.1", {"id": "bob"}), "keys.1"),
+    ("short key secret", set_at("keys.1", {"id": "bob", "secret": "abc"}), "keys.1.secret"),
+    ("same secret twice", set_at("keys.1.secret", "fg-alice-secret"), "keys.1"),
+    ("unknown plan connection", set_at("plans.zz", []), "plans.zz"),
+    ("bad server port", set_at("server", {"port": 0}), "server.port"),
+    ("unknown section", set_at("extras", {}), "extras"),
+    ("negative price", set_at("prices", {"m": {"input": -1}}), "prices.m.input"),
+    ("combos not a list", set_at("combos", {"a": 1}), "combos"),
 ]
 
 
@@ -350,7 +323,7 @@ def test_valid_ids(ident: str) -> None:
 @pytest.mark.parametrize("where", ["connections.0.id", "keys.0.id", "pools.0.id"])
 def test_invalid_ids(ident: str, where: str) -> None:
     data = _base()
-    _set(where, ident)(data)
+    set_at(where, ident)(data)
     problems = dict(_problems(data))
     assert where in problems
     assert "letters, digits" in problems[where]

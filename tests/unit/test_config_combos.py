@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from config_support import set_at
 
 from fairgate.config import ComboSpec, ConfigError, InvalidCombo, load_config_text, parse_config
 from fairgate.routing.model import Target
@@ -180,20 +181,6 @@ def test_no_combos_is_fine() -> None:
 # -- every problem names its field -------------------------------------------------------------
 
 
-def _set(path: str, value: Any) -> Callable[[dict[str, Any]], None]:
-    def mutate(data: dict[str, Any]) -> None:
-        *parents, last = path.split(".")
-        node: Any = data
-        for p in parents:
-            node = node[int(p)] if isinstance(node, list) else node[p]
-        if isinstance(node, list):
-            node[int(last)] = value
-        else:
-            node[last] = value
-
-    return mutate
-
-
 def _add_combo(combo: dict[str, Any]) -> Callable[[dict[str, Any]], None]:
     def mutate(data: dict[str, Any]) -> None:
         data["combos"].append(combo)
@@ -203,17 +190,17 @@ def _add_combo(combo: dict[str, Any]) -> Callable[[dict[str, Any]], None]:
 
 T0 = "combos.0.targets.0"
 CASES: list[tuple[str, Callable[[dict[str, Any]], None], str, str]] = [
-    ("unknown strategy", _set("combos.0.strategy", "fastest"), "combos.0.strategy", "unknown"),
+    ("unknown strategy", set_at("combos.0.strategy", "fastest"), "combos.0.strategy", "unknown"),
     (
         "quota-share is internal",
-        _set("combos.0.strategy", "quota-share"),
+        set_at("combos.0.strategy", "quota-share"),
         "combos.0.strategy",
         "internal",
     ),
-    ("qtSd name", _set("combos.0.name", "qtSd/pool/a"), "combos.0.name", "reserved"),
-    ("bad name", _set("combos.0.name", "my combo"), "combos.0.name", "1-64 characters"),
+    ("qtSd name", set_at("combos.0.name", "qtSd/pool/a"), "combos.0.name", "reserved"),
+    ("bad name", set_at("combos.0.name", "my combo"), "combos.0.name", "1-64 characters"),
     ("no name", _add_combo({"targets": [{"provider": "mock", "model": "a"}]}), "combos.1.name", ""),
-    ("no targets", _set("combos.0.targets", []), "combos.0.targets", "at least 1"),
+    ("no targets", set_at("combos.0.targets", []), "combos.0.targets", "at least 1"),
     (
         "duplicate name",
         _add_combo({"name": "fast", "targets": [{"provider": "mock", "model": "b"}]}),
@@ -222,78 +209,83 @@ CASES: list[tuple[str, Callable[[dict[str, Any]], None], str, str]] = [
     ),
     (
         "provider without connection",
-        _set("combos.0.targets.1.provider", "openai"),
+        set_at("combos.0.targets.1.provider", "openai"),
         "combos.0.targets.1.provider",
         "no connection of provider 'openai'",
     ),
     (
         "wildcard of a provider without connection",
-        _set("combos.0.targets.0", {"provider": "openai", "model": "*"}),
+        set_at("combos.0.targets.0", {"provider": "openai", "model": "*"}),
         f"{T0}.provider",
         "openai",
     ),
     (
         "unknown connection",
-        _set(f"{T0}.connection", "c9"),
+        set_at(f"{T0}.connection", "c9"),
         f"{T0}.connection",
         "unknown connection 'c9'",
     ),
     (
         "connection of another provider",
-        _set(f"{T0}.connection", "k1"),
+        set_at(f"{T0}.connection", "k1"),
         f"{T0}.connection",
         "provider 'kimi'",
     ),
     (
         "duplicate target",
-        _set("combos.0.targets.1", {"provider": "mock", "model": "a", "connection": "c1"}),
+        set_at("combos.0.targets.1", {"provider": "mock", "model": "a", "connection": "c1"}),
         "combos.0.targets.1",
         "duplicate target 'mock/a@c1'",
     ),
-    ("negative price", _set(f"{T0}.price_in", -1), f"{T0}.price_in", "greater than or equal to 0"),
-    ("camelCase key named as written", _set(f"{T0}.priceOut", -1), f"{T0}.priceOut", ""),
-    ("bad weight", _set(f"{T0}.weight", 1000), f"{T0}.weight", ""),
-    ("bad context window", _set(f"{T0}.context_window", 0), f"{T0}.context_window", ""),
-    ("unknown target field", _set(f"{T0}.bogus", 1), f"{T0}.bogus", "Extra inputs"),
-    ("provider with a slash", _set(f"{T0}.provider", "a/b"), f"{T0}.provider", ""),
+    (
+        "negative price",
+        set_at(f"{T0}.price_in", -1),
+        f"{T0}.price_in",
+        "greater than or equal to 0",
+    ),
+    ("camelCase key named as written", set_at(f"{T0}.priceOut", -1), f"{T0}.priceOut", ""),
+    ("bad weight", set_at(f"{T0}.weight", 1000), f"{T0}.weight", ""),
+    ("bad context window", set_at(f"{T0}.context_window", 0), f"{T0}.context_window", ""),
+    ("unknown target field", set_at(f"{T0}.bogus", 1), f"{T0}.bogus", "Extra inputs"),
+    ("provider with a slash", set_at(f"{T0}.provider", "a/b"), f"{T0}.provider", ""),
     (
         "unknown config field",
-        _set("combos.0.config", {"maxRetry": 2}),
+        set_at("combos.0.config", {"maxRetry": 2}),
         "combos.0.config.maxRetry",
         "",
     ),
     (
         "negative retries",
-        _set("combos.0.config", {"maxRetries": -1}),
+        set_at("combos.0.config", {"maxRetries": -1}),
         "combos.0.config.maxRetries",
         "greater than or equal to 0",
     ),
     (
         "bad strategy option",
-        _set("combos.0.config", {"options": {"exploration": 3}}),
+        set_at("combos.0.config", {"options": {"exploration": 3}}),
         "combos.0.config.options",
         "exploration",
     ),
     (
         "judge of a provider without connection",
-        _set("combos.0.config", {"judge": {"provider": "nope", "model": "m"}}),
+        set_at("combos.0.config", {"judge": {"provider": "nope", "model": "m"}}),
         "combos.0.config.judge.provider",
         "nope",
     ),
     (
         "shadow target of a provider without connection",
-        _set("combos.0.config", {"shadow": {"targets": [{"provider": "nope", "model": "m"}]}}),
+        set_at("combos.0.config", {"shadow": {"targets": [{"provider": "nope", "model": "m"}]}}),
         "combos.0.config.shadow.targets.0.provider",
         "nope",
     ),
     (
         "shadow sample rate above 1",
-        _set("combos.0.config", {"shadow": {"sampleRate": 2}}),
+        set_at("combos.0.config", {"shadow": {"sampleRate": 2}}),
         "combos.0.config.shadow.sampleRate",
         "",
     ),
-    ("missing env var", _set(f"{T0}.model", "${NOPE}"), f"{T0}.model", "NOPE is not set"),
-    ("combo not a mapping", _set("combos.0", "mock/a"), "combos.0", ""),
+    ("missing env var", set_at(f"{T0}.model", "${NOPE}"), f"{T0}.model", "NOPE is not set"),
+    ("combo not a mapping", set_at("combos.0", "mock/a"), "combos.0", ""),
 ]
 
 

@@ -27,6 +27,14 @@ def _hold(wid: str, enq: int = 0, per_key: int = 4, per_pool: int = 8) -> HoldTi
     return HoldTicket(wid, NOW + enq, NOW + 60_000, 50.0, per_key, per_pool)
 
 
+def _ahead(ws: list[Waiter], key: str, share: float, hold: HoldTicket, now: int) -> str:
+    """The id of the waiter a newcomer (``key`` at ``share``) may not jump; the test fails if
+    the newcomer may go."""
+    ahead = jumps_queue(ws, key, share, hold, now)
+    assert ahead is not None
+    return ahead.waiter_id
+
+
 def test_dominant_share_is_the_largest_use_per_weight() -> None:
     # 30 of 100 requests, 500 of 1000 tokens: tokens dominate; per 50 % of weight
     assert dominant_share([(30, 100), (500, 1000)], 50.0) == 0.5 / 50
@@ -57,9 +65,7 @@ def test_a_waiter_owed_nothing_holds_no_room() -> None:
 
 def test_a_newcomer_above_a_waiting_keys_share_may_not_take_the_room() -> None:
     ws = [_w("a1", "a", 0.1, 0)]
-    ahead = jumps_queue(ws, "b", 0.3, _hold("b9", 20), NOW + 20)
-    assert ahead is not None
-    assert ahead.waiter_id == "a1"
+    assert _ahead(ws, "b", 0.3, _hold("b9", 20), NOW + 20) == "a1"
     # below the waiting key's share, the newcomer is first: it may
     assert jumps_queue(ws, "c", 0.05, _hold("c9", 20), NOW + 20) is None
 
@@ -68,9 +74,7 @@ def test_within_a_key_only_age_counts() -> None:
     # the waiter's share is stale (0.9); the key's share now is 0.1: the older request of the
     # same key still goes first
     ws = [_w("a1", "a", 0.9, 0)]
-    ahead = jumps_queue(ws, "a", 0.1, _hold("a2", 5), NOW + 5)
-    assert ahead is not None
-    assert ahead.waiter_id == "a1"
+    assert _ahead(ws, "a", 0.1, _hold("a2", 5), NOW + 5) == "a1"
     # and the waiter itself is never ahead of itself
     assert jumps_queue(ws, "a", 0.1, _hold("a1", 0), NOW + 5) is None
 

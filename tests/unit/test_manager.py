@@ -65,6 +65,21 @@ async def fail(
     await mgr.on_failure(provider, conn, model, auth, c)
 
 
+async def fail_on_each(
+    mgr: RateLimitManager,
+    clock: ManualClock,
+    status: int | None,
+    *,
+    n: int = 5,
+    prefix: str = "c",
+    **kw: Any,
+) -> None:
+    """One failure (``status``, no body) on each of ``n`` connections ``c0``, ``c1``, …: the
+    provider's breaker sees ``n`` failures, no connection more than one."""
+    for i in range(n):
+        await fail(mgr, clock, status, None, conn=f"{prefix}{i}", **kw)
+
+
 async def test_fresh_target_is_admitted(mgr: RateLimitManager) -> None:
     assert await mgr.check(P, C, M) is None
 
@@ -239,8 +254,7 @@ async def test_client_disconnect_and_bad_request_change_nothing(
 async def test_server_errors_cool_the_connection_and_open_the_breaker(
     mgr: RateLimitManager, clock: ManualClock
 ) -> None:
-    for i in range(5):
-        await fail(mgr, clock, 500, None, conn=f"c{i}")
+    await fail_on_each(mgr, clock, 500)
     assert mgr.breaker(P).state() is BreakerState.OPEN
     excl = await mgr.check(P, "fresh", M)
     assert excl == Exclusion("breaker_open", clock.now_ms() + 30 * S, False, "circuit open")
@@ -251,8 +265,7 @@ async def test_server_errors_cool_the_connection_and_open_the_breaker(
 async def test_half_open_admits_one_probe_of_50_and_closes_on_success(
     mgr: RateLimitManager, clock: ManualClock
 ) -> None:
-    for i in range(5):
-        await fail(mgr, clock, None, None, conn=f"c{i}", exception=TimeoutError())
+    await fail_on_each(mgr, clock, None, exception=TimeoutError())
     clock.advance(30 * S)
     results = await asyncio.gather(*(mgr.check(P, f"n{i}", M) for i in range(50)))
     assert sum(r is None for r in results) == 1
@@ -264,8 +277,7 @@ async def test_half_open_admits_one_probe_of_50_and_closes_on_success(
 
 
 async def test_probe_failure_reopens_longer(mgr: RateLimitManager, clock: ManualClock) -> None:
-    for i in range(5):
-        await fail(mgr, clock, 503, None, conn=f"c{i}")
+    await fail_on_each(mgr, clock, 503)
     clock.advance(30 * S)
     assert await mgr.check(P, "n", M) is None
     await fail(mgr, clock, 503, None, conn="n")
@@ -277,8 +289,7 @@ async def test_probe_failure_reopens_longer(mgr: RateLimitManager, clock: Manual
 async def test_disconnected_probe_gives_the_token_back(
     mgr: RateLimitManager, clock: ManualClock
 ) -> None:
-    for i in range(5):
-        await fail(mgr, clock, 500, None, conn=f"c{i}")
+    await fail_on_each(mgr, clock, 500)
     clock.advance(30 * S)
     assert await mgr.check(P, "n", M) is None
     assert await mgr.check(P, "m", M) is not None
@@ -290,8 +301,7 @@ async def test_disconnected_probe_gives_the_token_back(
 async def test_rate_limits_do_not_feed_the_breaker_by_default(
     mgr: RateLimitManager, clock: ManualClock
 ) -> None:
-    for i in range(10):
-        await fail(mgr, clock, 429, None, conn=f"c{i}")
+    await fail_on_each(mgr, clock, 429, n=10)
     assert mgr.breaker(P).state() is BreakerState.CLOSED
 
 
@@ -299,8 +309,7 @@ async def test_rate_limits_feed_the_breaker_when_configured(clock: ManualClock) 
     mgr = RateLimitManager(
         clock=clock, settings=ResilienceSettings(breaker_counts_rate_limits=True)
     )
-    for i in range(5):
-        await fail(mgr, clock, 429, None, conn=f"c{i}")
+    await fail_on_each(mgr, clock, 429)
     assert mgr.breaker(P).state() is BreakerState.OPEN
 
 
@@ -349,8 +358,7 @@ async def test_clear_cooldown_lockout_and_breaker(
     await fail(mgr, clock, 404, MODEL_NOT_FOUND)
     assert await mgr.clear("lockout", provider=P, connection_id=C, model=M)
     assert await mgr.check(P, C, M) is None
-    for i in range(5):
-        await fail(mgr, clock, 500, None, conn=f"c{i}")
+    await fail_on_each(mgr, clock, 500)
     assert await mgr.clear("breaker", provider=P)
     assert await mgr.check(P, "z", M) is None
     with pytest.raises(ValueError, match="connection_id"):
@@ -361,8 +369,7 @@ async def test_snapshot_shape(mgr: RateLimitManager, clock: ManualClock) -> None
     await fail(mgr, clock, 429, None, {"retry-after": "20"})
     await fail(mgr, clock, 404, MODEL_NOT_FOUND, model="gpt-9")
     await fail(mgr, clock, 402, None, conn="c9")
-    for i in range(5):
-        await fail(mgr, clock, 500, None, conn=f"s{i}", provider="anthropic")
+    await fail_on_each(mgr, clock, 500, prefix="s", provider="anthropic")
     clock.advance(5 * S)
     snap = await mgr.snapshot()
     assert snap["store"] == {"driver": "memory", "ok": True, "errors": 0}
@@ -401,8 +408,7 @@ async def test_two_managers_on_one_store_share_the_breaker_and_its_probe(
     store = MemoryResilienceStore(clock=clock)
     a = RateLimitManager(store, clock=clock)
     b = RateLimitManager(store, clock=clock)
-    for i in range(5):
-        await fail(a, clock, 500, None, conn=f"c{i}")
+    await fail_on_each(a, clock, 500)
     clock.advance(1)
     excl = await b.check(P, "fresh", M)
     assert excl is not None

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter
-from wire_support import tool_call
+from wire_support import chat_usage, tool_call
 
 from fairgate.formats.responses import (
     ChatToResponsesStream,
@@ -45,13 +45,7 @@ def chat_answer(text: str | None, calls: list[dict[str, Any]] | None = None, fin
         "created": 1,
         "model": "m",
         "choices": [{"index": 0, "message": message, "finish_reason": finish}],
-        "usage": {
-            "prompt_tokens": 12,
-            "completion_tokens": 5,
-            "total_tokens": 17,
-            "prompt_tokens_details": {"cached_tokens": 2},
-            "completion_tokens_details": {"reasoning_tokens": 1},
-        },
+        "usage": chat_usage(12, 5, cached=2, reasoning=1),
     }
 
 

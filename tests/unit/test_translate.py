@@ -20,7 +20,7 @@ from openai.types.chat.completion_create_params import (
     CompletionCreateParamsStreaming,
 )
 from pydantic import TypeAdapter
-from wire_support import tool_call
+from wire_support import chat_usage, tool_call
 
 from fairgate.formats.responses_upstream import chat_to_responses_request
 from fairgate.formats.sse import SSEParser, encode_event
@@ -90,23 +90,26 @@ def valid_openai_request(body: dict[str, Any]) -> dict[str, Any]:
 
 # -- requests -------------------------------------------------------------------------------------
 
+
+def user_text_and_png(text: str) -> dict[str, Any]:
+    """A Chat Completions user message of ``text`` and the test image (``PNG``) as a data URL."""
+    image = {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{PNG}"}}
+    return {"role": "user", "content": [{"type": "text", "text": text}, image]}
+
+
+def assistant_calling(text: str, *calls: dict[str, Any]) -> dict[str, Any]:
+    """A Chat Completions assistant message of ``text`` that calls tools."""
+    return {"role": "assistant", "content": text, "tool_calls": list(calls)}
+
+
 OPENAI_CONVERSATION: list[dict[str, Any]] = [
     {"role": "system", "content": "You are terse."},
-    {
-        "role": "user",
-        "content": [
-            {"type": "text", "text": "What is in this image, and the weather in Paris?"},
-            {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{PNG}"}},
-        ],
-    },
-    {
-        "role": "assistant",
-        "content": "Let me check.",
-        "tool_calls": [
-            tool_call("call_1", '{"city":"Paris"}'),
-            tool_call("call_2", '{"city":"Lyon"}'),
-        ],
-    },
+    user_text_and_png("What is in this image, and the weather in Paris?"),
+    assistant_calling(
+        "Let me check.",
+        tool_call("call_1", '{"city":"Paris"}'),
+        tool_call("call_2", '{"city":"Lyon"}'),
+    ),
     {"role": "tool", "tool_call_id": "call_1", "content": "18C sunny"},
     {"role": "tool", "tool_call_id": "call_2", "content": "20C cloudy"},
     {"role": "assistant", "content": "A pixel. Paris: 18C, Lyon: 20C."},
@@ -382,18 +385,8 @@ def test_anthropic_to_openai_request_full() -> None:
     assert [t["function"]["name"] for t in out["tools"]] == ["get_weather"]  # server tool dropped
     assert out["messages"] == [
         {"role": "system", "content": "Be brief.\n\nBe kind."},
-        {
-            "role": "user",
-            "content": [
-                {"type": "text", "text": "Weather in Paris? And this:"},
-                {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{PNG}"}},
-            ],
-        },
-        {
-            "role": "assistant",
-            "content": "Checking.",
-            "tool_calls": [tool_call("toolu_1", '{"city":"Paris"}')],
-        },
+        user_text_and_png("Weather in Paris? And this:"),
+        assistant_calling("Checking.", tool_call("toolu_1", '{"city":"Paris"}')),
         {"role": "tool", "tool_call_id": "toolu_1", "content": "18C"},
         {"role": "user", "content": "And tomorrow?"},
     ]
@@ -563,13 +556,7 @@ OPENAI_COMPLETION: dict[str, Any] = {
             "logprobs": None,
         }
     ],
-    "usage": {
-        "prompt_tokens": 120,
-        "completion_tokens": 30,
-        "total_tokens": 150,
-        "prompt_tokens_details": {"cached_tokens": 100},
-        "completion_tokens_details": {"reasoning_tokens": 0},
-    },
+    "usage": chat_usage(120, 30, cached=100, reasoning=0),
 }
 
 
@@ -635,6 +622,25 @@ TEXT_PIECES = ["Hel", "lo, ", "wor", "ld! ", "✓"]
 ARG_PIECES = ['{"ci', 'ty": ', '"Par', 'is"}']
 
 
+def block_start(index: int, block: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """An Anthropic stream's ``content_block_start`` event (name and data) for ``block``."""
+    return "content_block_start", {
+        "type": "content_block_start",
+        "index": index,
+        "content_block": block,
+    }
+
+
+def block_delta(index: int, delta: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """An Anthropic stream's ``content_block_delta`` event (name and data) for ``delta``."""
+    return "content_block_delta", {"type": "content_block_delta", "index": index, "delta": delta}
+
+
+def block_stop(index: int) -> tuple[str, dict[str, Any]]:
+    """An Anthropic stream's ``content_block_stop`` event (name and data)."""
+    return "content_block_stop", {"type": "content_block_stop", "index": index}
+
+
 def anthropic_events(stop_reason: str = "tool_use") -> list[tuple[str, dict[str, Any]]]:
     events: list[tuple[str, dict[str, Any]]] = [
         (
@@ -659,84 +665,19 @@ def anthropic_events(stop_reason: str = "tool_use") -> list[tuple[str, dict[str,
             },
         ),
         ("ping", {"type": "ping"}),
-        (
-            "content_block_start",
-            {
-                "type": "content_block_start",
-                "index": 0,
-                "content_block": {"type": "thinking", "thinking": "", "signature": ""},
-            },
-        ),
-        (
-            "content_block_delta",
-            {
-                "type": "content_block_delta",
-                "index": 0,
-                "delta": {"type": "thinking_delta", "thinking": "Let me think."},
-            },
-        ),
-        (
-            "content_block_delta",
-            {
-                "type": "content_block_delta",
-                "index": 0,
-                "delta": {"type": "signature_delta", "signature": "abc"},
-            },
-        ),
-        ("content_block_stop", {"type": "content_block_stop", "index": 0}),
-        (
-            "content_block_start",
-            {
-                "type": "content_block_start",
-                "index": 1,
-                "content_block": {"type": "text", "text": ""},
-            },
-        ),
+        block_start(0, {"type": "thinking", "thinking": "", "signature": ""}),
+        block_delta(0, {"type": "thinking_delta", "thinking": "Let me think."}),
+        block_delta(0, {"type": "signature_delta", "signature": "abc"}),
+        block_stop(0),
+        block_start(1, {"type": "text", "text": ""}),
+        *(block_delta(1, {"type": "text_delta", "text": t}) for t in TEXT_PIECES),
+        block_stop(1),
+        block_start(2, {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {}}),
+        block_delta(2, {"type": "input_json_delta", "partial_json": ""}),
+        *(block_delta(2, {"type": "input_json_delta", "partial_json": p}) for p in ARG_PIECES),
     ]
     events += [
-        (
-            "content_block_delta",
-            {"type": "content_block_delta", "index": 1, "delta": {"type": "text_delta", "text": t}},
-        )
-        for t in TEXT_PIECES
-    ]
-    events += [
-        ("content_block_stop", {"type": "content_block_stop", "index": 1}),
-        (
-            "content_block_start",
-            {
-                "type": "content_block_start",
-                "index": 2,
-                "content_block": {
-                    "type": "tool_use",
-                    "id": "toolu_1",
-                    "name": "get_weather",
-                    "input": {},
-                },
-            },
-        ),
-        (
-            "content_block_delta",
-            {
-                "type": "content_block_delta",
-                "index": 2,
-                "delta": {"type": "input_json_delta", "partial_json": ""},
-            },
-        ),
-    ]
-    events += [
-        (
-            "content_block_delta",
-            {
-                "type": "content_block_delta",
-                "index": 2,
-                "delta": {"type": "input_json_delta", "partial_json": p},
-            },
-        )
-        for p in ARG_PIECES
-    ]
-    events += [
-        ("content_block_stop", {"type": "content_block_stop", "index": 2}),
+        block_stop(2),
         (
             "message_delta",
             {

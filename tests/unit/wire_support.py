@@ -10,3 +10,15 @@ def tool_call(call_id: str, arguments: str, name: str = "get_weather") -> dict[s
     """A Chat Completions assistant message's tool call: ``arguments`` is the JSON text as the
     wire carries it (a string, not an object)."""
     return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+def chat_usage(prompt: int, completion: int, cached: int, reasoning: int) -> dict[str, Any]:
+    """A Chat Completions answer's ``usage`` with its details: ``cached`` of the prompt tokens
+    read from the cache, ``reasoning`` of the completion tokens spent thinking."""
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": cached},
+        "completion_tokens_details": {"reasoning_tokens": reasoning},
+    }
