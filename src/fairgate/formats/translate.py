@@ -340,6 +340,19 @@ def _tidy_turns(messages: list[JSON]) -> None:
                     messages.pop()
 
 
+def _tool_spec(name: str, schema_key: str, schema: object, description: object) -> JSON:
+    """A function tool as either wire names it (``input_schema`` on Anthropic's, ``parameters``
+    in OpenAI's ``function``): a schema that is not an object becomes the empty one, a
+    description that is not a string is left out."""
+    spec: JSON = {
+        "name": name,
+        schema_key: dict(schema) if isinstance(schema, Mapping) else dict(_EMPTY_SCHEMA),
+    }
+    if isinstance(description, str):
+        spec["description"] = description
+    return spec
+
+
 def _anthropic_tools(tools: object) -> list[JSON]:
     out: list[JSON] = []
     for tool in _list(tools):
@@ -354,13 +367,7 @@ def _anthropic_tools(tools: object) -> list[JSON]:
         name = fn.get("name")
         if not isinstance(name, str) or not name:
             continue
-        params = fn.get("parameters")
-        spec: JSON = {
-            "name": name,
-            "input_schema": dict(params) if isinstance(params, Mapping) else dict(_EMPTY_SCHEMA),
-        }
-        if isinstance(fn.get("description"), str):
-            spec["description"] = fn["description"]
+        spec = _tool_spec(name, "input_schema", fn.get("parameters"), fn.get("description"))
         if isinstance(tool.get("cache_control"), Mapping):
             spec["cache_control"] = dict(tool["cache_control"])
         out.append(spec)
@@ -583,13 +590,7 @@ def _openai_tools(tools: object) -> list[JSON]:
         name = tool.get("name")
         if not isinstance(name, str) or not name:
             continue
-        schema = tool.get("input_schema")
-        fn: JSON = {
-            "name": name,
-            "parameters": dict(schema) if isinstance(schema, Mapping) else dict(_EMPTY_SCHEMA),
-        }
-        if isinstance(tool.get("description"), str):
-            fn["description"] = tool["description"]
+        fn = _tool_spec(name, "parameters", tool.get("input_schema"), tool.get("description"))
         out.append({"type": "function", "function": fn})
     return out
 
