@@ -28,7 +28,6 @@ from fairgate.formats.responses import (
     responses_to_chat_request,
 )
 from fairgate.formats.responses_upstream import (
-    ResponsesToChatStream,
     completed_of,
     upstream_responses_answer,
     upstream_responses_body,
@@ -375,17 +374,22 @@ def _created(call: Call) -> int:
     return call.svc.state.clock.now_ms() // 1000
 
 
-def _relay_to_chat(
-    translator: Callable[[str, bool, int, str], relay.ChunkTranslator],
-) -> Relay:
-    """The relay of a stream translated into chat chunks by ``translator`` (made per stream,
-    with the client's model, its usage wish, the gateway's timestamp and a fresh id)."""
+def _relay_to_chat(wire: Protocol) -> Relay:
+    """The relay of a ``wire`` stream translated into chat chunks (with the client's model,
+    its usage wish, the gateway's timestamp and a fresh id)."""
 
     def run(
         call: Call, resp: UpstreamResponse, wants_usage: bool, tally: relay.StreamTally
     ) -> AsyncIterator[bytes]:
-        tr = translator(call.model, wants_usage, _created(call), f"chatcmpl-{_stream_id()}")
-        return relay.to_chat(resp, tally, tr)
+        return relay.to_chat(
+            resp,
+            tally,
+            wire,
+            model=call.model,
+            client_wants_usage=wants_usage,
+            created=_created(call),
+            id_=f"chatcmpl-{_stream_id()}",
+        )
 
     return run
 
@@ -414,12 +418,12 @@ EXCHANGES: Mapping[tuple[Route, Protocol], Exchange] = {
             _chat_to_anthropic,
             _anthropic_to_chat,
             usage_from_anthropic,
-            _relay_to_chat(AnthropicToOpenAIStream),
+            _relay_to_chat(Protocol.ANTHROPIC),
         ),
         omitted=_omitted_chat,
     ),
     (Route.CHAT, Protocol.RESPONSES): Exchange(
-        "/responses", _responses_body, _responses_answer, _relay_to_chat(ResponsesToChatStream)
+        "/responses", _responses_body, _responses_answer, _relay_to_chat(Protocol.RESPONSES)
     ),
     (Route.MESSAGES, Protocol.ANTHROPIC): _json_exchange(
         "/messages", _as_is, _unchanged, usage_from_anthropic, _relay_anthropic

@@ -9,12 +9,14 @@ away mid-stream (the generator is then cancelled; settlement happens in the call
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Mapping
+import typing
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import orjson
 
+from fairgate.domain.connections import Protocol
 from fairgate.formats.responses import ChatToResponsesStream
 from fairgate.formats.responses_upstream import ResponsesToChatStream
 from fairgate.formats.sse import SSEParser, encode_event
@@ -200,7 +202,7 @@ async def anthropic_to_anthropic(
         yield encode_event(data, event)
 
 
-class ChunkTranslator(Protocol):
+class _ChunkTranslator(typing.Protocol):
     """An upstream event stream → chat chunks, one event at a time (both directions that end
     in the chat form: from Anthropic events and from Responses events)."""
 
@@ -212,10 +214,31 @@ class ChunkTranslator(Protocol):
     def finish(self) -> list[dict[str, Any]]: ...
 
 
-async def to_chat(
-    resp: UpstreamResponse, tally: StreamTally, tr: ChunkTranslator
+#: The wires whose streams are translated into chat chunks, and the translator of each.
+_TO_CHAT: Mapping[Protocol, Callable[[str, bool, int, str], _ChunkTranslator]] = {
+    Protocol.ANTHROPIC: AnthropicToOpenAIStream,
+    Protocol.RESPONSES: ResponsesToChatStream,
+}
+
+
+def to_chat(
+    resp: UpstreamResponse,
+    tally: StreamTally,
+    wire: Protocol,
+    *,
+    model: str,
+    client_wants_usage: bool,
+    created: int,
+    id_: str,
 ) -> AsyncIterator[bytes]:
-    """An Anthropic-wire or Responses-wire upstream → OpenAI chat chunks, through ``tr``."""
+    """An Anthropic-wire or Responses-wire upstream → OpenAI chat chunks."""
+    tr = _TO_CHAT[wire](model, client_wants_usage, created, id_)
+    return _to_chat(resp, tally, tr)
+
+
+async def _to_chat(
+    resp: UpstreamResponse, tally: StreamTally, tr: _ChunkTranslator
+) -> AsyncIterator[bytes]:
     async for event, obj in _objects(resp):
         for chunk in tr.feed(event, obj):
             n, finished = _openai_text(chunk, tally)
