@@ -595,21 +595,18 @@ def _synthetic_answer(call: Call, combo: Combo, answer: PanelAnswer) -> Outcome:
     client asked for (a one-chunk stream when it streams)."""
     created = call.svc.state.clock.now_ms() // 1000
     msg = {"role": "assistant", "content": answer.content}
-    if call.stream:
-        chunk = {
-            "id": "chatcmpl-fusion",
-            "object": "chat.completion.chunk",
-            "created": created,
-            "model": call.model,
-            "choices": [{"index": 0, "delta": msg, "finish_reason": "stop"}],
-        }
-        body = b"data: " + orjson.dumps(chunk) + b"\n\ndata: [DONE]\n\n"
-        return Outcome(body, sse=True, combo=combo.name)
+    # a stream's one chunk carries the message as its delta
+    kind, part = (
+        ("chat.completion.chunk", "delta") if call.stream else ("chat.completion", "message")
+    )
     out = {
         "id": "chatcmpl-fusion",
-        "object": "chat.completion",
+        "object": kind,
         "created": created,
         "model": call.model,
-        "choices": [{"index": 0, "message": msg, "finish_reason": "stop"}],
+        "choices": [{"index": 0, part: msg, "finish_reason": "stop"}],
     }
+    if call.stream:
+        body = b"data: " + orjson.dumps(out) + b"\n\ndata: [DONE]\n\n"
+        return Outcome(body, sse=True, combo=combo.name)
     return Outcome(orjson.dumps(out), combo=combo.name)
