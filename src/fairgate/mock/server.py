@@ -49,7 +49,6 @@ import sys
 from collections import Counter, deque
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, fields
-from types import TracebackType
 from typing import Any, Self
 
 import orjson
@@ -93,6 +92,7 @@ from fairgate.mock.wire import (
     structured_text,
     thinking_requested,
 )
+from fairgate.providers.closing import AsyncClosing
 from fairgate.testclock import ShiftedClock, TestClockError, advance_ms_of, clock_view
 
 JSON = dict[str, Any]
@@ -1296,7 +1296,7 @@ def create_mock_app(
 # Running it
 
 
-class MockUpstream:
+class MockUpstream(AsyncClosing):
     """The mock on a real socket: ``async with MockUpstream(cfg) as up: ... up.url ...``."""
 
     def __init__(self, config: MockConfig | None = None, *, clock: Clock | None = None) -> None:
@@ -1360,17 +1360,11 @@ class MockUpstream:
         if runner is not None:
             await runner.cleanup()
 
+    close = stop  # what leaving ``async with`` does
+
     async def __aenter__(self) -> Self:
         await self.start()
         return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.stop()
 
     # in-process shortcuts to the control endpoints
     def schedule(self, *specs: str, append: bool = False) -> None:
