@@ -30,7 +30,15 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from fairgate.domain.units import Unit, Window
 from fairgate.quota.model import Allocation, Dimension, Policy, Pool, ShareMode, pool_limits
@@ -69,8 +77,11 @@ def _offset(value: object) -> int:
     return parse_duration_ms(value)
 
 
-Duration = Annotated[int, Field(gt=0)]
-Offset = Annotated[int, Field(ge=0)]
+#: A duration field: ``"90m"`` or seconds in, milliseconds kept (parsed in one place, so
+#: ``Duration | None`` is a duration or nothing).
+Duration = Annotated[int, BeforeValidator(parse_duration_ms), Field(gt=0)]
+#: An offset from the start of the run: a duration that may be 0.
+Offset = Annotated[int, BeforeValidator(_offset), Field(ge=0)]
 
 
 class _Strict(BaseModel):
@@ -82,16 +93,6 @@ class _Timed(_Strict):
 
     start: Offset = 0
     stop: Duration | None = None
-
-    @field_validator("start", mode="before")
-    @classmethod
-    def _start(cls, v: object) -> int:
-        return _offset(v)
-
-    @field_validator("stop", mode="before")
-    @classmethod
-    def _stop(cls, v: object) -> int | None:
-        return None if v is None else parse_duration_ms(v)
 
 
 class Steady(_Timed):
@@ -117,16 +118,6 @@ class OnOff(_Timed):
     on: Duration
     off: Duration
     phase: Offset = 0
-
-    @field_validator("on", "off", mode="before")
-    @classmethod
-    def _dur(cls, v: object) -> int:
-        return parse_duration_ms(v)
-
-    @field_validator("phase", mode="before")
-    @classmethod
-    def _phase(cls, v: object) -> int:
-        return _offset(v)
 
 
 class Greedy(_Timed):
@@ -161,11 +152,6 @@ class Diurnal(_Timed):
     period: Duration | None = None
     phase: float = 0.0
 
-    @field_validator("period", mode="before")
-    @classmethod
-    def _period(cls, v: object) -> int | None:
-        return None if v is None else parse_duration_ms(v)
-
 
 Pattern = Annotated[Steady | Bursty | OnOff | Greedy | Late | Diurnal, Field(discriminator="kind")]
 
@@ -195,11 +181,6 @@ class KeySpec(_Strict):
     max_wait: Duration = 120_000
     backlog: int = Field(default=200, ge=1)
 
-    @field_validator("max_wait", mode="before")
-    @classmethod
-    def _max_wait(cls, v: object) -> int:
-        return parse_duration_ms(v)
-
     @field_validator("policy", mode="before")
     @classmethod
     def _policy(cls, v: object) -> object:
@@ -227,11 +208,6 @@ class PoolSpec(_Strict):
     members: int = Field(default=1, ge=1)
     active_window: Duration = 15 * 60_000
 
-    @field_validator("active_window", mode="before")
-    @classmethod
-    def _aw(cls, v: object) -> int:
-        return parse_duration_ms(v)
-
 
 class Scenario(_Strict):
     name: Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")]
@@ -240,11 +216,6 @@ class Scenario(_Strict):
     tick: Duration = 30_000
     pool: PoolSpec
     keys: list[KeySpec] = Field(min_length=1)
-
-    @field_validator("duration", "tick", mode="before")
-    @classmethod
-    def _dur(cls, v: object) -> int:
-        return parse_duration_ms(v)
 
     @model_validator(mode="after")
     def _check(self) -> Scenario:
