@@ -492,27 +492,35 @@ async def _prime(
     return first, "ended without content"
 
 
+#: Upstream failures whose status would mislead the client (and its SDK's retries), by the
+#: status and the class found: the status, message and code the client gets instead.
+_REWORDED: Mapping[tuple[int, FailureClass], tuple[int, str, str]] = {
+    # a request too large for the account's per-minute budget (issue 43, N1): retrying it can
+    # never help, so it is no 429 (an SDK would retry it) and has no Retry-After
+    (429, FailureClass.CONTEXT_OVERFLOW): (
+        413,
+        "The request is too large for the upstream account's per-minute limit: "
+        "reduce the input or max_tokens",
+        "request_too_large",
+    ),
+    # a bare 403 (a WAF page) is the request's, not our credentials (issue 43, N6): the
+    # sender's own 403, not a 502 about the gateway's configuration
+    (403, FailureClass.BAD_REQUEST): (
+        403,
+        "An upstream refused this request (HTTP 403 without a provider error); "
+        "it would be refused on every account",
+        "upstream_error",
+    ),
+}
+
+
 def _for_the_client(err: ApiError, status: int | None, verdict: Classification) -> ApiError:
     """The error the sender sees for an upstream failure, once it is classified: the class
     may show that the upstream's status would mislead the client (and its SDK's retries)."""
-    if status == 429 and verdict.cls is FailureClass.CONTEXT_OVERFLOW:
-        # a request too large for the account's per-minute budget (issue 43, N1): retrying
-        # it can never help, so it is no 429 (an SDK would retry it) and has no Retry-After
-        return ApiError(
-            413,
-            "The request is too large for the upstream account's per-minute limit: "
-            "reduce the input or max_tokens",
-            code="request_too_large",
-        )
-    if status == 403 and verdict.cls is FailureClass.BAD_REQUEST:
-        # a bare 403 (a WAF page) is the request's, not our credentials (issue 43, N6):
-        # the sender's own 403, not a 502 about the gateway's configuration
-        return ApiError(
-            403,
-            "An upstream refused this request (HTTP 403 without a provider error); "
-            "it would be refused on every account",
-            code="upstream_error",
-        )
+    reworded = None if status is None else _REWORDED.get((status, verdict.cls))
+    if reworded is not None:
+        shown, message, code = reworded
+        return ApiError(shown, message, code=code)
     if status == 429 and "retry-after" not in err.headers and verdict.retry_after_ms:
         # the reset a provider states in its body (Codex resets_at / resets_in_seconds)
         err.headers["retry-after"] = str(max(1, math.ceil(verdict.retry_after_ms / 1000)))
