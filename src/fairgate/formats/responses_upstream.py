@@ -25,7 +25,6 @@ What maps where:
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -39,6 +38,7 @@ from fairgate.formats.translate import (
     _map,
     _openai_usage,
     _text_of,
+    answer_id,
     anthropic_to_openai_request,
     chat_answer_message,
     openai_to_anthropic_response,
@@ -221,9 +221,8 @@ def chat_from_completed(resp: Mapping[str, Any], model: str, *, created: int) ->
             )
     message = chat_answer_message(texts, calls, "".join(reasoning) if any(reasoning) else None)
     usage = usage_from_openai(resp) or Usage()
-    rid = resp.get("id")
     return {
-        "id": rid if isinstance(rid, str) and rid else f"chatcmpl-{time.time_ns():x}",
+        "id": answer_id(resp, "chatcmpl-"),
         "object": "chat.completion",
         "created": stamp if isinstance(stamp := resp.get("created_at"), int) else created,
         "model": model,

@@ -340,6 +340,19 @@ def _tidy_turns(messages: list[JSON]) -> None:
                     messages.pop()
 
 
+def _tool_spec(name: str, schema_key: str, schema: object, description: object) -> JSON:
+    """A function tool as either wire names it (``input_schema`` on Anthropic's, ``parameters``
+    in OpenAI's ``function``): a schema that is not an object becomes the empty one, a
+    description that is not a string is left out."""
+    spec: JSON = {
+        "name": name,
+        schema_key: dict(schema) if isinstance(schema, Mapping) else dict(_EMPTY_SCHEMA),
+    }
+    if isinstance(description, str):
+        spec["description"] = description
+    return spec
+
+
 def _anthropic_tools(tools: object) -> list[JSON]:
     out: list[JSON] = []
     for tool in _list(tools):
@@ -354,13 +367,7 @@ def _anthropic_tools(tools: object) -> list[JSON]:
         name = fn.get("name")
         if not isinstance(name, str) or not name:
             continue
-        params = fn.get("parameters")
-        spec: JSON = {
-            "name": name,
-            "input_schema": dict(params) if isinstance(params, Mapping) else dict(_EMPTY_SCHEMA),
-        }
-        if isinstance(fn.get("description"), str):
-            spec["description"] = fn["description"]
+        spec = _tool_spec(name, "input_schema", fn.get("parameters"), fn.get("description"))
         if isinstance(tool.get("cache_control"), Mapping):
             spec["cache_control"] = dict(tool["cache_control"])
         out.append(spec)
@@ -583,13 +590,7 @@ def _openai_tools(tools: object) -> list[JSON]:
         name = tool.get("name")
         if not isinstance(name, str) or not name:
             continue
-        schema = tool.get("input_schema")
-        fn: JSON = {
-            "name": name,
-            "parameters": dict(schema) if isinstance(schema, Mapping) else dict(_EMPTY_SCHEMA),
-        }
-        if isinstance(tool.get("description"), str):
-            fn["description"] = tool["description"]
+        fn = _tool_spec(name, "parameters", tool.get("input_schema"), tool.get("description"))
         out.append({"type": "function", "function": fn})
     return out
 
@@ -676,6 +677,18 @@ def chat_answer_message(texts: list[str], calls: list[JSON], reasoning: str | No
     return message
 
 
+def _mapped(reason: object, table: Mapping[str, str], default: str) -> str:
+    """A stop or finish reason in the other wire's words (``default`` for one it lacks)."""
+    return table.get(reason, default) if isinstance(reason, str) else default
+
+
+def answer_id(resp: Mapping[str, Any], prefix: str) -> str:
+    """The upstream answer's own id, kept through a translation; one made up (``prefix``
+    and the time) where it sent none."""
+    rid = resp.get("id")
+    return rid if isinstance(rid, str) and rid else f"{prefix}{time.time_ns():x}"
+
+
 def anthropic_to_openai_response(resp: Mapping[str, Any], model: str, *, created: int) -> JSON:
     """An Anthropic message → an OpenAI ``chat.completion``. ``created`` (seconds) is the
     caller's: the gateway's clock, so that a test clock or a replayed trace stamps it too."""
@@ -693,12 +706,10 @@ def anthropic_to_openai_response(resp: Mapping[str, Any], model: str, *, created
         elif kind == "thinking" and isinstance(block.get("thinking"), str):
             reasoning.append(block["thinking"])
     message = chat_answer_message(texts, calls, "".join(reasoning) if reasoning else None)
-    stop = resp.get("stop_reason")
-    finish = STOP_TO_FINISH.get(stop, "stop") if isinstance(stop, str) else "stop"
+    finish = _mapped(resp.get("stop_reason"), STOP_TO_FINISH, "stop")
     usage = usage_from_anthropic(resp) or Usage()
-    rid = resp.get("id")
     return {
-        "id": rid if isinstance(rid, str) and rid else f"chatcmpl-{time.time_ns():x}",
+        "id": answer_id(resp, "chatcmpl-"),
         "object": "chat.completion",
         "created": created,
         "model": model,
@@ -723,12 +734,10 @@ def openai_to_anthropic_response(resp: Mapping[str, Any], model: str) -> JSON:
         use = _tool_use(call, n)
         if use is not None:
             content.append(use)
-    finish = choice.get("finish_reason")
-    stop = FINISH_TO_STOP.get(finish, "end_turn") if isinstance(finish, str) else "end_turn"
+    stop = _mapped(choice.get("finish_reason"), FINISH_TO_STOP, "end_turn")
     usage = usage_from_openai(resp) or Usage()
-    rid = resp.get("id")
     return {
-        "id": rid if isinstance(rid, str) and rid else f"msg_{time.time_ns():x}",
+        "id": answer_id(resp, "msg_"),
         "type": "message",
         "role": "assistant",
         "model": model,
@@ -801,7 +810,7 @@ class AnthropicToOpenAIStream(ChatChunks):
 
     def _close(self, stop_reason: object) -> list[JSON]:
         self._finished = True
-        finish = STOP_TO_FINISH.get(stop_reason, "stop") if isinstance(stop_reason, str) else "stop"
+        finish = _mapped(stop_reason, STOP_TO_FINISH, "stop")
         out = [self._chunk({}, finish)]
         if self._include_usage:
             out.append(self._usage_chunk(_openai_usage(self.usage)))

@@ -242,22 +242,17 @@ def _reasoning_item(rid: str, ans: ResponsesAnswer, *, done: bool) -> JSON:
 
 
 def _call_item(rid: str, n: int, call: ToolCall, *, done: bool) -> JSON:
-    if call.kind == "custom":
-        return {
-            "type": "custom_tool_call",
-            "id": f"ctc_{rid}_{n}",
-            "call_id": call.call_id,
-            "name": call.name,
-            "input": call.arguments if done else "",
-        }
-    return {
-        "type": "function_call",
-        "id": f"fc_{rid}_{n}",
+    custom = call.kind == "custom"
+    item: JSON = {
+        "type": "custom_tool_call" if custom else "function_call",
+        "id": f"{'ctc' if custom else 'fc'}_{rid}_{n}",
         "call_id": call.call_id,
         "name": call.name,
-        "arguments": call.arguments if done else "",
-        "status": "completed" if done else "in_progress",
+        "input" if custom else "arguments": call.arguments if done else "",
     }
+    if not custom:  # a custom tool call's item carries no status
+        item["status"] = "completed" if done else "in_progress"
+    return item
 
 
 def responses_output(rid: str, ans: ResponsesAnswer) -> list[JSON]:

@@ -49,7 +49,6 @@ import sys
 from collections import Counter, deque
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, fields
-from types import TracebackType
 from typing import Any, Self
 
 import orjson
@@ -93,6 +92,7 @@ from fairgate.mock.wire import (
     structured_text,
     thinking_requested,
 )
+from fairgate.providers.closing import AsyncClosing
 from fairgate.testclock import ShiftedClock, TestClockError, advance_ms_of, clock_view
 
 JSON = dict[str, Any]
@@ -1245,6 +1245,36 @@ async def _post_reset(request: web.Request) -> web.Response:
     return _json(200, {"reset": True}, {})
 
 
+#: The provider API the mock serves: (method, path, what answers it when no fault is scheduled).
+_DATA_ROUTES: tuple[tuple[str, str, _Impl], ...] = (
+    ("POST", "/v1/chat/completions", _chat),
+    ("POST", "/v1/messages", _messages),
+    ("POST", COUNT_TOKENS_PATH, _count_tokens),
+    ("POST", "/v1/embeddings", _embeddings),
+    ("GET", "/v1/models", _models),
+    ("POST", "/v1/responses", _responses),
+    ("POST", CODEX_PATH, _codex_responses),
+)
+
+#: The OAuth endpoints and the test controls, answered as they are (no faults).
+_CONTROL_ROUTES: tuple[
+    tuple[str, str, Callable[[web.Request], Awaitable[web.StreamResponse]]], ...
+] = (
+    ("POST", "/oauth/token", _oauth_token),
+    ("POST", "/v1/oauth/token", _oauth_token),
+    ("POST", "/_mock/oauth/login", _oauth_login),
+    ("POST", "/_mock/oauth/revoke", _oauth_revoke),
+    ("POST", "/_mock/oauth/authorize", _oauth_authorize),
+    ("POST", "/_mock/schedule", _post_schedule),
+    ("GET", "/_mock/config", _get_config),
+    ("POST", "/_mock/config", _post_config),
+    ("GET", "/_mock/stats", _get_stats),
+    ("GET", "/_mock/clock", _clock),
+    ("POST", "/_mock/clock", _clock),
+    ("POST", "/_mock/reset", _post_reset),
+)
+
+
 def create_mock_app(
     config: MockConfig | None = None, *, clock: Clock | None = None
 ) -> web.Application:
@@ -1254,26 +1284,11 @@ def create_mock_app(
     app[STATE_KEY] = MockState(
         config if config is not None else MockConfig(), clock or SystemClock()
     )
-    r = app.router
-    r.add_post("/v1/chat/completions", _data_route("/v1/chat/completions", _chat))
-    r.add_post("/v1/messages", _data_route("/v1/messages", _messages))
-    r.add_post(COUNT_TOKENS_PATH, _data_route(COUNT_TOKENS_PATH, _count_tokens))
-    r.add_post("/v1/embeddings", _data_route("/v1/embeddings", _embeddings))
-    r.add_get("/v1/models", _data_route("/v1/models", _models))
-    r.add_post("/v1/responses", _data_route("/v1/responses", _responses))
-    r.add_post(CODEX_PATH, _data_route(CODEX_PATH, _codex_responses))
-    r.add_post("/oauth/token", _oauth_token)
-    r.add_post("/v1/oauth/token", _oauth_token)
-    r.add_post("/_mock/oauth/login", _oauth_login)
-    r.add_post("/_mock/oauth/revoke", _oauth_revoke)
-    r.add_post("/_mock/oauth/authorize", _oauth_authorize)
-    r.add_post("/_mock/schedule", _post_schedule)
-    r.add_get("/_mock/config", _get_config)
-    r.add_post("/_mock/config", _post_config)
-    r.add_get("/_mock/stats", _get_stats)
-    r.add_get("/_mock/clock", _clock)
-    r.add_post("/_mock/clock", _clock)
-    r.add_post("/_mock/reset", _post_reset)
+    add = {"GET": app.router.add_get, "POST": app.router.add_post}  # a GET answers HEAD too
+    for method, path, impl in _DATA_ROUTES:  # the provider API, faults and all
+        add[method](path, _data_route(path, impl))
+    for method, path, handler in _CONTROL_ROUTES:
+        add[method](path, handler)
     return app
 
 
@@ -1281,7 +1296,7 @@ def create_mock_app(
 # Running it
 
 
-class MockUpstream:
+class MockUpstream(AsyncClosing):
     """The mock on a real socket: ``async with MockUpstream(cfg) as up: ... up.url ...``."""
 
     def __init__(self, config: MockConfig | None = None, *, clock: Clock | None = None) -> None:
@@ -1345,17 +1360,11 @@ class MockUpstream:
         if runner is not None:
             await runner.cleanup()
 
+    close = stop  # what leaving ``async with`` does
+
     async def __aenter__(self) -> Self:
         await self.start()
         return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.stop()
 
     # in-process shortcuts to the control endpoints
     def schedule(self, *specs: str, append: bool = False) -> None:

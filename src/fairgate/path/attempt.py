@@ -12,12 +12,13 @@ ends), or by a failure the upstream did work for; otherwise its owner releases i
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import math
 import re
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 
 import orjson
 
@@ -86,16 +87,227 @@ async def attempt(
     stream) ends; the reservation is settled by the answer, or by a failure the upstream did
     work for.
     """
+    with _attempted(call, cand, res, lease, opts):
+        svc = call.svc
+        conn, upstream_model = cand.conn, cand.model
+        exchange = EXCHANGES[(call.route, conn.protocol)]
+        path = exchange.path
+        encoded = _encoded(call, exchange, conn, upstream_model, _output_bound(call, pool, res))
+        if isinstance(encoded, ApiError):  # no target helps: the request cannot be sent as it is
+            lease.release()
+            await res.release()
+            return encoded
+        payload, wants_usage = encoded
+        t_send = time.perf_counter()
+        sent_ms = svc.state.clock.now_ms()  # the injected clock: what the evidence rule measures
+        reading: Reading | None = None  # the answer's provider reading, attributed at settlement
+
+        async def fail(
+            kind: str,
+            err: ApiError,
+            *,
+            status: int | None = None,
+            body: bytes | None = None,
+            headers: Mapping[str, str] | None = None,
+            exc: BaseException | None = None,
+            settle_usage: Usage | None = None,
+        ) -> ApiError:
+            lease.release()
+            if (
+                settle_usage is not None
+            ):  # the upstream did the work: charge it even though it failed
+                await _settle(svc, res, conn, call, upstream_model, settle_usage, reading)
+            else:
+                await res.release()
+            verdict = (
+                _CREDENTIAL_VERDICT
+                if kind == "credential"
+                else await _report_failure(
+                    call,
+                    conn,
+                    upstream_model,
+                    status,
+                    body,
+                    headers,
+                    exc,
+                    sent_ms=sent_ms,
+                    request=payload,
+                )
+            )
+            err = _for_the_client(err, status, verdict)
+            cls = verdict.cls.value
+            latency = _ms_since(t_send)
+            svc.record_attempt(cand, "connect_error" if kind == "connect_error" else cls, latency)
+            diag.attempt(
+                cand.label,
+                kind if kind != "upstream" else cls,
+                status=status,
+                latency_ms=latency,
+                error=None if exc is None else type(exc).__name__,
+            )
+            err.failure = "connect_error" if kind == "connect_error" else cls
+            # the one failover rule (a bad 200 is no class: another target may do better)
+            failure = None if kind in _BAD_200 else verdict.cls
+            err.step = step_after(failure)
+            err.final = err.step is Step.END
+            err.same_model_futile = same_model_is_futile(failure)
+            if kind == "validation":
+                err.failure = "validation"
+                if opts.combo is not None:  # a pinned session is not sent back to this target
+                    svc.strategy_state.release(opts.combo, call.key.id, cand.target.key)
+            return err
+
+        try:
+            resp = await svc.upstream.post(conn, path, payload, call.headers)
+        except UpstreamAuthUnavailable as exc:
+            log.warning("upstream credential unusable", extra={"connection": conn.id})
+            return await fail(
+                "credential",
+                ApiError(
+                    503,
+                    f"The credential of connection '{conn.id}' is unusable: "
+                    "an admin must log in again",
+                    code="credential_unusable",
+                ),
+                exc=exc,
+            )
+        except TRANSPORT_ERRORS as exc:
+            log.warning(
+                "upstream unreachable", extra={"connection": conn.id, "error": type(exc).__name__}
+            )
+            return await fail(
+                "connect_error",
+                ApiError(
+                    502,
+                    f"An upstream connection failed ({type(exc).__name__})",
+                    code="upstream_error",
+                ),
+                exc=exc,
+            )
+        reading, charges = svc.signals.observe(
+            conn.id, upstream_model, resp.headers, force=resp.status >= 400, defer=resp.status < 400
+        )
+        snap = None if reading is None else reading.snap
+        if pool is not None and snap is not None:
+            await _apply_readings(svc.state.engine, pool, conn.id, snap, charges)
+        if resp.status >= 400:
+            err, raw_err = await _upstream_error(resp, conn)
+            log.warning("upstream error", extra={"connection": conn.id, "status": resp.status})
+            return await fail(
+                "upstream", err, status=resp.status, body=raw_err, headers=resp.headers
+            )
+        omitted, tools = _left_out(call, exchange)
+        if call.stream:
+            tally = relay.StreamTally(prompt_estimate=call.prompt_estimate)
+            source = exchange.relay(call, resp, wants_usage, tally)
+            first, problem = await _primed(call, opts, source, tally, resp)
+            if problem is not None:
+                resp.release()
+                return await fail(
+                    "quality",
+                    ApiError(
+                        502,
+                        f"An upstream stream failed before any content ({problem})",
+                        code="upstream_error",
+                    ),
+                    status=200,
+                    body=problem.encode(),
+                    settle_usage=tally.effective_usage(),
+                )
+            await _report_success(call, cand, snap, _ms_since(t_send))
+            res.keep()  # the stream settles it when it ends
+            return Outcome(
+                chunks=_stream_chunks(
+                    call,
+                    conn,
+                    res,
+                    resp,
+                    upstream_model,
+                    tally,
+                    source,
+                    first,
+                    lease,
+                    sent_ms,
+                    reading,
+                ),
+                sse=True,
+                served_by=conn.id,
+                combo=opts.combo,
+                overhead_ms=(t_send - call.t0) * 1000,
+                admission=adm,
+                omitted=omitted,
+                tools_omitted=tools,
+            )
+        try:
+            raw = await resp.read()
+        except TRANSPORT_ERRORS as exc:
+            return await fail(
+                "upstream",
+                ApiError(
+                    502,
+                    f"An upstream connection failed mid-answer ({type(exc).__name__})",
+                    code="upstream_error",
+                ),
+                exc=exc,
+            )
+        finally:
+            resp.release()
+        t_body = time.perf_counter()
+        out, usage, obj = exchange.answer(call, raw, upstream_model)
+        kind, problem = _answer_problem(call, opts, obj)
+        if problem is not None:
+            return await fail(
+                kind,
+                ApiError(
+                    502,
+                    f"An upstream answered 200 without a usable answer ({problem})",
+                    code="upstream_error",
+                ),
+                status=200,
+                body=problem.encode(),
+                settle_usage=usage or Usage(prompt_tokens=call.prompt_estimate),
+            )
+        lease.release()
+        res.keep()  # settled by the answer's background task
+        await _report_success(call, cand, snap, (t_body - t_send) * 1000, usage)
+        overhead = (time.perf_counter() - call.t0 - (t_body - t_send)) * 1000
+        # settle after the answer is on its way: the client need not wait for our bookkeeping
+        # (the reservation holds the quota meanwhile, so nothing can overshoot)
+        if res.open or tracing.active() or reading is not None:
+            settle: Callable[[], Awaitable[None]] | None = functools.partial(
+                _settle, svc, res, conn, call, upstream_model, usage, reading
+            )
+        else:  # nothing reserved (no pool), no span to record: no task, only the tokens to count
+            settle = None
+            _count_tokens(svc, conn, call, usage, reading)
+        return Outcome(
+            out,
+            served_by=conn.id,
+            combo=opts.combo,
+            overhead_ms=overhead,
+            usage=usage,
+            admission=adm,
+            omitted=omitted,
+            tools_omitted=tools,
+            pending=settle,
+        )
+
+
+@contextlib.contextmanager
+def _attempted(
+    call: Call, cand: Candidate, res: Reservation, lease: Lease, opts: ExecOptions
+) -> Iterator[None]:
+    """What surrounds an attempt: the DRR scheduler learns it was dispatched; one left by an
+    exception (a combo timeout, a shadow's abort or a bug) gives its slot back (the reservation
+    is released by its owner on the way out), and a hedge's loser, whose upstream started (and
+    bills) the work, has its prompt charged."""
     if opts.drr is not None:
         opts.drr.dispatch(cand.target)
     try:
-        return await _attempt_on(call, cand, pool, adm, res, lease, diag=diag, opts=opts)
+        yield
     except BaseException as exc:
-        # a combo timeout, a shadow's abort or a bug: give the slot back (the reservation is
-        # released by its owner on the way out)
         lease.release()
         if opts.charge_if_cancelled and isinstance(exc, asyncio.CancelledError) and res.open:
-            # a hedge's loser: the upstream started (and bills) the work; charge its prompt
             res.keep()
             usage = Usage(prompt_tokens=call.prompt_estimate)
             call.svc.spawn(_settle(call.svc, res, cand.conn, call, cand.model, usage))
@@ -136,207 +348,6 @@ def _encoded(
         )
     err.final, err.step = True, Step.END
     return err
-
-
-async def _attempt_on(
-    call: Call,
-    cand: Candidate,
-    pool: Pool | None,
-    adm: Admission,
-    res: Reservation,
-    lease: Lease,
-    *,
-    diag: Diagnostics,
-    opts: ExecOptions,
-) -> Outcome | ApiError:
-    svc = call.svc
-    conn, upstream_model = cand.conn, cand.model
-    exchange = EXCHANGES[(call.route, conn.protocol)]
-    path = exchange.path
-    encoded = _encoded(call, exchange, conn, upstream_model, _output_bound(call, pool, res))
-    if isinstance(encoded, ApiError):  # no target helps: the request cannot be sent as it is
-        lease.release()
-        await res.release()
-        return encoded
-    payload, wants_usage = encoded
-    t_send = time.perf_counter()
-    sent_ms = svc.state.clock.now_ms()  # the injected clock: what the evidence rule measures
-    reading: Reading | None = None  # the answer's provider reading, attributed at settlement
-
-    async def fail(
-        kind: str,
-        err: ApiError,
-        *,
-        status: int | None = None,
-        body: bytes | None = None,
-        headers: Mapping[str, str] | None = None,
-        exc: BaseException | None = None,
-        settle_usage: Usage | None = None,
-    ) -> ApiError:
-        lease.release()
-        if settle_usage is not None:  # the upstream did the work: charge it even though it failed
-            await _settle(svc, res, conn, call, upstream_model, settle_usage, reading)
-        else:
-            await res.release()
-        verdict = (
-            _CREDENTIAL_VERDICT
-            if kind == "credential"
-            else await _report_failure(
-                call,
-                conn,
-                upstream_model,
-                status,
-                body,
-                headers,
-                exc,
-                sent_ms=sent_ms,
-                request=payload,
-            )
-        )
-        err = _for_the_client(err, status, verdict)
-        cls = verdict.cls.value
-        latency = _ms_since(t_send)
-        svc.record_attempt(cand, "connect_error" if kind == "connect_error" else cls, latency)
-        diag.attempt(
-            cand.label,
-            kind if kind != "upstream" else cls,
-            status=status,
-            latency_ms=latency,
-            error=None if exc is None else type(exc).__name__,
-        )
-        err.failure = "connect_error" if kind == "connect_error" else cls
-        # the one failover rule (a bad 200 is no class: another target may do better)
-        failure = None if kind in _BAD_200 else verdict.cls
-        err.step = step_after(failure)
-        err.final = err.step is Step.END
-        err.same_model_futile = same_model_is_futile(failure)
-        if kind == "validation":
-            err.failure = "validation"
-            if opts.combo is not None:  # a pinned session is not sent back to this target
-                svc.strategy_state.release(opts.combo, call.key.id, cand.target.key)
-        return err
-
-    try:
-        resp = await svc.upstream.post(conn, path, payload, call.headers)
-    except UpstreamAuthUnavailable as exc:
-        log.warning("upstream credential unusable", extra={"connection": conn.id})
-        return await fail(
-            "credential",
-            ApiError(
-                503,
-                f"The credential of connection '{conn.id}' is unusable: an admin must log in again",
-                code="credential_unusable",
-            ),
-            exc=exc,
-        )
-    except TRANSPORT_ERRORS as exc:
-        log.warning(
-            "upstream unreachable", extra={"connection": conn.id, "error": type(exc).__name__}
-        )
-        return await fail(
-            "connect_error",
-            ApiError(
-                502,
-                f"An upstream connection failed ({type(exc).__name__})",
-                code="upstream_error",
-            ),
-            exc=exc,
-        )
-    reading, charges = svc.signals.observe(
-        conn.id, upstream_model, resp.headers, force=resp.status >= 400, defer=resp.status < 400
-    )
-    snap = None if reading is None else reading.snap
-    if pool is not None and snap is not None:
-        await _apply_readings(svc.state.engine, pool, conn.id, snap, charges)
-    if resp.status >= 400:
-        err, raw_err = await _upstream_error(resp, conn)
-        log.warning("upstream error", extra={"connection": conn.id, "status": resp.status})
-        return await fail("upstream", err, status=resp.status, body=raw_err, headers=resp.headers)
-    omitted, tools = _left_out(call, exchange)
-    if call.stream:
-        tally = relay.StreamTally(prompt_estimate=call.prompt_estimate)
-        source = exchange.relay(call, resp, wants_usage, tally)
-        first, problem = await _primed(call, opts, source, tally, resp)
-        if problem is not None:
-            resp.release()
-            return await fail(
-                "quality",
-                ApiError(
-                    502,
-                    f"An upstream stream failed before any content ({problem})",
-                    code="upstream_error",
-                ),
-                status=200,
-                body=problem.encode(),
-                settle_usage=tally.effective_usage(),
-            )
-        await _report_success(call, cand, snap, _ms_since(t_send))
-        res.keep()  # the stream settles it when it ends
-        return Outcome(
-            chunks=_stream_chunks(
-                call, conn, res, resp, upstream_model, tally, source, first, lease, sent_ms, reading
-            ),
-            sse=True,
-            served_by=conn.id,
-            combo=opts.combo,
-            overhead_ms=(t_send - call.t0) * 1000,
-            admission=adm,
-            omitted=omitted,
-            tools_omitted=tools,
-        )
-    try:
-        raw = await resp.read()
-    except TRANSPORT_ERRORS as exc:
-        return await fail(
-            "upstream",
-            ApiError(
-                502,
-                f"An upstream connection failed mid-answer ({type(exc).__name__})",
-                code="upstream_error",
-            ),
-            exc=exc,
-        )
-    finally:
-        resp.release()
-    t_body = time.perf_counter()
-    out, usage, obj = exchange.answer(call, raw, upstream_model)
-    kind, problem = _answer_problem(call, opts, obj)
-    if problem is not None:
-        return await fail(
-            kind,
-            ApiError(
-                502,
-                f"An upstream answered 200 without a usable answer ({problem})",
-                code="upstream_error",
-            ),
-            status=200,
-            body=problem.encode(),
-            settle_usage=usage or Usage(prompt_tokens=call.prompt_estimate),
-        )
-    lease.release()
-    res.keep()  # settled by the answer's background task
-    await _report_success(call, cand, snap, (t_body - t_send) * 1000, usage)
-    overhead = (time.perf_counter() - call.t0 - (t_body - t_send)) * 1000
-    # settle after the answer is on its way: the client need not wait for our bookkeeping
-    # (the reservation holds the quota meanwhile, so nothing can overshoot)
-    if res.open or tracing.active() or reading is not None:
-        settle: Callable[[], Awaitable[None]] | None = functools.partial(
-            _settle, svc, res, conn, call, upstream_model, usage, reading
-        )
-    else:  # nothing reserved (no pool), no span to record: no task, only the tokens to count
-        settle = None
-        _count_tokens(svc, conn, call, usage, reading)
-    return Outcome(
-        out,
-        served_by=conn.id,
-        combo=opts.combo,
-        overhead_ms=overhead,
-        usage=usage,
-        admission=adm,
-        omitted=omitted,
-        tools_omitted=tools,
-        pending=settle,
-    )
 
 
 def _left_out(call: Call, exchange: Exchange) -> tuple[str | None, str | None]:
@@ -481,27 +492,35 @@ async def _prime(
     return first, "ended without content"
 
 
+#: Upstream failures whose status would mislead the client (and its SDK's retries), by the
+#: status and the class found: the status, message and code the client gets instead.
+_REWORDED: Mapping[tuple[int, FailureClass], tuple[int, str, str]] = {
+    # a request too large for the account's per-minute budget (issue 43, N1): retrying it can
+    # never help, so it is no 429 (an SDK would retry it) and has no Retry-After
+    (429, FailureClass.CONTEXT_OVERFLOW): (
+        413,
+        "The request is too large for the upstream account's per-minute limit: "
+        "reduce the input or max_tokens",
+        "request_too_large",
+    ),
+    # a bare 403 (a WAF page) is the request's, not our credentials (issue 43, N6): the
+    # sender's own 403, not a 502 about the gateway's configuration
+    (403, FailureClass.BAD_REQUEST): (
+        403,
+        "An upstream refused this request (HTTP 403 without a provider error); "
+        "it would be refused on every account",
+        "upstream_error",
+    ),
+}
+
+
 def _for_the_client(err: ApiError, status: int | None, verdict: Classification) -> ApiError:
     """The error the sender sees for an upstream failure, once it is classified: the class
     may show that the upstream's status would mislead the client (and its SDK's retries)."""
-    if status == 429 and verdict.cls is FailureClass.CONTEXT_OVERFLOW:
-        # a request too large for the account's per-minute budget (issue 43, N1): retrying
-        # it can never help, so it is no 429 (an SDK would retry it) and has no Retry-After
-        return ApiError(
-            413,
-            "The request is too large for the upstream account's per-minute limit: "
-            "reduce the input or max_tokens",
-            code="request_too_large",
-        )
-    if status == 403 and verdict.cls is FailureClass.BAD_REQUEST:
-        # a bare 403 (a WAF page) is the request's, not our credentials (issue 43, N6):
-        # the sender's own 403, not a 502 about the gateway's configuration
-        return ApiError(
-            403,
-            "An upstream refused this request (HTTP 403 without a provider error); "
-            "it would be refused on every account",
-            code="upstream_error",
-        )
+    reworded = None if status is None else _REWORDED.get((status, verdict.cls))
+    if reworded is not None:
+        shown, message, code = reworded
+        return ApiError(shown, message, code=code)
     if status == 429 and "retry-after" not in err.headers and verdict.retry_after_ms:
         # the reset a provider states in its body (Codex resets_at / resets_in_seconds)
         err.headers["retry-after"] = str(max(1, math.ceil(verdict.retry_after_ms / 1000)))

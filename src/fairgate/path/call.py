@@ -8,7 +8,6 @@ attempt and the exchange table all depend on this module, never the other way ro
 
 from __future__ import annotations
 
-import asyncio
 import math
 import random
 from collections.abc import Coroutine, Mapping, Sequence
@@ -19,6 +18,7 @@ from typing import Any
 from fairgate.domain.connections import Connection
 from fairgate.domain.keys import ClientKey
 from fairgate.formats.pricing import PriceTable
+from fairgate.path.background import Background
 from fairgate.path.deps import PathState
 from fairgate.path.provider_signals import ProviderSignals
 from fairgate.path.slots import Slots
@@ -97,7 +97,7 @@ class Services:
     #: the one hook the path reports its events to (log, metrics, tracing adapters)
     events: EventSink
     inflight: set[Ticket] = field(default_factory=set)
-    tasks: set[asyncio.Task[None]] = field(default_factory=set)
+    tasks: Background = field(default_factory=Background)
     tracker: InflightTracker = field(default_factory=InflightTracker)
     slots: Slots = field(init=False)
     drr: DrrState = field(default_factory=DrrState)
@@ -152,13 +152,10 @@ class Services:
 
     def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         """Run bookkeeping off the response path; shutdown waits for what is still running."""
-        task = asyncio.get_running_loop().create_task(coro)
-        self.tasks.add(task)
-        task.add_done_callback(self.tasks.discard)
+        self.tasks.spawn(coro)
 
     async def drain(self) -> None:
-        while self.tasks:
-            await asyncio.gather(*list(self.tasks), return_exceptions=True)
+        await self.tasks.settle()
         await self.slots.aclose()
 
 

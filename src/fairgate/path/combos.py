@@ -530,25 +530,31 @@ async def _ask(
     return PanelAnswer(target, content=text) if text else PanelAnswer(target, error="empty")
 
 
+def _failed(combo: Combo, pool_size: int, answers: Sequence[PanelAnswer], message: str) -> ApiError:
+    """The 502 of a fusion or pipeline combo whose upstream answers failed, each one in the
+    diagnostics."""
+    diag = Diagnostics(
+        pool_size=pool_size,
+        combo=combo.name,
+        strategy=combo.strategy,
+        terminal=Terminal.UPSTREAM_FAILED,
+    )
+    for a in answers:
+        diag.attempt(a.target.key, "failed", error=a.error)
+    return diag.error(502, message, code="upstream_error", terminal=Terminal.UPSTREAM_FAILED)
+
+
 async def _fusion(call: Call, combo: Combo, targets: Sequence[Target]) -> Outcome:
     plan = FusionPlan.from_combo(combo, await order_targets(call, combo, targets))
     messages = list(call.body.get("messages") or [])
     answers = await asyncio.gather(*(_ask(call, combo, t, messages) for t in plan.panel))
     decision = decide_fusion(answers)
     if decision.action == "fail":
-        diag = Diagnostics(
-            pool_size=len(plan.panel),
-            combo=combo.name,
-            strategy="fusion",
-            terminal=Terminal.UPSTREAM_FAILED,
-        )
-        for a in answers:
-            diag.attempt(a.target.key, "failed", error=a.error)
-        raise diag.error(
-            502,
+        raise _failed(
+            combo,
+            len(plan.panel),
+            answers,
             f"Every panel member of '{combo.name}' failed",
-            code="upstream_error",
-            terminal=Terminal.UPSTREAM_FAILED,
         )
     if decision.action == "single":
         return _synthetic_answer(call, combo, decision.answers[0])
@@ -573,18 +579,8 @@ async def _pipeline(call: Call, combo: Combo, targets: Sequence[Target]) -> Outc
     for step in plan.steps[:-1]:
         ans = await _ask(call, combo, step.target, step_messages(messages, step, previous))
         if not ans.ok:
-            diag = Diagnostics(
-                pool_size=len(plan.steps),
-                combo=combo.name,
-                strategy="pipeline",
-                terminal=Terminal.UPSTREAM_FAILED,
-            )
-            diag.attempt(step.target.key, "failed", error=ans.error)
-            raise diag.error(
-                502,
-                f"Pipeline '{combo.name}' failed at a step",
-                code="upstream_error",
-                terminal=Terminal.UPSTREAM_FAILED,
+            raise _failed(
+                combo, len(plan.steps), [ans], f"Pipeline '{combo.name}' failed at a step"
             )
         previous = ans.content
     last = plan.steps[-1]
@@ -599,21 +595,18 @@ def _synthetic_answer(call: Call, combo: Combo, answer: PanelAnswer) -> Outcome:
     client asked for (a one-chunk stream when it streams)."""
     created = call.svc.state.clock.now_ms() // 1000
     msg = {"role": "assistant", "content": answer.content}
-    if call.stream:
-        chunk = {
-            "id": "chatcmpl-fusion",
-            "object": "chat.completion.chunk",
-            "created": created,
-            "model": call.model,
-            "choices": [{"index": 0, "delta": msg, "finish_reason": "stop"}],
-        }
-        body = b"data: " + orjson.dumps(chunk) + b"\n\ndata: [DONE]\n\n"
-        return Outcome(body, sse=True, combo=combo.name)
+    # a stream's one chunk carries the message as its delta
+    kind, part = (
+        ("chat.completion.chunk", "delta") if call.stream else ("chat.completion", "message")
+    )
     out = {
         "id": "chatcmpl-fusion",
-        "object": "chat.completion",
+        "object": kind,
         "created": created,
         "model": call.model,
-        "choices": [{"index": 0, "message": msg, "finish_reason": "stop"}],
+        "choices": [{"index": 0, part: msg, "finish_reason": "stop"}],
     }
+    if call.stream:
+        body = b"data: " + orjson.dumps(out) + b"\n\ndata: [DONE]\n\n"
+        return Outcome(body, sse=True, combo=combo.name)
     return Outcome(orjson.dumps(out), combo=combo.name)

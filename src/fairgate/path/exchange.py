@@ -374,36 +374,30 @@ def _created(call: Call) -> int:
     return call.svc.state.clock.now_ms() // 1000
 
 
-def _relay_anthropic_to_chat(
-    call: Call, resp: UpstreamResponse, wants_usage: bool, tally: relay.StreamTally
-) -> AsyncIterator[bytes]:
-    return relay.anthropic_to_openai(
-        resp,
-        tally,
-        model=call.model,
-        client_wants_usage=wants_usage,
-        created=_created(call),
-        id_=f"chatcmpl-{_stream_id()}",
-    )
+def _relay_to_chat(wire: Protocol) -> Relay:
+    """The relay of a ``wire`` stream translated into chat chunks (with the client's model,
+    its usage wish, the gateway's timestamp and a fresh id)."""
+
+    def run(
+        call: Call, resp: UpstreamResponse, wants_usage: bool, tally: relay.StreamTally
+    ) -> AsyncIterator[bytes]:
+        return relay.to_chat(
+            resp,
+            tally,
+            wire,
+            model=call.model,
+            client_wants_usage=wants_usage,
+            created=_created(call),
+            id_=f"chatcmpl-{_stream_id()}",
+        )
+
+    return run
 
 
 def _relay_openai_to_messages(
     call: Call, resp: UpstreamResponse, wants_usage: bool, tally: relay.StreamTally
 ) -> AsyncIterator[bytes]:
     return relay.openai_to_anthropic(resp, tally, model=call.model, id_=f"msg_{_stream_id()}")
-
-
-def _relay_responses_to_chat(
-    call: Call, resp: UpstreamResponse, wants_usage: bool, tally: relay.StreamTally
-) -> AsyncIterator[bytes]:
-    return relay.responses_to_openai(
-        resp,
-        tally,
-        model=call.model,
-        client_wants_usage=wants_usage,
-        created=_created(call),
-        id_=f"chatcmpl-{_stream_id()}",
-    )
 
 
 def _relay_responses_to_messages(
@@ -424,12 +418,12 @@ EXCHANGES: Mapping[tuple[Route, Protocol], Exchange] = {
             _chat_to_anthropic,
             _anthropic_to_chat,
             usage_from_anthropic,
-            _relay_anthropic_to_chat,
+            _relay_to_chat(Protocol.ANTHROPIC),
         ),
         omitted=_omitted_chat,
     ),
     (Route.CHAT, Protocol.RESPONSES): Exchange(
-        "/responses", _responses_body, _responses_answer, _relay_responses_to_chat
+        "/responses", _responses_body, _responses_answer, _relay_to_chat(Protocol.RESPONSES)
     ),
     (Route.MESSAGES, Protocol.ANTHROPIC): _json_exchange(
         "/messages", _as_is, _unchanged, usage_from_anthropic, _relay_anthropic

@@ -330,7 +330,6 @@ def _parse(
     limits = svc.limits
     check_message_limits(body, limits.max_messages, limits.max_message_bytes)
     check_depth(body)
-    default_out = svc.state.config.server.default_max_tokens
     if route is Route.EMBEDDINGS:
         inp = body.get("input")
         if isinstance(inp, str):
@@ -361,6 +360,24 @@ def _parse(
     choices = 1
     if route is Route.CHAT:  # n answers, each billed up to the bound (the prompt once)
         choices = optional_int(body, "n", minimum=1, maximum=MAX_CHOICES) or 1
+    return _generation(svc, request, key, body, route, model, t0, stream, max_out, choices)
+
+
+def _generation(
+    svc: Services,
+    request: ClientRequest,
+    key: ClientKey,
+    body: dict[str, Any],
+    route: Route,
+    model: str,
+    t0: float,
+    stream: bool,
+    max_out: int | None,
+    choices: int = 1,
+) -> Call:
+    """The call of a checked chat, messages or Responses body: its prompt estimated from the
+    body, its output bounded by the one it names or else the server's default."""
+    default_out = svc.state.config.server.default_max_tokens
     return Call(
         svc,
         request,
@@ -402,20 +419,7 @@ def _parse_responses(
     check_fields(body, RESPONSES_FIELDS)
     stream = optional_bool(body, "stream")
     max_out = optional_int(body, "max_output_tokens", minimum=1, maximum=MAX_OUTPUT_TOKENS)
-    default_out = svc.state.config.server.default_max_tokens
-    return Call(
-        svc,
-        request,
-        key,
-        body,
-        Route.RESPONSES,
-        model,
-        stream,
-        estimate_prompt_tokens(body),
-        max_out or default_out,
-        t0,
-        request.headers,
-    )
+    return _generation(svc, request, key, body, Route.RESPONSES, model, t0, stream, max_out)
 
 
 # -- admission over candidates -------------------------------------------------------------

@@ -9,12 +9,14 @@ away mid-stream (the generator is then cancelled; settlement happens in the call
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Mapping
+import typing
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import orjson
 
+from fairgate.domain.connections import Protocol
 from fairgate.formats.responses import ChatToResponsesStream
 from fairgate.formats.responses_upstream import ResponsesToChatStream
 from fairgate.formats.sse import SSEParser, encode_event
@@ -80,6 +82,24 @@ async def _events(resp: UpstreamResponse) -> AsyncIterator[tuple[str | None, str
             yield ev.event, ev.data
     for ev in parser.flush():  # a last event whose closing blank line never came
         yield ev.event, ev.data
+
+
+def _object(data: str) -> dict[str, Any] | None:
+    """An event's data as the JSON object it should be; None for anything else (``[DONE]``,
+    a keep-alive, a line cut short), which a translation skips and a pass-through relays."""
+    try:
+        obj = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return None
+    return obj if isinstance(obj, dict) else None
+
+
+async def _objects(resp: UpstreamResponse) -> AsyncIterator[tuple[str | None, dict[str, Any]]]:
+    """The stream's events that are JSON objects, with their names: what a translation reads."""
+    async for event, data in _events(resp):
+        obj = _object(data)
+        if obj is not None:
+            yield event, obj
 
 
 def _openai_text(obj: dict[str, Any], tally: StreamTally) -> tuple[int, bool]:
@@ -155,11 +175,8 @@ async def anthropic_to_anthropic(
 ) -> AsyncIterator[bytes]:
     seen: dict[str, Any] = {}  # the usage fields so far, the latest of each
     async for event, data in _events(resp):
-        try:
-            obj = orjson.loads(data)
-        except orjson.JSONDecodeError:
-            obj = None
-        if isinstance(obj, dict):
+        obj = _object(data)
+        if obj is not None:
             kind = obj.get("type")
             if kind in ("message_start", "message_delta"):
                 msg = obj.get("message") if kind == "message_start" else obj
@@ -185,7 +202,7 @@ async def anthropic_to_anthropic(
         yield encode_event(data, event)
 
 
-class _ChunkTranslator(Protocol):
+class _ChunkTranslator(typing.Protocol):
     """An upstream event stream → chat chunks, one event at a time (both directions that end
     in the chat form: from Anthropic events and from Responses events)."""
 
@@ -197,16 +214,32 @@ class _ChunkTranslator(Protocol):
     def finish(self) -> list[dict[str, Any]]: ...
 
 
-async def _to_openai(
+#: The wires whose streams are translated into chat chunks, and the translator of each.
+_TO_CHAT: Mapping[Protocol, Callable[[str, bool, int, str], _ChunkTranslator]] = {
+    Protocol.ANTHROPIC: AnthropicToOpenAIStream,
+    Protocol.RESPONSES: ResponsesToChatStream,
+}
+
+
+def to_chat(
+    resp: UpstreamResponse,
+    tally: StreamTally,
+    wire: Protocol,
+    *,
+    model: str,
+    client_wants_usage: bool,
+    created: int,
+    id_: str,
+) -> AsyncIterator[bytes]:
+    """An Anthropic-wire or Responses-wire upstream → OpenAI chat chunks."""
+    tr = _TO_CHAT[wire](model, client_wants_usage, created, id_)
+    return _to_chat(resp, tally, tr)
+
+
+async def _to_chat(
     resp: UpstreamResponse, tally: StreamTally, tr: _ChunkTranslator
 ) -> AsyncIterator[bytes]:
-    async for event, data in _events(resp):
-        try:
-            obj = orjson.loads(data)
-        except orjson.JSONDecodeError:
-            continue
-        if not isinstance(obj, dict):
-            continue
+    async for event, obj in _objects(resp):
         for chunk in tr.feed(event, obj):
             n, finished = _openai_text(chunk, tally)
             tally.text_chars += n
@@ -222,55 +255,17 @@ async def _to_openai(
     yield b"data: [DONE]\n\n"
 
 
-def anthropic_to_openai(
-    resp: UpstreamResponse,
-    tally: StreamTally,
-    *,
-    model: str,
-    client_wants_usage: bool,
-    created: int,
-    id_: str,
-) -> AsyncIterator[bytes]:
-    return _to_openai(resp, tally, AnthropicToOpenAIStream(model, client_wants_usage, created, id_))
-
-
 async def openai_to_anthropic(
     resp: UpstreamResponse, tally: StreamTally, *, model: str, id_: str
 ) -> AsyncIterator[bytes]:
     tr = OpenAIToAnthropicStream(model, id_)
-    async for _event, data in _events(resp):
-        if data == "[DONE]":
-            continue
-        try:
-            obj = orjson.loads(data)
-        except orjson.JSONDecodeError:
-            continue
-        if not isinstance(obj, dict):
-            continue
-        n, _ = _openai_text(obj, tally)
-        tally.text_chars += n
-        for name, payload in tr.feed(obj):
-            tally.finished = tally.finished or name == "message_stop"
-            tally.mark_chunk()
+    async for _event, obj in _objects(resp):
+        for name, payload in _anthropic_events(tr, tally, obj):
             yield encode_event(orjson.dumps(payload), name)
         tally.usage = tr.usage
-    for name, payload in tr.finish():
-        tally.finished = tally.finished or name == "message_stop"
-        yield encode_event(orjson.dumps(payload), name)
+    for closing in _anthropic_finish(tr, tally):
+        yield closing
     tally.usage = tr.usage
-
-
-def responses_to_openai(
-    resp: UpstreamResponse,
-    tally: StreamTally,
-    *,
-    model: str,
-    client_wants_usage: bool,
-    created: int,
-    id_: str,
-) -> AsyncIterator[bytes]:
-    """A Responses-wire upstream (the Codex backend) → OpenAI chat chunks."""
-    return _to_openai(resp, tally, ResponsesToChatStream(model, client_wants_usage, created, id_))
 
 
 async def responses_to_anthropic(
@@ -279,22 +274,15 @@ async def responses_to_anthropic(
     """A Responses-wire upstream → Anthropic events, through the chat chunk form."""
     chat = ResponsesToChatStream(model, True, created, id_)
     tr = OpenAIToAnthropicStream(model, id_)
-    async for event, data in _events(resp):
-        try:
-            obj = orjson.loads(data)
-        except orjson.JSONDecodeError:
-            continue
-        if not isinstance(obj, dict):
-            continue
+    async for event, obj in _objects(resp):
         for chunk in chat.feed(event, obj):
             for name, payload in _anthropic_events(tr, tally, chunk):
                 yield encode_event(orjson.dumps(payload), name)
     for chunk in chat.finish():
         for name, payload in _anthropic_events(tr, tally, chunk):
             yield encode_event(orjson.dumps(payload), name)
-    for name, payload in tr.finish():
-        tally.finished = tally.finished or name == "message_stop"
-        yield encode_event(orjson.dumps(payload), name)
+    for closing in _anthropic_finish(tr, tally):
+        yield closing
     tally.usage = chat.usage or tr.usage
 
 
@@ -307,6 +295,15 @@ def _anthropic_events(
     for name, _payload in out:
         tally.finished = tally.finished or name == "message_stop"
         tally.mark_chunk()
+    return out
+
+
+def _anthropic_finish(tr: OpenAIToAnthropicStream, tally: StreamTally) -> list[bytes]:
+    """The closing Anthropic events a translation owes once the upstream stream has ended."""
+    out = []
+    for name, payload in tr.finish():
+        tally.finished = tally.finished or name == "message_stop"
+        out.append(encode_event(orjson.dumps(payload), name))
     return out
 
 
@@ -371,11 +368,8 @@ async def responses_to_responses(
     seq = -1
     ended = False
     async for event, data in _events(resp):
-        try:
-            obj = orjson.loads(data)
-        except orjson.JSONDecodeError:
-            obj = None
-        if isinstance(obj, dict):
+        obj = _object(data)
+        if obj is not None:
             _responses_tally(obj, tally)
             snapshot = obj.get("response")
             if isinstance(snapshot, Mapping):
@@ -456,14 +450,9 @@ def chat_sse_to_responses(
 async def _anthropic_chat_chunks(
     resp: UpstreamResponse, tr: AnthropicToOpenAIStream
 ) -> AsyncIterator[dict[str, Any]]:
-    async for event, data in _events(resp):
-        try:
-            obj = orjson.loads(data)
-        except orjson.JSONDecodeError:
-            continue
-        if isinstance(obj, dict):
-            for chunk in tr.feed(event, obj):
-                yield chunk
+    async for event, obj in _objects(resp):
+        for chunk in tr.feed(event, obj):
+            yield chunk
     for chunk in tr.finish():
         yield chunk
 

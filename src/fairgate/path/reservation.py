@@ -17,10 +17,10 @@ in ``inflight``, which the shutdown releases.
 from __future__ import annotations
 
 from collections.abc import Callable, Coroutine, Mapping
-from types import TracebackType
 from typing import Any
 
 from fairgate.domain.units import Unit
+from fairgate.providers.closing import AsyncClosing
 from fairgate.quota.engine import QuotaEngine
 from fairgate.quota.outcomes import Ticket
 
@@ -29,7 +29,7 @@ __all__ = ["Reservation"]
 Spawn = Callable[[Coroutine[Any, Any, None]], None]
 
 
-class Reservation:
+class Reservation(AsyncClosing):
     __slots__ = ("_engine", "_inflight", "_kept", "_open", "_spawn", "ticket")
 
     def __init__(
@@ -92,16 +92,5 @@ class Reservation:
         if not self._kept:
             self.release_soon()
 
-    async def __aenter__(self) -> Reservation:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        if exc_type is None:
-            await self.close()
-        else:
-            self.abandon()
+    async def close_on_error(self) -> None:
+        self.abandon()

@@ -45,6 +45,7 @@ from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from fairgate.path.background import Background
 from fairgate.quota.ports import SlotLeases
 from fairgate.routing import InflightTracker, Lease, Target
 from fairgate.timers import Timer
@@ -110,7 +111,7 @@ class Slots:
         self._held: dict[str, list[_Held]] = {}
         #: load key → shared acquisitions under way (counted against the local cap meanwhile)
         self._pending: dict[str, int] = {}
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks = Background()
         self._renewer: asyncio.Task[None] | None = None
         #: load key → client key → the slots this process's requests of that key hold on it
         self._holders: dict[str, dict[str, int]] = {}
@@ -315,14 +316,11 @@ class Slots:
             log.warning("shared slot release failed (%s)", type(exc).__name__)
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.get_running_loop().create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._tasks.spawn(coro)
 
     async def settle(self) -> None:
         """Wait for the shared releases still being sent (shutdown, tests)."""
-        while self._tasks:
-            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+        await self._tasks.settle()
 
     def held_leases(self) -> int:
         """Shared leases this process holds (its requests running on capped connections)."""

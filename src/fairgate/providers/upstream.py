@@ -17,13 +17,13 @@ import ssl
 import typing
 from collections.abc import AsyncIterator, Awaitable, Iterable, Mapping
 from dataclasses import replace
-from types import TracebackType
 
 import aiohttp
 from yarl import URL
 
 from fairgate.domain.connections import Connection, Protocol
 from fairgate.domain.tokens import TokenSet
+from fairgate.providers.closing import AsyncClosing
 from fairgate.providers.http1 import Http1Pool, Origin, PoolStats, request_head
 from fairgate.providers.oauth import OAuthBlocked, OAuthUnavailable, chatgpt_account_id
 from fairgate.providers.transport import UpstreamBroken, UpstreamResponse, UpstreamUnreachable
@@ -272,7 +272,7 @@ class _Request(aiohttp.ClientRequest):
                 headers[name] = value
 
 
-class UpstreamClient:
+class UpstreamClient(AsyncClosing):
     """The relayed requests' keep-alive pool (:mod:`fairgate.providers.http1`) and, for the
     gateway's side calls, an aiohttp session made on first use; created inside the running
     loop. Also the :class:`~fairgate.providers.transport.HttpSender` of those side calls."""
@@ -405,14 +405,3 @@ class UpstreamClient:
         await self._pool.close()
         if self._session is not None and not self._session.closed:
             await self._session.close()
-
-    async def __aenter__(self) -> UpstreamClient:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()

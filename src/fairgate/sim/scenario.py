@@ -21,13 +21,24 @@ Example::
 
 from __future__ import annotations
 
+import functools
 import math
 import re
+from collections.abc import Callable
+from importlib import resources
 from pathlib import Path
 from typing import Annotated, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from fairgate.domain.units import Unit, Window
 from fairgate.quota.model import Allocation, Dimension, Policy, Pool, ShareMode, pool_limits
@@ -66,8 +77,11 @@ def _offset(value: object) -> int:
     return parse_duration_ms(value)
 
 
-Duration = Annotated[int, Field(gt=0)]
-Offset = Annotated[int, Field(ge=0)]
+#: A duration field: ``"90m"`` or seconds in, milliseconds kept (parsed in one place, so
+#: ``Duration | None`` is a duration or nothing).
+Duration = Annotated[int, BeforeValidator(parse_duration_ms), Field(gt=0)]
+#: An offset from the start of the run: a duration that may be 0.
+Offset = Annotated[int, BeforeValidator(_offset), Field(ge=0)]
 
 
 class _Strict(BaseModel):
@@ -79,16 +93,6 @@ class _Timed(_Strict):
 
     start: Offset = 0
     stop: Duration | None = None
-
-    @field_validator("start", mode="before")
-    @classmethod
-    def _start(cls, v: object) -> int:
-        return _offset(v)
-
-    @field_validator("stop", mode="before")
-    @classmethod
-    def _stop(cls, v: object) -> int | None:
-        return None if v is None else parse_duration_ms(v)
 
 
 class Steady(_Timed):
@@ -114,16 +118,6 @@ class OnOff(_Timed):
     on: Duration
     off: Duration
     phase: Offset = 0
-
-    @field_validator("on", "off", mode="before")
-    @classmethod
-    def _dur(cls, v: object) -> int:
-        return parse_duration_ms(v)
-
-    @field_validator("phase", mode="before")
-    @classmethod
-    def _phase(cls, v: object) -> int:
-        return _offset(v)
 
 
 class Greedy(_Timed):
@@ -158,11 +152,6 @@ class Diurnal(_Timed):
     period: Duration | None = None
     phase: float = 0.0
 
-    @field_validator("period", mode="before")
-    @classmethod
-    def _period(cls, v: object) -> int | None:
-        return None if v is None else parse_duration_ms(v)
-
 
 Pattern = Annotated[Steady | Bursty | OnOff | Greedy | Late | Diurnal, Field(discriminator="kind")]
 
@@ -192,11 +181,6 @@ class KeySpec(_Strict):
     max_wait: Duration = 120_000
     backlog: int = Field(default=200, ge=1)
 
-    @field_validator("max_wait", mode="before")
-    @classmethod
-    def _max_wait(cls, v: object) -> int:
-        return parse_duration_ms(v)
-
     @field_validator("policy", mode="before")
     @classmethod
     def _policy(cls, v: object) -> object:
@@ -224,11 +208,6 @@ class PoolSpec(_Strict):
     members: int = Field(default=1, ge=1)
     active_window: Duration = 15 * 60_000
 
-    @field_validator("active_window", mode="before")
-    @classmethod
-    def _aw(cls, v: object) -> int:
-        return parse_duration_ms(v)
-
 
 class Scenario(_Strict):
     name: Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")]
@@ -237,11 +216,6 @@ class Scenario(_Strict):
     tick: Duration = 30_000
     pool: PoolSpec
     keys: list[KeySpec] = Field(min_length=1)
-
-    @field_validator("duration", "tick", mode="before")
-    @classmethod
-    def _dur(cls, v: object) -> int:
-        return parse_duration_ms(v)
 
     @model_validator(mode="after")
     def _check(self) -> Scenario:
@@ -390,96 +364,6 @@ _BASE_POOL = {
     ]
 }
 
-_BUILTIN_DATA: dict[str, dict[str, object]] = {
-    "steady": {
-        "description": "four keys at constant rates, two above their share and two below",
-        "duration": "6h",
-        "keys": [
-            {"id": "alpha", "weight": 40, "demand": {"kind": "steady", "rate": 400}},
-            {"id": "beta", "weight": 30, "demand": {"kind": "steady", "rate": 100}},
-            {"id": "gamma", "weight": 20, "demand": {"kind": "steady", "rate": 200}},
-            {
-                "id": "delta",
-                "weight": 10,
-                "cap": {"value": 40, "unit": "requests"},
-                "demand": {"kind": "steady", "rate": 30},
-            },
-        ],
-    },
-    "greedy": {
-        "description": "one key asks ten times its share; three well-behaved keys stay below",
-        "duration": "6h",
-        "keys": [
-            {"id": "hog", "weight": 25, "demand": {"kind": "greedy", "factor": 10}},
-            {"id": "app1", "weight": 25, "demand": {"kind": "steady", "rate": 100}},
-            {"id": "app2", "weight": 25, "demand": {"kind": "steady", "rate": 80}},
-            {"id": "app3", "weight": 25, "demand": {"kind": "steady", "rate": 120}},
-        ],
-    },
-    "bursty": {
-        "description": "two keys send random bursts beside a steady and a greedy key",
-        "duration": "6h",
-        "keys": [
-            {
-                "id": "batch",
-                "weight": 30,
-                "max_wait": "15m",
-                "demand": {"kind": "bursty", "rate": 240, "burst": 30},
-            },
-            {
-                "id": "jobs",
-                "weight": 20,
-                "max_wait": "15m",
-                "demand": {"kind": "bursty", "rate": 90, "burst": 15},
-            },
-            {"id": "web", "weight": 30, "demand": {"kind": "steady", "rate": 150}},
-            {"id": "crawler", "weight": 20, "demand": {"kind": "greedy", "factor": 5}},
-        ],
-    },
-    "on-off": {
-        "description": "keys switch on and off for hours at a time, out of phase",
-        "duration": "8h",
-        "keys": [
-            {
-                "id": "east",
-                "weight": 30,
-                "demand": {"kind": "on_off", "rate": 500, "on": "2h", "off": "2h"},
-            },
-            {
-                "id": "west",
-                "weight": 30,
-                "demand": {"kind": "on_off", "rate": 500, "on": "2h", "off": "2h", "phase": "2h"},
-            },
-            {"id": "ops", "weight": 20, "demand": {"kind": "steady", "rate": 150}},
-            {"id": "etl", "weight": 20, "demand": {"kind": "greedy", "factor": 4}},
-        ],
-    },
-    "late-arrival": {
-        "description": "three keys fill the pool; a fourth joins after two hours",
-        "duration": "6h",
-        "keys": [
-            {"id": "first", "weight": 25, "demand": {"kind": "greedy", "factor": 3}},
-            {"id": "second", "weight": 25, "demand": {"kind": "greedy", "factor": 3}},
-            {"id": "third", "weight": 25, "demand": {"kind": "steady", "rate": 100}},
-            {
-                "id": "newcomer",
-                "weight": 25,
-                "demand": {"kind": "late", "rate": 400, "start": "2h"},
-            },
-        ],
-    },
-    "diurnal": {
-        "description": "a compressed day: demand swells and ebbs, peaks in different time zones",
-        "duration": "8h",
-        "keys": [
-            {"id": "emea", "weight": 35, "demand": {"kind": "diurnal", "rate": 260, "phase": 0}},
-            {"id": "amer", "weight": 35, "demand": {"kind": "diurnal", "rate": 260, "phase": 0.33}},
-            {"id": "apac", "weight": 20, "demand": {"kind": "diurnal", "rate": 150, "phase": 0.66}},
-            {"id": "cron", "weight": 10, "demand": {"kind": "steady", "rate": 40}},
-        ],
-    },
-}
-
 
 def _many_keys() -> list[dict[str, object]]:
     """40 keys of weights 1-10, a quarter each greedy (3, 10 or 30 times their share),
@@ -519,303 +403,6 @@ def _many_keys() -> list[dict[str, object]]:
     return keys
 
 
-_BUILTIN_DATA["many-keys"] = {
-    "description": "40 keys, weights 1-10: greedy, steady, staggered on-off and bursty; caps",
-    "duration": "6h",
-    "pool": {"dimensions": [{"unit": "requests", "window": "hourly", "limit": 1200}]},
-    "keys": _many_keys(),
-}
-_BUILTIN_DATA["token-mix"] = {
-    "description": "a token-bound pool: 8k-token prompts beside chat, an on-off batch, a late key",
-    "duration": "6h",
-    "pool": {"dimensions": [{"unit": "tokens", "window": "hourly", "limit": 400_000}]},
-    "keys": [
-        {
-            "id": "greedy",
-            "demand": {"kind": "greedy", "factor": 5},
-            "tokens": {"prompt": 8000, "completion": 500, "max_tokens": 1024},
-        },
-        {
-            "id": "chatty",
-            "demand": {"kind": "steady", "rate": 250},
-            "tokens": {"prompt": 400, "completion": 200, "max_tokens": 512},
-        },
-        {
-            "id": "batch",
-            "max_wait": "15m",
-            "demand": {"kind": "on_off", "rate": 200, "on": "30m", "off": "30m", "phase": "15m"},
-            "tokens": {"prompt": 2000, "completion": 1500, "max_tokens": 2048},
-        },
-        {
-            "id": "late",
-            "demand": {"kind": "late", "rate": 100, "start": "2h"},
-            "tokens": {"prompt": 1000, "completion": 400, "max_tokens": 1024},
-        },
-    ],
-}
-
-#: Issue 18's shape: two dimensions that both bind, keys whose requests differ 16-fold in size.
-#: The research agent is a hard key whose jobs wait up to 15 minutes: the issue's soft key is
-#: only penalised above its share, never held to it, so no policy could hold it to its ideal
-#: (docs/fairness.md has both figures).
-_BUILTIN_DATA["two-resource"] = {
-    "description": "requests and tokens both bind: two teams, a CI bot, light keys, research",
-    "duration": "8h",
-    "pool": {
-        "dimensions": [
-            {"unit": "requests", "window": "hourly", "limit": 300},
-            {"unit": "tokens", "window": "hourly", "limit": 600_000},
-        ]
-    },
-    "keys": [
-        {
-            "id": "team-a",
-            "weight": 25,
-            "demand": {"kind": "diurnal", "rate": 130, "phase": 0},
-            "tokens": {"prompt": 1200, "completion": 400, "max_tokens": 1024},
-        },
-        {
-            "id": "team-b",
-            "weight": 25,
-            "demand": {"kind": "diurnal", "rate": 130, "phase": 0.5},
-            "tokens": {"prompt": 1200, "completion": 400, "max_tokens": 1024},
-        },
-        {
-            "id": "ci-bot",
-            "weight": 20,
-            "demand": {"kind": "late", "rate": 60, "start": "3h"},
-            "tokens": {"prompt": 7000, "completion": 1000, "max_tokens": 2048},
-        },
-        {
-            "id": "light-1",
-            "weight": 5,
-            "max_wait": "15m",
-            "demand": {"kind": "bursty", "rate": 20, "burst": 8},
-            "tokens": {"prompt": 600, "completion": 200, "max_tokens": 512},
-        },
-        {
-            "id": "light-2",
-            "weight": 5,
-            "max_wait": "15m",
-            "demand": {"kind": "bursty", "rate": 15, "burst": 6},
-            "tokens": {"prompt": 600, "completion": 200, "max_tokens": 512},
-        },
-        {
-            "id": "research",
-            "weight": 20,
-            "max_wait": "15m",
-            "demand": {"kind": "on_off", "rate": 90, "on": "20m", "off": "70m"},
-            "tokens": {"prompt": 11000, "completion": 1800, "max_tokens": 4096},
-        },
-    ],
-}
-#: A chat front-end (many small requests) beside a batch summariser (few huge ones) on an RPM
-#: + TPM pool: requests are the chat's dominant dimension, tokens the summariser's.
-_BUILTIN_DATA["chat-agent"] = {
-    "description": "a chat front-end of small requests beside a summariser of huge ones",
-    "duration": "6h",
-    "pool": {
-        "dimensions": [
-            {"unit": "requests", "window": "hourly", "limit": 600},
-            {"unit": "tokens", "window": "hourly", "limit": 1_200_000},
-        ]
-    },
-    "keys": [
-        {
-            "id": "chat",
-            "weight": 50,
-            "demand": {"kind": "steady", "rate": 450},
-            "tokens": {"prompt": 600, "completion": 250, "max_tokens": 512},
-        },
-        {
-            "id": "summariser",
-            "weight": 50,
-            "max_wait": "15m",
-            "demand": {"kind": "greedy", "factor": 0.5},
-            "tokens": {"prompt": 9000, "completion": 1000, "max_tokens": 2048},
-        },
-    ],
-}
-
-#: A Codex-style subscription: a 5-hour and a weekly budget at once, modelled in requests (the
-#: simulator's requests stand for the plan's percentages: one request, one step of each). A whole
-#: week, so that a policy pacing the weekly budget to its end and the ideal across windows
-#: (which hands out the run's budget in hindsight) agree on when the week ends: a heavy user,
-#: two users with opposite daily rhythms, and a late joiner on day two. Every 5-hour window
-#: binds, and asked first come first served the weekly budget runs out on day six.
-_BUILTIN_DATA["subscription"] = {
-    "description": "5-hour and weekly budgets: a heavy user spends the week, a late joiner",
-    "duration": "7d",
-    "tick": "5m",
-    "pool": {
-        "dimensions": [
-            {"unit": "requests", "window": "5h", "limit": 250},
-            {"unit": "requests", "window": "weekly", "limit": 6000},
-        ]
-    },
-    "keys": [
-        {
-            "id": "heavy",
-            "weight": 25,
-            "max_wait": "15m",
-            "demand": {"kind": "diurnal", "rate": 42, "amplitude": 0.5, "period": "24h"},
-        },
-        {
-            "id": "day",
-            "weight": 25,
-            "max_wait": "15m",
-            "demand": {"kind": "diurnal", "rate": 15, "amplitude": 0.9, "period": "24h"},
-        },
-        {
-            "id": "night",
-            "weight": 25,
-            "max_wait": "15m",
-            "demand": {
-                "kind": "diurnal",
-                "rate": 15,
-                "amplitude": 0.9,
-                "period": "24h",
-                "phase": 0.5,
-            },
-        },
-        {
-            "id": "late",
-            "weight": 25,
-            "max_wait": "15m",
-            "demand": {"kind": "late", "rate": 20, "start": "40h"},
-        },
-    ],
-}
-
-
-# -- issue 45: one built-in per kind of workload the gate found fairgate behind on ----------------
-
-#: Coding agents (steady, far above their share) beside interactive developers (small bursts,
-#: short patience), and a fourth developer who joins two hours in and asks more than its share:
-#: the joining key must get its share back from keys that filled the pool, without more.
-_BUILTIN_DATA["joining"] = {
-    "description": "agents and interactive developers; a developer joins two hours in",
-    "duration": "6h",
-    "keys": [
-        {"id": "agent-1", "weight": 20, "demand": {"kind": "greedy", "factor": 3}},
-        {"id": "agent-2", "weight": 20, "demand": {"kind": "greedy", "factor": 2}},
-        *(
-            {
-                "id": f"dev-{i}",
-                "weight": 15,
-                "max_wait": "1m",
-                "demand": {"kind": "bursty", "rate": 70 + 15 * i, "burst": 4},
-                "tokens": {"prompt": 1500, "completion": 400, "max_tokens": 1024},
-            }
-            for i in range(1, 4)
-        ),
-        {
-            "id": "joiner",
-            "weight": 15,
-            "max_wait": "5m",
-            "demand": {"kind": "late", "rate": 150, "start": "2h"},
-        },
-    ],
-}
-
-#: Keys of the three policies at once: a burst-policy key whose bursts may pass its share, a
-#: soft key asking three times its share, and hard keys that must still get theirs.
-_BUILTIN_DATA["policy-mix"] = {
-    "description": "burst-, soft- and hard-policy keys together",
-    "duration": "6h",
-    "keys": [
-        {
-            "id": "burst",
-            "weight": 25,
-            "policy": "burst",
-            "max_wait": "10m",
-            "demand": {"kind": "bursty", "rate": 200, "burst": 40},
-        },
-        {"id": "soft", "weight": 25, "policy": "soft", "demand": {"kind": "greedy", "factor": 3}},
-        {"id": "hard-1", "weight": 25, "demand": {"kind": "greedy", "factor": 2}},
-        {"id": "hard-2", "weight": 15, "demand": {"kind": "steady", "rate": 100}},
-        {
-            "id": "hard-3",
-            "weight": 10,
-            "max_wait": "10m",
-            "demand": {"kind": "on_off", "rate": 150, "on": "30m", "off": "50m", "phase": "20m"},
-        },
-    ],
-}
-
-#: Requests and tokens both bind all the time: many small chat requests (requests dominant)
-#: beside long-context jobs (tokens dominant), both asking more than their share, and a key
-#: that switches between them.
-_BUILTIN_DATA["dual-bind"] = {
-    "description": "requests and tokens both bind: small chats beside long-context jobs",
-    "duration": "6h",
-    "pool": {
-        "dimensions": [
-            {"unit": "requests", "window": "hourly", "limit": 400},
-            {"unit": "tokens", "window": "hourly", "limit": 800_000},
-        ]
-    },
-    "keys": [
-        {
-            "id": "chat",
-            "weight": 30,
-            "demand": {"kind": "greedy", "factor": 2},
-            "tokens": {"prompt": 500, "completion": 200, "max_tokens": 512},
-        },
-        {
-            "id": "longctx",
-            "weight": 30,
-            "max_wait": "10m",
-            "demand": {"kind": "greedy", "factor": 0.6},
-            "tokens": {"prompt": 9000, "completion": 800, "max_tokens": 2048},
-        },
-        {
-            "id": "mixed",
-            "weight": 20,
-            "max_wait": "5m",
-            "demand": {"kind": "on_off", "rate": 120, "on": "45m", "off": "45m"},
-            "tokens": {"prompt": 3000, "completion": 600, "max_tokens": 1024},
-        },
-        {
-            "id": "small",
-            "weight": 20,
-            "demand": {"kind": "bursty", "rate": 50, "burst": 5},
-            "tokens": {"prompt": 800, "completion": 300, "max_tokens": 512},
-        },
-    ],
-}
-
-#: A weekly budget beside a 5-hour one: two users spend steadily, and a batch key runs for an
-#: hour once a day, patient, asking far more than an hour's share: the week must keep room for
-#: it on every day, and its hour must not take the others' 5-hour windows.
-_BUILTIN_DATA["daily-batch"] = {
-    "description": "5-hour and weekly budgets: two steady users, a batch once a day",
-    "duration": "7d",
-    "tick": "5m",
-    "pool": {
-        "dimensions": [
-            {"unit": "requests", "window": "5h", "limit": 250},
-            {"unit": "requests", "window": "weekly", "limit": 5000},
-        ]
-    },
-    "keys": [
-        {"id": "user-a", "weight": 35, "max_wait": "15m", "demand": {"kind": "steady", "rate": 25}},
-        {
-            "id": "user-b",
-            "weight": 35,
-            "max_wait": "15m",
-            "demand": {"kind": "diurnal", "rate": 20, "amplitude": 0.8, "period": "24h"},
-        },
-        {
-            "id": "batch",
-            "weight": 30,
-            "max_wait": "60m",
-            "demand": {"kind": "on_off", "rate": 300, "on": "1h", "off": "23h", "phase": "3h"},
-        },
-    ],
-}
-
-
 def _tiny_keys() -> list[dict[str, object]]:
     """Two heavy keys (greedy, weight 10 each) and 200 tiny ones (weight 0.4, a few requests
     an hour each, starting spread over the first hour) on a fresh pool."""
@@ -835,20 +422,30 @@ def _tiny_keys() -> list[dict[str, object]]:
     return keys
 
 
-_BUILTIN_DATA["tiny-keys"] = {
-    "description": "200 tiny keys beside two heavy ones on a fresh pool",
-    "duration": "4h",
-    "pool": {"dimensions": [{"unit": "requests", "window": "hourly", "limit": 1200}]},
-    "keys": _tiny_keys(),
+#: The built-ins whose keys are made here rather than listed in ``builtins.yaml``.
+_GENERATED_KEYS: dict[str, Callable[[], list[dict[str, object]]]] = {
+    "many-keys": _many_keys,
+    "tiny-keys": _tiny_keys,
 }
 
 
+@functools.cache
+def _builtin_data() -> dict[str, dict[str, object]]:
+    """The built-in scenarios by name, in their listed order: data, so they are kept as data
+    (``builtins.yaml``, read once), with the generated keys filled in."""
+    text = resources.files(__package__).joinpath("builtins.yaml").read_text(encoding="utf-8")
+    data: dict[str, dict[str, object]] = yaml.load(text, Loader=_Loader)
+    for name, keys in _GENERATED_KEYS.items():
+        data[name]["keys"] = keys()
+    return data
+
+
 def builtin_names() -> tuple[str, ...]:
-    return tuple(_BUILTIN_DATA)
+    return tuple(_builtin_data())
 
 
 def builtin(name: str) -> Scenario:
-    data = _BUILTIN_DATA.get(name)
+    data = _builtin_data().get(name)
     if data is None:
         known = ", ".join(builtin_names())
         raise ScenarioError(f"unknown built-in scenario {name!r} (known: {known})")
