@@ -122,6 +122,40 @@ async def test_fusion_returns_the_judges_merged_answer(tmp_path: Path) -> None:
         assert judge_prompt.count("mock reply: what is two plus two") == 2
 
 
+async def test_fusion_with_one_survivor_answers_with_it_in_the_clients_shape(
+    tmp_path: Path,
+) -> None:
+    """A fusion panel where one member fails: the survivor's answer is the combo's answer, no
+    judge asked, as a chat completion (or one chunk and ``[DONE]`` when the client streams)."""
+    mock = MockUpstream()
+    panel = combo(
+        "panel",
+        [target("oa-1"), target("oa-2")],
+        "fusion",
+        judge={"provider": "judge", "model": "judge-model"},
+        maxRetries=0,
+    )
+    async with gateway(tmp_path, config([panel]), ManualTimer(), mock) as h:
+        mock.schedule("500")
+        r = await h.chat("panel", messages=[{"role": "user", "content": "one survives"}])
+        assert r.status_code == 200, r.text
+        body = r.json()
+        assert body["id"] == "chatcmpl-fusion"
+        assert body["object"] == "chat.completion"
+        assert body["choices"][0]["message"]["content"] == "mock reply: one survives"
+        assert body["choices"][0]["finish_reason"] == "stop"
+        assert "judge-1" not in h.sent_to
+        mock.schedule("500")
+        r = await h.chat("panel", messages=[{"role": "user", "content": "streamed"}], stream=True)
+        assert r.status_code == 200, r.text
+        events = [ln[6:] for ln in r.text.splitlines() if ln.startswith("data: ")]
+        assert events[-1] == "[DONE]"
+        chunk = orjson.loads(events[0])
+        assert chunk["object"] == "chat.completion.chunk"
+        assert chunk["choices"][0]["delta"]["content"] == "mock reply: streamed"
+        assert "judge-1" not in h.sent_to
+
+
 async def test_pipeline_chains_outputs(tmp_path: Path) -> None:
     mock = MockUpstream()
     chain = combo(
