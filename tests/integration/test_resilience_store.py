@@ -8,6 +8,7 @@ nothing sleeps.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
@@ -273,68 +274,82 @@ async def test_ping(rstore: ResilienceStore) -> None:
 # -- Redis only: replicas, scripts, TTLs ------------------------------------------------------
 
 
-@pytest.fixture
-def redis_pair(
-    redis_url: str, redis_prefix: str, clock: ManualClock
-) -> Callable[[], ResilienceStore]:
-    def make() -> ResilienceStore:
-        return RedisResilienceStore(
-            redis_url, prefix=redis_prefix, clock=clock, socket_timeout_s=TEST_TIMEOUT_S
-        )
+@contextlib.asynccontextmanager
+async def _closing_stores(
+    url: str, prefix: str, clock: ManualClock
+) -> AsyncIterator[Callable[[], RedisResilienceStore]]:
+    """A maker of stores on one server and prefix (replicas sharing Redis), each closed on the
+    way out: a test closes one itself only where closing is part of what it checks."""
+    made: list[RedisResilienceStore] = []
 
-    return make
+    def make() -> RedisResilienceStore:
+        store = RedisResilienceStore(
+            url, prefix=prefix, clock=clock, socket_timeout_s=TEST_TIMEOUT_S
+        )
+        made.append(store)
+        return store
+
+    try:
+        yield make
+    finally:
+        for store in made:
+            await store.close()
+
+
+@pytest_asyncio.fixture
+async def redis_pair(
+    redis_url: str, redis_prefix: str, clock: ManualClock
+) -> AsyncIterator[Callable[[], ResilienceStore]]:
+    async with _closing_stores(redis_url, redis_prefix, clock) as make:
+        yield make
+
+
+@pytest.fixture
+def replica_managers(
+    redis_pair: Callable[[], ResilienceStore], clock: ManualClock
+) -> tuple[RateLimitManager, RateLimitManager]:
+    """Two replicas' managers, each on a store of its own over the one Redis."""
+    return RateLimitManager(redis_pair(), clock=clock), RateLimitManager(redis_pair(), clock=clock)
 
 
 @pytest.mark.redis
 async def test_two_replicas_see_each_others_cooldown_at_once(
-    redis_pair: Callable[[], ResilienceStore], clock: ManualClock
+    replica_managers: tuple[RateLimitManager, RateLimitManager], clock: ManualClock
 ) -> None:
-    a, b = redis_pair(), redis_pair()
-    try:
-        ma = RateLimitManager(a, clock=clock)
-        mb = RateLimitManager(b, clock=clock)
-        c = classify(429, None, {"retry-after": "20"}, now_ms=clock.now_ms())
-        await ma.on_failure("openai", "c1", "gpt-4o", "apikey", c)
-        excl = await mb.check("openai", "c1", "gpt-4o")
-        assert excl is not None
-        assert excl.until_ms == clock.now_ms() + 20 * S
-        await mb.on_success(
-            "openai",
-            "c2",
-            "gpt-4o",
-            {"x-ratelimit-remaining-requests": "0", "x-ratelimit-reset-requests": "30s"},
-        )
-        excl = await ma.check("openai", "c2", "gpt-4o")
-        assert excl is not None
-        assert excl.reason == "rate_limited"
-    finally:
-        await a.close()
-        await b.close()
+    ma, mb = replica_managers
+    c = classify(429, None, {"retry-after": "20"}, now_ms=clock.now_ms())
+    await ma.on_failure("openai", "c1", "gpt-4o", "apikey", c)
+    excl = await mb.check("openai", "c1", "gpt-4o")
+    assert excl is not None
+    assert excl.until_ms == clock.now_ms() + 20 * S
+    await mb.on_success(
+        "openai",
+        "c2",
+        "gpt-4o",
+        {"x-ratelimit-remaining-requests": "0", "x-ratelimit-reset-requests": "30s"},
+    )
+    excl = await ma.check("openai", "c2", "gpt-4o")
+    assert excl is not None
+    assert excl.reason == "rate_limited"
 
 
 @pytest.mark.redis
 async def test_replicas_share_the_breaker_and_one_probe(
-    redis_pair: Callable[[], ResilienceStore], clock: ManualClock
+    replica_managers: tuple[RateLimitManager, RateLimitManager], clock: ManualClock
 ) -> None:
-    a, b = redis_pair(), redis_pair()
-    try:
-        ma = RateLimitManager(a, clock=clock)
-        mb = RateLimitManager(b, clock=clock)
-        for i in range(5):
-            c = classify(500, None, None, now_ms=clock.now_ms())
-            await ma.on_failure("openai", f"c{i}", "gpt-4o", "apikey", c)
-        clock.advance(1)
-        excl = await mb.check("openai", "fresh", "gpt-4o")
-        assert excl is not None
-        assert excl.reason == "breaker_open"
-        clock.advance(30 * S)
-        results = await asyncio.gather(
-            *(m.check("openai", f"n{i}", "gpt-4o") for i in range(25) for m in (ma, mb))
-        )
-        assert sum(r is None for r in results) == 1
-    finally:
-        await a.close()
-        await b.close()
+    ma, mb = replica_managers
+    for i in range(5):
+        c = classify(500, None, None, now_ms=clock.now_ms())
+        await ma.on_failure("openai", f"c{i}", "gpt-4o", "apikey", c)
+    clock.advance(1)
+    excl = await mb.check("openai", "fresh", "gpt-4o")
+    assert excl is not None
+    assert excl.reason == "breaker_open"
+    clock.advance(30 * S)
+    results = await asyncio.gather(
+        *(m.check("openai", f"n{i}", "gpt-4o") for i in range(25) for m in (ma, mb))
+    )
+    assert sum(r is None for r in results) == 1
 
 
 # -- Redis: reads from memory, kept current by the watcher -------------------------------------
@@ -350,22 +365,15 @@ async def watched(
     cluster = request.param == "redis-cluster"
     url: str = request.getfixturevalue("redis_cluster_url" if cluster else "redis_url")
     prefix: str = request.getfixturevalue("redis_cluster_prefix" if cluster else "redis_prefix")
-    made: list[RedisResilienceStore] = []
+    async with _closing_stores(url, prefix, clock) as new_store:
 
-    async def make(poll_s: float = 3600.0) -> RedisResilienceStore:
-        store = RedisResilienceStore(
-            url, prefix=prefix, clock=clock, socket_timeout_s=TEST_TIMEOUT_S
-        )
-        made.append(store)
-        await store.start_watch(poll_s=poll_s)
-        await store.wait_version(0)  # the watcher is subscribed and has read the counter
-        return store
+        async def make(poll_s: float = 3600.0) -> RedisResilienceStore:
+            store = new_store()
+            await store.start_watch(poll_s=poll_s)
+            await store.wait_version(0)  # the watcher is subscribed and has read the counter
+            return store
 
-    try:
         yield make
-    finally:
-        for store in made:
-            await store.close()
 
 
 async def _until(store: Any, version: int) -> None:
@@ -540,24 +548,20 @@ async def test_monotonic_in_lua_under_concurrent_writers_on_two_clients(
     redis_pair: Callable[[], ResilienceStore], clock: ManualClock
 ) -> None:
     a, b = redis_pair(), redis_pair()
-    try:
-        now = clock.now_ms()
-        rng = random.Random(11)
-        untils = [now + rng.randrange(1, 300_000) for _ in range(300)]
-        writes = [
-            (a if i % 2 else b).set_lockout("openai", "c1", "m", u, i % 5, "x")
-            for i, u in enumerate(untils)
-        ]
-        results = await asyncio.gather(*writes)
-        # every reply is already the max of what was stored before it: deadlines never go back
-        assert all(r.until_ms >= u for r, u in zip(results, untils, strict=True))
-        final = await a.get_lockout("openai", "c1", "m")
-        assert final is not None
-        assert final.until_ms == max(untils)
-        assert final.level == 4
-    finally:
-        await a.close()
-        await b.close()
+    now = clock.now_ms()
+    rng = random.Random(11)
+    untils = [now + rng.randrange(1, 300_000) for _ in range(300)]
+    writes = [
+        (a if i % 2 else b).set_lockout("openai", "c1", "m", u, i % 5, "x")
+        for i, u in enumerate(untils)
+    ]
+    results = await asyncio.gather(*writes)
+    # every reply is already the max of what was stored before it: deadlines never go back
+    assert all(r.until_ms >= u for r, u in zip(results, untils, strict=True))
+    final = await a.get_lockout("openai", "c1", "m")
+    assert final is not None
+    assert final.until_ms == max(untils)
+    assert final.level == 4
 
 
 @pytest.mark.redis
@@ -603,13 +607,10 @@ async def test_ids_that_would_alias_keys_are_refused(
     redis_pair: Callable[[], ResilienceStore], clock: ManualClock, bad: str
 ) -> None:
     store = redis_pair()
-    try:
-        with pytest.raises(ValueError, match="invalid"):
-            await store.set_cooldown(bad, clock.now_ms() + S, 0, "x")
-        with pytest.raises(ValueError, match="invalid"):
-            await store.get_lockout(bad, "c1", "m")
-    finally:
-        await store.close()
+    with pytest.raises(ValueError, match="invalid"):
+        await store.set_cooldown(bad, clock.now_ms() + S, 0, "x")
+    with pytest.raises(ValueError, match="invalid"):
+        await store.get_lockout(bad, "c1", "m")
 
 
 def test_redis_store_needs_url_or_client() -> None:
@@ -768,13 +769,10 @@ async def test_restore_into_redis(
     await first.clear_cooldown("c1")  # Redis lost it (a flush, a new server)
     await first.close()
     second = redis_pair()
-    try:
-        again = await _manager(db, clock, second)
-        excl = await again.check("openai", "c1", "gpt-4o")
-        assert excl is not None
-        assert excl.until_ms == clock.now_ms() + 100 * S
-    finally:
-        await second.close()
+    again = await _manager(db, clock, second)
+    excl = await again.check("openai", "c1", "gpt-4o")
+    assert excl is not None
+    assert excl.until_ms == clock.now_ms() + 100 * S
 
 
 # -- factory ------------------------------------------------------------------------------------
