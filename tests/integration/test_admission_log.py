@@ -6,10 +6,11 @@ from __future__ import annotations
 import os
 import sqlite3
 import stat
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
+import pytest_asyncio
 from resp_wire import Wire
 
 from fairgate.clock import ManualClock
@@ -27,6 +28,7 @@ from fairgate.store.admission_log import (
 from fairgate.store.sqlite.store import SqliteQuotaStore
 
 Opener = Callable[[int], LogBackend]
+RedisLogOpener = Callable[[int], tuple[RedisLogBackend, SharedPoolLog]]
 
 
 @pytest.fixture(
@@ -213,18 +215,30 @@ async def test_a_flush_sends_one_command_per_pool_however_many_events(
 DAY_MS = 86_400_000
 
 
-@pytest.fixture(
+@pytest_asyncio.fixture(
     params=[
         pytest.param("redis", id="redis", marks=pytest.mark.redis),
         pytest.param("redis-cluster", id="redis-cluster", marks=pytest.mark.redis),
     ]
 )
-def redis_log(request: pytest.FixtureRequest) -> Callable[[int], RedisLogBackend]:
-    """A Redis backend of the given ``per_pool`` that keeps a day of events."""
+async def redis_log(request: pytest.FixtureRequest) -> AsyncIterator[RedisLogOpener]:
+    """A log on a Redis backend of the given ``per_pool`` that keeps a day of events, with the
+    backend (for what the tests read of Redis itself); the logs are closed after the test."""
     cluster = request.param == "redis-cluster"
     url: str = request.getfixturevalue("redis_cluster_url" if cluster else "redis_url")
     prefix: str = request.getfixturevalue("redis_cluster_prefix" if cluster else "redis_prefix")
-    return lambda per_pool: RedisLogBackend(url, prefix, per_pool, max_age_ms=DAY_MS)
+    logs: list[SharedPoolLog] = []
+
+    def open_log(per_pool: int) -> tuple[RedisLogBackend, SharedPoolLog]:
+        backend = RedisLogBackend(url, prefix, per_pool, max_age_ms=DAY_MS)
+        logs.append(SharedPoolLog(backend))
+        return backend, logs[-1]
+
+    try:
+        yield open_log
+    finally:
+        for log in logs:
+            await log.close()
 
 
 async def _add_old(backend: RedisLogBackend, pool_id: str, n: int, age_ms: int) -> None:
@@ -236,67 +250,43 @@ async def _add_old(backend: RedisLogBackend, pool_id: str, n: int, age_ms: int) 
         await backend._client.xadd(backend._key(pool_id), {"e": b'{"ts": "old"}'}, id=f"{then}-{i}")
 
 
-async def test_a_redis_stream_has_the_age_as_its_ttl(
-    redis_log: Callable[[int], RedisLogBackend],
-) -> None:
-    backend = redis_log(50)
-    log = SharedPoolLog(backend)
-    try:
-        log.log("p", {"ts": 1})
-        await log.flush()
-        # a pool nobody admits to any more (or deleted while Redis was down) loses its stream
-        ttl = await backend._client.pttl(backend._key("p"))
-        assert 0 < ttl <= DAY_MS
-    finally:
-        await log.close()
+async def test_a_redis_stream_has_the_age_as_its_ttl(redis_log: RedisLogOpener) -> None:
+    backend, log = redis_log(50)
+    log.log("p", {"ts": 1})
+    await log.flush()
+    # a pool nobody admits to any more (or deleted while Redis was down) loses its stream
+    ttl = await backend._client.pttl(backend._key("p"))
+    assert 0 < ttl <= DAY_MS
 
 
-async def test_a_redis_stream_is_bounded_by_length_approximately(
-    redis_log: Callable[[int], RedisLogBackend],
-) -> None:
-    backend = redis_log(50)
-    log = SharedPoolLog(backend)
-    try:
-        for i in range(1000):
-            log.log("p", {"ts": i})
-        await log.flush()
-        # ~ trims whole nodes (≤ 100 entries each): never more than a node beyond per_pool
-        assert 50 <= await backend._client.xlen(backend._key("p")) <= 150
-        assert [e["ts"] for e in await log.recent("p", 1000)] == list(range(999, 949, -1))
-    finally:
-        await log.close()
+async def test_a_redis_stream_is_bounded_by_length_approximately(redis_log: RedisLogOpener) -> None:
+    backend, log = redis_log(50)
+    for i in range(1000):
+        log.log("p", {"ts": i})
+    await log.flush()
+    # ~ trims whole nodes (≤ 100 entries each): never more than a node beyond per_pool
+    assert 50 <= await backend._client.xlen(backend._key("p")) <= 150
+    assert [e["ts"] for e in await log.recent("p", 1000)] == list(range(999, 949, -1))
 
 
-async def test_a_redis_append_trims_the_events_past_the_age(
-    redis_log: Callable[[int], RedisLogBackend],
-) -> None:
-    backend = redis_log(10_000)
-    log = SharedPoolLog(backend)
-    try:
-        await _add_old(backend, "p", 300, DAY_MS + 60_000)
-        log.log("p", {"ts": "new"})
-        await log.flush()
-        # approximate: whole nodes of old entries go, the one the new entry shares may stay
-        assert await backend._client.xlen(backend._key("p")) <= 101
-        assert (await log.recent("p", 1)) == [{"ts": "new"}]
-    finally:
-        await log.close()
+async def test_a_redis_append_trims_the_events_past_the_age(redis_log: RedisLogOpener) -> None:
+    backend, log = redis_log(10_000)
+    await _add_old(backend, "p", 300, DAY_MS + 60_000)
+    log.log("p", {"ts": "new"})
+    await log.flush()
+    # approximate: whole nodes of old entries go, the one the new entry shares may stay
+    assert await backend._client.xlen(backend._key("p")) <= 101
+    assert (await log.recent("p", 1)) == [{"ts": "new"}]
 
 
-async def test_the_gc_trims_the_streams_no_append_touches(
-    redis_log: Callable[[int], RedisLogBackend],
-) -> None:
-    backend = redis_log(10_000)
-    log = SharedPoolLog(backend)
-    try:
-        await _add_old(backend, "quiet", 30, DAY_MS + 60_000)
-        await _add_old(backend, "recent", 20, DAY_MS - 3_600_000)
-        assert await log.gc() == 30
-        assert await log.recent("quiet", 100) == []
-        assert len(await log.recent("recent", 100)) == 20  # younger than a day: kept
-        assert await log.gc() == 0
-    finally:
-        await log.close()
+async def test_the_gc_trims_the_streams_no_append_touches(redis_log: RedisLogOpener) -> None:
+    backend, log = redis_log(10_000)
+    await _add_old(backend, "quiet", 30, DAY_MS + 60_000)
+    await _add_old(backend, "recent", 20, DAY_MS - 3_600_000)
+    assert await log.gc() == 30
+    assert await log.recent("quiet", 100) == []
+    assert len(await log.recent("recent", 100)) == 20  # younger than a day: kept
+    assert await log.gc() == 0
 
 
 async def test_the_retention_gc_trims_the_admission_log(tmp_path: Path) -> None:
