@@ -1,17 +1,19 @@
 """HTTP on loopback for the integration tests.
 
 Reading what an HTTP client sent, for the raw loopback servers of the upstream client's tests
-(``test_upstream_wire.py``, ``test_http1.py``): they record requests byte for byte, so they parse
-the request themselves instead of running a real HTTP server. And serving an ASGI app for real
+(``test_upstream_wire.py``, ``test_http1.py``, ``test_http1_contract.py``): they record
+requests byte for byte and answer with exact bytes, so they parse the request themselves
+instead of running a real HTTP server (:func:`answering`, where one answer per request is the
+whole script). And serving an ASGI app for real
 (uvicorn on a free loopback port), for the tests that drive the gateway or its admin API over
 the network (``test_admin_api.py``, ``test_tenancy.py``, ``test_tracing.py`` ...)."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
@@ -120,3 +122,58 @@ async def read_request(reader: asyncio.StreamReader) -> tuple[list[str], bytes]:
         if name.lower() == "content-length":
             length = int(value)
     return lines, await reader.readexactly(length)
+
+
+#: What :func:`answering` writes for one request, given the number of its connection (1 for the
+#: first accepted), its head's lines and its body: the bytes, and whether to close after them.
+Answer = Callable[[int, list[str], bytes], tuple[bytes, bool]]
+
+
+@dataclass
+class Answering:
+    """A raw server of :func:`answering`: its port, how many connections it accepted, and the
+    tasks serving them."""
+
+    port: int = 0
+    accepted: int = 0
+    handlers: list[asyncio.Task[None]] = field(default_factory=list)
+
+    async def finished(self) -> None:
+        """Wait until every connection's handler has ended: each ends on its client's close,
+        so a test that has closed its clients sees the server done, not still writing."""
+        await asyncio.gather(*self.handlers, return_exceptions=True)
+
+
+@asynccontextmanager
+async def answering(answer: Answer) -> AsyncIterator[Answering]:
+    """A server on a free loopback port that reads each request of each connection and writes
+    what ``answer`` says for it. A client that closes or resets ends its connection quietly:
+    the tests judge the client's side, not the server's."""
+    server_state = Answering()
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        server_state.accepted += 1
+        number = server_state.accepted
+        task = asyncio.current_task()
+        assert task is not None
+        server_state.handlers.append(task)
+        try:
+            while True:
+                lines, body = await read_request(reader)
+                data, close = answer(number, lines, body)
+                writer.write(data)
+                await writer.drain()
+                if close:
+                    return
+        except (asyncio.IncompleteReadError, ConnectionError):
+            return
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    server_state.port = server.sockets[0].getsockname()[1]
+    try:
+        yield server_state
+    finally:
+        server.close()
+        await server.wait_closed()

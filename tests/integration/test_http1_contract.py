@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator
 
 import httpx
 import pytest
-from http_support import read_request
+from http_support import Answering, answering
 
 from fairgate.providers.http1 import Http1Pool, Origin, request_head
 from fairgate.providers.transport import UpstreamBroken, UpstreamUnreachable
@@ -52,43 +52,21 @@ CASES: dict[str, tuple[bytes, bool]] = {
 
 
 @contextlib.asynccontextmanager
-async def scripted(first: bytes, close: bool) -> AsyncIterator[tuple[int, list[int]]]:
-    """A server on a free port whose first answer is ``first``; its port and the number of
-    connections it accepted (in a one-item list, read after the requests)."""
-    accepted = [0]
-    answered = [0]
-    handlers: list[asyncio.Task[None]] = []
+async def scripted(first: bytes, close: bool) -> AsyncIterator[Answering]:
+    """A server on a free port whose first answer is ``first`` (closing after it or not) and
+    every later one :data:`AFTER`; how many connections it accepted is read after the
+    requests."""
+    answered = 0
 
-    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        accepted[0] += 1
-        task = asyncio.current_task()
-        assert task is not None
-        handlers.append(task)
-        try:
-            while True:
-                await read_request(reader)
-                answered[0] += 1
-                if answered[0] == 1:
-                    writer.write(first)
-                    await writer.drain()
-                    if close:
-                        return
-                else:
-                    writer.write(AFTER)
-                    await writer.drain()
-        except (asyncio.IncompleteReadError, ConnectionError):
-            return
-        finally:
-            writer.close()
+    def answer(_conn: int, _lines: list[str], _body: bytes) -> tuple[bytes, bool]:
+        nonlocal answered
+        answered += 1
+        return (first, close) if answered == 1 else (AFTER, False)
 
-    server = await asyncio.start_server(serve, "127.0.0.1", 0)
-    try:
-        yield server.sockets[0].getsockname()[1], accepted
+    async with answering(answer) as server:
+        yield server
         # the clients have closed their connections: each handler ends on its EOF
-        await asyncio.gather(*handlers, return_exceptions=True)
-    finally:
-        server.close()
-        await server.wait_closed()
+        await server.finished()
 
 
 Outcome = tuple[object, ...]
@@ -100,9 +78,9 @@ Outcome = tuple[object, ...]
 FAILED: Outcome = ("failed",)
 
 
-async def ours(port: int, accepted: list[int]) -> Outcome:
+async def ours(server: Answering) -> Outcome:
     pool = Http1Pool(keepalive_s=30.0)
-    origin = Origin("http", "127.0.0.1", port)
+    origin = Origin("http", "127.0.0.1", server.port)
     head = request_head("POST", PATH, origin.host_header(), []).encode()
     try:
         try:
@@ -118,29 +96,29 @@ async def ours(port: int, accepted: list[int]) -> Outcome:
             second = (resp.status, await resp.read())
         finally:
             resp.release()
-        return (first, second, accepted[0])
+        return (first, second, server.accepted)
     finally:
         await pool.close()
 
 
-async def theirs(port: int, accepted: list[int]) -> Outcome:
-    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
+async def theirs(server: Answering) -> Outcome:
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{server.port}") as client:
         try:
             r = await client.post(PATH, content=b"{}")
             first: Outcome = (r.status_code, r.content)
         except httpx.TransportError:
             first = FAILED
         r = await client.post(PATH, content=b"{}")
-        return (first, (r.status_code, r.content), accepted[0])
+        return (first, (r.status_code, r.content), server.accepted)
 
 
 @pytest.mark.parametrize("case", list(CASES))
 async def test_the_relay_client_reads_an_answer_as_httpx_does(case: str) -> None:
     raw, close = CASES[case]
     async with asyncio.timeout(SAFETY_S):
-        async with scripted(raw, close) as (port, accepted):
-            got = await ours(port, accepted)
-        async with scripted(raw, close) as (port, accepted):
-            want = await theirs(port, accepted)
+        async with scripted(raw, close) as server:
+            got = await ours(server)
+        async with scripted(raw, close) as server:
+            want = await theirs(server)
     assert got == want
     assert got[1] == (200, b"later")  # the second request is always answered

@@ -16,13 +16,18 @@ from dataclasses import dataclass, field
 
 import pytest
 import pytest_asyncio
-from http_support import read_request
+from http_support import answering
 
 from fairgate.domain.connections import AuthType, Connection, Protocol
 from fairgate.providers.transport import UpstreamBroken
 from fairgate.providers.upstream import UpstreamClient
 
 ANSWER = b'{"id":"x","object":"chat.completion","choices":[]}'
+OK_ANSWER = (
+    b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+    + f"Content-Length: {len(ANSWER)}\r\n\r\n".encode()
+    + ANSWER
+)
 
 
 @dataclass
@@ -32,7 +37,6 @@ class Recorder:
 
     port: int = 0
     requests: list[tuple[list[str], bytes, int]] = field(default_factory=list)
-    connections: int = 0
 
     def head(self, i: int) -> list[str]:
         return self.requests[i][0]
@@ -42,31 +46,13 @@ class Recorder:
 async def recorder() -> AsyncIterator[Recorder]:
     rec = Recorder()
 
-    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        rec.connections += 1
-        conn_no = rec.connections
-        try:
-            while True:
-                lines, body = await read_request(reader)
-                rec.requests.append((lines, body, conn_no))
-                writer.write(
-                    b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
-                    + f"Content-Length: {len(ANSWER)}\r\n\r\n".encode()
-                    + ANSWER
-                )
-                await writer.drain()
-        except (asyncio.IncompleteReadError, ConnectionError):
-            pass
-        finally:
-            writer.close()
+    def answer(conn_no: int, lines: list[str], body: bytes) -> tuple[bytes, bool]:
+        rec.requests.append((lines, body, conn_no))
+        return OK_ANSWER, False
 
-    server = await asyncio.start_server(handle, "127.0.0.1", 0)
-    rec.port = server.sockets[0].getsockname()[1]
-    try:
+    async with answering(answer) as server:
+        rec.port = server.port
         yield rec
-    finally:
-        server.close()
-        await server.wait_closed()
 
 
 def _conn(rec: Recorder, provider: str = "openai", **kw: object) -> Connection:
