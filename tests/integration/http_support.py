@@ -21,6 +21,7 @@ import uvicorn
 
 from fairgate.admin.api import create_admin_app
 from fairgate.clock import ManualClock
+from fairgate.mock.server import MockUpstream
 from fairgate.process.state import Gateway
 from fairgate.server.app import create_app
 
@@ -87,6 +88,24 @@ class AdminApi:
 
     async def request(self, method: str, url: str, **kw: Any) -> httpx.Response:
         return await self.client.request(method, url, **kw)
+
+
+@dataclass
+class ServedGateway:
+    """A gateway served on loopback (:func:`gateway_client`), the mock upstream behind it, a
+    client of its port and the admin key: what the tests that drive one gateway over the
+    network start from (each adds its own fields and requests)."""
+
+    gw: Gateway
+    mock: MockUpstream
+    client: httpx.AsyncClient
+    admin_key: str
+
+    async def admin(self, method: str, path: str, **kw: Any) -> httpx.Response:
+        """A call of the admin API (``/api`` + ``path``) on the gateway's port, as the admin."""
+        return await self.client.request(
+            method, "/api" + path, headers={"Authorization": f"Bearer {self.admin_key}"}, **kw
+        )
 
 
 def error_of(r: httpx.Response, *secrets: str) -> dict[str, Any]:

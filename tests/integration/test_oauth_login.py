@@ -14,12 +14,11 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
 import pytest_asyncio
-from http_support import gateway_client
+from http_support import ServedGateway, gateway_client
 from typer.testing import CliRunner
 
 from fairgate.admin_cli.credentials import login_fields
@@ -43,16 +42,8 @@ keys:
 
 
 @dataclass
-class Env:
-    gw: Gateway
-    mock: MockUpstream
-    client: httpx.AsyncClient
+class Env(ServedGateway):
     url: str
-
-    async def admin(self, method: str, path: str, **kw: Any) -> httpx.Response:
-        return await self.client.request(
-            method, "/api" + path, headers={"Authorization": f"Bearer {ADMIN}"}, **kw
-        )
 
     async def ask(self) -> httpx.Response:
         return await self.client.post(
@@ -88,7 +79,7 @@ async def start(mock: MockUpstream, tmp_path: Path, clock: ManualClock) -> Async
                 admin_key=ADMIN,
             )
             url, client = await stack.enter_async_context(gateway_client(gw))
-            return Env(gw, mock, client, url)
+            return Env(gw, mock, client, ADMIN, url)
 
         yield go
 

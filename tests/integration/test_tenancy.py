@@ -22,7 +22,7 @@ import httpx
 import pytest
 import pytest_asyncio
 from db_support import migrate_sqlite_to
-from http_support import gateway_client
+from http_support import ServedGateway, gateway_client
 
 from fairgate.clock import ManualClock
 from fairgate.config import load_config_text
@@ -70,10 +70,7 @@ def config_yaml(mock_url: str, *, require: bool | None = True, forward: str = ""
 
 
 @dataclass
-class Env:
-    gw: Gateway
-    mock: MockUpstream
-    client: httpx.AsyncClient
+class Env(ServedGateway):
     data_dir: Path
 
     async def chat(self, key: str, model: str, **headers: str) -> httpx.Response:
@@ -81,11 +78,6 @@ class Env:
             "/v1/chat/completions",
             json={"model": model, "messages": [{"role": "user", "content": "hi"}]},
             headers={"Authorization": f"Bearer {KEYS[key]}", **headers},
-        )
-
-    async def admin(self, method: str, path: str, **kw: Any) -> httpx.Response:
-        return await self.client.request(
-            method, "/api" + path, headers={"Authorization": f"Bearer {ADMIN}"}, **kw
         )
 
 
@@ -106,7 +98,7 @@ async def start(tmp_path: Path, clock: ManualClock) -> AsyncIterator[Start]:
             cfg = load_config_text(config_yaml(mock.url, **options), env={})
             gw = Gateway(data_dir=data_dir, config=cfg, env={}, clock=clock, admin_key=ADMIN)
             _, client = await stack.enter_async_context(gateway_client(gw))
-            started.append(Env(gw, mock, client, data_dir))
+            started.append(Env(gw, mock, client, ADMIN, data_dir))
             return started[-1]
 
         yield go
