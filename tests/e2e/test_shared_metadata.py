@@ -144,15 +144,21 @@ async def test_three_replicas_on_postgres_follow_one_admin_write(
     assert {h["metadata"] for h in seen} == {"ok"}
 
 
-async def two_workers(mock: Proc, start_gateway: GatewayFactory) -> tuple[Proc, dict[str, str]]:
-    """``serve --workers 2`` on one data dir, once both workers answer."""
-    keys = {k: new_secret() for k in KEYS}
-    gw = start_gateway(
-        gateway_config(mock.url, _one_pool(keys), keys), extra_args=("--workers", "2")
-    )
-
+async def start_two_workers(
+    start_gateway: GatewayFactory, config_yaml: str, extra_env: dict[str, str] | None = None
+) -> Proc:
+    """``serve --workers 2`` of ``config_yaml`` on one data dir, once both workers answer."""
+    gw = start_gateway(config_yaml, extra_args=("--workers", "2"), extra_env=extra_env)
     await both_workers_up(gw.url)
-    return gw, keys
+    return gw
+
+
+async def two_workers(mock: Proc, start_gateway: GatewayFactory) -> tuple[Proc, dict[str, str]]:
+    """Two workers whose keys share one pool."""
+    keys = {k: new_secret() for k in KEYS}
+    return await start_two_workers(
+        start_gateway, gateway_config(mock.url, _one_pool(keys), keys)
+    ), keys
 
 
 @pytest.mark.slow

@@ -9,7 +9,7 @@ import asyncio
 import httpx
 import pytest
 from e2e_support import ADMIN_KEY, GatewayFactory, Proc, gateway_config, new_secret
-from test_shared_metadata import BODY, eventually, healths
+from test_shared_metadata import BODY, healths, start_two_workers
 
 LIMIT = 40
 REQUESTS = 100
@@ -39,17 +39,9 @@ async def test_two_workers_forward_to_the_owner_and_admit_exactly_the_limit(
     mock_upstream: Proc, start_gateway: GatewayFactory
 ) -> None:
     secret = new_secret()
-    gw = start_gateway(
-        gateway_config(mock_upstream.url, POOLS, {"a": secret}), extra_args=("--workers", "2")
+    gw = await start_two_workers(
+        start_gateway, gateway_config(mock_upstream.url, POOLS, {"a": secret})
     )
-
-    async def both_up() -> bool:
-        try:
-            return len(await _stores(gw.url)) == 2
-        except httpx.TransportError:  # a worker still starting may reset a connection
-            return False
-
-    await eventually(both_up)
     modes = sorted(str(s["mode"]) for s in (await _stores(gw.url)).values())
     assert modes == ["forwarding", "memory"]  # the file was never handed over
 

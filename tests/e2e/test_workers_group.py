@@ -8,7 +8,7 @@ import httpx
 import pytest
 from e2e_support import GatewayFactory, Proc, gateway_config, new_secret
 from prometheus_client.parser import text_string_to_metric_families
-from test_shared_metadata import BODY, both_workers_up, healths
+from test_shared_metadata import BODY, healths, start_two_workers
 
 N = 200
 SCRAPES = 30
@@ -36,10 +36,9 @@ async def test_every_scrape_of_two_workers_counts_every_request(
     mock_upstream: Proc, start_gateway: GatewayFactory
 ) -> None:
     secret = new_secret()
-    gw = start_gateway(
-        gateway_config(mock_upstream.url, keys={"k1": secret}), extra_args=("--workers", "2")
+    gw = await start_two_workers(
+        start_gateway, gateway_config(mock_upstream.url, keys={"k1": secret})
     )
-    await both_workers_up(gw.url)
     auth = {"Authorization": f"Bearer {secret}"}
     async with _fresh(gw.url) as c:
         statuses = [
@@ -62,12 +61,11 @@ async def test_the_key_rate_guard_counts_in_each_worker_as_documented(
     of, two workers let a key through more than one burst and at most two, and the parent
     says at start what the guard adds up to."""
     secret = new_secret()
-    gw = start_gateway(
+    gw = await start_two_workers(
+        start_gateway,
         gateway_config(mock_upstream.url, keys={"k1": secret}),
-        extra_args=("--workers", "2"),
         extra_env={"FAIRGATE_KEY_RATE_PER_S": "0.0001", "FAIRGATE_KEY_RATE_BURST": "3"},
     )
-    await both_workers_up(gw.url)
     auth = {"Authorization": f"Bearer {secret}"}
     async with _fresh(gw.url) as c:
         answers = [await c.post("/v1/chat/completions", json=BODY, headers=auth) for _ in range(60)]
