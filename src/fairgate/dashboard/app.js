@@ -916,6 +916,22 @@
     }
   }
 
+  /* The last step of a dialog that sends its change: `send()` calls the API; once the gateway
+     took it the dialog closes, `done(answer)` tells the user and the page refreshes. A refusal
+     keeps the dialog open with its 422 fields next to their inputs. */
+  async function sendChange({ form, formError, close }, send, done) {
+    let answer;
+    try {
+      answer = await send();
+    } catch (err) {
+      showApiError(form, formError, err);
+      return;
+    }
+    close();
+    done(answer);
+    await refresh();
+  }
+
   // -- editable rows: allocations and dimensions ----------------------------------------------
 
   function rowsEditor(opts) {
@@ -1157,22 +1173,19 @@
           return;
         }
         clearErrors(form);
-        try {
-          await api("POST", "/quota/pools", {
-            id: idValue,
-            name: name.value.trim(),
-            connections: chosen,
-            shareMode: shareMode.value,
-            dimensions: dimItems.map((x) => ({ unit: x.unit, window: x.window, limit: x.limit, windowAnchor: x.windowAnchor })),
-            allocations: allocItems.map(allocationBody),
-          });
-        } catch (err) {
-          showApiError(form, formError, err);
-          return;
-        }
-        close();
-        toast(`Pool ${idValue} created.`);
-        await refresh();
+        await sendChange(
+          { form, formError, close },
+          () =>
+            api("POST", "/quota/pools", {
+              id: idValue,
+              name: name.value.trim(),
+              connections: chosen,
+              shareMode: shareMode.value,
+              dimensions: dimItems.map((x) => ({ unit: x.unit, window: x.window, limit: x.limit, windowAnchor: x.windowAnchor })),
+              allocations: allocItems.map(allocationBody),
+            }),
+          () => toast(`Pool ${idValue} created.`),
+        );
       },
     );
   }
@@ -1204,15 +1217,11 @@
           return;
         }
         clearErrors(form);
-        try {
-          await api("PATCH", `/quota/pools/${encodeURIComponent(pool.id)}`, { allocations: items.map(allocationBody) });
-        } catch (err) {
-          showApiError(form, formError, err);
-          return;
-        }
-        close();
-        toast(`Allocations of ${pool.id} saved.`);
-        await refresh();
+        await sendChange(
+          { form, formError, close },
+          () => api("PATCH", `/quota/pools/${encodeURIComponent(pool.id)}`, { allocations: items.map(allocationBody) }),
+          () => toast(`Allocations of ${pool.id} saved.`),
+        );
       },
     );
   }
@@ -1655,14 +1664,11 @@
           showErrors(form, formError, [["id", "Use letters, digits, '.', '_' or '-' (up to 64)."]], "");
           return;
         }
-        try {
-          const created = await api("POST", "/keys", body);
-          close();
-          revealSecret(created, "created");
-          refresh();
-        } catch (err) {
-          showApiError(form, formError, err);
-        }
+        await sendChange(
+          { form, formError, close },
+          () => api("POST", "/keys", body),
+          (created) => revealSecret(created, "created"),
+        );
       },
     );
   }
@@ -1673,16 +1679,12 @@
       `Edit ${k.id}`,
       () => keyFieldList(f),
       "Save",
-      async ({ form, formError, close }) => {
-        try {
-          await api("PATCH", `/keys/${encodeURIComponent(k.id)}`, keyBody(f));
-          close();
-          toast(`Saved ${k.id}.`);
-          refresh();
-        } catch (err) {
-          showApiError(form, formError, err);
-        }
-      },
+      (dialog) =>
+        sendChange(
+          dialog,
+          () => api("PATCH", `/keys/${encodeURIComponent(k.id)}`, keyBody(f)),
+          () => toast(`Saved ${k.id}.`),
+        ),
     );
   }
 
@@ -1691,16 +1693,12 @@
       `Rotate ${k.id}?`,
       () => h("p", {}, "A new secret replaces the current one, which stops working at once. The key keeps its id, models and pool shares."),
       "Rotate",
-      async ({ form, formError, close }) => {
-        try {
-          const created = await api("POST", `/keys/${encodeURIComponent(k.id)}/rotate`);
-          close();
-          revealSecret(created, "rotated");
-          refresh();
-        } catch (err) {
-          showApiError(form, formError, err);
-        }
-      },
+      (dialog) =>
+        sendChange(
+          dialog,
+          () => api("POST", `/keys/${encodeURIComponent(k.id)}/rotate`),
+          (created) => revealSecret(created, "rotated"),
+        ),
     );
   }
 
@@ -1709,16 +1707,12 @@
       `Revoke ${k.id}?`,
       () => h("p", {}, "The key stops working at once and its allocations in every pool go with it. This cannot be undone."),
       "Revoke",
-      async ({ form, formError, close }) => {
-        try {
-          await api("DELETE", `/keys/${encodeURIComponent(k.id)}`);
-          close();
-          toast(`Revoked ${k.id}.`);
-          refresh();
-        } catch (err) {
-          showApiError(form, formError, err);
-        }
-      },
+      (dialog) =>
+        sendChange(
+          dialog,
+          () => api("DELETE", `/keys/${encodeURIComponent(k.id)}`),
+          () => toast(`Revoked ${k.id}.`),
+        ),
     );
   }
 
