@@ -131,7 +131,7 @@ def config_reference() -> str:
 
 
 def settings_reference() -> str:
-    from fairgate.process.settings import From, Settings
+    from fairgate.process.settings import Settings, leaves
 
     def code(name: str | None) -> str:
         return f"`{name}`" if name else ""
@@ -140,8 +140,7 @@ def settings_reference() -> str:
         "| setting | environment | DB setting | config file | default | limits | description |",
         "| --- | --- | --- | --- | --- | --- | --- |",
     ]
-    for name, info in Settings.model_fields.items():
-        origin = next((m for m in info.metadata if isinstance(m, From)), From())
+    for name, info, origin in leaves(Settings):
         parts.append(
             f"| `{name}` | {code(origin.env)} | {code(origin.db)} | {code(origin.file)} "
             f"| {_default(info)} | {_cell(_limits(info))} | {_cell(info.description or '')} |"

@@ -84,23 +84,24 @@ def reseal(
     from fairgate.db.sealing import reseal_all
     from fairgate.secretbox import ENV_VAR, SecretKeyError, adopt_key_file, load_box
 
-    env = dict(environment.snapshot())
-    if not env.get(ENV_VAR, "").strip():
+    settings = _settings(environment.snapshot())
+    keys = settings.secret_key
+    if not keys:
         _fail(f"set {ENV_VAR} to the new key, then the old one after it (NEW,OLD)")
-    ddir = data_dir or Path(env.get("FAIRGATE_DATA_DIR") or "data")
+    ddir = data_dir or settings.data_dir
     try:
-        url = database_url(env)
+        url = database_url(settings.database_url)
         if url is None and not (ddir / "fairgate.sqlite").is_file():
             # a typo must not create an empty data dir and report "resealed 0"
             _fail(f"{ddir} holds no fairgate data (no fairgate.sqlite): check --data-dir")
-        box, _ = load_box(ddir, env, shared_db=url is not None)
+        box, _ = load_box(ddir, keys, shared_db=url is not None)
         db = open_database(url, ddir / "fairgate.sqlite")
         try:
             secrets_n = reseal_all(db, box)
         finally:
             db.close()
         files = FileTokenStore(ddir / "oauth", box).reseal()
-        adopted = url is None and adopt_key_file(ddir, env)
+        adopted = url is None and adopt_key_file(ddir, keys)
     except (ValueError, SecretKeyError) as exc:
         _fail(str(exc))
     except (OSError, sqlite3.Error, psycopg.Error) as exc:
@@ -219,12 +220,12 @@ def _free_port(host: str = "127.0.0.1") -> int:
         return int(sock.getsockname()[1])
 
 
-def _process_clock(env: Mapping[str, str]) -> Clock:
+def _process_clock(settings: Settings) -> Clock:
     """The clock of this process, chosen in this one place for serve, demo and mock-upstream:
     the system's, or the test clock of :mod:`fairgate.testclock` under ``FAIRGATE_TESTING=1``
     (logged as a WARNING, so nobody runs on it unknowingly)."""
     try:
-        chosen = process_clock(env)
+        chosen = process_clock(settings.test_clock)
     except TestClockError as exc:
         _fail(str(exc))
     if chosen.warning:
@@ -251,16 +252,13 @@ def _settings(env: Mapping[str, str], cfg: Config | None = None) -> Settings:
         _fail(str(exc))
 
 
-def _limits(env: dict[str, str], bind: str) -> HttpSettings:
-    """The HTTP edge's limits from ``env`` (exit 2 naming the variable on a bad value, or on
-    an admin key too short to resist guessing)."""
-    problem = admin_key_problem(env.get("FAIRGATE_ADMIN_KEY"))
+def _limits(settings: Settings, bind: str, admin_key: str | None) -> HttpSettings:
+    """The HTTP edge's limits for ``bind`` (exit 2 on an admin key too short to resist
+    guessing; the settings themselves were checked when they were loaded)."""
+    problem = admin_key_problem(admin_key)
     if problem is not None:
         _fail(problem)
-    try:
-        return HttpSettings.from_env(env, bind)
-    except SettingsError as exc:
-        _fail(str(exc))
+    return settings.http.limits(bind)
 
 
 @app.command()
@@ -286,7 +284,7 @@ def serve(
 
     if not 1 <= workers <= MAX_WORKERS:
         _fail(f"--workers must be from 1 to {MAX_WORKERS}, not {workers}")
-    env = dict(environment.snapshot())
+    env = environment.snapshot()
     path = config or _settings(env).config_path
     try:
         cfg = load_config(path, env) if path is not None else Config.default()
@@ -296,7 +294,7 @@ def serve(
         _fail(f"cannot read config {path}: {exc.strerror}")
     settings = _settings(env, cfg)
     bind = host or cfg.server.host
-    limits = _limits(env, bind)
+    limits = _limits(settings, bind, settings.admin_key)
     chosen = port or settings.port
     if not _port_free(bind, chosen):
         _fail(f"port {chosen} on {bind} is already in use (choose another with --port)")
@@ -304,7 +302,7 @@ def serve(
     from fairgate.process.logs import configure_from_settings
 
     configure_from_settings(settings, _secrets_of(cfg, settings.admin_key or ""))
-    gw = Gateway(data_dir=ddir, config=cfg, env=env, clock=_process_clock(env), settings=settings)
+    gw = Gateway(data_dir=ddir, config=cfg, clock=_process_clock(settings), settings=settings)
     # one JSON event, like every other line this process writes
     logging.getLogger("fairgate.cli").info(
         "fairgate %s on http://%s:%s",
@@ -345,7 +343,8 @@ def mock_upstream(
             stream_chunks=stream_chunks,
             secret=secret,
         ),
-        clock=_process_clock(environment.snapshot()),
+        # leniently: the mock uses only the test clock of the gateway's settings
+        clock=_process_clock(Settings.load(environment.snapshot(), strict=False)),
     )
 
 
@@ -389,16 +388,15 @@ def demo_config_yaml(mock_url: str, upstream_secret: str, keys: dict[str, str]) 
     return "\n".join(lines) + "\n"
 
 
-def demo_identity(env: Mapping[str, str], data_dir: Path | None) -> tuple[Path, str]:
+def demo_identity(settings: Settings, data_dir: Path | None) -> tuple[Path, str]:
     """The demo's data directory and admin key: ``--data-dir``, else ``FAIRGATE_DATA_DIR``,
     else a fresh temp dir; ``FAIRGATE_ADMIN_KEY`` when set (a user who set it expects it to
     work), else a random one printed at start."""
     import secrets as _secrets
 
-    named = (env.get("FAIRGATE_DATA_DIR") or "").strip()
-    ddir = data_dir or (Path(named) if named else Path(tempfile.mkdtemp(prefix="fairgate-demo-")))
-    admin_key = (env.get("FAIRGATE_ADMIN_KEY") or "").strip()
-    return ddir, admin_key or "fg-admin-" + _secrets.token_urlsafe(32)
+    named = settings.data_dir if settings.source_of("data_dir") != "default" else None
+    ddir = data_dir or named or Path(tempfile.mkdtemp(prefix="fairgate-demo-"))
+    return ddir, settings.admin_key or "fg-admin-" + _secrets.token_urlsafe(32)
 
 
 @app.command()
@@ -424,7 +422,7 @@ def demo(
     chosen = port or settings.port
     if not _port_free(host, chosen):
         _fail(f"port {chosen} is already in use (try: fairgate demo --port 20129)")
-    ddir, admin_key = demo_identity(env, data_dir)
+    ddir, admin_key = demo_identity(settings, data_dir)
     mock_port = _free_port()
     upstream_secret = "mock-upstream-" + _secrets.token_hex(8)
     keys = {k: "fg-demo-" + _secrets.token_urlsafe(18) for k, _, _ in DEMO_KEYS}
@@ -437,7 +435,7 @@ def demo(
 
     # the demo prints its keys for the user on stdout; the logs (stderr) never show them
     configure_from_settings(settings, _secrets_of(cfg, admin_key, upstream_secret))
-    clock = _process_clock(env)
+    clock = _process_clock(settings)
     mock = MockUpstream(
         MockConfig(secret=upstream_secret, latency_ms=20, completion_tokens=24), clock=clock
     )
@@ -446,10 +444,9 @@ def demo(
         config=cfg,
         admin_key=admin_key,
         clock=clock,
-        env=env,
         settings=_settings(env, cfg),
     )
-    limits = _limits({**env, "FAIRGATE_ADMIN_KEY": admin_key}, host)
+    limits = _limits(settings, host, admin_key)
     app_ = create_app(gw, on_startup=[start_mock], on_shutdown=[mock.stop], http=limits)
     base = f"http://{host}:{chosen}"
     table = Table(title="Demo client keys (pool 'demo': 100 requests/hour, 200k tokens/hour)")

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import os
 import secrets
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 from cryptography.fernet import Fernet, InvalidToken, MultiFernet
@@ -98,12 +98,13 @@ def _keys_from_env(value: str) -> list[bytes]:
 
 def load_box(
     data_dir: str | os.PathLike[str],
-    env: Mapping[str, str],
+    keys: str | None,
     *,
     shared_db: bool = False,
     create: bool = True,
 ) -> tuple[SecretBox, bool]:
     """The box for this gateway, and whether a key file was just generated (log it once).
+    ``keys``: the settings' ``secret_key`` (``FAIRGATE_SECRET_KEY``); None: the key file.
 
     The key file is created whole, mode 0600, by one process (see :func:`_create_key_file`), so
     workers or replicas starting at once on one data dir agree on the key: the losers of the
@@ -115,9 +116,8 @@ def load_box(
 
     ``create=False``: a reader that must change nothing (``fairgate config check``) gets
     :class:`SecretKeyError` instead of a new key file."""
-    from_env = env.get(ENV_VAR, "")
-    if from_env.strip():
-        return SecretBox(_keys_from_env(from_env)), False
+    if keys and keys.strip():
+        return SecretBox(_keys_from_env(keys)), False
     if shared_db:
         raise SecretKeyError(
             f"{ENV_VAR} is required with a shared (PostgreSQL) metadata DB: every replica "
@@ -135,21 +135,19 @@ def load_box(
     created = False
     if not path.exists():
         created = _create_key_file(path)
-    keys = _keys_from_env(path.read_text())
-    return SecretBox(keys), created
+    return SecretBox(_keys_from_env(path.read_text())), created
 
 
-def adopt_key_file(data_dir: str | os.PathLike[str], env: Mapping[str, str]) -> bool:
+def adopt_key_file(data_dir: str | os.PathLike[str], keys: str | None) -> bool:
     """After a rotation, the data dir's key file holds the key the secrets are sealed with now
     (the first of ``FAIRGATE_SECRET_KEY``), replaced whole (a private temporary file renamed
     over it). Otherwise the file kept the old key, and a gateway started later without the
     variable could open nothing it had resealed (issue 44). True when the file was rewritten;
     a data dir without a key file (a shared metadata DB) is left alone."""
     path = Path(data_dir) / KEY_FILE
-    from_env = env.get(ENV_VAR, "")
-    if not from_env.strip() or not path.exists():
+    if not keys or not keys.strip() or not path.exists():
         return False
-    first = _keys_from_env(from_env)[0]
+    first = _keys_from_env(keys)[0]
     if _keys_from_env(path.read_text())[:1] == [first]:
         return False
     tmp = path.with_name(f".{KEY_FILE}.{os.getpid()}.{secrets.token_hex(4)}")

@@ -3,8 +3,9 @@
 Why: window counts, cooldowns, retry-after and burn rates depend on where "now" falls in a
 bucket. An end-to-end test that runs across 15:00 UTC sees its hourly counts start to decay and
 fails by the clock. In-process tests inject a :class:`~fairgate.clock.ManualClock`; a spawned
-gateway reads its clock from the environment instead, and only when ``FAIRGATE_TESTING=1`` says
-this is a test run:
+gateway reads its clock from its settings instead (:class:`TestClockSettings`, resolved from the
+environment by the one settings object), and only when ``FAIRGATE_TESTING=1`` says this is a
+test run:
 
 ``FAIRGATE_TEST_CLOCK``
     the instant the clock starts at: ISO-8601 with a zone (``2026-06-24T12:30:00Z``) or epoch ms.
@@ -25,13 +26,42 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field
 
 from fairgate.clock import SYSTEM_CLOCK, Clock
+from fairgate.setting_source import From
 
 TESTING_ENV = "FAIRGATE_TESTING"
 START_ENV = "FAIRGATE_TEST_CLOCK"
 RATE_ENV = "FAIRGATE_TEST_CLOCK_RATE"
 ANCHOR_ENV = "FAIRGATE_TEST_CLOCK_ANCHOR"
+
+
+class TestClockSettings(BaseModel):
+    """The test clock's variables as given (the ``test_clock`` area of the one settings
+    object); :func:`process_clock` reads them, since what they mean depends on each other."""
+
+    __test__ = False  # not a pytest test class, whatever imports it
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    testing: Annotated[str | None, From(env=TESTING_ENV)] = Field(
+        default=None, description="`1` lets the test clock replace the system clock (tests only)"
+    )
+    start: Annotated[str | None, From(env=START_ENV)] = Field(
+        default=None,
+        description="With `FAIRGATE_TESTING=1`: the instant the clock starts at (ISO-8601 with a "
+        "zone, or epoch ms), logged as a WARNING",
+    )
+    rate: Annotated[str | None, From(env=RATE_ENV)] = Field(
+        default=None, description="Test milliseconds per real one (default 1; `0` freezes it)"
+    )
+    anchor: Annotated[str | None, From(env=ANCHOR_ENV)] = Field(
+        default=None,
+        description="The real epoch ms at which the clock reads its start (default: when the "
+        "process starts), so several processes share one timeline",
+    )
 
 
 class TestClockError(ValueError):
@@ -90,31 +120,30 @@ def parse_instant(text: str) -> int:
     return int(when.timestamp() * 1000)
 
 
-def process_clock(env: Mapping[str, str]) -> ProcessClock:
-    """The system clock, or the test clock the environment describes when ``FAIRGATE_TESTING=1``.
+def process_clock(given: TestClockSettings) -> ProcessClock:
+    """The system clock, or the test clock ``given`` describes when ``FAIRGATE_TESTING=1``.
 
     Raises :class:`TestClockError` for a value that cannot be read, so the CLI exits 2 instead of
     running on a clock nobody asked for."""
-    wanted = any(env.get(name) for name in (START_ENV, RATE_ENV, ANCHOR_ENV))
-    if not wanted:
+    if not (given.start or given.rate or given.anchor):
         return ProcessClock(SYSTEM_CLOCK, None)
-    if env.get(TESTING_ENV) != "1":
+    if given.testing != "1":
         return ProcessClock(
             SYSTEM_CLOCK,
             f"{START_ENV} is ignored: the test clock needs {TESTING_ENV}=1 (system clock in use)",
         )
     try:
-        start = parse_instant(env[START_ENV]) if env.get(START_ENV) else None
+        start = parse_instant(given.start) if given.start else None
     except ValueError as exc:
         raise TestClockError(f"{START_ENV}: {exc}") from None
     try:
-        rate = float(env.get(RATE_ENV) or "1")
+        rate = float(given.rate or "1")
         if not (rate >= 0 and math.isfinite(rate)):
             raise ValueError
     except ValueError:
         raise TestClockError(f"{RATE_ENV} must be a number >= 0 (0 freezes the clock)") from None
     try:
-        anchor = int(env[ANCHOR_ENV]) if env.get(ANCHOR_ENV) else None
+        anchor = int(given.anchor) if given.anchor else None
     except ValueError:
         raise TestClockError(f"{ANCHOR_ENV} must be epoch milliseconds") from None
     anchor_ms = anchor if anchor is not None else SYSTEM_CLOCK.now_ms()

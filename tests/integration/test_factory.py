@@ -10,7 +10,13 @@ import pytest
 from fairgate.db.connection import open_db
 from fairgate.db.schema import MIGRATIONS
 from fairgate.db.settings import SettingsRepo
-from fairgate.store.factory import create_store, requested_driver
+from fairgate.process.settings import Settings
+from fairgate.store.factory import create_store
+
+
+def requested_driver(env: dict[str, str], db: dict[str, str]) -> str:
+    """The driver the settings resolve from ``db`` > ``env`` > default."""
+    return Settings.load(env, db=db).store.driver
 
 
 def test_precedence() -> None:
@@ -24,7 +30,7 @@ def test_precedence() -> None:
 
 def test_an_unknown_driver_is_logged_by_name(caplog: pytest.LogCaptureFixture) -> None:
     assert requested_driver({"QUOTA_STORE_DRIVER": " Reddis "}, {}) == "sqlite"
-    assert "QUOTA_STORE_DRIVER='Reddis' is not a quota store driver" in caplog.text
+    assert "QUOTA_STORE_DRIVER='Reddis' ignored (not a quota store driver" in caplog.text
     caplog.clear()
     assert requested_driver({"QUOTA_STORE_DRIVER": "REDIS"}, {}) == "redis"
     assert requested_driver({}, {}) == "sqlite"
@@ -32,7 +38,7 @@ def test_an_unknown_driver_is_logged_by_name(caplog: pytest.LogCaptureFixture) -
 
 
 async def test_default_is_sqlite(tmp_path: Path) -> None:
-    store, choice = await create_store(tmp_path / "q.sqlite", env={})
+    store, choice = await create_store(tmp_path / "q.sqlite", Settings.load({}).store)
     assert (store.name, choice.driver, choice.fallback_reason) == ("sqlite", "sqlite", None)
     await store.close()
 
@@ -40,7 +46,9 @@ async def test_default_is_sqlite(tmp_path: Path) -> None:
 async def test_redis_without_url_falls_back(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    store, choice = await create_store(tmp_path / "q.sqlite", env={"QUOTA_STORE_DRIVER": "redis"})
+    store, choice = await create_store(
+        tmp_path / "q.sqlite", Settings.load({"QUOTA_STORE_DRIVER": "redis"}).store
+    )
     assert store.name == "sqlite"
     assert choice.requested == "redis"
     assert choice.fallback_reason is not None
@@ -58,7 +66,7 @@ async def test_unreachable_redis_falls_back_and_hides_the_password(tmp_path: Pat
         "QUOTA_STORE_DRIVER": "redis",
         "QUOTA_STORE_REDIS_URL": f"redis://:hunter2secret@127.0.0.1:{port}/0",
     }
-    store, choice = await create_store(tmp_path / "q.sqlite", env=env)
+    store, choice = await create_store(tmp_path / "q.sqlite", Settings.load(env).store)
     assert store.name == "sqlite"
     assert choice.fallback_reason is not None
     assert "hunter2secret" not in choice.fallback_reason
@@ -70,11 +78,9 @@ async def test_db_setting_selects_redis(tmp_path: Path, redis_url: str, redis_pr
     repo = SettingsRepo(conn)
     repo.set("quotaStore.driver", "redis")
     repo.set("quotaStore.redisUrl", redis_url)
+    env = {"QUOTA_STORE_DRIVER": "sqlite", "QUOTA_STORE_REDIS_PREFIX": redis_prefix}
     store, choice = await create_store(
-        tmp_path / "q.sqlite",
-        env={"QUOTA_STORE_DRIVER": "sqlite"},
-        db=repo.all(),
-        redis_prefix=redis_prefix,
+        tmp_path / "q.sqlite", Settings.load(env, db=repo.all()).store
     )
     assert (store.name, choice.driver) == ("redis", "redis")
     assert await store.ping()
@@ -100,15 +106,19 @@ def test_migrations_are_idempotent(tmp_path: Path) -> None:
 
 
 async def test_sqlite_synchronous_setting(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    store, _ = await create_store(tmp_path / "a.sqlite", env={})
+    store, _ = await create_store(tmp_path / "a.sqlite", Settings.load({}).store)
     row = store._conn.execute("PRAGMA synchronous").fetchone()  # type: ignore[attr-defined]
     assert row[0] == 0  # OFF: no fsync on the event loop (counters survive process crashes)
     await store.close()
-    store, _ = await create_store(tmp_path / "b.sqlite", env={"QUOTA_SQLITE_SYNCHRONOUS": "normal"})
+    store, _ = await create_store(
+        tmp_path / "b.sqlite", Settings.load({"QUOTA_SQLITE_SYNCHRONOUS": "normal"}).store
+    )
     row = store._conn.execute("PRAGMA synchronous").fetchone()  # type: ignore[attr-defined]
     assert row[0] == 1
     await store.close()
-    store, _ = await create_store(tmp_path / "c.sqlite", env={"QUOTA_SQLITE_SYNCHRONOUS": "x"})
+    store, _ = await create_store(
+        tmp_path / "c.sqlite", Settings.load({"QUOTA_SQLITE_SYNCHRONOUS": "x"}).store
+    )
     assert any("QUOTA_SQLITE_SYNCHRONOUS" in r.getMessage() for r in caplog.records)
     await store.close()
 

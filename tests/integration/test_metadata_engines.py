@@ -14,7 +14,7 @@ from fairgate.config import parse_config
 from fairgate.db.base import Database
 from fairgate.db.common import MetadataUnavailable
 from fairgate.db.connections import ConnectionRepo
-from fairgate.db.engine import DATABASE_URL_ENV, database_url, open_database
+from fairgate.db.engine import database_url, open_database
 from fairgate.db.keys import KeyRepo
 from fairgate.db.pools import PoolRepo
 from fairgate.db.postgres import translate_ddl, translate_sql
@@ -50,11 +50,11 @@ def test_translation_of_the_portable_sql() -> None:
 
 
 def test_database_url_must_name_postgresql() -> None:
-    assert database_url({}) is None
-    assert database_url({DATABASE_URL_ENV: " "}) is None
-    assert database_url({DATABASE_URL_ENV: "postgresql://h/db"}) == "postgresql://h/db"
+    assert database_url(None) is None
+    assert database_url(" ") is None
+    assert database_url("postgresql://h/db") == "postgresql://h/db"
     with pytest.raises(ValueError, match="postgresql://"):
-        database_url({DATABASE_URL_ENV: "mysql://h/db"})
+        database_url("mysql://h/db")
 
 
 def test_replicas_starting_together_migrate_once(metadata_url: str | None, tmp_path: Path) -> None:

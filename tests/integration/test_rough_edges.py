@@ -18,6 +18,7 @@ from fairgate.cli import demo_identity
 from fairgate.clock import ManualClock
 from fairgate.config import parse_config
 from fairgate.domain.units import Unit, Window
+from fairgate.process.settings import Settings
 from fairgate.process.state import Gateway
 from fairgate.quota.engine import QuotaEngine
 from fairgate.quota.model import Allocation, Dimension, ModelCap, Policy, Pool
@@ -182,10 +183,10 @@ async def test_a_limit_at_or_below_1e_9_is_unknown_everywhere_caps_included(
 
 def test_demo_honours_the_admin_key_and_data_dir_from_the_environment(tmp_path: Path) -> None:
     env = {"FAIRGATE_ADMIN_KEY": " my-admin-key ", "FAIRGATE_DATA_DIR": str(tmp_path / "d")}
-    assert demo_identity(env, None) == (tmp_path / "d", "my-admin-key")
+    assert demo_identity(Settings.load(env), None) == (tmp_path / "d", "my-admin-key")
     # --data-dir wins over the environment
-    assert demo_identity(env, tmp_path / "flag")[0] == tmp_path / "flag"
-    ddir, key = demo_identity({}, None)
+    assert demo_identity(Settings.load(env), tmp_path / "flag")[0] == tmp_path / "flag"
+    ddir, key = demo_identity(Settings.load({}), None)
     assert ddir.name.startswith("fairgate-demo-")
     assert key.startswith("fg-admin-")
     assert len(key) > 20

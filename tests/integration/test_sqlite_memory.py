@@ -24,6 +24,7 @@ import pytest
 from child_support import reap
 
 from fairgate.domain.units import Unit, Window
+from fairgate.process.settings import Settings
 from fairgate.quota.decision import compile_checks
 from fairgate.quota.model import Allocation, Dimension, Policy, Pool
 from fairgate.quota.ports import AdmitRequest, CounterRef, UsageItem
@@ -329,24 +330,24 @@ def test_kill_9_after_the_commit_caught_up_loses_nothing(tmp_path: Path) -> None
 async def test_factory_reads_the_mode_and_flush_interval(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    store, _ = await create_store(tmp_path / "a.sqlite", env={})
+    store, _ = await create_store(tmp_path / "a.sqlite", Settings.load({}).store)
     assert isinstance(store, SqliteQuotaStore)
     assert store.mode == "memory"  # the default
     await store.close()
     env = {"QUOTA_SQLITE_MODE": " Transactional "}
-    store, _ = await create_store(tmp_path / "t.sqlite", env=env)
+    store, _ = await create_store(tmp_path / "t.sqlite", Settings.load(env).store)
     assert isinstance(store, SqliteQuotaStore)
     assert store.mode == "transactional"
     await store.close()
     env = {"QUOTA_SQLITE_MODE": "Memory", "QUOTA_SQLITE_FLUSH_MS": "20"}
-    store, _ = await create_store(tmp_path / "b.sqlite", env=env)
+    store, _ = await create_store(tmp_path / "b.sqlite", Settings.load(env).store)
     assert isinstance(store, SqliteQuotaStore)
     assert store.mode == "memory"
     assert store._behind is not None
     assert store._behind._flush_s == 0.02
     await store.close()
     env = {"QUOTA_SQLITE_MODE": "fast", "QUOTA_SQLITE_FLUSH_MS": "5000"}
-    store, _ = await create_store(tmp_path / "c.sqlite", env=env)
+    store, _ = await create_store(tmp_path / "c.sqlite", Settings.load(env).store)
     assert isinstance(store, SqliteQuotaStore)
     assert store.mode == "transactional"
     await store.close()

@@ -24,6 +24,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from fairgate.config import load_config_text
 from fairgate.mock.server import MockConfig, MockUpstream
 from fairgate.process import tracing
+from fairgate.process.settings import Settings
 from fairgate.process.state import Gateway
 
 UP = "sk-upstream-tracing-0123456789"
@@ -183,7 +184,9 @@ async def test_a_callers_traceparent_is_continued(
 
 
 def test_the_sdks_variables_choose_the_exporters() -> None:
-    plan = tracing.plan_from_env
+    def plan(env: dict[str, str]) -> tracing.TracingPlan:
+        return tracing.plan_of(Settings.load(env).tracing)
+
     assert plan({}).exporters == ()
     assert plan({"OTEL_TRACES_EXPORTER": "console"}).exporters == ("console",)
     assert plan({"OTEL_TRACES_EXPORTER": " Console , otlp "}).exporters == ("console", "otlp")
@@ -211,7 +214,9 @@ async def test_the_console_exporter_prints_the_spans(
     client, _ = gateway
     out = io.StringIO()
     try:
-        assert tracing.configure_from_env({"OTEL_TRACES_EXPORTER": "console"}, console=out)
+        assert tracing.configure(
+            Settings.load({"OTEL_TRACES_EXPORTER": "console"}).tracing, console=out
+        )
         await chat(client, "gpt-4o-mini")
         for _ in range(500):  # the settlement runs after the answer
             if tracing._STATE.provider is not None and '"fairgate.settle"' in out.getvalue():
@@ -228,14 +233,14 @@ async def test_the_console_exporter_prints_the_spans(
 
 
 def test_tracing_is_off_without_an_endpoint() -> None:
-    assert tracing.configure_from_env({}) is False
-    assert tracing.configure_from_env({"OTEL_EXPORTER_OTLP_ENDPOINT": " "}) is False
+    assert tracing.configure(Settings.load({}).tracing) is False
+    assert tracing.configure(Settings.load({"OTEL_EXPORTER_OTLP_ENDPOINT": " "}).tracing) is False
 
 
 def test_an_endpoint_switches_it_on_and_shutdown_off() -> None:
     env = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9", "OTEL_SERVICE_NAME": "gw-test"}
     try:
-        assert tracing.configure_from_env(env) is True
+        assert tracing.configure(Settings.load(env).tracing) is True
         provider = tracing._STATE.provider
         assert provider is not None
         assert provider.resource.attributes["service.name"] == "gw-test"

@@ -7,6 +7,7 @@ from starlette.requests import Request
 
 from fairgate.process.guards import AdminBackoff, KeyRateGuard
 from fairgate.process.http_settings import (
+    EdgeSettings,
     HttpSettings,
     SettingsError,
     TrustedProxies,
@@ -14,10 +15,22 @@ from fairgate.process.http_settings import (
     host_allowed,
 )
 from fairgate.process.metrics_http import metrics_access_problem
+from fairgate.process.settings import Settings
+
+
+def limits_of(env: dict[str, str], bind: str | None = None) -> HttpSettings:
+    """The edge's limits the settings read from ``env`` describe, for ``bind``."""
+    return Settings.load(env).http.limits(bind)
+
+
+def test_the_edge_defaults_are_declared_once() -> None:
+    # HttpSettings (the edge's view) and EdgeSettings (the declaration) agree on every default
+    declared = EdgeSettings().limits()
+    assert declared == HttpSettings()
 
 
 def test_defaults_are_bounded() -> None:
-    s = HttpSettings.from_env({})
+    s = limits_of({})
     assert s.max_header_bytes == 65536
     assert s.max_headers == 100
     assert s.header_timeout_s == 10
@@ -32,7 +45,7 @@ def test_defaults_are_bounded() -> None:
 
 
 def test_every_knob_reads_its_variable() -> None:
-    s = HttpSettings.from_env(
+    s = limits_of(
         {
             "FAIRGATE_HTTP_MAX_HEADER_BYTES": "8192",
             "FAIRGATE_HTTP_MAX_HEADERS": "20",
@@ -82,16 +95,16 @@ def test_every_knob_reads_its_variable() -> None:
 )
 def test_a_bad_value_names_its_variable(var: str, value: str) -> None:
     with pytest.raises(SettingsError, match=var):
-        HttpSettings.from_env({var: value})
+        limits_of({var: value})
 
 
 def test_allowed_hosts_default_to_loopback_names_when_bound_to_loopback() -> None:
-    assert HttpSettings.from_env({}, bind="127.0.0.1").allowed_hosts == frozenset(
+    assert limits_of({}, bind="127.0.0.1").allowed_hosts == frozenset(
         {"localhost", "127.0.0.1", "::1"}
     )
-    assert "127.0.0.2" in (HttpSettings.from_env({}, bind="127.0.0.2").allowed_hosts or ())
-    assert HttpSettings.from_env({}, bind="0.0.0.0").allowed_hosts is None
-    assert HttpSettings.from_env({"FAIRGATE_ALLOWED_HOSTS": "*"}, bind="::1").allowed_hosts is None
+    assert "127.0.0.2" in (limits_of({}, bind="127.0.0.2").allowed_hosts or ())
+    assert limits_of({}, bind="0.0.0.0").allowed_hosts is None
+    assert limits_of({"FAIRGATE_ALLOWED_HOSTS": "*"}, bind="::1").allowed_hosts is None
 
 
 @pytest.mark.parametrize(
@@ -110,7 +123,7 @@ def test_allowed_hosts_default_to_loopback_names_when_bound_to_loopback() -> Non
     ],
 )
 def test_host_allowed(header: str | None, ok: bool) -> None:
-    allowed = HttpSettings.from_env({}, bind="127.0.0.1").allowed_hosts
+    allowed = limits_of({}, bind="127.0.0.1").allowed_hosts
     assert host_allowed(allowed, header) is ok
     assert host_allowed(None, header)
 
@@ -205,10 +218,10 @@ def test_metrics_are_for_loopback_or_the_metrics_key() -> None:
 
 def test_the_per_address_cap_is_read_and_checked() -> None:
     env = {"FAIRGATE_HTTP_MAX_CONNECTIONS_PER_ADDRESS": "12"}
-    assert HttpSettings.from_env(env).max_connections_per_address == 12
-    assert HttpSettings.from_env({}).max_connections_per_address == 256
+    assert limits_of(env).max_connections_per_address == 12
+    assert limits_of({}).max_connections_per_address == 256
     with pytest.raises(SettingsError, match="FAIRGATE_HTTP_MAX_CONNECTIONS_PER_ADDRESS"):
-        HttpSettings.from_env({"FAIRGATE_HTTP_MAX_CONNECTIONS_PER_ADDRESS": "0"})
+        limits_of({"FAIRGATE_HTTP_MAX_CONNECTIONS_PER_ADDRESS": "0"})
 
 
 def test_a_trusted_proxys_forwarded_client_is_the_rightmost_untrusted_hop() -> None:

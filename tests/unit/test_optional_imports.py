@@ -128,7 +128,8 @@ def test_tracing_without_its_extra_says_which_extra_to_install() -> None:
         builtins.__import__ = fake
         logging.basicConfig(level=logging.WARNING, stream=sys.stdout, format="%(message)s")
         from fairgate.process import tracing
-        on = tracing.configure_from_env({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4318"})
+        plan = tracing.TracingSettings(endpoint="http://127.0.0.1:4318")
+        on = tracing.configure(plan)
         print("ON" if on else "OFF")
         """
     )

@@ -54,9 +54,9 @@ SURFACES: dict[str, str] = {
     "fairgate.path": "ProviderSignals Services",
     "fairgate.process": (
         "AdminBackoff Answer ApiError CLIENT_SETTING ClientRequest FastRoute Fraction Gateway "
-        "GatewayApp HttpSettings KeyRateGuard Later MASK METRICS_DIR_ENV Metrics OAuthClient "
+        "GatewayApp HttpSettings KeyRateGuard Later MASK Metrics OAuthClient "
         "REDACTOR REQUEST_ID RetentionDays SendDeadline Settings SettingsError StreamAnswer "
-        "admin_key_problem configure_from_env configure_from_settings error_response "
+        "admin_key_problem configure_from_settings error_response "
         "internal_error metrics_endpoint protocol_for run server_options start_oauth via_router"
     ),
     "fairgate.providers": (
@@ -102,7 +102,7 @@ SURFACES: dict[str, str] = {
     "fairgate.store": (
         "AdmitRequest AdmitResult CounterRef DRIVERS LogBackend MAX_AGE_MS PoolCounts "
         "QuotaStore RedisLogBackend RedisQuotaStore SharedPoolLog SqliteLogBackend "
-        "SqliteQuotaStore StoreChoice UsageItem create_store redis_url"
+        "SqliteQuotaStore StoreChoice StoreSettings UsageItem create_store"
     ),
     "fairgate.store.redis": "RedisQuotaStore script_source",
     "fairgate.store.sqlite": (

@@ -5,8 +5,13 @@ from __future__ import annotations
 
 import pytest
 
-from fairgate.store.factory import DEFAULT_REDIS_TIMEOUT_MS, redis_timeout_ms
+from fairgate.process.settings import Settings
 from fairgate.store.redis.store import MAX_CONNECTIONS, RedisQuotaStore
+from fairgate.store.settings import DEFAULT_REDIS_TIMEOUT_MS
+
+
+def redis_timeout_ms(env: dict[str, str]) -> int:
+    return Settings.load(env).store.redis_timeout_ms
 
 
 def test_timeout_knob_default_value_and_range(caplog: pytest.LogCaptureFixture) -> None:

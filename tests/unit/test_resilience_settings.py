@@ -3,13 +3,24 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
+from fairgate.process.settings import Settings
 from fairgate.resilience.breaker import BreakerConfig
 from fairgate.resilience.settings import ResilienceSettings
 
 
+def from_sources(
+    env: dict[str, str],
+    db: dict[str, str] | None = None,
+    overrides: dict[str, dict[str, Any]] | None = None,
+) -> ResilienceSettings:
+    """The resilience settings the settings object resolves from ``db`` > ``env`` > default."""
+    return ResilienceSettings.from_knobs(Settings.load(env, db=db).resilience, overrides)
+
+
 def test_defaults_are_the_spec() -> None:
-    s = ResilienceSettings.from_sources({})
+    s = from_sources({})
     assert s == ResilienceSettings()
     assert (s.breaker_threshold, s.breaker_min_requests, s.breaker_window_ms) == (0.5, 5, 60_000)
     assert (s.oauth_base_cooldown_ms, s.apikey_base_cooldown_ms, s.max_cooldown_ms) == (
@@ -31,7 +42,7 @@ def test_env_names() -> None:
         "RESILIENCE_MAX_COOLDOWN_MS": "600000",
         "RESILIENCE_BREAKER_COUNTS_RATE_LIMITS": "true",
     }
-    s = ResilienceSettings.from_sources(env)
+    s = from_sources(env)
     assert s.breaker_threshold == 0.75
     assert s.breaker_min_requests == 10
     assert isinstance(s.breaker_min_requests, int)
@@ -46,7 +57,7 @@ def test_env_names() -> None:
 def test_db_wins_over_env_and_bad_values_fall_through() -> None:
     env = {"RESILIENCE_BREAKER_THRESHOLD": "0.6", "RESILIENCE_MAX_COOLDOWN_MS": "120000"}
     db = {"resilience.breakerThreshold": "0.9", "resilience.maxCooldownMs": "not a number"}
-    s = ResilienceSettings.from_sources(env, db)
+    s = from_sources(env, db)
     assert s.breaker_threshold == 0.9
     assert s.max_cooldown_ms == 120_000
 
@@ -58,7 +69,7 @@ def test_out_of_range_values_are_ignored() -> None:
         "RESILIENCE_WARN_FRACTION": "nan",
         "RESILIENCE_BREAKER_COUNTS_RATE_LIMITS": "perhaps",
     }
-    assert ResilienceSettings.from_sources(env) == ResilienceSettings()
+    assert from_sources(env) == ResilienceSettings()
 
 
 def test_per_provider_overrides_from_config_and_db() -> None:
@@ -67,7 +78,7 @@ def test_per_provider_overrides_from_config_and_db() -> None:
         "glm": {"unknown_field": 1, "breaker_threshold": 7},
     }
     db = {"resilience.providers": json.dumps({"anthropic": {"breakerCooldownMs": 90_000}})}
-    s = ResilienceSettings.from_sources({}, db, overrides)
+    s = from_sources({}, db, overrides)
     a = s.for_provider("anthropic")
     assert a.breaker_cooldown_ms == 90_000  # the DB wins
     assert a.apikey_base_cooldown_ms == 1_000
@@ -77,5 +88,5 @@ def test_per_provider_overrides_from_config_and_db() -> None:
 
 
 def test_broken_providers_json_is_ignored() -> None:
-    s = ResilienceSettings.from_sources({}, {"resilience.providers": "{not json"})
+    s = from_sources({}, {"resilience.providers": "{not json"})
     assert s.providers == {}

@@ -44,18 +44,18 @@ def test_bad_key_is_a_clear_error() -> None:
 
 
 def test_key_file_is_generated_once_with_0600(tmp_path: Path) -> None:
-    box, created = load_box(tmp_path / "data", {})
+    box, created = load_box(tmp_path / "data", None)
     assert created
     path = tmp_path / "data" / KEY_FILE
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
-    again, created_again = load_box(tmp_path / "data", {})
+    again, created_again = load_box(tmp_path / "data", None)
     assert not created_again
     assert again.open(box.seal(SECRET)) == SECRET  # same key both times
 
 
 def test_env_key_wins_over_the_file(tmp_path: Path) -> None:
     key = SecretBox.generate_key()
-    box, created = load_box(tmp_path, {ENV_VAR: key.decode()})
+    box, created = load_box(tmp_path, key.decode())
     assert not created
     assert not (tmp_path / KEY_FILE).exists()
     assert SecretBox([key]).open(box.seal(SECRET)) == SECRET
@@ -67,7 +67,7 @@ def test_workers_starting_together_agree_on_one_whole_key(tmp_path: Path) -> Non
     from concurrent.futures import ThreadPoolExecutor
 
     with ThreadPoolExecutor(8) as pool:
-        results = list(pool.map(lambda _: load_box(tmp_path, {}), range(8)))
+        results = list(pool.map(lambda _: load_box(tmp_path, None), range(8)))
     assert sum(created for _, created in results) == 1
     sealed = results[0][0].seal("x")
     assert all(box.open(sealed) == "x" for box, _ in results)
@@ -76,7 +76,7 @@ def test_workers_starting_together_agree_on_one_whole_key(tmp_path: Path) -> Non
 
 def test_a_shared_db_requires_the_variable(tmp_path: Path) -> None:
     with pytest.raises(SecretKeyError, match=ENV_VAR):
-        load_box(tmp_path, {}, shared_db=True)
-    box, created = load_box(tmp_path, {ENV_VAR: SecretBox.generate_key().decode()}, shared_db=True)
+        load_box(tmp_path, None, shared_db=True)
+    box, created = load_box(tmp_path, SecretBox.generate_key().decode(), shared_db=True)
     assert not created
     assert box.open(box.seal("y")) == "y"

@@ -80,12 +80,72 @@ def test_the_process_environment_is_never_read(monkeypatch: pytest.MonkeyPatch) 
 
 
 def test_every_setting_says_where_it_comes_from_and_what_it_does() -> None:
-    from fairgate.process.settings import From
+    from fairgate.process.settings import leaves
 
-    for name, info in Settings.model_fields.items():
+    for name, info, origin in leaves(Settings):
         assert (info.description or "").strip(), name
-        origin = next(m for m in info.metadata if isinstance(m, From))
         assert origin.db or origin.env or origin.file, name
+    for name, info in Settings.model_fields.items():  # the areas too
+        assert (info.description or "").strip(), name
+
+
+def test_the_areas_read_their_variables() -> None:
+    env = {
+        "FAIRGATE_HTTP_MAX_HEADERS": "20",
+        "QUOTA_STORE_DRIVER": "REDIS",
+        "QUOTA_STORE_REDIS_PREFIX": "t1",
+        "RESILIENCE_BREAKER_WINDOW_MS": "5000.0",
+        "OTEL_SERVICE_NAME": "gw",
+        "FAIRGATE_TEST_CLOCK_RATE": "0",
+        "FAIRGATE_DATABASE_URL": "postgresql://h/db",
+        "FAIRGATE_WORKER_METRICS_DIR": "/tmp/m",
+    }
+    s = Settings.load(env)
+    assert s.http.max_headers == 20
+    assert (s.store.driver, s.store.redis_prefix) == ("redis", "t1")
+    assert s.resilience.breaker_window_ms == 5000
+    assert s.tracing.service_name == "gw"
+    assert s.test_clock.rate == "0"
+    assert s.database_url == "postgresql://h/db"
+    assert str(s.worker_metrics_dir) == "/tmp/m"
+    # a DB setting wins over the environment inside an area as at the top
+    assert s.with_db({"quotaStore.driver": "sqlite"}).store.driver == "sqlite"
+
+
+def test_an_area_setting_at_start_names_its_variable() -> None:
+    with pytest.raises(SettingsError, match=r"^FAIRGATE_HTTP_MAX_HEADERS: must be a whole"):
+        Settings.load({"FAIRGATE_HTTP_MAX_HEADERS": "1.5"})
+    with pytest.raises(SettingsError, match=r"^FAIRGATE_METRICS_PUBLIC: "):
+        Settings.load({"FAIRGATE_METRICS_PUBLIC": "maybe"})
+    # an empty value is unset, not an error: the default prefix
+    assert Settings.load({"QUOTA_STORE_REDIS_PREFIX": " "}).store.redis_prefix == "fairgate"
+
+
+def test_a_lenient_setting_is_skipped_with_a_warning_even_at_start(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    s = Settings.load(
+        {"QUOTA_STORE_DRIVER": "reddis", "RESILIENCE_WARN_FRACTION": "3"},
+        db={"resilience.warnFraction": "oops"},
+    )
+    assert (s.store.driver, s.resilience.warn_fraction) == ("sqlite", 0.1)
+    assert "QUOTA_STORE_DRIVER='reddis' ignored (not a quota store driver" in caplog.text
+    assert "RESILIENCE_WARN_FRACTION='3' ignored (must be a number from 0 to 1)" in caplog.text
+    assert "DB setting resilience.warnFraction='oops' ignored" in caplog.text
+
+
+def test_a_secret_never_shows_in_a_warning(caplog: pytest.LogCaptureFixture) -> None:
+    s = Settings.load({}, db={"quotaStore.redisUrl": 5})  # type: ignore[dict-item]
+    assert s.store.redis_url is None
+    assert "5" not in caplog.text.split("ignored")[0]
+
+
+def test_where_each_setting_came_from() -> None:
+    s = Settings.load({"QUOTA_STORE_DRIVER": "redis"}, FILE, {"quotaStore.redisUrl": "redis://h"})
+    assert s.source_of("store.driver") == "env"
+    assert s.source_of("store.redis_url") == "db"
+    assert s.source_of("port") == "file"
+    assert s.source_of("http.max_headers") == "default"
 
 
 def test_log_level_and_format_in_any_case_and_a_typo_named() -> None:

@@ -6,8 +6,10 @@ from __future__ import annotations
 import pytest
 
 from fairgate.clock import SYSTEM_CLOCK, ManualClock
+from fairgate.process.settings import Settings
 from fairgate.testclock import (
     MAX_ADVANCE_MS,
+    ProcessClock,
     ShiftedClock,
     TestClockError,
     advance_ms_of,
@@ -15,6 +17,12 @@ from fairgate.testclock import (
     parse_instant,
     process_clock,
 )
+
+
+def given_clock(env: dict[str, str]) -> ProcessClock:
+    """The clock the settings read from ``env`` describe."""
+    return process_clock(Settings.load(env).test_clock)
+
 
 START = "2026-06-24T12:30:00Z"
 START_MS = 1_782_304_200_000
@@ -64,7 +72,7 @@ def test_two_processes_with_one_anchor_agree() -> None:
         "FAIRGATE_TEST_CLOCK": START,
         "FAIRGATE_TEST_CLOCK_ANCHOR": "4000000",
     }
-    a, b = process_clock(env).clock, process_clock(env).clock
+    a, b = given_clock(env).clock, given_clock(env).clock
     assert isinstance(a, ShiftedClock)
     assert isinstance(b, ShiftedClock)
     a._real = b._real = real  # both read one "real" time, as two processes on one host do
@@ -72,20 +80,20 @@ def test_two_processes_with_one_anchor_agree() -> None:
 
 
 def test_without_the_guard_the_system_clock_runs_and_says_why() -> None:
-    assert process_clock({}).clock is SYSTEM_CLOCK
-    assert process_clock({}).warning is None
-    chosen = process_clock({"FAIRGATE_TEST_CLOCK": START})
+    assert given_clock({}).clock is SYSTEM_CLOCK
+    assert given_clock({}).warning is None
+    chosen = given_clock({"FAIRGATE_TEST_CLOCK": START})
     assert chosen.clock is SYSTEM_CLOCK
     assert chosen.warning is not None
     assert "ignored" in chosen.warning
     assert "FAIRGATE_TESTING=1" in chosen.warning
-    assert process_clock({"FAIRGATE_TEST_CLOCK": START, "FAIRGATE_TESTING": "true"}).clock is (
+    assert given_clock({"FAIRGATE_TEST_CLOCK": START, "FAIRGATE_TESTING": "true"}).clock is (
         SYSTEM_CLOCK
     )
 
 
 def test_under_the_guard_the_test_clock_runs_and_is_announced() -> None:
-    chosen = process_clock(
+    chosen = given_clock(
         {"FAIRGATE_TESTING": "1", "FAIRGATE_TEST_CLOCK": START, "FAIRGATE_TEST_CLOCK_RATE": "0"}
     )
     assert isinstance(chosen.clock, ShiftedClock)
@@ -94,7 +102,7 @@ def test_under_the_guard_the_test_clock_runs_and_is_announced() -> None:
     assert "TEST CLOCK" in chosen.warning
     assert "2026-06-24T12:30:00+00:00" in chosen.warning
     # a rate alone: the real time, slowed down
-    slow = process_clock({"FAIRGATE_TESTING": "1", "FAIRGATE_TEST_CLOCK_RATE": "0.5"}).clock
+    slow = given_clock({"FAIRGATE_TESTING": "1", "FAIRGATE_TEST_CLOCK_RATE": "0.5"}).clock
     assert isinstance(slow, ShiftedClock)
     assert abs(slow.now_ms() - SYSTEM_CLOCK.now_ms()) < 60_000
 
@@ -113,7 +121,7 @@ def test_under_the_guard_the_test_clock_runs_and_is_announced() -> None:
 def test_a_bad_value_is_an_error_naming_the_variable(name: str, value: str) -> None:
     env = {"FAIRGATE_TESTING": "1", "FAIRGATE_TEST_CLOCK": START, name: value}
     with pytest.raises(TestClockError, match=name):
-        process_clock(env)
+        given_clock(env)
 
 
 def test_advance_body() -> None:

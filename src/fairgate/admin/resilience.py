@@ -118,7 +118,7 @@ async def put_settings(body: ResilienceSettingsIn, gw: GW) -> dict[str, Any]:
     if body.providers is not None:
         repo.set("resilience.providers", json.dumps(body.providers))
     if gw.resilience is not None:
-        gw.resilience.update_settings(ResilienceSettings.from_sources(gw.env, repo.all()))
+        gw.resilience.update_settings(gw.settings.with_db(repo.all()).resilience_settings())
     return _effective(gw)
 
 

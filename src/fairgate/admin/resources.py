@@ -47,7 +47,6 @@ from fairgate.process import credentials
 from fairgate.process.state import Gateway
 from fairgate.providers.probe import probe_connection
 from fairgate.providers.upstream import UpstreamClient
-from fairgate.store.factory import DRIVERS
 
 router = APIRouter(responses=ERROR_RESPONSES)
 
@@ -306,24 +305,16 @@ _DB_KEYS = {
 }
 
 
-def _source(db_value: str | None, env_value: str | None) -> Literal["db", "env"] | None:
-    if db_value and db_value.strip():
-        return "db"
-    if env_value and env_value.strip():
-        return "env"
-    return None
-
-
 def _settings_out(gw: Gateway) -> SettingsOut:
     db = SettingsRepo(gw.db).all()
     policy = access_policy(db, gw.config.server.require_allocation)
     choice, q = gw.store_choice, gw.quota_settings
-    driver_db = db.get("quotaStore.driver", "").strip().lower()
-    driver_env = gw.env.get("QUOTA_STORE_DRIVER", "").strip().lower()
-    driver_source: Literal["db", "env", "default"] = (
-        "db" if driver_db in DRIVERS else "env" if driver_env in DRIVERS else "default"
-    )
-    url_source = _source(db.get("quotaStore.redisUrl"), gw.env.get("QUOTA_STORE_REDIS_URL"))
+    current = gw.settings.with_db(db)
+    driver_source = current.source_of("store.driver")
+    url_from = current.source_of("store.redis_url")
+    url_source: Literal["db", "env"] | None = url_from if url_from in ("db", "env") else None
+    if driver_source == "file":  # the quota store is not a config file section
+        driver_source = "default"
     return SettingsOut(
         quota_store=QuotaStoreSettingsOut(
             requested_driver=choice.requested,

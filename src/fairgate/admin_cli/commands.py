@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console, RenderableType
@@ -28,6 +28,9 @@ from fairgate.admin_cli.client import DEFAULT_URL, AdminClient, AdminCliError, q
 from fairgate.admin_cli.credentials import login_fields
 from fairgate.domain.units import Unit
 from fairgate.quota.model import Policy
+
+if TYPE_CHECKING:
+    from fairgate.process.settings import Settings
 
 __all__ = ["register"]
 
@@ -56,12 +59,22 @@ def _fail(message: str) -> NoReturn:
     raise typer.Exit(2)
 
 
+def _settings(env: Mapping[str, str] | None = None) -> Settings:
+    """The settings this command reads (the admin key, its file, the data dir, the metadata
+    DB), from one snapshot of the environment; leniently, since a client command must not
+    refuse to run over a gateway setting it does not use (a bad value: a warning)."""
+    from fairgate.process.settings import Settings
+
+    return Settings.load(environment.snapshot() if env is None else env, strict=False)
+
+
 def _admin_key(given: str | None) -> str | None:
     """The admin key to send: ``@PATH`` (or ``FAIRGATE_ADMIN_KEY_FILE``) reads it from a file;
     a key typed on the command line is used, with a warning (issue 43, N18: ``ps`` shows it)."""
-    env = environment.snapshot()
-    env_key = env.get("FAIRGATE_ADMIN_KEY")
-    path = env.get("FAIRGATE_ADMIN_KEY_FILE") if given is None else None
+    settings = _settings()
+    env_key = settings.admin_key
+    key_file = settings.admin_key_file
+    path = str(key_file) if given is None and key_file is not None else None
     if given is not None and given.startswith("@"):
         path = given[1:]
     elif given is not None and given != env_key:
@@ -468,7 +481,7 @@ def config_check(
     from fairgate.config import ConfigError, load_config, weight_warnings
     from fairgate.db.inspection import compare_database
 
-    env = dict(environment.snapshot())
+    env = environment.snapshot()
     try:
         cfg = load_config(file, env)
     except ConfigError as exc:
@@ -480,8 +493,13 @@ def config_check(
             for path, message in exc.problems:
                 err.print(f"  {path or '(file)'}: {message}", highlight=False, soft_wrap=True)
         raise typer.Exit(2) from None
-    ddir = data_dir or Path(env.get("FAIRGATE_DATA_DIR") or "data")
-    compared = compare_database(cfg, env, ddir)
+    settings = _settings(env)
+    compared = compare_database(
+        cfg,
+        data_dir or settings.data_dir,
+        database=settings.database_url,
+        secret_key=settings.secret_key,
+    )
     summary = {
         "ok": True,
         "file": str(file),

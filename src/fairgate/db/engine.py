@@ -1,4 +1,5 @@
-"""Which metadata DB to open: ``FAIRGATE_DATABASE_URL=postgresql://…`` selects PostgreSQL
+"""Which metadata DB to open: ``FAIRGATE_DATABASE_URL=postgresql://…`` (the settings'
+``database_url``) selects PostgreSQL
 (shared by every replica); unset, the metadata lives in ``fairgate.sqlite`` in the data
 directory (shared by the workers of one machine).
 """
@@ -6,7 +7,6 @@ directory (shared by the workers of one machine).
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
 from pathlib import Path
 
 from fairgate.db.base import Database
@@ -21,12 +21,13 @@ def is_postgres_url(url: str) -> bool:
     return url.startswith(("postgresql://", "postgres://"))
 
 
-def database_url(env: Mapping[str, str]) -> str | None:
-    """The configured PostgreSQL URL, or None for the embedded SQLite file.
+def database_url(url: str | None) -> str | None:
+    """``url`` checked (the settings' ``database_url``): a PostgreSQL URL, or None for the
+    embedded SQLite file.
 
     A value that is neither empty nor a PostgreSQL URL is a configuration error (raised, so the
     CLI can print it) rather than a silent fallback to a per-replica SQLite file."""
-    url = (env.get(DATABASE_URL_ENV) or "").strip()
+    url = (url or "").strip()
     if not url:
         return None
     if not is_postgres_url(url):

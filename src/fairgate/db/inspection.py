@@ -10,7 +10,6 @@ yet); an older one is not compared.
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -82,12 +81,15 @@ class Comparison:
         }
 
 
-def compare_database(config: Config, env: Mapping[str, str], data_dir: Path) -> Comparison:
-    """Compare ``config`` with the metadata DB ``serve`` would open with ``env`` and
-    ``data_dir``; every failure is a :class:`Comparison` with a note (the file itself is
-    valid, so the check still passes)."""
+def compare_database(
+    config: Config, data_dir: Path, *, database: str | None, secret_key: str | None
+) -> Comparison:
+    """Compare ``config`` with the metadata DB ``serve`` would open with these settings
+    (``database``: the settings' ``database_url``, unchecked; ``secret_key``: their
+    ``secret_key``) and ``data_dir``; every failure is a :class:`Comparison` with a note (the
+    file itself is valid, so the check still passes)."""
     try:
-        url = database_url(env)
+        url = database_url(database)
     except ValueError as exc:
         return Comparison(DATABASE_URL_ENV, note=str(exc))
     path = data_dir / "fairgate.sqlite"
@@ -97,7 +99,7 @@ def compare_database(config: Config, env: Mapping[str, str], data_dir: Path) -> 
             where, note="no database yet: the first start creates everything the file declares"
         )
     try:
-        box, _ = load_box(data_dir, env, shared_db=url is not None, create=False)
+        box, _ = load_box(data_dir, secret_key, shared_db=url is not None, create=False)
         db = open_database(url, path, migrate=False)
     except (SecretKeyError, MetadataUnavailable) as exc:
         return Comparison(where, note=f"not compared: {exc}")

@@ -38,10 +38,9 @@ if TYPE_CHECKING:
         MASK,
         REDACTOR,
         REQUEST_ID,
-        configure_from_env,
         configure_from_settings,
     )
-    from fairgate.process.metrics import METRICS_DIR_ENV, Metrics
+    from fairgate.process.metrics import Metrics
     from fairgate.process.metrics_http import metrics_endpoint
     from fairgate.process.oauth_service import CLIENT_SETTING, OAuthClient
     from fairgate.process.oauth_setup import start_oauth
@@ -53,7 +52,6 @@ else:  # mypy reads the imports; a run loads each name on first use
 __all__ = [
     "CLIENT_SETTING",
     "MASK",
-    "METRICS_DIR_ENV",
     "REDACTOR",
     "REQUEST_ID",
     "AdminBackoff",
@@ -75,7 +73,6 @@ __all__ = [
     "SettingsError",
     "StreamAnswer",
     "admin_key_problem",
-    "configure_from_env",
     "configure_from_settings",
     "error_response",
     "internal_error",

@@ -1,8 +1,11 @@
-"""The limits of the HTTP edge, read in one place: what a client may send, how slowly, how often.
+"""The limits of the HTTP edge, declared in one place: what a client may send, how slowly, how
+often.
 
-Every knob is an environment variable with a safe default; a value that does not parse or lies
-outside its range stops the gateway at start (``fairgate serve`` prints the reason and exits 2):
-a typo in a security limit must not silently mean "no limit". docs/security.md explains each.
+Every knob is an environment variable with a safe default, declared once in
+:class:`EdgeSettings` (the ``http`` area of the one settings object, ``fairgate.process.settings``,
+which reads it from the environment snapshot); a value that does not parse or lies outside its
+range stops the gateway at start (``fairgate serve`` prints the reason and exits 2): a typo in a
+security limit must not silently mean "no limit". docs/security.md explains each.
 
 =================  =====================================  ==========================================
 field              environment variable                   default
@@ -46,14 +49,18 @@ trusted_proxies    FORWARDED_ALLOW_IPS                    127.0.0.1 (peers whose
 
 from __future__ import annotations
 
-import dataclasses
 import ipaddress
 import math
-from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Annotated
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+
+from fairgate.setting_source import From
 
 __all__ = [
     "ADMIN_KEY_MIN_LENGTH",
+    "EdgeSettings",
     "HttpSettings",
     "SettingsError",
     "TrustedProxies",
@@ -66,8 +73,6 @@ __all__ = [
 #: beyond guessing at any rate the backoff allows.
 ADMIN_KEY_MIN_LENGTH = 32
 
-_TRUE = frozenset({"1", "true", "yes", "on"})
-_FALSE = frozenset({"0", "false", "no", "off"})
 _LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
 
 
@@ -75,44 +80,38 @@ class SettingsError(ValueError):
     """A setting that does not parse or is out of range; the message names the variable."""
 
 
-# field -> (environment variable, lowest, highest)
-_NUMBERS: dict[str, tuple[str, float, float]] = {
-    "max_header_bytes": ("FAIRGATE_HTTP_MAX_HEADER_BYTES", 1024, 16 * 1024 * 1024),
-    "max_headers": ("FAIRGATE_HTTP_MAX_HEADERS", 8, 10_000),
-    "header_timeout_s": ("FAIRGATE_HTTP_HEADER_TIMEOUT_S", 0.05, 3600),
-    "silent_timeout_s": ("FAIRGATE_HTTP_SILENT_TIMEOUT_S", 0.05, 86_400),
-    "body_timeout_s": ("FAIRGATE_HTTP_BODY_TIMEOUT_S", 0.05, 86_400),
-    "keep_alive_s": ("FAIRGATE_HTTP_KEEP_ALIVE_S", 0.05, 3600),
-    "send_timeout_s": ("FAIRGATE_HTTP_SEND_TIMEOUT_S", 0.05, 86_400),
-    "max_connections": ("FAIRGATE_HTTP_MAX_CONNECTIONS", 1, 1_000_000),
-    "max_connections_per_address": ("FAIRGATE_HTTP_MAX_CONNECTIONS_PER_ADDRESS", 1, 1_000_000),
-    "key_rate_per_s": ("FAIRGATE_KEY_RATE_PER_S", 0, 1_000_000),
-    "key_rate_burst": ("FAIRGATE_KEY_RATE_BURST", 1, 10_000_000),
-    "max_messages": ("FAIRGATE_MAX_MESSAGES", 1, 10_000_000),
-    "max_message_bytes": ("FAIRGATE_MAX_MESSAGE_BYTES", 1, 1 << 40),
-    "thread_parse_bytes": ("FAIRGATE_THREAD_PARSE_BYTES", 0, 1 << 40),
-    "admin_free_failures": ("FAIRGATE_ADMIN_FREE_FAILURES", 0, 1000),
-    "admin_backoff_s": ("FAIRGATE_ADMIN_BACKOFF_S", 0.01, 3600),
-    "admin_backoff_max_s": ("FAIRGATE_ADMIN_BACKOFF_MAX_S", 0.01, 86_400),
-}
-_INTS = frozenset(
-    {
-        "max_header_bytes",
-        "max_headers",
-        "max_connections",
-        "max_connections_per_address",
-        "key_rate_burst",
-        "max_messages",
-        "max_message_bytes",
-        "thread_parse_bytes",
-        "admin_free_failures",
-    }
-)
+def _whole(value: object) -> object:
+    """A whole number written as text however a shell writes it (``8192``, ``8192.0``, ``1e3``)."""
+    if not isinstance(value, str):
+        return value
+    try:
+        number = float(value)
+    except ValueError:
+        raise ValueError("must be a number") from None
+    if not math.isfinite(number) or number != int(number):
+        raise ValueError("must be a whole number")
+    return int(number)
+
+
+def _host_names(value: object) -> object:
+    """``FAIRGATE_ALLOWED_HOSTS`` checked: comma-separated host names (no scheme, path or port),
+    or ``*``."""
+    if not isinstance(value, str):
+        return value
+    for n in (n.strip().strip("[]").lower() for n in value.split(",") if n.strip()):
+        if n != "*" and any(c in n for c in " /@:") and not _is_ipv6(n):
+            raise ValueError(f"{n[:60]!r} is not a host name")
+    return value
+
+
+Whole = Annotated[int, BeforeValidator(_whole)]
+Seconds = Annotated[float, Field(allow_inf_nan=False)]
 
 
 @dataclass(frozen=True, slots=True)
 class HttpSettings:
-    """The HTTP edge's limits (see the module docstring for the variables and defaults)."""
+    """The HTTP edge's limits as the edge uses them (built by :meth:`EdgeSettings.limits`;
+    the defaults are :class:`EdgeSettings`' own, checked alike by a test)."""
 
     max_header_bytes: int = 64 * 1024
     max_headers: int = 100
@@ -144,44 +143,140 @@ class HttpSettings:
     #: ``FORWARDED_ALLOW_IPS`` as uvicorn reads it: addresses, networks or ``*``
     trusted_proxies: str = "127.0.0.1"
 
-    @classmethod
-    def from_env(cls, env: Mapping[str, str], bind: str | None = None) -> HttpSettings:
-        """The settings from ``env``; ``bind`` is the address the server listens on (the
-        allowed-hosts default depends on it; None: no host check unless configured).
 
-        Raises :class:`SettingsError` naming the variable on a bad value."""
-        values: dict[str, object] = {}
-        for name, (var, lo, hi) in _NUMBERS.items():
-            raw = env.get(var, "").strip()
-            if raw:
-                values[name] = _number(var, raw, lo, hi, integer=name in _INTS)
-        key = env.get("FAIRGATE_METRICS_KEY", "").strip()
-        if key:
-            values["metrics_key"] = key
-        public = env.get("FAIRGATE_METRICS_PUBLIC", "").strip().lower()
-        if public:
-            if public not in _TRUE | _FALSE:
-                raise SettingsError("FAIRGATE_METRICS_PUBLIC must be true or false")
-            values["metrics_public"] = public in _TRUE
-        values["allowed_hosts"] = _allowed_hosts(env.get("FAIRGATE_ALLOWED_HOSTS", ""), bind)
-        proxies = env.get("FORWARDED_ALLOW_IPS", "").strip()
-        if proxies:
-            values["trusted_proxies"] = proxies
-        return dataclasses.replace(cls(), **values)  # type: ignore[arg-type]
+_D = HttpSettings()
+_DAY = 86_400
 
 
-def _number(var: str, raw: str, lo: float, hi: float, *, integer: bool) -> float | int:
-    try:
-        value = float(raw)
-    except ValueError:
-        raise SettingsError(f"{var} must be a number, got {raw[:40]!r}") from None
-    if not math.isfinite(value) or not lo <= value <= hi:
-        raise SettingsError(f"{var} must be between {lo:g} and {hi:g}, got {raw[:40]!r}")
-    if integer:
-        if value != int(value):
-            raise SettingsError(f"{var} must be a whole number, got {raw[:40]!r}")
-        return int(value)
-    return value
+class EdgeSettings(BaseModel):
+    """The HTTP edge's settings as the environment gives them (the area ``http`` of
+    :class:`fairgate.process.settings.Settings`); :meth:`limits` makes the edge's view."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    max_header_bytes: Annotated[Whole, From(env="FAIRGATE_HTTP_MAX_HEADER_BYTES")] = Field(
+        default=_D.max_header_bytes,
+        ge=1024,
+        le=16 * 1024 * 1024,
+        description="Largest request line + headers in bytes (431 above)",
+    )
+    max_headers: Annotated[Whole, From(env="FAIRGATE_HTTP_MAX_HEADERS")] = Field(
+        default=_D.max_headers,
+        ge=8,
+        le=10_000,
+        description="Most headers a request may send (431 above)",
+    )
+    header_timeout_s: Annotated[Seconds, From(env="FAIRGATE_HTTP_HEADER_TIMEOUT_S")] = Field(
+        default=_D.header_timeout_s,
+        ge=0.05,
+        le=3600,
+        description="Seconds from the first byte of a request to the end of its headers",
+    )
+    silent_timeout_s: Annotated[Seconds, From(env="FAIRGATE_HTTP_SILENT_TIMEOUT_S")] = Field(
+        default=_D.silent_timeout_s,
+        ge=0.05,
+        le=_DAY,
+        description="Seconds a new connection may send nothing (earlier when the connection cap "
+        "needs room: the one silent longest first)",
+    )
+    body_timeout_s: Annotated[Seconds, From(env="FAIRGATE_HTTP_BODY_TIMEOUT_S")] = Field(
+        default=_D.body_timeout_s,
+        ge=0.05,
+        le=_DAY,
+        description="Seconds for a whole request body, from the end of its headers",
+    )
+    keep_alive_s: Annotated[Seconds, From(env="FAIRGATE_HTTP_KEEP_ALIVE_S")] = Field(
+        default=_D.keep_alive_s, ge=0.05, le=3600, description="Idle seconds between two requests"
+    )
+    send_timeout_s: Annotated[Seconds, From(env="FAIRGATE_HTTP_SEND_TIMEOUT_S")] = Field(
+        default=_D.send_timeout_s,
+        ge=0.05,
+        le=_DAY,
+        description="Seconds one write of a streamed answer may wait for a client that stopped "
+        "reading (then the stream is closed)",
+    )
+    max_connections: Annotated[Whole, From(env="FAIRGATE_HTTP_MAX_CONNECTIONS")] = Field(
+        default=_D.max_connections,
+        ge=1,
+        le=1_000_000,
+        description="Open connections; one more closes the one silent longest, or gets 503 and "
+        "close when none is silent",
+    )
+    max_connections_per_address: Annotated[
+        Whole, From(env="FAIRGATE_HTTP_MAX_CONNECTIONS_PER_ADDRESS")
+    ] = Field(
+        default=_D.max_connections_per_address,
+        ge=1,
+        le=1_000_000,
+        description="Open connections of one client address (a trusted proxy's are counted by "
+        "the client its X-Forwarded-For names)",
+    )
+    key_rate_per_s: Annotated[Seconds, From(env="FAIRGATE_KEY_RATE_PER_S")] = Field(
+        default=_D.key_rate_per_s,
+        ge=0,
+        le=1_000_000,
+        description="Requests a second per client key, in each process (0: off)",
+    )
+    key_rate_burst: Annotated[Whole, From(env="FAIRGATE_KEY_RATE_BURST")] = Field(
+        default=_D.key_rate_burst,
+        ge=1,
+        le=10_000_000,
+        description="Requests a client key may send at once above its rate",
+    )
+    max_messages: Annotated[Whole, From(env="FAIRGATE_MAX_MESSAGES")] = Field(
+        default=_D.max_messages, ge=1, le=10_000_000, description="Messages per request"
+    )
+    max_message_bytes: Annotated[Whole, From(env="FAIRGATE_MAX_MESSAGE_BYTES")] = Field(
+        default=_D.max_message_bytes, ge=1, le=1 << 40, description="Bytes of one message's content"
+    )
+    thread_parse_bytes: Annotated[Whole, From(env="FAIRGATE_THREAD_PARSE_BYTES")] = Field(
+        default=_D.thread_parse_bytes,
+        ge=0,
+        le=1 << 40,
+        description="Bodies this large or larger are parsed and checked off the event loop",
+    )
+    metrics_key: Annotated[str | None, From(env="FAIRGATE_METRICS_KEY")] = Field(
+        default=None,
+        repr=False,
+        description="Set: `GET /metrics` wants `Authorization: Bearer <key>`; unset: loopback "
+        "clients only",
+    )
+    metrics_public: Annotated[bool, From(env="FAIRGATE_METRICS_PUBLIC")] = Field(
+        default=False, description="true: `/metrics` open to anyone"
+    )
+    allowed_hosts: Annotated[
+        str | None, From(env="FAIRGATE_ALLOWED_HOSTS"), BeforeValidator(_host_names)
+    ] = Field(
+        default=None,
+        description="Host names a request's Host may name, comma separated (`*`: any); unset: "
+        "the loopback names and the bind address when bound to loopback, else any",
+    )
+    admin_free_failures: Annotated[Whole, From(env="FAIRGATE_ADMIN_FREE_FAILURES")] = Field(
+        default=_D.admin_free_failures,
+        ge=0,
+        le=1000,
+        description="Wrong admin keys from one address before the backoff starts",
+    )
+    admin_backoff_s: Annotated[Seconds, From(env="FAIRGATE_ADMIN_BACKOFF_S")] = Field(
+        default=_D.admin_backoff_s,
+        ge=0.01,
+        le=3600,
+        description="The first admin lockout in seconds; it doubles per further failure",
+    )
+    admin_backoff_max_s: Annotated[Seconds, From(env="FAIRGATE_ADMIN_BACKOFF_MAX_S")] = Field(
+        default=_D.admin_backoff_max_s, ge=0.01, le=_DAY, description="The longest admin lockout"
+    )
+    trusted_proxies: Annotated[str, From(env="FORWARDED_ALLOW_IPS")] = Field(
+        default=_D.trusted_proxies,
+        description="Peers whose X-Forwarded-For and -Proto name the client (addresses, networks "
+        "or `*`; uvicorn's own variable, kept)",
+    )
+
+    def limits(self, bind: str | None = None) -> HttpSettings:
+        """The edge's limits for a server bound to ``bind`` (the allowed-hosts default depends
+        on it; None: no host check unless configured)."""
+        values = self.model_dump(exclude={"allowed_hosts"})
+        return HttpSettings(**values, allowed_hosts=_allowed_hosts(self.allowed_hosts or "", bind))
 
 
 def is_loopback(host: str) -> bool:
@@ -259,12 +354,7 @@ def _allowed_hosts(raw: str, bind: str | None) -> frozenset[str] | None:
     rebinding sends another name), no check otherwise (a public bind has names we cannot guess)."""
     names = [n.strip().strip("[]").lower() for n in raw.split(",") if n.strip()]
     if names:
-        if "*" in names:
-            return None
-        for n in names:
-            if any(c in n for c in " /@:") and not _is_ipv6(n):
-                raise SettingsError(f"FAIRGATE_ALLOWED_HOSTS: {n[:60]!r} is not a host name")
-        return frozenset(names)
+        return None if "*" in names else frozenset(names)
     if bind is not None and is_loopback(bind):
         return frozenset({*_LOOPBACK_NAMES, bind.strip("[]").lower()})
     return None

@@ -21,13 +21,12 @@ import logging
 import os
 import re
 import sys
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from contextvars import ContextVar
 from typing import Any
 
 import orjson
 
-from fairgate import environment
 from fairgate.process.settings import Settings
 
 #: The id of the request being handled (None outside a request).
@@ -259,13 +258,6 @@ def configure_logging(
 def configure_from_settings(settings: Settings, secrets: Iterable[str] = ()) -> None:
     """The handler as the settings say (``FAIRGATE_LOG_LEVEL``, ``FAIRGATE_LOG_FORMAT``)."""
     configure_logging(settings.log_level, json=settings.log_format == "json", secrets=secrets)
-
-
-def configure_from_env(env: Mapping[str, str] | None = None, secrets: Iterable[str] = ()) -> None:
-    """The same from an environment snapshot (a ``serve --workers`` worker, whose supervisor
-    checked it strictly): a bad value is skipped with a warning, the default applies."""
-    env = environment.snapshot() if env is None else env
-    configure_from_settings(Settings.load(env, strict=False), secrets)
 
 
 # -- request ids ---------------------------------------------------------------------------

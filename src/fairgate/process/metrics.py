@@ -17,9 +17,9 @@ a combo (user or ``qtSd/...``); anything else a client sends is ``other``.
 ``serve --workers N``: every worker answers ``/metrics`` for the whole process group, not for
 itself (a scraper reaching whichever worker took its connection saw a third or two thirds of the
 traffic, and read each switch as a counter reset). Each worker's counters and histograms are
-written through to a file of its own in a directory the parent made for the group
-(:data:`METRICS_DIR_ENV`), in prometheus_client's multiprocess format, and the worker that
-answers a scrape sums every worker's file (prometheus_client's ``MultiProcessCollector``): one
+written through to a file of its own in a directory the parent made for the group (the settings'
+``worker_metrics_dir``), in prometheus_client's multiprocess format, and the worker that answers
+a scrape sums every worker's file (prometheus_client's ``MultiProcessCollector``): one
 ``struct`` write into an mmapped page per count, no lock and no system call on the hot path. A
 worker that died and was restarted keeps its file, so its counts stay in the totals (counters
 never go back). The scrape-time gauges come from the shared stores (the same in every worker),
@@ -66,9 +66,6 @@ OTHER = "other"
 
 BREAKER_STATES = ("closed", "open", "half_open")
 
-#: ``serve --workers N``: the directory of the process group's metric files, set by the parent
-#: for its workers (server/workers.py); unset, a process's metrics are its own.
-METRICS_DIR_ENV = "FAIRGATE_WORKER_METRICS_DIR"
 #: How often a worker publishes its requests in flight to the group's files (seconds).
 INFLIGHT_PUBLISH_S = 1.0
 _INFLIGHT = "fairgate_inflight_requests"
@@ -583,11 +580,10 @@ class Metrics:
         self.registry.register(_StateCollector(self))
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str]) -> Metrics:
-        """A worker's metrics (shared with its group when :data:`METRICS_DIR_ENV` names the
-        group's directory), else a process's own."""
-        directory = env.get(METRICS_DIR_ENV)
-        return cls(SharedCells(directory) if directory else None)
+    def for_group(cls, directory: str | os.PathLike[str] | None) -> Metrics:
+        """A worker's metrics (shared with its group when ``directory``, the settings'
+        ``worker_metrics_dir``, names the group's directory), else a process's own."""
+        return cls(SharedCells(str(directory)) if directory else None)
 
     async def publish(self, inflight: Callable[[], int]) -> None:
         """(A worker of a group) Publish this worker's requests in flight every

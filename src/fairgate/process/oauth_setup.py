@@ -19,7 +19,6 @@ from fairgate.process.oauth_service import OAuthAccounts, OAuthClient
 from fairgate.process.state import Gateway
 from fairgate.providers.oauth import OAuthTokens, RefreshLock, chatgpt_account_id
 from fairgate.providers.upstream import UpstreamClient
-from fairgate.store.factory import redis_url
 
 __all__ = ["start_oauth"]
 
@@ -61,7 +60,7 @@ def _token_persistence(
     the tokens and the refresh lease in Redis (replicas on several hosts), the files kept as
     this host's durable copy (fairgate.db.oauth_redis)."""
     files = FileTokenStore(directory, gw.box)
-    url = redis_url(gw.env, SettingsRepo(gw.db).all())
+    url = gw.settings.with_db(SettingsRepo(gw.db).all()).store.redis_url
     if gw.store_choice.driver != "redis" or url is None:
         return files, FileRefreshLock(directory), None
     # the one client factory: a redis+cluster:// URL gets a cluster client (the keys carry the

@@ -21,20 +21,41 @@ validates is skipped with a warning and the next source wins, rather than taking
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from collections.abc import Iterator, Mapping
+from dataclasses import fields
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BeforeValidator, Field, PrivateAttr, ValidationError
+from pydantic import BaseModel, BeforeValidator, Field, PrivateAttr, ValidationError
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from fairgate.config import Config
-from fairgate.process.http_settings import SettingsError
+from fairgate.db.engine import DATABASE_URL_ENV
+from fairgate.process.http_settings import EdgeSettings, SettingsError
+from fairgate.process.tracing import TracingSettings
 from fairgate.quota.settings import QuotaSettings
+from fairgate.resilience.settings import ResilienceKnobs, ResilienceSettings
+from fairgate.secretbox import ENV_VAR as SECRET_KEY_ENV
+from fairgate.setting_source import From, Kind
+from fairgate.store.settings import StoreSettings
+from fairgate.testclock import TestClockSettings
 
-__all__ = ["From", "Settings", "SettingsError"]
+__all__ = [
+    "METRICS_DIR_ENV",
+    "WORKER_SPEC_ENV",
+    "From",
+    "Settings",
+    "SettingsError",
+    "leaves",
+]
+
+#: ``serve --workers N``: how the parent hands each worker what to serve (JSON: config path,
+#: data dir, bind address) and the directory of the group's metric files; uvicorn starts
+#: workers with the parent's environment, so these travel there (``environment.export``) and
+#: come back through the worker's settings (``worker_spec``, ``worker_metrics_dir``).
+WORKER_SPEC_ENV = "FAIRGATE_WORKER_SPEC"
+METRICS_DIR_ENV = "FAIRGATE_WORKER_METRICS_DIR"
 
 log = logging.getLogger(__name__)
 
@@ -60,22 +81,11 @@ LogFormat = Annotated[
     Literal["json", "text"], BeforeValidator(lambda v: v.lower() if isinstance(v, str) else v)
 ]
 
-Kind = Literal["db", "env", "file"]
 #: The sources from the highest precedence to the lowest (the default comes last).
 PRECEDENCE: tuple[Kind, ...] = ("db", "env", "file")
 
-
-@dataclass(frozen=True, slots=True)
-class From:
-    """Where a setting is read: its DB key (``quota.leaseMs``), its environment variable and
-    its dotted path in the config file (``server.port``); None: not from that source."""
-
-    db: str | None = None
-    env: str | None = None
-    file: str | None = None
-
-    def name(self, kind: Kind) -> str | None:
-        return {"db": self.db, "env": self.env, "file": self.file}[kind]
+#: A setting's place in the object: ``("port",)``, ``("http", "max_headers")``.
+Path_ = tuple[str, ...]
 
 
 def _origin(field: FieldInfo) -> From:
@@ -87,8 +97,32 @@ def _spelled(kind: Kind, name: str) -> str:
     return {"db": f"DB setting {name}", "env": name, "file": f"config {name}"}[kind]
 
 
+def _area(field: FieldInfo) -> type[BaseModel] | None:
+    """The nested settings model of an area field (``http``, ``store``…), else None."""
+    kind = field.annotation
+    if isinstance(kind, type) and issubclass(kind, BaseModel) and not _origin(field).name("env"):
+        return kind
+    return None
+
+
+def _leaves(model: type[BaseModel], prefix: Path_ = ()) -> Iterator[tuple[Path_, FieldInfo]]:
+    """Every setting of ``model`` and of its areas, by path."""
+    for name, field in model.model_fields.items():
+        area = _area(field)
+        if area is None:
+            yield (*prefix, name), field
+        else:
+            yield from _leaves(area, (*prefix, name))
+
+
+def leaves(model: type[BaseModel]) -> Iterator[tuple[str, FieldInfo, From]]:
+    """Every setting of ``model`` as (dotted path, field, sources): the docs' table."""
+    for path, field in _leaves(model):
+        yield ".".join(path), field, _origin(field)
+
+
 class _Source(PydanticBaseSettingsSource):
-    """One source of raw values (a mapping of names to values), read by each field's
+    """One source of raw values (a mapping of names to values), read by each setting's
     :class:`From` name for this source's kind. An empty string counts as unset."""
 
     def __init__(
@@ -106,12 +140,31 @@ class _Source(PydanticBaseSettingsSource):
         return raw, name or field_name, False
 
     def __call__(self) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        for field_name, field in self.settings_cls.model_fields.items():
-            raw, _, _ = self.get_field_value(field, field_name)
+        return _nested(self.by_path())
+
+    def by_path(self) -> dict[Path_, Any]:
+        out: dict[Path_, Any] = {}
+        for path, field in _leaves(self.settings_cls):
+            raw, _, _ = self.get_field_value(field, path[-1])
             if raw is not None:
-                out[field_name] = raw.strip() if isinstance(raw, str) else raw
+                out[path] = raw.strip() if isinstance(raw, str) else raw
         return out
+
+
+def _nested(flat: Mapping[Path_, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for path, value in flat.items():
+        node = out
+        for part in path[:-1]:
+            node = node.setdefault(part, {})
+        node[path[-1]] = value
+    return out
+
+
+def _field_at(model: type[BaseModel], path: Path_) -> FieldInfo:
+    field = model.model_fields[path[0]]
+    area = _area(field)
+    return field if len(path) == 1 or area is None else _field_at(area, path[1:])
 
 
 def _file_values(config: Config | None) -> dict[str, Any]:
@@ -170,12 +223,6 @@ class Settings(BaseSettings):
             "unset: 7 days)",
         )
     )
-    redis_prefix: Annotated[str, From(env="QUOTA_STORE_REDIS_PREFIX")] = Field(
-        default="fairgate",
-        min_length=1,
-        description="Key prefix in Redis: several gateways or test runs can share one server "
-        "without touching each other's counters",
-    )
     log_level: Annotated[LogLevel, From(env="FAIRGATE_LOG_LEVEL")] = Field(
         default="INFO", description="The log level (debug, info, warning, error, critical)"
     )
@@ -208,8 +255,57 @@ class Settings(BaseSettings):
         "upstream as its limit)",
     )
 
+    database_url: Annotated[str | None, From(env=DATABASE_URL_ENV)] = Field(
+        default=None,
+        repr=False,
+        description="`postgresql://…`: the metadata DB in PostgreSQL, shared by every replica; "
+        "unset: `fairgate.sqlite` in the data dir ([Deployment](../deploy.md))",
+    )
+    secret_key: Annotated[str | None, From(env=SECRET_KEY_ENV)] = Field(
+        default=None,
+        repr=False,
+        description="Fernet key(s) (`fairgate secret-key` makes one), comma separated (the "
+        "first seals, all open: how a key is rotated), for connection secrets and OAuth tokens "
+        "at rest; unset: `<data dir>/secret.key` (SQLite), refused at start with PostgreSQL",
+    )
+    admin_key_file: Annotated[Path | None, From(env="FAIRGATE_ADMIN_KEY_FILE")] = Field(
+        default=None,
+        description="The admin CLI (`fairgate keys …`): a file holding the admin key, read "
+        "when no `--admin-key` is given",
+    )
+    worker_spec: Annotated[str | None, From(env=WORKER_SPEC_ENV)] = Field(
+        default=None,
+        description="Internal (`serve --workers`): what the parent hands each worker to serve, "
+        "as JSON",
+    )
+    worker_metrics_dir: Annotated[Path | None, From(env=METRICS_DIR_ENV)] = Field(
+        default=None,
+        description="Internal (`serve --workers`): the directory of the process group's metric "
+        "files; unset: a process's metrics are its own",
+    )
+    http: EdgeSettings = Field(
+        default_factory=EdgeSettings,
+        description="The HTTP edge's limits ([Security](../security.md))",
+    )
+    store: StoreSettings = Field(
+        default_factory=StoreSettings, description="The quota store: driver and tuning"
+    )
+    resilience: ResilienceKnobs = Field(
+        default_factory=ResilienceKnobs,
+        description="Breakers and cooldowns (also `GET /api/resilience/settings`)",
+    )
+    tracing: TracingSettings = Field(
+        default_factory=TracingSettings,
+        description="OpenTelemetry tracing, by the SDK's own variables",
+    )
+    test_clock: TestClockSettings = Field(
+        default_factory=TestClockSettings,
+        description="The test clock of a spawned process (tests only)",
+    )
+
     _env: Mapping[str, str] = PrivateAttr(default_factory=dict)
     _file: Config | None = PrivateAttr(default=None)
+    _came_from: Mapping[Path_, Kind] = PrivateAttr(default_factory=dict)
 
     @classmethod
     def settings_customise_sources(
@@ -232,41 +328,49 @@ class Settings(BaseSettings):
         *,
         strict: bool = True,
     ) -> Settings:
-        """The settings from ``db`` > ``env`` > ``file`` > default, field by field.
+        """The settings from ``db`` > ``env`` > ``file`` > default, setting by setting.
 
         ``strict``: a value that does not validate raises :class:`SettingsError` naming the
-        variable; else it is skipped with a warning and the next source wins."""
+        variable (unless its :class:`From` is ``lenient``); else it is skipped with a warning
+        and the next source wins."""
         sources = {
-            "db": _Source(cls, "db", db or {})(),
-            "env": _Source(cls, "env", env)(),
-            "file": _Source(cls, "file", _file_values(file))(),
+            "db": _Source(cls, "db", db or {}).by_path(),
+            "env": _Source(cls, "env", env).by_path(),
+            "file": _Source(cls, "file", _file_values(file)).by_path(),
         }
         while True:
-            chosen: dict[str, Any] = {}
-            came_from: dict[str, Kind] = {}
+            chosen: dict[Path_, Any] = {}
+            came_from: dict[Path_, Kind] = {}
             for kind in reversed(PRECEDENCE):
-                for name, raw in sources[kind].items():
-                    chosen[name], came_from[name] = raw, kind
+                for path, raw in sources[kind].items():
+                    chosen[path], came_from[path] = raw, kind
             try:
-                settings = cls(**chosen)
+                settings = cls(**_nested(chosen))
             except ValidationError as exc:
                 bad = _first_bad(exc, came_from)
                 if bad is None:
                     raise
-                name, kind, message = bad
-                where = _spelled(kind, _origin(cls.model_fields[name]).name(kind) or name)
-                if strict:
+                path, kind, message = bad
+                field = _field_at(cls, path)
+                origin = _origin(field)
+                where = _spelled(kind, origin.name(kind) or ".".join(path))
+                if strict and not origin.lenient:
                     raise SettingsError(f"{where}: {message}") from None
-                log.warning("%s ignored (%s); the next source applies", where, message)
-                del sources[kind][name]
+                shown = "" if field.repr is False else f"={str(chosen[path])[:64]!r}"
+                log.warning("%s%s ignored (%s); the next source applies", where, shown, message)
+                del sources[kind][path]
                 continue
-            settings._env, settings._file = env, file
+            settings._env, settings._file, settings._came_from = env, file, came_from
             return settings
 
     def with_db(self, db: Mapping[str, str]) -> Settings:
         """These settings again with the DB settings on top (leniently: the admin API checked
         them when they were stored)."""
         return self.load(self._env, self._file, db, strict=False)
+
+    def source_of(self, path: str) -> Kind | Literal["default"]:
+        """Where the setting at dotted ``path`` (``store.driver``) came from."""
+        return self._came_from.get(tuple(path.split(".")), "default")
 
     def quota(self) -> QuotaSettings:
         """The quota engine's knobs: the fields both name alike, and the retention (the
@@ -275,12 +379,23 @@ class Settings(BaseSettings):
         shared = {f.name: getattr(self, f.name) for f in fields(QuotaSettings) if f.name in ours}
         return QuotaSettings(**shared, retention_days=self.consumption_retention_days)
 
+    def resilience_settings(self) -> ResilienceSettings:
+        """The resilience manager's settings: these knobs and the DB's per-provider
+        overrides."""
+        return ResilienceSettings.from_knobs(self.resilience)
 
-def _first_bad(exc: ValidationError, came_from: Mapping[str, Kind]) -> tuple[str, Kind, str] | None:
-    """(field, source, message) of the first error a source's value caused."""
+
+def _first_bad(
+    exc: ValidationError, came_from: Mapping[Path_, Kind]
+) -> tuple[Path_, Kind, str] | None:
+    """(setting, source, message) of the first error a source's value caused."""
     for err in exc.errors(include_url=False, include_input=False):
-        loc = err["loc"]
-        name = str(loc[0]) if loc else ""
-        if name in came_from:
-            return name, came_from[name], str(err["msg"]).removeprefix("Value error, ")
+        loc = tuple(str(part) for part in err["loc"])
+        for end in range(len(loc), 0, -1):
+            if loc[:end] in came_from:
+                return (
+                    loc[:end],
+                    came_from[loc[:end]],
+                    str(err["msg"]).removeprefix("Value error, "),
+                )
     return None

@@ -38,7 +38,6 @@ from fairgate.quota.retention import RetentionGc
 from fairgate.quota.settings import QuotaSettings
 from fairgate.resilience.factory import build_manager
 from fairgate.resilience.manager import RateLimitManager
-from fairgate.resilience.settings import ResilienceSettings
 from fairgate.routing.fallbacks import FallbackCounts
 from fairgate.routing.metrics import TargetMetrics
 from fairgate.secretbox import ENV_VAR, KEY_FILE, SecretBox, SecretKeyError, load_box
@@ -50,7 +49,7 @@ from fairgate.store.admission_log import (
     SharedPoolLog,
     SqliteLogBackend,
 )
-from fairgate.store.factory import StoreChoice, create_store, redis_url
+from fairgate.store.factory import StoreChoice, create_store
 from fairgate.timers import SystemTimer, Timer
 
 log = logging.getLogger("fairgate.server")
@@ -101,10 +100,12 @@ class Gateway:
     ) -> None:
         self.data_dir = Path(data_dir)
         self.config = config if config is not None else Config.default()
-        self.env: Mapping[str, str] = environment.snapshot() if env is None else env
-        #: the process settings the CLI resolved at start (else resolved here, as strictly:
-        #: a bad value raises SettingsError naming the variable)
-        self.settings = settings or Settings.load(self.env, self.config)
+        #: the process settings the CLI resolved at start (else resolved here from ``env``, by
+        #: default a snapshot of the environment, as strictly: a bad value raises
+        #: SettingsError naming the variable)
+        self.settings = settings or Settings.load(
+            environment.snapshot() if env is None else env, self.config
+        )
         self.clock = clock
         #: waits of the request path (fall-through pauses, cooldown waits, slot queues) on
         #: ``clock``; tests swap in a ManualTimer that shares their ManualClock
@@ -171,7 +172,7 @@ class Gateway:
         connection in a pool while the DB has it in another, moved there by the admin API)."""
         private_dir(self.data_dir)
         try:
-            db_url = database_url(self.env)
+            db_url = database_url(self.settings.database_url)
             poll_s = self._metadata_poll_s()
         except ValueError as exc:
             raise ConfigError([("", str(exc))]) from None
@@ -204,12 +205,8 @@ class Gateway:
                     "(docs/security.md), or to false to keep open access and silence this warning"
                 )
             self.quota_settings = self._settings_from(db_settings)
-            store, self.store_choice = await create_store(
-                self.quota_store_path,
-                env=self.env,
-                db=db_settings,
-                redis_prefix=self.redis_prefix,
-            )
+            current = self.settings.with_db(db_settings)
+            store, self.store_choice = await create_store(self.quota_store_path, current.store)
         except BaseException:
             self.db.close()
             raise
@@ -222,11 +219,9 @@ class Gateway:
             timer=self.timer,
         )
         self.resilience = await build_manager(
-            settings=ResilienceSettings.from_sources(self.env, db_settings),
+            settings=current.resilience_settings(),
             clock=self.clock,
-            redis_url=redis_url(self.env, db_settings)
-            if self.store_choice.driver == "redis"
-            else None,
+            redis_url=current.store.redis_url if self.store_choice.driver == "redis" else None,
             redis_prefix=self.redis_prefix,
             # a connection of its own, on a thread of its own (resilience/writer.py); the
             # migrations ran when self.db was opened
@@ -313,7 +308,7 @@ class Gateway:
     def redis_prefix(self) -> str:
         """Key prefix in Redis (``QUOTA_STORE_REDIS_PREFIX``): several gateways or test runs can
         share one server without touching each other's counters."""
-        return self.settings.redis_prefix
+        return self.settings.store.redis_prefix
 
     def percent_estimate(self, pool: Pool, tokens: float) -> float:
         """The percent a request of ``tokens`` is expected to cost in ``pool``: the most any of
@@ -333,7 +328,7 @@ class Gateway:
         """The key of the secrets at rest; a generated key file is logged once (losing it
         loses the stored secrets). Unusable → :class:`ConfigError` (the CLI exits 2)."""
         try:
-            box, created = load_box(self.data_dir, self.env, shared_db=shared_db)
+            box, created = load_box(self.data_dir, self.settings.secret_key, shared_db=shared_db)
         except SecretKeyError as exc:
             raise ConfigError([("", str(exc))]) from None
         if created:
@@ -405,7 +400,7 @@ class Gateway:
 
     def _log_backend(self, db_settings: Mapping[str, str]) -> LogBackend:
         """Where the admission log lives: with the counters, so it is shared as widely."""
-        url = redis_url(self.env, db_settings)
+        url = self.settings.with_db(db_settings).store.redis_url
         if self.store_choice.driver == "redis" and url:
             return RedisLogBackend(url, self.redis_prefix, max_age_ms=self._log_max_age_ms())
         return SqliteLogBackend(self.data_dir / "admission_log.sqlite")
@@ -454,7 +449,7 @@ class Gateway:
         self.engine.settings = self.quota_settings
         if self.resilience is not None:
             self.resilience.update_settings(
-                ResilienceSettings.from_sources(self.env, snap.settings)
+                self.settings.with_db(snap.settings).resilience_settings()
             )
         return True
 
@@ -479,10 +474,7 @@ class Gateway:
         """
         async with self._store_lock:
             store, choice = await create_store(
-                self.quota_store_path,
-                env=self.env,
-                db=SettingsRepo(self.db).all(),
-                redis_prefix=self.redis_prefix,
+                self.quota_store_path, self.settings.with_db(SettingsRepo(self.db).all()).store
             )
             old = self.engine.store
             self.engine.store = store

@@ -11,11 +11,14 @@ over OTLP/HTTP (protobuf), ``console`` as JSON on standard output. A request tha
 W3C ``traceparent`` (and ``tracestate``, baggage) continues the caller's trace: its span is the
 caller's span's child (``OTEL_PROPAGATORS`` chooses the propagators, as in the SDK).
 
-Of the SDK's variables, these apply (:func:`plan_from_env` reads the first three): the exporter
-list (an unknown name such as ``zipkin`` is warned about and left out; ``none`` switches tracing
-off), ``OTEL_SDK_DISABLED=true`` (off), ``OTEL_EXPORTER_OTLP_PROTOCOL`` /
+Of the SDK's variables, these apply (:class:`TracingSettings` declares those fairgate reads
+itself, from the one settings object; the OTLP exporter, the resource and the propagators read
+the rest from the process environment as the SDK does, the one exception to "only
+``fairgate.environment`` reads it", since re-implementing the SDK's configuration is not ours):
+the exporter list (an unknown name such as ``zipkin`` is warned about and left out; ``none``
+switches tracing off), ``OTEL_SDK_DISABLED=true`` (off), ``OTEL_EXPORTER_OTLP_PROTOCOL`` /
 ``OTEL_EXPORTER_OTLP_TRACES_PROTOCOL`` (only ``http/protobuf``; another is warned about and
-http/protobuf used), and, read by the SDK itself, ``OTEL_SERVICE_NAME`` (default ``fairgate``),
+http/protobuf used), ``OTEL_SERVICE_NAME`` (default ``fairgate``), and, read by the SDK itself,
 ``OTEL_RESOURCE_ATTRIBUTES``, ``OTEL_EXPORTER_OTLP_*`` endpoints, headers, timeouts and
 certificates, ``OTEL_TRACES_SAMPLER`` / ``OTEL_TRACES_SAMPLER_ARG``, ``OTEL_BSP_*`` and
 ``OTEL_PROPAGATORS``. Unlike the SDK, nothing set means no tracing (the SDK's default exporter
@@ -38,17 +41,21 @@ import logging
 import sys
 from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
-from typing import IO, Any, ParamSpec, TypeVar
+from typing import IO, Annotated, Any, ParamSpec, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field
 
 from fairgate.install import extra_hint
+from fairgate.setting_source import From
 
 log = logging.getLogger("fairgate.tracing")
 
 __all__ = [
     "TracingPlan",
+    "TracingSettings",
     "active",
-    "configure_from_env",
-    "plan_from_env",
+    "configure",
+    "plan_of",
     "shutdown",
     "traced",
     "use_tracer_provider",
@@ -87,29 +94,61 @@ def active() -> bool:
 
 #: The span exporters fairgate builds (``OTEL_TRACES_EXPORTER``); ``none`` is also understood.
 EXPORTERS = ("otlp", "console")
-_ENDPOINTS = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
-_PROTOCOLS = ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL")
+
+
+class TracingSettings(BaseModel):
+    """The SDK's variables fairgate reads itself (the ``tracing`` area of the one settings
+    object); the SDK reads its others from the process environment (module doc)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    sdk_disabled: Annotated[str | None, From(env="OTEL_SDK_DISABLED")] = Field(
+        default=None, description="`true`: no tracing, whatever else is set"
+    )
+    exporters: Annotated[str | None, From(env="OTEL_TRACES_EXPORTER")] = Field(
+        default=None,
+        description="`otlp`, `console` or both (comma separated), or `none`; unset: `otlp` "
+        "when an OTLP endpoint is set, else no tracing",
+    )
+    traces_endpoint: Annotated[str | None, From(env="OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")] = Field(
+        default=None, description="The OTLP/HTTP endpoint for spans (the SDK reads it)"
+    )
+    endpoint: Annotated[str | None, From(env="OTEL_EXPORTER_OTLP_ENDPOINT")] = Field(
+        default=None, description="The OTLP/HTTP endpoint (the SDK adds `/v1/traces`)"
+    )
+    traces_protocol: Annotated[str | None, From(env="OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")] = Field(
+        default=None, description="Only `http/protobuf` (another is warned about)"
+    )
+    protocol: Annotated[str | None, From(env="OTEL_EXPORTER_OTLP_PROTOCOL")] = Field(
+        default=None, description="Only `http/protobuf` (another is warned about)"
+    )
+    service_name: Annotated[str, From(env="OTEL_SERVICE_NAME")] = Field(
+        default="fairgate", description="The traces' `service.name`"
+    )
+
+    def otlp_endpoint(self) -> str | None:
+        return self.traces_endpoint or self.endpoint
 
 
 @dataclass(frozen=True, slots=True)
 class TracingPlan:
-    """What the environment asks for: the exporters to build (empty: tracing off) and a
+    """What the settings ask for: the exporters to build (empty: tracing off) and a
     warning for each variable asked for something fairgate does not do."""
 
     exporters: tuple[str, ...] = ()
     warnings: tuple[str, ...] = field(default=())
 
 
-def plan_from_env(env: Mapping[str, str]) -> TracingPlan:
+def plan_of(settings: TracingSettings) -> TracingPlan:
     """The SDK's variables read the SDK's way (module doc), pure: no import, no side effect."""
-    if (env.get("OTEL_SDK_DISABLED") or "").strip().lower() == "true":
+    if (settings.sdk_disabled or "").lower() == "true":
         return TracingPlan()
     warnings: list[str] = []
-    raw = (env.get("OTEL_TRACES_EXPORTER") or "").strip()
+    raw = settings.exporters or ""
     if raw:
         names = [n.strip().lower() for n in raw.split(",") if n.strip()]
     else:  # nothing named: an OTLP endpoint asks for otlp (the SDK's default exporter)
-        names = ["otlp"] if any((env.get(v) or "").strip() for v in _ENDPOINTS) else []
+        names = ["otlp"] if settings.otlp_endpoint() else []
     chosen: list[str] = []
     for name in names:
         if name == "none":
@@ -123,8 +162,11 @@ def plan_from_env(env: Mapping[str, str]) -> TracingPlan:
                 f"{', '.join(EXPORTERS)} or none); left out"
             )
     if "otlp" in chosen:
-        for var in _PROTOCOLS:
-            proto = (env.get(var) or "").strip().lower()
+        for var, value in (
+            ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", settings.traces_protocol),
+            ("OTEL_EXPORTER_OTLP_PROTOCOL", settings.protocol),
+        ):
+            proto = (value or "").lower()
             if proto and proto != "http/protobuf":
                 warnings.append(
                     f"{var}={proto} is not supported: spans are exported over http/protobuf"
@@ -133,10 +175,10 @@ def plan_from_env(env: Mapping[str, str]) -> TracingPlan:
     return TracingPlan(tuple(chosen), tuple(warnings))
 
 
-def configure_from_env(env: Mapping[str, str], *, console: IO[str] | None = None) -> bool:
-    """Switch tracing on as the SDK's variables ask (:func:`plan_from_env`); True when it is
+def configure(settings: TracingSettings, *, console: IO[str] | None = None) -> bool:
+    """Switch tracing on as the SDK's variables ask (:func:`plan_of`); True when it is
     on. ``console``: where the console exporter writes (standard output)."""
-    plan = plan_from_env(env)
+    plan = plan_of(settings)
     for warning in plan.warnings:
         log.warning(warning)
     if not plan.exporters:
@@ -159,12 +201,12 @@ def configure_from_env(env: Mapping[str, str], *, console: IO[str] | None = None
         return False
     if "console" in plan.exporters:
         exporters.append(ConsoleSpanExporter(out=console or sys.stdout))
-    service = env.get("OTEL_SERVICE_NAME") or "fairgate"
+    service = settings.service_name
     provider = TracerProvider(resource=Resource.create({"service.name": service}))
     for exporter in exporters:
         provider.add_span_processor(BatchSpanProcessor(exporter))
     use_tracer_provider(provider)
-    endpoint = next((env[v] for v in _ENDPOINTS if (env.get(v) or "").strip()), None)
+    endpoint = settings.otlp_endpoint()
     log.info(
         "tracing to %s",
         ", ".join(

@@ -1,13 +1,16 @@
 """Resilience settings (SPEC §9 defaults) and where they come from.
 
 Precedence, as for every fairgate setting: DB setting (admin API) > environment variable >
-built-in default, per knob. Per-provider overrides (a provider whose 429s mean something
-different, an upstream that needs a longer breaker cool-down) come from the config file or the
-admin API as ``{provider: {field: value}}``; the DB key ``resilience.providers`` (a JSON object
-of the same shape) wins over the config file, field by field.
+built-in default, per knob: :class:`ResilienceKnobs` declares each knob's sources, range and
+meaning, and the one settings object (``fairgate.process.settings``) resolves them. Per-provider
+overrides (a provider whose 429s mean something different, an upstream that needs a longer
+breaker cool-down) come from the config file or the admin API as ``{provider: {field: value}}``;
+the DB key ``resilience.providers`` (a JSON object of the same shape) wins over the config file,
+field by field.
 
-A value that does not parse or lies outside its range is ignored (the next source wins) rather
-than crashing the gateway at start: a typo in an env var must not take the proxy down.
+A value that does not parse or lies outside its range is ignored with a warning (the next
+source wins) rather than crashing the gateway at start: a typo in an env var must not take the
+proxy down.
 
 =====================================  ===================================  ========
 field                                  environment variable                 default
@@ -39,12 +42,15 @@ import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from fairgate.records import camel
 from fairgate.resilience.breaker import BreakerConfig
+from fairgate.setting_source import From
 
-__all__ = ["ResilienceSettings"]
+__all__ = ["ResilienceKnobs", "ResilienceSettings"]
 
 _DAY_MS = 86_400_000
 
@@ -145,34 +151,19 @@ class ResilienceSettings:
         return dataclasses.replace(self, **_valid(overrides))
 
     @classmethod
-    def from_sources(
-        cls,
-        env: Mapping[str, str],
-        db: Mapping[str, str] | None = None,
-        overrides: Mapping[str, Mapping[str, Any]] | None = None,
+    def from_knobs(
+        cls, knobs: ResilienceKnobs, overrides: Mapping[str, Mapping[str, Any]] | None = None
     ) -> ResilienceSettings:
-        """Each knob from the DB settings, else ``RESILIENCE_*`` env, else the default;
-        ``overrides`` are per-provider (config file), merged under ``resilience.providers``."""
-        db = db or {}
-        values: dict[str, Any] = {}
-        for name in (*_RANGES, *_BOOLS):
-            for raw in (
-                db.get(f"resilience.{camel(name)}"),
-                env.get(f"RESILIENCE_{name.upper()}"),
-            ):
-                if raw is None or str(raw).strip() == "":
-                    continue
-                parsed = _parse(name, raw)
-                if parsed is not None:
-                    values[name] = _typed(name, parsed)
-                    break
+        """The knobs as resolved (DB setting > ``RESILIENCE_*`` env > default, by the settings
+        object); ``overrides`` are per-provider (config file), merged under the DB's
+        ``resilience.providers``, field by field."""
+        values = knobs.model_dump(exclude={"providers_json"})
         providers: dict[str, dict[str, Any]] = {
             p: _valid(o) for p, o in (overrides or {}).items() if isinstance(o, Mapping)
         }
-        raw_providers = db.get("resilience.providers")
-        if raw_providers:
+        if knobs.providers_json:
             try:
-                stored = json.loads(raw_providers)
+                stored = json.loads(knobs.providers_json)
             except ValueError:
                 stored = None
             if isinstance(stored, dict):
@@ -180,6 +171,151 @@ class ResilienceSettings:
                     if isinstance(o, Mapping):
                         providers.setdefault(str(p), {}).update(_valid(o))
         return cls(**values, providers={p: o for p, o in providers.items() if o})
+
+
+def _knob(name: str) -> Any:
+    """The checks of knob ``name``: parsed as the admin API parses it (a count written as
+    ``1500.0`` is 1500), in its range."""
+
+    def check(raw: object) -> object:
+        parsed = _parse(name, raw)
+        if parsed is None:
+            what = "true or false" if name in _BOOLS else "a number from {:g} to {:g}"
+            raise ValueError(f"must be {what.format(*_RANGES.get(name, (0, 0)))}")
+        return _typed(name, parsed)
+
+    return BeforeValidator(check)
+
+
+def _from(name: str) -> From:
+    return From(db=f"resilience.{camel(name)}", env=f"RESILIENCE_{name.upper()}", lenient=True)
+
+
+_D = ResilienceSettings()
+
+
+class ResilienceKnobs(BaseModel):
+    """The resilience knobs as the settings object resolves them (its ``resilience`` area;
+    every one lenient: a bad value is skipped with a warning, the next source wins)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    breaker_threshold: Annotated[float, _from("breaker_threshold"), _knob("breaker_threshold")] = (
+        Field(
+            default=_D.breaker_threshold,
+            gt=0,
+            le=1,
+            description="Failure fraction over the window from which a provider's breaker opens",
+        )
+    )
+    breaker_min_requests: Annotated[
+        int, _from("breaker_min_requests"), _knob("breaker_min_requests")
+    ] = Field(
+        default=_D.breaker_min_requests,
+        ge=1,
+        le=1_000_000,
+        description="Requests in the window before the breaker may open",
+    )
+    breaker_window_ms: Annotated[int, _from("breaker_window_ms"), _knob("breaker_window_ms")] = (
+        Field(
+            default=_D.breaker_window_ms,
+            ge=1_000,
+            le=_DAY_MS,
+            description="The breaker's sliding window in milliseconds",
+        )
+    )
+    breaker_cooldown_ms: Annotated[
+        int, _from("breaker_cooldown_ms"), _knob("breaker_cooldown_ms")
+    ] = Field(
+        default=_D.breaker_cooldown_ms,
+        ge=0,
+        le=_DAY_MS,
+        description="How long an open breaker stays open before a probe, in milliseconds",
+    )
+    breaker_max_cooldown_ms: Annotated[
+        int, _from("breaker_max_cooldown_ms"), _knob("breaker_max_cooldown_ms")
+    ] = Field(
+        default=_D.breaker_max_cooldown_ms,
+        ge=0,
+        le=7 * _DAY_MS,
+        description="The longest an open breaker's cool-down grows to after failed probes",
+    )
+    breaker_probe_lease_ms: Annotated[
+        int, _from("breaker_probe_lease_ms"), _knob("breaker_probe_lease_ms")
+    ] = Field(
+        default=_D.breaker_probe_lease_ms,
+        ge=1_000,
+        le=_DAY_MS,
+        description="How long one probe request holds the half-open breaker",
+    )
+    breaker_counts_rate_limits: Annotated[
+        bool, _from("breaker_counts_rate_limits"), _knob("breaker_counts_rate_limits")
+    ] = Field(
+        default=_D.breaker_counts_rate_limits,
+        description="Whether a 429 counts as a failure in the provider breaker (off: one "
+        "exhausted account would black out its healthy siblings)",
+    )
+    oauth_base_cooldown_ms: Annotated[
+        int, _from("oauth_base_cooldown_ms"), _knob("oauth_base_cooldown_ms")
+    ] = Field(
+        default=_D.oauth_base_cooldown_ms,
+        ge=0,
+        le=_DAY_MS,
+        description="First cooldown of an OAuth connection after a failure (doubles per failure)",
+    )
+    apikey_base_cooldown_ms: Annotated[
+        int, _from("apikey_base_cooldown_ms"), _knob("apikey_base_cooldown_ms")
+    ] = Field(
+        default=_D.apikey_base_cooldown_ms,
+        ge=0,
+        le=_DAY_MS,
+        description="First cooldown of an API-key connection after a failure (doubles per failure)",
+    )
+    max_cooldown_ms: Annotated[int, _from("max_cooldown_ms"), _knob("max_cooldown_ms")] = Field(
+        default=_D.max_cooldown_ms,
+        ge=0,
+        le=7 * _DAY_MS,
+        description="The longest a connection's cooldown grows to",
+    )
+    max_hint_ms: Annotated[int, _from("max_hint_ms"), _knob("max_hint_ms")] = Field(
+        default=_D.max_hint_ms,
+        ge=0,
+        le=8 * _DAY_MS,
+        description="The longest retry-after an upstream may impose on a connection",
+    )
+    auth_cooldown_ms: Annotated[int, _from("auth_cooldown_ms"), _knob("auth_cooldown_ms")] = Field(
+        default=_D.auth_cooldown_ms,
+        ge=0,
+        le=7 * _DAY_MS,
+        description="Cooldown of a connection whose credentials the upstream refused",
+    )
+    model_not_found_lockout_ms: Annotated[
+        int, _from("model_not_found_lockout_ms"), _knob("model_not_found_lockout_ms")
+    ] = Field(
+        default=_D.model_not_found_lockout_ms,
+        ge=0,
+        le=7 * _DAY_MS,
+        description="How long a connection is skipped for a model it said it does not have",
+    )
+    level_memory_ms: Annotated[int, _from("level_memory_ms"), _knob("level_memory_ms")] = Field(
+        default=_D.level_memory_ms,
+        ge=0,
+        le=7 * _DAY_MS,
+        description="How long a cooldown record outlives its deadline, so the next failure "
+        "continues the backoff instead of starting over",
+    )
+    warn_fraction: Annotated[float, _from("warn_fraction"), _knob("warn_fraction")] = Field(
+        default=_D.warn_fraction,
+        ge=0,
+        le=1,
+        description="Remaining quota fraction of an upstream account below which it is reported "
+        "as running low",
+    )
+    providers_json: Annotated[str | None, From(db="resilience.providers", lenient=True)] = Field(
+        default=None,
+        description="Per-provider overrides, a JSON object `{provider: {knob: value}}` (over "
+        "the config file's, field by field)",
+    )
 
 
 def _typed(name: str, value: float | bool) -> Any:

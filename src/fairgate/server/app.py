@@ -97,11 +97,12 @@ def create_app(
     upstream: Upstream | None = None,
 ) -> Starlette:
     """The gateway's ASGI app; ``http`` holds the HTTP edge's limits (default: from the
-    gateway's environment, with no bind address, so no host check unless configured);
+    gateway's settings, with no bind address, so no host check unless configured);
     ``upstream`` the providers' side of the request path (default: the real HTTP client; tests
     pass an in-process :class:`~fairgate.providers.inprocess.HandlerUpstream`)."""
-    metrics = Metrics.from_env(gw.env)  # a worker's: the group's exposition (metrics.py)
-    limits = http if http is not None else HttpSettings.from_env(gw.env)
+    # a worker's: the group's exposition (metrics.py)
+    metrics = Metrics.for_group(gw.settings.worker_metrics_dir)
+    limits = http if http is not None else gw.settings.http.limits()
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -109,7 +110,7 @@ def create_app(
             await hook()
         await gw.start()
         # OpenTelemetry, as the SDK's OTEL_* variables ask (and with the otel extra)
-        tracing_on = tracing.configure_from_env(gw.env)
+        tracing_on = tracing.configure(gw.settings.tracing)
         # the exact secrets the gateway holds are masked in every log line, whatever logs them
         REDACTOR.set_source(
             lambda: [gw.admin_key or "", *(c.secret for c in gw.registry.connections.values())]

@@ -27,14 +27,14 @@ from fairgate import environment
 from fairgate.config import Config, load_config
 from fairgate.process.http_protocol import server_options
 from fairgate.process.http_settings import HttpSettings
-from fairgate.process.logs import configure_from_env
-from fairgate.process.metrics import METRICS_DIR_ENV
+from fairgate.process.logs import configure_from_settings
+from fairgate.process.settings import METRICS_DIR_ENV, WORKER_SPEC_ENV, Settings
 from fairgate.process.state import Gateway
 from fairgate.server.app import create_app
 from fairgate.testclock import process_clock
 
-#: How the parent tells each worker what to serve (JSON: config path, data dir, bind address).
-WORKER_SPEC_ENV = "FAIRGATE_WORKER_SPEC"
+__all__ = ["MAX_WORKERS", "WORKER_SPEC_ENV", "config_secrets", "run_workers", "worker_app"]
+
 #: The most workers one machine gets: more processes than this only add memory and contention.
 MAX_WORKERS = 64
 
@@ -46,18 +46,33 @@ def config_secrets(cfg: Config, *more: str) -> list[str]:
     return out + [m for m in more if m]
 
 
+def worker_spec(settings: Settings) -> dict[str, str]:
+    """What the parent handed this worker (config path, data dir, bind address)."""
+    if settings.worker_spec is None:
+        raise RuntimeError(f"{WORKER_SPEC_ENV} is not set: not a serve --workers worker")
+    spec: dict[str, str] = orjson.loads(settings.worker_spec)
+    return spec
+
+
+def worker_limits(settings: Settings) -> HttpSettings:
+    """The edge's limits of a worker: its settings, for the address the parent binds."""
+    return settings.http.limits(worker_spec(settings)["bind"])
+
+
 def worker_app() -> Starlette:
-    """uvicorn's app factory, run in each worker process (see module doc)."""
-    env = dict(environment.snapshot())
-    spec = orjson.loads(env[WORKER_SPEC_ENV])
+    """uvicorn's app factory, run in each worker process (see module doc). The parent checked
+    the settings strictly; a worker reads them leniently (a bad value: a warning)."""
+    env = environment.snapshot()
+    spec = worker_spec(Settings.load(env, strict=False))
     config_path = spec.get("config")
     cfg = load_config(Path(config_path), env) if config_path else Config.default()
-    configure_from_env(env, config_secrets(cfg, env.get("FAIRGATE_ADMIN_KEY", "")))
-    clock = process_clock(env)  # the parent checked it: FAIRGATE_TESTING's test clock or none
+    settings = Settings.load(env, cfg, strict=False)
+    configure_from_settings(settings, config_secrets(cfg, settings.admin_key or ""))
+    clock = process_clock(settings.test_clock)  # the parent checked it
     if clock.warning:
         logging.getLogger("fairgate.cli").warning(clock.warning)
-    gw = Gateway(data_dir=Path(spec["data_dir"]), config=cfg, env=env, clock=clock.clock)
-    return create_app(gw, http=HttpSettings.from_env(env, spec["bind"]))
+    gw = Gateway(data_dir=Path(spec["data_dir"]), config=cfg, clock=clock.clock, settings=settings)
+    return create_app(gw, http=worker_limits(settings))
 
 
 def run_workers(
@@ -79,7 +94,7 @@ def run_workers(
         "bind": host,
     }
     environment.export(WORKER_SPEC_ENV, orjson.dumps(spec).decode())
-    limits = HttpSettings.from_env(environment.snapshot(), host)
+    limits = worker_limits(Settings.load(environment.snapshot(), strict=False))
     if limits.key_rate_per_s > 0:
         # per process by design (docs/security.md): say what it adds up to
         logging.getLogger("fairgate.cli").info(

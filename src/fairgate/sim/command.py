@@ -19,6 +19,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from fairgate import environment
 from fairgate.install import extra_hint
+from fairgate.process.settings import Settings
 from fairgate.sim.policies import POLICY_NAMES, parse_policies
 from fairgate.sim.report import print_results, print_spreads, write_chart, write_json
 from fairgate.sim.runner import DRIVERS, ScenarioResult, SimError, run_scenario
@@ -92,7 +93,8 @@ def run_simulate(
     if driver not in DRIVERS:
         console.print(f"[red]error:[/] --driver must be one of {', '.join(DRIVERS)}")
         return EXIT_BAD_INPUT
-    url = redis_url or environment.snapshot().get("QUOTA_STORE_REDIS_URL") or None
+    # --redis-url, else the gateway's own setting (QUOTA_STORE_REDIS_URL), read leniently
+    url = redis_url or Settings.load(environment.snapshot(), strict=False).store.redis_url
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:

@@ -22,8 +22,9 @@ if TYPE_CHECKING:
         SharedPoolLog,
         SqliteLogBackend,
     )
-    from fairgate.store.factory import DRIVERS, StoreChoice, create_store, redis_url
+    from fairgate.store.factory import StoreChoice, create_store
     from fairgate.store.redis.store import RedisQuotaStore
+    from fairgate.store.settings import DRIVERS, StoreSettings
     from fairgate.store.sqlite.store import SqliteQuotaStore
 else:  # mypy reads the imports; a run loads each name on first use
     __getattr__ = lazy_surface(__name__)
@@ -43,7 +44,7 @@ __all__ = [
     "SqliteLogBackend",
     "SqliteQuotaStore",
     "StoreChoice",
+    "StoreSettings",
     "UsageItem",
     "create_store",
-    "redis_url",
 ]
