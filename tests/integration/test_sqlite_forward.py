@@ -345,3 +345,27 @@ async def test_a_forwarders_held_request_waits_in_the_owners_queue(tmp_path: Pat
         assert await other.leave(HELD.id, "a-1")
         assert await owner.waiters(HELD.id, H0 + 3) == []
         assert not await owner.leave(HELD.id, "a-1")
+
+
+async def test_a_forwarded_call_does_not_ask_for_the_running_loop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Python 3.11's ``asyncio.get_running_loop()`` makes a ``getpid`` system call each time;
+    the forwarder takes its loop once, when it connects, so an admission and a settle on the
+    forwarding path ask for it no more (a ``getpid`` per call and per frame before)."""
+    path = tmp_path / "quota.sqlite"
+    async with _paired(path) as (_, other):
+        assert await other.ping()  # connected: the loop is known from here on
+        asked: list[str] = []
+        real = asyncio.get_running_loop
+
+        def counting() -> asyncio.AbstractEventLoop:
+            asked.append(sys._getframe(1).f_code.co_filename)
+            return real()
+
+        monkeypatch.setattr(asyncio, "get_running_loop", counting)
+        results = await asyncio.gather(*(other.admit(_request("a", f"g{i}", T0)) for i in range(5)))
+        await other.settle(POOL.id, "a", "g0", _usage(1.0), T0 + 1)
+        monkeypatch.undo()
+        assert all(r.reserved for r in results)
+        assert not [f for f in asked if f.endswith("forward.py")]

@@ -44,9 +44,13 @@ import sqlite3
 import struct
 from collections import deque
 from collections.abc import Awaitable, Callable
+from enum import Enum
 from typing import Any, cast
 
-from fairgate.quota.decision import DimensionCheck, Verdict
+from fairgate.domain.units import Unit
+from fairgate.quota.decision import DimensionCheck, Outcome, Reason, Scope, Verdict
+from fairgate.quota.hold import HoldTicket, QueueFull
+from fairgate.quota.model import Policy
 from fairgate.quota.ports import (
     AdmitRequest,
     AdmitResult,
@@ -128,7 +132,32 @@ _RECORDS = (
     CounterRef,
     PoolCounts,
     GcResult,
+    HoldTicket,
 )
+
+#: The enums inside those records, pickled as an index into :data:`_MEMBERS` (read back by
+#: :func:`_member`): pickle's own way for an enum member calls its class with the value on
+#: load (``EnumType.__call__``, Python code) and its ``__reduce_ex__`` on dump, about 2.5 µs a
+#: member against 0.4; an admission's request carries five of them. A test walks the records'
+#: fields and fails on an enum missing here.
+_ENUMS: tuple[type[Enum], ...] = (Unit, Scope, Policy, Outcome, Reason, QueueFull)
+_MEMBERS: tuple[Enum, ...] = tuple(m for cls in _ENUMS for m in cls)
+
+
+def _member(index: int) -> Enum:
+    """An enum member read from a frame (:data:`_ENUMS`)."""
+    return _MEMBERS[index]
+
+
+#: per enum class, member → its reduction, computed once (the dispatch table then calls
+#: ``dict.__getitem__``, C). One dict per class: members of two ``StrEnum`` classes with one
+#: value (``Scope.POOL``, ``QueueFull.POOL``) are equal and hash alike.
+_REDUCED: dict[type[Enum], dict[Enum, tuple[Callable[[int], Enum], tuple[int]]]] = {
+    cls: {} for cls in _ENUMS
+}
+for _i, _m in enumerate(_MEMBERS):  # by position: a list's index() would compare by value
+    _REDUCED[type(_m)][_m] = (_member, (_i,))
+del _i, _m
 
 
 def _fields(cls: type) -> Callable[[Any], tuple[Any, ...]]:
@@ -147,6 +176,7 @@ def _reducer(cls: type) -> Callable[[Any], tuple[type, tuple[Any, ...]]]:
 _DISPATCH: dict[type, Any] = {
     **copyreg.dispatch_table,
     **{cls: _reducer(cls) for cls in _RECORDS},
+    **{cls: _REDUCED[cls].__getitem__ for cls in _ENUMS},
 }
 
 
@@ -370,6 +400,10 @@ class ForwardClient(asyncio.Protocol):
         self._frames = _Frames()
         self._framer = _Framer()
         self._pending: dict[int, asyncio.Future[Any]] = {}
+        #: the loop the connection lives on, taken once: ``asyncio.get_running_loop()`` asks
+        #: the kernel for the pid on every call (Python 3.11's check against a fork), a
+        #: ``getpid`` system call per forwarded call and per frame
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._out: list[tuple[int, str, tuple[Any, ...]]] = []
         self._soon = False  # a flush is due at the loop's next turn
         self._timer: asyncio.TimerHandle | None = None  # a flush of later calls only
@@ -383,7 +417,7 @@ class ForwardClient(asyncio.Protocol):
 
     async def _open(self) -> None:
         if self._opening is None:
-            loop = asyncio.get_running_loop()
+            loop = self._loop = asyncio.get_running_loop()
             self._opening = loop.create_future()
             try:
                 sock, self._sock = self._sock, None
@@ -409,7 +443,8 @@ class ForwardClient(asyncio.Protocol):
             if self.lost:
                 raise Unsent("the quota file's owner process went away")
             await self._open()
-        loop = asyncio.get_running_loop()
+        loop = self._loop
+        assert loop is not None  # set by the first call's _open
         fut = loop.create_future()
         cid = self._next = self._next + 1
         self._pending[cid] = fut
@@ -437,7 +472,8 @@ class ForwardClient(asyncio.Protocol):
             return
         t.write(self._framer.frame(out))
         self.writes += 1
-        loop = asyncio.get_running_loop()
+        loop = self._loop
+        assert loop is not None
         self._sent.append((loop.time(), out[-1][0]))
         if self._watch is None:
             self._watch = loop.call_later(self._timeout_s, self._check)
@@ -452,7 +488,8 @@ class ForwardClient(asyncio.Protocol):
             sent.popleft()  # every call of that frame is answered
         if not sent:
             return
-        loop = asyncio.get_running_loop()
+        loop = self._loop
+        assert loop is not None
         due = sent[0][0] + self._timeout_s
         if loop.time() < due:
             self._watch = loop.call_at(due, self._check)
