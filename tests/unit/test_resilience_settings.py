@@ -33,25 +33,6 @@ def test_defaults_are_the_spec() -> None:
     assert s.breaker_config() == BreakerConfig()
 
 
-@pytest.mark.parametrize(
-    ("variable", "raw", "field", "value"),
-    [
-        ("RESILIENCE_BREAKER_THRESHOLD", "0.75", "breaker_threshold", 0.75),
-        ("RESILIENCE_BREAKER_MIN_REQUESTS", "10", "breaker_min_requests", 10),
-        ("RESILIENCE_BREAKER_WINDOW_MS", "120000", "breaker_window_ms", 120_000),
-        ("RESILIENCE_BREAKER_COOLDOWN_MS", "15000", "breaker_cooldown_ms", 15_000),
-        ("RESILIENCE_OAUTH_BASE_COOLDOWN_MS", "7000", "oauth_base_cooldown_ms", 7_000),
-        ("RESILIENCE_APIKEY_BASE_COOLDOWN_MS", "2000", "apikey_base_cooldown_ms", 2_000),
-        ("RESILIENCE_MAX_COOLDOWN_MS", "600000", "max_cooldown_ms", 600_000),
-        ("RESILIENCE_BREAKER_COUNTS_RATE_LIMITS", "true", "breaker_counts_rate_limits", True),
-    ],
-)
-def test_env_names(variable: str, raw: str, field: str, value: object) -> None:
-    got = getattr(from_sources({variable: raw}), field)
-    assert got == value
-    assert type(got) is type(value)  # a count stays an int, a fraction a float
-
-
 def test_db_wins_over_env_and_bad_values_fall_through() -> None:
     env = {"RESILIENCE_BREAKER_THRESHOLD": "0.6", "RESILIENCE_MAX_COOLDOWN_MS": "120000"}
     db = {"resilience.breakerThreshold": "0.9", "resilience.maxCooldownMs": "not a number"}
