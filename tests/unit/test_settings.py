@@ -34,6 +34,66 @@ def test_db_over_env_over_file_over_default() -> None:
     assert start.with_db({}).saturation_threshold == 0.8
 
 
+def at(settings: Settings, path: str) -> object:
+    """The setting at dotted ``path`` (``http.max_headers``)."""
+    value: object = settings
+    for part in path.split("."):
+        value = getattr(value, part)
+    return value
+
+
+@pytest.mark.parametrize(
+    ("variable", "raw", "path", "value"),
+    [
+        # the HTTP edge (issue 19)
+        ("FAIRGATE_HTTP_MAX_HEADER_BYTES", "8192", "http.max_header_bytes", 8192),
+        ("FAIRGATE_HTTP_MAX_HEADERS", "20", "http.max_headers", 20),
+        ("FAIRGATE_HTTP_HEADER_TIMEOUT_S", "2.5", "http.header_timeout_s", 2.5),
+        ("FAIRGATE_HTTP_SILENT_TIMEOUT_S", "45", "http.silent_timeout_s", 45.0),
+        ("FAIRGATE_HTTP_BODY_TIMEOUT_S", "30", "http.body_timeout_s", 30.0),
+        ("FAIRGATE_HTTP_KEEP_ALIVE_S", "1", "http.keep_alive_s", 1.0),
+        ("FAIRGATE_HTTP_SEND_TIMEOUT_S", "12", "http.send_timeout_s", 12.0),
+        ("FAIRGATE_HTTP_MAX_CONNECTIONS", "50", "http.max_connections", 50),
+        ("FAIRGATE_HTTP_MAX_CONNECTIONS_PER_ADDRESS", "3", "http.max_connections_per_address", 3),
+        ("FAIRGATE_KEY_RATE_PER_S", "0", "http.key_rate_per_s", 0.0),
+        ("FAIRGATE_KEY_RATE_BURST", "7", "http.key_rate_burst", 7),
+        ("FAIRGATE_MAX_MESSAGES", "99", "http.max_messages", 99),
+        ("FAIRGATE_MAX_MESSAGE_BYTES", "1000", "http.max_message_bytes", 1000),
+        ("FAIRGATE_THREAD_PARSE_BYTES", "0", "http.thread_parse_bytes", 0),
+        ("FAIRGATE_METRICS_KEY", " scrape ", "http.metrics_key", "scrape"),
+        ("FAIRGATE_METRICS_PUBLIC", "yes", "http.metrics_public", True),
+        ("FAIRGATE_ALLOWED_HOSTS", "gw.example.com", "http.allowed_hosts", "gw.example.com"),
+        ("FAIRGATE_ADMIN_FREE_FAILURES", "2", "http.admin_free_failures", 2),
+        ("FAIRGATE_ADMIN_BACKOFF_S", "0.5", "http.admin_backoff_s", 0.5),
+        ("FAIRGATE_ADMIN_BACKOFF_MAX_S", "9", "http.admin_backoff_max_s", 9.0),
+        ("FORWARDED_ALLOW_IPS", "10.0.0.0/8", "http.trusted_proxies", "10.0.0.0/8"),
+        # resilience (SPEC §9)
+        ("RESILIENCE_BREAKER_THRESHOLD", "0.75", "resilience.breaker_threshold", 0.75),
+        ("RESILIENCE_BREAKER_MIN_REQUESTS", "10", "resilience.breaker_min_requests", 10),
+        ("RESILIENCE_BREAKER_WINDOW_MS", "120000", "resilience.breaker_window_ms", 120_000),
+        ("RESILIENCE_BREAKER_COOLDOWN_MS", "15000", "resilience.breaker_cooldown_ms", 15_000),
+        ("RESILIENCE_OAUTH_BASE_COOLDOWN_MS", "7000", "resilience.oauth_base_cooldown_ms", 7_000),
+        ("RESILIENCE_APIKEY_BASE_COOLDOWN_MS", "2000", "resilience.apikey_base_cooldown_ms", 2_000),
+        ("RESILIENCE_MAX_COOLDOWN_MS", "600000", "resilience.max_cooldown_ms", 600_000),
+        (
+            "RESILIENCE_BREAKER_COUNTS_RATE_LIMITS",
+            "true",
+            "resilience.breaker_counts_rate_limits",
+            True,
+        ),
+    ],
+)
+def test_each_variable_reaches_its_setting(
+    variable: str, raw: str, path: str, value: object
+) -> None:
+    s = Settings.load({variable: raw})
+    got = at(s, path)
+    assert got == value
+    assert type(got) is type(value)  # a count stays an int, seconds and fractions are floats
+    assert got != at(Settings.load({}), path)  # the variable's value, not the default
+    assert s.source_of(path) == "env"
+
+
 def test_an_empty_value_is_unset() -> None:
     assert Settings.load({"FAIRGATE_PORT": " "}, FILE).port == 3000
 

@@ -69,7 +69,7 @@ _RANGES: dict[str, tuple[float, float]] = {
     "auth_cooldown_ms": (0, 7 * _DAY_MS),
     "model_not_found_lockout_ms": (0, 7 * _DAY_MS),
     "level_memory_ms": (0, 7 * _DAY_MS),
-    "warn_fraction": (0.0, 1.0),
+    "warn_fraction": (0, 1),
 }
 _BOOLS = frozenset({"breaker_counts_rate_limits"})
 _TRUE = frozenset({"1", "true", "yes", "on"})
@@ -173,9 +173,12 @@ class ResilienceSettings:
         return cls(**values, providers={p: o for p, o in providers.items() if o})
 
 
-def _knob(name: str) -> Any:
-    """The checks of knob ``name``: parsed as the admin API parses it (a count written as
-    ``1500.0`` is 1500), in its range."""
+def _knob(name: str, description: str, **limits: Any) -> Any:
+    """Knob ``name``'s field, declared from its name in one place: its default
+    (:class:`ResilienceSettings`'), its range (``_RANGES`` unless ``limits`` says it as the
+    docs should show it), where it is read (DB ``resilience.<camelCase>``, env
+    ``RESILIENCE_<NAME>``, lenient) and its check (parsed as the admin API parses it, so a count
+    written as ``1500.0`` is 1500, in its range)."""
 
     def check(raw: object) -> object:
         parsed = _parse(name, raw)
@@ -184,11 +187,12 @@ def _knob(name: str) -> Any:
             raise ValueError(f"must be {what.format(*_RANGES.get(name, (0, 0)))}")
         return _typed(name, parsed)
 
-    return BeforeValidator(check)
-
-
-def _from(name: str) -> From:
-    return From(db=f"resilience.{camel(name)}", env=f"RESILIENCE_{name.upper()}", lenient=True)
+    if not limits and name in _RANGES:
+        limits = dict(zip(("ge", "le"), _RANGES[name], strict=True))
+    info: Any = Field(default=getattr(_D, name), description=description, **limits)
+    source = From(db=f"resilience.{camel(name)}", env=f"RESILIENCE_{name.upper()}", lenient=True)
+    info.metadata += [source, BeforeValidator(check)]
+    return info
 
 
 _D = ResilienceSettings()
@@ -200,116 +204,60 @@ class ResilienceKnobs(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    breaker_threshold: Annotated[float, _from("breaker_threshold"), _knob("breaker_threshold")] = (
-        Field(
-            default=_D.breaker_threshold,
-            gt=0,
-            le=1,
-            description="Failure fraction over the window from which a provider's breaker opens",
-        )
+    breaker_threshold: float = _knob(
+        "breaker_threshold",
+        "Failure fraction over the window from which a provider's breaker opens",
+        gt=0,
+        le=1,
     )
-    breaker_min_requests: Annotated[
-        int, _from("breaker_min_requests"), _knob("breaker_min_requests")
-    ] = Field(
-        default=_D.breaker_min_requests,
-        ge=1,
-        le=1_000_000,
-        description="Requests in the window before the breaker may open",
+    breaker_min_requests: int = _knob(
+        "breaker_min_requests", "Requests in the window before the breaker may open"
     )
-    breaker_window_ms: Annotated[int, _from("breaker_window_ms"), _knob("breaker_window_ms")] = (
-        Field(
-            default=_D.breaker_window_ms,
-            ge=1_000,
-            le=_DAY_MS,
-            description="The breaker's sliding window in milliseconds",
-        )
+    breaker_window_ms: int = _knob(
+        "breaker_window_ms", "The breaker's sliding window in milliseconds"
     )
-    breaker_cooldown_ms: Annotated[
-        int, _from("breaker_cooldown_ms"), _knob("breaker_cooldown_ms")
-    ] = Field(
-        default=_D.breaker_cooldown_ms,
-        ge=0,
-        le=_DAY_MS,
-        description="How long an open breaker stays open before a probe, in milliseconds",
+    breaker_cooldown_ms: int = _knob(
+        "breaker_cooldown_ms", "How long an open breaker stays open before a probe, in milliseconds"
     )
-    breaker_max_cooldown_ms: Annotated[
-        int, _from("breaker_max_cooldown_ms"), _knob("breaker_max_cooldown_ms")
-    ] = Field(
-        default=_D.breaker_max_cooldown_ms,
-        ge=0,
-        le=7 * _DAY_MS,
-        description="The longest an open breaker's cool-down grows to after failed probes",
+    breaker_max_cooldown_ms: int = _knob(
+        "breaker_max_cooldown_ms",
+        "The longest an open breaker's cool-down grows to after failed probes",
     )
-    breaker_probe_lease_ms: Annotated[
-        int, _from("breaker_probe_lease_ms"), _knob("breaker_probe_lease_ms")
-    ] = Field(
-        default=_D.breaker_probe_lease_ms,
-        ge=1_000,
-        le=_DAY_MS,
-        description="How long one probe request holds the half-open breaker",
+    breaker_probe_lease_ms: int = _knob(
+        "breaker_probe_lease_ms", "How long one probe request holds the half-open breaker"
     )
-    breaker_counts_rate_limits: Annotated[
-        bool, _from("breaker_counts_rate_limits"), _knob("breaker_counts_rate_limits")
-    ] = Field(
-        default=_D.breaker_counts_rate_limits,
-        description="Whether a 429 counts as a failure in the provider breaker (off: one "
+    breaker_counts_rate_limits: bool = _knob(
+        "breaker_counts_rate_limits",
+        "Whether a 429 counts as a failure in the provider breaker (off: one "
         "exhausted account would black out its healthy siblings)",
     )
-    oauth_base_cooldown_ms: Annotated[
-        int, _from("oauth_base_cooldown_ms"), _knob("oauth_base_cooldown_ms")
-    ] = Field(
-        default=_D.oauth_base_cooldown_ms,
-        ge=0,
-        le=_DAY_MS,
-        description="First cooldown of an OAuth connection after a failure (doubles per failure)",
+    oauth_base_cooldown_ms: int = _knob(
+        "oauth_base_cooldown_ms",
+        "First cooldown of an OAuth connection after a failure (doubles per failure)",
     )
-    apikey_base_cooldown_ms: Annotated[
-        int, _from("apikey_base_cooldown_ms"), _knob("apikey_base_cooldown_ms")
-    ] = Field(
-        default=_D.apikey_base_cooldown_ms,
-        ge=0,
-        le=_DAY_MS,
-        description="First cooldown of an API-key connection after a failure (doubles per failure)",
+    apikey_base_cooldown_ms: int = _knob(
+        "apikey_base_cooldown_ms",
+        "First cooldown of an API-key connection after a failure (doubles per failure)",
     )
-    max_cooldown_ms: Annotated[int, _from("max_cooldown_ms"), _knob("max_cooldown_ms")] = Field(
-        default=_D.max_cooldown_ms,
-        ge=0,
-        le=7 * _DAY_MS,
-        description="The longest a connection's cooldown grows to",
+    max_cooldown_ms: int = _knob("max_cooldown_ms", "The longest a connection's cooldown grows to")
+    max_hint_ms: int = _knob(
+        "max_hint_ms", "The longest retry-after an upstream may impose on a connection"
     )
-    max_hint_ms: Annotated[int, _from("max_hint_ms"), _knob("max_hint_ms")] = Field(
-        default=_D.max_hint_ms,
-        ge=0,
-        le=8 * _DAY_MS,
-        description="The longest retry-after an upstream may impose on a connection",
+    auth_cooldown_ms: int = _knob(
+        "auth_cooldown_ms", "Cooldown of a connection whose credentials the upstream refused"
     )
-    auth_cooldown_ms: Annotated[int, _from("auth_cooldown_ms"), _knob("auth_cooldown_ms")] = Field(
-        default=_D.auth_cooldown_ms,
-        ge=0,
-        le=7 * _DAY_MS,
-        description="Cooldown of a connection whose credentials the upstream refused",
+    model_not_found_lockout_ms: int = _knob(
+        "model_not_found_lockout_ms",
+        "How long a connection is skipped for a model it said it does not have",
     )
-    model_not_found_lockout_ms: Annotated[
-        int, _from("model_not_found_lockout_ms"), _knob("model_not_found_lockout_ms")
-    ] = Field(
-        default=_D.model_not_found_lockout_ms,
-        ge=0,
-        le=7 * _DAY_MS,
-        description="How long a connection is skipped for a model it said it does not have",
-    )
-    level_memory_ms: Annotated[int, _from("level_memory_ms"), _knob("level_memory_ms")] = Field(
-        default=_D.level_memory_ms,
-        ge=0,
-        le=7 * _DAY_MS,
-        description="How long a cooldown record outlives its deadline, so the next failure "
+    level_memory_ms: int = _knob(
+        "level_memory_ms",
+        "How long a cooldown record outlives its deadline, so the next failure "
         "continues the backoff instead of starting over",
     )
-    warn_fraction: Annotated[float, _from("warn_fraction"), _knob("warn_fraction")] = Field(
-        default=_D.warn_fraction,
-        ge=0,
-        le=1,
-        description="Remaining quota fraction of an upstream account below which it is reported "
-        "as running low",
+    warn_fraction: float = _knob(
+        "warn_fraction",
+        "Remaining quota fraction of an upstream account below which it is reported as running low",
     )
     providers_json: Annotated[str | None, From(db="resilience.providers", lenient=True)] = Field(
         default=None,
