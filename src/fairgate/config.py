@@ -253,9 +253,10 @@ class ServerConfig(_Strict):
         ge=0,
         le=100_000,
         description="Idle keep-alive connections kept per upstream origin (scheme, host, port) "
-        "for the next requests, each for at most 60 s; past it the one idle longest is closed "
-        "(0: none kept). Connections in use are not limited by it: a burst opens what it needs, "
-        "and what it leaves idle is trimmed to this",
+        "for the next requests, each for at most 60 s; past it the ones idle longest are closed "
+        "once idle 2 s, so a steady load above it keeps its connections (0: none kept). "
+        "Connections in use are not limited by it: a burst opens what it needs, and what it "
+        "leaves idle is trimmed to this",
     )
     default_max_tokens: int = Field(
         default=1024,

@@ -260,9 +260,11 @@ async def wait_idle(gw: Proc, timeout_s: float = 20) -> dict[str, Any]:
     async with httpx.AsyncClient(timeout=10) as c:
         while True:
             health: dict[str, Any] = (await c.get(gw.url + "/health")).json()
-            mem = health["memory"]
+            mem, upstream = health["memory"], health["upstream"]
             idle = (
                 health["inflight"] == 0
+                # connections past the pool's bound are closed once idle 2 s (http1.py)
+                and upstream["idle"] <= upstream["idlePerOrigin"] * UPSTREAM_ORIGINS
                 and health["inflightLeases"] == 0
                 and mem["backgroundTasks"] == 0
                 and mem["drrHolds"] == 0

@@ -170,10 +170,13 @@ async def test_health_counts_the_upstream_connections_and_a_burst_leaves_at_most
         )
         assert [r.status_code for r in answers] == [200] * 8
         mock_port = int(mock_upstream.url.rsplit(":", 1)[1])
-        for _ in range(100):  # settles run after the answers; read once nothing is in flight
+        # settles run after the answers, and connections past the bound are closed once they
+        # have been idle 2 s: read once nothing is in flight and the pool is at rest
+        for _ in range(200):
             health = (await client.get("/health")).json()
             sockets = sockets_to(gw.proc.pid, mock_port)
-            if health["inflight"] == 0 and sockets == health["upstream"]["open"]:
+            at_rest = health["upstream"]["idle"] <= health["upstream"]["idlePerOrigin"]
+            if health["inflight"] == 0 and sockets == health["upstream"]["open"] and at_rest:
                 break
             await asyncio.sleep(0.05)
     pool = health["upstream"]
