@@ -69,6 +69,7 @@ def bench_refresh(n: int, reps: int) -> float | None:
     if waiting_reserves is None:
         return None
     pace = getattr(decision, "pace_reserves", None)
+    view = getattr(decision, "Waiting", None)
     pool = make_pool(n)
     keys = [a.key_id for a in pool.allocations]
     dim = pool.dimensions[0].key
@@ -78,7 +79,9 @@ def bench_refresh(n: int, reps: int) -> float | None:
     waiting = set(keys[::2])
     start = time.perf_counter_ns()
     for _ in range(reps):
-        r = waiting_reserves(pool, {dim: 3.0}, keys, waiting, used, T0 + 600_000)
+        args = (pool, {dim: 3.0}, keys, waiting, used, T0 + 600_000)
+        # since the Waiting view, the arguments travel as one value; older trees take them apart
+        r = waiting_reserves(view(*args)) if view is not None else waiting_reserves(*args)
         if pace is not None:
             pace(pool, keys[: n - 1], used, totals, T0 + 600_000, 0.5, r)
     return (time.perf_counter_ns() - start) / reps / 1000

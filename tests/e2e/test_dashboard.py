@@ -115,6 +115,43 @@ def error_slot(pg: Any, field: Any) -> Any:
     return pg.locator(f"#{fid}-error")
 
 
+#: The rows the pool dialog's "Add dimension" and "Add allocation" buttons add.
+ROWS = {"dimension": ".row.dimension", "allocation": ".row.alloc"}
+
+
+def add_rows(dialog: Any, kind: str, *rows: dict[str, str]) -> Any:
+    """Press the pool dialog's "Add <kind>" once per row, then set each row's controls in
+    turn (label: value; a select takes the option, an input the text): the rows. A row's
+    first control is labelled with the row's number ("Unit (row 2)"), so a screen reader
+    tells the rows apart."""
+    for _ in rows:
+        dialog.get_by_role("button", name=f"Add {kind}").click()
+    found = dialog.locator(ROWS[kind])
+    for i, row in enumerate(rows):
+        for n, (label, value) in enumerate(row.items()):
+            control = found.nth(i).get_by_label(f"{label} (row {i + 1})" if n == 0 else label)
+            if control.evaluate("e => e.tagName") == "SELECT":
+                control.select_option(value)
+            else:
+                control.fill(value)
+    return found
+
+
+def expect_plan(pg: Any, source: str, limit: str, status: str | None = None) -> None:
+    """The plans page shows a plan from ``source`` (``catalog`` or ``override``) with ``limit``
+    in its table, offers "Revert to catalog" for an override only, and says ``status`` after a
+    change."""
+    expect(pg.locator("#plan-source")).to_have_text(source)
+    if status is not None:
+        expect(pg.locator("#plan-status")).to_contain_text(status)
+    expect(pg.locator("#plan-table")).to_contain_text(limit)
+    revert = expect(pg.locator("#plan-revert"))
+    if source == "override":
+        revert.to_be_enabled()
+    else:
+        revert.to_be_disabled()
+
+
 # -- tests -------------------------------------------------------------------------------------
 
 
@@ -197,23 +234,18 @@ def test_pools_create_edit_traffic_and_validation(page: Any, gateway: Proc) -> N
     dialog.get_by_label("Name").fill("Team pool")
     dialog.get_by_label("mock-1 (mock)").check()
     assert dialog.get_by_label("kimi-1 (kimi)").is_enabled()
-    dialog.get_by_role("button", name="Add dimension").click()
-    dialog.get_by_role("button", name="Add dimension").click()
-    rows = dialog.locator(".row.dimension")
-    rows.nth(0).get_by_label("Unit (row 1)").select_option("requests")
-    rows.nth(0).get_by_label("Window").select_option("hourly")
-    rows.nth(0).get_by_label("Limit").fill("20")
-    rows.nth(1).get_by_label("Unit (row 2)").select_option("tokens")
-    rows.nth(1).get_by_label("Window").select_option("hourly")
-    rows.nth(1).get_by_label("Limit").fill("5000")
-    dialog.get_by_role("button", name="Add allocation").click()
-    dialog.get_by_role("button", name="Add allocation").click()
-    allocs = dialog.locator(".row.alloc")
-    allocs.nth(0).get_by_label("Key (row 1)").select_option("alice")
-    allocs.nth(0).get_by_label("Weight %").fill("150")
-    allocs.nth(1).get_by_label("Key (row 2)").select_option("bob")
-    allocs.nth(1).get_by_label("Weight %").fill("30")
-    allocs.nth(1).get_by_label("Policy").select_option("soft")
+    add_rows(
+        dialog,
+        "dimension",
+        {"Unit": "requests", "Window": "hourly", "Limit": "20"},
+        {"Unit": "tokens", "Window": "hourly", "Limit": "5000"},
+    )
+    allocs = add_rows(
+        dialog,
+        "allocation",
+        {"Key": "alice", "Weight %": "150"},
+        {"Key": "bob", "Weight %": "30", "Policy": "soft"},
+    )
     dialog.get_by_role("button", name="Create pool").click()
     weight = allocs.nth(0).get_by_label("Weight %")
     expect(error_slot(page, weight)).to_contain_text("between 0 and 100")
@@ -317,11 +349,8 @@ def test_plans_edit_and_revert(page: Any, gateway: Proc) -> None:
     page.get_by_role("link", name="Plans").click()
     page.get_by_role("heading", name="Plans", exact=True).wait_for()
     page.get_by_label("Connection").select_option("kimi-1")
-    source = page.locator("#plan-source")
     expect(page.locator("#plan-title")).to_contain_text("kimi-1")
-    expect(source).to_have_text("catalog")
-    expect(page.locator("#plan-revert")).to_be_disabled()
-    expect(page.locator("#plan-table")).to_contain_text("1,500")
+    expect_plan(page, "catalog", "1,500")
     # edit the catalog plan into an override
     page.locator(".row.dimension").first.get_by_label("Limit").fill("-3")
     page.get_by_role("button", name="Save plan").click()
@@ -331,10 +360,7 @@ def test_plans_edit_and_revert(page: Any, gateway: Proc) -> None:
     page.get_by_role("button", name="Add dimension").click()
     page.locator(".row.dimension").nth(1).get_by_label("Limit").fill("250000")
     page.get_by_role("button", name="Save plan").click()
-    expect(source).to_have_text("override")
-    expect(page.locator("#plan-status")).to_contain_text("override plan")
-    expect(page.locator("#plan-table")).to_contain_text("1,000")
-    expect(page.locator("#plan-revert")).to_be_enabled()
+    expect_plan(page, "override", "1,000", status="override plan")
     with admin(gateway) as api:
         plan = api.get("/quota/plans/kimi-1").json()
     assert plan["source"] == "override"
@@ -342,10 +368,7 @@ def test_plans_edit_and_revert(page: Any, gateway: Proc) -> None:
     shot(page, "dashboard-plans-override")
     # revert to the catalog
     page.get_by_role("button", name="Revert to catalog").click()
-    expect(source).to_have_text("catalog")
-    expect(page.locator("#plan-status")).to_contain_text("catalog plan again")
-    expect(page.locator("#plan-table")).to_contain_text("1,500")
-    expect(page.locator("#plan-revert")).to_be_disabled()
+    expect_plan(page, "catalog", "1,500", status="catalog plan again")
     with admin(gateway) as api:
         assert api.get("/quota/plans/kimi-1").json()["source"] == "catalog"
     shot(page, "dashboard-plans")

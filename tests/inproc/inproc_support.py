@@ -70,11 +70,24 @@ def conn(
     }
 
 
-def combo(name: str, conns: list[str], model: str = "m", **config: Any) -> dict[str, Any]:
-    """A priority combo over the mock connections ``conns`` in that order, all serving
-    ``model``, with ``config`` (camelCase, as the admin API takes it) when any is given."""
-    targets = [{"provider": "mock", "model": model, "connection": c} for c in conns]
-    return {"name": name, "strategy": "priority", "targets": targets} | (
+def target(connection: str, model: str = "m", provider: str = "mock", **kw: Any) -> dict[str, Any]:
+    """A combo target: ``model`` of ``provider`` on ``connection``, with the target fields
+    ``kw`` (camelCase, as the admin API takes them: ``priceIn``, ``contextWindow``)."""
+    return {"provider": provider, "model": model, "connection": connection, **kw}
+
+
+def combo(
+    name: str,
+    conns: list[str | dict[str, Any]],
+    model: str = "m",
+    strategy: str = "priority",
+    **config: Any,
+) -> dict[str, Any]:
+    """A combo over ``conns`` in that order, with ``config`` (camelCase, as the admin API takes
+    it) when any is given. A connection id stands for the mock target serving ``model``; a
+    target of another provider, model or fields is given whole, as :func:`target` makes it."""
+    targets = [target(c, model) if isinstance(c, str) else c for c in conns]
+    return {"name": name, "strategy": strategy, "targets": targets} | (
         {"config": config} if config else {}
     )
 

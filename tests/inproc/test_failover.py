@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from inproc_support import base_config, combo, conn, gateway
+from inproc_support import base_config, combo, conn, gateway, target
 
 from fairgate.providers.inprocess import (
     Reply,
@@ -152,22 +152,15 @@ async def test_context_overflow_skips_the_same_model_elsewhere(tmp_path: Path) -
             return Reply(400, _err("This model's maximum context length is 8192 tokens"))
         return openai_chat("big one")
 
-    combo = {
-        "name": "ctx",
-        "strategy": "priority",
-        "targets": [
-            {"provider": "mock", "model": "small", "connection": "c1"},
-            {"provider": "mock", "model": "small", "connection": "c2"},
-            {"provider": "mock", "model": "large", "connection": "c3"},
-        ],
-    }
     cfg = base_config(
         [
             conn("c1", models=("small",)),
             conn("c2", models=("small",)),
             conn("c3", models=("large",)),
         ],
-        combos=[combo],
+        combos=[
+            combo("ctx", [target("c1", "small"), target("c2", "small"), target("c3", "large")])
+        ],
     )
     async with gateway(tmp_path, cfg, ManualTimer(), handler) as h:
         r = await h.chat("ctx", max_tokens=5)

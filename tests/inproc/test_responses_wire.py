@@ -19,7 +19,7 @@ from inproc_support import ADMIN_KEY, ALICE, MockUpstream, base_config, conn, ga
 from fairgate.formats.sse import SSEParser
 from fairgate.mock.codex import ResponsesAnswer, responses_stream
 from fairgate.mock.wire import ToolCall
-from fairgate.providers.inprocess import Reply, UpstreamRequest
+from fairgate.providers.inprocess import Reply, UpstreamRequest, anthropic_message
 from fairgate.timers import ManualTimer
 
 ADMIN = {"authorization": f"Bearer {ADMIN_KEY}"}
@@ -237,20 +237,8 @@ async def test_reasoning_maps_both_ways_where_the_wires_allow(tmp_path: Path) ->
 
     async def handler(req: UpstreamRequest) -> Reply:
         if req.conn.id == "an":
-            return Reply(
-                body={
-                    "id": "msg_1",
-                    "type": "message",
-                    "role": "assistant",
-                    "model": "a",
-                    "content": [
-                        {"type": "thinking", "thinking": "Weighing it.", "signature": "sig"},
-                        {"type": "text", "text": "Yes."},
-                    ],
-                    "stop_reason": "end_turn",
-                    "stop_sequence": None,
-                    "usage": {"input_tokens": 5, "output_tokens": 7},
-                }
+            return anthropic_message(
+                "Yes.", thinking="Weighing it.", model="a", input_tokens=5, output_tokens=7
             )
         if req.conn.id == "oa":
 

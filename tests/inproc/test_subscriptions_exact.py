@@ -10,7 +10,7 @@ from typing import Any
 
 import orjson
 import pytest
-from inproc_support import ADMIN, ALICE, BOB, Harness, base_config, conn, gateway
+from inproc_support import ADMIN, ALICE, BOB, Harness, base_config, combo, conn, gateway, target
 
 from fairgate.clock import ManualClock
 from fairgate.mock.codex import CodexWindows, responses_events, responses_input_text
@@ -58,21 +58,17 @@ def _soft_pools() -> list[dict[str, Any]]:
 async def test_soft_penalty_scales_the_cost_by_the_factor(
     tmp_path: Path, other_price: float, served: str
 ) -> None:
-    combo = {
-        "name": "c",
-        "strategy": "cost-optimized",
-        "targets": [
-            {"provider": "sub", "model": "m", "connection": "s1", "priceIn": 1, "priceOut": 1},
-            {
-                "provider": "kimi",
-                "model": "m",
-                "connection": "k1",
-                "priceIn": other_price,
-                "priceOut": other_price,
-            },
+    cheapest = combo(
+        "c",
+        [
+            target("s1", provider="sub", priceIn=1, priceOut=1),
+            target("k1", provider="kimi", priceIn=other_price, priceOut=other_price),
         ],
-    }
-    cfg = base_config([conn("s1", "sub"), conn("k1", "kimi")], pools=_soft_pools(), combos=[combo])
+        strategy="cost-optimized",
+    )
+    cfg = base_config(
+        [conn("s1", "sub"), conn("k1", "kimi")], pools=_soft_pools(), combos=[cheapest]
+    )
     async with gateway(tmp_path, cfg, ManualTimer(), _answer) as h:
         r = await h.chat("c", max_tokens=5)
         assert r.status_code == 200, r.text
@@ -96,17 +92,10 @@ async def test_soft_penalty_scales_the_cost_by_the_factor(
 async def test_an_unusable_credential_is_skipped_before_any_attempt(
     tmp_path: Path, s1: dict[str, Any]
 ) -> None:
-    combo = {
-        "name": "c",
-        "strategy": "priority",
-        "targets": [
-            {"provider": "sub", "model": "m", "connection": "s1"},
-            {"provider": "kimi", "model": "m", "connection": "k1"},
-        ],
-        "config": {"maxWaitMs": 0},
-    }
-    only = {**combo, "name": "only", "targets": combo["targets"][:1]}
-    cfg = base_config([s1, conn("k1", "kimi")], combos=[combo, only])
+    sub, kimi = target("s1", provider="sub"), target("k1", provider="kimi")
+    both = combo("c", [sub, kimi], maxWaitMs=0)
+    only = combo("only", [sub], maxWaitMs=0)
+    cfg = base_config([s1, conn("k1", "kimi")], combos=[both, only])
     async with gateway(tmp_path, cfg, ManualTimer(), _answer) as h:
         for _ in range(3):
             r = await h.chat("c", max_tokens=5)

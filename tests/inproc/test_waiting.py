@@ -244,19 +244,13 @@ async def test_a_slot_goes_to_another_candidate_when_one_is_free(tmp_path: Path)
 
 
 async def test_the_slot_is_released_on_failure_and_cancellation(tmp_path: Path) -> None:
-    timer = ManualTimer()
-    hang = asyncio.Event()
-
-    async def handler(req: UpstreamRequest) -> Reply:
-        tag = req.json()["messages"][0]["content"]
-        if tag == "fail":
-            return Reply(400, {"error": {"message": "bad 'temperature'"}})
-        await hang.wait()
-        return openai_chat("late")
-
+    timer, gate = ManualTimer(), Gate()  # the requests it never lets through hang upstream
     cfg = base_config([conn("c1", max_concurrent=1)])
-    async with gateway(tmp_path, cfg, timer, handler) as h:
-        assert (await _ask(h, "fail")).status_code == 400
+    async with gateway(tmp_path, cfg, timer, gate.handler) as h:
+        failing = _ask(h, "fail")
+        await gate.until(1)
+        gate.let_through("fail")
+        assert (await failing).status_code == 400
         assert h.svc.tracker.total == 0
         task = _ask(h, "hang")
         for _ in range(1000):

@@ -11,6 +11,7 @@ from fairgate.quota.decision import (
     NO_RESERVES,
     Presence,
     Reason,
+    Waiting,
     active_fair_share,
     active_levels,
     catch_up_reserves,
@@ -148,7 +149,7 @@ def test_reserve_worked_example_greedy_key_leaves_room_for_the_returning_one() -
         "c": {DIM: Count(prev=0, curr=100)},
     }
     levels = {DIM: 100.0}
-    r = waiting_reserves(ABC, levels, ["a", "b", "c"], {"b", "c"}, used, T)
+    r = waiting_reserves(Waiting(ABC, levels, ["a", "b", "c"], {"b", "c"}, used, T))
     assert r.for_key("a") == {DIM: 90}  # A (190 per weight) leaves B's 90
     assert r.for_key("c") == {DIM: 90}  # C is further along than B: it leaves B's 90 too
     assert r.for_key("b") == {DIM: 0}  # B leaves nothing: nobody waits further below
@@ -158,7 +159,7 @@ def test_reserve_worked_example_greedy_key_leaves_room_for_the_returning_one() -
 def test_reserve_counts_only_keys_further_below_their_share_and_respects_caps() -> None:
     pool = _pool(Allocation("a", 1), Allocation("b", 1, cap_value=20, cap_unit=Unit.REQUESTS))
     used = {"a": {DIM: Count(prev=0, curr=50)}, "b": {DIM: Count(prev=0, curr=5)}}
-    r = waiting_reserves(pool, {DIM: 150.0}, ["a", "b"], {"a", "b"}, used, T)
+    r = waiting_reserves(Waiting(pool, {DIM: 150.0}, ["a", "b"], {"a", "b"}, used, T))
     # b is owed only up to its cap (20 − 5), a is owed 100 but is further along than b
     assert r.for_key("a") == {DIM: 15}
     assert r.for_key("b") == {DIM: 0}
@@ -167,7 +168,7 @@ def test_reserve_counts_only_keys_further_below_their_share_and_respects_caps() 
 def test_reserve_fades_out_over_the_last_thirtieth_of_the_window() -> None:
     used = {"a": {DIM: Count(prev=0, curr=190)}, "b": {DIM: Count(prev=0, curr=10)}}
     one_min_left = T + HOUR - 60_000
-    r = waiting_reserves(ABC, {DIM: 100.0}, ["a", "b"], {"b"}, used, one_min_left)
+    r = waiting_reserves(Waiting(ABC, {DIM: 100.0}, ["a", "b"], {"b"}, used, one_min_left))
     assert r.for_key("a")[DIM] == pytest.approx(45)  # half of B's 90, one of two minutes left
     assert reserve_fade(T + HOUR - 120_000, HOUR) == 1.0
     assert reserve_fade(T + HOUR - 1, HOUR) == pytest.approx(0, abs=1e-5)
@@ -175,7 +176,9 @@ def test_reserve_fades_out_over_the_last_thirtieth_of_the_window() -> None:
 
 def test_no_waiting_keys_no_reserve() -> None:
     used = {k: {DIM: Count(prev=0, curr=10)} for k in "abc"}
-    assert waiting_reserves(ABC, {DIM: 100.0}, ["a", "b", "c"], set(), used, T).default == {}
+    assert (
+        waiting_reserves(Waiting(ABC, {DIM: 100.0}, ["a", "b", "c"], set(), used, T)).default == {}
+    )
 
 
 # -- pacing after a quiet window (issue 17) ------------------------------------------------------
@@ -234,7 +237,7 @@ def test_reserve_is_only_what_the_waiting_key_lacks_to_catch_up() -> None:
     # (greedy keys) hold nothing back from each other, so the pool fills.
     pool = _pool(Allocation("a", 1), Allocation("b", 1))
     used = {"a": {DIM: Count(prev=0, curr=100)}, "b": {DIM: Count(prev=0, curr=98)}}
-    r = waiting_reserves(pool, {DIM: 150.0}, ["a", "b"], {"b"}, used, T)
+    r = waiting_reserves(Waiting(pool, {DIM: 150.0}, ["a", "b"], {"b"}, used, T))
     assert r.for_key("a")[DIM] == pytest.approx(2)
     assert r.for_key("b") == {DIM: 0}
     assert r.for_key("newcomer") == {DIM: 52}  # unknown keys still leave everything owed
@@ -258,11 +261,13 @@ def test_a_key_ahead_leaves_at_least_the_request_a_waiting_key_was_refused_for()
     pool = _pool(Allocation("a", 1), Allocation("b", 1))
     used = {"a": {DIM: Count(prev=0, curr=100)}, "b": {DIM: Count(prev=0, curr=98)}}
     asks = {"b": {DIM: 12.0}}
-    r = waiting_reserves(pool, {DIM: 150.0}, ["a", "b"], {"b"}, used, T, asks=asks)
+    r = waiting_reserves(Waiting(pool, {DIM: 150.0}, ["a", "b"], {"b"}, used, T, asks=asks))
     assert r.for_key("a")[DIM] == pytest.approx(12)
     assert r.for_key("b") == {DIM: 0}  # nobody is behind B
     # never more than B is owed (52): a request of 80 holds 52
-    big = waiting_reserves(pool, {DIM: 150.0}, ["a", "b"], {"b"}, used, T, asks={"b": {DIM: 80}})
+    big = waiting_reserves(
+        Waiting(pool, {DIM: 150.0}, ["a", "b"], {"b"}, used, T, asks={"b": {DIM: 80}})
+    )
     assert big.for_key("a")[DIM] == pytest.approx(52)
 
 

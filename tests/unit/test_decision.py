@@ -16,6 +16,7 @@ from fairgate.quota.decision import (
     Outcome,
     Reason,
     Reserves,
+    Waiting,
     active_fair_share,
     active_levels,
     check_plan,
@@ -392,14 +393,14 @@ def test_dominant_waiting_reserves_hold_what_the_profile_uses() -> None:
     pool = _two_keys()
     used = {"a": _use(60, 30_000), "b": _use(2, 20_000)}
     levels = dominant_levels(pool, ["a", "b"], None, used, 0)
-    res = dominant_waiting_reserves(pool, levels, ["a", "b"], ["b"], used, 0)
+    res = dominant_waiting_reserves(Waiting(pool, levels, ["a", "b"], ["b"], used, 0))
     assert res.for_key("a") == pytest.approx({_RPM_TPM[0].key: 4, _RPM_TPM[1].key: 40_000})
     # a newcomer (not seen at the refresh) leaves all b is owed
     assert res.for_key("new") == pytest.approx(
         {_RPM_TPM[0].key: 14 / 3, _RPM_TPM[1].key: 140_000 / 3}
     )
     assert res.for_key("b") == {_RPM_TPM[0].key: 0.0, _RPM_TPM[1].key: 0.0}
-    plain = waiting_reserves(pool, levels, ["a", "b"], ["b"], used, 0)
+    plain = waiting_reserves(Waiting(pool, levels, ["a", "b"], ["b"], used, 0))
     # per dimension on its own, b is owed 64.7 requests; a (60 requests) leaves what b lacks to
     # catch up with it (58), still far more than the 4.7 b's profile uses
     assert plain.for_key("a")[_RPM_TPM[0].key] == pytest.approx(60 - 2)
@@ -416,7 +417,7 @@ def test_dominant_waiting_reserves_hold_only_the_catch_up() -> None:
     )
     used = {"a": _use(25, 12_500), "b": _use(2, 20_000), "c": _use(5, 2_500)}
     levels = {_RPM_TPM[0].key: 1.0, _RPM_TPM[1].key: 1_000.0}  # t = 0.01: b's fair share 0.4
-    res = dominant_waiting_reserves(pool, levels, ["a", "b", "c"], ["b"], used, 0)
+    res = dominant_waiting_reserves(Waiting(pool, levels, ["a", "b", "c"], ["b"], used, 0))
     x_a, x_b = 0.25 / 40, 0.2 / 40
     lack = 40 * (x_a - x_b)
     assert res.for_key("a") == pytest.approx(
@@ -659,7 +660,7 @@ def test_the_catch_up_compares_window_use_but_for_backlogged_keys() -> None:
     now = T + HOUR // 6
     used = {"a": {dim: Count(prev=90, curr=0)}, "b": {dim: Count(prev=0, curr=10)}}
     levels = {dim: 150.0}
-    fresh = waiting_reserves(pool, levels, ["a", "b"], ["b"], used, now, {})
+    fresh = waiting_reserves(Waiting(pool, levels, ["a", "b"], ["b"], used, now, {}))
     assert fresh.for_key("a").get(dim, 0.0) == 0.0  # a stands at 0 this hour, behind b
-    back = waiting_reserves(pool, levels, ["a", "b"], ["b"], used, now, {"a": {dim}})
+    back = waiting_reserves(Waiting(pool, levels, ["a", "b"], ["b"], used, now, {"a": {dim}}))
     assert back.for_key("a")[dim] == pytest.approx(90 * 5 / 6 - 10)  # 75 − 10: b catches up

@@ -167,16 +167,19 @@ def anthropic_message(
     input_tokens: int = 10,
     output_tokens: int = 5,
     stop_reason: str | None = "end_turn",
+    thinking: str = "",
 ) -> Reply:
     """A Messages API answer with usage (an empty ``text`` is ``content: []``, as Anthropic
-    answers an empty turn)."""
+    answers an empty turn); a ``thinking`` text comes first, as a signed thinking block (the
+    signature means nothing: only the provider that made one can read it)."""
+    thought = [{"type": "thinking", "thinking": thinking, "signature": "sig"}] if thinking else []
     return Reply(
         body={
             "id": "msg_inprocess",
             "type": "message",
             "role": "assistant",
             "model": model,
-            "content": [{"type": "text", "text": text}] if text else [],
+            "content": thought + ([{"type": "text", "text": text}] if text else []),
             "stop_reason": stop_reason,
             "stop_sequence": None,
             "usage": {"input_tokens": input_tokens, "output_tokens": output_tokens},

@@ -551,16 +551,30 @@ def pace_reserves(
     return Reserves(per_key, base.default, falls, base.default_falls)
 
 
-def waiting_reserves(
-    pool: Pool,
-    levels: Mapping[str, float],
-    keys: Collection[str],
-    waiting: Collection[str],
-    used: Mapping[str, Mapping[str, Count]],
-    now_ms: int,
-    backlogged: Mapping[str, Collection[str]] | None = None,
-    asks: Mapping[str, Mapping[str, float]] | None = None,
-) -> Reserves:
+@dataclass(frozen=True, slots=True)
+class Waiting:
+    """What the reserves for waiting keys are computed from at one refresh of a pool:
+    :func:`waiting_reserves` and :func:`dominant_waiting_reserves` take the same view (the
+    dominant one hands it on when there is one dimension), so it travels as one value.
+
+    ``levels``: the pool's fair levels per dimension; ``keys``: the active keys; ``waiting``:
+    the keys refused lately (the engine's pressed keys); ``used``: per key, its counts as
+    :func:`standing` has them, by ``backlogged`` (per key, the dimensions it is backlogged
+    in; None: the sliding count everywhere); ``asks``: per waiting key and dimension, what
+    its refused request costs.
+    """
+
+    pool: Pool
+    levels: Mapping[str, float]
+    keys: Collection[str]
+    waiting: Collection[str]
+    used: Mapping[str, Mapping[str, Count]]
+    now_ms: int
+    backlogged: Mapping[str, Collection[str]] | None = None
+    asks: Mapping[str, Mapping[str, float]] | None = None
+
+
+def waiting_reserves(view: Waiting) -> Reserves:
     """The room each key must leave free for the keys waiting below their share (``active``).
 
     A key is *waiting* when the ceiling or its share refused it lately and nothing admitted it
@@ -592,7 +606,8 @@ def waiting_reserves(
     ``backlogged`` names for it, its current window's use elsewhere (None: the sliding count
     everywhere).
     """
-    asks = asks or {}
+    pool, levels, keys, used, now_ms = view.pool, view.levels, view.keys, view.used, view.now_ms
+    backlogged, asks = view.backlogged, view.asks or {}
     per_key: dict[str, dict[str, float]] = {k: {} for k in keys}
     default: dict[str, float] = {}
     for dim in pool.enforced_dimensions():
@@ -606,7 +621,7 @@ def waiting_reserves(
             use[k] = 0.0 if count is None else max(0.0, standing(count, now_ms, wms, back))
         owed: list[tuple[float, float, float]] = []  # (use per weight, owed, weight), waiting
         lumps: list[float] = []  # what each was refused for
-        for k in waiting:
+        for k in view.waiting:
             alloc = pool.allocation(k)
             w = pool.weight_of(k)
             if alloc is None or w <= 0 or k not in used:
@@ -629,17 +644,7 @@ def waiting_reserves(
     return Reserves(per_key, default)
 
 
-def dominant_waiting_reserves(
-    pool: Pool,
-    levels: Mapping[str, float],
-    keys: Collection[str],
-    waiting: Collection[str],
-    used: Mapping[str, Mapping[str, Count]],
-    now_ms: int,
-    pace: LongPace | None = None,
-    backlogged: Mapping[str, Collection[str]] | None = None,
-    asks: Mapping[str, Mapping[str, float]] | None = None,
-) -> Reserves:
+def dominant_waiting_reserves(view: Waiting, pace: LongPace | None = None) -> Reserves:
     """:func:`waiting_reserves` by dominant share, for the levels of :func:`dominant_levels`
     (with the same ``pace``).
 
@@ -654,14 +659,16 @@ def dominant_waiting_reserves(
     (:func:`dominant_catch_up`): keys served in turn at about the same standing hold nothing
     back from each other. With one dimension this is :func:`waiting_reserves`.
     """
+    pool, keys, used = view.pool, view.keys, view.used
+    now_ms, backlogged = view.now_ms, view.backlogged
     pace = pace or NO_PACE
     dims, limits = _dominant_dims(pool, pace)
     if not dims:
         return NO_RESERVES
     if not pace.held and len(dims) < 2:
-        return waiting_reserves(pool, levels, keys, waiting, used, now_ms, backlogged, asks)
+        return waiting_reserves(view)
     first = dims[0]
-    level = levels.get(first.key, math.inf)
+    level = view.levels.get(first.key, math.inf)
     t = level / limits[first.key]  # the dominant level, per unit of weight
 
     def shares(k: str) -> dict[str, float]:
@@ -675,10 +682,10 @@ def dominant_waiting_reserves(
             for d in dims
         }
 
-    asks = asks or {}
+    asks = view.asks or {}
     owed: list[tuple[float, float, float, dict[str, float]]] = []  # (x_j, due_j, w_j, profile)
     lumps: list[Mapping[str, float]] = []  # what each was refused for, per dimension
-    for k in waiting:
+    for k in view.waiting:
         alloc = pool.allocation(k)
         w = pool.weight_of(k)
         if alloc is None or w <= 0 or k not in used:

@@ -39,6 +39,7 @@ from fairgate.quota.decision import (
     Presence,
     Reason,
     Reserves,
+    Waiting,
     check_plan,
     compile_checks,
     demand_bounds,
@@ -990,9 +991,10 @@ class QuotaEngine:
         reserves = NO_RESERVES
         if used is not None and pressed:
             asks = {k: p.asks for k, p in pressed.items()}
-            reserves = dominant_waiting_reserves(
-                pool, levels, ordered, pressed, used, now, pace, behind, asks
+            view = Waiting(
+                pool, levels, ordered, pressed, used, now_ms=now, backlogged=behind, asks=asks
             )
+            reserves = dominant_waiting_reserves(view, pace)
         if used is not None and totals is not None:
             threshold = self.settings.saturation_threshold
             reserves = pace_reserves(pool, ordered, used, totals, now, threshold, reserves)
