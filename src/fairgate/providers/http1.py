@@ -480,7 +480,10 @@ class Http1Pool:
         self.open = 0
         self._ssl = ssl_context
         self._idle: dict[Origin, deque[_Connection]] = {}
-        self._sweeper: asyncio.TimerHandle | None = None
+        #: the sweeper's timer and the loop time it is armed for (uvloop hands back a plain
+        #: ``Handle``, without ``when()``, for an instant already past)
+        self._sweeper: asyncio.Handle | None = None
+        self._sweeper_at = 0.0
         self._closed = False
 
     def _context(self) -> ssl.SSLContext:
@@ -509,10 +512,10 @@ class Http1Pool:
         idle.append(conn)
         due = self._due(idle)
         sweeper = self._sweeper
-        if sweeper is None or sweeper.when() > due:  # else one is armed for an earlier instant
+        if sweeper is None or self._sweeper_at > due:  # else one is armed for an earlier instant
             if sweeper is not None:
                 sweeper.cancel()
-            self._sweeper = loop.call_at(due, self._sweep, loop)
+            self._sweeper, self._sweeper_at = loop.call_at(due, self._sweep, loop), due
 
     def _due(self, idle: deque[_Connection]) -> float:
         """When the sweeper must next look at an origin's idle connections (oldest first):
@@ -562,6 +565,7 @@ class Http1Pool:
             next_due = due if next_due is None else min(next_due, due)
         if next_due is not None and not self._closed:
             self._sweeper = loop.call_at(next_due, self._sweep, loop)
+            self._sweeper_at = next_due
 
     def _take(self, origin: Origin, loop: asyncio.AbstractEventLoop) -> _Connection | None:
         idle = self._idle.get(origin)
